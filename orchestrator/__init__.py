@@ -1,0 +1,3 @@
+"""orchestrate: the controller. It never imports TensorFlow."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,307 @@
+"""The host-side agent: the only code of orchestrate that runs on a training host besides the worker.
+
+STANDARD LIBRARY ONLY. The controller sends this file's source with every call
+(`python -c SOURCE VERB ...`), so a host needs nothing but a Python interpreter and every host
+operation is one round trip. Each verb prints one JSON document on stdout.
+
+Verbs:
+  info                      the host's home directory, hostname and Python version
+  launch   (spec on stdin)  create the run directory, write TF_CONFIG to a file, and start a
+                            detached supervisor (its own session: it survives the SSH connection
+                            and the controller's terminal closing)
+  supervise RUN_DIR         (internal) run the worker, wait for it, record how it ended
+  probe RUN_DIR...          liveness, progress and exit record of each run directory
+  stop --grace S RUN_DIR... SIGTERM each run's process group, SIGKILL what is left after S seconds
+
+Files in a run directory:
+  spec.json  tf_config.json  agent.py  pid (supervisor = process group)  worker.pid
+  worker.log  progress.json (written by the worker)  exit.json  stop_requested
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+LOG_TAIL_LINES = 20
+
+
+def _write_json(path, data):
+    # Atomic: a reader never sees half a file, even if this process is killed mid-write.
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+    os.replace(tmp, path)
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_int(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _expand(path):
+    path = os.path.expanduser(path)
+    return path if os.path.isabs(path) else os.path.join(os.path.expanduser("~"), path)
+
+
+def cmd_info(_args):
+    return {
+        "home": os.path.expanduser("~"),
+        "hostname": socket.gethostname(),
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+    }
+
+
+def cmd_launch(_args):
+    spec = json.load(sys.stdin)
+    run_dir = _expand(spec["run_dir"])
+    os.makedirs(run_dir, exist_ok=True)
+    _write_json(os.path.join(run_dir, "tf_config.json"), spec["tf_config"])
+    _write_json(os.path.join(run_dir, "spec.json"), spec)
+    agent_path = os.path.join(run_dir, "agent.py")
+    with open(agent_path, "w", encoding="utf-8") as handle:
+        handle.write(spec["agent_source"])
+    pid = os.fork()
+    if pid == 0:
+        _become_daemon(os.path.join(run_dir, "worker.log"))
+        os.execv(sys.executable, [sys.executable, agent_path, "supervise", run_dir])
+    with open(os.path.join(run_dir, "pid"), "w", encoding="utf-8") as handle:
+        handle.write(str(pid))
+    return {"pid": pid, "run_dir": run_dir}
+
+
+def _become_daemon(log_path):
+    # A new session: no controlling terminal, no SIGHUP when the SSH channel or terminal closes,
+    # and its own process group so `stop` can signal the supervisor and worker together.
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(devnull, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(devnull)
+    os.close(log)
+
+
+def cmd_supervise(args):
+    import subprocess
+
+    run_dir = args[0]
+    spec = _read_json(os.path.join(run_dir, "spec.json"))
+    with open(os.path.join(run_dir, "tf_config.json"), encoding="utf-8") as handle:
+        tf_config = handle.read()
+    env = dict(os.environ)
+    env.update(spec["env"])
+    env["TF_CONFIG"] = tf_config
+    started = time.time()
+    try:
+        child = subprocess.Popen(
+            spec["argv"], cwd=_expand(spec["cwd"]), env=env, stdin=subprocess.DEVNULL
+        )
+    except OSError as exc:
+        _record_exit(run_dir, 127, started, f"cannot start {spec['argv'][0]}: {exc}")
+        return None
+    with open(os.path.join(run_dir, "worker.pid"), "w", encoding="utf-8") as handle:
+        handle.write(str(child.pid))
+
+    def forward(signum, _frame):
+        # The worker shares our process group and usually got the signal too; forwarding covers
+        # a signal sent to the supervisor alone. The supervisor stays to record the exit.
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    returncode = child.wait()
+    _record_exit(run_dir, returncode, started, None)
+    return None
+
+
+def _log_tail(run_dir, count=LOG_TAIL_LINES):
+    try:
+        with open(os.path.join(run_dir, "worker.log"), "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in lines if line.strip()][-count:]
+
+
+def _record_exit(run_dir, returncode, started, error):
+    signal_name = None
+    if returncode < 0:
+        try:
+            signal_name = signal.Signals(-returncode).name
+        except ValueError:
+            signal_name = f"signal {-returncode}"
+    tail = _log_tail(run_dir)
+    if error is None and returncode != 0 and tail:
+        error = tail[-1]
+    record = {
+        "returncode": returncode,
+        "signal": signal_name,
+        "started_at": started,
+        "finished_at": time.time(),
+        "error": error,
+        "log_tail": tail if returncode != 0 else [],
+    }
+    _write_json(os.path.join(run_dir, "exit.json"), record)
+
+
+def _process_group_members(pgid):
+    """Live (non-zombie) processes of a process group, read from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def _is_our_supervisor(pid, run_dir):
+    # Guards against pid reuse: the supervisor's command line names its run directory.
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z" and run_dir.encode() in argv
+
+
+def _usage(pids):
+    """CPU% over a short window and resident memory of the worker processes (psutil if present)."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    processes = {}
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            process.cpu_percent(None)
+            processes[pid] = process
+        except psutil.Error:
+            continue
+    if processes:
+        time.sleep(0.2)
+    usage = {}
+    for pid, process in processes.items():
+        try:
+            with process.oneshot():
+                usage[pid] = {
+                    "cpu_percent": process.cpu_percent(None),
+                    "rss_bytes": process.memory_info().rss,
+                    "create_time": process.create_time(),
+                }
+        except psutil.Error:
+            continue
+    return usage
+
+
+def cmd_probe(args):
+    probes = {}
+    for run_dir in args:
+        path = _expand(run_dir)
+        pid = _read_int(os.path.join(path, "pid"))
+        probes[run_dir] = {
+            "exists": os.path.isdir(path),
+            "pid": pid,
+            "alive": bool(pid) and _is_our_supervisor(pid, path),
+            "worker_pid": _read_int(os.path.join(path, "worker.pid")),
+            "progress": _read_json(os.path.join(path, "progress.json")),
+            "exit": _read_json(os.path.join(path, "exit.json")),
+            "stop_requested": os.path.exists(os.path.join(path, "stop_requested")),
+        }
+    live_workers = [p["worker_pid"] for p in probes.values() if p["alive"] and p["worker_pid"]]
+    usage = _usage(live_workers)
+    for probe in probes.values():
+        probe["usage"] = usage.get(probe["worker_pid"])
+    return {"now": time.time(), "runs": probes}
+
+
+def _signal_group(pgid, signum):
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def cmd_stop(args):
+    grace = float(args[1]) if args and args[0] == "--grace" else 10.0
+    run_dirs = args[2:] if args and args[0] == "--grace" else args
+    groups = {}
+    for run_dir in run_dirs:
+        path = _expand(run_dir)
+        pid = _read_int(os.path.join(path, "pid"))
+        if pid and _is_our_supervisor(pid, path):
+            # Only a worker still running is "stopped"; one that already ended keeps its verdict.
+            with open(os.path.join(path, "stop_requested"), "w", encoding="utf-8") as handle:
+                handle.write(str(time.time()))
+            groups[run_dir] = pid
+            _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_process_group_members(g) for g in groups.values()):
+        time.sleep(0.1)
+    outcome = {run_dir: "not running" for run_dir in run_dirs}
+    for run_dir, pgid in groups.items():
+        if _process_group_members(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+            outcome[run_dir] = "killed"
+        else:
+            outcome[run_dir] = "stopped"
+    kill_deadline = time.monotonic() + 5
+    while time.monotonic() < kill_deadline and any(
+        _process_group_members(g) for g in groups.values()
+    ):
+        time.sleep(0.05)
+    left = {run_dir: _process_group_members(pgid) for run_dir, pgid in groups.items()}
+    return {"outcome": outcome, "left": {k: v for k, v in left.items() if v}}
+
+
+VERBS = {
+    "info": cmd_info,
+    "launch": cmd_launch,
+    "supervise": cmd_supervise,
+    "probe": cmd_probe,
+    "stop": cmd_stop,
+}
+
+
+def main(argv):
+    if not argv or argv[0] not in VERBS:
+        sys.stderr.write(f"usage: agent.py {{{','.join(VERBS)}}} ...\n")
+        return 2
+    result = VERBS[argv[0]](argv[1:])
+    if result is not None:
+        sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,265 @@
+"""The command line: the only place that prints and picks exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+
+from orchestrator import __version__
+from orchestrator.connect import Machines
+from orchestrator.errors import JobFailed, OrchestrateError
+from orchestrator.inventory import load_inventory
+from orchestrator.lifecycle import DEFAULT_GRACE, refuse_if_active, start_run, stop_run
+from orchestrator.logs import follow, last_lines, select_workers
+from orchestrator.render import failure_report, problems, progress_line, status_table
+from orchestrator.runstore import DEFAULT_STATE_DIR, RunRecord, RunStore
+from orchestrator.state import WorkerState
+from orchestrator.status import RunStatus, collect_status
+
+# Piped output is read by people too (CI logs, `| less`): give tables room instead of 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
+errors = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+EXIT_INTERRUPTED = 130
+PLAIN_REPORT_EVERY = 15.0  # seconds between progress lines when the output is not a terminal
+
+
+class Context:
+    def __init__(self, state_dir: str) -> None:
+        self.store = RunStore(state_dir)
+
+
+pass_context = click.make_pass_decorator(Context)
+run_option = click.option(
+    "--run", "run_id", metavar="RUN_ID", help="Act on this run instead of the latest one."
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="orchestrate")
+@click.option(
+    "--state-dir",
+    envvar="ORCHESTRATE_STATE_DIR",
+    default=DEFAULT_STATE_DIR,
+    show_default=True,
+    metavar="DIR",
+    help="Where runs are recorded, so later commands from any shell find them "
+    "(env: ORCHESTRATE_STATE_DIR).",
+)
+@click.pass_context
+def cli(ctx: click.Context, state_dir: str) -> None:
+    """Launch, watch and stop TensorFlow MultiWorkerMirroredStrategy training on several machines
+    from one YAML inventory.
+
+    \b
+    orchestrate up inventory/local.yaml     start every worker and watch until the job ends
+    orchestrate status                      state, step, loss and checkpoint of each worker
+    orchestrate tail -f                     follow every worker's log, prefixed by its name
+    orchestrate down                        stop every worker of the run
+    """
+    ctx.obj = Context(state_dir)
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--detach", "-d", is_flag=True, help="Return once every worker has started.")
+@click.option(
+    "--interval", default=1.0, show_default=True, metavar="SECONDS", help="How often to poll."
+)
+@pass_context
+def up(context: Context, inventory: Path, detach: bool, interval: float) -> None:
+    """Validate INVENTORY, start every worker detached, and watch them until the job ends.
+
+    The workers keep running if this command is interrupted or its terminal closes; Ctrl-C only
+    stops watching. Exit status: 0 when every worker succeeded, 1 when the job failed, 2 for an
+    invalid inventory, 3 when a host could not be reached, 4 when a run of the state directory is
+    still active.
+    """
+    spec = load_inventory(inventory)
+    with Machines() as machines:
+        refuse_if_active(context.store, machines)
+        errors.print(
+            f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) "
+            f"from {inventory}"
+        )
+        record = start_run(
+            spec,
+            context.store,
+            machines,
+            on_started=lambda w: errors.print(f"  started {w.name} ({w.host.endpoint})"),
+        )
+        errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
+        if detach:
+            errors.print("detached; follow with 'orchestrate status' and 'orchestrate tail -f'")
+            return
+        try:
+            final = _watch(record, machines, interval)
+        except KeyboardInterrupt:
+            raise StoppedWatching() from None
+        _finish(final, record, machines)
+
+
+def _watch(record: RunRecord, machines: Machines, interval: float) -> RunStatus:
+    """Poll until the run is over or a worker failed; a live table on a terminal."""
+    if console.is_terminal:
+        with Live(console=console, auto_refresh=False, transient=False) as live:
+            return _poll(record, machines, interval, lambda s: _redraw(live, s))
+    return _poll(record, machines, interval, _PlainReporter().report)
+
+
+def _redraw(live: Live, status: RunStatus) -> None:
+    live.update(Group(status_table(status), *problems(status)), refresh=True)
+
+
+class _PlainReporter:
+    """Prints a worker's line when its state changes, and all of them every few seconds."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, WorkerState] = {}
+        self.last = 0.0
+
+    def report(self, status: RunStatus) -> None:
+        now = time.monotonic()
+        periodic = now - self.last >= PLAIN_REPORT_EVERY
+        for worker in status.workers:
+            if periodic or self.states.get(worker.name) != worker.state:
+                console.print(progress_line(worker), markup=False, highlight=False)
+            self.states[worker.name] = worker.state
+        if periodic:
+            self.last = now
+
+
+def _poll(
+    record: RunRecord, machines: Machines, interval: float, show: Callable[[RunStatus], None]
+) -> RunStatus:
+    while True:
+        status = collect_status(record, machines)
+        show(status)
+        if status.state.finished:
+            return status
+        time.sleep(interval)
+
+
+def _finish(final: RunStatus, record: RunRecord, machines: Machines) -> None:
+    if final.state is WorkerState.SUCCEEDED:
+        steps = max((w.step or 0) for w in final.workers)
+        errors.print(
+            f"[green]job {final.job} succeeded[/] at step {steps}; "
+            f"checkpoints in {record.workers[0].checkpoint_dir}"
+        )
+        return
+    if final.state is WorkerState.FAILED:
+        # The others would wait forever for the failed peer: stop them now.
+        stop_run(record, machines, grace=5.0)
+        final = collect_status(record, machines)
+    raise JobFailed(failure_report(final), hint="'orchestrate tail' shows every worker's log")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object.")
+@run_option
+@pass_context
+def status(context: Context, as_json: bool, run_id: str | None) -> None:
+    """Show each worker's state, pid, step, loss, checkpoint step, uptime, CPU and memory."""
+    record = context.store.load(run_id)
+    with Machines() as machines:
+        result = collect_status(record, machines)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    console.print(status_table(result))
+    for line in problems(result):
+        console.print(line, style="red", markup=False, highlight=False)
+
+
+@cli.command(name="tail")
+@click.argument("names", nargs=-1, metavar="[WORKER]...")
+@click.option("--follow", "-f", "follow_logs", is_flag=True, help="Keep printing new lines.")
+@click.option("--lines", "-n", default=20, show_default=True, help="Lines of each log to show.")
+@run_option
+@pass_context
+def tail_command(
+    context: Context, names: tuple[str, ...], follow_logs: bool, lines: int, run_id: str | None
+) -> None:
+    """Print the last lines of every worker's log (or the named ones), each prefixed by its name.
+
+    With -f, keep following all of them until Ctrl-C.
+    """
+    record = context.store.load(run_id)
+    workers = select_workers(record, names)
+    width = max(len(w.name) for w in workers)
+    colors = ["cyan", "magenta", "green", "yellow", "blue", "red"]
+    prefixes = {
+        w.name: click.style(f"{w.name:<{width}} |", fg=colors[w.index % len(colors)])
+        for w in workers
+    }
+    with Machines() as machines:
+        stream = (
+            follow(workers, machines, lines) if follow_logs else last_lines(workers, machines, lines)
+        )
+        try:
+            for name, line in stream:
+                click.echo(f"{prefixes[name]} {line}")
+        except KeyboardInterrupt:
+            return  # the normal way to end `tail -f`
+
+
+@cli.command()
+@click.option(
+    "--grace",
+    default=DEFAULT_GRACE,
+    show_default=True,
+    metavar="SECONDS",
+    help="Time between SIGTERM and SIGKILL.",
+)
+@run_option
+@pass_context
+def down(context: Context, grace: float, run_id: str | None) -> None:
+    """Stop every worker of the run: SIGTERM to each process group, then SIGKILL after --grace."""
+    record = context.store.load(run_id)
+    with Machines() as machines:
+        report = stop_run(record, machines, grace)
+    for name, outcome in report.outcome.items():
+        console.print(f"{name}: {outcome}", markup=False, highlight=False)
+    failed = [n for n, o in report.outcome.items() if o.startswith("unreachable")]
+    if failed or report.leftovers:
+        left = ", ".join(f"{n} (pids {p})" for n, p in report.leftovers.items())
+        raise OrchestrateError(
+            "some workers could not be stopped: " + ", ".join(failed) + left,
+            hint="check those hosts, then run 'orchestrate down' again",
+        )
+    errors.print(f"run {record.run_id} is down")
+
+
+class StoppedWatching(OrchestrateError):
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self) -> None:
+        super().__init__(
+            "stopped watching; the workers keep running",
+            hint="'orchestrate status', 'orchestrate tail -f', or 'orchestrate down' to stop them",
+        )
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False, prog_name="orchestrate")
+    except OrchestrateError as error:
+        errors.print(Text.assemble(("error: ", "bold red"), error.message), highlight=False)
+        if error.hint:
+            errors.print(f"hint: {error.hint}", markup=False, highlight=False)
+        sys.exit(error.exit_code)
+    except click.exceptions.Abort:
+        errors.print("interrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(error.exit_code)

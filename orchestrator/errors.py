@@ -1,0 +1,78 @@
+"""The product's exception tree. Only the CLI prints these and turns them into exit codes.
+
+OrchestrateError
+├── InventoryError      the inventory file is unreadable or invalid (exit 2)
+├── RunStateError       no run to act on, or a run is already active (exit 4)
+├── HostError           a host could not be reached or a command on it failed (exit 3)
+└── JobFailed           the training job ended with a failed worker (exit 1)
+
+Every error carries a one-paragraph message and, where there is one, a hint that says what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class OrchestrateError(Exception):
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding in an inventory file: where it is and what was expected."""
+
+    path: str
+    line: int | None
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else self.path
+        return f"{where}: {self.key}: {self.message}" if self.key else f"{where}: {self.message}"
+
+
+class InventoryError(OrchestrateError):
+    exit_code = 2
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        self.problems = list(problems)
+        count = len(self.problems)
+        header = f"the inventory has {count} problem{'s' if count != 1 else ''}"
+        super().__init__(
+            header + ":\n" + "\n".join(f"  {p}" for p in self.problems),
+            hint="fix the keys named above; inventory/cluster.example.yaml documents every key",
+        )
+
+
+class RunStateError(OrchestrateError):
+    exit_code = 4
+
+
+class HostError(OrchestrateError):
+    exit_code = 3
+
+    def __init__(self, host: str, message: str, hint: str | None = None) -> None:
+        super().__init__(f"{host}: {message}", hint)
+        self.host = host
+
+
+class HostErrors(OrchestrateError):
+    """Several hosts failed in one fan-out: every one is reported, not only the first."""
+
+    exit_code = 3
+
+    def __init__(self, errors: Sequence[HostError], action: str) -> None:
+        self.errors = list(errors)
+        lines = "\n".join(f"  {e.message}" + (f"\n    hint: {e.hint}" if e.hint else "") for e in errors)
+        super().__init__(f"{action} failed on {len(self.errors)} host(s):\n{lines}")
+
+
+class JobFailed(OrchestrateError):
+    exit_code = 1

@@ -1,0 +1,51 @@
+"""Calls the host-side agent (orchestrator/agent.py) through a Runner: one round trip per verb."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from orchestrator.errors import HostError
+from orchestrator.runner import Runner
+
+
+@cache
+def agent_source() -> str:
+    return resources.files("orchestrator").joinpath("agent.py").read_text(encoding="utf-8")
+
+
+class HostAgent:
+    def __init__(self, runner: Runner, python: str) -> None:
+        self.runner = runner
+        self.python = python
+
+    def _call(self, verb: str, *args: str, stdin: str | None = None, timeout: float = 60.0) -> Any:
+        argv = [self.python, "-c", agent_source(), verb, *args]
+        result = self.runner.run(argv, stdin=stdin, timeout=timeout)
+        if not result.ok:
+            raise HostError(
+                self.runner.host_name,
+                f"'{self.python} <agent> {verb}' exited {result.exit_code}: {result.tail(5)}",
+                hint=f"check that '{self.python}' is a working Python 3 on that host",
+            )
+        try:
+            return json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError) as exc:
+            raise HostError(
+                self.runner.host_name, f"the agent's '{verb}' answer was not JSON: {result.tail(3)}"
+            ) from exc
+
+    def info(self) -> dict[str, Any]:
+        return dict(self._call("info", timeout=30))
+
+    def launch(self, spec: dict[str, Any]) -> dict[str, Any]:
+        payload = dict(spec, agent_source=agent_source())
+        return dict(self._call("launch", stdin=json.dumps(payload), timeout=60))
+
+    def probe(self, run_dirs: list[str]) -> dict[str, Any]:
+        return dict(self._call("probe", *run_dirs, timeout=30))
+
+    def stop(self, run_dirs: list[str], grace: float) -> dict[str, Any]:
+        return dict(self._call("stop", "--grace", str(grace), *run_dirs, timeout=grace + 30))

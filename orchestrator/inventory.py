@@ -1,0 +1,403 @@
+"""Load and validate an inventory file into frozen dataclasses. Pure apart from reading the file.
+
+Every problem of a file is collected (not only the first) and reported with the file, the line, the
+key path and what was expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from orchestrator.errors import InventoryError, Problem
+from orchestrator.yamlsource import LineList, LineMap, YamlSyntaxError, parse
+
+Connection = Literal["local", "ssh"]
+
+DEFAULT_WORKDIR = "~/orchestrate"
+DEFAULT_SSH_PYTHON = "python3"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+TASK_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV = ("TF_CONFIG", "ORCHESTRATE_")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One worker: where it runs, how to reach it, and its TensorFlow gRPC port."""
+
+    name: str
+    address: str
+    port: int
+    connection: Connection = "ssh"
+    ssh_user: str | None = None
+    ssh_port: int | None = None
+    ssh_key: str | None = None
+    python: str = DEFAULT_SSH_PYTHON
+    workdir: str = DEFAULT_WORKDIR
+
+    @property
+    def endpoint(self) -> str:
+        address = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every worker runs: the built-in loop with a user task, or a plain script."""
+
+    name: str
+    task: str | None = None
+    script: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    steps: int | None = None
+    checkpoint_dir: str = "checkpoints"
+    checkpoint_every: int = 100
+    max_to_keep: int = 3
+    batch_size: int = 64
+    log_every: int = 10
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: str
+    base_dir: str
+    hosts: tuple[Host, ...]
+    job: Job
+
+
+# ---------------------------------------------------------------------------------------------
+# Value checkers: each returns (value, None) or (None, "what was expected").
+
+Checked = tuple[Any, str | None]
+Checker = Callable[[Any], Checked]
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (LineMap, dict)):
+        return "a mapping"
+    if isinstance(value, (LineList, list)):
+        return "a list"
+    return repr(value)
+
+
+def _string(value: Any) -> Checked:
+    if isinstance(value, str) and value.strip():
+        return value, None
+    return None, f"expected a non-empty string, got {_describe(value)}"
+
+
+def _scalar_string(value: Any) -> Checked:
+    # YAML turns `5` into an int; arguments and environment values are text on the command line.
+    if isinstance(value, bool) or value is None or isinstance(value, (dict, list)):
+        return None, f"expected a string or number, got {_describe(value)}"
+    return str(value), None
+
+
+def _integer(low: int, high: int | None = None) -> Checker:
+    def check(value: Any) -> Checked:
+        bounds = f"from {low} to {high}" if high else f"of at least {low}"
+        if isinstance(value, bool) or not isinstance(value, int):
+            return None, f"expected an integer {bounds}, got {_describe(value)}"
+        if value < low or (high is not None and value > high):
+            return None, f"expected an integer {bounds}, got {value}"
+        return value, None
+
+    return check
+
+
+def _choice(*options: str) -> Checker:
+    def check(value: Any) -> Checked:
+        if value in options:
+            return value, None
+        return None, f"expected one of {', '.join(options)}, got {_describe(value)}"
+
+    return check
+
+
+def _name(value: Any) -> Checked:
+    if isinstance(value, str) and NAME_PATTERN.match(value):
+        return value, None
+    return None, (
+        f"expected a name of letters, digits, '.', '_' or '-' (it names files and log prefixes), "
+        f"got {_describe(value)}"
+    )
+
+
+def _task(value: Any) -> Checked:
+    if isinstance(value, str) and TASK_PATTERN.match(value):
+        return value, None
+    return None, f"expected 'package.module:function', got {_describe(value)}"
+
+
+PORT = _integer(1, 65535)
+POSITIVE = _integer(1)
+
+HOST_KEYS: dict[str, Checker] = {
+    "name": _name,
+    "address": _string,
+    "port": PORT,
+    "connection": _choice("local", "ssh"),
+    "ssh_user": _string,
+    "ssh_port": PORT,
+    "ssh_key": _string,
+    "python": _string,
+    "workdir": _string,
+}
+PER_HOST_ONLY = ("name", "address")
+
+JOB_KEYS: dict[str, Checker] = {
+    "name": _name,
+    "task": _task,
+    "script": _string,
+    "args": _scalar_string,  # checked per item
+    "env": _scalar_string,  # checked per value
+    "steps": POSITIVE,
+    "checkpoint_dir": _string,
+    "checkpoint_every": POSITIVE,
+    "max_to_keep": POSITIVE,
+    "batch_size": POSITIVE,
+    "log_every": POSITIVE,
+}
+TOP_KEYS = ("defaults", "hosts", "job")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _Report:
+    """Collects problems of one file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.problems: list[Problem] = []
+
+    def add(self, line: int | None, key: str, message: str) -> None:
+        self.problems.append(Problem(self.path, line, key, message))
+
+    def unknown_keys(self, mapping: LineMap, known: tuple[str, ...] | dict[str, Any], where: str):
+        for key in mapping:
+            if key in known:
+                continue
+            guess = difflib.get_close_matches(str(key), list(known), n=1)
+            hint = f"did you mean '{guess[0]}'?" if guess else f"known keys: {', '.join(known)}"
+            self.add(mapping.key_lines.get(key), _join(where, key), f"unknown key; {hint}")
+        for key, line in mapping.duplicate_keys:
+            self.add(line, _join(where, key), "repeated key; each key may appear once")
+
+
+def _join(where: str, key: Any) -> str:
+    return f"{where}.{key}" if where else str(key)
+
+
+def _line(mapping: Any, key: Any) -> int | None:
+    if isinstance(mapping, LineMap):
+        return mapping.key_lines.get(key, mapping.line)
+    return None
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Read, validate and resolve an inventory file; raises InventoryError listing every problem."""
+    source = Path(path)
+    report = _Report(str(path))
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as exc:
+        report.add(None, "", f"cannot read the file: {exc.strerror or exc}")
+        raise InventoryError(report.problems) from exc
+    try:
+        document = parse(text)
+    except YamlSyntaxError as exc:
+        report.add(exc.line, "", exc.message)
+        raise InventoryError(report.problems) from exc
+    inventory = parse_inventory(document, report, base_dir=source.resolve().parent, stem=source.stem)
+    if report.problems or inventory is None:
+        raise InventoryError(report.problems)
+    return inventory
+
+
+def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -> Inventory | None:
+    if not isinstance(document, LineMap):
+        report.add(None, "", f"expected a mapping with 'hosts:' and 'job:', got {_describe(document)}")
+        return None
+    report.unknown_keys(document, TOP_KEYS, "")
+    defaults = document.get("defaults") or LineMap()  # an empty `defaults:` is None in YAML
+    if not isinstance(defaults, LineMap):
+        report.add(_line(document, "defaults"), "defaults", "expected a mapping of host keys")
+        defaults = LineMap()
+    report.unknown_keys(defaults, HOST_KEYS, "defaults")
+    for key in PER_HOST_ONLY:
+        if key in defaults:
+            report.add(_line(defaults, key), f"defaults.{key}", "must be set on each host")
+    hosts = _parse_hosts(document, defaults, report, base_dir)
+    job = _parse_job(document, report, stem, base_dir)
+    if job is None or report.problems:
+        return None
+    return Inventory(path=report.path, base_dir=str(base_dir), hosts=tuple(hosts), job=job)
+
+
+def _parse_hosts(document: LineMap, defaults: LineMap, report: _Report, base: Path) -> list[Host]:
+    entries = document.get("hosts")
+    if "hosts" not in document:
+        report.add(document.line, "hosts", "missing; list at least one host")
+        return []
+    if not isinstance(entries, LineList) or not entries:
+        report.add(_line(document, "hosts"), "hosts", "expected a non-empty list of hosts")
+        return []
+    hosts: list[Host] = []
+    for index, entry in enumerate(entries):
+        where = f"hosts[{index}]"
+        if not isinstance(entry, LineMap):
+            report.add(entries.item_lines[index], where, f"expected a mapping, got {entry!r}")
+            continue
+        report.unknown_keys(entry, HOST_KEYS, where)
+        host = _parse_host(entry, defaults, report, where, base)
+        if host is not None:
+            hosts.append(host)
+    _check_unique_hosts(hosts, entries, report)
+    return hosts
+
+
+def _parse_host(
+    entry: LineMap, defaults: LineMap, report: _Report, where: str, base: Path
+) -> Host | None:
+    values: dict[str, Any] = {}
+    ok = True
+    for key, check in HOST_KEYS.items():
+        source, prefix = (entry, where) if key in entry else (defaults, "defaults")
+        if key not in source:
+            continue
+        value, problem = check(source[key])
+        if problem:
+            report.add(_line(source, key), f"{prefix}.{key}", problem)
+            ok = False
+        else:
+            values[key] = value
+    for key in ("name", "address", "port"):
+        if key not in values and key not in entry and key not in defaults:
+            report.add(entry.line, f"{where}.{key}", "missing; every host needs name, address, port")
+            ok = False
+    if not ok:
+        return None
+    if values.get("connection", "ssh") == "local":
+        if not _is_loopback(values["address"]):
+            report.add(
+                _line(entry, "address"),
+                f"{where}.address",
+                f"a local worker runs on this machine; use localhost or 127.0.0.1, "
+                f"got {values['address']!r}",
+            )
+            return None
+        values.setdefault("python", sys.executable)
+        values["workdir"] = str(_controller_path(values.get("workdir", DEFAULT_WORKDIR), base))
+    return Host(**values)
+
+
+def _controller_path(value: str, base: Path) -> Path:
+    """Paths on this machine are relative to the inventory file, like docker-compose's."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (base / path).resolve()
+
+
+def _is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_unique_hosts(hosts: list[Host], entries: LineList, report: _Report) -> None:
+    seen_names: dict[str, int] = {}
+    seen_endpoints: dict[tuple[str, int], int] = {}
+    for index, host in enumerate(hosts):
+        line = entries.item_lines[index] if index < len(entries.item_lines) else None
+        if host.name in seen_names:
+            report.add(line, f"hosts[{index}].name", f"'{host.name}' is already used by "
+                       f"hosts[{seen_names[host.name]}]; host names must be unique")
+        seen_names.setdefault(host.name, index)
+        address = "127.0.0.1" if _is_loopback(host.address) else host.address
+        endpoint = (address, host.port)
+        if endpoint in seen_endpoints:
+            report.add(line, f"hosts[{index}].port", f"{host.endpoint} is already used by "
+                       f"hosts[{seen_endpoints[endpoint]}]; two workers cannot share a port")
+        seen_endpoints.setdefault(endpoint, index)
+
+
+def _parse_job(document: LineMap, report: _Report, stem: str, base: Path) -> Job | None:
+    block = document.get("job")
+    if "job" not in document:
+        report.add(document.line, "job", "missing; say what to run with job.task or job.script")
+        return None
+    if not isinstance(block, LineMap):
+        report.add(_line(document, "job"), "job", "expected a mapping")
+        return None
+    report.unknown_keys(block, JOB_KEYS, "job")
+    values: dict[str, Any] = {}
+    for key, check in JOB_KEYS.items():
+        if key not in block or key in ("args", "env"):
+            continue
+        value, problem = check(block[key])
+        if problem:
+            report.add(_line(block, key), f"job.{key}", problem)
+        else:
+            values[key] = value
+    if "script" in values:
+        script = _controller_path(values["script"], base)
+        if not script.is_file():
+            report.add(_line(block, "script"), "job.script", f"no such file: {script}")
+        values["script"] = str(script)
+    values["args"] = _parse_args(block, report)
+    values["env"] = _parse_env(block, report)
+    values.setdefault("name", stem if NAME_PATTERN.match(stem) else "job")
+    if ("task" in block) == ("script" in block):
+        report.add(block.line, "job", "set exactly one of 'task' (module:function for the built-in "
+                   "training loop) or 'script' (your own training script)")
+    if "task" in block and "steps" not in block:
+        report.add(block.line, "job.steps", "missing; the built-in loop needs a step count")
+    return Job(**values)
+
+
+def _parse_args(block: LineMap, report: _Report) -> tuple[str, ...]:
+    raw = block.get("args", LineList())
+    if not isinstance(raw, LineList):
+        report.add(_line(block, "args"), "job.args", "expected a list of strings")
+        return ()
+    args = []
+    for index, item in enumerate(raw):
+        value, problem = _scalar_string(item)
+        if problem:
+            report.add(raw.item_lines[index], f"job.args[{index}]", problem)
+        else:
+            args.append(value)
+    return tuple(args)
+
+
+def _parse_env(block: LineMap, report: _Report) -> dict[str, str]:
+    raw = block.get("env", LineMap())
+    if not isinstance(raw, LineMap):
+        report.add(_line(block, "env"), "job.env", "expected a mapping of NAME: value")
+        return {}
+    env = {}
+    for key, item in raw.items():
+        where = f"job.env.{key}"
+        if not isinstance(key, str) or not ENV_NAME_PATTERN.match(key):
+            report.add(_line(raw, key), where, "expected an environment variable name")
+            continue
+        if key.startswith(RESERVED_ENV):
+            report.add(_line(raw, key), where, "is set by orchestrate for each worker")
+            continue
+        value, problem = _scalar_string(item)
+        if problem:
+            report.add(_line(raw, key), where, problem)
+        else:
+            env[key] = value
+    return env

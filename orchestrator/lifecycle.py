@@ -1,0 +1,134 @@
+"""Start and stop the workers of a run on every machine, in parallel."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from orchestrator.connect import MachineKey, Machines, machine_key
+from orchestrator.errors import HostError, HostErrors, RunStateError
+from orchestrator.fanout import fan_out, successes
+from orchestrator.inventory import Inventory
+from orchestrator.plan import WorkerSpec, new_run_id, plan_workers
+from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
+from orchestrator.state import ACTIVE
+from orchestrator.status import collect_status
+
+DEFAULT_GRACE = 10.0
+
+
+def refuse_if_active(store: RunStore, machines: Machines) -> None:
+    """A second copy of a job would fight the first for its ports and checkpoints."""
+    if store.current_id() is None:
+        return
+    previous = store.load()
+    status = collect_status(previous, machines)
+    if status.state in ACTIVE:
+        raise RunStateError(
+            f"run {previous.run_id} of job '{previous.job_name}' is still {status.state.value}",
+            hint="watch it with 'orchestrate status' or 'orchestrate tail -f', "
+            "or stop it with 'orchestrate down' before starting another",
+        )
+
+
+def resolve_workdirs(inventory: Inventory, machines: Machines) -> dict[str, str]:
+    """Absolute workdir of every host: a relative one is relative to the login directory."""
+    groups = Machines.group(inventory.hosts)
+    homes = successes(
+        fan_out(groups, lambda key: machines.agent(groups[key][0]).info()["home"]),
+        "reaching the hosts",
+    )
+    workdirs = {}
+    for key, hosts in groups.items():
+        for host in hosts:
+            workdirs[host.name] = _absolute(host.workdir, homes[key])
+    return workdirs
+
+
+def _absolute(path: str, home: str) -> str:
+    if path == "~" or path.startswith("~/"):
+        return home + path[1:]
+    return path if path.startswith("/") else f"{home}/{path}"
+
+
+def start_run(
+    inventory: Inventory,
+    store: RunStore,
+    machines: Machines,
+    on_started: Callable[[WorkerSpec], None] = lambda spec: None,
+) -> RunRecord:
+    """Start every worker detached and record the run; on a partial failure stop what started."""
+    run_id = new_run_id()
+    specs = plan_workers(inventory, run_id, resolve_workdirs(inventory, machines))
+    record = RunRecord(
+        run_id=run_id,
+        inventory_path=inventory.path,
+        job_name=inventory.job.name,
+        created_at=time.time(),
+        workers=tuple(_record(spec) for spec in specs),
+    )
+    store.save(record)  # before launching: a half-started run can still be found and stopped
+
+    def launch(spec: WorkerSpec) -> int:
+        pid = int(machines.agent(spec.host).launch(spec.launch_request())["pid"])
+        on_started(spec)
+        return pid
+
+    results = fan_out(range(len(specs)), lambda index: launch(specs[index]))
+    record = replace(
+        record,
+        workers=tuple(
+            replace(worker, pid=pid if isinstance(pid, int) else None)
+            for worker, pid in zip(record.workers, results.values())
+        ),
+    )
+    store.save(record)
+    failures = [r for r in results.values() if isinstance(r, HostError)]
+    if failures:
+        # The started workers would wait forever for the missing peers.
+        stop_run(record, machines, grace=2.0)
+        raise HostErrors(failures, "starting the workers")
+    return record
+
+
+def _record(spec: WorkerSpec) -> WorkerRecord:
+    return WorkerRecord(
+        name=spec.name,
+        index=spec.index,
+        host=spec.host,
+        run_dir=spec.run_dir,
+        log_path=spec.log_path,
+        checkpoint_dir=spec.checkpoint_dir,
+    )
+
+
+@dataclass(frozen=True)
+class StopReport:
+    outcome: dict[str, str]  # worker name -> stopped | killed | not running | unreachable: ...
+    leftovers: dict[str, list[int]]  # worker name -> pids still alive after SIGKILL
+
+
+def stop_run(record: RunRecord, machines: Machines, grace: float = DEFAULT_GRACE) -> StopReport:
+    """SIGTERM every worker's process group, SIGKILL what is left after `grace` seconds."""
+    by_machine: dict[MachineKey, list[WorkerRecord]] = {}
+    for worker in record.workers:
+        by_machine.setdefault(machine_key(worker.host), []).append(worker)
+
+    def stop(key: MachineKey) -> dict[str, dict]:
+        workers = by_machine[key]
+        return machines.agent(workers[0].host).stop([w.run_dir for w in workers], grace)
+
+    answers = fan_out(by_machine, stop)
+    outcome: dict[str, str] = {}
+    leftovers: dict[str, list[int]] = {}
+    for key, workers in by_machine.items():
+        answer = answers[key]
+        for worker in workers:
+            if isinstance(answer, HostError):
+                outcome[worker.name] = f"unreachable: {answer.message}"
+                continue
+            outcome[worker.name] = answer["outcome"].get(worker.run_dir, "not running")
+            if worker.run_dir in answer["left"]:
+                leftovers[worker.name] = answer["left"][worker.run_dir]
+    return StopReport(outcome, leftovers)

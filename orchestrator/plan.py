@@ -1,0 +1,114 @@
+"""What each worker gets: its run directory, command line, environment and TF_CONFIG. Pure.
+
+Layout on every host (paths are the host's):
+  {workdir}/{job}/checkpoints/          the chief's checkpoints (job.checkpoint_dir, if relative)
+  {workdir}/{job}/tensorboard/          the chief's TensorBoard events, next to the checkpoints
+  {workdir}/{job}/runs/{run_id}/{name}/ one run of one worker: log, progress, exit, TF_CONFIG
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+import secrets
+
+from orchestrator.inventory import Host, Inventory, Job
+from orchestrator.tfconfig import tf_config
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    index: int
+    host: Host
+    run_dir: str
+    checkpoint_dir: str
+    cwd: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    tf_config: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    @property
+    def log_path(self) -> str:
+        return posixpath.join(self.run_dir, "worker.log")
+
+    def launch_request(self) -> dict[str, Any]:
+        """What the host agent's `launch` verb reads."""
+        return {
+            "run_dir": self.run_dir,
+            "cwd": self.cwd,
+            "argv": list(self.argv),
+            "env": self.env,
+            "tf_config": self.tf_config,
+        }
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{secrets.token_hex(2)}"
+
+
+def job_dir(host: Host, job: Job, workdir: str) -> str:
+    return posixpath.join(workdir, job.name)
+
+
+def checkpoint_dir(job: Job, job_directory: str) -> str:
+    return posixpath.join(job_directory, job.checkpoint_dir)  # an absolute path wins in join
+
+
+def worker_argv(job: Job, python: str, checkpoints: str) -> tuple[str, ...]:
+    if job.script is not None:
+        return (python, job.script, *job.args)
+    assert job.task is not None and job.steps is not None
+    return (
+        python, "-m", "worker",
+        "--task", job.task,
+        "--steps", str(job.steps),
+        "--checkpoint-dir", checkpoints,
+        "--checkpoint-every", str(job.checkpoint_every),
+        "--max-to-keep", str(job.max_to_keep),
+        "--batch-size", str(job.batch_size),
+        "--log-every", str(job.log_every),
+        *job.args,
+    )  # fmt: skip
+
+
+def plan_workers(
+    inventory: Inventory, run_id: str, workdirs: dict[str, str]
+) -> list[WorkerSpec]:
+    """One spec per host entry; `workdirs` maps host name to its absolute workdir on that host."""
+    specs = []
+    for index, host in enumerate(inventory.hosts):
+        directory = job_dir(host, inventory.job, workdirs[host.name])
+        run_dir = posixpath.join(directory, "runs", run_id, host.name)
+        checkpoints = checkpoint_dir(inventory.job, directory)
+        env = {
+            **inventory.job.env,
+            # Unbuffered so `tail -f` shows lines as the worker prints them.
+            "PYTHONUNBUFFERED": "1",
+            "ORCHESTRATE_RUN_ID": run_id,
+            "ORCHESTRATE_WORKER": host.name,
+            "ORCHESTRATE_RUN_DIR": run_dir,
+            "ORCHESTRATE_PROGRESS_FILE": posixpath.join(run_dir, "progress.json"),
+            "ORCHESTRATE_CHECKPOINT_DIR": checkpoints,
+        }
+        # Local workers start where the inventory is, so a task module beside it imports.
+        cwd = inventory.base_dir if host.connection == "local" else run_dir
+        specs.append(
+            WorkerSpec(
+                index=index,
+                host=host,
+                run_dir=run_dir,
+                checkpoint_dir=checkpoints,
+                cwd=cwd,
+                argv=worker_argv(inventory.job, host.python, checkpoints),
+                env=env,
+                tf_config=tf_config(inventory, index),
+            )
+        )
+    return specs

@@ -1,0 +1,112 @@
+"""Turn statuses into terminal tables and plain lines. Builds renderables; never prints."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.state import WorkerState
+from orchestrator.status import RunStatus, WorkerStatus
+
+STATE_STYLES = {
+    WorkerState.PENDING: "dim",
+    WorkerState.STARTING: "yellow",
+    WorkerState.RUNNING: "cyan",
+    WorkerState.SUCCEEDED: "green",
+    WorkerState.FAILED: "bold red",
+    WorkerState.STOPPED: "magenta",
+    WorkerState.UNKNOWN: "red",
+}
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def size(rss: int | None) -> str:
+    return "-" if rss is None else f"{rss / 2**20:.0f} MiB"
+
+
+def number(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def step_text(worker: WorkerStatus) -> str:
+    if worker.step is None:
+        return "-"
+    return f"{worker.step}/{worker.target_steps}" if worker.target_steps else str(worker.step)
+
+
+def status_table(status: RunStatus) -> Table:
+    title = Text.assemble(
+        f"run {status.run_id}  job {status.job}  ",
+        (status.state.value, STATE_STYLES[status.state]),
+    )
+    table = Table(title=title, title_justify="left", expand=False)
+    for column in ("worker", "#", "host", "state", "pid", "step", "loss", "acc", "ckpt"):
+        table.add_column(column, justify="right" if column in ("#", "pid", "step") else "left")
+    for column in ("steps/s", "uptime", "cpu%", "mem"):
+        table.add_column(column, justify="right")
+    for w in status.workers:
+        table.add_row(
+            w.name,
+            str(w.index),
+            w.host,
+            Text(w.state.value, STATE_STYLES[w.state]),
+            str(w.pid or "-"),
+            step_text(w),
+            number(w.loss),
+            number(w.accuracy, 3),
+            "-" if w.checkpoint_step is None else str(w.checkpoint_step),
+            number(w.steps_per_sec, 3),
+            duration(w.uptime),
+            number(w.cpu_percent, 3),
+            size(w.rss_bytes),
+        )
+    return table
+
+
+def problems(status: RunStatus) -> list[str]:
+    """One line per worker that failed or could not be asked, with why."""
+    return [
+        f"{w.name}: {w.state.value}: {w.reason}"
+        for w in status.workers
+        if w.state in (WorkerState.FAILED, WorkerState.UNKNOWN) and w.reason
+    ]
+
+
+def progress_line(worker: WorkerStatus) -> str:
+    """A plain line for logs and pipes, where a live table would be noise."""
+    parts = [f"{worker.name}: {worker.state.value}"]
+    if worker.step is not None:
+        parts.append(f"step {step_text(worker)}")
+    if worker.loss is not None:
+        parts.append(f"loss {number(worker.loss)}")
+    if worker.checkpoint_step is not None:
+        parts.append(f"checkpoint {worker.checkpoint_step}")
+    if worker.reason and worker.state in (WorkerState.FAILED, WorkerState.UNKNOWN):
+        parts.append(worker.reason)
+    return "  ".join(parts)
+
+
+def failure_report(status: RunStatus) -> str:
+    """Which worker failed first, how, at what step, and the last lines of its log."""
+    failed = [w for w in status.workers if w.state is WorkerState.FAILED]
+    if not failed:
+        return f"run {status.run_id} ended {status.state.value}"
+    first = failed[0]
+    lines = [
+        f"worker {first.name} (index {first.index}) failed at step {first.step or 0}: "
+        f"{first.reason}"
+    ]
+    if first.log_tail:
+        lines.append(f"last lines of {first.name}'s log:")
+        lines.extend(f"  {line}" for line in first.log_tail[-10:])
+    return "\n".join(lines)

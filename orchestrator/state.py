@@ -1,0 +1,88 @@
+"""Worker and run states, computed from what the worker and its supervisor wrote. Pure.
+
+A worker moves  pending → starting → running → succeeded | failed | stopped.
+  pending    its supervisor has not been started (no pid file yet)
+  starting   the supervisor is alive, the worker has not reported progress yet (TF importing,
+             waiting for its peers)
+  running    alive and has reported progress
+  succeeded  exited 0
+  failed     exited non-zero, or its supervisor vanished without recording an exit
+  stopped    ended after `orchestrate down` asked it to
+  unknown    its host could not be asked
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class WorkerState(str, Enum):
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"
+
+    @property
+    def finished(self) -> bool:
+        return self in (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED)
+
+
+ACTIVE = (WorkerState.PENDING, WorkerState.STARTING, WorkerState.RUNNING)
+
+
+@dataclass(frozen=True)
+class Classification:
+    state: WorkerState
+    reason: str | None = None
+
+
+def classify(probe: Mapping[str, Any] | None) -> Classification:
+    """The state of one worker from the agent's probe of its run directory (None: host unreachable)."""
+    if probe is None:
+        return Classification(WorkerState.UNKNOWN, "host did not answer")
+    exit_record = probe.get("exit")
+    stop_requested = bool(probe.get("stop_requested"))
+    if exit_record is not None:
+        code = exit_record.get("returncode")
+        if code == 0:
+            return Classification(WorkerState.SUCCEEDED)
+        if stop_requested:
+            return Classification(WorkerState.STOPPED, "stopped by orchestrate down")
+        how = f"killed by {exit_record['signal']}" if exit_record.get("signal") else f"exit {code}"
+        return Classification(WorkerState.FAILED, _with_error(how, exit_record.get("error")))
+    if probe.get("alive"):
+        if probe.get("progress"):
+            return Classification(WorkerState.RUNNING)
+        return Classification(WorkerState.STARTING)
+    if not probe.get("exists") or probe.get("pid") is None:
+        return Classification(WorkerState.PENDING)
+    if stop_requested:
+        return Classification(WorkerState.STOPPED, "stopped by orchestrate down")
+    return Classification(WorkerState.FAILED, "process vanished without recording an exit")
+
+
+def _with_error(how: str, error: str | None) -> str:
+    return f"{how}: {error}" if error else how
+
+
+def overall(states: Iterable[WorkerState]) -> WorkerState:
+    """One state for the run: failed as soon as any worker failed, succeeded when all did."""
+    states = list(states)
+    if not states:
+        return WorkerState.UNKNOWN
+    for state in (WorkerState.FAILED, WorkerState.UNKNOWN):
+        if state in states:
+            return state
+    if all(s is WorkerState.SUCCEEDED for s in states):
+        return WorkerState.SUCCEEDED
+    if any(s in ACTIVE for s in states):
+        if WorkerState.RUNNING in states:
+            return WorkerState.RUNNING
+        return WorkerState.STARTING if WorkerState.STARTING in states else WorkerState.PENDING
+    return WorkerState.STOPPED

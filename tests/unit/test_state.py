@@ -1,0 +1,55 @@
+"""Worker state from what the supervisor and worker wrote, and the run's overall state."""
+
+from __future__ import annotations
+
+from orchestrator.state import WorkerState as S
+from orchestrator.state import classify, overall
+
+
+def probe(**fields: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "exists": True, "pid": 10, "alive": False, "progress": None, "exit": None,
+        "stop_requested": False,
+    }  # fmt: skip
+    return {**base, **fields}
+
+
+def test_unreachable_host_is_unknown() -> None:
+    assert classify(None).state is S.UNKNOWN
+
+
+def test_not_started_is_pending() -> None:
+    assert classify(probe(exists=False, pid=None)).state is S.PENDING
+
+
+def test_alive_without_progress_is_starting_then_running() -> None:
+    assert classify(probe(alive=True)).state is S.STARTING
+    assert classify(probe(alive=True, progress={"step": 3})).state is S.RUNNING
+
+
+def test_exit_codes() -> None:
+    assert classify(probe(exit={"returncode": 0})).state is S.SUCCEEDED
+    failed = classify(probe(exit={"returncode": 1, "error": "ValueError: x"}))
+    assert failed.state is S.FAILED and failed.reason == "exit 1: ValueError: x"
+    killed = classify(probe(exit={"returncode": -9, "signal": "SIGKILL"}))
+    assert killed.state is S.FAILED and killed.reason == "killed by SIGKILL"
+
+
+def test_stop_request_turns_a_signal_death_into_stopped() -> None:
+    assert classify(probe(exit={"returncode": -15}, stop_requested=True)).state is S.STOPPED
+    assert classify(probe(stop_requested=True)).state is S.STOPPED
+
+
+def test_vanished_supervisor_is_failed() -> None:
+    verdict = classify(probe(alive=False))
+    assert verdict.state is S.FAILED and "vanished" in (verdict.reason or "")
+
+
+def test_overall() -> None:
+    assert overall([S.SUCCEEDED, S.SUCCEEDED]) is S.SUCCEEDED
+    assert overall([S.RUNNING, S.FAILED]) is S.FAILED
+    assert overall([S.RUNNING, S.STARTING]) is S.RUNNING
+    assert overall([S.STARTING, S.PENDING]) is S.STARTING
+    assert overall([S.STOPPED, S.SUCCEEDED]) is S.STOPPED
+    assert overall([S.RUNNING, S.UNKNOWN]) is S.UNKNOWN
+    assert overall([]) is S.UNKNOWN

@@ -1,0 +1,58 @@
+"""TF_CONFIG and each worker's command line, environment and paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.inventory import Host, Inventory, Job
+from orchestrator.plan import plan_workers
+from orchestrator.tfconfig import tf_config, tf_config_json
+
+
+def inventory(job: Job | None = None) -> Inventory:
+    hosts = (
+        Host(name="a", address="10.0.0.1", port=20000),
+        Host(name="b", address="10.0.0.2", port=20000, workdir="/data"),
+        Host(name="c", address="fe80::1", port=20001),
+    )
+    job = job or Job(name="demo", task="pkg.mod:task", steps=100, env={"K": "v w"})
+    return Inventory(path="inv.yaml", base_dir="/inv", hosts=hosts, job=job)
+
+
+def test_same_cluster_for_every_worker_and_own_index() -> None:
+    inv = inventory()
+    configs = [tf_config(inv, i) for i in range(3)]
+    assert all(c["cluster"] == {"worker": ["10.0.0.1:20000", "10.0.0.2:20000", "[fe80::1]:20001"]}
+               for c in configs)
+    assert [c["task"] for c in configs] == [{"type": "worker", "index": i} for i in range(3)]
+    assert json.loads(tf_config_json(inv, 1)) == configs[1]
+
+
+def test_index_out_of_range() -> None:
+    with pytest.raises(IndexError):
+        tf_config(inventory(), 3)
+
+
+def test_plan_paths_command_and_env() -> None:
+    specs = plan_workers(inventory(), "r1", {"a": "/home/u/orchestrate", "b": "/data", "c": "/c"})
+    a, b, _ = specs
+    assert a.run_dir == "/home/u/orchestrate/demo/runs/r1/a"
+    assert b.checkpoint_dir == "/data/demo/checkpoints"
+    assert a.argv[:5] == ("python3", "-m", "worker", "--task", "pkg.mod:task")
+    assert a.argv[a.argv.index("--checkpoint-dir") + 1] == "/home/u/orchestrate/demo/checkpoints"
+    assert a.env["K"] == "v w" and a.env["ORCHESTRATE_RUN_DIR"] == a.run_dir
+    assert a.env["ORCHESTRATE_PROGRESS_FILE"] == a.run_dir + "/progress.json"
+    assert b.tf_config["task"]["index"] == 1
+    assert a.cwd == a.run_dir  # ssh workers start in their run directory
+    # TF_CONFIG travels as a file, not as an environment string built by a shell.
+    assert "TF_CONFIG" not in a.env
+
+
+def test_script_job_and_absolute_checkpoint_dir() -> None:
+    job = Job(name="s", script="/inv/train.py", args=("--lr", "0.1"), checkpoint_dir="/shared/ck")
+    a = plan_workers(inventory(job), "r", {"a": "/w", "b": "/w", "c": "/w"})[0]
+    assert a.argv == ("python3", "/inv/train.py", "--lr", "0.1")
+    assert a.checkpoint_dir == "/shared/ck" and a.env["ORCHESTRATE_CHECKPOINT_DIR"] == "/shared/ck"
