@@ -78,7 +78,9 @@ def cmd_launch(_args):
     pid = os.fork()
     if pid == 0:
         _become_daemon(os.path.join(run_dir, "worker.log"))
-        os.execv(sys.executable, [sys.executable, agent_path, "supervise", run_dir])
+        # The supervisor carries the run's variables too, so every process of a run is findable.
+        env = dict(os.environ, **spec["env"])
+        os.execve(sys.executable, [sys.executable, agent_path, "supervise", run_dir], env)
     with open(os.path.join(run_dir, "pid"), "w", encoding="utf-8") as handle:
         handle.write(str(pid))
     return {"pid": pid, "run_dir": run_dir}

@@ -1,0 +1,112 @@
+"""Shared fixtures: run the real CLI as a subprocess, in a scratch directory, as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    # Proxy variables break worker-to-worker gRPC; TF's C++ log noise hides what matters.
+    env = {k: v for k, v in os.environ.items() if k not in PROXY_VARIABLES}
+    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}, **extra)
+    return env
+
+
+@dataclass
+class Cli:
+    """`orchestrate` run as a separate process in its own directory with its own state dir."""
+
+    cwd: Path
+
+    def __call__(self, *args: str, timeout: float = 180, check: bool = False) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args],
+            cwd=self.cwd,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"orchestrate {' '.join(args)} exited {result.returncode}:\n"
+                                 f"{result.stdout}\n{result.stderr}")
+        return result
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", *args],
+            cwd=self.cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+
+    def status(self) -> dict[str, Any]:
+        return json.loads(self("status", "--json", check=True).stdout)
+
+    def record(self) -> dict[str, Any]:
+        state = self.cwd / ".orchestrate"
+        run_id = (state / "current").read_text().strip()
+        return json.loads((state / "runs" / f"{run_id}.json").read_text())
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(tmp_path)
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def run_processes(run_id: str) -> list[psutil.Process]:
+    """Every live process on this machine started for the run (found by its environment)."""
+    found = []
+    for process in psutil.process_iter(["pid"]):
+        try:
+            if process.environ().get("ORCHESTRATE_RUN_ID") == run_id and process.status() != "zombie":
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.2) -> Any:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+@pytest.fixture
+def reaper() -> Iterator[list[str]]:
+    """Run ids registered here have every leftover process killed after the test, pass or fail."""
+    run_ids: list[str] = []
+    yield run_ids
+    for run_id in run_ids:
+        for process in run_processes(run_id):
+            process.kill()

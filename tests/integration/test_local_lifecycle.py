@@ -1,0 +1,169 @@
+"""up / status / tail / down on local worker processes, with a plain script job (no TensorFlow):
+the controller's own behaviour, fast. Real processes, real signals, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+from pathlib import Path
+
+import psutil
+
+from tests.conftest import Cli, free_ports, run_processes, wait_for
+
+SCRIPT = """\
+import json, os, sys, time
+steps = int(os.environ.get("STEPS", "5"))
+print("tf_config", os.environ["TF_CONFIG"], flush=True)
+print("args", json.dumps(sys.argv[1:]), flush=True)
+for step in range(1, steps + 1):
+    with open(os.environ["ORCHESTRATE_PROGRESS_FILE"] + ".tmp", "w") as f:
+        json.dump({"step": step, "target_steps": steps, "loss": 1.0 / step}, f)
+    os.replace(os.environ["ORCHESTRATE_PROGRESS_FILE"] + ".tmp", os.environ["ORCHESTRATE_PROGRESS_FILE"])
+    print("step", step, flush=True)
+    time.sleep(float(os.environ.get("DELAY", "0.05")))
+if os.environ["ORCHESTRATE_WORKER"] == os.environ.get("FAIL_WORKER"):
+    raise SystemExit("boom: " + os.environ["ORCHESTRATE_WORKER"])
+"""
+
+
+def make_job(cwd: Path, *, steps: int = 5, delay: float = 0.05, fail: str = "",
+             args: str = "[]", workdir: str = "./work") -> Path:
+    (cwd / "train.py").write_text(SCRIPT)
+    port_a, port_b = free_ports(2)
+    inventory = cwd / "inv.yaml"
+    inventory.write_text(textwrap.dedent(f"""\
+        defaults: {{connection: local, workdir: '{workdir}'}}
+        hosts:
+          - {{name: alpha, address: localhost, port: {port_a}}}
+          - {{name: beta, address: 127.0.0.1, port: {port_b}}}
+        job:
+          name: demo
+          script: train.py
+          args: {args}
+          env: {{STEPS: {steps}, DELAY: {delay}, FAIL_WORKER: '{fail}'}}
+        """))
+    return inventory
+
+
+def test_up_runs_both_workers_to_success(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli.cwd)
+    result = cli("up", "inv.yaml", check=True)
+    reaper.append(cli.record()["run_id"])
+    assert "job demo succeeded" in result.stderr
+    status = cli.status()
+    assert status["state"] == "succeeded"
+    assert [(w["name"], w["index"], w["state"], w["step"]) for w in status["workers"]] == [
+        ("alpha", 0, "succeeded", 5), ("beta", 1, "succeeded", 5)]
+    configs = {}
+    for line in cli("tail", "-n", "100", check=True).stdout.splitlines():
+        name, _, text = line.partition("|")
+        if text.strip().startswith("tf_config"):
+            configs[name.strip()] = json.loads(text.strip().removeprefix("tf_config "))
+    # Each worker got the same cluster and its own index, through the environment.
+    assert configs["alpha"]["cluster"] == configs["beta"]["cluster"]
+    assert [configs[n]["task"]["index"] for n in ("alpha", "beta")] == [0, 1]
+
+
+def test_failed_worker_fails_the_job_with_a_report(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli.cwd, fail="beta")
+    result = cli("up", "inv.yaml")
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 1
+    assert "worker beta (index 1) failed at step 5: exit 1: boom: beta" in result.stderr
+    assert "Traceback" not in result.stderr
+    states = {w["name"]: w["state"] for w in cli.status()["workers"]}
+    assert states == {"alpha": "succeeded", "beta": "failed"}
+
+
+def test_inventory_values_reach_the_worker_verbatim(cli: Cli, reaper: list[str]) -> None:
+    marker = cli.cwd / "pwned"
+    hostile = ["$(touch pwned)", "a; touch pwned", "`touch pwned`", "it's \"quoted\"", "two  spaces"]
+    make_job(cli.cwd, args=json.dumps(hostile),
+             workdir="./work dir $(touch pwned)")
+    cli("up", "inv.yaml", check=True)
+    reaper.append(cli.record()["run_id"])
+    logs = cli("tail", "alpha", "-n", "100", check=True).stdout
+    assert '"$(touch pwned)", "a; touch pwned", "`touch pwned`"' in logs
+    assert "two  spaces" in logs and "it's" in logs
+    assert not marker.exists()
+    assert (cli.cwd / "work dir $(touch pwned)" / "demo" / "runs").is_dir()
+
+
+def test_detached_run_status_tail_and_down_leave_no_process(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli.cwd, steps=10_000, delay=0.02)
+    cli("up", "--detach", "inv.yaml", check=True)
+    run_id = cli.record()["run_id"]
+    reaper.append(run_id)
+    # The controller has exited; the workers run on in their own sessions.
+    running = wait_for(lambda: (s := cli.status())["state"] == "running" and s, timeout=20)
+    for worker in running["workers"]:
+        assert worker["step"] >= 1 and psutil.pid_exists(worker["pid"])
+        assert os.getsid(worker["pid"]) != os.getsid(0)
+    tail = cli("tail", "-n", "2", check=True).stdout.splitlines()
+    assert {line.split("|")[0].strip() for line in tail} == {"alpha", "beta"}
+    assert len(run_processes(run_id)) == 4  # two supervisors, two workers
+    again = cli("up", "inv.yaml")
+    assert again.returncode == 4 and "is still running" in again.stderr
+    down = cli("down", check=True)
+    assert "alpha: stopped" in down.stdout and "beta: stopped" in down.stdout
+    assert run_processes(run_id) == []
+    assert {w["state"] for w in cli.status()["workers"]} == {"stopped"}
+
+
+def test_tail_follow_streams_new_lines_from_both(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli.cwd, steps=10_000, delay=0.05)
+    cli("up", "--detach", "inv.yaml", check=True)
+    reaper.append(cli.record()["run_id"])
+    follower = cli.popen("tail", "-f", "-n", "0")
+    try:
+        seen: set[str] = set()
+        assert follower.stdout is not None
+        for _ in range(40):
+            seen.add(follower.stdout.readline().split("|")[0].strip())
+            if {"alpha", "beta"} <= seen:
+                break
+        assert {"alpha", "beta"} <= seen
+    finally:
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=10) == 0
+    cli("down", check=True)
+    assert not any("tail" in p.name() for p in psutil.Process().children(recursive=True))
+
+
+def test_killing_the_foreground_controller_leaves_workers_running(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli.cwd, steps=60, delay=0.05)
+    controller = cli.popen("up", "inv.yaml")
+    wait_for(lambda: (cli.cwd / ".orchestrate" / "current").exists(), timeout=20)
+    run_id = cli.record()["run_id"]
+    reaper.append(run_id)
+    wait_for(lambda: cli.status()["state"] == "running", timeout=20)
+    controller.kill()
+    controller.wait()
+    final = wait_for(lambda: (s := cli.status())["state"] == "succeeded" and s, timeout=30)
+    assert [w["step"] for w in final["workers"]] == [60, 60]
+
+
+def test_bad_inventory_exits_2_naming_the_key(cli: Cli) -> None:
+    (cli.cwd / "bad.yaml").write_text("hosts:\n  - {name: a, address: localhost, prot: 1}\njob: {}\n")
+    result = cli("up", "bad.yaml")
+    assert result.returncode == 2
+    assert "bad.yaml:2: hosts[0].prot: unknown key; did you mean 'port'?" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_commands_without_a_run_say_how_to_start_one(cli: Cli) -> None:
+    for command in (["status"], ["tail"], ["down"]):
+        result = cli(*command)
+        assert result.returncode == 4
+        assert "no run found" in result.stderr and "orchestrate up" in result.stderr
+
+
+def test_unknown_worker_name(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli.cwd)
+    cli("up", "inv.yaml", check=True)
+    reaper.append(cli.record()["run_id"])
+    result = cli("tail", "gamma")
+    assert result.returncode == 4 and "the workers are: alpha, beta" in result.stderr
