@@ -1,4 +1,4 @@
-"""The host-side agent: the only code of orchestrate that runs on a training host besides the worker.
+"""The host-side agent: the only orchestrate code on a training host besides the worker.
 
 STANDARD LIBRARY ONLY. The controller sends this file's source with every call
 (`python -c SOURCE VERB ...`), so a host needs nothing but a Python interpreter and every host
@@ -6,7 +6,7 @@ operation is one round trip. Each verb prints one JSON document on stdout.
 
 Verbs:
   info                      the host's home directory, hostname and Python version
-  launch   (spec on stdin)  create the run directory, write TF_CONFIG to a file, and start a
+  launch SPEC_JSON          create the run directory, write TF_CONFIG to a file, and start a
                             detached supervisor (its own session: it survives the SSH connection
                             and the controller's terminal closing)
   supervise RUN_DIR         (internal) run the worker, wait for it, record how it ended
@@ -18,6 +18,7 @@ Files in a run directory:
   worker.log  progress.json (written by the worker)  exit.json  stop_requested
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -66,8 +67,8 @@ def cmd_info(_args):
     }
 
 
-def cmd_launch(_args):
-    spec = json.load(sys.stdin)
+def cmd_launch(args):
+    spec = json.loads(args[0])
     run_dir = _expand(spec["run_dir"])
     os.makedirs(run_dir, exist_ok=True)
     _write_json(os.path.join(run_dir, "tf_config.json"), spec["tf_config"])
@@ -248,10 +249,8 @@ def cmd_probe(args):
 
 
 def _signal_group(pgid, signum):
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def cmd_stop(args):

@@ -87,8 +87,7 @@ def up(context: Context, inventory: Path, detach: bool, interval: float) -> None
     with Machines() as machines:
         refuse_if_active(context.store, machines)
         errors.print(
-            f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) "
-            f"from {inventory}"
+            f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) from {inventory}"
         )
         record = start_run(
             spec,
@@ -203,7 +202,9 @@ def tail_command(
     }
     with Machines() as machines:
         stream = (
-            follow(workers, machines, lines) if follow_logs else last_lines(workers, machines, lines)
+            follow(workers, machines, lines)
+            if follow_logs
+            else last_lines(workers, machines, lines)
         )
         try:
             for name, line in stream:

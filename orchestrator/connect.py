@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from orchestrator.errors import HostError
 from orchestrator.hostagent import HostAgent
 from orchestrator.inventory import Host
 from orchestrator.runner import LocalRunner, Runner
@@ -22,11 +21,9 @@ def machine_key(host: Host) -> MachineKey:
 def runner_for(host: Host) -> Runner:
     if host.connection == "local":
         return LocalRunner("localhost")
-    raise HostError(
-        host.name,
-        "SSH connections are not available in this version",
-        hint="use 'connection: local' to run the workers on this machine",
-    )
+    from orchestrator.ssh import SshRunner  # Fabric/paramiko load only when a host needs them
+
+    return SshRunner(host)
 
 
 class Machines:

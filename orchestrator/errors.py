@@ -70,7 +70,9 @@ class HostErrors(OrchestrateError):
 
     def __init__(self, errors: Sequence[HostError], action: str) -> None:
         self.errors = list(errors)
-        lines = "\n".join(f"  {e.message}" + (f"\n    hint: {e.hint}" if e.hint else "") for e in errors)
+        lines = "\n".join(
+            f"  {e.message}" + (f"\n    hint: {e.hint}" if e.hint else "") for e in errors
+        )
         super().__init__(f"{action} failed on {len(self.errors)} host(s):\n{lines}")
 
 

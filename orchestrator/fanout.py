@@ -28,7 +28,7 @@ def fan_out(keys: Iterable[K], action: Callable[[K], T]) -> dict[K, T | HostErro
             return error
 
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(keys))) as pool:
-        return dict(zip(keys, pool.map(guarded, keys)))
+        return dict(zip(keys, pool.map(guarded, keys), strict=True))
 
 
 def successes(results: dict[K, T | HostError], action: str) -> dict[K, T]:

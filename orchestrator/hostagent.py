@@ -21,9 +21,9 @@ class HostAgent:
         self.runner = runner
         self.python = python
 
-    def _call(self, verb: str, *args: str, stdin: str | None = None, timeout: float = 60.0) -> Any:
+    def _call(self, verb: str, *args: str, timeout: float = 60.0) -> Any:
         argv = [self.python, "-c", agent_source(), verb, *args]
-        result = self.runner.run(argv, stdin=stdin, timeout=timeout)
+        result = self.runner.run(argv, timeout=timeout)
         if not result.ok:
             raise HostError(
                 self.runner.host_name,
@@ -42,7 +42,8 @@ class HostAgent:
 
     def launch(self, spec: dict[str, Any]) -> dict[str, Any]:
         payload = dict(spec, agent_source=agent_source())
-        return dict(self._call("launch", stdin=json.dumps(payload), timeout=60))
+        # An argument rather than stdin: every runner call stays a plain argument list.
+        return dict(self._call("launch", json.dumps(payload), timeout=60))
 
     def probe(self, run_dirs: list[str]) -> dict[str, Any]:
         return dict(self._call("probe", *run_dirs, timeout=30))

@@ -41,6 +41,9 @@ class Host:
     ssh_key: str | None = None
     python: str = DEFAULT_SSH_PYTHON
     workdir: str = DEFAULT_WORKDIR
+    ssh_known_hosts: str | None = None
+    ssh_host_key_policy: Literal["strict", "accept-new"] = "strict"
+    ssh_connect_timeout: float = 10.0
 
     @property
     def endpoint(self) -> str:
@@ -57,6 +60,7 @@ class Job:
     script: str | None = None
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    files: tuple[str, ...] = ()  # absolute paths on this machine, uploaded to each SSH host
     steps: int | None = None
     checkpoint_dir: str = "checkpoints"
     checkpoint_every: int = 100
@@ -150,7 +154,11 @@ HOST_KEYS: dict[str, Checker] = {
     "ssh_key": _string,
     "python": _string,
     "workdir": _string,
+    "ssh_known_hosts": _string,
+    "ssh_host_key_policy": _choice("strict", "accept-new"),
+    "ssh_connect_timeout": _integer(1, 600),
 }
+CONTROLLER_PATHS = ("ssh_key", "ssh_known_hosts")
 PER_HOST_ONLY = ("name", "address")
 
 JOB_KEYS: dict[str, Checker] = {
@@ -159,6 +167,7 @@ JOB_KEYS: dict[str, Checker] = {
     "script": _string,
     "args": _scalar_string,  # checked per item
     "env": _scalar_string,  # checked per value
+    "files": _string,  # checked per item
     "steps": POSITIVE,
     "checkpoint_dir": _string,
     "checkpoint_every": POSITIVE,
@@ -217,7 +226,9 @@ def load_inventory(path: str | Path) -> Inventory:
     except YamlSyntaxError as exc:
         report.add(exc.line, "", exc.message)
         raise InventoryError(report.problems) from exc
-    inventory = parse_inventory(document, report, base_dir=source.resolve().parent, stem=source.stem)
+    inventory = parse_inventory(
+        document, report, base_dir=source.resolve().parent, stem=source.stem
+    )
     if report.problems or inventory is None:
         raise InventoryError(report.problems)
     return inventory
@@ -225,7 +236,9 @@ def load_inventory(path: str | Path) -> Inventory:
 
 def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -> Inventory | None:
     if not isinstance(document, LineMap):
-        report.add(None, "", f"expected a mapping with 'hosts:' and 'job:', got {_describe(document)}")
+        report.add(
+            None, "", f"expected a mapping with 'hosts:' and 'job:', got {_describe(document)}"
+        )
         return None
     report.unknown_keys(document, TOP_KEYS, "")
     defaults = document.get("defaults") or LineMap()  # an empty `defaults:` is None in YAML
@@ -282,7 +295,9 @@ def _parse_host(
             values[key] = value
     for key in ("name", "address", "port"):
         if key not in values and key not in entry and key not in defaults:
-            report.add(entry.line, f"{where}.{key}", "missing; every host needs name, address, port")
+            report.add(
+                entry.line, f"{where}.{key}", "missing; every host needs name, address, port"
+            )
             ok = False
     if not ok:
         return None
@@ -297,6 +312,9 @@ def _parse_host(
             return None
         values.setdefault("python", sys.executable)
         values["workdir"] = str(_controller_path(values.get("workdir", DEFAULT_WORKDIR), base))
+    for key in CONTROLLER_PATHS:
+        if key in values:
+            values[key] = str(_controller_path(values[key], base))
     return Host(**values)
 
 
@@ -321,14 +339,22 @@ def _check_unique_hosts(hosts: list[Host], entries: LineList, report: _Report) -
     for index, host in enumerate(hosts):
         line = entries.item_lines[index] if index < len(entries.item_lines) else None
         if host.name in seen_names:
-            report.add(line, f"hosts[{index}].name", f"'{host.name}' is already used by "
-                       f"hosts[{seen_names[host.name]}]; host names must be unique")
+            report.add(
+                line,
+                f"hosts[{index}].name",
+                f"'{host.name}' is already used by "
+                f"hosts[{seen_names[host.name]}]; host names must be unique",
+            )
         seen_names.setdefault(host.name, index)
         address = "127.0.0.1" if _is_loopback(host.address) else host.address
         endpoint = (address, host.port)
         if endpoint in seen_endpoints:
-            report.add(line, f"hosts[{index}].port", f"{host.endpoint} is already used by "
-                       f"hosts[{seen_endpoints[endpoint]}]; two workers cannot share a port")
+            report.add(
+                line,
+                f"hosts[{index}].port",
+                f"{host.endpoint} is already used by "
+                f"hosts[{seen_endpoints[endpoint]}]; two workers cannot share a port",
+            )
         seen_endpoints.setdefault(endpoint, index)
 
 
@@ -343,7 +369,7 @@ def _parse_job(document: LineMap, report: _Report, stem: str, base: Path) -> Job
     report.unknown_keys(block, JOB_KEYS, "job")
     values: dict[str, Any] = {}
     for key, check in JOB_KEYS.items():
-        if key not in block or key in ("args", "env"):
+        if key not in block or key in ("args", "env", "files"):
             continue
         value, problem = check(block[key])
         if problem:
@@ -356,11 +382,16 @@ def _parse_job(document: LineMap, report: _Report, stem: str, base: Path) -> Job
             report.add(_line(block, "script"), "job.script", f"no such file: {script}")
         values["script"] = str(script)
     values["args"] = _parse_args(block, report)
+    values["files"] = _parse_files(block, report, base)
     values["env"] = _parse_env(block, report)
     values.setdefault("name", stem if NAME_PATTERN.match(stem) else "job")
     if ("task" in block) == ("script" in block):
-        report.add(block.line, "job", "set exactly one of 'task' (module:function for the built-in "
-                   "training loop) or 'script' (your own training script)")
+        report.add(
+            block.line,
+            "job",
+            "set exactly one of 'task' (module:function for the built-in "
+            "training loop) or 'script' (your own training script)",
+        )
     if "task" in block and "steps" not in block:
         report.add(block.line, "job.steps", "missing; the built-in loop needs a step count")
     return Job(**values)
@@ -379,6 +410,24 @@ def _parse_args(block: LineMap, report: _Report) -> tuple[str, ...]:
         else:
             args.append(value)
     return tuple(args)
+
+
+def _parse_files(block: LineMap, report: _Report, base: Path) -> tuple[str, ...]:
+    raw = block.get("files", LineList())
+    if not isinstance(raw, LineList):
+        report.add(_line(block, "files"), "job.files", "expected a list of paths")
+        return ()
+    files = []
+    for index, item in enumerate(raw):
+        value, problem = _string(item)
+        path = _controller_path(value, base) if value else None
+        if path is not None and not path.exists():
+            problem = f"no such file or directory: {path}"
+        if problem:
+            report.add(raw.item_lines[index], f"job.files[{index}]", problem)
+        else:
+            files.append(str(path))
+    return tuple(files)
 
 
 def _parse_env(block: LineMap, report: _Report) -> dict[str, str]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from orchestrator.connect import MachineKey, Machines, machine_key
 from orchestrator.errors import HostError, HostErrors, RunStateError
@@ -71,6 +73,7 @@ def start_run(
     store.save(record)  # before launching: a half-started run can still be found and stopped
 
     def launch(spec: WorkerSpec) -> int:
+        upload(spec, machines)
         pid = int(machines.agent(spec.host).launch(spec.launch_request())["pid"])
         on_started(spec)
         return pid
@@ -80,7 +83,7 @@ def start_run(
         record,
         workers=tuple(
             replace(worker, pid=pid if isinstance(pid, int) else None)
-            for worker, pid in zip(record.workers, results.values())
+            for worker, pid in zip(record.workers, results.values(), strict=True)
         ),
     )
     store.save(record)
@@ -90,6 +93,30 @@ def start_run(
         stop_run(record, machines, grace=2.0)
         raise HostErrors(failures, "starting the workers")
     return record
+
+
+def upload(spec: WorkerSpec, machines: Machines) -> None:
+    """Copy the job's script and files into the worker's run directory, directories included."""
+    if not spec.uploads:
+        return
+    files: list[tuple[str, str]] = []
+    for local, remote in spec.uploads:
+        source = Path(local)
+        if source.is_dir():
+            files.extend(
+                (str(path), posixpath.join(remote, path.relative_to(source).as_posix()))
+                for path in sorted(source.rglob("*"))
+                if path.is_file() and "__pycache__" not in path.parts
+            )
+        else:
+            files.append((local, remote))
+    runner = machines.runner(spec.host)
+    directories = sorted({posixpath.dirname(remote) for _, remote in files})
+    made = runner.run(["mkdir", "-p", *directories])
+    if not made.ok:
+        raise HostError(spec.name, f"cannot create {spec.run_dir}: {made.tail(2)}")
+    for local, remote in files:
+        runner.put(local, remote)
 
 
 def _record(spec: WorkerSpec) -> WorkerRecord:

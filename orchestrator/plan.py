@@ -9,10 +9,10 @@ Layout on every host (paths are the host's):
 from __future__ import annotations
 
 import posixpath
+import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
-import secrets
 
 from orchestrator.inventory import Host, Inventory, Job
 from orchestrator.tfconfig import tf_config
@@ -28,6 +28,7 @@ class WorkerSpec:
     argv: tuple[str, ...]
     env: dict[str, str]
     tf_config: dict[str, Any]
+    uploads: tuple[tuple[str, str], ...] = ()  # (path here, path on the host) before the start
 
     @property
     def name(self) -> str:
@@ -53,7 +54,7 @@ def new_run_id(now: datetime | None = None) -> str:
     return f"{stamp}-{secrets.token_hex(2)}"
 
 
-def job_dir(host: Host, job: Job, workdir: str) -> str:
+def job_dir(job: Job, workdir: str) -> str:
     return posixpath.join(workdir, job.name)
 
 
@@ -61,9 +62,22 @@ def checkpoint_dir(job: Job, job_directory: str) -> str:
     return posixpath.join(job_directory, job.checkpoint_dir)  # an absolute path wins in join
 
 
-def worker_argv(job: Job, python: str, checkpoints: str) -> tuple[str, ...]:
+def uploads(job: Job, host: Host, run_dir: str) -> tuple[tuple[str, str], ...]:
+    """An SSH host gets the script and the job's files in its run directory; a local worker
+    uses them where they are."""
+    if host.connection == "local":
+        return ()
+    local = ([job.script] if job.script else []) + list(job.files)
+    return tuple((path, posixpath.join(run_dir, posixpath.basename(path))) for path in local)
+
+
+def worker_argv(job: Job, host: Host, run_dir: str, checkpoints: str) -> tuple[str, ...]:
+    python = host.python
     if job.script is not None:
-        return (python, job.script, *job.args)
+        script = job.script
+        if host.connection != "local":
+            script = posixpath.join(run_dir, posixpath.basename(job.script))
+        return (python, script, *job.args)
     assert job.task is not None and job.steps is not None
     return (
         python, "-m", "worker",
@@ -78,13 +92,11 @@ def worker_argv(job: Job, python: str, checkpoints: str) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def plan_workers(
-    inventory: Inventory, run_id: str, workdirs: dict[str, str]
-) -> list[WorkerSpec]:
+def plan_workers(inventory: Inventory, run_id: str, workdirs: dict[str, str]) -> list[WorkerSpec]:
     """One spec per host entry; `workdirs` maps host name to its absolute workdir on that host."""
     specs = []
     for index, host in enumerate(inventory.hosts):
-        directory = job_dir(host, inventory.job, workdirs[host.name])
+        directory = job_dir(inventory.job, workdirs[host.name])
         run_dir = posixpath.join(directory, "runs", run_id, host.name)
         checkpoints = checkpoint_dir(inventory.job, directory)
         env = {
@@ -106,9 +118,10 @@ def plan_workers(
                 run_dir=run_dir,
                 checkpoint_dir=checkpoints,
                 cwd=cwd,
-                argv=worker_argv(inventory.job, host.python, checkpoints),
+                argv=worker_argv(inventory.job, host, run_dir, checkpoints),
                 env=env,
                 tf_config=tf_config(inventory, index),
+                uploads=uploads(inventory.job, host, run_dir),
             )
         )
     return specs

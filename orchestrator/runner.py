@@ -7,6 +7,7 @@ Commands are argument lists, never shell strings: values from the inventory cann
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -39,10 +40,12 @@ class Runner(ABC):
         self.host_name = host_name
 
     @abstractmethod
-    def run(
-        self, argv: Sequence[str], *, stdin: str | None = None, timeout: float = 60.0
-    ) -> CommandResult:
+    def run(self, argv: Sequence[str], *, timeout: float = 60.0) -> CommandResult:
         """Run to completion; a non-zero exit is a result, not an exception."""
+
+    @abstractmethod
+    def put(self, local: str, remote: str) -> None:
+        """Copy a file of this machine to the host; the remote directory must exist."""
 
     @abstractmethod
     def stream(self, argv: Sequence[str]) -> Iterator[str]:
@@ -64,13 +67,11 @@ class LocalRunner(Runner):
         super().__init__(host_name)
         self._streams: set[subprocess.Popen[str]] = set()
 
-    def run(
-        self, argv: Sequence[str], *, stdin: str | None = None, timeout: float = 60.0
-    ) -> CommandResult:
+    def run(self, argv: Sequence[str], *, timeout: float = 60.0) -> CommandResult:
         try:
             completed = subprocess.run(
                 list(argv),
-                input=stdin,
+                stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
                 timeout=timeout,
@@ -89,6 +90,12 @@ class LocalRunner(Runner):
         return CommandResult(
             self.host_name, tuple(argv), completed.returncode, completed.stdout, completed.stderr
         )
+
+    def put(self, local: str, remote: str) -> None:
+        try:
+            shutil.copyfile(local, remote)
+        except OSError as exc:
+            raise HostError(self.host_name, f"cannot copy {local} to {remote}: {exc}") from exc
 
     def stream(self, argv: Sequence[str]) -> Iterator[str]:
         process = subprocess.Popen(

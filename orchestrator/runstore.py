@@ -1,7 +1,7 @@
 """The controller's record of runs, kept in a state directory so any later shell finds them.
 
-  {state_dir}/current                the id of the latest run
-  {state_dir}/runs/{run_id}.json     the run: inventory, and per worker its host and run directory
+{state_dir}/current                the id of the latest run
+{state_dir}/runs/{run_id}.json     the run: inventory, and per worker its host and run directory
 """
 
 from __future__ import annotations

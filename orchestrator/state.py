@@ -43,7 +43,7 @@ class Classification:
 
 
 def classify(probe: Mapping[str, Any] | None) -> Classification:
-    """The state of one worker from the agent's probe of its run directory (None: host unreachable)."""
+    """One worker's state from the agent's probe of its run directory (None: host unreachable)."""
     if probe is None:
         return Classification(WorkerState.UNKNOWN, "host did not answer")
     exit_record = probe.get("exit")

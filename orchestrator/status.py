@@ -105,7 +105,9 @@ def collect_status(record: RunRecord, machines: Machines) -> RunStatus:
             if isinstance(answer, HostError):
                 statuses.append(worker_status(worker, None, 0.0, unreachable=answer.message))
             else:
-                statuses.append(worker_status(worker, answer["runs"][worker.run_dir], answer["now"]))
+                statuses.append(
+                    worker_status(worker, answer["runs"][worker.run_dir], answer["now"])
+                )
     statuses.sort(key=lambda s: s.index)
     return RunStatus(
         run_id=record.run_id,

@@ -68,7 +68,7 @@ class YamlSyntaxError(ValueError):
 def parse(text: str) -> Any:
     """Parse one YAML document into plain values, with LineMap / LineList for collections."""
     try:
-        return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_LineLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None

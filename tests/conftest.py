@@ -32,7 +32,9 @@ class Cli:
 
     cwd: Path
 
-    def __call__(self, *args: str, timeout: float = 180, check: bool = False) -> subprocess.CompletedProcess[str]:
+    def __call__(
+        self, *args: str, timeout: float = 180, check: bool = False
+    ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [sys.executable, "-m", "orchestrator", *args],
             cwd=self.cwd,
@@ -40,10 +42,13 @@ class Cli:
             capture_output=True,
             text=True,
             timeout=timeout,
+            check=False,
         )
         if check and result.returncode != 0:
-            raise AssertionError(f"orchestrate {' '.join(args)} exited {result.returncode}:\n"
-                                 f"{result.stdout}\n{result.stderr}")
+            raise AssertionError(
+                f"orchestrate {' '.join(args)} exited {result.returncode}:\n"
+                f"{result.stdout}\n{result.stderr}"
+            )
         return result
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
@@ -83,7 +88,10 @@ def run_processes(run_id: str) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["pid"]):
         try:
-            if process.environ().get("ORCHESTRATE_RUN_ID") == run_id and process.status() != "zombie":
+            if (
+                process.environ().get("ORCHESTRATE_RUN_ID") == run_id
+                and process.status() != "zombie"
+            ):
                 found.append(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

@@ -18,10 +18,11 @@ import json, os, sys, time
 steps = int(os.environ.get("STEPS", "5"))
 print("tf_config", os.environ["TF_CONFIG"], flush=True)
 print("args", json.dumps(sys.argv[1:]), flush=True)
+progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
 for step in range(1, steps + 1):
-    with open(os.environ["ORCHESTRATE_PROGRESS_FILE"] + ".tmp", "w") as f:
+    with open(progress + ".tmp", "w") as f:
         json.dump({"step": step, "target_steps": steps, "loss": 1.0 / step}, f)
-    os.replace(os.environ["ORCHESTRATE_PROGRESS_FILE"] + ".tmp", os.environ["ORCHESTRATE_PROGRESS_FILE"])
+    os.replace(progress + ".tmp", progress)
     print("step", step, flush=True)
     time.sleep(float(os.environ.get("DELAY", "0.05")))
 if os.environ["ORCHESTRATE_WORKER"] == os.environ.get("FAIL_WORKER"):
@@ -29,12 +30,20 @@ if os.environ["ORCHESTRATE_WORKER"] == os.environ.get("FAIL_WORKER"):
 """
 
 
-def make_job(cwd: Path, *, steps: int = 5, delay: float = 0.05, fail: str = "",
-             args: str = "[]", workdir: str = "./work") -> Path:
+def make_job(
+    cwd: Path,
+    *,
+    steps: int = 5,
+    delay: float = 0.05,
+    fail: str = "",
+    args: str = "[]",
+    workdir: str = "./work",
+) -> Path:
     (cwd / "train.py").write_text(SCRIPT)
     port_a, port_b = free_ports(2)
     inventory = cwd / "inv.yaml"
-    inventory.write_text(textwrap.dedent(f"""\
+    inventory.write_text(
+        textwrap.dedent(f"""\
         defaults: {{connection: local, workdir: '{workdir}'}}
         hosts:
           - {{name: alpha, address: localhost, port: {port_a}}}
@@ -44,7 +53,8 @@ def make_job(cwd: Path, *, steps: int = 5, delay: float = 0.05, fail: str = "",
           script: train.py
           args: {args}
           env: {{STEPS: {steps}, DELAY: {delay}, FAIL_WORKER: '{fail}'}}
-        """))
+        """)
+    )
     return inventory
 
 
@@ -56,7 +66,9 @@ def test_up_runs_both_workers_to_success(cli: Cli, reaper: list[str]) -> None:
     status = cli.status()
     assert status["state"] == "succeeded"
     assert [(w["name"], w["index"], w["state"], w["step"]) for w in status["workers"]] == [
-        ("alpha", 0, "succeeded", 5), ("beta", 1, "succeeded", 5)]
+        ("alpha", 0, "succeeded", 5),
+        ("beta", 1, "succeeded", 5),
+    ]
     configs = {}
     for line in cli("tail", "-n", "100", check=True).stdout.splitlines():
         name, _, text = line.partition("|")
@@ -80,9 +92,8 @@ def test_failed_worker_fails_the_job_with_a_report(cli: Cli, reaper: list[str]) 
 
 def test_inventory_values_reach_the_worker_verbatim(cli: Cli, reaper: list[str]) -> None:
     marker = cli.cwd / "pwned"
-    hostile = ["$(touch pwned)", "a; touch pwned", "`touch pwned`", "it's \"quoted\"", "two  spaces"]
-    make_job(cli.cwd, args=json.dumps(hostile),
-             workdir="./work dir $(touch pwned)")
+    hostile = ["$(touch pwned)", "a; touch pwned", "`touch pwned`", 'it\'s "quoted"', "two  spaces"]
+    make_job(cli.cwd, args=json.dumps(hostile), workdir="./work dir $(touch pwned)")
     cli("up", "inv.yaml", check=True)
     reaper.append(cli.record()["run_id"])
     logs = cli("tail", "alpha", "-n", "100", check=True).stdout
@@ -133,10 +144,12 @@ def test_tail_follow_streams_new_lines_from_both(cli: Cli, reaper: list[str]) ->
     assert not any("tail" in p.name() for p in psutil.Process().children(recursive=True))
 
 
-def test_killing_the_foreground_controller_leaves_workers_running(cli: Cli, reaper: list[str]) -> None:
+def test_killing_the_foreground_controller_leaves_workers_running(
+    cli: Cli, reaper: list[str]
+) -> None:
     make_job(cli.cwd, steps=60, delay=0.05)
     controller = cli.popen("up", "inv.yaml")
-    wait_for(lambda: (cli.cwd / ".orchestrate" / "current").exists(), timeout=20)
+    wait_for((cli.cwd / ".orchestrate" / "current").exists, timeout=20)
     run_id = cli.record()["run_id"]
     reaper.append(run_id)
     wait_for(lambda: cli.status()["state"] == "running", timeout=20)
@@ -147,7 +160,9 @@ def test_killing_the_foreground_controller_leaves_workers_running(cli: Cli, reap
 
 
 def test_bad_inventory_exits_2_naming_the_key(cli: Cli) -> None:
-    (cli.cwd / "bad.yaml").write_text("hosts:\n  - {name: a, address: localhost, prot: 1}\njob: {}\n")
+    (cli.cwd / "bad.yaml").write_text(
+        "hosts:\n  - {name: a, address: localhost, prot: 1}\njob: {}\n"
+    )
     result = cli("up", "bad.yaml")
     assert result.returncode == 2
     assert "bad.yaml:2: hosts[0].prot: unknown key; did you mean 'port'?" in result.stderr

@@ -84,8 +84,12 @@ def test_wrong_types_and_ranges_are_all_reported(tmp_path: Path) -> None:
     text = GOOD.replace("port: 23456", "port: 70000").replace("steps: 50", "steps: many")
     text = text.replace("connection: local", "connection: telnet")
     found = problems_of(tmp_path, text)
-    assert any(":2: defaults.connection: expected one of local, ssh, got 'telnet'" in p for p in found)
-    assert any(":7: hosts[0].port: expected an integer from 1 to 65535, got 70000" in p for p in found)
+    assert any(
+        ":2: defaults.connection: expected one of local, ssh, got 'telnet'" in p for p in found
+    )
+    assert any(
+        ":7: hosts[0].port: expected an integer from 1 to 65535, got 70000" in p for p in found
+    )
     assert any(":13: job.steps: expected an integer of at least 1, got 'many'" in p for p in found)
     assert all(p.startswith(str(tmp_path / "inv.yaml")) for p in found)
 
@@ -123,7 +127,9 @@ def test_not_yaml(tmp_path: Path) -> None:
 
 def test_not_a_mapping(tmp_path: Path) -> None:
     found = problems_of(tmp_path, "- just\n- a list\n")
-    assert found == [f"{tmp_path / 'inv.yaml'}: expected a mapping with 'hosts:' and 'job:', got a list"]
+    assert found == [
+        f"{tmp_path / 'inv.yaml'}: expected a mapping with 'hosts:' and 'job:', got a list"
+    ]
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -135,7 +141,9 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_task_and_script_are_exclusive(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("")
-    found = problems_of(tmp_path, GOOD.replace("  steps: 50\n", "  steps: 50\n  script: train.py\n"))
+    found = problems_of(
+        tmp_path, GOOD.replace("  steps: 50\n", "  steps: 50\n  script: train.py\n")
+    )
     assert any("set exactly one of 'task'" in p for p in found)
 
 
@@ -148,7 +156,9 @@ def test_script_is_resolved_and_must_exist(tmp_path: Path) -> None:
 
 
 def test_task_needs_steps_and_shape(tmp_path: Path) -> None:
-    found = problems_of(tmp_path, GOOD.replace("  steps: 50\n", "").replace("shapes:task", "shapes"))
+    found = problems_of(
+        tmp_path, GOOD.replace("  steps: 50\n", "").replace("shapes:task", "shapes")
+    )
     assert any("job.task: expected 'package.module:function'" in p for p in found)
     assert any("job.steps: missing" in p for p in found)
 
@@ -172,7 +182,9 @@ def test_name_and_address_cannot_be_defaults(tmp_path: Path) -> None:
 
 
 def test_repeated_key(tmp_path: Path) -> None:
-    found = problems_of(tmp_path, GOOD.replace("    port: 23456\n", "    port: 23456\n    port: 1\n"))
+    found = problems_of(
+        tmp_path, GOOD.replace("    port: 23456\n", "    port: 23456\n    port: 1\n")
+    )
     assert any(":8: hosts[0].port: repeated key" in p for p in found)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
 
@@ -25,8 +25,10 @@ def inventory(job: Job | None = None) -> Inventory:
 def test_same_cluster_for_every_worker_and_own_index() -> None:
     inv = inventory()
     configs = [tf_config(inv, i) for i in range(3)]
-    assert all(c["cluster"] == {"worker": ["10.0.0.1:20000", "10.0.0.2:20000", "[fe80::1]:20001"]}
-               for c in configs)
+    assert all(
+        c["cluster"] == {"worker": ["10.0.0.1:20000", "10.0.0.2:20000", "[fe80::1]:20001"]}
+        for c in configs
+    )
     assert [c["task"] for c in configs] == [{"type": "worker", "index": i} for i in range(3)]
     assert json.loads(tf_config_json(inv, 1)) == configs[1]
 
@@ -54,5 +56,27 @@ def test_plan_paths_command_and_env() -> None:
 def test_script_job_and_absolute_checkpoint_dir() -> None:
     job = Job(name="s", script="/inv/train.py", args=("--lr", "0.1"), checkpoint_dir="/shared/ck")
     a = plan_workers(inventory(job), "r", {"a": "/w", "b": "/w", "c": "/w"})[0]
-    assert a.argv == ("python3", "/inv/train.py", "--lr", "0.1")
+    # An SSH host runs the uploaded copy of the script from its run directory.
+    assert a.argv == ("python3", "/w/s/runs/r/a/train.py", "--lr", "0.1")
+    assert a.uploads == (("/inv/train.py", "/w/s/runs/r/a/train.py"),)
     assert a.checkpoint_dir == "/shared/ck" and a.env["ORCHESTRATE_CHECKPOINT_DIR"] == "/shared/ck"
+
+
+def test_local_workers_use_files_in_place() -> None:
+    job = Job(name="s", script="/inv/train.py", files=("/inv/data",))
+    base = inventory(job)
+    local = Inventory(
+        base.path, base.base_dir, tuple(replace(h, connection="local") for h in base.hosts), job
+    )
+    a = plan_workers(local, "r", {"a": "/w", "b": "/w", "c": "/w"})[0]
+    assert a.argv == ("python3", "/inv/train.py") and a.uploads == () and a.cwd == "/inv"
+
+
+def test_ssh_workers_get_script_and_files_uploaded() -> None:
+    job = Job(name="s", script="/inv/train.py", files=("/inv/data", "/inv/lib/util.py"))
+    a = plan_workers(inventory(job), "r", {"a": "/w", "b": "/w", "c": "/w"})[0]
+    assert [remote for _, remote in a.uploads] == [
+        "/w/s/runs/r/a/train.py",
+        "/w/s/runs/r/a/data",
+        "/w/s/runs/r/a/util.py",
+    ]

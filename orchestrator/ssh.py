@@ -1,0 +1,192 @@
+"""The SSH runner: the same argument lists as the local runner, run on a host through Fabric.
+
+Host keys are checked: Fabric alone accepts any key (it installs paramiko's AutoAddPolicy and loads
+no known_hosts), so this module loads the known_hosts file and sets its own policy. Errors from
+paramiko and sockets become HostError with a hint.
+"""
+
+from __future__ import annotations
+
+import errno
+import shlex
+import socket
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import fabric
+import invoke
+import paramiko
+
+from orchestrator.errors import HostError
+from orchestrator.inventory import Host
+from orchestrator.runner import CommandResult, Runner
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+
+class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's StrictHostKeyChecking=accept-new: record keys of hosts never seen before.
+    A changed key still fails: paramiko raises BadHostKeyException before asking a policy."""
+
+    def __init__(self, known_hosts: Path) -> None:
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Append rather than rewrite: the user's file may hold hashed or commented entries.
+        with self.known_hosts.open("a", encoding="utf-8") as handle:
+            handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+class SshRunner(Runner):
+    def __init__(self, host: Host) -> None:
+        super().__init__(host.name)
+        self.host = host
+        connect_kwargs: dict[str, Any] = {}
+        if host.ssh_key:
+            # An explicit key is the only one tried, so a wrong key fails clearly.
+            connect_kwargs.update(
+                key_filename=[str(Path(host.ssh_key).expanduser())],
+                look_for_keys=False,
+                allow_agent=False,
+            )
+        self.connection = fabric.Connection(
+            host.address,
+            user=host.ssh_user,
+            port=host.ssh_port,
+            connect_timeout=int(host.ssh_connect_timeout),
+            connect_kwargs=connect_kwargs,
+        )
+        self.known_hosts = Path(
+            host.ssh_known_hosts
+            or self.connection.ssh_config.get("userknownhostsfile", "").split(" ")[0]
+            or DEFAULT_KNOWN_HOSTS
+        ).expanduser()
+        client = self.connection.client
+        if self.known_hosts.exists():
+            client.load_host_keys(str(self.known_hosts))
+        policy: paramiko.MissingHostKeyPolicy = (
+            AcceptNewPolicy(self.known_hosts)
+            if host.ssh_host_key_policy == "accept-new"
+            else paramiko.RejectPolicy()
+        )
+        client.set_missing_host_key_policy(policy)
+
+    @property
+    def target(self) -> str:
+        return f"{self.connection.user}@{self.host.address}:{self.connection.port}"
+
+    def open(self) -> None:
+        try:
+            self.connection.open()
+        except Exception as exc:  # every paramiko/socket failure is mapped below
+            raise self._connect_error(exc) from exc
+
+    def _connect_error(self, exc: Exception) -> HostError:
+        timeout = self.host.ssh_connect_timeout
+        if isinstance(exc, socket.gaierror):
+            return HostError(
+                self.host_name,
+                f"cannot resolve {self.host.address!r}: {exc.strerror}",
+                hint="check the host's address in the inventory and this machine's DNS",
+            )
+        if isinstance(exc, paramiko.BadHostKeyException):
+            return HostError(
+                self.host_name,
+                f"the host key of {self.host.address} has CHANGED since it was recorded in "
+                f"{self.known_hosts} (expected {exc.expected_key.get_name()}, got "
+                f"{exc.key.get_name()}); this can be a reinstalled host or an attack",
+                hint="if the host was reinstalled, remove the old key with "
+                f"'ssh-keygen -f {self.known_hosts} -R {self._known_hosts_name()}' "
+                "and connect again",
+            )
+        if isinstance(exc, paramiko.AuthenticationException):
+            key = self.host.ssh_key or "your default keys / ssh-agent"
+            return HostError(
+                self.host_name,
+                f"authentication refused for {self.target} with {key}",
+                hint="check ssh_user and ssh_key, and that the public key is in the host's "
+                "authorized_keys",
+            )
+        if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
+            return HostError(
+                self.host_name,
+                f"the host key of {self.host.address} is unknown (not in {self.known_hosts})",
+                hint=f"verify and record it with 'ssh-keyscan -p {self.connection.port} "
+                f"{self.host.address} >> {self.known_hosts}', or set "
+                "'ssh_host_key_policy: accept-new' to record keys of new hosts on first contact",
+            )
+        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+            codes = {getattr(e, "errno", None) for e in exc.errors.values()}
+            if errno.ECONNREFUSED in codes:
+                return HostError(
+                    self.host_name,
+                    f"connection refused by {self.target}",
+                    hint="is sshd running there, and is ssh_port right?",
+                )
+            return HostError(self.host_name, f"cannot connect to {self.target}: {exc}")
+        if isinstance(exc, (TimeoutError, socket.timeout)):
+            return HostError(
+                self.host_name,
+                f"no answer from {self.target} within {timeout:g} s",
+                hint="the host is down, or a firewall drops SSH packets",
+            )
+        if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            return HostError(
+                self.host_name,
+                f"{self.host.address} is unreachable: {exc.strerror}",
+                hint="check the address and this machine's routes",
+            )
+        if isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED:
+            return HostError(self.host_name, f"connection refused by {self.target}")
+        return HostError(self.host_name, f"cannot connect to {self.target}: {exc}")
+
+    def _known_hosts_name(self) -> str:
+        port = self.connection.port
+        return self.host.address if port == 22 else f"[{self.host.address}]:{port}"
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60.0) -> CommandResult:
+        self.open()
+        command = shlex.join(argv)  # one quoted word per argument: nothing is interpreted
+        try:
+            result = self.connection.run(
+                command, hide=True, warn=True, pty=False, in_stream=False, timeout=timeout
+            )
+        except invoke.exceptions.CommandTimedOut as exc:
+            raise HostError(
+                self.host_name, f"'{self.describe(argv)}' did not finish within {timeout:.0f} s"
+            ) from exc
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostError(self.host_name, f"the SSH connection failed: {exc}") from exc
+        return CommandResult(
+            self.host_name, tuple(argv), result.exited, result.stdout, result.stderr
+        )
+
+    def stream(self, argv: Sequence[str]) -> Iterator[str]:
+        self.open()
+        transport = self.connection.client.get_transport()
+        assert transport is not None
+        channel = transport.open_session()
+        try:
+            # A pty makes sshd hang up the remote command when this channel closes; without one
+            # a remote `tail -F` would outlive the controller.
+            channel.get_pty()
+            channel.exec_command(shlex.join(argv))
+            for raw in channel.makefile("rb"):
+                yield raw.decode("utf-8", "replace").rstrip("\r\n")
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostError(self.host_name, f"the SSH connection failed: {exc}") from exc
+        finally:
+            channel.close()
+
+    def put(self, local: str, remote: str) -> None:
+        self.open()
+        try:
+            self.connection.put(local, remote)
+        except (OSError, paramiko.SSHException) as exc:
+            raise HostError(self.host_name, f"cannot upload {local} to {remote}: {exc}") from exc
+
+    def close(self) -> None:
+        self.connection.close()
