@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs and runs all of it: lint, format check, pytest.
+# As root it also installs the Debian packages the multi-host tests use (sshd, iproute2, iptables).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ]; then
+    bash scripts/ci-system-deps.sh
+fi
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[worker,dev]'
+
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+# pytest exits 5 when it collects nothing; under `set -e` that fails the run instead of passing.
+exec .venv/bin/python -m pytest "$@"
