@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Install the Debian packages the network-namespace integration tests need
+# (tests/integration/test_netns_cluster.py, tests/cluster/).
+#
+# Idempotent: installs only what is missing and never starts a system sshd. The tests
+# start their own sshd inside each network namespace; a system one on port 22 of the root
+# namespace is not needed and would only widen what listens on the machine.
+#
+# Usage (as root, Debian/Ubuntu): scripts/ci-system-deps.sh
+set -euo pipefail
+
+readonly PACKAGES=(openssh-server openssh-client iproute2 iptables procps)
+readonly POLICY_RC=/usr/sbin/policy-rc.d
+
+if [[ "$(id -u)" -ne 0 ]]; then
+    echo "ci-system-deps: must run as root (it installs packages and creates /run/sshd)" >&2
+    exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "ci-system-deps: apt-get not found; this script supports Debian/Ubuntu only" >&2
+    exit 1
+fi
+
+missing_packages() {
+    local pkg
+    for pkg in "${PACKAGES[@]}"; do
+        # dpkg-query prints "install ok installed" only for a fully installed package.
+        if [[ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)" != "install ok installed" ]]
+        then
+            echo "$pkg"
+        fi
+    done
+}
+
+# Installing openssh-server runs its postinst, which starts the system sshd through
+# invoke-rc.d/deb-systemd-invoke unless a policy-rc.d forbids it (exit 101). Provide a
+# temporary one when the machine has none, and remove it again afterwards.
+temporary_policy=0
+remove_temporary_policy() {
+    if [[ "$temporary_policy" -eq 1 ]]; then
+        rm -f "$POLICY_RC"
+    fi
+}
+trap remove_temporary_policy EXIT
+
+mapfile -t missing < <(missing_packages)
+action="nothing to install"
+if [[ "${#missing[@]}" -gt 0 ]]; then
+    if [[ ! -e "$POLICY_RC" ]]; then
+        printf '#!/bin/sh\n# temporary, from ci-system-deps.sh: do not start services\nexit 101\n' \
+            >"$POLICY_RC"
+        chmod 755 "$POLICY_RC"
+        temporary_policy=1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+    action="installed ${missing[*]}"
+fi
+
+# sshd refuses to start without its privilege-separation directory; /run is a tmpfs on most
+# systems, so it has to be recreated after every boot.
+mkdir -p /run/sshd
+chmod 755 /run/sshd
+
+# With UsePAM no (as the tests configure it) sshd treats a shadow password starting with "!"
+# as a locked account and refuses even key logins; some images ship root that way. "*" keeps
+# password login impossible but lets key authentication through.
+root_note=""
+if [[ "$(getent shadow root | cut -d: -f2)" == '!'* ]]; then
+    usermod -p '*' root
+    root_note="; unlocked root for key-only login (password field '!' -> '*')"
+fi
+
+echo "ci-system-deps: ${action}; /run/sshd ready${root_note}; no system sshd started"
