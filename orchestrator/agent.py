@@ -12,6 +12,8 @@ Verbs:
   supervise RUN_DIR         (internal) run the worker, wait for it, record how it ended
   probe RUN_DIR...          liveness, progress and exit record of each run directory
   stop --grace S RUN_DIR... SIGTERM each run's process group, SIGKILL what is left after S seconds
+  checkpoint DIR            the latest TensorFlow checkpoint in DIR: its name and files with sizes
+  adopt-checkpoint DIR NAME make NAME (files already copied into DIR) the latest checkpoint of DIR
 
 Files in a run directory:
   spec.json  tf_config.json  agent.py  pid (supervisor = process group)  worker.pid
@@ -285,7 +287,43 @@ def cmd_stop(args):
     return {"outcome": outcome, "left": {k: v for k, v in left.items() if v}}
 
 
+def _latest_checkpoint(directory):
+    # TensorFlow's state file is a text proto; the first line names the latest checkpoint.
+    try:
+        with open(os.path.join(directory, "checkpoint"), encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model_checkpoint_path:"):
+                    return os.path.basename(line.split(":", 1)[1].strip().strip('"'))
+    except OSError:
+        return None
+    return None
+
+
+def cmd_checkpoint(args):
+    directory = _expand(args[0])
+    latest = _latest_checkpoint(directory)
+    files = {}
+    if latest:
+        for name in os.listdir(directory):
+            if name.startswith(latest + "."):
+                files[name] = os.path.getsize(os.path.join(directory, name))
+    return {"directory": directory, "latest": latest if files else None, "files": files}
+
+
+def cmd_adopt_checkpoint(args):
+    directory, name = _expand(args[0]), args[1]
+    state = os.path.join(directory, "checkpoint")
+    tmp = f"{state}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        # Relative paths: TensorFlow resolves them against this directory on this host.
+        handle.write(f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
+    os.replace(tmp, state)  # last, so a half-copied checkpoint is never the latest
+    return {"directory": directory, "latest": name}
+
+
 VERBS = {
+    "checkpoint": cmd_checkpoint,
+    "adopt-checkpoint": cmd_adopt_checkpoint,
     "info": cmd_info,
     "launch": cmd_launch,
     "supervise": cmd_supervise,

@@ -93,7 +93,7 @@ def up(context: Context, inventory: Path, detach: bool, interval: float) -> None
             spec,
             context.store,
             machines,
-            on_started=lambda w: errors.print(f"  started {w.name} ({w.host.endpoint})"),
+            say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
         )
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
         if detach:

@@ -48,5 +48,11 @@ class HostAgent:
     def probe(self, run_dirs: list[str]) -> dict[str, Any]:
         return dict(self._call("probe", *run_dirs, timeout=30))
 
+    def checkpoint(self, directory: str) -> dict[str, Any]:
+        return dict(self._call("checkpoint", directory, timeout=30))
+
+    def adopt_checkpoint(self, directory: str, name: str) -> dict[str, Any]:
+        return dict(self._call("adopt-checkpoint", directory, name, timeout=30))
+
     def stop(self, run_dirs: list[str], grace: float) -> dict[str, Any]:
         return dict(self._call("stop", "--grace", str(grace), *run_dirs, timeout=grace + 30))

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from orchestrator.checkpoints import spread_latest_checkpoint
 from orchestrator.connect import MachineKey, Machines, machine_key
 from orchestrator.errors import HostError, HostErrors, RunStateError
 from orchestrator.fanout import fan_out, successes
@@ -58,11 +59,16 @@ def start_run(
     inventory: Inventory,
     store: RunStore,
     machines: Machines,
-    on_started: Callable[[WorkerSpec], None] = lambda spec: None,
+    say: Callable[[str], None] = lambda message: None,
 ) -> RunRecord:
     """Start every worker detached and record the run; on a partial failure stop what started."""
     run_id = new_run_id()
     specs = plan_workers(inventory, run_id, resolve_workdirs(inventory, machines))
+    spread = spread_latest_checkpoint(specs, machines)
+    if spread.name:
+        copied = f"copied to {', '.join(spread.copied_to)}" if spread.copied_to else "on every host"
+        size = f"{spread.size_bytes / 2**20:.1f} MiB"
+        say(f"resuming from checkpoint {spread.name} ({size}), {copied}")
     record = RunRecord(
         run_id=run_id,
         inventory_path=inventory.path,
@@ -75,7 +81,7 @@ def start_run(
     def launch(spec: WorkerSpec) -> int:
         upload(spec, machines)
         pid = int(machines.agent(spec.host).launch(spec.launch_request())["pid"])
-        on_started(spec)
+        say(f"started {spec.name} ({spec.host.endpoint})")
         return pid
 
     results = fan_out(range(len(specs)), lambda index: launch(specs[index]))
@@ -111,10 +117,7 @@ def upload(spec: WorkerSpec, machines: Machines) -> None:
         else:
             files.append((local, remote))
     runner = machines.runner(spec.host)
-    directories = sorted({posixpath.dirname(remote) for _, remote in files})
-    made = runner.run(["mkdir", "-p", *directories])
-    if not made.ok:
-        raise HostError(spec.name, f"cannot create {spec.run_dir}: {made.tail(2)}")
+    runner.make_dirs(sorted({posixpath.dirname(remote) for _, remote in files}))
     for local, remote in files:
         runner.put(local, remote)
 

@@ -48,8 +48,17 @@ class Runner(ABC):
         """Copy a file of this machine to the host; the remote directory must exist."""
 
     @abstractmethod
+    def get(self, remote: str, local: str) -> None:
+        """Copy a file of the host to this machine."""
+
+    @abstractmethod
     def stream(self, argv: Sequence[str]) -> Iterator[str]:
         """Yield the command's output lines as they come, until it ends or the caller stops."""
+
+    def make_dirs(self, paths: Sequence[str]) -> None:
+        made = self.run(["mkdir", "-p", *paths])
+        if not made.ok:
+            raise HostError(self.host_name, f"cannot create {', '.join(paths)}: {made.tail(2)}")
 
     def close(self) -> None:  # noqa: B027 - optional for runners that hold nothing
         """Release the connection."""
@@ -92,10 +101,16 @@ class LocalRunner(Runner):
         )
 
     def put(self, local: str, remote: str) -> None:
+        self._copy(local, remote)
+
+    def get(self, remote: str, local: str) -> None:
+        self._copy(remote, local)
+
+    def _copy(self, source: str, target: str) -> None:
         try:
-            shutil.copyfile(local, remote)
+            shutil.copyfile(source, target)
         except OSError as exc:
-            raise HostError(self.host_name, f"cannot copy {local} to {remote}: {exc}") from exc
+            raise HostError(self.host_name, f"cannot copy {source} to {target}: {exc}") from exc
 
     def stream(self, argv: Sequence[str]) -> Iterator[str]:
         process = subprocess.Popen(

@@ -188,5 +188,12 @@ class SshRunner(Runner):
         except (OSError, paramiko.SSHException) as exc:
             raise HostError(self.host_name, f"cannot upload {local} to {remote}: {exc}") from exc
 
+    def get(self, remote: str, local: str) -> None:
+        self.open()
+        try:
+            self.connection.get(remote, local)
+        except (OSError, paramiko.SSHException) as exc:
+            raise HostError(self.host_name, f"cannot download {remote}: {exc}") from exc
+
     def close(self) -> None:
         self.connection.close()

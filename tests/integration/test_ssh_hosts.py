@@ -1,0 +1,254 @@
+"""up / status / tail / down over real SSH, on hosts that are network namespaces with their own
+sshd (tests/cluster). Real Fabric, real sshd, real processes; TensorFlow where marked."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.cluster.netns import ClusterHost, NamespaceCluster
+from tests.cluster.pytest_support import namespace_cluster_fixture
+from tests.conftest import Cli, wait_for
+
+pytestmark = pytest.mark.netns
+
+PORT = 20000  # the same TensorFlow port on every host: each namespace has its own port space
+
+SCRIPT = """\
+import json, os, sys, time
+print("args", json.dumps(sys.argv[1:]), flush=True)
+print("env", json.dumps(os.environ.get("ODD")), flush=True)
+print("cwd", os.getcwd(), flush=True)
+print("data", open("data/sample.txt").read().strip(), flush=True)
+steps = int(os.environ.get("STEPS", "3"))
+for step in range(1, steps + 1):
+    with open(os.environ["ORCHESTRATE_PROGRESS_FILE"], "w") as f:
+        json.dump({"step": step, "target_steps": steps}, f)
+    print("step", step, flush=True)
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
+    yield from namespace_cluster_fixture(2, base_dir=tmp_path_factory.mktemp("cluster"))
+
+
+def host_lines(cluster: NamespaceCluster, **overrides: Any) -> str:
+    lines = []
+    for host in cluster.hosts:
+        fields = {"name": host.name, "address": host.address, "workdir": str(host.workdir)}
+        fields.update(overrides.get(host.name, {}))
+        lines.append("  - " + json.dumps(fields))
+    return "\n".join(lines)
+
+
+def write_inventory(
+    cli: Cli,
+    cluster: NamespaceCluster,
+    job: dict[str, Any],
+    *,
+    name: str = "inv.yaml",
+    defaults: dict[str, Any] | None = None,
+    hosts: str | None = None,
+) -> Path:
+    settings = {
+        "ssh_user": "root",
+        "ssh_key": str(cluster.client_key_path),
+        "ssh_known_hosts": str(cluster.known_hosts_path),
+        "python": sys.executable,  # the namespaces share this machine's file system
+        "port": PORT,
+        "ssh_connect_timeout": 3,
+        **(defaults or {}),
+    }
+    path = cli.cwd / name
+    path.write_text(
+        f"defaults: {json.dumps(settings)}\nhosts:\n{hosts or host_lines(cluster)}\n"
+        f"job: {json.dumps(job)}\n"
+    )
+    return path
+
+
+def script_job(cli: Cli, **env: Any) -> dict[str, Any]:
+    (cli.cwd / "train.py").write_text(SCRIPT)
+    (cli.cwd / "data").mkdir(exist_ok=True)
+    (cli.cwd / "data" / "sample.txt").write_text("uploaded\n")
+    return {"name": "demo", "script": "train.py", "files": ["data"], "env": env}
+
+
+def processes_in(cluster: NamespaceCluster, host: ClusterHost, run_id: str) -> list[int]:
+    found = []
+    for pid in cluster.pids_in(host):
+        try:
+            if psutil.Process(pid).environ().get("ORCHESTRATE_RUN_ID") == run_id:
+                found.append(pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_script_job_runs_on_every_host_with_values_verbatim(cli: Cli, cluster: NamespaceCluster):
+    hostile = ["$(touch pwned)", "a; touch pwned", "`touch pwned`", 'it\'s "quoted"', "x  y"]
+    job = script_job(cli, ODD="$(touch pwned) ; 'q' \"d\"")
+    job["args"] = hostile
+    odd_workdir = str(cluster.hosts[1].workdir / "odd $(touch pwned) dir")
+    write_inventory(cli, cluster, job, hosts=host_lines(cluster, host2={"workdir": odd_workdir}))
+    result = cli("up", "inv.yaml", check=True)
+    assert "job demo succeeded" in result.stderr
+    status = cli.status()
+    assert [(w["name"], w["host"], w["state"], w["step"]) for w in status["workers"]] == [
+        ("host1", "10.231.0.11", "succeeded", 3),
+        ("host2", "10.231.0.12", "succeeded", 3),
+    ]
+    lines = [line.split("|", 1) for line in cli("tail", "-n", "50", check=True).stdout.splitlines()]
+    by_host = {
+        name.strip(): [text.strip() for n, text in lines if n.strip() == name.strip()]
+        for name, _ in lines
+    }
+    for name in ("host1", "host2"):
+        assert f"args {json.dumps(hostile)}" in by_host[name]
+        assert 'env "$(touch pwned) ; \'q\' \\"d\\""' in by_host[name]
+        assert "data uploaded" in by_host[name]  # job.files arrived next to the script
+    assert any(line.startswith(f"cwd {odd_workdir}/demo/runs/") for line in by_host["host2"])
+    assert not list(cluster.base_dir.rglob("pwned")) and not (cli.cwd / "pwned").exists()
+
+
+def test_status_reports_an_unreachable_host_beside_the_others(cli: Cli, cluster: NamespaceCluster):
+    write_inventory(cli, cluster, script_job(cli))
+    cli("up", "inv.yaml", check=True)
+    cluster.stop_sshd(cluster.hosts[1])
+    try:
+        started = time.monotonic()
+        status = cli.status()
+        assert time.monotonic() - started < 10
+    finally:
+        cluster.start_sshd(cluster.hosts[1])
+    first, second = status["workers"]
+    assert first["state"] == "succeeded"
+    assert second["state"] == "unknown" and "connection refused" in second["reason"]
+    assert status["state"] == "unknown"
+
+
+def test_detached_worker_outlives_its_ssh_connection_and_down_stops_it(
+    cli: Cli, cluster: NamespaceCluster
+):
+    write_inventory(cli, cluster, script_job(cli, STEPS=100_000))
+    cli("up", "--detach", "inv.yaml", check=True)  # its SSH connections closed when it exited
+    run_id = cli.record()["run_id"]
+    first = wait_for(lambda: (s := cli.status())["state"] == "running" and s, timeout=20)
+    time.sleep(1.0)
+    later = cli.status()
+    for before, after in zip(first["workers"], later["workers"], strict=True):
+        assert after["state"] == "running" and after["step"] > before["step"]
+    for host in cluster.hosts:
+        assert len(processes_in(cluster, host, run_id)) == 2  # supervisor and worker
+    follower = cli.popen("tail", "-f", "-n", "1")
+    try:
+        assert follower.stdout is not None
+        seen = {follower.stdout.readline().split("|")[0].strip() for _ in range(6)}
+        assert {"host1", "host2"} <= seen
+    finally:
+        follower.terminate()
+        follower.wait(timeout=10)
+    down = cli("down", check=True)
+    assert "host1: stopped" in down.stdout and "host2: stopped" in down.stdout
+    for host in cluster.hosts:
+        assert processes_in(cluster, host, run_id) == []
+        # The remote `tail -F` ended with its SSH channel: nothing but sshd is left in the host.
+        names = {psutil.Process(pid).name() for pid in cluster.pids_in(host)}
+        assert names <= {"sshd", "sshd-session"}, names
+    assert {w["state"] for w in cli.status()["workers"]} == {"stopped"}
+
+
+def test_unknown_host_key_is_refused_then_accepted_new_but_never_changed(
+    cli: Cli, cluster: NamespaceCluster
+):
+    known = cli.cwd / "known_hosts"
+    job = script_job(cli)
+    write_inventory(cli, cluster, job, defaults={"ssh_known_hosts": str(known)})
+    refused = cli("up", "inv.yaml")
+    assert refused.returncode == 3
+    assert "host1: the host key of 10.231.0.11 is unknown" in refused.stderr
+    assert "ssh_host_key_policy: accept-new" in refused.stderr
+    accept = {"ssh_known_hosts": str(known), "ssh_host_key_policy": "accept-new"}
+    write_inventory(cli, cluster, job, defaults=accept)
+    cli("up", "inv.yaml", check=True)
+    recorded = known.read_text()
+    assert "10.231.0.11 ssh-ed25519" in recorded and "10.231.0.12 ssh-ed25519" in recorded
+    # Swap host1's recorded key for host2's: to the client, host1's key has changed.
+    host2_key = recorded.split("10.231.0.12 ", 1)[1].splitlines()[0]
+    known.write_text(f"10.231.0.11 {host2_key}\n10.231.0.12 {host2_key}\n")
+    changed = cli("up", "inv.yaml")
+    assert changed.returncode == 3
+    assert "host1: the host key of 10.231.0.11 has CHANGED" in changed.stderr
+    assert "ssh-keygen -f" in changed.stderr and "Traceback" not in changed.stderr
+
+
+def test_wrong_key_closed_port_and_silent_address_each_get_a_clear_error(
+    cli: Cli, cluster: NamespaceCluster, tmp_path: Path
+):
+    import subprocess
+
+    wrong_key = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)],
+                   check=True)  # fmt: skip
+    job = script_job(cli)
+    write_inventory(cli, cluster, job, defaults={"ssh_key": str(wrong_key)})
+    denied = cli("up", "inv.yaml")
+    assert denied.returncode == 3
+    assert "host1: authentication refused for root@10.231.0.11:22" in denied.stderr
+
+    # host2 keeps answering pings but has no sshd; nothing at all answers at .99.
+    cluster.stop_sshd(cluster.hosts[1])
+    try:
+        hosts = host_lines(cluster) + '\n  - {"name": "ghost", "address": "10.231.0.99"}'
+        write_inventory(cli, cluster, job, hosts=hosts)
+        started = time.monotonic()
+        result = cli("up", "inv.yaml")
+        elapsed = time.monotonic() - started
+    finally:
+        cluster.start_sshd(cluster.hosts[1])
+    assert result.returncode == 3
+    assert "failed on 2 host(s)" in result.stderr
+    assert "host2: connection refused by root@10.231.0.12:22" in result.stderr
+    assert "ghost: no answer from root@10.231.0.99:22 within 3 s" in result.stderr
+    assert "host1" not in result.stderr.split("failed on", 1)[1]  # the good host is not blamed
+    assert elapsed < 3 + 5, "one silent host must not hold the others past the timeout"
+
+
+@pytest.mark.tf
+def test_training_over_ssh_resumes_from_the_chiefs_checkpoint(cli: Cli, cluster: NamespaceCluster):
+    job = {
+        "name": "shapes",
+        "task": "worker.examples.shapes:task",
+        "steps": 40,
+        "checkpoint_every": 20,
+        "log_every": 10,
+        "env": {"TF_CPP_MIN_LOG_LEVEL": "2"},
+    }
+    write_inventory(cli, cluster, job)
+    cli("up", "inv.yaml", check=True, timeout=300)
+    first = cli.status()
+    assert [(w["state"], w["step"], w["checkpoint_step"]) for w in first["workers"]] == [
+        ("succeeded", 40, 40), ("succeeded", 40, 40)]  # fmt: skip
+    chief_dir = cluster.hosts[0].workdir / "shapes" / "checkpoints"
+    other_dir = cluster.hosts[1].workdir / "shapes" / "checkpoints"
+    assert (chief_dir / "checkpoint").exists() and not other_dir.exists()
+
+    write_inventory(cli, cluster, {**job, "steps": 60})
+    resumed = cli("up", "inv.yaml", check=True, timeout=300)
+    # Without a shared disk the other host had no checkpoint; it gets the chief's before starting.
+    assert (
+        "resuming from checkpoint ckpt-40" in resumed.stderr and "copied to host2" in resumed.stderr
+    )
+    logs = cli("tail", "-n", "100", check=True).stdout
+    for name in ("host1", "host2"):
+        assert f"{name} | worker: restored checkpoint at step 40" in logs.replace("  |", " |")
+    assert [w["step"] for w in cli.status()["workers"]] == [60, 60]
