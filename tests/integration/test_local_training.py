@@ -1,0 +1,101 @@
+"""The bundled example trained by two local workers through the real CLI: real TensorFlow,
+real MultiWorkerMirroredStrategy over localhost gRPC, real checkpoints."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from tests.conftest import Cli, free_ports, run_processes, wait_for
+
+pytestmark = pytest.mark.tf
+
+
+def write_inventory(cli: Cli, steps: int, name: str = "inv.yaml") -> Path:
+    ports = free_ports(2)
+    path = cli.cwd / name
+    path.write_text(
+        textwrap.dedent(f"""\
+        defaults: {{connection: local, workdir: ./work}}
+        hosts:
+          - {{name: chief, address: localhost, port: {ports[0]}}}
+          - {{name: other, address: localhost, port: {ports[1]}}}
+        job:
+          name: shapes
+          task: worker.examples.shapes:task
+          steps: {steps}
+          checkpoint_every: 20
+          log_every: 10
+          env: {{TF_CPP_MIN_LOG_LEVEL: "2"}}
+        """)
+    )
+    return path
+
+
+def checkpoint_step(directory: Path) -> int:
+    latest = tf.train.latest_checkpoint(str(directory))
+    assert latest is not None, f"no checkpoint in {directory}"
+    return int(tf.train.load_variable(latest, "step/.ATTRIBUTES/VARIABLE_VALUE"))
+
+
+def test_two_workers_train_then_resume(cli: Cli, reaper: list[str]) -> None:
+    write_inventory(cli, steps=40)
+    cli("up", "inv.yaml", check=True, timeout=300)
+    reaper.append(cli.record()["run_id"])
+    status = cli.status()
+    assert status["state"] == "succeeded"
+    assert [(w["state"], w["step"], w["checkpoint_step"]) for w in status["workers"]] == [
+        ("succeeded", 40, 40),
+        ("succeeded", 40, 40),
+    ]
+    checkpoints = cli.cwd / "work" / "shapes" / "checkpoints"
+    assert checkpoint_step(checkpoints) == 40
+    first_loss = status["workers"][0]["loss"]
+
+    write_inventory(cli, steps=80)
+    cli("up", "inv.yaml", check=True, timeout=300)
+    logs = cli("tail", "-n", "200", check=True).stdout
+    assert "chief | worker: restored checkpoint at step 40" in logs
+    assert "other | worker: restored checkpoint at step 40" in logs
+    assert checkpoint_step(checkpoints) == 80
+    resumed = cli.status()
+    assert [w["step"] for w in resumed["workers"]] == [80, 80]
+    assert resumed["workers"][0]["loss"] < first_loss  # it kept learning, not restarting
+
+    # Same steps again: already there, finishes at once.
+    again = cli("up", "inv.yaml", check=True, timeout=300)
+    assert "succeeded at step 80" in again.stderr
+    assert "already at step 80" in cli("tail", "-n", "5", check=True).stdout
+
+
+def test_status_while_training_and_down_in_the_middle(cli: Cli, reaper: list[str]) -> None:
+    write_inventory(cli, steps=100_000)
+    cli("up", "--detach", "inv.yaml", check=True)
+    run_id = cli.record()["run_id"]
+    reaper.append(run_id)
+    running = wait_for(
+        lambda: (
+            (s := cli.status())["state"] == "running"
+            and all((w["step"] or 0) >= 20 for w in s["workers"])
+            and s
+        ),
+        timeout=120,
+    )
+    for worker in running["workers"]:
+        assert worker["state"] == "running" and worker["pid"] and worker["loss"] is not None
+        assert worker["rss_bytes"] > 50 * 2**20  # a TensorFlow process, measured by psutil
+        assert worker["uptime"] > 0
+    table = cli("status", check=True).stdout
+    assert "chief" in table and "running" in table
+    record = json.loads((cli.cwd / ".orchestrate" / "runs" / f"{run_id}.json").read_text())
+    assert [w["name"] for w in record["workers"]] == ["chief", "other"]
+    assert len(run_processes(run_id)) == 4
+
+    down = cli("down", "--grace", "10", check=True)
+    assert "chief: stopped" in down.stdout and "other: stopped" in down.stdout
+    assert run_processes(run_id) == []
+    assert cli.status()["state"] == "stopped"

@@ -1,0 +1,143 @@
+"""The progress file: atomic replacement, merging, strict JSON, and the report() helper."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+import time
+
+import pytest
+
+from worker import progress
+from worker.progress import ProgressWriter, report
+
+
+def read(path) -> dict:
+    with open(path, encoding="utf-8") as file:
+        return json.load(file)
+
+
+def test_write_merges_fields_and_stamps_time(tmp_path):
+    path = tmp_path / "progress.json"
+    writer = ProgressWriter(str(path))
+    before = time.time()
+    writer.write(step=0, loss=None, target_steps=30)
+    first = read(path)
+    assert first["step"] == 0 and first["loss"] is None and first["target_steps"] == 30
+    assert before <= first["time"] <= time.time()
+    writer.write(step=10, loss=1.25)
+    second = read(path)
+    # Fields not named keep their value; named ones change.
+    assert second == {**first, "step": 10, "loss": 1.25, "time": second["time"]}
+    assert second["time"] >= first["time"]
+    assert writer.fields == second
+
+
+def test_no_path_writes_nothing_but_still_merges(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    writer = ProgressWriter(None)
+    writer.write(step=3)
+    writer.write(loss=0.5)
+    assert os.listdir(tmp_path) == []
+    assert writer.fields["step"] == 3 and writer.fields["loss"] == 0.5
+
+
+def test_creates_the_directory_and_leaves_no_temporary_files(tmp_path):
+    path = tmp_path / "run" / "deep" / "progress.json"
+    writer = ProgressWriter(str(path))
+    for step in range(5):
+        writer.write(step=step)
+    assert os.listdir(path.parent) == ["progress.json"]
+    assert read(path)["step"] == 4
+    # Readable by others (a monitoring user), unlike mkstemp's 0600.
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+
+
+def test_a_failed_replace_keeps_the_old_file_and_cleans_up(tmp_path, monkeypatch):
+    path = tmp_path / "progress.json"
+    writer = ProgressWriter(str(path))
+    writer.write(step=1)
+
+    def fail(src, dst):
+        raise OSError("disk trouble")
+
+    monkeypatch.setattr(progress.os, "replace", fail)
+    with pytest.raises(OSError, match="disk trouble"):
+        writer.write(step=2)
+    assert read(path)["step"] == 1
+    assert os.listdir(tmp_path) == ["progress.json"]
+
+
+def test_readers_never_see_a_partial_file(tmp_path):
+    path = tmp_path / "progress.json"
+    writer = ProgressWriter(str(path))
+    writer.write(step=0, devices=["/device:CPU:0"] * 200)  # big enough to need several writes
+    stop = threading.Event()
+
+    def keep_writing() -> None:
+        step = 0
+        while not stop.is_set():
+            step += 1
+            writer.write(step=step)
+
+    thread = threading.Thread(target=keep_writing)
+    thread.start()
+    try:
+        steps = [read(path)["step"] for _ in range(500)]  # raises on a torn or empty file
+    finally:
+        stop.set()
+        thread.join()
+    assert steps == sorted(steps)
+
+
+def test_non_finite_and_numpy_like_values_become_strict_json(tmp_path):
+    class Scalar:  # what numpy and TensorFlow scalars look like, without importing them
+        def __init__(self, value):
+            self.value = value
+
+        def tolist(self):
+            return self.value
+
+    path = tmp_path / "progress.json"
+    ProgressWriter(str(path)).write(
+        loss=float("nan"), accuracy=float("inf"), step=Scalar(7), steps_per_sec=Scalar(2.5)
+    )
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    data = json.loads(text)
+    assert data["loss"] is None and data["accuracy"] is None
+    assert data["step"] == 7 and data["steps_per_sec"] == 2.5
+
+
+def test_report_writes_to_the_file_named_in_the_environment(tmp_path, monkeypatch):
+    path = tmp_path / "progress.json"
+    monkeypatch.setenv("ORCHESTRATE_PROGRESS_FILE", str(path))
+    report(step=5, target_steps=100)
+    report(step=6, loss=0.75)
+    data = read(path)
+    assert data["step"] == 6 and data["target_steps"] == 100 and data["loss"] == 0.75
+    assert isinstance(data["time"], float)
+
+
+def test_report_without_the_environment_does_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ORCHESTRATE_PROGRESS_FILE", raising=False)
+    report(step=1)
+    assert os.listdir(tmp_path) == []
+
+
+def test_progress_module_imports_only_the_standard_library():
+    import ast
+    import sys
+
+    with open(progress.__file__, encoding="utf-8") as source:
+        tree = ast.parse(source.read())
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module)])
+    }
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}

@@ -1,0 +1,114 @@
+"""Command line of the worker, and the one place that picks its exit code.
+
+Exit codes: 0 success; 2 a user mistake found before training (bad flag, bad environment, task that
+cannot be loaded): one line on stderr, no traceback; 1 an error while training: the traceback.
+TensorFlow is imported only once the configuration and the task are known to be good, so mistakes
+are reported in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
+
+from worker import config as cfg
+from worker.task import TaskError, load_task
+
+EXIT_OK = 0
+EXIT_TRAINING_ERROR = 1
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises instead of printing usage and exiting.
+
+    argparse's own error() prints a usage block and the message on two or more lines; the controller
+    shows the worker's stderr to the user, so one line naming the problem reads better.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        raise cfg.ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m worker",
+        description="Run one MultiWorkerMirroredStrategy worker for a TrainingTask; "
+        "TF_CONFIG comes from the environment.",
+    )
+    parser.add_argument(
+        "--task",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="function returning a worker.task.TrainingTask",
+    )
+    parser.add_argument("--steps", required=True, type=int, help="train until this global step")
+    parser.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help=f"default: ${cfg.RUN_DIR_ENV}/checkpoints, else ./checkpoints",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=cfg.DEFAULT_CHECKPOINT_EVERY,
+        metavar="K",
+        help="save every K steps and at the last step",
+    )
+    parser.add_argument(
+        "--max-to-keep",
+        type=int,
+        default=cfg.DEFAULT_MAX_TO_KEEP,
+        metavar="M",
+        help="checkpoints the chief keeps",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=cfg.DEFAULT_BATCH_SIZE,
+        metavar="B",
+        help="GLOBAL batch size, split evenly over the workers",
+    )
+    parser.add_argument(
+        "--log-every",
+        type=int,
+        default=cfg.DEFAULT_LOG_EVERY,
+        metavar="L",
+        help="log, write progress and summaries every L steps",
+    )
+    parser.add_argument(
+        "--tensorboard-dir",
+        metavar="DIR",
+        help="default: 'tensorboard' next to the checkpoint directory",
+    )
+    return parser
+
+
+def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> cfg.WorkerConfig:
+    """Flags and environment to a checked WorkerConfig; raises ConfigError on any mistake."""
+    args = build_parser().parse_args(list(argv))
+    return cfg.from_args(args, env)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # -h/--help still prints and exits 0 through argparse's own SystemExit.
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        config = parse_config(argv, os.environ)
+        task = load_task(config.task)
+    except (cfg.ConfigError, TaskError) as exc:
+        print(f"worker: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    from worker import train  # TensorFlow: only now that the inputs are known to be good.
+
+    try:
+        train.run(config, task)
+    except Exception:
+        traceback.print_exc()
+        sys.stderr.flush()
+        return EXIT_TRAINING_ERROR
+    return EXIT_OK

@@ -1,0 +1,415 @@
+"""The training loop of one MultiWorkerMirroredStrategy worker.
+
+A custom loop, not Keras model.fit: in TensorFlow 2.21 Keras 3's fit fails under
+MultiWorkerMirroredStrategy (PerReplica ValueError, keras-team/keras#20585), while Keras 3 layers
+and optimizers work inside strategy.run.
+
+Order matters and is fixed by run():
+  configure_devices -> strategy (first TensorFlow op) -> model/optimizer in scope -> restore
+  -> sharded, repeated dataset -> steps, with logs, summaries, progress and collective checkpoints.
+
+Every worker runs the same number of steps (the dataset repeats forever and the step count comes
+from the command line and the shared checkpoint), which is what keeps the collectives in lockstep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+from worker.config import WorkerConfig
+from worker.progress import ProgressWriter
+from worker.task import TrainingTask
+
+# Base seed of the shuffle. The start step is added so a resumed run does not replay the exact
+# batches of the run it resumes (the iterator position is not checkpointed).
+SHUFFLE_SEED = 20_000
+SUMMARY_FLUSH_MILLIS = 10_000
+
+
+def log(message: str) -> None:
+    """One line on stdout, flushed at once: the controller tails this file while we run."""
+    print(message, flush=True)
+
+
+def configure_devices() -> None:
+    """Device settings (GPU memory growth, memory limits, thread counts) go here.
+
+    It must run before the strategy is created: once the strategy has initialised the runtime,
+    tf.config settings raise or are ignored. Nothing to set yet.
+    """
+
+
+def create_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
+    """The strategy reads TF_CONFIG; without it, it runs as a one-worker cluster."""
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    restore_default_sigterm()
+    return strategy
+
+
+def restore_default_sigterm() -> None:
+    """Makes SIGTERM terminate the process again.
+
+    With a cluster in TF_CONFIG, the strategy's coordination service installs TensorFlow's
+    preemption notifier (tsl SigtermNotifier), which catches SIGTERM and only records it, for
+    PreemptionCheckpointHandler, which this loop does not use. Left in place, a worker ignores
+    SIGTERM and trains on. While the strategy is still waiting for its peers (inside the
+    constructor) SIGTERM stays ignored; only SIGKILL stops a worker then.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@dataclass
+class TrainState:
+    """The objects a checkpoint holds; `step` is the number of steps taken."""
+
+    model: Any
+    optimizer: Any
+    step: tf.Variable
+    checkpoint: tf.train.Checkpoint
+
+
+def build_state(
+    strategy: tf.distribute.Strategy, task: TrainingTask, element_spec: Any
+) -> TrainState:
+    """Creates model, optimizer and step inside the scope, with all variables built.
+
+    Built eagerly (model called once on zeros, optimizer.build) rather than on the first step, so a
+    checkpoint restore finds every variable and is matched strictly, not deferred.
+    """
+    features_spec = element_spec[0]
+    with strategy.scope():
+        model = task.model()
+        outputs = model(_zeros_like_spec(features_spec), training=False)
+        optimizer = task.optimizer()
+        optimizer.build(model.trainable_variables)
+        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    if task.num_classes is not None and outputs.shape[-1] != task.num_classes:
+        raise ValueError(
+            f"the model outputs {outputs.shape[-1]} values per example but the task says "
+            f"num_classes={task.num_classes}"
+        )
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+    return TrainState(model=model, optimizer=optimizer, step=step, checkpoint=checkpoint)
+
+
+def _zeros_like_spec(spec: Any) -> Any:
+    # A batch of one example, for any structure of features (a tensor, a tuple, a dict).
+    return tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape], s.dtype), spec)
+
+
+def restore(state: TrainState, checkpoint_dir: str) -> int | None:
+    """Restores the newest checkpoint in checkpoint_dir and returns its step; None if there is none.
+
+    Every worker restores the same files: on one machine the directory is shared, across machines
+    the controller copies the chief's checkpoint to every host before the start.
+    """
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    if latest is None:
+        log(f"worker: no checkpoint in {checkpoint_dir}, starting at step 0")
+        return None
+    state.checkpoint.restore(latest).assert_existing_objects_matched()
+    step = int(state.step.numpy())
+    log(f"worker: restored checkpoint at step {step} from {checkpoint_dir}")
+    return step
+
+
+def distribute_dataset(
+    strategy: tf.distribute.Strategy,
+    dataset: tf.data.Dataset,
+    global_batch: int,
+    shuffle_buffer: int,
+    seed: int,
+) -> tf.distribute.DistributedDataset:
+    """Each input pipeline (one per worker) takes its shard of the examples, repeated forever."""
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        per_replica_batch = context.get_per_replica_batch_size(global_batch)
+        return (
+            dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+            .shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+            .repeat()
+            # drop_remainder: every replica gets full batches, so the global batch is constant.
+            .batch(per_replica_batch, drop_remainder=True)
+            .prefetch(tf.data.AUTOTUNE)
+        )
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+class Window:
+    """Loss and accuracy summed over the steps since the last log, kept on the device.
+
+    Accumulating in variables inside the step function means the host fetches values only on log
+    steps; what is logged is the mean over the whole window, not just the last batch.
+    """
+
+    def __init__(self, global_batch: int) -> None:
+        self.global_batch = global_batch
+        self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.correct_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.steps = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+
+    def add(self, loss: tf.Tensor, correct: tf.Tensor) -> None:
+        self.loss_sum.assign_add(tf.cast(loss, tf.float64))
+        self.correct_sum.assign_add(tf.cast(correct, tf.float64))
+        self.steps.assign_add(1.0)
+
+    def read_and_reset(self, with_accuracy: bool) -> tuple[float | None, float | None]:
+        """(mean loss, accuracy) over the window; (None, None) if no step was taken."""
+        steps = float(self.steps.numpy())
+        if steps == 0:
+            return None, None
+        loss = float(self.loss_sum.numpy()) / steps
+        accuracy = float(self.correct_sum.numpy()) / (steps * self.global_batch)
+        for variable in (self.loss_sum, self.correct_sum, self.steps):
+            variable.assign(0.0)
+        return loss, accuracy if with_accuracy else None
+
+
+def has_integer_labels(element_spec: Any) -> bool:
+    """Accuracy (argmax of the logits equals the label) only makes sense for class indices."""
+    label_spec = element_spec[1]
+    return isinstance(label_spec, tf.TensorSpec) and label_spec.dtype.is_integer
+
+
+def make_train_step(
+    strategy: tf.distribute.Strategy,
+    state: TrainState,
+    task: TrainingTask,
+    window: Window,
+    with_accuracy: bool,
+) -> Any:
+    """A tf.function running one step on every replica and adding the global values to window."""
+    model, optimizer = state.model, state.optimizer
+
+    def step_fn(features: Any, labels: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            logits = model(features, training=True)
+            per_example = tf.cast(task.loss(labels, logits), tf.float32)
+            # Divide by the GLOBAL batch: the optimizer sums gradients over replicas.
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=window.global_batch)
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        correct = _correct_count(labels, logits) if with_accuracy else tf.constant(0.0)
+        # One stacked tensor: one cross-worker reduction per step instead of two.
+        return tf.stack([loss, correct])
+
+    @tf.function
+    def train_step(iterator: Any) -> None:
+        per_replica = strategy.run(step_fn, args=next(iterator))
+        totals = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        window.add(totals[0], totals[1])
+
+    return train_step
+
+
+def _correct_count(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    predicted = tf.argmax(logits, axis=-1, output_type=tf.int64)
+    actual = tf.cast(tf.reshape(labels, tf.shape(predicted)), tf.int64)
+    return tf.reduce_sum(tf.cast(tf.equal(predicted, actual), tf.float32))
+
+
+class CheckpointSaver:
+    """Checkpoints. Saving is collective: every worker must save, at the same step.
+
+    The chief writes the real directory through a CheckpointManager (which prunes to max_to_keep);
+    the other workers write to a temporary directory and delete it right after, so their copies
+    neither accumulate nor race with the chief's files.
+    """
+
+    def __init__(self, state: TrainState, config: WorkerConfig, is_chief: bool) -> None:
+        self._checkpoint = state.checkpoint
+        self._step = state.step
+        self._is_chief = is_chief
+        self._temp_dir = config.temp_checkpoint_dir
+        self._manager = None
+        if is_chief:
+            self._manager = tf.train.CheckpointManager(
+                state.checkpoint, config.checkpoint_dir, max_to_keep=config.max_to_keep
+            )
+
+    def save(self, step: int) -> None:
+        self._step.assign(step)
+        if self._manager is not None:
+            self._manager.save(checkpoint_number=step)
+            return
+        temp_dir = self._make_temp_dir()
+        try:
+            manager = tf.train.CheckpointManager(self._checkpoint, temp_dir, max_to_keep=1)
+            manager.save(checkpoint_number=step)
+        finally:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            if self._temp_dir is not None:
+                # RUN_DIR/tmp-checkpoints goes too once no worker on this host uses it.
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.dirname(temp_dir))
+
+    def _make_temp_dir(self) -> str:
+        # A fresh directory per save: the previous one was deleted with everything in it.
+        if self._temp_dir is None:
+            return tempfile.mkdtemp(prefix="worker-checkpoint-")
+        os.makedirs(self._temp_dir, exist_ok=True)
+        return self._temp_dir
+
+
+class Summaries:
+    """TensorBoard scalars, written by the chief only (the others get a writer that drops them)."""
+
+    def __init__(self, directory: str, is_chief: bool, learning_rate: float | None) -> None:
+        if is_chief:
+            self._writer = tf.summary.create_file_writer(
+                directory, flush_millis=SUMMARY_FLUSH_MILLIS
+            )
+        else:
+            self._writer = tf.summary.create_noop_writer()
+        self._learning_rate = learning_rate
+
+    def write(self, step: int, **scalars: float | None) -> None:
+        scalars["learning_rate"] = self._learning_rate
+        with self._writer.as_default(step=step):
+            for name, value in scalars.items():
+                if value is not None:
+                    tf.summary.scalar(name, value)
+
+    def close(self) -> None:
+        self._writer.flush()
+        self._writer.close()
+
+
+class Loop:
+    """Runs the steps from start_step to config.steps with logs, summaries, progress, checkpoints.
+
+    The host waits for the device only where it must read a value: after the first step (to log
+    it), on log steps and on checkpoint saves.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: WorkerConfig,
+        train_step: Any,
+        window: Window,
+        saver: CheckpointSaver,
+        summaries: Summaries,
+        progress: ProgressWriter,
+        with_accuracy: bool,
+    ) -> None:
+        self.config = config
+        self.train_step = train_step
+        self.window = window
+        self.saver = saver
+        self.summaries = summaries
+        self.progress = progress
+        self.with_accuracy = with_accuracy
+        self._mark = (0, 0.0)  # (step, time) at which the current rate window started
+
+    def run(self, iterator: Any, start_step: int) -> int:
+        steps = self.config.steps
+        for step in range(start_step + 1, steps + 1):
+            self.train_step(iterator)
+            if step == start_step + 1:
+                self.window.steps.numpy()  # wait for the step: the first one traces and connects
+                log("worker: first step done")
+                self._mark = (step, time.perf_counter())
+            if step % self.config.log_every == 0 or step == steps:
+                self._log(step)
+            if step % self.config.checkpoint_every == 0 or step == steps:
+                self.saver.save(step)
+                log(f"worker: saved checkpoint at step {step}")
+                self.progress.write(step=step, checkpoint_step=step)
+        self.summaries.close()
+        self.progress.write(step=steps)
+        log(f"worker: finished at step {steps}")
+        return steps
+
+    def _log(self, step: int) -> None:
+        loss, accuracy = self.window.read_and_reset(self.with_accuracy)
+        mark_step, mark_time = self._mark
+        now = time.perf_counter()
+        rate = (step - mark_step) / (now - mark_time) if step > mark_step else None
+        self._mark = (step, now)
+        log(
+            f"step {step} loss {_fmt(loss, 4)} accuracy {_fmt(accuracy, 4)} steps/s {_fmt(rate, 1)}"
+        )
+        self.summaries.write(step, loss=loss, accuracy=accuracy, steps_per_sec=rate)
+        self.progress.write(step=step, loss=loss, accuracy=accuracy, steps_per_sec=rate)
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def device_names(task_index: int) -> list[str]:
+    """This worker's own devices, as "/device:CPU:0".
+
+    With a cluster, list_logical_devices() names every worker's devices in full
+    ("/job:worker/replica:0/task:1/device:CPU:0"); the progress file already says which task it is,
+    so it lists only the local ones, short.
+    """
+    names = []
+    for device in tf.config.list_logical_devices():
+        spec = tf.DeviceSpec.from_string(device.name)
+        if spec.task in (None, task_index):
+            names.append(f"/device:{spec.device_type}:{spec.device_index}")
+    return names
+
+
+def write_start(
+    progress: ProgressWriter, config: WorkerConfig, start_step: int, restored_step: int | None
+) -> None:
+    """The first progress write: every key present, the values known before any step."""
+    progress.write(
+        step=start_step,
+        start_step=start_step,
+        target_steps=config.steps,
+        loss=None,
+        accuracy=None,
+        checkpoint_step=restored_step,
+        steps_per_sec=None,
+        task_index=config.cluster.task_index,
+        num_workers=config.cluster.num_workers,
+        devices=device_names(config.cluster.task_index),
+    )
+
+
+def run(config: WorkerConfig, task: TrainingTask) -> int:
+    """Trains task up to config.steps; returns the final step."""
+    configure_devices()
+    strategy = create_strategy()  # before any other TensorFlow operation
+    is_chief = strategy.extended.should_checkpoint
+    dataset = task.dataset()
+    state = build_state(strategy, task, dataset.element_spec)
+    restored_step = restore(state, config.checkpoint_dir)
+    start_step = restored_step or 0
+    progress = ProgressWriter(config.progress_file)
+    write_start(progress, config, start_step, restored_step)
+    if start_step >= config.steps:
+        log(f"worker: already at step {start_step} >= {config.steps}, nothing to do")
+        return start_step
+    with_accuracy = has_integer_labels(dataset.element_spec)
+    window = Window(config.batch_size)
+    loop = Loop(
+        config=config,
+        train_step=make_train_step(strategy, state, task, window, with_accuracy),
+        window=window,
+        saver=CheckpointSaver(state, config, is_chief),
+        summaries=Summaries(config.tensorboard_dir, is_chief, task.learning_rate),
+        progress=progress,
+        with_accuracy=with_accuracy,
+    )
+    seed = SHUFFLE_SEED + start_step
+    dist_dataset = distribute_dataset(
+        strategy, dataset, config.batch_size, task.shuffle_buffer, seed
+    )
+    return loop.run(iter(dist_dataset), start_step)
