@@ -15,7 +15,7 @@ from rich.text import Text
 
 from orchestrator import __version__
 from orchestrator.connect import Machines
-from orchestrator.errors import JobFailed, OrchestrateError
+from orchestrator.errors import JobFailed, OrchestrateError, PartialFailure
 from orchestrator.inventory import load_inventory
 from orchestrator.lifecycle import DEFAULT_GRACE, refuse_if_active, start_run, stop_run
 from orchestrator.logs import follow, last_lines, select_workers
@@ -233,7 +233,7 @@ def down(context: Context, grace: float, run_id: str | None) -> None:
     failed = [n for n, o in report.outcome.items() if o.startswith("unreachable")]
     if failed or report.leftovers:
         left = ", ".join(f"{n} (pids {p})" for n, p in report.leftovers.items())
-        raise OrchestrateError(
+        raise PartialFailure(
             "some workers could not be stopped: " + ", ".join(failed) + left,
             hint="check those hosts, then run 'orchestrate down' again",
         )

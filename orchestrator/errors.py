@@ -76,5 +76,11 @@ class HostErrors(OrchestrateError):
         super().__init__(f"{action} failed on {len(self.errors)} host(s):\n{lines}")
 
 
+class PartialFailure(OrchestrateError):
+    """An action reached some hosts but not all of them."""
+
+    exit_code = 3
+
+
 class JobFailed(OrchestrateError):
     exit_code = 1

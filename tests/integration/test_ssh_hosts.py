@@ -28,9 +28,11 @@ print("env", json.dumps(os.environ.get("ODD")), flush=True)
 print("cwd", os.getcwd(), flush=True)
 print("data", open("data/sample.txt").read().strip(), flush=True)
 steps = int(os.environ.get("STEPS", "3"))
+progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
 for step in range(1, steps + 1):
-    with open(os.environ["ORCHESTRATE_PROGRESS_FILE"], "w") as f:
+    with open(progress + ".tmp", "w") as f:
         json.dump({"step": step, "target_steps": steps}, f)
+    os.replace(progress + ".tmp", progress)
     print("step", step, flush=True)
     time.sleep(0.05)
 """
@@ -128,12 +130,17 @@ def test_status_reports_an_unreachable_host_beside_the_others(cli: Cli, cluster:
         started = time.monotonic()
         status = cli.status()
         assert time.monotonic() - started < 10
+        down = cli("down")
     finally:
         cluster.start_sshd(cluster.hosts[1])
     first, second = status["workers"]
     assert first["state"] == "succeeded"
     assert second["state"] == "unknown" and "connection refused" in second["reason"]
     assert status["state"] == "unknown"
+    assert down.returncode == 3
+    assert "host1: not running" in down.stdout
+    assert "host2: unreachable: host2: connection refused" in down.stdout
+    assert "could not be stopped: host2" in down.stderr
 
 
 def test_detached_worker_outlives_its_ssh_connection_and_down_stops_it(
@@ -250,5 +257,14 @@ def test_training_over_ssh_resumes_from_the_chiefs_checkpoint(cli: Cli, cluster:
     )
     logs = cli("tail", "-n", "100", check=True).stdout
     for name in ("host1", "host2"):
-        assert f"{name} | worker: restored checkpoint at step 40" in logs.replace("  |", " |")
+        assert f"{name} | worker: restored checkpoint at step 40" in logs
     assert [w["step"] for w in cli.status()["workers"]] == [60, 60]
+
+    # down in the middle of training: no worker process is left in any namespace.
+    write_inventory(cli, cluster, {**job, "steps": 100_000})
+    cli("up", "--detach", "inv.yaml", check=True)
+    run_id = cli.record()["run_id"]
+    wait_for(lambda: all((w["step"] or 0) >= 80 for w in cli.status()["workers"]), timeout=120)
+    cli("down", check=True)
+    for host in cluster.hosts:
+        assert processes_in(cluster, host, run_id) == []
