@@ -15,11 +15,27 @@ from rich.text import Text
 
 from orchestrator import __version__
 from orchestrator.connect import Machines
-from orchestrator.errors import JobFailed, OrchestrateError, PartialFailure
-from orchestrator.inventory import load_inventory
+from orchestrator.errors import JobFailed, OrchestrateError, PartialFailure, PreflightFailed
+from orchestrator.firewall import FORMATS, controller_address, host_rules
+from orchestrator.inventory import Inventory, load_inventory
 from orchestrator.lifecycle import DEFAULT_GRACE, refuse_if_active, start_run, stop_run
 from orchestrator.logs import follow, last_lines, select_workers
-from orchestrator.render import failure_report, problems, progress_line, status_table
+from orchestrator.preflight import (
+    DEFAULT_MIN_FREE_BYTES,
+    DEFAULT_PROBE_TIMEOUT,
+    PreflightReport,
+    Status,
+    run_preflight,
+)
+from orchestrator.render import (
+    failure_report,
+    finding_hints,
+    findings_table,
+    firewall_script,
+    problems,
+    progress_line,
+    status_table,
+)
 from orchestrator.runstore import DEFAULT_STATE_DIR, RunRecord, RunStore
 from orchestrator.state import WorkerState
 from orchestrator.status import RunStatus, collect_status
@@ -60,7 +76,8 @@ def cli(ctx: click.Context, state_dir: str) -> None:
     from one YAML inventory.
 
     \b
-    orchestrate up inventory/local.yaml     start every worker and watch until the job ends
+    orchestrate check inventory/local.yaml  find what would make the cluster fail or hang
+    orchestrate up inventory/local.yaml     check, start every worker, watch until the job ends
     orchestrate status                      state, step, loss and checkpoint of each worker
     orchestrate tail -f                     follow every worker's log, prefixed by its name
     orchestrate down                        stop every worker of the run
@@ -68,24 +85,146 @@ def cli(ctx: click.Context, state_dir: str) -> None:
     ctx.obj = Context(state_dir)
 
 
+probe_timeout_option = click.option(
+    "--probe-timeout",
+    default=DEFAULT_PROBE_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long each port probe between two hosts may take.",
+)
+min_free_option = click.option(
+    "--min-free-gb",
+    default=DEFAULT_MIN_FREE_BYTES / 2**30,
+    show_default=True,
+    metavar="GIB",
+    help="Free space wanted under the workdir and checkpoint directory.",
+)
+
+
+def _preflight(
+    spec: Inventory, machines: Machines, probe_timeout: float, min_free_gb: float
+) -> PreflightReport:
+    with errors.status("preflight: checking every host and every port between them"):
+        return run_preflight(
+            spec,
+            machines,
+            probe_timeout=probe_timeout,
+            min_free_bytes=int(min_free_gb * 2**30),
+        )
+
+
+def _show_findings(report: PreflightReport, only_problems: bool) -> None:
+    if only_problems:
+        report = PreflightReport(tuple(f for f in report.findings if f.status is not Status.OK))
+        if not report.findings:
+            return
+    errors.print(findings_table(report))
+    for hint in finding_hints(report):
+        errors.print(f"hint: {hint}", markup=False, highlight=False)
+
+
+def _blocking(report: PreflightReport) -> PreflightFailed:
+    hosts = sorted({f.host for f in report.blocking})
+    return PreflightFailed(
+        f"preflight found {len(report.blocking)} problem(s) on {', '.join(hosts)}",
+        hint="fix them and run 'orchestrate check INVENTORY' again "
+        "('orchestrate up --skip-checks' starts anyway)",
+    )
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per finding.")
+@probe_timeout_option
+@min_free_option
+def check(inventory: Path, as_json: bool, probe_timeout: float, min_free_gb: float) -> None:
+    """Find every reason the cluster would fail or hang, on every host at once, before starting.
+
+    \b
+    SSH login; Python, TensorFlow and worker versions (the same everywhere); each TensorFlow port
+    free on its host (and who holds it if not); each port reachable from every other host
+    (timed out: a firewall drops packets; refused: nothing listens or a REJECT rule); loopback
+    addresses mixed with remote hosts; writable directories with free space; proxy variables that
+    would capture the workers' gRPC traffic. Leaves no listener or process behind.
+    Exit status 5 when something blocks the run.
+    """
+    spec = load_inventory(inventory)
+    with Machines() as machines:
+        report = _preflight(spec, machines, probe_timeout, min_free_gb)
+    if as_json:
+        click.echo(json.dumps([f.to_json() for f in report.findings], indent=2))
+    else:
+        _show_findings(report, only_problems=False)
+    if report.blocking:
+        raise _blocking(report)
+    errors.print(f"[green]preflight passed[/] on {len(spec.hosts)} host(s)")
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="iptables",
+    show_default=True,
+    help="The firewall tool the hosts use.",
+)
+@click.option(
+    "--controller",
+    metavar="ADDRESS",
+    help="This machine's address as the hosts see it, for the SSH rule "
+    "(default: the source address of the route to the first SSH host).",
+)
+def firewall(inventory: Path, fmt: str, controller: str | None) -> None:
+    """Print, per host, the commands that open its TensorFlow port to the other cluster hosts only.
+
+    The TensorFlow gRPC port is unauthenticated: anyone who can reach it can join or disturb the
+    job. These rules admit the cluster's own addresses, never the world, plus SSH from this
+    machine. Nothing is applied: review them and run each block on its host.
+    """
+    spec = load_inventory(inventory)
+    remote = [h for h in spec.hosts if h.connection == "ssh"]
+    if controller is None and remote:
+        controller = controller_address(remote[0].address)
+    click.echo(firewall_script(host_rules(spec, fmt, controller), fmt))
+
+
 @cli.command()
 @click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--detach", "-d", is_flag=True, help="Return once every worker has started.")
+@click.option("--skip-checks", is_flag=True, help="Start without the preflight checks.")
+@probe_timeout_option
+@min_free_option
 @click.option(
     "--interval", default=1.0, show_default=True, metavar="SECONDS", help="How often to poll."
 )
 @pass_context
-def up(context: Context, inventory: Path, detach: bool, interval: float) -> None:
-    """Validate INVENTORY, start every worker detached, and watch them until the job ends.
+def up(  # noqa: PLR0917 - click passes every option by position
+    context: Context,
+    inventory: Path,
+    detach: bool,
+    skip_checks: bool,
+    probe_timeout: float,
+    min_free_gb: float,
+    interval: float,
+) -> None:
+    """Validate INVENTORY, run the preflight checks (see 'orchestrate check'), start every worker
+    detached, and watch them until the job ends.
 
     The workers keep running if this command is interrupted or its terminal closes; Ctrl-C only
     stops watching. Exit status: 0 when every worker succeeded, 1 when the job failed, 2 for an
     invalid inventory, 3 when a host could not be reached, 4 when a run of the state directory is
-    still active.
+    still active, 5 when a preflight check failed.
     """
     spec = load_inventory(inventory)
     with Machines() as machines:
         refuse_if_active(context.store, machines)
+        if not skip_checks:
+            report = _preflight(spec, machines, probe_timeout, min_free_gb)
+            _show_findings(report, only_problems=True)
+            if report.blocking:
+                raise _blocking(report)
         errors.print(
             f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) from {inventory}"
         )

@@ -4,6 +4,7 @@ OrchestrateError
 ├── InventoryError      the inventory file is unreadable or invalid (exit 2)
 ├── RunStateError       no run to act on, or a run is already active (exit 4)
 ├── HostError           a host could not be reached or a command on it failed (exit 3)
+├── PreflightFailed     `check` found a problem that blocks the run (exit 5)
 └── JobFailed           the training job ended with a failed worker (exit 1)
 
 Every error carries a one-paragraph message and, where there is one, a hint that says what to do.
@@ -63,6 +64,10 @@ class HostError(OrchestrateError):
         self.host = host
 
 
+class ConnectError(HostError):
+    """The host could not be reached or logged into (as opposed to a command failing there)."""
+
+
 class HostErrors(OrchestrateError):
     """Several hosts failed in one fan-out: every one is reported, not only the first."""
 
@@ -74,6 +79,12 @@ class HostErrors(OrchestrateError):
             f"  {e.message}" + (f"\n    hint: {e.hint}" if e.hint else "") for e in errors
         )
         super().__init__(f"{action} failed on {len(self.errors)} host(s):\n{lines}")
+
+
+class PreflightFailed(OrchestrateError):
+    """`check` found something that would stop or hang the run."""
+
+    exit_code = 5
 
 
 class PartialFailure(OrchestrateError):

@@ -12,8 +12,13 @@ from orchestrator.runner import Runner
 
 
 @cache
+def host_program(name: str) -> str:
+    """The source of a stdlib-only program that runs on hosts (agent.py, hostprobe.py)."""
+    return resources.files("orchestrator").joinpath(name).read_text(encoding="utf-8")
+
+
 def agent_source() -> str:
-    return resources.files("orchestrator").joinpath("agent.py").read_text(encoding="utf-8")
+    return host_program("agent.py")
 
 
 class HostAgent:
@@ -21,8 +26,8 @@ class HostAgent:
         self.runner = runner
         self.python = python
 
-    def _call(self, verb: str, *args: str, timeout: float = 60.0) -> Any:
-        argv = [self.python, "-c", agent_source(), verb, *args]
+    def _call(self, verb: str, *args: str, timeout: float = 60.0, program: str = "agent.py") -> Any:
+        argv = [self.python, "-c", host_program(program), verb, *args]
         result = self.runner.run(argv, timeout=timeout)
         if not result.ok:
             raise HostError(
@@ -53,6 +58,10 @@ class HostAgent:
 
     def adopt_checkpoint(self, directory: str, name: str) -> dict[str, Any]:
         return dict(self._call("adopt-checkpoint", directory, name, timeout=30))
+
+    def preflight(self, verb: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One of hostprobe.py's verbs: inspect, connect, cleanup."""
+        return dict(self._call(verb, json.dumps(spec), timeout=timeout, program="hostprobe.py"))
 
     def stop(self, run_dirs: list[str], grace: float) -> dict[str, Any]:
         return dict(self._call("stop", "--grace", str(grace), *run_dirs, timeout=grace + 30))

@@ -302,7 +302,7 @@ def _parse_host(
     if not ok:
         return None
     if values.get("connection", "ssh") == "local":
-        if not _is_loopback(values["address"]):
+        if not is_loopback(values["address"]):
             report.add(
                 _line(entry, "address"),
                 f"{where}.address",
@@ -324,7 +324,7 @@ def _controller_path(value: str, base: Path) -> Path:
     return path if path.is_absolute() else (base / path).resolve()
 
 
-def _is_loopback(address: str) -> bool:
+def is_loopback(address: str) -> bool:
     if address == "localhost":
         return True
     try:
@@ -346,7 +346,7 @@ def _check_unique_hosts(hosts: list[Host], entries: LineList, report: _Report) -
                 f"hosts[{seen_names[host.name]}]; host names must be unique",
             )
         seen_names.setdefault(host.name, index)
-        address = "127.0.0.1" if _is_loopback(host.address) else host.address
+        address = "127.0.0.1" if is_loopback(host.address) else host.address
         endpoint = (address, host.port)
         if endpoint in seen_endpoints:
             report.add(

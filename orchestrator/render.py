@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.firewall import HostRules
+from orchestrator.preflight import PreflightReport, Status
 from orchestrator.state import WorkerState
 from orchestrator.status import RunStatus, WorkerStatus
 
@@ -109,4 +111,40 @@ def failure_report(status: RunStatus) -> str:
     if first.log_tail:
         lines.append(f"last lines of {first.name}'s log:")
         lines.extend(f"  {line}" for line in first.log_tail[-10:])
+    return "\n".join(lines)
+
+
+FINDING_STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red"}
+
+
+def findings_table(report: PreflightReport) -> Table:
+    table = Table(title="preflight", title_justify="left")
+    for column in ("host", "check", "status", "detail"):
+        table.add_column(column, overflow="fold")
+    for finding in report.findings:
+        status = finding.status.value
+        table.add_row(
+            finding.host, finding.check, Text(status, FINDING_STYLES[status]), finding.detail
+        )
+    return table
+
+
+def finding_hints(report: PreflightReport) -> list[str]:
+    return [
+        f"{f.host} {f.check}: {f.hint}"
+        for f in report.findings
+        if f.status is not Status.OK and f.hint
+    ]
+
+
+def firewall_script(rules: list[HostRules], fmt: str) -> str:
+    lines = [
+        f"# {fmt} rules for each host, to run on that host as root.",
+        "# The TensorFlow gRPC port is unauthenticated: anyone who can reach it can join or",
+        "# disturb the job, so it is opened to the cluster's own addresses only.",
+    ]
+    for entry in rules:
+        lines.append("")
+        lines.append(f"## {entry.host.name} ({entry.host.address})")
+        lines.extend(entry.commands)
     return "\n".join(lines)

@@ -18,7 +18,7 @@ import fabric
 import invoke
 import paramiko
 
-from orchestrator.errors import HostError
+from orchestrator.errors import ConnectError, HostError
 from orchestrator.inventory import Host
 from orchestrator.runner import CommandResult, Runner
 
@@ -84,16 +84,16 @@ class SshRunner(Runner):
         except Exception as exc:  # every paramiko/socket failure is mapped below
             raise self._connect_error(exc) from exc
 
-    def _connect_error(self, exc: Exception) -> HostError:
+    def _connect_error(self, exc: Exception) -> ConnectError:
         timeout = self.host.ssh_connect_timeout
         if isinstance(exc, socket.gaierror):
-            return HostError(
+            return ConnectError(
                 self.host_name,
                 f"cannot resolve {self.host.address!r}: {exc.strerror}",
                 hint="check the host's address in the inventory and this machine's DNS",
             )
         if isinstance(exc, paramiko.BadHostKeyException):
-            return HostError(
+            return ConnectError(
                 self.host_name,
                 f"the host key of {self.host.address} has CHANGED since it was recorded in "
                 f"{self.known_hosts} (expected {exc.expected_key.get_name()}, got "
@@ -104,14 +104,14 @@ class SshRunner(Runner):
             )
         if isinstance(exc, paramiko.AuthenticationException):
             key = self.host.ssh_key or "your default keys / ssh-agent"
-            return HostError(
+            return ConnectError(
                 self.host_name,
                 f"authentication refused for {self.target} with {key}",
                 hint="check ssh_user and ssh_key, and that the public key is in the host's "
                 "authorized_keys",
             )
         if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
-            return HostError(
+            return ConnectError(
                 self.host_name,
                 f"the host key of {self.host.address} is unknown (not in {self.known_hosts})",
                 hint=f"verify and record it with 'ssh-keyscan -p {self.connection.port} "
@@ -121,27 +121,27 @@ class SshRunner(Runner):
         if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
             codes = {getattr(e, "errno", None) for e in exc.errors.values()}
             if errno.ECONNREFUSED in codes:
-                return HostError(
+                return ConnectError(
                     self.host_name,
                     f"connection refused by {self.target}",
                     hint="is sshd running there, and is ssh_port right?",
                 )
-            return HostError(self.host_name, f"cannot connect to {self.target}: {exc}")
+            return ConnectError(self.host_name, f"cannot connect to {self.target}: {exc}")
         if isinstance(exc, (TimeoutError, socket.timeout)):
-            return HostError(
+            return ConnectError(
                 self.host_name,
                 f"no answer from {self.target} within {timeout:g} s",
                 hint="the host is down, or a firewall drops SSH packets",
             )
         if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-            return HostError(
+            return ConnectError(
                 self.host_name,
                 f"{self.host.address} is unreachable: {exc.strerror}",
                 hint="check the address and this machine's routes",
             )
         if isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED:
-            return HostError(self.host_name, f"connection refused by {self.target}")
-        return HostError(self.host_name, f"cannot connect to {self.target}: {exc}")
+            return ConnectError(self.host_name, f"connection refused by {self.target}")
+        return ConnectError(self.host_name, f"cannot connect to {self.target}: {exc}")
 
     def _known_hosts_name(self) -> str:
         port = self.connection.port

@@ -4,7 +4,6 @@ sshd (tests/cluster). Real Fabric, real sshd, real processes; TensorFlow where m
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,13 +12,13 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.cluster.inventories import host_entries
+from tests.cluster.inventories import write_inventory as cluster_inventory
 from tests.cluster.netns import ClusterHost, NamespaceCluster
 from tests.cluster.pytest_support import namespace_cluster_fixture
 from tests.conftest import Cli, wait_for
 
 pytestmark = pytest.mark.netns
-
-PORT = 20000  # the same TensorFlow port on every host: each namespace has its own port space
 
 SCRIPT = """\
 import json, os, sys, time
@@ -43,39 +42,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceClust
     yield from namespace_cluster_fixture(2, base_dir=tmp_path_factory.mktemp("cluster"))
 
 
-def host_lines(cluster: NamespaceCluster, **overrides: Any) -> str:
-    lines = []
-    for host in cluster.hosts:
-        fields = {"name": host.name, "address": host.address, "workdir": str(host.workdir)}
-        fields.update(overrides.get(host.name, {}))
-        lines.append("  - " + json.dumps(fields))
-    return "\n".join(lines)
-
-
-def write_inventory(
-    cli: Cli,
-    cluster: NamespaceCluster,
-    job: dict[str, Any],
-    *,
-    name: str = "inv.yaml",
-    defaults: dict[str, Any] | None = None,
-    hosts: str | None = None,
-) -> Path:
-    settings = {
-        "ssh_user": "root",
-        "ssh_key": str(cluster.client_key_path),
-        "ssh_known_hosts": str(cluster.known_hosts_path),
-        "python": sys.executable,  # the namespaces share this machine's file system
-        "port": PORT,
-        "ssh_connect_timeout": 3,
-        **(defaults or {}),
-    }
-    path = cli.cwd / name
-    path.write_text(
-        f"defaults: {json.dumps(settings)}\nhosts:\n{hosts or host_lines(cluster)}\n"
-        f"job: {json.dumps(job)}\n"
-    )
-    return path
+def write_inventory(cli: Cli, cluster: NamespaceCluster, job: dict[str, Any], **kw: Any) -> Path:
+    return cluster_inventory(cli.cwd / "inv.yaml", cluster, job, **kw)
 
 
 def script_job(cli: Cli, **env: Any) -> dict[str, Any]:
@@ -101,7 +69,7 @@ def test_script_job_runs_on_every_host_with_values_verbatim(cli: Cli, cluster: N
     job = script_job(cli, ODD="$(touch pwned) ; 'q' \"d\"")
     job["args"] = hostile
     odd_workdir = str(cluster.hosts[1].workdir / "odd $(touch pwned) dir")
-    write_inventory(cli, cluster, job, hosts=host_lines(cluster, host2={"workdir": odd_workdir}))
+    write_inventory(cli, cluster, job, hosts=host_entries(cluster, host2={"workdir": odd_workdir}))
     result = cli("up", "inv.yaml", check=True)
     assert "job demo succeeded" in result.stderr
     status = cli.status()
@@ -180,7 +148,7 @@ def test_unknown_host_key_is_refused_then_accepted_new_but_never_changed(
     known = cli.cwd / "known_hosts"
     job = script_job(cli)
     write_inventory(cli, cluster, job, defaults={"ssh_known_hosts": str(known)})
-    refused = cli("up", "inv.yaml")
+    refused = cli("up", "--skip-checks", "inv.yaml")
     assert refused.returncode == 3
     assert "host1: the host key of 10.231.0.11 is unknown" in refused.stderr
     assert "ssh_host_key_policy: accept-new" in refused.stderr
@@ -192,7 +160,7 @@ def test_unknown_host_key_is_refused_then_accepted_new_but_never_changed(
     # Swap host1's recorded key for host2's: to the client, host1's key has changed.
     host2_key = recorded.split("10.231.0.12 ", 1)[1].splitlines()[0]
     known.write_text(f"10.231.0.11 {host2_key}\n10.231.0.12 {host2_key}\n")
-    changed = cli("up", "inv.yaml")
+    changed = cli("up", "--skip-checks", "inv.yaml")
     assert changed.returncode == 3
     assert "host1: the host key of 10.231.0.11 has CHANGED" in changed.stderr
     assert "ssh-keygen -f" in changed.stderr and "Traceback" not in changed.stderr
@@ -208,17 +176,17 @@ def test_wrong_key_closed_port_and_silent_address_each_get_a_clear_error(
                    check=True)  # fmt: skip
     job = script_job(cli)
     write_inventory(cli, cluster, job, defaults={"ssh_key": str(wrong_key)})
-    denied = cli("up", "inv.yaml")
+    denied = cli("up", "--skip-checks", "inv.yaml")
     assert denied.returncode == 3
     assert "host1: authentication refused for root@10.231.0.11:22" in denied.stderr
 
     # host2 keeps answering pings but has no sshd; nothing at all answers at .99.
     cluster.stop_sshd(cluster.hosts[1])
     try:
-        hosts = host_lines(cluster) + '\n  - {"name": "ghost", "address": "10.231.0.99"}'
+        hosts = [*host_entries(cluster), {"name": "ghost", "address": "10.231.0.99"}]
         write_inventory(cli, cluster, job, hosts=hosts)
         started = time.monotonic()
-        result = cli("up", "inv.yaml")
+        result = cli("up", "--skip-checks", "inv.yaml")
         elapsed = time.monotonic() - started
     finally:
         cluster.start_sshd(cluster.hosts[1])

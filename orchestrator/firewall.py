@@ -1,0 +1,93 @@
+"""Firewall commands that open each host's TensorFlow port to the other cluster hosts only. Pure.
+
+The TensorFlow gRPC port is unauthenticated: anyone who can reach it can join or disturb the job,
+so it is opened to the cluster's own addresses (and the host itself), never to the world.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from orchestrator.inventory import Host, Inventory
+
+FORMATS = ("iptables", "nftables", "ufw", "firewalld")
+
+
+@dataclass(frozen=True)
+class HostRules:
+    host: Host
+    sources: tuple[str, ...]  # addresses allowed to reach the TensorFlow port
+    commands: tuple[str, ...]
+
+
+def _is_ipv6(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).version == 6
+    except ValueError:
+        return False
+
+
+def _rule(fmt: str, source: str, port: int) -> str:
+    v6 = _is_ipv6(source)
+    if fmt == "iptables":
+        # -I puts the ACCEPT before any DROP/REJECT already in the chain.
+        tool = "ip6tables" if v6 else "iptables"
+        return f"{tool} -I INPUT -p tcp -s {source} --dport {port} -j ACCEPT"
+    if fmt == "nftables":
+        family = "ip6" if v6 else "ip"
+        return f"nft insert rule inet filter input {family} saddr {source} tcp dport {port} accept"
+    if fmt == "ufw":
+        return f"ufw allow proto tcp from {source} to any port {port}"
+    family = "ipv6" if v6 else "ipv4"
+    rich = (
+        f'rule family="{family}" source address="{source}" port port="{port}" protocol="tcp" accept'
+    )
+    return f"firewall-cmd --permanent --add-rich-rule='{rich}'"
+
+
+def _preamble(fmt: str) -> list[str]:
+    if fmt == "nftables":
+        # `add` is a no-op for a table or chain that exists already.
+        return [
+            "nft add table inet filter",
+            "nft add chain inet filter input '{ type filter hook input priority 0; }'",
+        ]
+    return []
+
+
+def _epilogue(fmt: str) -> list[str]:
+    return ["firewall-cmd --reload"] if fmt == "firewalld" else []
+
+
+def host_rules(inventory: Inventory, fmt: str, controller: str | None = None) -> list[HostRules]:
+    """Per host: accept its TensorFlow port from every cluster address (itself included: a worker
+    also dials its own address) and its SSH port from the controller."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown firewall format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    addresses = list(dict.fromkeys(h.address for h in inventory.hosts))
+    result = []
+    for host in inventory.hosts:
+        commands = _preamble(fmt)
+        commands.append(f"# TensorFlow port {host.port} from the cluster's hosts only")
+        commands += [_rule(fmt, source, host.port) for source in addresses]
+        if controller and host.connection == "ssh":
+            commands.append("# SSH from the controller (skip if it is open already)")
+            commands.append(_rule(fmt, controller, host.ssh_port or 22))
+        commands += _epilogue(fmt)
+        result.append(HostRules(host, tuple(addresses), tuple(commands)))
+    return result
+
+
+def controller_address(target: str) -> str | None:
+    """The source address this machine uses towards `target`. A UDP connect sends no packet:
+    it only asks the kernel's routing table."""
+    import socket
+
+    family = socket.AF_INET6 if _is_ipv6(target) else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((target, 9))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return None

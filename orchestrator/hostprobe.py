@@ -1,0 +1,237 @@
+"""The host-side preflight probe, sent like agent.py: `python -c SOURCE VERB ...`.
+
+STANDARD LIBRARY ONLY. Three verbs, each one round trip, each printing one JSON document:
+
+  inspect SPEC_JSON   Python and package versions, proxy variables, free space of directories;
+                      whether the TensorFlow port is free (by binding it) and, if not, which
+                      process holds it; if free, keep it as a temporary listener: a detached
+                      process that accepts connections until told to stop or until its deadline
+  connect SPEC_JSON   connect to every peer's port at once, each with a timeout; say how each
+                      attempt ended (ok, timed out, refused, unreachable); whether a file is visible
+  cleanup SPEC_JSON   stop the temporary listener (and wait until its port is released), remove
+                      the shared-directory token file
+"""
+
+import errno
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+
+PROXY_VARIABLES = (
+    "http_proxy", "https_proxy", "grpc_proxy", "no_proxy", "no_grpc_proxy",
+    "HTTP_PROXY", "HTTPS_PROXY", "GRPC_PROXY", "NO_PROXY",
+)  # fmt: skip
+PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "orchestrate")
+
+
+def _expand(path):
+    path = os.path.expanduser(path)
+    return path if os.path.isabs(path) else os.path.join(os.path.expanduser("~"), path)
+
+
+def _versions():
+    from importlib import metadata
+
+    # Metadata, not `import tensorflow`: seconds of CPU per host saved, and enough to see what
+    # is installed and whether versions match across hosts.
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _directory(path):
+    path = _expand(path)
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    usage = shutil.disk_usage(existing)
+    return {
+        "path": path,
+        "exists": os.path.isdir(path),
+        "writable": os.access(existing, os.W_OK | os.X_OK),
+        "checked": existing,
+        "free_bytes": usage.free,
+    }
+
+
+def _socket_inodes(port):
+    """Inodes of sockets listening on `port`, from /proc/net/tcp and tcp6."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def _holder(port):
+    """The process listening on `port`: pid, command line, and the orchestrate run if it is one."""
+    targets = {f"socket:[{inode}]" for inode in _socket_inodes(port)}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if not any(os.readlink(f"/proc/{pid}/fd/{fd}") in targets for fd in fds):
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            holder = {"pid": int(pid), "command": command[:300]}
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environ = dict(
+                    item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item
+                )
+            for key in (b"ORCHESTRATE_RUN_ID", b"ORCHESTRATE_WORKER"):
+                if key in environ:
+                    holder[key.decode().lower()] = environ[key].decode("utf-8", "replace")
+            return holder
+        except OSError:
+            continue
+    return None
+
+
+def _serve(server, deadline):
+    """Accept connections until the deadline; each is closed once the peer has closed it, so the
+    TIME_WAIT state lands on the peer and the port is clean for the worker that binds it next."""
+    clients = []
+    while time.time() < deadline:
+        readable, _, _ = select.select([server, *clients], [], [], 0.5)
+        for sock in readable:
+            if sock is server:
+                clients.append(server.accept()[0])
+            elif not sock.recv(64):
+                clients.remove(sock)
+                sock.close()
+    os._exit(0)
+
+
+def _start_listener(port, seconds):
+    """Bind the port in a detached child; return its pid, or the errno of a failed bind."""
+    ready_read, ready_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(ready_read)
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            server.bind(("0.0.0.0", port))  # where TensorFlow's gRPC server binds
+            server.listen(128)
+        except OSError as exc:
+            os.write(ready_write, str(exc.errno).encode())
+            os._exit(1)
+        os.write(ready_write, b"0")
+        os.close(ready_write)
+        _serve(server, time.time() + seconds)
+    os.close(ready_write)
+    answer = os.read(ready_read, 16).decode() or str(errno.EIO)
+    os.close(ready_read)
+    if answer == "0":
+        return pid, None
+    os.waitpid(pid, 0)
+    return None, int(answer)
+
+
+def cmd_inspect(args):
+    spec = json.loads(args[0])
+    report = {
+        "python": sys.version.split()[0],
+        "packages": _versions(),
+        "env": {k: os.environ[k] for k in PROXY_VARIABLES if os.environ.get(k)},
+        "directories": [_directory(path) for path in spec["directories"]],
+    }
+    pid, error = _start_listener(spec["port"], spec["listen_seconds"])
+    report["listener_pid"] = pid
+    report["port_error"] = os.strerror(error) if error else None
+    report["holder"] = _holder(spec["port"]) if error == errno.EADDRINUSE else None
+    token = spec.get("token")
+    if token:
+        try:
+            os.makedirs(os.path.dirname(token), exist_ok=True)
+            with open(token, "w", encoding="utf-8") as handle:
+                handle.write("orchestrate shared-directory check\n")
+            report["token_written"] = True
+        except OSError as exc:
+            report["token_written"] = False
+            report["token_error"] = str(exc)
+    return report
+
+
+def _attempt(address, port, timeout):
+    started = time.monotonic()
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            pass
+        outcome = {"status": "ok"}
+    except socket.timeout:  # noqa: UP041 - hosts may run Python < 3.10, where it differs
+        outcome = {"status": "timeout"}
+    except ConnectionRefusedError:
+        outcome = {"status": "refused"}
+    except OSError as exc:
+        unreachable = (errno.EHOSTUNREACH, errno.ENETUNREACH)
+        status = "unreachable" if exc.errno in unreachable else "error"
+        outcome = {"status": status, "detail": exc.strerror or str(exc)}
+    outcome["seconds"] = round(time.monotonic() - started, 3)
+    return outcome
+
+
+def cmd_connect(args):
+    spec = json.loads(args[0])
+    results = {}
+
+    def probe(peer):
+        results[peer["name"]] = _attempt(peer["address"], peer["port"], spec["timeout"])
+
+    threads = [threading.Thread(target=probe, args=(peer,)) for peer in spec["peers"]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    token = spec.get("token")
+    return {"peers": results, "token_visible": os.path.exists(token) if token else None}
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def cmd_cleanup(args):
+    spec = json.loads(args[0])
+    pid = spec.get("listener_pid")
+    if pid and _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    token = spec.get("token")
+    if token and os.path.exists(token):
+        os.remove(token)
+    return {"listener_left": bool(pid) and _alive(pid)}
+
+
+VERBS = {"inspect": cmd_inspect, "connect": cmd_connect, "cleanup": cmd_cleanup}
+
+
+if __name__ == "__main__":
+    sys.stdout.write(json.dumps(VERBS[sys.argv[1]](sys.argv[2:])) + "\n")

@@ -1,0 +1,439 @@
+"""`orchestrate check`: every reason a cluster would hang, found before anything starts.
+
+Three rounds, each in parallel over every host, each one round trip (hostprobe.py):
+  1. inspect: versions, proxies, free space; bind the TensorFlow port and keep it as a listener
+  2. connect: every host connects to every other host's port (N² probes, short timeout)
+  3. cleanup: stop the listeners, remove the shared-directory token
+The findings are computed from the answers by pure functions below.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+import secrets
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from orchestrator import __version__
+from orchestrator.connect import Machines
+from orchestrator.errors import ConnectError, HostError
+from orchestrator.fanout import fan_out
+from orchestrator.inventory import Host, Inventory, is_loopback
+from orchestrator.plan import checkpoint_dir, job_dir
+
+DEFAULT_PROBE_TIMEOUT = 3.0
+DEFAULT_MIN_FREE_BYTES = 1 << 30
+TF_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
+
+
+class Status(str, Enum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Finding:
+    host: str
+    check: str
+    status: Status
+    detail: str
+    hint: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "status": self.status.value}
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    findings: tuple[Finding, ...]
+
+    @property
+    def blocking(self) -> list[Finding]:
+        return [f for f in self.findings if f.status is Status.FAIL]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure checks
+
+
+def address_findings(inventory: Inventory) -> list[Finding]:
+    """`localhost` in a multi-machine TF_CONFIG: the other hosts would dial themselves."""
+    loopback = [h for h in inventory.hosts if is_loopback(h.address)]
+    if not loopback or len(loopback) == len(inventory.hosts):
+        return []
+    return [
+        Finding(
+            host.name,
+            "address",
+            Status.FAIL,
+            f"{host.address} is a loopback address but other hosts are remote: they would "
+            "connect to themselves, not to this worker",
+            hint="use an address the other hosts reach this one by",
+        )
+        for host in loopback
+    ]
+
+
+def tensorflow_version(packages: Mapping[str, str | None]) -> str | None:
+    return next((packages[name] for name in TF_PACKAGES if packages.get(name)), None)
+
+
+def software_findings(
+    inventory: Inventory, reports: Mapping[str, Mapping[str, Any]]
+) -> list[Finding]:
+    findings = []
+    needs_worker = inventory.job.task is not None
+    versions = {name: tensorflow_version(r["packages"]) for name, r in reports.items()}
+    distinct = sorted({v for v in versions.values() if v})
+    connection = {host.name: host.connection for host in inventory.hosts}
+    for name, report in reports.items():
+        if connection[name] == "ssh":
+            findings.append(Finding(name, "ssh", Status.OK, "connected and logged in"))
+        findings.append(Finding(name, "python", Status.OK, f"Python {report['python']}"))
+        findings.append(_tensorflow_finding(name, versions[name], distinct, needs_worker))
+        if needs_worker:
+            findings.append(_worker_finding(name, report["packages"].get("orchestrate")))
+    return findings
+
+
+def _tensorflow_finding(
+    name: str, version: str | None, distinct: list[str], required: bool
+) -> Finding:
+    if version is None:
+        return Finding(
+            name,
+            "tensorflow",
+            Status.FAIL if required else Status.WARN,
+            "TensorFlow is not installed for the host's python",
+            hint="pip install 'orchestrate[worker]' into the Python named by 'python:'",
+        )
+    if len(distinct) > 1:
+        return Finding(
+            name,
+            "tensorflow",
+            Status.FAIL,
+            f"TensorFlow {version}, but the cluster mixes {', '.join(distinct)}: "
+            "collectives between different versions fail",
+            hint="install the same TensorFlow version on every host",
+        )
+    return Finding(name, "tensorflow", Status.OK, f"TensorFlow {version}")
+
+
+def _worker_finding(name: str, installed: str | None) -> Finding:
+    if installed == __version__:
+        return Finding(name, "worker", Status.OK, f"orchestrate worker {installed}")
+    detail = (
+        "the orchestrate worker package is not installed"
+        if installed is None
+        else f"orchestrate worker {installed} differs from the controller's {__version__}"
+    )
+    return Finding(
+        name,
+        "worker",
+        Status.FAIL,
+        detail,
+        hint=f"pip install 'orchestrate[worker]=={__version__}' on the host",
+    )
+
+
+def port_finding(host: Host, report: Mapping[str, Any]) -> Finding:
+    if report["listener_pid"]:
+        return Finding(host.name, "port", Status.OK, f"port {host.port} is free")
+    holder = report.get("holder")
+    if holder and holder.get("orchestrate_run_id"):
+        return Finding(
+            host.name,
+            "port",
+            Status.FAIL,
+            f"port {host.port} is held by a leftover worker of run {holder['orchestrate_run_id']} "
+            f"(pid {holder['pid']}, worker {holder.get('orchestrate_worker', '?')})",
+            hint=f"stop it with 'orchestrate down --run {holder['orchestrate_run_id']}' from the "
+            f"directory that started it, or 'kill {holder['pid']}' on the host",
+        )
+    if holder:
+        detail = (
+            f"port {host.port} is busy: pid {holder['pid']} ({holder['command']}) listens on it"
+        )
+    else:
+        detail = f"port {host.port} cannot be bound: {report['port_error']}"
+    return Finding(
+        host.name,
+        "port",
+        Status.FAIL,
+        detail,
+        hint="stop that process or give this host another 'port:'",
+    )
+
+
+def directory_findings(
+    host: Host, report: Mapping[str, Any], labels: list[str], min_free: int
+) -> list[Finding]:
+    findings = []
+    for label, directory in zip(labels, report["directories"], strict=True):
+        free = directory["free_bytes"]
+        if not directory["writable"]:
+            findings.append(
+                Finding(
+                    host.name,
+                    label,
+                    Status.FAIL,
+                    f"{directory['path']} is not writable ({directory['checked']} is not)",
+                    hint="fix its permissions or choose another workdir / checkpoint_dir",
+                )
+            )
+        elif free < min_free:
+            findings.append(
+                Finding(
+                    host.name,
+                    label,
+                    Status.FAIL,
+                    f"only {free / 2**30:.1f} GiB free under {directory['path']} "
+                    f"(at least {min_free / 2**30:.1f} GiB wanted)",
+                    hint="free some space, or lower the bar with --min-free-gb",
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    host.name, label, Status.OK, f"{directory['path']}: {free / 2**30:.1f} GiB free"
+                )
+            )
+    return findings
+
+
+def no_proxy_covers(address: str, entries: str) -> bool:
+    """Whether a no_proxy list exempts `address`: `*`, the address, a domain suffix, or a CIDR."""
+    for raw in entries.split(","):
+        entry = raw.strip().lower()
+        if not entry:
+            continue
+        if entry in ("*", address.lower()):
+            return True
+        if "/" in entry:
+            try:
+                if ipaddress.ip_address(address) in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                pass
+            continue
+        if address.lower().endswith("." + entry.lstrip(".")):
+            return True
+    return False
+
+
+def proxy_finding(host: Host, env: Mapping[str, str], peers: Iterable[Host]) -> Finding:
+    """gRPC honours grpc_proxy, https_proxy and http_proxy unless no_grpc_proxy/no_proxy exempt
+    the target: a proxy between the workers breaks their gRPC traffic."""
+    lowered = {k.lower(): v for k, v in env.items()}
+    proxies = [k for k in ("grpc_proxy", "https_proxy", "http_proxy") if lowered.get(k)]
+    if not proxies:
+        return Finding(host.name, "proxy", Status.OK, "no proxy variables")
+    exempt = ",".join(lowered.get(k, "") for k in ("no_grpc_proxy", "no_proxy"))
+    missing = [p.address for p in peers if not no_proxy_covers(p.address, exempt)]
+    if not missing:
+        return Finding(host.name, "proxy", Status.OK, f"{proxies[0]} set; peers are in no_proxy")
+    return Finding(
+        host.name,
+        "proxy",
+        Status.FAIL,
+        f"{proxies[0]} is set and {', '.join(missing)} not in no_proxy: the workers' gRPC would "
+        "go through the proxy",
+        hint=f"add no_grpc_proxy: '{','.join(missing)}' to the job's env",
+    )
+
+
+PROBE_MEANING = {
+    "timeout": "timed out, probably a firewall dropping packets",
+    "refused": "refused: nothing listening, or a firewall REJECT rule",
+    "unreachable": "unreachable: no route",
+    "error": "failed",
+}
+
+
+def reachability_finding(
+    target: Host, probes: Mapping[str, Mapping[str, Any]], timeout: float
+) -> Finding:
+    """`probes` maps each peer's name to how its connection to `target`'s port ended."""
+    if not probes:
+        return Finding(target.name, "reachable", Status.OK, "no peer to check from")
+    failed = {peer: p for peer, p in probes.items() if p["status"] != "ok"}
+    if not failed:
+        return Finding(
+            target.name,
+            "reachable",
+            Status.OK,
+            f"port {target.port} reachable from {', '.join(probes)}",
+        )
+    lines = []
+    for peer, probe in failed.items():
+        meaning = PROBE_MEANING.get(probe["status"], probe["status"])
+        if probe["status"] == "timeout":
+            meaning = meaning.replace("timed out", f"timed out after {timeout:g} s")
+        extra = f" ({probe['detail']})" if probe.get("detail") else ""
+        lines.append(f"from {peer}: {meaning}{extra}")
+    return Finding(
+        target.name,
+        "reachable",
+        Status.FAIL,
+        f"{target.endpoint} cannot be reached " + "; ".join(lines),
+        hint=f"open TCP port {target.port} on {target.name} to the other hosts "
+        "('orchestrate firewall INVENTORY' prints the rules)",
+    )
+
+
+def shared_directory_finding(host: Host, visible: bool | None, directory: str) -> Finding | None:
+    if visible is None:
+        return None
+    if visible:
+        return Finding(host.name, "shared", Status.OK, f"sees the chief's {directory}")
+    return Finding(
+        host.name,
+        "shared",
+        Status.WARN,
+        f"{directory} is not shared with the chief; its checkpoints are copied here before "
+        "each start",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The rounds
+
+
+def run_preflight(
+    inventory: Inventory,
+    machines: Machines,
+    *,
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
+    min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
+) -> PreflightReport:
+    early = address_findings(inventory)
+    if early:
+        return PreflightReport(tuple(early))  # rejected before any connection
+    hosts = {host.name: host for host in inventory.hosts}
+    directories = {name: _directories(inventory, host) for name, host in hosts.items()}
+    token = _shared_token(inventory)
+    inspections = _round(
+        hosts,
+        lambda host: machines.agent(host).preflight(
+            "inspect",
+            {
+                "port": host.port,
+                "directories": directories[host.name],
+                "listen_seconds": probe_timeout * 4 + 60,
+                "token": token if host is inventory.hosts[0] else None,
+            },
+            timeout=probe_timeout + 30,
+        ),
+    )
+    findings = [_failure_finding(name, error) for name, error in inspections.items()
+                if isinstance(error, HostError)]  # fmt: skip
+    reports = {k: v for k, v in inspections.items() if not isinstance(v, HostError)}
+    try:
+        connects = _connect_round(inventory, machines, reports, probe_timeout, token)
+    finally:
+        _round(
+            {name: hosts[name] for name in reports},
+            lambda host: machines.agent(host).preflight(
+                "cleanup",
+                {
+                    "listener_pid": reports[host.name]["listener_pid"],
+                    "token": token if host is inventory.hosts[0] else None,
+                },
+                timeout=30,
+            ),
+        )
+    findings += _host_findings(inventory, reports, connects, min_free_bytes, probe_timeout)
+    return PreflightReport(tuple(sorted(findings, key=_order(inventory))))
+
+
+def _round(hosts: Mapping[str, Host], action: Callable[[Host], Any]) -> dict[str, Any]:
+    return fan_out(hosts, lambda name: action(hosts[name]))
+
+
+def _directories(inventory: Inventory, host: Host) -> list[str]:
+    directory = job_dir(inventory.job, host.workdir)
+    return [directory, checkpoint_dir(inventory.job, directory)]
+
+
+def _shared_token(inventory: Inventory) -> str | None:
+    """An absolute checkpoint_dir on several machines suggests a shared disk: verify it."""
+    machines = {(h.connection, h.address) for h in inventory.hosts}
+    if not posixpath.isabs(inventory.job.checkpoint_dir) or len(machines) < 2:
+        return None
+    name = f".orchestrate-shared-check-{secrets.token_hex(4)}"
+    return posixpath.join(inventory.job.checkpoint_dir, name)
+
+
+def _connect_round(
+    inventory: Inventory,
+    machines: Machines,
+    reports: Mapping[str, Mapping[str, Any]],
+    timeout: float,
+    token: str | None,
+) -> dict[str, Any]:
+    listening = [
+        h for h in inventory.hosts if h.name in reports and reports[h.name]["listener_pid"]
+    ]
+    probers = {h.name: h for h in inventory.hosts if h.name in reports}
+
+    def connect(host: Host) -> Any:
+        peers = [
+            {"name": p.name, "address": p.address, "port": p.port}
+            for p in listening
+            if p.name != host.name
+        ]
+        spec = {"peers": peers, "timeout": timeout, "token": token}
+        return machines.agent(host).preflight("connect", spec, timeout=timeout + 30)
+
+    return _round(probers, connect)
+
+
+def _host_findings(
+    inventory: Inventory,
+    reports: Mapping[str, Mapping[str, Any]],
+    connects: Mapping[str, Any],
+    min_free: int,
+    timeout: float,
+) -> list[Finding]:
+    findings = software_findings(inventory, reports)
+    env = inventory.job.env
+    for host in inventory.hosts:
+        report = reports.get(host.name)
+        if report is None:
+            continue
+        findings.append(port_finding(host, report))
+        findings += directory_findings(host, report, ["workdir", "checkpoints"], min_free)
+        peers = [p for p in inventory.hosts if p.name != host.name]
+        findings.append(proxy_finding(host, {**report["env"], **env}, peers))
+        if report["listener_pid"]:
+            probes = {
+                peer: answer["peers"][host.name]
+                for peer, answer in connects.items()
+                if not isinstance(answer, HostError) and host.name in answer["peers"]
+            }
+            findings.append(reachability_finding(host, probes, timeout))
+        answer = connects.get(host.name)
+        if host is not inventory.hosts[0] and answer and not isinstance(answer, HostError):
+            shared = shared_directory_finding(
+                host, answer.get("token_visible"), inventory.job.checkpoint_dir
+            )
+            findings += [shared] if shared else []
+    findings += [_failure_finding(n, e) for n, e in connects.items() if isinstance(e, HostError)]
+    return findings
+
+
+def _failure_finding(name: str, error: HostError) -> Finding:
+    # A connection failure is the SSH check; a connected host whose command failed is Python's.
+    check = "ssh" if isinstance(error, ConnectError) else "python"
+    return Finding(name, check, Status.FAIL, error.message.split(": ", 1)[-1], error.hint)
+
+
+def _order(inventory: Inventory) -> Callable[[Finding], tuple[int, int]]:
+    index = {host.name: i for i, host in enumerate(inventory.hosts)}
+    checks = ["address", "ssh", "python", "tensorflow", "worker", "port", "reachable",
+              "proxy", "workdir", "checkpoints", "shared"]  # fmt: skip
+    return lambda f: (index.get(f.host, 0), checks.index(f.check) if f.check in checks else 99)
