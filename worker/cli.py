@@ -1,7 +1,8 @@
 """Command line of the worker, and the one place that picks its exit code.
 
 Exit codes: 0 success; 2 a user mistake found before training (bad flag, bad environment, task that
-cannot be loaded): one line on stderr, no traceback; 1 an error while training: the traceback.
+cannot be loaded, a device setting this host cannot honour): one line on stderr, no traceback;
+1 an error while training: the traceback.
 TensorFlow is imported only once the configuration and the task are known to be good, so mistakes
 are reported in well under a second.
 """
@@ -37,8 +38,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m worker",
-        description="Run one MultiWorkerMirroredStrategy worker for a TrainingTask; "
-        "TF_CONFIG comes from the environment.",
+        description="Run one worker for a TrainingTask: MultiWorkerMirroredStrategy with "
+        "TF_CONFIG from the environment, or MirroredStrategy on this host alone.",
     )
     parser.add_argument(
         "--task",
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=cfg.DEFAULT_BATCH_SIZE,
         metavar="B",
-        help="GLOBAL batch size, split evenly over the workers",
+        help="GLOBAL batch size, split evenly over the replicas (all workers' devices)",
     )
     parser.add_argument(
         "--log-every",
@@ -85,7 +86,53 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="default: 'tensorboard' next to the checkpoint directory",
     )
+    parser.add_argument(
+        "--strategy",
+        choices=cfg.STRATEGIES,
+        default=cfg.STRATEGY_MULTI_WORKER,
+        help="multi-worker: MultiWorkerMirroredStrategy over TF_CONFIG's cluster (default); "
+        "mirrored: MirroredStrategy over this host's devices only (no TF_CONFIG)",
+    )
+    parser.add_argument(
+        "--profile-steps",
+        nargs=2,
+        type=int,
+        metavar=("START", "END"),
+        help="the chief traces steps START..END (graph and profiler) into the TensorBoard dir",
+    )
+    _add_device_flags(parser)
     return parser
+
+
+def _add_device_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "devices",
+        "applied with tf.config before the strategy; GPU flags are ignored, with a "
+        "warning, on a host without GPU",
+    )
+    group.add_argument(
+        "--gpu-memory-growth",
+        action="store_true",
+        help="allocate GPU memory as needed instead of all of it at start",
+    )
+    group.add_argument(
+        "--gpu-memory-limit-mb", type=int, metavar="N", help="cap each (logical) GPU at N MiB"
+    )
+    group.add_argument(
+        "--visible-gpus", metavar="LIST", help="comma-separated GPU indices to use, e.g. 0,1"
+    )
+    group.add_argument(
+        "--logical-gpus",
+        type=int,
+        metavar="K",
+        help="split each visible GPU into K logical GPUs of --gpu-memory-limit-mb each",
+    )
+    group.add_argument(
+        "--logical-cpus",
+        type=int,
+        metavar="K",
+        help="split the CPU into K logical devices (for testing multi-device code on a CPU host)",
+    )
 
 
 def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> cfg.WorkerConfig:
@@ -107,6 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         train.run(config, task)
+    except cfg.ConfigError as exc:
+        # A setting only the host can refute (a GPU index it lacks, a batch that does not split
+        # over its devices): still a user mistake, found before the first step.
+        print(f"worker: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
     except Exception:
         traceback.print_exc()
         sys.stderr.flush()

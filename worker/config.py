@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # Environment variables the controller sets on each worker process.
@@ -23,6 +23,11 @@ DEFAULT_CHECKPOINT_EVERY = 100
 DEFAULT_MAX_TO_KEEP = 3
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_LOG_EVERY = 10
+
+# The distribution strategies the worker can run under.
+STRATEGY_MULTI_WORKER = "multi-worker"
+STRATEGY_MIRRORED = "mirrored"
+STRATEGIES = (STRATEGY_MULTI_WORKER, STRATEGY_MIRRORED)
 
 # MODULE:FUNCTION, where MODULE is a dotted Python name and FUNCTION an identifier.
 _TASK_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -46,6 +51,33 @@ class ClusterInfo:
 
 
 @dataclass(frozen=True)
+class DeviceSettings:
+    """tf.config settings applied before the strategy exists (see worker.devices).
+
+    None or False means "leave TensorFlow's default". Checked by check_device_settings.
+    """
+
+    memory_growth: bool = False
+    memory_limit_mb: int | None = None
+    visible_gpus: tuple[int, ...] | None = None
+    logical_gpus: int | None = None
+    logical_cpus: int | None = None
+
+    def gpu_flags(self) -> list[str]:
+        """The GPU flags as given on the command line; empty when no GPU setting was asked for."""
+        flags = []
+        if self.memory_growth:
+            flags.append("--gpu-memory-growth")
+        if self.memory_limit_mb is not None:
+            flags.append(f"--gpu-memory-limit-mb {self.memory_limit_mb}")
+        if self.visible_gpus is not None:
+            flags.append(f"--visible-gpus {','.join(map(str, self.visible_gpus))}")
+        if self.logical_gpus is not None:
+            flags.append(f"--logical-gpus {self.logical_gpus}")
+        return flags
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     """Everything the training loop needs to know besides the task itself. Paths are absolute."""
 
@@ -61,6 +93,10 @@ class WorkerConfig:
     # Where non-chief workers write their throw-away checkpoints; None: a fresh tempfile.mkdtemp.
     temp_checkpoint_dir: str | None = None
     cluster: ClusterInfo = ClusterInfo()
+    strategy: str = STRATEGY_MULTI_WORKER
+    # (START, END): trace and profile steps START..END, both included; None: no profiling.
+    profile_steps: tuple[int, int] | None = None
+    devices: DeviceSettings = DeviceSettings()
 
 
 def parse_tf_config(text: str | None) -> ClusterInfo:
@@ -97,7 +133,8 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
         raise ConfigError(f"--task must look like MODULE:FUNCTION, got {args.task!r}")
     for flag in ("steps", "checkpoint_every", "max_to_keep", "batch_size", "log_every"):
         _require_positive(flag, getattr(args, flag))
-    cluster = parse_tf_config(env.get(TF_CONFIG_ENV))
+    strategy = getattr(args, "strategy", STRATEGY_MULTI_WORKER)
+    cluster = cluster_for_strategy(strategy, parse_tf_config(env.get(TF_CONFIG_ENV)))
     # Every worker takes the same share of the global batch; TensorFlow would fail later and less
     # clearly (get_per_replica_batch_size) if the split is uneven.
     if args.batch_size % cluster.num_workers:
@@ -126,7 +163,92 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
         progress_file=_abspath(env.get(PROGRESS_FILE_ENV)),
         temp_checkpoint_dir=temp_dir,
         cluster=cluster,
+        strategy=strategy,
+        profile_steps=check_profile_steps(getattr(args, "profile_steps", None)),
+        devices=device_settings_from_args(args),
     )
+
+
+def cluster_for_strategy(strategy: str, cluster: ClusterInfo) -> ClusterInfo:
+    """MirroredStrategy is one process on one host: a cluster in TF_CONFIG is a mistake there.
+
+    A one-worker TF_CONFIG is harmless (MirroredStrategy ignores TF_CONFIG in eager mode), so only
+    a real cluster is refused; silently training alone while the others wait would be worse.
+    """
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    if strategy == STRATEGY_MIRRORED and cluster.num_workers > 1:
+        raise ConfigError(
+            f"--strategy {STRATEGY_MIRRORED} is single-host, but TF_CONFIG lists "
+            f"{cluster.num_workers} workers; unset TF_CONFIG or use --strategy "
+            f"{STRATEGY_MULTI_WORKER}"
+        )
+    return ClusterInfo() if strategy == STRATEGY_MIRRORED else cluster
+
+
+def check_profile_steps(steps: Sequence[int] | None) -> tuple[int, int] | None:
+    """--profile-steps START END: both >= 1 and START < END; None when the flag is absent."""
+    if steps is None:
+        return None
+    start, end = steps
+    if not 1 <= start < end:
+        raise ConfigError(f"--profile-steps START END needs 1 <= START < END, got {start} {end}")
+    return start, end
+
+
+def parse_visible_gpus(text: str) -> tuple[int, ...]:
+    """ "0,2" -> (0, 2): GPU indices as tf.config.list_physical_devices("GPU") numbers them."""
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() for part in parts):
+        raise ConfigError(
+            f"--visible-gpus must be comma-separated GPU indices such as 0,1, got {text!r}"
+        )
+    indices = tuple(int(part) for part in parts)
+    duplicates = sorted({i for i in indices if indices.count(i) > 1})
+    if duplicates:
+        raise ConfigError(f"--visible-gpus names GPU {duplicates[0]} more than once: {text!r}")
+    return indices
+
+
+def device_settings_from_args(args: argparse.Namespace) -> DeviceSettings:
+    visible = getattr(args, "visible_gpus", None)
+    settings = DeviceSettings(
+        memory_growth=bool(getattr(args, "gpu_memory_growth", False)),
+        memory_limit_mb=getattr(args, "gpu_memory_limit_mb", None),
+        visible_gpus=None if visible is None else parse_visible_gpus(visible),
+        logical_gpus=getattr(args, "logical_gpus", None),
+        logical_cpus=getattr(args, "logical_cpus", None),
+    )
+    check_device_settings(settings)
+    return settings
+
+
+def check_device_settings(settings: DeviceSettings) -> None:
+    """Refuses the combinations TensorFlow would reject later, or silently not honour."""
+    for flag, value in (
+        ("gpu_memory_limit_mb", settings.memory_limit_mb),
+        ("logical_gpus", settings.logical_gpus),
+        ("logical_cpus", settings.logical_cpus),
+    ):
+        if value is not None:
+            _require_positive(flag, value)
+    # A memory limit is a virtual device configuration, and TensorFlow refuses memory growth on a
+    # GPU that has one ("Cannot set memory growth on device when virtual devices configured").
+    if settings.memory_growth and settings.memory_limit_mb is not None:
+        raise ConfigError(
+            "--gpu-memory-growth cannot be combined with --gpu-memory-limit-mb: TensorFlow does "
+            "not allow memory growth on a GPU with a memory limit"
+        )
+    if settings.memory_growth and settings.logical_gpus is not None:
+        raise ConfigError(
+            "--gpu-memory-growth cannot be combined with --logical-gpus: TensorFlow does not "
+            "allow memory growth on a GPU split into logical devices"
+        )
+    # TensorFlow requires a memory limit for every logical GPU.
+    if settings.logical_gpus is not None and settings.memory_limit_mb is None:
+        raise ConfigError(
+            "--logical-gpus needs --gpu-memory-limit-mb (the memory of each logical GPU)"
+        )
 
 
 def _require_positive(flag: str, value: int) -> None:

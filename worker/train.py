@@ -1,12 +1,16 @@
-"""The training loop of one MultiWorkerMirroredStrategy worker.
+"""The training loop of one worker, under MultiWorkerMirroredStrategy or MirroredStrategy.
 
 A custom loop, not Keras model.fit: in TensorFlow 2.21 Keras 3's fit fails under
 MultiWorkerMirroredStrategy (PerReplica ValueError, keras-team/keras#20585), while Keras 3 layers
 and optimizers work inside strategy.run.
 
 Order matters and is fixed by run():
-  configure_devices -> strategy (first TensorFlow op) -> model/optimizer in scope -> restore
-  -> sharded, repeated dataset -> steps, with logs, summaries, progress and collective checkpoints.
+  configure_devices (tf.config) -> strategy (first TensorFlow op) -> model/optimizer in scope
+  -> restore -> sharded, repeated dataset -> steps, with logs, summaries, progress and collective
+  checkpoints.
+
+MirroredStrategy (--strategy mirrored) runs the same loop on one host over its local devices: one
+input pipeline, several replicas, and it is always the chief.
 
 Every worker runs the same number of steps (the dataset repeats forever and the step count comes
 from the command line and the shared checkpoint), which is what keeps the collectives in lockstep.
@@ -20,39 +24,69 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
 
-from worker.config import WorkerConfig
+from worker.config import STRATEGY_MIRRORED, ConfigError, DeviceSettings, WorkerConfig
+from worker.devices import configure_devices
+from worker.output import log
 from worker.progress import ProgressWriter
+from worker.summaries import ProfileWindow, Summaries, current_learning_rate
 from worker.task import TrainingTask
 
 # Base seed of the shuffle. The start step is added so a resumed run does not replay the exact
 # batches of the run it resumes (the iterator position is not checkpointed).
 SHUFFLE_SEED = 20_000
-SUMMARY_FLUSH_MILLIS = 10_000
 
 
-def log(message: str) -> None:
-    """One line on stdout, flushed at once: the controller tails this file while we run."""
-    print(message, flush=True)
+def create_strategy(kind: str, settings: DeviceSettings) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy reads TF_CONFIG; without it, it runs as a one-worker cluster.
 
-
-def configure_devices() -> None:
-    """Device settings (GPU memory growth, memory limits, thread counts) go here.
-
-    It must run before the strategy is created: once the strategy has initialised the runtime,
-    tf.config settings raise or are ignored. Nothing to set yet.
+    MirroredStrategy takes every local logical GPU, or, without GPU, every logical CPU (so
+    --logical-cpus K gives K replicas); it ignores TF_CONFIG, which config has checked.
     """
-
-
-def create_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
-    """The strategy reads TF_CONFIG; without it, it runs as a one-worker cluster."""
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    split = splits_gpus(settings)
+    if kind == STRATEGY_MIRRORED:
+        # TF 2.21 picks NCCL unless it counts more logical than physical GPUs, and it counts the
+        # hidden ones too: --visible-gpus 0 --logical-gpus 2 on an 8-GPU host would give NCCL two
+        # ranks on one card, which NCCL does not support. Reducing on one device always works.
+        ops = tf.distribute.ReductionToOneDevice() if split else None
+        return tf.distribute.MirroredStrategy(cross_device_ops=ops)
+    options = None
+    if split:  # the same reason: no NCCL between logical GPUs of one card
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING
+        )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     restore_default_sigterm()
     return strategy
+
+
+def splits_gpus(settings: DeviceSettings) -> bool:
+    """Several logical GPUs per card (configure_devices ignored --logical-gpus without GPU).
+
+    Physical, not logical, devices: listing logical ones would start the runtime, and
+    MultiWorkerMirroredStrategy must come first.
+    """
+    return bool(settings.logical_gpus and settings.logical_gpus > 1) and bool(
+        tf.config.list_physical_devices("GPU")
+    )
+
+
+def check_batch_split(global_batch: int, num_replicas: int) -> None:
+    """Every replica takes the same share of the global batch.
+
+    Only known once the strategy has counted the devices; without this check TensorFlow fails in
+    get_per_replica_batch_size with a traceback.
+    """
+    if global_batch % num_replicas:
+        raise ConfigError(
+            f"--batch-size {global_batch} is the global batch size and must be divisible by the "
+            f"number of replicas ({num_replicas})"
+        )
 
 
 def restore_default_sigterm() -> None:
@@ -263,35 +297,11 @@ class CheckpointSaver:
         return self._temp_dir
 
 
-class Summaries:
-    """TensorBoard scalars, written by the chief only (the others get a writer that drops them)."""
-
-    def __init__(self, directory: str, is_chief: bool, learning_rate: float | None) -> None:
-        if is_chief:
-            self._writer = tf.summary.create_file_writer(
-                directory, flush_millis=SUMMARY_FLUSH_MILLIS
-            )
-        else:
-            self._writer = tf.summary.create_noop_writer()
-        self._learning_rate = learning_rate
-
-    def write(self, step: int, **scalars: float | None) -> None:
-        scalars["learning_rate"] = self._learning_rate
-        with self._writer.as_default(step=step):
-            for name, value in scalars.items():
-                if value is not None:
-                    tf.summary.scalar(name, value)
-
-    def close(self) -> None:
-        self._writer.flush()
-        self._writer.close()
-
-
 class Loop:
     """Runs the steps from start_step to config.steps with logs, summaries, progress, checkpoints.
 
     The host waits for the device only where it must read a value: after the first step (to log
-    it), on log steps and on checkpoint saves.
+    it), on log steps, on checkpoint saves and at the end of a profiled window.
     """
 
     def __init__(
@@ -302,6 +312,8 @@ class Loop:
         window: Window,
         saver: CheckpointSaver,
         summaries: Summaries,
+        profile: ProfileWindow,
+        learning_rate: Callable[[], float | None],
         progress: ProgressWriter,
         with_accuracy: bool,
     ) -> None:
@@ -310,6 +322,8 @@ class Loop:
         self.window = window
         self.saver = saver
         self.summaries = summaries
+        self.profile = profile
+        self.learning_rate = learning_rate
         self.progress = progress
         self.with_accuracy = with_accuracy
         self._mark = (0, 0.0)  # (step, time) at which the current rate window started
@@ -317,11 +331,15 @@ class Loop:
     def run(self, iterator: Any, start_step: int) -> int:
         steps = self.config.steps
         for step in range(start_step + 1, steps + 1):
+            self.profile.before_step(step)
             self.train_step(iterator)
             if step == start_step + 1:
                 self.window.steps.numpy()  # wait for the step: the first one traces and connects
                 log("worker: first step done")
                 self._mark = (step, time.perf_counter())
+            if self.profile.ends_at(step):
+                self.window.steps.numpy()  # the trace must contain the step's ops, so wait
+                self.profile.export(step)
             if step % self.config.log_every == 0 or step == steps:
                 self._log(step)
             if step % self.config.checkpoint_every == 0 or step == steps:
@@ -342,7 +360,16 @@ class Loop:
         log(
             f"step {step} loss {_fmt(loss, 4)} accuracy {_fmt(accuracy, 4)} steps/s {_fmt(rate, 1)}"
         )
-        self.summaries.write(step, loss=loss, accuracy=accuracy, steps_per_sec=rate)
+        self.summaries.scalars(
+            step,
+            {
+                "loss": loss,
+                "accuracy": accuracy,
+                "learning_rate": self.learning_rate(),
+                "steps_per_sec": rate,
+                "examples_per_sec": None if rate is None else rate * self.config.batch_size,
+            },
+        )
         self.progress.write(step=step, loss=loss, accuracy=accuracy, steps_per_sec=rate)
 
 
@@ -366,7 +393,11 @@ def device_names(task_index: int) -> list[str]:
 
 
 def write_start(
-    progress: ProgressWriter, config: WorkerConfig, start_step: int, restored_step: int | None
+    progress: ProgressWriter,
+    config: WorkerConfig,
+    start_step: int,
+    restored_step: int | None,
+    num_replicas: int,
 ) -> None:
     """The first progress write: every key present, the values known before any step."""
     progress.write(
@@ -380,36 +411,67 @@ def write_start(
         task_index=config.cluster.task_index,
         num_workers=config.cluster.num_workers,
         devices=device_names(config.cluster.task_index),
+        num_replicas=num_replicas,
     )
 
 
 def run(config: WorkerConfig, task: TrainingTask) -> int:
     """Trains task up to config.steps; returns the final step."""
-    configure_devices()
-    strategy = create_strategy()  # before any other TensorFlow operation
-    is_chief = strategy.extended.should_checkpoint
+    configure_devices(config.devices)  # tf.config works only before the runtime starts
+    # The strategy before any other TensorFlow operation.
+    strategy = create_strategy(config.strategy, config.devices)
+    check_batch_split(config.batch_size, strategy.num_replicas_in_sync)
     dataset = task.dataset()
     state = build_state(strategy, task, dataset.element_spec)
     restored_step = restore(state, config.checkpoint_dir)
     start_step = restored_step or 0
     progress = ProgressWriter(config.progress_file)
-    write_start(progress, config, start_step, restored_step)
+    write_start(progress, config, start_step, restored_step, strategy.num_replicas_in_sync)
     if start_step >= config.steps:
         log(f"worker: already at step {start_step} >= {config.steps}, nothing to do")
         return start_step
-    with_accuracy = has_integer_labels(dataset.element_spec)
-    window = Window(config.batch_size)
-    loop = Loop(
-        config=config,
-        train_step=make_train_step(strategy, state, task, window, with_accuracy),
-        window=window,
-        saver=CheckpointSaver(state, config, is_chief),
-        summaries=Summaries(config.tensorboard_dir, is_chief, task.learning_rate),
+    summaries = Summaries(config.tensorboard_dir, strategy.extended.should_checkpoint)
+    if start_step == 0:
+        summaries.inputs(dataset, step=0)
+    loop = build_loop(
+        config,
+        strategy=strategy,
+        task=task,
+        state=state,
+        summaries=summaries,
         progress=progress,
-        with_accuracy=with_accuracy,
+        start_step=start_step,
+        element_spec=dataset.element_spec,
     )
     seed = SHUFFLE_SEED + start_step
     dist_dataset = distribute_dataset(
         strategy, dataset, config.batch_size, task.shuffle_buffer, seed
     )
     return loop.run(iter(dist_dataset), start_step)
+
+
+def build_loop(
+    config: WorkerConfig,
+    *,
+    strategy: tf.distribute.Strategy,
+    task: TrainingTask,
+    state: TrainState,
+    summaries: Summaries,
+    progress: ProgressWriter,
+    start_step: int,
+    element_spec: Any,
+) -> Loop:
+    """The loop and its parts; the profile window is relative to this run's first step."""
+    with_accuracy = has_integer_labels(element_spec)
+    window = Window(config.batch_size)
+    return Loop(
+        config=config,
+        train_step=make_train_step(strategy, state, task, window, with_accuracy),
+        window=window,
+        saver=CheckpointSaver(state, config, summaries.is_chief),
+        summaries=summaries,
+        profile=ProfileWindow(config.profile_steps, summaries, start_step + 1, config.steps),
+        learning_rate=lambda: current_learning_rate(state.optimizer, task.learning_rate),
+        progress=progress,
+        with_accuracy=with_accuracy,
+    )

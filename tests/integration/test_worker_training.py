@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 TASK = "worker.examples.shapes:task"
 PROGRESS_KEYS = {
     "step", "start_step", "target_steps", "loss", "accuracy", "checkpoint_step", "steps_per_sec",
-    "time", "task_index", "num_workers", "devices",
+    "time", "task_index", "num_workers", "devices", "num_replicas",
 }  # fmt: skip
 TIMEOUT_S = 120
 STEP_LINE = re.compile(r"^step (\d+) loss ([\d.]+) accuracy ([\d.]+) steps/s ([\d.]+)$", re.M)
@@ -110,6 +110,7 @@ def test_one_worker_trains_resumes_and_stops_when_done(tmp_path):
     assert (progress["step"], progress["checkpoint_step"], progress["target_steps"]) == (30, 30, 30)
     assert (progress["task_index"], progress["num_workers"]) == (0, 1)
     assert progress["devices"] == ["/device:CPU:0"]
+    assert progress["num_replicas"] == 1
     assert progress["loss"] > 0 and 0 <= progress["accuracy"] <= 1
     assert progress["steps_per_sec"] > 0
     assert latest_checkpoint(checkpoints) == str(checkpoints / "ckpt-30")
@@ -160,6 +161,7 @@ def test_two_workers_train_together(tmp_path):
         assert losses[-1] < losses[0] - 0.5, losses
         progress = read_progress(tmp_path / f"run{index}")
         assert (progress["task_index"], progress["num_workers"]) == (index, 2)
+        assert progress["num_replicas"] == 2  # one CPU replica on each of the two workers
         assert (progress["step"], progress["checkpoint_step"]) == (200, 200)
         assert progress["accuracy"] > 0.8, progress
     # Both workers log the same globally reduced values.
