@@ -67,6 +67,12 @@ class Job:
     max_to_keep: int = 3
     batch_size: int = 64
     log_every: int = 10
+    # Supervision: a worker whose step has not moved (or whose host has not answered) for
+    # stall_timeout seconds has failed; the cluster is restarted up to max_restarts times.
+    stall_timeout: int = 300
+    max_restarts: int = 3
+    restart_backoff: int = 5  # seconds before the first restart, doubling after each
+    permanent_exit_codes: tuple[int, ...] = (2,)  # 2: the worker's usage errors never heal
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,10 @@ JOB_KEYS: dict[str, Checker] = {
     "max_to_keep": POSITIVE,
     "batch_size": POSITIVE,
     "log_every": POSITIVE,
+    "stall_timeout": POSITIVE,
+    "max_restarts": _integer(0),
+    "restart_backoff": _integer(0, 3600),
+    "permanent_exit_codes": _integer(1, 255),  # checked per item
 }
 TOP_KEYS = ("defaults", "hosts", "job")
 
@@ -369,7 +379,7 @@ def _parse_job(document: LineMap, report: _Report, stem: str, base: Path) -> Job
     report.unknown_keys(block, JOB_KEYS, "job")
     values: dict[str, Any] = {}
     for key, check in JOB_KEYS.items():
-        if key not in block or key in ("args", "env", "files"):
+        if key not in block or key in ("args", "env", "files", "permanent_exit_codes"):
             continue
         value, problem = check(block[key])
         if problem:
@@ -383,6 +393,8 @@ def _parse_job(document: LineMap, report: _Report, stem: str, base: Path) -> Job
         values["script"] = str(script)
     values["args"] = _parse_args(block, report)
     values["files"] = _parse_files(block, report, base)
+    if "permanent_exit_codes" in block:
+        values["permanent_exit_codes"] = _parse_exit_codes(block, report)
     values["env"] = _parse_env(block, report)
     values.setdefault("name", stem if NAME_PATTERN.match(stem) else "job")
     if ("task" in block) == ("script" in block):
@@ -410,6 +422,22 @@ def _parse_args(block: LineMap, report: _Report) -> tuple[str, ...]:
         else:
             args.append(value)
     return tuple(args)
+
+
+def _parse_exit_codes(block: LineMap, report: _Report) -> tuple[int, ...]:
+    raw = block["permanent_exit_codes"]
+    if not isinstance(raw, LineList):
+        report.add(_line(block, "permanent_exit_codes"), "job.permanent_exit_codes",
+                   "expected a list of exit codes")  # fmt: skip
+        return ()
+    codes = []
+    for index, item in enumerate(raw):
+        value, problem = JOB_KEYS["permanent_exit_codes"](item)
+        if problem:
+            report.add(raw.item_lines[index], f"job.permanent_exit_codes[{index}]", problem)
+        else:
+            codes.append(value)
+    return tuple(codes)
 
 
 def _parse_files(block: LineMap, report: _Report, base: Path) -> tuple[str, ...]:

@@ -10,29 +10,13 @@ from pathlib import Path
 
 from orchestrator.checkpoints import spread_latest_checkpoint
 from orchestrator.connect import MachineKey, Machines, machine_key
-from orchestrator.errors import HostError, HostErrors, RunStateError
+from orchestrator.errors import HostError, HostErrors
 from orchestrator.fanout import fan_out, successes
 from orchestrator.inventory import Inventory
 from orchestrator.plan import WorkerSpec, new_run_id, plan_workers
 from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
-from orchestrator.state import ACTIVE
-from orchestrator.status import collect_status
 
 DEFAULT_GRACE = 10.0
-
-
-def refuse_if_active(store: RunStore, machines: Machines) -> None:
-    """A second copy of a job would fight the first for its ports and checkpoints."""
-    if store.current_id() is None:
-        return
-    previous = store.load()
-    status = collect_status(previous, machines)
-    if status.state in ACTIVE:
-        raise RunStateError(
-            f"run {previous.run_id} of job '{previous.job_name}' is still {status.state.value}",
-            hint="watch it with 'orchestrate status' or 'orchestrate tail -f', "
-            "or stop it with 'orchestrate down' before starting another",
-        )
 
 
 def resolve_workdirs(inventory: Inventory, machines: Machines) -> dict[str, str]:
@@ -61,21 +45,28 @@ def start_run(
     machines: Machines,
     say: Callable[[str], None] = lambda message: None,
 ) -> RunRecord:
-    """Start every worker detached and record the run; on a partial failure stop what started."""
-    run_id = new_run_id()
-    specs = plan_workers(inventory, run_id, resolve_workdirs(inventory, machines))
+    """Record a new run and start its first attempt."""
+    record = RunRecord(run_id=new_run_id(), inventory=inventory, created_at=time.time())
+    return launch_attempt(record, store, machines, say)
+
+
+def launch_attempt(
+    record: RunRecord,
+    store: RunStore,
+    machines: Machines,
+    say: Callable[[str], None] = lambda message: None,
+) -> RunRecord:
+    """Start every worker of the record's current attempt detached, after making the chief's
+    latest checkpoint present on every host; on a partial failure stop what started."""
+    inventory = record.inventory
+    workdirs = resolve_workdirs(inventory, machines)
+    specs = plan_workers(inventory, record.run_id, workdirs, record.attempt)
     spread = spread_latest_checkpoint(specs, machines)
     if spread.name:
         copied = f"copied to {', '.join(spread.copied_to)}" if spread.copied_to else "on every host"
         size = f"{spread.size_bytes / 2**20:.1f} MiB"
         say(f"resuming from checkpoint {spread.name} ({size}), {copied}")
-    record = RunRecord(
-        run_id=run_id,
-        inventory_path=inventory.path,
-        job_name=inventory.job.name,
-        created_at=time.time(),
-        workers=tuple(_record(spec) for spec in specs),
-    )
+    record = replace(record, workers=tuple(_record(spec) for spec in specs))
     store.save(record)  # before launching: a half-started run can still be found and stopped
 
     def launch(spec: WorkerSpec) -> int:

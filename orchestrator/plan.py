@@ -3,7 +3,8 @@
 Layout on every host (paths are the host's):
   {workdir}/{job}/checkpoints/          the chief's checkpoints (job.checkpoint_dir, if relative)
   {workdir}/{job}/tensorboard/          the chief's TensorBoard events, next to the checkpoints
-  {workdir}/{job}/runs/{run_id}/{name}/ one run of one worker: log, progress, exit, TF_CONFIG
+  {workdir}/{job}/runs/{run_id}/attempt-{n}/{name}/
+                                        one attempt of one worker: log, progress, exit, TF_CONFIG
 """
 
 from __future__ import annotations
@@ -92,12 +93,15 @@ def worker_argv(job: Job, host: Host, run_dir: str, checkpoints: str) -> tuple[s
     )  # fmt: skip
 
 
-def plan_workers(inventory: Inventory, run_id: str, workdirs: dict[str, str]) -> list[WorkerSpec]:
-    """One spec per host entry; `workdirs` maps host name to its absolute workdir on that host."""
+def plan_workers(
+    inventory: Inventory, run_id: str, workdirs: dict[str, str], attempt: int = 0
+) -> list[WorkerSpec]:
+    """One spec per host entry; `workdirs` maps host name to its absolute workdir on that host.
+    Each attempt of a run (a restart after a failure) gets fresh run directories."""
     specs = []
     for index, host in enumerate(inventory.hosts):
         directory = job_dir(inventory.job, workdirs[host.name])
-        run_dir = posixpath.join(directory, "runs", run_id, host.name)
+        run_dir = posixpath.join(directory, "runs", run_id, f"attempt-{attempt}", host.name)
         checkpoints = checkpoint_dir(inventory.job, directory)
         env = {
             **inventory.job.env,

@@ -51,6 +51,11 @@ def status_table(status: RunStatus) -> Table:
         f"run {status.run_id}  job {status.job}  ",
         (status.state.value, STATE_STYLES[status.state]),
     )
+    if status.restarts:
+        last = status.restarts[-1].describe()
+        title.append(f"  attempt {status.attempt}, {len(status.restarts)} restart(s), last: {last}")
+    if status.outcome:
+        title.append(f"\n{status.outcome}", style="red")
     table = Table(title=title, title_justify="left", expand=False)
     for column in ("worker", "#", "host", "state", "pid", "step", "loss", "acc", "ckpt"):
         table.add_column(column, justify="right" if column in ("#", "pid", "step") else "left")

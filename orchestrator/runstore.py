@@ -1,7 +1,10 @@
 """The controller's record of runs, kept in a state directory so any later shell finds them.
 
-{state_dir}/current                the id of the latest run
-{state_dir}/runs/{run_id}.json     the run: inventory, and per worker its host and run directory
+- `{state_dir}/current`: the id of the latest run
+- `{state_dir}/runs/{run_id}.json`: the run: the inventory as it was at `up` (so a restart
+  reproduces the same TF_CONFIG), the current attempt's workers, and every restart with its reason
+- `{state_dir}/runs/{run_id}.lock`: held by the process supervising the run
+- `{state_dir}/runs/{run_id}.log`: the detached supervisor's log (`up --detach`)
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import RunStateError
-from orchestrator.inventory import Host
+from orchestrator.inventory import Host, Inventory, Job
 
 DEFAULT_STATE_DIR = ".orchestrate"
 
@@ -30,12 +33,37 @@ class WorkerRecord:
 
 
 @dataclass(frozen=True)
+class Restart:
+    """Why the cluster was restarted: the first worker that failed, how, and at which step."""
+
+    at: float
+    attempt: int  # the attempt that failed
+    worker: str
+    reason: str
+    step: int | None
+
+    def describe(self) -> str:
+        step = f" at step {self.step}" if self.step is not None else ""
+        return f"{self.worker}{step}: {self.reason}"
+
+
+@dataclass(frozen=True)
 class RunRecord:
     run_id: str
-    inventory_path: str
-    job_name: str
+    inventory: Inventory
     created_at: float
+    attempt: int = 0
     workers: tuple[WorkerRecord, ...] = field(default_factory=tuple)
+    restarts: tuple[Restart, ...] = ()
+    outcome: str | None = None  # why supervision gave up, when it did
+
+    @property
+    def job_name(self) -> str:
+        return self.inventory.job.name
+
+    @property
+    def inventory_path(self) -> str:
+        return self.inventory.path
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,7 +73,25 @@ class RunRecord:
         workers = tuple(
             WorkerRecord(**{**worker, "host": Host(**worker["host"])}) for worker in data["workers"]
         )
-        return cls(**{**data, "workers": workers})
+        return cls(
+            **{
+                **data,
+                "inventory": _inventory(data["inventory"]),
+                "workers": workers,
+                "restarts": tuple(Restart(**r) for r in data.get("restarts", ())),
+            }
+        )
+
+
+def _inventory(data: dict[str, Any]) -> Inventory:
+    # JSON turns tuples into lists; the frozen dataclasses want them back.
+    job = {k: tuple(v) if isinstance(v, list) else v for k, v in data["job"].items()}
+    return Inventory(
+        path=data["path"],
+        base_dir=data["base_dir"],
+        hosts=tuple(Host(**h) for h in data["hosts"]),
+        job=Job(**job),
+    )
 
 
 class RunStore:
@@ -54,6 +100,12 @@ class RunStore:
 
     def _run_path(self, run_id: str) -> Path:
         return self.root / "runs" / f"{run_id}.json"
+
+    def lock_path(self, run_id: str) -> Path:
+        return self.root / "runs" / f"{run_id}.lock"
+
+    def log_path(self, run_id: str) -> Path:
+        return self.root / "runs" / f"{run_id}.log"
 
     def save(self, record: RunRecord) -> None:
         path = self._run_path(record.run_id)

@@ -7,7 +7,8 @@ A worker moves  pending → starting → running → succeeded | failed | stoppe
   running    alive and has reported progress
   succeeded  exited 0
   failed     exited non-zero, or its supervisor vanished without recording an exit
-  stopped    ended after `orchestrate down` asked it to
+  stopped    ended after `orchestrate down` asked it to, or preempted: SIGTERM made the cluster
+             save a checkpoint and exit (the worker's exit code 75)
   unknown    its host could not be asked
 """
 
@@ -34,6 +35,7 @@ class WorkerState(str, Enum):
 
 
 ACTIVE = (WorkerState.PENDING, WorkerState.STARTING, WorkerState.RUNNING)
+EXIT_PREEMPTED = 75  # worker/cli.py: stopped on SIGTERM after saving a checkpoint
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ def classify(probe: Mapping[str, Any] | None) -> Classification:
         code = exit_record.get("returncode")
         if code == 0:
             return Classification(WorkerState.SUCCEEDED)
+        if code == EXIT_PREEMPTED:
+            return Classification(WorkerState.STOPPED, "preempted: saved a checkpoint and exited")
         if stop_requested:
             return Classification(WorkerState.STOPPED, "stopped by orchestrate down")
         how = f"killed by {exit_record['signal']}" if exit_record.get("signal") else f"exit {code}"

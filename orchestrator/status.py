@@ -8,7 +8,7 @@ from typing import Any
 from orchestrator.connect import MachineKey, Machines, machine_key
 from orchestrator.errors import HostError
 from orchestrator.fanout import fan_out
-from orchestrator.runstore import RunRecord, WorkerRecord
+from orchestrator.runstore import Restart, RunRecord, WorkerRecord
 from orchestrator.state import WorkerState, classify, overall
 
 
@@ -30,6 +30,7 @@ class WorkerStatus:
     cpu_percent: float | None
     rss_bytes: int | None
     exit_code: int | None
+    finished_at: float | None
     log_tail: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
@@ -44,12 +45,20 @@ class RunStatus:
     job: str
     state: WorkerState
     workers: tuple[WorkerStatus, ...]
+    attempt: int = 0
+    restarts: tuple[Restart, ...] = ()
+    outcome: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        last = self.restarts[-1] if self.restarts else None
         return {
             "run_id": self.run_id,
             "job": self.job,
             "state": self.state.value,
+            "attempt": self.attempt,
+            "restarts": len(self.restarts),
+            "last_restart": last.__dict__ if last else None,
+            "outcome": self.outcome,
             "workers": [w.to_json() for w in self.workers],
         }
 
@@ -83,6 +92,7 @@ def worker_status(
         cpu_percent=usage.get("cpu_percent") if alive else None,
         rss_bytes=usage.get("rss_bytes") if alive else None,
         exit_code=exit_record.get("returncode"),
+        finished_at=exit_record.get("finished_at"),
         log_tail=tuple(exit_record.get("log_tail") or ()),
     )
 
@@ -112,6 +122,9 @@ def collect_status(record: RunRecord, machines: Machines) -> RunStatus:
     return RunStatus(
         run_id=record.run_id,
         job=record.job_name,
+        attempt=record.attempt,
+        restarts=record.restarts,
+        outcome=record.outcome,
         state=overall(s.state for s in statuses),
         workers=tuple(statuses),
     )

@@ -53,6 +53,7 @@ def make_job(
           script: train.py
           args: {args}
           env: {{STEPS: {steps}, DELAY: {delay}, FAIL_WORKER: '{fail}'}}
+          restart_backoff: 0
         """)
     )
     return inventory
@@ -84,10 +85,17 @@ def test_failed_worker_fails_the_job_with_a_report(cli: Cli, reaper: list[str]) 
     result = cli("up", "inv.yaml")
     reaper.append(cli.record()["run_id"])
     assert result.returncode == 1
-    assert "worker beta (index 1) failed at step 5: exit 1: boom: beta" in result.stderr
+    # Restarted once; the same failure at the same step again ends the run.
+    assert "failed the same way at the same step twice in a row" in result.stderr
+    assert "first failure: worker beta at step 5: exit 1: boom: beta" in result.stderr
     assert "Traceback" not in result.stderr
-    states = {w["name"]: w["state"] for w in cli.status()["workers"]}
-    assert states == {"alpha": "succeeded", "beta": "failed"}
+    status = cli.status()
+    assert {w["name"]: w["state"] for w in status["workers"]} == {
+        "alpha": "succeeded",
+        "beta": "failed",
+    }
+    assert status["restarts"] == 1 and status["attempt"] == 1
+    assert status["outcome"].startswith("gave up: beta at step 5: exit 1: boom: beta")
 
 
 def test_inventory_values_reach_the_worker_verbatim(cli: Cli, reaper: list[str]) -> None:

@@ -53,3 +53,8 @@ def test_overall() -> None:
     assert overall([S.STOPPED, S.SUCCEEDED]) is S.STOPPED
     assert overall([S.RUNNING, S.UNKNOWN]) is S.UNKNOWN
     assert overall([]) is S.UNKNOWN
+
+
+def test_preempted_worker_is_stopped_not_failed() -> None:
+    verdict = classify(probe(exit={"returncode": 75}))
+    assert verdict.state is S.STOPPED and "preempted" in (verdict.reason or "")

@@ -41,7 +41,7 @@ def test_index_out_of_range() -> None:
 def test_plan_paths_command_and_env() -> None:
     specs = plan_workers(inventory(), "r1", {"a": "/home/u/orchestrate", "b": "/data", "c": "/c"})
     a, b, _ = specs
-    assert a.run_dir == "/home/u/orchestrate/demo/runs/r1/a"
+    assert a.run_dir == "/home/u/orchestrate/demo/runs/r1/attempt-0/a"
     assert b.checkpoint_dir == "/data/demo/checkpoints"
     assert a.argv[:5] == ("python3", "-m", "worker", "--task", "pkg.mod:task")
     assert a.argv[a.argv.index("--checkpoint-dir") + 1] == "/home/u/orchestrate/demo/checkpoints"
@@ -53,12 +53,20 @@ def test_plan_paths_command_and_env() -> None:
     assert "TF_CONFIG" not in a.env
 
 
+def test_each_attempt_gets_fresh_run_directories() -> None:
+    workdirs = {"a": "/w", "b": "/w", "c": "/w"}
+    first = plan_workers(inventory(), "r", workdirs)[0]
+    second = plan_workers(inventory(), "r", workdirs, attempt=1)[0]
+    assert second.run_dir == "/w/demo/runs/r/attempt-1/a" != first.run_dir
+    assert second.tf_config == first.tf_config and second.checkpoint_dir == first.checkpoint_dir
+
+
 def test_script_job_and_absolute_checkpoint_dir() -> None:
     job = Job(name="s", script="/inv/train.py", args=("--lr", "0.1"), checkpoint_dir="/shared/ck")
     a = plan_workers(inventory(job), "r", {"a": "/w", "b": "/w", "c": "/w"})[0]
     # An SSH host runs the uploaded copy of the script from its run directory.
-    assert a.argv == ("python3", "/w/s/runs/r/a/train.py", "--lr", "0.1")
-    assert a.uploads == (("/inv/train.py", "/w/s/runs/r/a/train.py"),)
+    assert a.argv == ("python3", "/w/s/runs/r/attempt-0/a/train.py", "--lr", "0.1")
+    assert a.uploads == (("/inv/train.py", "/w/s/runs/r/attempt-0/a/train.py"),)
     assert a.checkpoint_dir == "/shared/ck" and a.env["ORCHESTRATE_CHECKPOINT_DIR"] == "/shared/ck"
 
 
@@ -76,7 +84,7 @@ def test_ssh_workers_get_script_and_files_uploaded() -> None:
     job = Job(name="s", script="/inv/train.py", files=("/inv/data", "/inv/lib/util.py"))
     a = plan_workers(inventory(job), "r", {"a": "/w", "b": "/w", "c": "/w"})[0]
     assert [remote for _, remote in a.uploads] == [
-        "/w/s/runs/r/a/train.py",
-        "/w/s/runs/r/a/data",
-        "/w/s/runs/r/a/util.py",
+        "/w/s/runs/r/attempt-0/a/train.py",
+        "/w/s/runs/r/attempt-0/a/data",
+        "/w/s/runs/r/attempt-0/a/util.py",
     ]
