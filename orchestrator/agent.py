@@ -14,6 +14,7 @@ Verbs:
   stop --grace S RUN_DIR... SIGTERM each run's process group, SIGKILL what is left after S seconds
   checkpoint DIR            the latest TensorFlow checkpoint in DIR: its name and files with sizes
   adopt-checkpoint DIR NAME make NAME (files already copied into DIR) the latest checkpoint of DIR
+  files DIR                 every file under DIR with its size and modification time
 
 Files in a run directory:
   spec.json  tf_config.json  agent.py  pid (supervisor = process group)  worker.pid
@@ -157,8 +158,8 @@ def _record_exit(run_dir, returncode, started, error):
         except ValueError:
             signal_name = f"signal {-returncode}"
     tail = _log_tail(run_dir)
-    if error is None and returncode != 0 and tail:
-        error = tail[-1]
+    if error is None and returncode > 0 and tail:
+        error = tail[-1]  # usually the exception line; after a signal it would be noise
     record = {
         "returncode": returncode,
         "signal": signal_name,
@@ -268,6 +269,8 @@ def cmd_stop(args):
                 handle.write(str(time.time()))
             groups[run_dir] = pid
             _signal_group(pid, signal.SIGTERM)
+            # A stopped (SIGSTOP) process would hold SIGTERM pending until the grace runs out.
+            _signal_group(pid, signal.SIGCONT)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(_process_group_members(g) for g in groups.values()):
         time.sleep(0.1)
@@ -321,7 +324,20 @@ def cmd_adopt_checkpoint(args):
     return {"directory": directory, "latest": name}
 
 
+def cmd_files(args):
+    root = _expand(args[0])
+    found = {}
+    for directory, _dirs, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            with contextlib.suppress(OSError):
+                stat = os.stat(path)
+                found[os.path.relpath(path, root)] = [stat.st_size, stat.st_mtime]
+    return {"root": root, "files": found}
+
+
 VERBS = {
+    "files": cmd_files,
     "checkpoint": cmd_checkpoint,
     "adopt-checkpoint": cmd_adopt_checkpoint,
     "info": cmd_info,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from orchestrator import __version__
 from orchestrator.connect import Machines
 from orchestrator.errors import (
     JobFailed,
+    MissingTool,
     OrchestrateError,
     PartialFailure,
     PreflightFailed,
@@ -53,6 +55,7 @@ from orchestrator.runstore import DEFAULT_STATE_DIR, RunRecord, RunStore
 from orchestrator.state import WorkerState
 from orchestrator.status import RunStatus, collect_status
 from orchestrator.supervise import Supervisor, SupervisorLock, refuse_if_active, stop_flag
+from orchestrator.tensorboard import local_event_dir, pull_events
 
 # Piped output is read by people too (CI logs, `| less`): give tables room instead of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -511,6 +514,60 @@ def _report_saved(final: RunStatus, report: StopReport) -> None:
     steps = {w.checkpoint_step for w in final.workers}
     errors.print(f"saved a checkpoint at step {max(s for s in steps if s is not None)}"
                  if steps - {None} else "no checkpoint was saved")  # fmt: skip
+
+
+@cli.command()
+@click.option("--port", default=6006, show_default=True, help="TensorBoard's port on this machine.")
+@click.option(
+    "--refresh",
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How often a remote chief's new event files are pulled.",
+)
+@run_option
+@pass_context
+def tensorboard(context: Context, port: int, refresh: float, run_id: str | None) -> None:
+    """Start TensorBoard on the run's event files and print its URL; Ctrl-C stops it.
+
+    The chief writes the events beside its checkpoints. A remote chief's files are pulled over
+    SSH into the state directory and refreshed while TensorBoard runs, so no port has to be
+    opened on the hosts. Needs TensorBoard on this machine (pip install tensorboard).
+    """
+    if importlib.util.find_spec("tensorboard") is None:
+        raise MissingTool(
+            "TensorBoard is not installed for this Python",
+            hint="pip install tensorboard (or 'orchestrate[worker]')",
+        )
+    record = context.store.load(run_id)
+    logdir = local_event_dir(record, context.store)
+    with Machines() as machines:
+        pulled = pull_events(record, machines, logdir)
+        if pulled:
+            errors.print(f"pulled {pulled} event file(s) from {record.workers[0].name}")
+        server_log = context.store.root / "tensorboard.log"
+        server_log.parent.mkdir(parents=True, exist_ok=True)
+        with server_log.open("w") as log:  # a file, not a pipe: a full pipe would stall it
+            server = subprocess.Popen(
+                [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
+                 "--port", str(port), "--host", "127.0.0.1"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        click.echo(f"TensorBoard for run {record.run_id}: http://127.0.0.1:{port}/ ({logdir})")
+        try:
+            while server.poll() is None:
+                time.sleep(refresh if record.workers[0].host.connection != "local" else 1.0)
+                pull_events(record, machines, logdir)
+        except KeyboardInterrupt:
+            server.terminate()
+            server.wait(timeout=15)
+            errors.print("TensorBoard stopped")
+            return
+    last = server_log.read_text().strip().splitlines()[-1:] or ["no output"]
+    raise MissingTool(
+        f"TensorBoard exited {server.returncode}: {last[0]}",
+        hint=f"is port {port} free? try --port; its log is {server_log}",
+    )
 
 
 class StoppedWatching(OrchestrateError):

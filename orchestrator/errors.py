@@ -87,6 +87,12 @@ class PreflightFailed(OrchestrateError):
     exit_code = 5
 
 
+class MissingTool(OrchestrateError):
+    """A program this command needs is missing or would not start."""
+
+    exit_code = 2
+
+
 class PartialFailure(OrchestrateError):
     """An action reached some hosts but not all of them."""
 

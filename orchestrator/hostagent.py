@@ -63,5 +63,8 @@ class HostAgent:
         """One of hostprobe.py's verbs: inspect, connect, cleanup."""
         return dict(self._call(verb, json.dumps(spec), timeout=timeout, program="hostprobe.py"))
 
+    def files(self, directory: str) -> dict[str, Any]:
+        return dict(self._call("files", directory, timeout=60))
+
     def stop(self, run_dirs: list[str], grace: float) -> dict[str, Any]:
         return dict(self._call("stop", "--grace", str(grace), *run_dirs, timeout=grace + 30))

@@ -44,6 +44,18 @@ class Host:
     ssh_known_hosts: str | None = None
     ssh_host_key_policy: Literal["strict", "accept-new"] = "strict"
     ssh_connect_timeout: float = 10.0
+    # GPU settings, applied by the built-in loop before the strategy is created.
+    gpu_memory_growth: bool = False
+    gpu_memory_limit_mb: int | None = None
+    visible_gpus: tuple[int, ...] | None = None
+    logical_gpus: int | None = None
+
+    @property
+    def gpu_settings(self) -> bool:
+        return (
+            bool(self.gpu_memory_growth or self.gpu_memory_limit_mb or self.logical_gpus)
+            or self.visible_gpus is not None
+        )
 
     @property
     def endpoint(self) -> str:
@@ -73,6 +85,8 @@ class Job:
     max_restarts: int = 3
     restart_backoff: int = 5  # seconds before the first restart, doubling after each
     permanent_exit_codes: tuple[int, ...] = (2,)  # 2: the worker's usage errors never heal
+    strategy: Literal["multi-worker", "mirrored"] = "multi-worker"
+    profile_steps: tuple[int, int] | None = None  # chief traces steps [start, end] for TensorBoard
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,8 @@ class Inventory:
     base_dir: str
     hosts: tuple[Host, ...]
     job: Job
+    # Hosts that replace a host found dead when the cluster is restarted (in order).
+    spares: tuple[Host, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,6 +148,29 @@ def _choice(*options: str) -> Checker:
     return check
 
 
+def _boolean(value: Any) -> Checked:
+    if isinstance(value, bool):
+        return value, None
+    return None, f"expected true or false, got {_describe(value)}"
+
+
+def _integers(low: int, length: int | None = None) -> Checker:
+    """A list of integers of at least `low` (exactly `length` of them, when given)."""
+
+    def check(value: Any) -> Checked:
+        wanted = f"a list of {length} " if length else "a list of "
+        expected = f"expected {wanted}integers of at least {low}, got {_describe(value)}"
+        if not isinstance(value, list) or (length is not None and len(value) != length):
+            return None, expected
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in value):
+            return None, expected + f" ({list(value)})"
+        if len(set(value)) != len(value):
+            return None, f"expected distinct integers, got {list(value)}"
+        return tuple(value), None
+
+    return check
+
+
 def _name(value: Any) -> Checked:
     if isinstance(value, str) and NAME_PATTERN.match(value):
         return value, None
@@ -163,6 +202,10 @@ HOST_KEYS: dict[str, Checker] = {
     "ssh_known_hosts": _string,
     "ssh_host_key_policy": _choice("strict", "accept-new"),
     "ssh_connect_timeout": _integer(1, 600),
+    "gpu_memory_growth": _boolean,
+    "gpu_memory_limit_mb": _integer(1),
+    "visible_gpus": _integers(0),
+    "logical_gpus": _integer(1),
 }
 CONTROLLER_PATHS = ("ssh_key", "ssh_known_hosts")
 PER_HOST_ONLY = ("name", "address")
@@ -184,8 +227,10 @@ JOB_KEYS: dict[str, Checker] = {
     "max_restarts": _integer(0),
     "restart_backoff": _integer(0, 3600),
     "permanent_exit_codes": _integer(1, 255),  # checked per item
+    "strategy": _choice("multi-worker", "mirrored"),
+    "profile_steps": _integers(1, length=2),
 }
-TOP_KEYS = ("defaults", "hosts", "job")
+TOP_KEYS = ("defaults", "hosts", "spares", "job")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,33 +304,79 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
     for key in PER_HOST_ONLY:
         if key in defaults:
             report.add(_line(defaults, key), f"defaults.{key}", "must be set on each host")
-    hosts = _parse_hosts(document, defaults, report, base_dir)
+    placed = _parse_hosts(document, defaults, report, base_dir)
+    spares = _parse_hosts(document, defaults, report, base_dir, key="spares")
+    _check_unique_hosts(placed + spares, report)
+    hosts = [host for _, _, host in placed]
     job = _parse_job(document, report, stem, base_dir)
+    if job is not None:
+        _check_job_fits_hosts(job, hosts, document, report)
     if job is None or report.problems:
         return None
-    return Inventory(path=report.path, base_dir=str(base_dir), hosts=tuple(hosts), job=job)
+    return Inventory(
+        path=report.path,
+        base_dir=str(base_dir),
+        hosts=tuple(hosts),
+        job=job,
+        spares=tuple(host for _, _, host in spares),
+    )
 
 
-def _parse_hosts(document: LineMap, defaults: LineMap, report: _Report, base: Path) -> list[Host]:
-    entries = document.get("hosts")
-    if "hosts" not in document:
-        report.add(document.line, "hosts", "missing; list at least one host")
+def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report: _Report) -> None:
+    block = document["job"]
+    if job.strategy == "mirrored" and len(hosts) > 1:
+        report.add(
+            _line(block, "strategy"),
+            "job.strategy",
+            f"mirrored runs on one host, but {len(hosts)} hosts are listed; "
+            "use multi-worker for several hosts",
+        )
+    if job.profile_steps and job.profile_steps[0] >= job.profile_steps[1]:
+        report.add(
+            _line(block, "profile_steps"),
+            "job.profile_steps",
+            f"expected [start, end] with start < end, got {list(job.profile_steps)}",
+        )
+    if job.script is not None:
+        for host in hosts:
+            if host.gpu_memory_growth or host.gpu_memory_limit_mb or host.logical_gpus:
+                report.add(
+                    None,
+                    f"hosts.{host.name}",
+                    "GPU memory settings apply to the built-in loop (job.task); "
+                    "a script sets them itself",
+                )
+        for key in ("strategy", "profile_steps"):
+            if key in block:
+                report.add(_line(block, key), f"job.{key}", "applies to job.task only")
+
+
+Placed = tuple[str, int | None, Host]  # where in the file ("hosts[1]"), its line, the host
+
+
+def _parse_hosts(
+    document: LineMap, defaults: LineMap, report: _Report, base: Path, key: str = "hosts"
+) -> list[Placed]:
+    """The `hosts:` list (required, non-empty) or the `spares:` list (optional)."""
+    entries = document.get(key)
+    if key not in document:
+        if key == "hosts":
+            report.add(document.line, "hosts", "missing; list at least one host")
         return []
-    if not isinstance(entries, LineList) or not entries:
-        report.add(_line(document, "hosts"), "hosts", "expected a non-empty list of hosts")
+    if not isinstance(entries, LineList) or (key == "hosts" and not entries):
+        report.add(_line(document, key), key, f"expected a non-empty list of {key}")
         return []
-    hosts: list[Host] = []
+    placed: list[Placed] = []
     for index, entry in enumerate(entries):
-        where = f"hosts[{index}]"
+        where = f"{key}[{index}]"
         if not isinstance(entry, LineMap):
             report.add(entries.item_lines[index], where, f"expected a mapping, got {entry!r}")
             continue
         report.unknown_keys(entry, HOST_KEYS, where)
         host = _parse_host(entry, defaults, report, where, base)
         if host is not None:
-            hosts.append(host)
-    _check_unique_hosts(hosts, entries, report)
-    return hosts
+            placed.append((where, entries.item_lines[index], host))
+    return placed
 
 
 def _parse_host(
@@ -309,6 +400,9 @@ def _parse_host(
                 entry.line, f"{where}.{key}", "missing; every host needs name, address, port"
             )
             ok = False
+    for key, message in gpu_problems(values):
+        report.add(_line(entry if key in entry else defaults, key), f"{where}.{key}", message)
+        ok = False
     if not ok:
         return None
     if values.get("connection", "ssh") == "local":
@@ -328,6 +422,19 @@ def _parse_host(
     return Host(**values)
 
 
+def gpu_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
+    """Combinations TensorFlow refuses: memory growth cannot be mixed with virtual devices."""
+    problems = []
+    growth = values.get("gpu_memory_growth")
+    if growth and values.get("gpu_memory_limit_mb"):
+        problems.append(("gpu_memory_growth", "cannot be combined with gpu_memory_limit_mb"))
+    if growth and values.get("logical_gpus"):
+        problems.append(("gpu_memory_growth", "cannot be combined with logical_gpus"))
+    if values.get("logical_gpus") and not values.get("gpu_memory_limit_mb"):
+        problems.append(("logical_gpus", "needs gpu_memory_limit_mb: the size of each part"))
+    return problems
+
+
 def _controller_path(value: str, base: Path) -> Path:
     """Paths on this machine are relative to the inventory file, like docker-compose's."""
     path = Path(value).expanduser()
@@ -343,29 +450,28 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def _check_unique_hosts(hosts: list[Host], entries: LineList, report: _Report) -> None:
-    seen_names: dict[str, int] = {}
-    seen_endpoints: dict[tuple[str, int], int] = {}
-    for index, host in enumerate(hosts):
-        line = entries.item_lines[index] if index < len(entries.item_lines) else None
+def _check_unique_hosts(placed: list[Placed], report: _Report) -> None:
+    seen_names: dict[str, str] = {}
+    seen_endpoints: dict[tuple[str, int], str] = {}
+    for where, line, host in placed:
         if host.name in seen_names:
             report.add(
                 line,
-                f"hosts[{index}].name",
-                f"'{host.name}' is already used by "
-                f"hosts[{seen_names[host.name]}]; host names must be unique",
+                f"{where}.name",
+                f"'{host.name}' is already used by {seen_names[host.name]}; "
+                "host names must be unique",
             )
-        seen_names.setdefault(host.name, index)
+        seen_names.setdefault(host.name, where)
         address = "127.0.0.1" if is_loopback(host.address) else host.address
         endpoint = (address, host.port)
         if endpoint in seen_endpoints:
             report.add(
                 line,
-                f"hosts[{index}].port",
-                f"{host.endpoint} is already used by "
-                f"hosts[{seen_endpoints[endpoint]}]; two workers cannot share a port",
+                f"{where}.port",
+                f"{host.endpoint} is already used by {seen_endpoints[endpoint]}; "
+                "two workers cannot share a port",
             )
-        seen_endpoints.setdefault(endpoint, index)
+        seen_endpoints.setdefault(endpoint, where)
 
 
 def _parse_job(document: LineMap, report: _Report, stem: str, base: Path) -> Job | None:

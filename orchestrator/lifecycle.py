@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from orchestrator.checkpoints import spread_latest_checkpoint
+from orchestrator.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.connect import MachineKey, Machines, machine_key
 from orchestrator.errors import HostError, HostErrors
 from orchestrator.fanout import fan_out, successes
@@ -61,11 +61,13 @@ def launch_attempt(
     inventory = record.inventory
     workdirs = resolve_workdirs(inventory, machines)
     specs = plan_workers(inventory, record.run_id, workdirs, record.attempt)
-    spread = spread_latest_checkpoint(specs, machines)
+    mirror = Mirror(store.mirror_path(record.run_id))
+    spread = spread_latest_checkpoint(specs, machines, mirror)
     if spread.name:
         copied = f"copied to {', '.join(spread.copied_to)}" if spread.copied_to else "on every host"
         size = f"{spread.size_bytes / 2**20:.1f} MiB"
-        say(f"resuming from checkpoint {spread.name} ({size}), {copied}")
+        origin = " (from this machine's copy)" if spread.source == "mirror" else ""
+        say(f"resuming from checkpoint {spread.name}{origin} ({size}), {copied}")
     record = replace(record, workers=tuple(_record(spec) for spec in specs))
     store.save(record)  # before launching: a half-started run can still be found and stopped
 

@@ -72,6 +72,24 @@ def uploads(job: Job, host: Host, run_dir: str) -> tuple[tuple[str, str], ...]:
     return tuple((path, posixpath.join(run_dir, posixpath.basename(path))) for path in local)
 
 
+def device_flags(job: Job, host: Host) -> tuple[str, ...]:
+    """The built-in loop's flags for the host's GPU settings, strategy and profiling window."""
+    flags: list[str] = []
+    if host.gpu_memory_growth:
+        flags.append("--gpu-memory-growth")
+    if host.gpu_memory_limit_mb:
+        flags += ["--gpu-memory-limit-mb", str(host.gpu_memory_limit_mb)]
+    if host.visible_gpus is not None:
+        flags += ["--visible-gpus", ",".join(map(str, host.visible_gpus))]
+    if host.logical_gpus:
+        flags += ["--logical-gpus", str(host.logical_gpus)]
+    if job.strategy != "multi-worker":
+        flags += ["--strategy", job.strategy]
+    if job.profile_steps:
+        flags += ["--profile-steps", *map(str, job.profile_steps)]
+    return tuple(flags)
+
+
 def worker_argv(job: Job, host: Host, run_dir: str, checkpoints: str) -> tuple[str, ...]:
     python = host.python
     if job.script is not None:
@@ -89,6 +107,7 @@ def worker_argv(job: Job, host: Host, run_dir: str, checkpoints: str) -> tuple[s
         "--max-to-keep", str(job.max_to_keep),
         "--batch-size", str(job.batch_size),
         "--log-every", str(job.log_every),
+        *device_flags(job, host),
         *job.args,
     )  # fmt: skip
 
@@ -113,6 +132,8 @@ def plan_workers(
             "ORCHESTRATE_PROGRESS_FILE": posixpath.join(run_dir, "progress.json"),
             "ORCHESTRATE_CHECKPOINT_DIR": checkpoints,
         }
+        if inventory.job.script is not None and host.visible_gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.visible_gpus))
         # Local workers start where the inventory is, so a task module beside it imports.
         cwd = inventory.base_dir if host.connection == "local" else run_dir
         specs.append(

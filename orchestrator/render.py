@@ -40,6 +40,11 @@ def number(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}g}"
 
 
+def devices(names: tuple[str, ...]) -> str:
+    """ "/device:GPU:0" → "GPU:0"; the worker lists only its own devices."""
+    return ", ".join(name.removeprefix("/device:") for name in names) or "-"
+
+
 def step_text(worker: WorkerStatus) -> str:
     if worker.step is None:
         return "-"
@@ -61,6 +66,7 @@ def status_table(status: RunStatus) -> Table:
         table.add_column(column, justify="right" if column in ("#", "pid", "step") else "left")
     for column in ("steps/s", "uptime", "cpu%", "mem"):
         table.add_column(column, justify="right")
+    table.add_column("devices")
     for w in status.workers:
         table.add_row(
             w.name,
@@ -76,6 +82,7 @@ def status_table(status: RunStatus) -> Table:
             duration(w.uptime),
             number(w.cpu_percent, 3),
             size(w.rss_bytes),
+            devices(w.devices),
         )
     return table
 

@@ -71,7 +71,7 @@ class RunRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunRecord:
         workers = tuple(
-            WorkerRecord(**{**worker, "host": Host(**worker["host"])}) for worker in data["workers"]
+            WorkerRecord(**{**worker, "host": _host(worker["host"])}) for worker in data["workers"]
         )
         return cls(
             **{
@@ -83,14 +83,20 @@ class RunRecord:
         )
 
 
+def _host(data: dict[str, Any]) -> Host:
+    # JSON turns tuples into lists; the frozen dataclasses want them back (and hashable).
+    return Host(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
 def _inventory(data: dict[str, Any]) -> Inventory:
     # JSON turns tuples into lists; the frozen dataclasses want them back.
     job = {k: tuple(v) if isinstance(v, list) else v for k, v in data["job"].items()}
     return Inventory(
         path=data["path"],
         base_dir=data["base_dir"],
-        hosts=tuple(Host(**h) for h in data["hosts"]),
+        hosts=tuple(_host(h) for h in data["hosts"]),
         job=Job(**job),
+        spares=tuple(_host(h) for h in data.get("spares", ())),
     )
 
 
@@ -106,6 +112,10 @@ class RunStore:
 
     def log_path(self, run_id: str) -> Path:
         return self.root / "runs" / f"{run_id}.log"
+
+    def mirror_path(self, run_id: str) -> Path:
+        """Where a supervised run's latest remote checkpoint is mirrored."""
+        return self.root / "checkpoints" / run_id
 
     def save(self, record: RunRecord) -> None:
         path = self._run_path(record.run_id)

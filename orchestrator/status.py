@@ -31,6 +31,7 @@ class WorkerStatus:
     rss_bytes: int | None
     exit_code: int | None
     finished_at: float | None
+    devices: tuple[str, ...]
     log_tail: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
@@ -93,6 +94,7 @@ def worker_status(
         rss_bytes=usage.get("rss_bytes") if alive else None,
         exit_code=exit_record.get("returncode"),
         finished_at=exit_record.get("finished_at"),
+        devices=tuple(progress.get("devices") or ()),
         log_tail=tuple(exit_record.get("log_tail") or ()),
     )
 

@@ -19,8 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from orchestrator.checkpoints import Mirror
 from orchestrator.connect import Machines
-from orchestrator.errors import HostErrors, JobFailed, OrchestrateError, RunStateError
+from orchestrator.errors import ConnectError, HostErrors, JobFailed, OrchestrateError, RunStateError
+from orchestrator.fanout import fan_out
 from orchestrator.inventory import Job
 from orchestrator.lifecycle import launch_attempt, stop_run
 from orchestrator.logs import last_lines
@@ -176,6 +178,8 @@ class Supervisor:
         self.say = say
         self.interval = interval
         self.watch = StallWatch(record.inventory.job.stall_timeout)
+        self.mirror = Mirror(store.mirror_path(record.run_id))
+        self._mirrored_step = -1
 
     def run(self) -> RunStatus:
         """Supervise until the run succeeds, is stopped, or fails for good (JobFailed)."""
@@ -186,6 +190,7 @@ class Supervisor:
                 return status
             if stop_flag(self.store, self.record.run_id).exists():
                 return status  # `down` is stopping the run; it is not a failure
+            self._mirror_new_checkpoint(status)
             failure = first_failure(status) or self.watch.check(status, time.monotonic())
             if failure is not None:
                 self._recover(failure)
@@ -218,6 +223,7 @@ class Supervisor:
         self.record = replace(self.record, attempt=self.record.attempt + 1,
                               restarts=(*restarts, restart))  # fmt: skip
         try:
+            self._replace_dead_hosts()
             self.record = launch_attempt(self.record, self.store, self.machines, self.say)
         except (HostErrors, OrchestrateError) as error:
             raise JobFailed(
@@ -225,6 +231,43 @@ class Supervisor:
                 hint=error.hint,
             ) from error
         self.watch.reset()
+
+    def _mirror_new_checkpoint(self, status: RunStatus) -> None:
+        """Keep a remote chief's newest checkpoint on this machine too: if its host is lost,
+        the run resumes from here."""
+        chief = self.record.workers[0]
+        step = status.workers[0].checkpoint_step
+        if chief.host.connection == "local" or step is None or step <= self._mirrored_step:
+            return
+        try:
+            if self.mirror.update(chief.host, chief.checkpoint_dir, self.machines):
+                self.say(f"copied checkpoint at step {step} from {chief.name} to this machine")
+            self._mirrored_step = step
+        except OrchestrateError as error:
+            self.say(f"could not copy {chief.name}'s checkpoint: {error.message}")
+
+    def _replace_dead_hosts(self) -> None:
+        """Hosts that do not answer are replaced by spares, in order, before a restart."""
+        inventory = self.record.inventory
+        answers = fan_out(
+            range(len(inventory.hosts)), lambda i: self.machines.agent(inventory.hosts[i]).info()
+        )
+        hosts, spares = list(inventory.hosts), list(inventory.spares)
+        for index, answer in answers.items():
+            if not isinstance(answer, ConnectError):
+                continue
+            if not spares:
+                raise JobFailed(
+                    f"host {hosts[index].name} does not answer ({answer.message}) and no spare "
+                    "host is left to replace it",
+                    hint="list replacement hosts under 'spares:' in the inventory, or bring the "
+                    "host back and run 'orchestrate up' again to resume from the checkpoint",
+                )
+            spare = spares.pop(0)
+            self.say(f"{hosts[index].name} does not answer; spare {spare.name} takes its place")
+            hosts[index] = spare
+        new_inventory = replace(inventory, hosts=tuple(hosts), spares=tuple(spares))
+        self.record = replace(self.record, inventory=new_inventory)
 
     def _log_tail(self, name: str) -> tuple[str, ...]:
         workers = [w for w in self.record.workers if w.name == name]
@@ -238,7 +281,7 @@ def root_cause(failure: Failure, log_tail: tuple[str, ...], why: str, restarts: 
     step = f"at step {failure.step}" if failure.step is not None else "before its first step"
     lines = [
         f"the run failed for good after {restarts} restart(s) because {why}.",
-        f"first failure: worker {failure.worker} {step}: {failure.reason}",
+        f"the worker that failed first: {failure.worker} {step}: {failure.reason}",
     ]
     if log_tail:
         lines.append(f"last lines of {failure.worker}'s log:")

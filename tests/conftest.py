@@ -61,6 +61,18 @@ class Cli:
     def status(self) -> dict[str, Any]:
         return json.loads(self("status", "--json", check=True).stdout)
 
+    def status_when(self, predicate: Callable[[dict[str, Any]], bool], timeout: float) -> Any:
+        """Poll `status --json` (the run may not be recorded yet) until predicate holds."""
+
+        def poll() -> dict[str, Any] | None:
+            result = self("status", "--json")
+            if result.returncode != 0:
+                return None
+            status = json.loads(result.stdout)
+            return status if predicate(status) else None
+
+        return wait_for(poll, timeout=timeout, interval=0.1)
+
     def record(self) -> dict[str, Any]:
         state = self.cwd / ".orchestrate"
         run_id = (state / "current").read_text().strip()
@@ -118,3 +130,31 @@ def reaper() -> Iterator[list[str]]:
     for run_id in run_ids:
         for process in run_processes(run_id):
             process.kill()
+
+
+def serve_tensorboard(cli: Cli, port: int) -> dict[str, Any]:
+    """Run `orchestrate tensorboard`, fetch its scalar and image tags over HTTP, stop it with
+    Ctrl-C (SIGINT) and check it exits cleanly."""
+    import signal
+    import urllib.request
+
+    server = cli.popen("tensorboard", "--port", str(port), "--refresh", "1")
+
+    def fetch(plugin: str) -> dict[str, Any] | None:
+        url = f"http://127.0.0.1:{port}/data/plugin/{plugin}/tags"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                tags = json.loads(answer.read())
+        except OSError:
+            return None
+        return tags if tags.get(".") else None
+
+    try:
+        scalars = wait_for(lambda: fetch("scalars"), timeout=60, interval=0.5)
+        images = fetch("images")
+    finally:
+        server.send_signal(signal.SIGINT)
+        out, err = server.communicate(timeout=30)
+    assert server.returncode == 0, err
+    assert "TensorBoard stopped" in err and f"http://127.0.0.1:{port}/" in out
+    return {"scalars": scalars["."], "images": (images or {}).get(".", {}), "stdout": out}

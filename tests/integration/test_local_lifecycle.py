@@ -87,7 +87,7 @@ def test_failed_worker_fails_the_job_with_a_report(cli: Cli, reaper: list[str]) 
     assert result.returncode == 1
     # Restarted once; the same failure at the same step again ends the run.
     assert "failed the same way at the same step twice in a row" in result.stderr
-    assert "first failure: worker beta at step 5: exit 1: boom: beta" in result.stderr
+    assert "the worker that failed first: beta at step 5: exit 1: boom: beta" in result.stderr
     assert "Traceback" not in result.stderr
     status = cli.status()
     assert {w["name"]: w["state"] for w in status["workers"]} == {

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from tests.conftest import Cli, free_ports, run_processes, wait_for
+from tests.conftest import Cli, free_ports, run_processes, serve_tensorboard, wait_for
 
 pytestmark = pytest.mark.tf
 
@@ -65,6 +65,12 @@ def test_two_workers_train_then_resume(cli: Cli, reaper: list[str]) -> None:
     resumed = cli.status()
     assert [w["step"] for w in resumed["workers"]] == [80, 80]
     assert resumed["workers"][0]["loss"] < first_loss  # it kept learning, not restarting
+
+    # TensorBoard on the chief's events, read in place; Ctrl-C stops it and leaves nothing.
+    served = serve_tensorboard(cli, free_ports(1)[0])
+    assert {"loss", "accuracy", "steps_per_sec", "learning_rate"} <= set(served["scalars"])
+    assert {"inputs/sample", "inputs/grid"} <= set(served["images"])
+    assert "/work/shapes/tensorboard" in served["stdout"]
 
     # Same steps again: already there, finishes at once.
     again = cli("up", "inv.yaml", check=True, timeout=300)

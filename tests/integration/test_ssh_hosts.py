@@ -16,7 +16,7 @@ from tests.cluster.inventories import host_entries
 from tests.cluster.inventories import write_inventory as cluster_inventory
 from tests.cluster.netns import ClusterHost, NamespaceCluster
 from tests.cluster.pytest_support import namespace_cluster_fixture
-from tests.conftest import Cli, wait_for
+from tests.conftest import Cli, free_ports, serve_tensorboard, wait_for
 
 pytestmark = pytest.mark.netns
 
@@ -227,6 +227,11 @@ def test_training_over_ssh_resumes_from_the_chiefs_checkpoint(cli: Cli, cluster:
     for name in ("host1", "host2"):
         assert f"{name} | worker: restored checkpoint at step 40" in logs
     assert [w["step"] for w in cli.status()["workers"]] == [60, 60]
+
+    # The remote chief's event files are pulled to this machine for TensorBoard.
+    served = serve_tensorboard(cli, free_ports(1)[0])
+    assert {"loss", "accuracy"} <= set(served["scalars"])
+    assert str(cli.cwd / ".orchestrate" / "tensorboard" / "shapes") in served["stdout"]
 
     # down in the middle of training: no worker process is left in any namespace.
     write_inventory(cli, cluster, {**job, "steps": 100_000})

@@ -194,3 +194,35 @@ def test_bundled_inventories_load() -> None:
     assert [h.port for h in local.hosts] == [23456, 23457]
     cluster = load_inventory(root / "cluster.example.yaml")
     assert len(cluster.hosts) >= 2 and all(h.connection == "ssh" for h in cluster.hosts)
+
+
+def test_gpu_settings_and_their_invalid_combinations(tmp_path: Path) -> None:
+    good = GOOD.replace(
+        "  workdir: ./work\n",
+        "  workdir: ./work\n  gpu_memory_limit_mb: 4096\n  logical_gpus: 2\n"
+        "  visible_gpus: [0, 1]\n",
+    )
+    host = load_inventory(write(tmp_path, good)).hosts[0]
+    assert (host.gpu_memory_limit_mb, host.logical_gpus, host.visible_gpus) == (4096, 2, (0, 1))
+    found = problems_of(
+        tmp_path, good.replace("  logical_gpus: 2\n", "  gpu_memory_growth: true\n")
+    )
+    assert any("hosts[0].gpu_memory_growth: cannot be combined with gpu_memory_limit_mb" in p
+               for p in found)  # fmt: skip
+    found = problems_of(tmp_path, good.replace("  gpu_memory_limit_mb: 4096\n", ""))
+    assert any("hosts[1].logical_gpus: needs gpu_memory_limit_mb" in p for p in found)
+    found = problems_of(tmp_path, good.replace("[0, 1]", "[0, 0]"))
+    assert any("visible_gpus: expected distinct integers, got [0, 0]" in p for p in found)
+    found = problems_of(tmp_path, good.replace("[0, 1]", "[-1]"))
+    assert any("visible_gpus: expected a list of integers of at least 0" in p for p in found)
+
+
+def test_strategy_and_profile_steps(tmp_path: Path) -> None:
+    found = problems_of(tmp_path, GOOD + "  strategy: mirrored\n  profile_steps: [9, 3]\n")
+    assert any(
+        "job.strategy: mirrored runs on one host, but 2 hosts are listed" in p for p in found
+    )
+    assert any("job.profile_steps: expected [start, end] with start < end" in p for p in found)
+    one_host = GOOD.replace("  - name: w1\n    address: 127.0.0.1\n    port: 23457\n", "")
+    job = load_inventory(write(tmp_path, one_host + "  strategy: mirrored\n")).job
+    assert job.strategy == "mirrored"

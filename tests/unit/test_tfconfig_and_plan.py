@@ -88,3 +88,20 @@ def test_ssh_workers_get_script_and_files_uploaded() -> None:
         "/w/s/runs/r/attempt-0/a/data",
         "/w/s/runs/r/attempt-0/a/util.py",
     ]
+
+
+def test_gpu_strategy_and_profile_flags_reach_the_worker() -> None:
+    base = inventory(Job(name="g", task="m:f", steps=10, profile_steps=(5, 8)))
+    hosts = (replace(base.hosts[0], gpu_memory_limit_mb=2048, logical_gpus=2, visible_gpus=(1,)),
+             *base.hosts[1:])  # fmt: skip
+    argv = plan_workers(replace(base, hosts=hosts), "r", {"a": "/w", "b": "/w", "c": "/w"})[0].argv
+    joined = " ".join(argv)
+    assert "--gpu-memory-limit-mb 2048 --visible-gpus 1 --logical-gpus 2" in joined
+    assert "--profile-steps 5 8" in joined and "--strategy" not in joined
+
+
+def test_script_jobs_get_visible_gpus_as_cuda_visible_devices() -> None:
+    base = inventory(Job(name="s", script="/inv/train.py"))
+    hosts = (replace(base.hosts[0], visible_gpus=(0, 2)), *base.hosts[1:])
+    spec = plan_workers(replace(base, hosts=hosts), "r", {"a": "/w", "b": "/w", "c": "/w"})[0]
+    assert spec.env["CUDA_VISIBLE_DEVICES"] == "0,2"

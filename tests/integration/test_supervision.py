@@ -1,0 +1,233 @@
+"""Supervision on real local processes: failures, stalls and restarts, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cli, free_ports, run_processes, wait_for
+
+# A stand-in for a training script: steps with a progress file, a "checkpoint" file that survives
+# restarts, and failure modes chosen through the environment.
+SCRIPT = """\
+import json, os, sys, time
+progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
+ckpt = os.path.join(os.environ["ORCHESTRATE_CHECKPOINT_DIR"], os.environ["ORCHESTRATE_WORKER"])
+os.makedirs(os.path.dirname(ckpt), exist_ok=True)
+start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
+steps = int(os.environ["STEPS"])
+print("start", start, flush=True)
+for step in range(start + 1, steps + 1):
+    time.sleep(float(os.environ.get("DELAY", "0.05")))
+    if os.environ["ORCHESTRATE_WORKER"] == os.environ.get("FAIL_WORKER") and step == 5:
+        if os.environ.get("FAIL_HOW") == "vary":
+            raise SystemExit(f"boom at {time.time()}")
+        if os.environ.get("FAIL_HOW") == "permanent":
+            raise SystemExit(3)
+    with open(ckpt + ".tmp", "w") as f:
+        f.write(str(step))
+    os.replace(ckpt + ".tmp", ckpt)
+    with open(progress + ".tmp", "w") as f:
+        json.dump({"step": step, "target_steps": steps, "checkpoint_step": step}, f)
+    os.replace(progress + ".tmp", progress)
+print("done", flush=True)
+"""
+
+
+def make_job(cli: Cli, job: dict[str, Any], **env: Any) -> Path:
+    (cli.cwd / "train.py").write_text(SCRIPT)
+    ports = free_ports(2)
+    full_job = {
+        "name": "demo",
+        "script": "train.py",
+        "restart_backoff": 0,
+        "env": {"STEPS": 40, "DELAY": 0.05, **env},
+        **job,
+    }
+    path = cli.cwd / "inv.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        defaults: {{connection: local, workdir: ./work}}
+        hosts:
+          - {{name: alpha, address: localhost, port: {ports[0]}}}
+          - {{name: beta, address: localhost, port: {ports[1]}}}
+        job: {json.dumps(full_job)}
+        """)
+    )
+    return path
+
+
+def worker_pid(cli: Cli, name: str) -> int:
+    status = cli.status_when(lambda s: s["state"] == "running", timeout=30)
+    return next(w["pid"] for w in status["workers"] if w["name"] == name)
+
+
+def test_max_restarts_exceeded_ends_with_a_root_cause(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli, {"max_restarts": 2}, FAIL_WORKER="beta", FAIL_HOW="vary")
+    result = cli("up", "--skip-checks", "inv.yaml")
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 1
+    assert "the run failed for good after 2 restart(s) because it used all 2 restarts" in (
+        result.stderr
+    )
+    # The last attempt resumed at step 4 and failed on its first step.
+    assert "the worker that failed first: beta before its first step: exit 1: boom at" in (
+        result.stderr
+    )
+    assert "last lines of beta's log:" in result.stderr
+    assert result.stdout.count("restarting the cluster") == 2
+    status = cli.status()
+    assert status["restarts"] == 2 and status["state"] == "failed"
+
+
+def test_permanent_exit_code_is_not_retried(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli, {"permanent_exit_codes": [3]}, FAIL_WORKER="beta", FAIL_HOW="permanent")
+    result = cli("up", "--skip-checks", "inv.yaml")
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 1
+    assert "after 0 restart(s) because exit code 3 is marked permanent" in result.stderr
+
+
+def test_killed_worker_restarts_the_cluster_which_then_finishes(
+    cli: Cli, reaper: list[str]
+) -> None:
+    make_job(cli, {}, STEPS=60)
+    up = cli.popen("up", "--skip-checks", "inv.yaml")
+    try:
+        os.kill(worker_pid(cli, "beta"), signal.SIGKILL)
+        out, err = up.communicate(timeout=120)
+    finally:
+        up.kill()
+    reaper.append(cli.record()["run_id"])
+    assert up.returncode == 0, err
+    assert "beta" in out and "killed by SIGKILL; restarting the cluster (1/3)" in out
+    assert "succeeded at step 60 after 1 restart(s)" in err
+    status = cli.status()
+    assert status["attempt"] == 1 and status["last_restart"]["worker"] == "beta"
+    # The second attempt resumed from the "checkpoint" instead of starting over.
+    logs = cli("tail", "beta", "-n", "100", check=True).stdout
+    assert "start 0" not in logs
+
+
+def test_stalled_worker_is_detected_and_restarted(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli, {"stall_timeout": 3}, STEPS=80)
+    up = cli.popen("up", "--skip-checks", "inv.yaml")
+    try:
+        frozen = worker_pid(cli, "alpha")
+        os.kill(frozen, signal.SIGSTOP)
+        stopped_at = time.time()
+        out, err = up.communicate(timeout=120)
+    finally:
+        up.kill()
+    reaper.append(cli.record()["run_id"])
+    assert up.returncode == 0, err
+    assert "stalled: no progress for 3 s" in out
+    detected_after = cli.status()["last_restart"]["at"] - stopped_at
+    assert 3 <= detected_after < 3 + 3
+    assert "succeeded at step 80" in err
+
+
+def test_detached_supervisor_restarts_and_attach_follows_to_the_end(
+    cli: Cli, reaper: list[str]
+) -> None:
+    make_job(cli, {}, STEPS=60)
+    started = cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
+    assert "a supervisor (pid" in started.stderr
+    run_id = cli.record()["run_id"]
+    reaper.append(run_id)
+    os.kill(worker_pid(cli, "alpha"), signal.SIGKILL)
+    wait_for(lambda: cli.status()["attempt"] == 1, timeout=30)
+    attached = cli("attach", timeout=120)
+    assert attached.returncode == 0, attached.stderr
+    assert "another process supervises it" in attached.stderr
+    status = cli.status()
+    assert status["state"] == "succeeded" and status["restarts"] == 1
+    log = (cli.cwd / ".orchestrate" / "runs" / f"{run_id}.log").read_text()
+    assert "alpha" in log and "restarting the cluster" in log
+
+
+def test_attach_takes_over_when_the_controller_died(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli, {}, STEPS=80)
+    up = cli.popen("up", "--skip-checks", "inv.yaml")
+    pid = worker_pid(cli, "beta")
+    reaper.append(cli.record()["run_id"])
+    up.kill()  # the controller dies; the workers train on, unsupervised
+    up.wait()
+    os.kill(pid, signal.SIGKILL)
+    attached = cli("attach", timeout=120)
+    assert attached.returncode == 0, attached.stderr
+    assert "nothing supervises it; supervising it here" in attached.stderr
+    assert "killed by SIGKILL; restarting the cluster" in attached.stdout
+    assert cli.status()["state"] == "succeeded"
+
+
+def test_down_stops_a_supervised_run_for_good(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli, {}, STEPS=100_000)
+    cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
+    run_id = cli.record()["run_id"]
+    reaper.append(run_id)
+    worker_pid(cli, "alpha")
+    down = cli("down", check=True)
+    assert "alpha: stopped" in down.stdout
+    time.sleep(3)  # a supervisor that misread the stop as a failure would restart by now
+    assert run_processes(run_id) == []
+    status = cli.status()
+    assert status["state"] == "stopped" and status["attempt"] == 0
+    again = cli("up", "--detach", "--skip-checks", "inv.yaml")
+    assert again.returncode == 0, again.stderr  # nothing is left to block a new run
+    reaper.append(cli.record()["run_id"])
+    cli("down", check=True)
+
+
+@pytest.mark.tf
+def test_tensorflow_worker_killed_mid_training_resumes_to_exactly_the_target(
+    cli: Cli, reaper: list[str]
+) -> None:
+    ports = free_ports(2)
+    (cli.cwd / "inv.yaml").write_text(
+        textwrap.dedent(f"""\
+        defaults: {{connection: local, workdir: ./work}}
+        hosts:
+          - {{name: chief, address: localhost, port: {ports[0]}}}
+          - {{name: other, address: localhost, port: {ports[1]}}}
+        job:
+          name: shapes
+          task: worker.examples.shapes:task
+          steps: 300
+          checkpoint_every: 50
+          log_every: 10
+          restart_backoff: 1
+          env: {{TF_CPP_MIN_LOG_LEVEL: "2"}}
+        """)
+    )
+    up = cli.popen("up", "--skip-checks", "inv.yaml")
+    seen: list[int] = []
+    try:
+        status = cli.status_when(lambda s: s["workers"][0]["checkpoint_step"], timeout=120)
+        seen.append(status["workers"][0]["checkpoint_step"])
+        os.kill(status["workers"][1]["pid"], signal.SIGKILL)
+        while up.poll() is None:
+            chief = cli.status()["workers"][0]
+            if chief["checkpoint_step"] is not None:
+                seen.append(chief["checkpoint_step"])
+            time.sleep(0.5)
+        out, err = up.communicate()
+    finally:
+        up.kill()
+    reaper.append(cli.record()["run_id"])
+    assert up.returncode == 0, err
+    assert "other" in out and "killed by SIGKILL" in out
+    assert seen == sorted(seen), f"checkpoint steps went back: {seen}"
+    final = cli.status()
+    assert [w["step"] for w in final["workers"]] == [300, 300]
+    logs = cli("tail", "-n", "400", check=True).stdout
+    restored = [int(line.rsplit(" ", 3)[-3]) for line in logs.splitlines()
+                if "restored checkpoint at step" in line]  # fmt: skip
+    assert restored and min(restored) >= seen[0]
