@@ -23,7 +23,7 @@ def local_event_dir(record: RunRecord, store: RunStore) -> Path:
     chief = record.workers[0]
     if chief.host.connection == "local":
         return Path(chief_event_dir(chief))
-    return store.root / "tensorboard" / record.job_name
+    return store.root.resolve() / "tensorboard" / record.job_name
 
 
 def pull_events(record: RunRecord, machines: Machines, target: Path) -> int:
