@@ -1,0 +1,339 @@
+"""docker/: the compose file, its inventory, the Dockerfile and the scripts agree with each other.
+
+No Docker engine is needed (none runs on the development machines): the files are parsed and
+cross-checked, the inventory is loaded with orchestrate's own loader, and the shell scripts are
+syntax-checked. tests/integration/test_docker_entrypoint.py runs the entry point itself.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.inventory import Inventory, load_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKER = REPO / "docker"
+SCRIPTS = ("entrypoint.sh", "make-client-key.sh")
+
+
+# --------------------------------------------------------------------------- parsing helpers
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of docker/Dockerfile, continuation lines joined, comments gone."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for raw in (DOCKER / "Dockerfile").read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):
+            continue  # a comment between continuation lines
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        keyword, _, rest = (pending + line).partition(" ")
+        instructions.append((keyword.upper(), rest.strip()))
+        pending = ""
+    assert not pending, "the Dockerfile ends in a continuation line"
+    return instructions
+
+
+def instruction_args(keyword: str) -> list[str]:
+    return [rest for key, rest in dockerfile_instructions() if key == keyword]
+
+
+def dockerfile_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for rest in instruction_args("ENV"):
+        for word in shlex.split(rest):
+            name, _, value = word.partition("=")
+            env[name] = value
+    return env
+
+
+def exposed_ports() -> set[int]:
+    return {int(word.split("/")[0]) for rest in instruction_args("EXPOSE") for word in rest.split()}
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+
+
+def worker_services() -> dict[str, dict[str, Any]]:
+    return compose()["services"]
+
+
+def network_of(service: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    ((name, settings),) = service["networks"].items()
+    return name, settings
+
+
+def volume_targets(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {volume["target"]: volume for volume in service["volumes"]}
+
+
+@pytest.fixture(scope="module")
+def inventory() -> Inventory:
+    # Must load without a single problem. ssh_key is a controller path that only
+    # make-client-key.sh creates; the loader resolves it but does not require the file.
+    return load_inventory(DOCKER / "inventory.yaml")
+
+
+# --------------------------------------------------------------------------- inventory vs compose
+
+
+def test_inventory_hosts_are_the_compose_services_one_to_one(inventory: Inventory) -> None:
+    services = worker_services()
+    assert [host.name for host in inventory.hosts] == list(services)
+    assert len(inventory.hosts) == 3
+    for host in inventory.hosts:
+        _, settings = network_of(services[host.name])
+        assert host.address == settings["ipv4_address"], host.name
+        assert host.connection == "ssh"
+
+
+def test_addresses_lie_in_the_compose_network(inventory: Inventory) -> None:
+    document = compose()
+    networks = document["networks"]
+    for host in inventory.hosts:
+        name, _ = network_of(document["services"][host.name])
+        assert networks[name]["driver"] == "bridge"
+        (ipam,) = networks[name]["ipam"]["config"]
+        subnet = ipaddress.ip_network(ipam["subnet"])
+        address = ipaddress.ip_address(host.address)
+        assert address in subnet, f"{host.name}: {address} is outside {subnet}"
+        assert address not in (subnet.network_address, subnet.broadcast_address)
+        assert address != ipaddress.ip_address(ipam["gateway"]), "the gateway is the host machine"
+        assert subnet.is_private
+    assert len({host.address for host in inventory.hosts}) == len(inventory.hosts)
+
+
+def test_tensorflow_port_is_the_one_the_image_exposes(inventory: Inventory) -> None:
+    tf_ports = exposed_ports() - {22}
+    assert tf_ports == {20000}
+    assert {host.port for host in inventory.hosts} == tf_ports
+
+
+def test_ssh_settings_match_the_image(inventory: Inventory) -> None:
+    env = dockerfile_env()
+    services = worker_services()
+    (user_run,) = [rest for rest in instruction_args("RUN") if "useradd" in rest]
+    for host in inventory.hosts:
+        service = services[host.name]
+        user = service["environment"]["SSH_USER"]
+        assert host.ssh_user == user == env["SSH_USER"]
+        assert re.search(rf"useradd .*\b{user}\b", user_run)
+        assert f"usermod -p '*' {user}" in user_run  # not locked: sshd (UsePAM no) takes keys
+        assert host.ssh_port == int(env["SSHD_PORT"]) == 22
+        assert 22 in exposed_ports()
+        # The key: the controller holds docker/client_key; compose mounts its .pub read-only
+        # where the entry point reads the authorized keys.
+        assert host.ssh_key == str(DOCKER / "client_key")
+        volumes = volume_targets(service)
+        key_mount = volumes[service["environment"]["AUTHORIZED_KEYS_FILE"]]
+        assert key_mount["target"] == env["AUTHORIZED_KEYS_FILE"]
+        assert key_mount["type"] == "bind"
+        assert key_mount["read_only"] is True
+        assert key_mount["bind"]["create_host_path"] is False
+        assert (DOCKER / key_mount["source"]).resolve() == Path(host.ssh_key + ".pub")
+        # Fresh containers have keys never seen before; a volume keeps them across re-creation.
+        assert host.ssh_host_key_policy == "accept-new"
+        assert host.ssh_known_hosts == str(DOCKER / "known_hosts")
+        assert volumes[env["SSHD_HOST_KEY_DIR"]]["type"] == "volume"
+        # The image's Python; ~ of the inventory's workdir is the login user's home.
+        assert host.python == "/usr/local/bin/python"
+        assert host.workdir == "~/orchestrate"
+        assert volumes[f"/home/{user}/orchestrate"]["type"] == "volume"
+
+
+def test_every_service_builds_the_image_and_has_its_own_volumes() -> None:
+    document = compose()
+    named: list[str] = []
+    for name, service in document["services"].items():
+        build = service["build"]
+        assert (DOCKER / build["context"]).resolve() == REPO, name
+        assert (REPO / build["dockerfile"]).resolve() == DOCKER / "Dockerfile", name
+        assert service["image"] == "orchestrate-worker:local"
+        assert service["init"] is True, f"{name}: workers re-parented to PID 1 must be reaped"
+        assert service["hostname"] == name
+        assert "ports" not in service, "nothing is published on the host machine's interfaces"
+        named += [v["source"] for v in service["volumes"] if v["type"] == "volume"]
+    assert len(named) == len(set(named)), "each container needs its own host keys and workdir"
+    assert set(named) == set(document["volumes"])
+
+
+def test_job_is_the_bundled_example(inventory: Inventory) -> None:
+    job = inventory.job
+    assert job.task == "worker.examples.shapes:task"
+    assert job.steps is not None and 100 <= job.steps <= 1000
+    assert job.batch_size % len(inventory.hosts) == 0, "the global batch splits evenly"
+
+
+def test_generated_files_are_git_ignored() -> None:
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def ignored(path: str) -> bool:
+        result = subprocess.run(
+            ["git", "-C", str(REPO), "check-ignore", "-q", "--no-index", path], check=False
+        )
+        return result.returncode == 0
+
+    for path in ("docker/client_key", "docker/client_key.pub", "docker/known_hosts"):
+        assert ignored(path), path
+    for path in ("docker/compose.yaml", "docker/inventory.yaml", "docker/entrypoint.sh"):
+        assert not ignored(path), path
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+
+def test_dockerfile_base_sshd_and_worker_extra() -> None:
+    assert instruction_args("FROM") == ["python:3.11-slim"]
+    runs = instruction_args("RUN")
+    (apt,) = [rest for rest in runs if "apt-get install" in rest]
+    assert re.search(r"apt-get install -y --no-install-recommends openssh-server\b", apt)
+    assert "rm -f /etc/ssh/ssh_host_*_key" in apt, "build-time host keys would be shared"
+    assert "rm -rf /var/lib/apt/lists/*" in apt
+    assert "pip install --no-cache-dir '.[worker]'" in runs
+
+
+def test_dockerfile_entrypoint_is_docker_entrypoint_sh() -> None:
+    copies = {
+        words[0]: words[-1]
+        for words in (shlex.split(rest) for rest in instruction_args("COPY"))
+        if len(words) == 2
+    }
+    destination = copies["docker/entrypoint.sh"]
+    (entrypoint,) = instruction_args("ENTRYPOINT")
+    assert json.loads(entrypoint) == [destination]  # exec form: sshd gets the signals
+    assert any(f"chmod 0755 {destination}" in rest for rest in instruction_args("RUN"))
+    assert instruction_args("CMD") == []
+
+
+def test_dockerfile_requirements_are_the_worker_extra(tmp_path: Path) -> None:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11 (the image's)")
+    (run,) = [rest for rest in instruction_args("RUN") if "tomllib" in rest]
+    match = re.match(r'python (?P<args>-c "[^"]+") > /tmp/requirements\.txt', run)
+    assert match, run
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    # Through sh, as Docker runs a shell-form RUN: the quoting is the image's.
+    listed = subprocess.run(
+        ["sh", "-c", f"{shlex.quote(sys.executable)} {match['args']}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    worker = project["optional-dependencies"]["worker"]
+    assert listed == project["dependencies"] + worker
+    assert any(req.startswith("tensorflow==") for req in worker)
+
+
+def _ignore_patterns() -> list[tuple[bool, re.Pattern[str]]]:
+    patterns = []
+    for raw in (DOCKER / "Dockerfile.dockerignore").read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        include = line.startswith("!")
+        pattern = str(PurePosixPath(line.lstrip("!")))
+        regex = ""
+        for part in re.split(r"(\*\*/|\*|\?)", pattern):
+            regex += {"**/": "(?:.*/)?", "*": "[^/]*", "?": "[^/]"}.get(part, re.escape(part))
+        patterns.append((include, re.compile(regex + "$")))
+    return patterns
+
+
+def in_build_context(path: str) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parents decides."""
+    parts = PurePosixPath(path).parts
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    keep = True
+    for include, regex in _ignore_patterns():
+        if any(regex.match(candidate) for candidate in candidates):
+            keep = include
+    return keep
+
+
+def test_build_context_holds_what_is_copied_and_never_the_private_key() -> None:
+    for rest in instruction_args("COPY"):
+        *sources, _ = shlex.split(rest)
+        for source in sources:
+            assert (REPO / source).exists(), source
+            assert in_build_context(source), f"COPY {source} is excluded from the context"
+    assert in_build_context("orchestrator/inventory.py")
+    assert in_build_context("worker/examples/shapes.py")
+    for path in (
+        "docker/client_key",
+        "docker/client_key.pub",
+        "docker/known_hosts",
+        ".venv/bin/python",
+        ".git/config",
+        ".orchestrate/runs.json",
+        "worker/__pycache__/train.cpython-311.pyc",
+        "tests/conftest.py",
+    ):
+        assert not in_build_context(path), path
+
+
+# --------------------------------------------------------------------------- scripts
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_script_syntax(script: str, shell: str) -> None:
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} not installed")
+    result = subprocess.run(
+        [shell, "-n", str(DOCKER / script)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_is_executable_posix_sh(script: str) -> None:
+    path = DOCKER / script
+    assert path.read_text().startswith("#!/bin/sh\n")
+    assert path.stat().st_mode & 0o111, f"chmod +x docker/{script}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_shellcheck(script: str) -> None:
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+    result = subprocess.run(
+        [shellcheck, "--shell=sh", str(DOCKER / script)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_readme_gives_the_flow_and_says_what_was_not_verified() -> None:
+    readme = (DOCKER / "README.md").read_text()
+    for command in (
+        "sh docker/make-client-key.sh",
+        "docker compose -f docker/compose.yaml up -d --build",
+        "orchestrate check docker/inventory.yaml",
+        "orchestrate up docker/inventory.yaml",
+        "orchestrate down",
+        "docker compose -f docker/compose.yaml down",
+    ):
+        assert command in readme, command
+    assert "## What was and was not verified here" in readme
