@@ -85,12 +85,15 @@ class RunRecord:
 
 def _host(data: dict[str, Any]) -> Host:
     # JSON turns tuples into lists; the frozen dataclasses want them back (and hashable).
-    return Host(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return Host(**fields)
 
 
 def _inventory(data: dict[str, Any]) -> Inventory:
     # JSON turns tuples into lists; the frozen dataclasses want them back.
-    job = {k: tuple(v) if isinstance(v, list) else v for k, v in data["job"].items()}
+    job: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in data["job"].items()
+    }
     return Inventory(
         path=data["path"],
         base_dir=data["base_dir"],

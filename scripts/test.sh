@@ -13,5 +13,6 @@ python3 -m venv .venv
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy
 # pytest exits 5 when it collects nothing; under `set -e` that fails the run instead of passing.
 exec .venv/bin/python -m pytest "$@"

@@ -73,7 +73,7 @@ class Summaries:
                 "inputs/sample",
                 pictures[:1],
                 max_outputs=1,
-                description=_describe(labels[:1], 1, "The first example"),
+                description=_describe(labels and labels[:1], 1, "The first example"),
             )
             tf.summary.image(
                 "inputs/grid",
