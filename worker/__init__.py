@@ -5,7 +5,8 @@ with TF_CONFIG from the environment (set by the controller), and reports to a pr
 `--strategy mirrored` trains on one host's devices instead (MirroredStrategy, no TF_CONFIG); the
 device flags (--gpu-memory-growth, --gpu-memory-limit-mb, --visible-gpus, --logical-gpus,
 --logical-cpus) are applied through tf.config first (worker.devices). The chief writes TensorBoard
-scalars, sample input images and, with --profile-steps, a trace (worker.summaries).
+scalars, sample input images and, with --profile-steps, a trace (worker.summaries). SIGTERM to any
+worker stops them all at one step, after a checkpoint there, with exit code 75 (worker.preemption).
 
 Importing this package is cheap: TensorFlow is imported only when training starts, so the controller
 side and user scripts can use `TrainingTask` and `report` without paying for it.

@@ -1,8 +1,13 @@
 """Command line of the worker, and the one place that picks its exit code.
 
-Exit codes: 0 success; 2 a user mistake found before training (bad flag, bad environment, task that
-cannot be loaded, a device setting this host cannot honour): one line on stderr, no traceback;
-1 an error while training: the traceback.
+Exit codes:
+  0   success.
+  1   an error while training: the traceback.
+  2   a user mistake found before training (bad flag, bad environment, task that cannot be loaded,
+      a device setting this host cannot honour): one line on stderr, no traceback.
+  75  stopped on SIGTERM after saving a checkpoint; run again to resume (EX_TEMPFAIL of
+      sysexits.h). In a cluster every worker stops at the same step with this code, whichever of
+      them got the signal (worker.preemption).
 TensorFlow is imported only once the configuration and the task are known to be good, so mistakes
 are reported in well under a second.
 """
@@ -17,11 +22,13 @@ from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from worker import config as cfg
+from worker.preemption import Preempted
 from worker.task import TaskError, load_task
 
 EXIT_OK = 0
 EXIT_TRAINING_ERROR = 1
 EXIT_USAGE = 2
+EXIT_PREEMPTED = 75
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=cfg.DEFAULT_LOG_EVERY,
         metavar="L",
         help="log, write progress and summaries every L steps",
+    )
+    parser.add_argument(
+        "--preemption-check-every",
+        type=int,
+        default=cfg.DEFAULT_PREEMPTION_CHECK_EVERY,
+        metavar="P",
+        help="every P steps all workers check whether any got SIGTERM; if one did, all save a "
+        f"checkpoint at that step and exit {EXIT_PREEMPTED}",
     )
     parser.add_argument(
         "--tensorboard-dir",
@@ -159,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # over its devices): still a user mistake, found before the first step.
         print(f"worker: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    except Preempted:
+        return EXIT_PREEMPTED  # the loop has logged the step and written the progress file
     except Exception:
         traceback.print_exc()
         sys.stderr.flush()

@@ -23,6 +23,10 @@ DEFAULT_CHECKPOINT_EVERY = 100
 DEFAULT_MAX_TO_KEEP = 3
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_LOG_EVERY = 10
+# Steps between the checks whether any worker got SIGTERM (worker.train.Preemption). A check only
+# reads a sum the steps reduce anyway; it costs a wait for the device, and a stop comes at most
+# this many steps after the signal. Like --checkpoint-every, the same on every worker.
+DEFAULT_PREEMPTION_CHECK_EVERY = 10
 
 # The distribution strategies the worker can run under.
 STRATEGY_MULTI_WORKER = "multi-worker"
@@ -89,6 +93,7 @@ class WorkerConfig:
     max_to_keep: int = DEFAULT_MAX_TO_KEEP
     batch_size: int = DEFAULT_BATCH_SIZE
     log_every: int = DEFAULT_LOG_EVERY
+    preemption_check_every: int = DEFAULT_PREEMPTION_CHECK_EVERY
     progress_file: str | None = None
     # Where non-chief workers write their throw-away checkpoints; None: a fresh tempfile.mkdtemp.
     temp_checkpoint_dir: str | None = None
@@ -131,8 +136,10 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     """Checks the parsed flags against each other and the environment, and fills in defaults."""
     if not _TASK_SPEC.match(args.task):
         raise ConfigError(f"--task must look like MODULE:FUNCTION, got {args.task!r}")
+    check_every = getattr(args, "preemption_check_every", DEFAULT_PREEMPTION_CHECK_EVERY)
     for flag in ("steps", "checkpoint_every", "max_to_keep", "batch_size", "log_every"):
         _require_positive(flag, getattr(args, flag))
+    _require_positive("preemption_check_every", check_every)
     strategy = getattr(args, "strategy", STRATEGY_MULTI_WORKER)
     cluster = cluster_for_strategy(strategy, parse_tf_config(env.get(TF_CONFIG_ENV)))
     # Every worker takes the same share of the global batch; TensorFlow would fail later and less
@@ -160,6 +167,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
         max_to_keep=args.max_to_keep,
         batch_size=args.batch_size,
         log_every=args.log_every,
+        preemption_check_every=check_every,
         progress_file=_abspath(env.get(PROGRESS_FILE_ENV)),
         temp_checkpoint_dir=temp_dir,
         cluster=cluster,

@@ -5,23 +5,25 @@ MultiWorkerMirroredStrategy (PerReplica ValueError, keras-team/keras#20585), whi
 and optimizers work inside strategy.run.
 
 Order matters and is fixed by run():
-  configure_devices (tf.config) -> strategy (first TensorFlow op) -> model/optimizer in scope
-  -> restore -> sharded, repeated dataset -> steps, with logs, summaries, progress and collective
-  checkpoints.
+  configure_devices (tf.config) -> strategy (first TensorFlow op) -> SIGTERM handler -> model/
+  optimizer in scope -> restore -> sharded, repeated dataset -> steps, with logs, summaries,
+  progress, collective checkpoints and preemption checks.
 
 MirroredStrategy (--strategy mirrored) runs the same loop on one host over its local devices: one
 input pipeline, several replicas, and it is always the chief.
 
 Every worker runs the same number of steps (the dataset repeats forever and the step count comes
 from the command line and the shared checkpoint), which is what keeps the collectives in lockstep.
+For the same reason a SIGTERM does not stop a worker on its own: every worker stops at the same
+step, after the same checkpoint (worker.preemption, Preemption below).
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,6 +35,7 @@ import tensorflow as tf
 from worker.config import STRATEGY_MIRRORED, ConfigError, DeviceSettings, WorkerConfig
 from worker.devices import configure_devices
 from worker.output import log
+from worker.preemption import Preempted, SigtermFlag, tf_notice_received
 from worker.progress import ProgressWriter
 from worker.summaries import ProfileWindow, Summaries, current_learning_rate
 from worker.task import TrainingTask
@@ -40,6 +43,8 @@ from worker.task import TrainingTask
 # Base seed of the shuffle. The start step is added so a resumed run does not replay the exact
 # batches of the run it resumes (the iterator position is not checkpointed).
 SHUFFLE_SEED = 20_000
+# tf.train.CheckpointManager's file prefix: the chief's checkpoints are CHECKPOINT_NAME-STEP.*
+CHECKPOINT_NAME = "ckpt"
 
 
 def create_strategy(kind: str, settings: DeviceSettings) -> tf.distribute.Strategy:
@@ -60,9 +65,7 @@ def create_strategy(kind: str, settings: DeviceSettings) -> tf.distribute.Strate
         options = tf.distribute.experimental.CommunicationOptions(
             implementation=tf.distribute.experimental.CommunicationImplementation.RING
         )
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    restore_default_sigterm()
-    return strategy
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
 def splits_gpus(settings: DeviceSettings) -> bool:
@@ -89,16 +92,25 @@ def check_batch_split(global_batch: int, num_replicas: int) -> None:
         )
 
 
-def restore_default_sigterm() -> None:
-    """Makes SIGTERM terminate the process again.
+def watch_sigterm() -> SigtermFlag:
+    """Replaces TensorFlow's SIGTERM handler with one that only counts, for Preemption.
 
-    With a cluster in TF_CONFIG, the strategy's coordination service installs TensorFlow's
-    preemption notifier (tsl SigtermNotifier), which catches SIGTERM and only records it, for
-    PreemptionCheckpointHandler, which this loop does not use. Left in place, a worker ignores
-    SIGTERM and trains on. While the strategy is still waiting for its peers (inside the
-    constructor) SIGTERM stays ignored; only SIGKILL stops a worker then.
+    Must follow the strategy: with a cluster in TF_CONFIG, the strategy installs TensorFlow's own
+    handler (tsl SigtermNotifier) while it connects, over whatever was there before.
     """
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    flag = SigtermFlag()
+    flag.install()
+    return flag
+
+
+def sigterm_while_connecting(config: WorkerConfig) -> bool:
+    """Whether a worker got SIGTERM while TensorFlow's handler was still in place.
+
+    Only a cluster has that handler (and the coordination service it reports to).
+    """
+    return (
+        config.strategy != STRATEGY_MIRRORED and config.cluster.num_workers > 1
+    ) and tf_notice_received()
 
 
 @dataclass
@@ -179,6 +191,35 @@ def distribute_dataset(
     return strategy.distribute_datasets_from_function(dataset_fn)
 
 
+class Preemption:
+    """Turns a SIGTERM on any worker into the same stop decision, at the same step, on all of them.
+
+    `wish` is 1.0 on a worker once it got SIGTERM. Every step reads it on every replica and sums it
+    across workers in the step's own reduction (one more float in a reduction that runs anyway: no
+    extra collective), adding the sum to `votes`. After a given step `votes` is therefore the same
+    number on every worker, and reading it on the same steps (multiples of check_every) gives every
+    worker the same answer. Reading it makes the host wait for the step, hence only every
+    check_every steps.
+    """
+
+    def __init__(self, flag: SigtermFlag, check_every: int) -> None:
+        self.flag = flag
+        self.check_every = check_every
+        self.wish = tf.Variable(0.0, trainable=False, name="stop_wish")
+        self.votes = tf.Variable(0.0, trainable=False, name="stop_votes")
+        self._cast = False
+
+    def before_step(self) -> None:
+        """Host side, between steps: sets the wish once the signal has come (one assignment)."""
+        if self.flag.received and not self._cast:
+            self.wish.assign(1.0)
+            self._cast = True
+
+    def agreed_at(self, step: int) -> bool:
+        """Call after step `step`; True on every worker or on none."""
+        return step % self.check_every == 0 and float(self.votes.numpy()) > 0
+
+
 class Window:
     """Loss and accuracy summed over the steps since the last log, kept on the device.
 
@@ -221,8 +262,13 @@ def make_train_step(
     task: TrainingTask,
     window: Window,
     with_accuracy: bool,
+    *,
+    preemption: Preemption,
 ) -> Any:
-    """A tf.function running one step on every replica and adding the global values to window."""
+    """A tf.function running one step on every replica and adding the global values to window.
+
+    The same reduction sums the workers' stop wishes into preemption.votes.
+    """
     model, optimizer = state.model, state.optimizer
 
     def step_fn(features: Any, labels: tf.Tensor) -> tf.Tensor:
@@ -236,14 +282,15 @@ def make_train_step(
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         correct = _correct_count(labels, logits) if with_accuracy else tf.constant(0.0)
-        # One stacked tensor: one cross-worker reduction per step instead of two.
-        return tf.stack([loss, correct])
+        # One stacked tensor: one cross-worker reduction per step instead of three.
+        return tf.stack([loss, correct, preemption.wish.read_value()])
 
     @tf.function
     def train_step(iterator: Any) -> None:
         per_replica = strategy.run(step_fn, args=next(iterator))
         totals = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
         window.add(totals[0], totals[1])
+        preemption.votes.assign_add(totals[2])
 
     return train_step
 
@@ -268,13 +315,18 @@ class CheckpointSaver:
         self._is_chief = is_chief
         self._temp_dir = config.temp_checkpoint_dir
         self._manager = None
+        self.saved_step: int | None = None  # the step of this run's last save
         if is_chief:
             self._manager = tf.train.CheckpointManager(
-                state.checkpoint, config.checkpoint_dir, max_to_keep=config.max_to_keep
+                state.checkpoint,
+                config.checkpoint_dir,
+                max_to_keep=config.max_to_keep,
+                checkpoint_name=CHECKPOINT_NAME,
             )
 
     def save(self, step: int) -> None:
         self._step.assign(step)
+        self.saved_step = step
         if self._manager is not None:
             self._manager.save(checkpoint_number=step)
             return
@@ -297,11 +349,27 @@ class CheckpointSaver:
         return self._temp_dir
 
 
+def remove_interrupted_saves(checkpoint_dir: str) -> None:
+    """Deletes what a save killed midway left in the chief's checkpoint directory.
+
+    TensorFlow 2.21 writes CHECKPOINT_NAME-N_temp/ first (the data as *.tempstate*, renamed when
+    complete), moves the files out to CHECKPOINT_NAME-N.*, removes the directory, and only then
+    names the checkpoint in the `checkpoint` state file. A kill before the state file is written
+    leaves the previous checkpoint as the latest, but the directory stays, as large as a
+    checkpoint, and a later save of step N does not remove the stale files in it. Call on the
+    chief only, before its first save: nothing else writes that directory.
+    """
+    for path in glob.glob(os.path.join(glob.escape(checkpoint_dir), f"{CHECKPOINT_NAME}-*_temp")):
+        shutil.rmtree(path, ignore_errors=True)
+        log(f"worker: removed {os.path.basename(path)}, left by an interrupted checkpoint save")
+
+
 class Loop:
     """Runs the steps from start_step to config.steps with logs, summaries, progress, checkpoints.
 
     The host waits for the device only where it must read a value: after the first step (to log
-    it), on log steps, on checkpoint saves and at the end of a profiled window.
+    it), on log steps, on preemption checks, on checkpoint saves and at the end of a profiled
+    window. Raises Preempted once a SIGTERM has been agreed on and the checkpoint saved.
     """
 
     def __init__(
@@ -316,6 +384,7 @@ class Loop:
         learning_rate: Callable[[], float | None],
         progress: ProgressWriter,
         with_accuracy: bool,
+        preemption: Preemption,
     ) -> None:
         self.config = config
         self.train_step = train_step
@@ -326,12 +395,14 @@ class Loop:
         self.learning_rate = learning_rate
         self.progress = progress
         self.with_accuracy = with_accuracy
+        self.preemption = preemption
         self._mark = (0, 0.0)  # (step, time) at which the current rate window started
 
     def run(self, iterator: Any, start_step: int) -> int:
         steps = self.config.steps
         for step in range(start_step + 1, steps + 1):
             self.profile.before_step(step)
+            self.preemption.before_step()
             self.train_step(iterator)
             if step == start_step + 1:
                 self.window.steps.numpy()  # wait for the step: the first one traces and connects
@@ -346,10 +417,22 @@ class Loop:
                 self.saver.save(step)
                 log(f"worker: saved checkpoint at step {step}")
                 self.progress.write(step=step, checkpoint_step=step)
+            # The last step ends the run anyway, with its checkpoint and exit 0.
+            if step < steps and self.preemption.agreed_at(step):
+                self._stop(step)
         self.summaries.close()
         self.progress.write(step=steps)
         log(f"worker: finished at step {steps}")
         return steps
+
+    def _stop(self, step: int) -> None:
+        """Every worker gets here at the same step: the save is collective like the others."""
+        if self.saver.saved_step != step:
+            self.saver.save(step)
+        log(f"worker: preempted: saved checkpoint at step {step}")
+        self.summaries.close()
+        self.progress.write(step=step, checkpoint_step=step, preempted=True)
+        raise Preempted(step)
 
     def _log(self, step: int) -> None:
         loss, accuracy = self.window.read_and_reset(self.with_accuracy)
@@ -412,14 +495,16 @@ def write_start(
         num_workers=config.cluster.num_workers,
         devices=device_names(config.cluster.task_index),
         num_replicas=num_replicas,
+        preempted=False,
     )
 
 
 def run(config: WorkerConfig, task: TrainingTask) -> int:
-    """Trains task up to config.steps; returns the final step."""
+    """Trains task up to config.steps; returns the final step. Raises Preempted on SIGTERM."""
     configure_devices(config.devices)  # tf.config works only before the runtime starts
     # The strategy before any other TensorFlow operation.
     strategy = create_strategy(config.strategy, config.devices)
+    sigterm = watch_sigterm()
     check_batch_split(config.batch_size, strategy.num_replicas_in_sync)
     dataset = task.dataset()
     state = build_state(strategy, task, dataset.element_spec)
@@ -431,6 +516,8 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
         log(f"worker: already at step {start_step} >= {config.steps}, nothing to do")
         return start_step
     summaries = Summaries(config.tensorboard_dir, strategy.extended.should_checkpoint)
+    if summaries.is_chief:
+        remove_interrupted_saves(config.checkpoint_dir)
     if start_step == 0:
         summaries.inputs(dataset, step=0)
     loop = build_loop(
@@ -442,11 +529,16 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
         progress=progress,
         start_step=start_step,
         element_spec=dataset.element_spec,
+        sigterm=sigterm,
     )
     seed = SHUFFLE_SEED + start_step
     dist_dataset = distribute_dataset(
         strategy, dataset, config.batch_size, task.shuffle_buffer, seed
     )
+    # As late as possible: TensorFlow records a SIGTERM about a second after it came.
+    if sigterm_while_connecting(config):
+        sigterm.set()
+        log("worker: SIGTERM received while the workers connected; stopping at the first check")
     return loop.run(iter(dist_dataset), start_step)
 
 
@@ -460,13 +552,17 @@ def build_loop(
     progress: ProgressWriter,
     start_step: int,
     element_spec: Any,
+    sigterm: SigtermFlag,
 ) -> Loop:
     """The loop and its parts; the profile window is relative to this run's first step."""
     with_accuracy = has_integer_labels(element_spec)
     window = Window(config.batch_size)
+    preemption = Preemption(sigterm, config.preemption_check_every)
     return Loop(
         config=config,
-        train_step=make_train_step(strategy, state, task, window, with_accuracy),
+        train_step=make_train_step(
+            strategy, state, task, window, with_accuracy, preemption=preemption
+        ),
         window=window,
         saver=CheckpointSaver(state, config, summaries.is_chief),
         summaries=summaries,
@@ -474,4 +570,5 @@ def build_loop(
         learning_rate=lambda: current_learning_rate(state.optimizer, task.learning_rate),
         progress=progress,
         with_accuracy=with_accuracy,
+        preemption=preemption,
     )
