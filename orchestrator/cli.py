@@ -351,6 +351,11 @@ def _finish(final: RunStatus, record: RunRecord) -> None:
         )
     if record.outcome:
         raise JobFailed(record.outcome, hint="'orchestrate tail' shows every worker's log")
+    if final.state is WorkerState.STOPPED:
+        raise JobFailed(
+            "the run was stopped by 'orchestrate down'",
+            hint="'orchestrate up' with the same inventory resumes from the latest checkpoint",
+        )
     raise JobFailed(failure_report(final), hint="'orchestrate tail' shows every worker's log")
 
 

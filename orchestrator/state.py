@@ -54,10 +54,10 @@ def classify(probe: Mapping[str, Any] | None) -> Classification:
         code = exit_record.get("returncode")
         if code == 0:
             return Classification(WorkerState.SUCCEEDED)
-        if code == EXIT_PREEMPTED:
-            return Classification(WorkerState.STOPPED, "preempted: saved a checkpoint and exited")
         if stop_requested:
             return Classification(WorkerState.STOPPED, "stopped by orchestrate down")
+        if code == EXIT_PREEMPTED:
+            return Classification(WorkerState.STOPPED, "preempted: saved a checkpoint and exited")
         how = f"killed by {exit_record['signal']}" if exit_record.get("signal") else f"exit {code}"
         return Classification(WorkerState.FAILED, _with_error(how, exit_record.get("error")))
     if probe.get("alive"):

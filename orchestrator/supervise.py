@@ -189,7 +189,11 @@ class Supervisor:
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
                 return status
             if stop_flag(self.store, self.record.run_id).exists():
-                return status  # `down` is stopping the run; it is not a failure
+                # `down` is stopping the run: what ends now is no failure to recover from.
+                if status.state.finished:
+                    return status
+                time.sleep(self.interval)
+                continue
             self._mirror_new_checkpoint(status)
             failure = first_failure(status) or self.watch.check(status, time.monotonic())
             if failure is not None:

@@ -168,6 +168,18 @@ def test_attach_takes_over_when_the_controller_died(cli: Cli, reaper: list[str])
     assert cli.status()["state"] == "succeeded"
 
 
+def test_down_from_another_shell_ends_a_foreground_up_cleanly(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli, {}, STEPS=100_000)
+    up = cli.popen("up", "--skip-checks", "inv.yaml")
+    worker_pid(cli, "alpha")
+    reaper.append(cli.record()["run_id"])
+    cli("down", check=True)
+    _, err = up.communicate(timeout=60)
+    assert up.returncode == 1
+    assert "the run was stopped by 'orchestrate down'" in err
+    assert "restarting" not in err
+
+
 def test_down_stops_a_supervised_run_for_good(cli: Cli, reaper: list[str]) -> None:
     make_job(cli, {}, STEPS=100_000)
     cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)

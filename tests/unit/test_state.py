@@ -58,3 +58,8 @@ def test_overall() -> None:
 def test_preempted_worker_is_stopped_not_failed() -> None:
     verdict = classify(probe(exit={"returncode": 75}))
     assert verdict.state is S.STOPPED and "preempted" in (verdict.reason or "")
+
+
+def test_down_wins_over_the_preemption_exit_it_causes() -> None:
+    verdict = classify(probe(exit={"returncode": 75}, stop_requested=True))
+    assert verdict.state is S.STOPPED and verdict.reason == "stopped by orchestrate down"
