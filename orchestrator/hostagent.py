@@ -8,7 +8,7 @@ from importlib import resources
 from typing import Any
 
 from orchestrator.errors import HostError
-from orchestrator.runner import Runner
+from orchestrator.runner import LineSession, Runner
 
 
 @cache
@@ -59,9 +59,9 @@ class HostAgent:
     def adopt_checkpoint(self, directory: str, name: str) -> dict[str, Any]:
         return dict(self._call("adopt-checkpoint", directory, name, timeout=30))
 
-    def preflight(self, verb: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """One of hostprobe.py's verbs: inspect, connect, cleanup."""
-        return dict(self._call(verb, json.dumps(spec), timeout=timeout, program="hostprobe.py"))
+    def preflight_session(self) -> LineSession:
+        """hostprobe.py serving requests (inspect, connect, cleanup) until the session closes."""
+        return self.runner.session([self.python, "-c", host_program("hostprobe.py"), "session"])
 
     def files(self, directory: str) -> dict[str, Any]:
         return dict(self._call("files", directory, timeout=60))

@@ -1,6 +1,9 @@
-"""The host-side preflight probe, sent like agent.py: `python -c SOURCE VERB ...`.
+"""The host-side preflight probe, sent like agent.py: `python -c SOURCE session`.
 
-STANDARD LIBRARY ONLY. Three verbs, each one round trip, each printing one JSON document:
+STANDARD LIBRARY ONLY. One process per host serves the whole check: it reads one JSON request per
+line on stdin ({"verb": ..., ...}) and answers each with one JSON line, so the three rounds cost
+one process start and no new SSH command. At end of input it stops any listener it started, so a
+controller that dies mid-check leaves nothing behind. The verbs:
 
   inspect SPEC_JSON   Python and package versions, proxy variables, free space of directories;
                       whether the TensorFlow port is free (by binding it) and, if not, which
@@ -233,5 +236,23 @@ def cmd_cleanup(args):
 VERBS = {"inspect": cmd_inspect, "connect": cmd_connect, "cleanup": cmd_cleanup}
 
 
+def serve(lines, out):
+    listeners = []
+    for line in lines:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        answer = VERBS[request.pop("verb")]([json.dumps(request)])
+        if answer.get("listener_pid"):
+            listeners.append(answer["listener_pid"])
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+    for pid in listeners:  # end of input: the controller is done, or gone
+        cmd_cleanup([json.dumps({"listener_pid": pid})])
+
+
 if __name__ == "__main__":
-    sys.stdout.write(json.dumps(VERBS[sys.argv[1]](sys.argv[2:])) + "\n")
+    if sys.argv[1] == "session":
+        serve(sys.stdin, sys.stdout)
+    else:
+        sys.stdout.write(json.dumps(VERBS[sys.argv[1]](sys.argv[2:])) + "\n")

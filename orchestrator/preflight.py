@@ -1,6 +1,7 @@
 """`orchestrate check`: every reason a cluster would hang, found before anything starts.
 
-Three rounds, each in parallel over every host, each one round trip (hostprobe.py):
+Three rounds, each in parallel over every host, each one round trip to one hostprobe.py process
+per host that serves the whole check:
   1. inspect: versions, proxies, free space; bind the TensorFlow port and keep it as a listener
   2. connect: every host connects to every other host's port (N² probes, short timeout)
   3. cleanup: stop the listeners, remove the shared-directory token
@@ -23,6 +24,7 @@ from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import fan_out
 from orchestrator.inventory import Host, Inventory, is_loopback
 from orchestrator.plan import checkpoint_dir, job_dir
+from orchestrator.runner import LineSession
 
 DEFAULT_PROBE_TIMEOUT = 3.0
 DEFAULT_MIN_FREE_BYTES = 1 << 30
@@ -316,36 +318,39 @@ def run_preflight(
     hosts = {host.name: host for host in inventory.hosts}
     directories = {name: _directories(inventory, host) for name, host in hosts.items()}
     token = _shared_token(inventory)
-    inspections = _round(
-        hosts,
-        lambda host: machines.agent(host).preflight(
-            "inspect",
-            {
-                "port": host.port,
-                "directories": directories[host.name],
-                "listen_seconds": probe_timeout * 4 + 60,
-                "token": token if host is inventory.hosts[0] else None,
-            },
-            timeout=probe_timeout + 30,
-        ),
-    )
-    findings = [_failure_finding(name, error) for name, error in inspections.items()
-                if isinstance(error, HostError)]  # fmt: skip
-    reports = {k: v for k, v in inspections.items() if not isinstance(v, HostError)}
+    sessions: dict[str, LineSession] = {}
+
+    def inspect(host: Host) -> dict[str, Any]:
+        session = sessions[host.name] = machines.agent(host).preflight_session()
+        request = {
+            "verb": "inspect",
+            "port": host.port,
+            "directories": directories[host.name],
+            "listen_seconds": probe_timeout * 4 + 60,
+            "token": token if host is inventory.hosts[0] else None,
+        }
+        return session.request(request, timeout=probe_timeout + 30)
+
     try:
-        connects = _connect_round(inventory, machines, reports, probe_timeout, token)
-    finally:
+        inspections = _round(hosts, inspect)
+        reports = {k: v for k, v in inspections.items() if not isinstance(v, HostError)}
+        connects = _connect_round(inventory, sessions, reports, probe_timeout, token)
         _round(
             {name: hosts[name] for name in reports},
-            lambda host: machines.agent(host).preflight(
-                "cleanup",
+            lambda host: sessions[host.name].request(
                 {
+                    "verb": "cleanup",
                     "listener_pid": reports[host.name]["listener_pid"],
                     "token": token if host is inventory.hosts[0] else None,
                 },
                 timeout=30,
             ),
         )
+    finally:
+        # End of input also stops a listener whose cleanup request never arrived.
+        _round({n: hosts[n] for n in list(sessions)}, lambda host: sessions[host.name].close())
+    findings = [_failure_finding(name, error) for name, error in inspections.items()
+                if isinstance(error, HostError)]  # fmt: skip
     findings += _host_findings(inventory, reports, connects, min_free_bytes, probe_timeout)
     return PreflightReport(tuple(sorted(findings, key=_order(inventory))))
 
@@ -370,7 +375,7 @@ def _shared_token(inventory: Inventory) -> str | None:
 
 def _connect_round(
     inventory: Inventory,
-    machines: Machines,
+    sessions: Mapping[str, LineSession],
     reports: Mapping[str, Mapping[str, Any]],
     timeout: float,
     token: str | None,
@@ -386,8 +391,8 @@ def _connect_round(
             for p in listening
             if p.name != host.name
         ]
-        spec = {"peers": peers, "timeout": timeout, "token": token}
-        return machines.agent(host).preflight("connect", spec, timeout=timeout + 30)
+        request = {"verb": "connect", "peers": peers, "timeout": timeout, "token": token}
+        return sessions[host.name].request(request, timeout=timeout + 30)
 
     return _round(probers, connect)
 

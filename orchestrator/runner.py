@@ -7,11 +7,15 @@ Commands are argument lists, never shell strings: values from the inventory cann
 
 from __future__ import annotations
 
+import contextlib
+import json
+import select
 import shutil
 import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import IO, Any
 
 from orchestrator.errors import HostError
 
@@ -33,6 +37,47 @@ class CommandResult:
         return "\n".join(text.splitlines()[-lines:])
 
 
+class LineSession:
+    """A command kept running on a host that answers one JSON line per JSON line it reads:
+    several requests for the price of one process start. Closing its input ends it."""
+
+    def __init__(
+        self,
+        host_name: str,
+        writer: IO[bytes],
+        read_line: Callable[[float], bytes],
+        close: Callable[[], None],
+        errors: Callable[[], bytes] = lambda: b"",
+    ) -> None:
+        self.host_name = host_name
+        self._writer = writer
+        self._read_line = read_line
+        self._close = close
+        self._errors = errors
+
+    def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        try:
+            self._writer.write(json.dumps(message).encode() + b"\n")
+            self._writer.flush()
+            line = self._read_line(timeout)
+        except (OSError, TimeoutError, EOFError) as exc:
+            raise HostError(self.host_name, f"the session ended: {exc or 'timed out'}") from exc
+        if not line:
+            said = self._errors().decode("utf-8", "replace").strip().splitlines()[-3:]
+            raise HostError(
+                self.host_name,
+                "the program ended without answering" + (f": {' '.join(said)}" if said else ""),
+                hint="check that the host's 'python' is a working Python 3",
+            )
+        try:
+            return dict(json.loads(line))
+        except ValueError as exc:
+            raise HostError(self.host_name, f"the session answered {line[:200]!r}") from exc
+
+    def close(self) -> None:
+        self._close()
+
+
 class Runner(ABC):
     """One connection to one machine."""
 
@@ -50,6 +95,10 @@ class Runner(ABC):
     @abstractmethod
     def get(self, remote: str, local: str) -> None:
         """Copy a file of the host to this machine."""
+
+    @abstractmethod
+    def session(self, argv: Sequence[str]) -> LineSession:
+        """Start a command that reads requests on stdin and answers on stdout, line by line."""
 
     @abstractmethod
     def stream(self, argv: Sequence[str]) -> Iterator[str]:
@@ -99,6 +148,35 @@ class LocalRunner(Runner):
         return CommandResult(
             self.host_name, tuple(argv), completed.returncode, completed.stdout, completed.stderr
         )
+
+    def session(self, argv: Sequence[str]) -> LineSession:
+        try:
+            process = subprocess.Popen(
+                list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except FileNotFoundError as exc:
+            raise HostError(self.host_name, f"cannot run {argv[0]!r}: not found") from exc
+        assert process.stdin and process.stdout and process.stderr
+        stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
+
+        def read_line(timeout: float) -> bytes:
+            if not select.select([stdout], [], [], timeout)[0]:
+                raise TimeoutError(f"no answer within {timeout:g} s")
+            return stdout.readline()
+
+        def close() -> None:
+            with contextlib.suppress(OSError):
+                stdin.close()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            stdout.close()
+            stderr.close()
+
+        # stderr is read only once the program has ended: it writes there only when it fails.
+        return LineSession(self.host_name, stdin, read_line, close, stderr.read)
 
     def put(self, local: str, remote: str) -> None:
         self._copy(local, remote)

@@ -7,9 +7,11 @@ paramiko and sockets become HostError with a hint.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import shlex
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import paramiko
 
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.inventory import Host
-from orchestrator.runner import CommandResult, Runner
+from orchestrator.runner import CommandResult, LineSession, Runner
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
@@ -180,6 +182,39 @@ class SshRunner(Runner):
             raise HostError(self.host_name, f"the SSH connection failed: {exc}") from exc
         finally:
             channel.close()
+
+    def session(self, argv: Sequence[str]) -> LineSession:
+        self.open()
+        transport = self.connection.client.get_transport()
+        assert transport is not None
+        try:
+            channel = transport.open_session()
+            channel.exec_command(shlex.join(argv))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostError(self.host_name, f"the SSH connection failed: {exc}") from exc
+        stdout = channel.makefile("rb")
+
+        def read_line(timeout: float) -> bytes:
+            channel.settimeout(timeout)
+            return bytes(stdout.readline())
+
+        def close() -> None:
+            # End of input ends the remote program; closing the channel ends the rest.
+            with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                channel.shutdown_write()
+                deadline = time.monotonic() + 10
+                while not channel.exit_status_ready() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            channel.close()
+
+        stderr = channel.makefile_stderr("rb")
+        return LineSession(
+            self.host_name,
+            channel.makefile_stdin("wb"),
+            read_line,
+            close,
+            lambda: bytes(stderr.read()),
+        )
 
     def put(self, local: str, remote: str) -> None:
         self.open()
