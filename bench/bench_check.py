@@ -26,7 +26,6 @@ Only the cluster's own 10.231.0.x addresses are ever contacted; the cluster is a
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -49,6 +48,7 @@ from bench.bench_fanout import (
     import_cost_s,
     login_shells_s,
     make_target,
+    parse_args,
     rotated,
     ssh_parallel,
     timed,
@@ -57,6 +57,7 @@ from orchestrator.connect import Machines
 from orchestrator.hostagent import HostAgent
 from orchestrator.inventory import Host, Inventory, load_inventory
 from orchestrator.preflight import PreflightReport, Status, run_preflight
+from orchestrator.runner import LineSession
 from tests.cluster.inventories import host_entries, write_inventory
 from tests.cluster.netns import NamespaceCluster, unavailable_reason
 from tests.conftest import clean_env
@@ -132,21 +133,32 @@ METHODS: dict[str, Callable[[Setup], None]] = {
 # --------------------------------------------------------------------------- where the time goes
 
 
+class _TimedSession(LineSession):
+    """Records (verb, start, end) of each request it serves."""
+
+    def __init__(self, session: LineSession, spans: list[tuple[str, float, float]]) -> None:
+        self.__dict__.update(session.__dict__)
+        self._spans = spans
+
+    def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        start = time.perf_counter()
+        try:
+            return super().request(message, timeout)
+        finally:
+            self._spans.append((message["verb"], start, time.perf_counter()))  # atomic append
+
+
 class _TimedAgent(HostAgent):
     def __init__(self, agent: HostAgent, spans: list[tuple[str, float, float]]) -> None:
         super().__init__(agent.runner, agent.python)
         self._spans = spans
 
-    def preflight(self, verb: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-        start = time.perf_counter()
-        try:
-            return super().preflight(verb, spec, timeout)
-        finally:
-            self._spans.append((verb, start, time.perf_counter()))  # list.append is atomic
+    def preflight_session(self) -> LineSession:
+        return _TimedSession(super().preflight_session(), self._spans)
 
 
 class TimedMachines(Machines):
-    """Machines whose agents record (verb, start, end) of each preflight call."""
+    """Machines whose preflight sessions record (verb, start, end) of each request."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -241,21 +253,6 @@ def verdicts(samples: Samples, sizes: Sequence[int]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- main
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per method and size")
-    parser.add_argument(
-        "--sizes",
-        type=lambda text: tuple(int(word) for word in text.split(",")),
-        default=SIZES,
-        help="host counts, comma-separated (default 1,4,16)",
-    )
-    args = parser.parse_args(argv)
-    if args.repeats < 1 or min(args.sizes) < 1:
-        parser.error("--repeats and every size must be at least 1")
-    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -192,29 +192,28 @@ class SshRunner(Runner):
             channel.exec_command(shlex.join(argv))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise HostError(self.host_name, f"the SSH connection failed: {exc}") from exc
+        stdin = channel.makefile_stdin("wb")
         stdout = channel.makefile("rb")
+        stderr = channel.makefile_stderr("rb")
 
         def read_line(timeout: float) -> bytes:
             channel.settimeout(timeout)
             return bytes(stdout.readline())
 
         def close() -> None:
-            # End of input ends the remote program; closing the channel ends the rest.
-            with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-                channel.shutdown_write()
+            # End of input ends the remote program; closing the channel ends the rest. The
+            # files are closed first: paramiko would flush them into a closed channel later.
+            with contextlib.suppress(OSError, EOFError, ValueError, paramiko.SSHException):
+                stdin.close()  # sends EOF (shutdown_write)
                 deadline = time.monotonic() + 10
                 while not channel.exit_status_ready() and time.monotonic() < deadline:
                     time.sleep(0.01)
+            for handle in (stdout, stderr):
+                with contextlib.suppress(OSError, ValueError):
+                    handle.close()
             channel.close()
 
-        stderr = channel.makefile_stderr("rb")
-        return LineSession(
-            self.host_name,
-            channel.makefile_stdin("wb"),
-            read_line,
-            close,
-            lambda: bytes(stderr.read()),
-        )
+        return LineSession(self.host_name, stdin, read_line, close, lambda: bytes(stderr.read()))
 
     def put(self, local: str, remote: str) -> None:
         self.open()

@@ -95,6 +95,38 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+def local_tf_inventory(cli: Cli, **job: Any) -> Path:
+    """Two local workers, chief and other, training the bundled example; `job` overrides keys."""
+    ports = free_ports(2)
+    settings = {
+        "name": "shapes",
+        "task": "worker.examples.shapes:task",
+        "checkpoint_every": 20,
+        "log_every": 10,
+        "env": {"TF_CPP_MIN_LOG_LEVEL": "2"},
+        **job,
+    }
+    path = cli.cwd / "inv.yaml"
+    path.write_text(
+        "defaults: {connection: local, workdir: ./work}\n"
+        "hosts:\n"
+        f"  - {{name: chief, address: localhost, port: {ports[0]}}}\n"
+        f"  - {{name: other, address: localhost, port: {ports[1]}}}\n"
+        f"job: {json.dumps(settings)}\n"
+    )
+    return path
+
+
+def restored_steps(cli: Cli) -> list[int]:
+    """The steps the current attempt's workers logged restoring, from their logs."""
+    logs = cli("tail", "-n", "400", check=True).stdout
+    return [
+        int(line.split("restored checkpoint at step ")[1].split()[0])
+        for line in logs.splitlines()
+        if "restored checkpoint at step" in line
+    ]
+
+
 def run_processes(run_id: str) -> list[psutil.Process]:
     """Every live process on this machine started for the run (found by its environment)."""
     found = []

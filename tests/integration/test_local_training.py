@@ -4,36 +4,21 @@ real MultiWorkerMirroredStrategy over localhost gRPC, real checkpoints."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
 import tensorflow as tf
 
-from tests.conftest import Cli, free_ports, run_processes, serve_tensorboard, wait_for
+from tests.conftest import (
+    Cli,
+    free_ports,
+    local_tf_inventory,
+    run_processes,
+    serve_tensorboard,
+    wait_for,
+)
 
 pytestmark = pytest.mark.tf
-
-
-def write_inventory(cli: Cli, steps: int, name: str = "inv.yaml") -> Path:
-    ports = free_ports(2)
-    path = cli.cwd / name
-    path.write_text(
-        textwrap.dedent(f"""\
-        defaults: {{connection: local, workdir: ./work}}
-        hosts:
-          - {{name: chief, address: localhost, port: {ports[0]}}}
-          - {{name: other, address: localhost, port: {ports[1]}}}
-        job:
-          name: shapes
-          task: worker.examples.shapes:task
-          steps: {steps}
-          checkpoint_every: 20
-          log_every: 10
-          env: {{TF_CPP_MIN_LOG_LEVEL: "2"}}
-        """)
-    )
-    return path
 
 
 def checkpoint_step(directory: Path) -> int:
@@ -43,7 +28,7 @@ def checkpoint_step(directory: Path) -> int:
 
 
 def test_two_workers_train_then_resume(cli: Cli, reaper: list[str]) -> None:
-    write_inventory(cli, steps=40)
+    local_tf_inventory(cli, steps=40)
     cli("up", "inv.yaml", check=True, timeout=300)
     reaper.append(cli.record()["run_id"])
     status = cli.status()
@@ -56,7 +41,7 @@ def test_two_workers_train_then_resume(cli: Cli, reaper: list[str]) -> None:
     assert checkpoint_step(checkpoints) == 40
     first_loss = status["workers"][0]["loss"]
 
-    write_inventory(cli, steps=80)
+    local_tf_inventory(cli, steps=80)
     cli("up", "inv.yaml", check=True, timeout=300)
     logs = cli("tail", "-n", "200", check=True).stdout
     assert "chief | worker: restored checkpoint at step 40" in logs
@@ -79,7 +64,7 @@ def test_two_workers_train_then_resume(cli: Cli, reaper: list[str]) -> None:
 
 
 def test_status_while_training_and_down_in_the_middle(cli: Cli, reaper: list[str]) -> None:
-    write_inventory(cli, steps=100_000)
+    local_tf_inventory(cli, steps=100_000)
     cli("up", "--detach", "inv.yaml", check=True)
     run_id = cli.record()["run_id"]
     reaper.append(run_id)

@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Cli, free_ports, run_processes, wait_for
+from tests.conftest import (
+    Cli,
+    free_ports,
+    local_tf_inventory,
+    restored_steps,
+    run_processes,
+    wait_for,
+)
 
 # A stand-in for a training script: steps with a progress file, a "checkpoint" file that survives
 # restarts, and failure modes chosen through the environment.
@@ -202,23 +209,7 @@ def test_down_stops_a_supervised_run_for_good(cli: Cli, reaper: list[str]) -> No
 def test_tensorflow_worker_killed_mid_training_resumes_to_exactly_the_target(
     cli: Cli, reaper: list[str]
 ) -> None:
-    ports = free_ports(2)
-    (cli.cwd / "inv.yaml").write_text(
-        textwrap.dedent(f"""\
-        defaults: {{connection: local, workdir: ./work}}
-        hosts:
-          - {{name: chief, address: localhost, port: {ports[0]}}}
-          - {{name: other, address: localhost, port: {ports[1]}}}
-        job:
-          name: shapes
-          task: worker.examples.shapes:task
-          steps: 300
-          checkpoint_every: 50
-          log_every: 10
-          restart_backoff: 1
-          env: {{TF_CPP_MIN_LOG_LEVEL: "2"}}
-        """)
-    )
+    local_tf_inventory(cli, steps=300, checkpoint_every=50, restart_backoff=1)
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     seen: list[int] = []
     try:
@@ -239,45 +230,15 @@ def test_tensorflow_worker_killed_mid_training_resumes_to_exactly_the_target(
     assert seen == sorted(seen), f"checkpoint steps went back: {seen}"
     final = cli.status()
     assert [w["step"] for w in final["workers"]] == [300, 300]
-    logs = cli("tail", "-n", "400", check=True).stdout
-    restored = [int(line.rsplit(" ", 3)[-3]) for line in logs.splitlines()
-                if "restored checkpoint at step" in line]  # fmt: skip
+    restored = restored_steps(cli)
     assert restored and min(restored) >= seen[0]
-
-
-def tf_inventory(cli: Cli, steps: int) -> None:
-    ports = free_ports(2)
-    (cli.cwd / "inv.yaml").write_text(
-        textwrap.dedent(f"""\
-        defaults: {{connection: local, workdir: ./work}}
-        hosts:
-          - {{name: chief, address: localhost, port: {ports[0]}}}
-          - {{name: other, address: localhost, port: {ports[1]}}}
-        job:
-          name: shapes
-          task: worker.examples.shapes:task
-          steps: {steps}
-          checkpoint_every: 1000
-          log_every: 10
-          env: {{TF_CPP_MIN_LOG_LEVEL: "2"}}
-        """)
-    )
-
-
-def restored_steps(cli: Cli) -> list[int]:
-    logs = cli("tail", "-n", "400", check=True).stdout
-    return [
-        int(line.split("restored checkpoint at step ")[1].split()[0])
-        for line in logs.splitlines()
-        if "restored checkpoint at step" in line
-    ]
 
 
 @pytest.mark.tf
 def test_sigterm_to_one_worker_saves_the_cluster_and_up_resumes_there(
     cli: Cli, reaper: list[str]
 ) -> None:
-    tf_inventory(cli, steps=100_000)
+    local_tf_inventory(cli, steps=100_000, checkpoint_every=1000)
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     try:
         status = cli.status_when(lambda s: all((w["step"] or 0) >= 30 for w in s["workers"]), 120)
@@ -294,7 +255,7 @@ def test_sigterm_to_one_worker_saves_the_cluster_and_up_resumes_there(
     assert len(saved) == 1 and saved.pop() >= 30  # every worker saved at the same step
     assert {w["exit_code"] for w in final["workers"]} == {75}
     step = final["workers"][0]["checkpoint_step"]
-    tf_inventory(cli, steps=step + 20)
+    local_tf_inventory(cli, steps=step + 20, checkpoint_every=1000)
     cli("up", "--skip-checks", "inv.yaml", check=True, timeout=300)
     assert restored_steps(cli) == [step, step]
 
@@ -303,13 +264,13 @@ def test_sigterm_to_one_worker_saves_the_cluster_and_up_resumes_there(
 def test_down_save_reports_the_saved_step_and_the_next_up_resumes(
     cli: Cli, reaper: list[str]
 ) -> None:
-    tf_inventory(cli, steps=100_000)
+    local_tf_inventory(cli, steps=100_000, checkpoint_every=1000)
     cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
     reaper.append(cli.record()["run_id"])
     cli.status_when(lambda s: all((w["step"] or 0) >= 30 for w in s["workers"]), 120)
     down = cli("down", "--save", check=True, timeout=120)
     assert "saved a checkpoint at step" in down.stderr
     step = int(down.stderr.split("saved a checkpoint at step ")[1].split()[0])
-    tf_inventory(cli, steps=step + 20)
+    local_tf_inventory(cli, steps=step + 20, checkpoint_every=1000)
     cli("up", "--skip-checks", "inv.yaml", check=True, timeout=300)
     assert restored_steps(cli) == [step, step]
