@@ -144,8 +144,19 @@ def orchestrated(steps: int) -> Sample:
         )  # fmt: skip
         runs = root / "work" / "bench" / "runs"
         run_dir = next(runs.iterdir())
-        return wait_logs([run_dir / "w0" / "worker.log", run_dir / "w1" / "worker.log"], started,
-                         steps)  # fmt: skip
+        attempt = run_dir / "attempt-0"
+        sample = wait_logs([attempt / "w0" / "worker.log", attempt / "w1" / "worker.log"], started,
+                           steps)  # fmt: skip
+        # Let the detached supervisor see the end before the directories go.
+        for _ in range(100):
+            state = subprocess.run(
+                [sys.executable, "-m", "orchestrator", "status", "--json"],
+                cwd=root, env=env(), capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if '"state": "succeeded"' in state.stdout:
+                break
+            time.sleep(0.1)
+        return sample
 
 
 def table(results: dict[str, list[Sample]], baseline: str) -> list[str]:

@@ -15,6 +15,7 @@ Verbs:
   checkpoint DIR            the latest TensorFlow checkpoint in DIR: its name and files with sizes
   adopt-checkpoint DIR NAME make NAME (files already copied into DIR) the latest checkpoint of DIR
   files DIR                 every file under DIR with its size and modification time
+  session                   answer {"verb", "args"} requests, one JSON line each, until EOF
 
 Files in a run directory:
   spec.json  tf_config.json  agent.py  pid (supervisor = process group)  worker.pid
@@ -200,21 +201,28 @@ def _is_our_supervisor(pid, run_dir):
     return state != "Z" and run_dir.encode() in argv
 
 
+_WATCHED: dict = {}  # pid -> psutil.Process, kept between the probes of one session
+
+
 def _usage(pids):
-    """CPU% over a short window and resident memory of the worker processes (psutil if present)."""
+    """CPU% and resident memory of the worker processes (psutil if present). CPU% is measured
+    since the previous probe of the same session; a process seen first is sampled for 0.2 s."""
     try:
         import psutil
     except ImportError:
         return {}
     processes = {}
+    fresh = False
     for pid in pids:
         try:
-            process = psutil.Process(pid)
-            process.cpu_percent(None)
-            processes[pid] = process
+            if pid not in _WATCHED or not _WATCHED[pid].is_running():
+                _WATCHED[pid] = psutil.Process(pid)
+                _WATCHED[pid].cpu_percent(None)
+                fresh = True
+            processes[pid] = _WATCHED[pid]
         except psutil.Error:
             continue
-    if processes:
+    if fresh:
         time.sleep(0.2)
     usage = {}
     for pid, process in processes.items():
@@ -346,6 +354,19 @@ VERBS = {
     "probe": cmd_probe,
     "stop": cmd_stop,
 }
+
+
+def cmd_session(_args):
+    """Answer one JSON request per stdin line ({"verb": ..., "args": [...]}) until end of input:
+    a supervisor polling every second pays for one Python start, not one per poll."""
+    for line in sys.stdin:
+        if line.strip():
+            request = json.loads(line)
+            sys.stdout.write(json.dumps(VERBS[request["verb"]](request["args"])) + "\n")
+            sys.stdout.flush()
+
+
+VERBS["session"] = cmd_session
 
 
 def main(argv):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
+from orchestrator.errors import HostError
 from orchestrator.hostagent import HostAgent
 from orchestrator.inventory import Host
-from orchestrator.runner import LocalRunner, Runner
+from orchestrator.runner import LineSession, LocalRunner, Runner
 
 MachineKey = tuple[str, ...]
 
@@ -33,6 +35,7 @@ class Machines:
         self._factory = factory
         self._runners: dict[MachineKey, Runner] = {}
         self._lock = threading.Lock()  # fan-out threads ask for runners at the same time
+        self._sessions: dict[MachineKey, LineSession] = {}
 
     def agent(self, host: Host) -> HostAgent:
         key = machine_key(host)
@@ -44,6 +47,22 @@ class Machines:
     def runner(self, host: Host) -> Runner:
         return self.agent(host).runner
 
+    def probe(self, host: Host, run_dirs: list[str]) -> dict[str, Any]:
+        """The agent's probe through a session kept open per machine: repeated polls do not
+        start a Python each time. A broken session is dropped and the call made afresh."""
+        key = machine_key(host)
+        agent = self.agent(host)
+        session = self._sessions.pop(key, None)
+        try:
+            session = session or agent.session()
+            answer = session.request({"verb": "probe", "args": run_dirs}, timeout=30)
+        except HostError:
+            if session is not None:
+                session.close()
+            return agent.probe(run_dirs)
+        self._sessions[key] = session
+        return answer
+
     @staticmethod
     def group(hosts: Iterable[Host]) -> dict[MachineKey, list[Host]]:
         groups: dict[MachineKey, list[Host]] = {}
@@ -52,6 +71,9 @@ class Machines:
         return groups
 
     def close(self) -> None:
+        for session in self._sessions.values():
+            session.close()
+        self._sessions.clear()
         for runner in self._runners.values():
             runner.close()
         self._runners.clear()

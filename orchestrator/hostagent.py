@@ -59,6 +59,10 @@ class HostAgent:
     def adopt_checkpoint(self, directory: str, name: str) -> dict[str, Any]:
         return dict(self._call("adopt-checkpoint", directory, name, timeout=30))
 
+    def session(self) -> LineSession:
+        """agent.py serving requests until the session closes (see its `session` verb)."""
+        return self.runner.session([self.python, "-c", agent_source(), "session"])
+
     def preflight_session(self) -> LineSession:
         """hostprobe.py serving requests (inspect, connect, cleanup) until the session closes."""
         return self.runner.session([self.python, "-c", host_program("hostprobe.py"), "session"])

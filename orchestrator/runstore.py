@@ -146,6 +146,9 @@ class RunStore:
             raise RunStateError(f"the record of run '{run_id}' is unreadable: {exc}") from exc
         return RunRecord.from_json(data)
 
+    def exists(self, run_id: str) -> bool:
+        return self._run_path(run_id).exists()
+
     def current_id(self) -> str | None:
         try:
             return (self.root / "current").read_text(encoding="utf-8").strip() or None

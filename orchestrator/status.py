@@ -106,8 +106,7 @@ def collect_status(record: RunRecord, machines: Machines) -> RunStatus:
 
     def probe(key: MachineKey) -> dict[str, Any]:
         workers = by_machine[key]
-        agent = machines.agent(workers[0].host)
-        return agent.probe([w.run_dir for w in workers])
+        return machines.probe(workers[0].host, [w.run_dir for w in workers])
 
     answers = fan_out(by_machine, probe)
     statuses = []

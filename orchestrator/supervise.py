@@ -46,6 +46,10 @@ class Failure:
 # Pure decisions
 
 
+# States in which a worker must show news within stall_timeout: a new step, an answer, a start.
+WATCHED = (WorkerState.PENDING, WorkerState.STARTING, WorkerState.RUNNING, WorkerState.UNKNOWN)
+
+
 @dataclass
 class StallWatch:
     """When each worker's step last moved and when its host last answered."""
@@ -55,7 +59,7 @@ class StallWatch:
 
     def check(self, status: RunStatus, now: float) -> Failure | None:
         for worker in status.workers:
-            if worker.state not in (WorkerState.STARTING, WorkerState.RUNNING, WorkerState.UNKNOWN):
+            if worker.state not in WATCHED:
                 continue
             # A new step, or the host answering again after silence, restarts the clock.
             mark = (worker.state is WorkerState.UNKNOWN, worker.step)
@@ -70,6 +74,8 @@ class StallWatch:
     def _reason(self, worker: WorkerStatus) -> str:
         if worker.state is WorkerState.UNKNOWN:
             return f"its host did not answer for {self.timeout:g} s ({worker.reason})"
+        if worker.state is WorkerState.PENDING:
+            return f"it did not start within {self.timeout:g} s (its run directory is missing)"
         where = f"at step {worker.step}" if worker.step is not None else "before its first step"
         return f"stalled: no progress for {self.timeout:g} s {where}"
 
@@ -184,6 +190,8 @@ class Supervisor:
     def run(self) -> RunStatus:
         """Supervise until the run succeeds, is stopped, or fails for good (JobFailed)."""
         while True:
+            if not self.store.exists(self.record.run_id):
+                raise RunStateError(f"the record of run {self.record.run_id} was removed")
             status = collect_status(self.record, self.machines)
             self.show(status)
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
