@@ -84,6 +84,23 @@ def cli(tmp_path: Path) -> Cli:
     return Cli(tmp_path)
 
 
+def worker_env(run_dir: Path, tf_config: str | None = None, **extra: str) -> dict[str, str]:
+    """The environment orchestrate gives a worker, for tests that start `python -m worker`."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        # Proxy variables make gRPC route worker-to-worker traffic through the proxy.
+        if key.lower() not in {"http_proxy", "https_proxy", "grpc_proxy", "all_proxy", "tf_config"}
+        and not key.startswith("ORCHESTRATE_")
+    }
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", ORCHESTRATE_RUN_DIR=str(run_dir))
+    env["ORCHESTRATE_PROGRESS_FILE"] = str(run_dir / "progress.json")
+    if tf_config is not None:
+        env["TF_CONFIG"] = tf_config
+    env.update(extra)
+    return env
+
+
 def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     try:

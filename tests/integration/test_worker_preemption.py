@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import free_ports, worker_env
+
 pytestmark = pytest.mark.tf
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,21 +34,6 @@ EXIT_PREEMPTED = 75
 STARTUP_S = 120  # TensorFlow import and the first steps on two busy CPU cores
 STOP_S = 20  # SIGTERM to exit: up to --preemption-check-every steps, a save, TensorFlow teardown
 STEP_KEY = "step/.ATTRIBUTES/VARIABLE_VALUE"  # the `step` variable in worker.train's checkpoint
-
-
-def worker_env(run_dir: Path, tf_config: str | None) -> dict[str, str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        # Proxy variables make gRPC route worker-to-worker traffic through the proxy.
-        if key.lower() not in {"http_proxy", "https_proxy", "grpc_proxy", "all_proxy", "tf_config"}
-        and not key.startswith("ORCHESTRATE_")
-    }
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", ORCHESTRATE_RUN_DIR=str(run_dir))
-    env["ORCHESTRATE_PROGRESS_FILE"] = str(run_dir / "progress.json")
-    if tf_config is not None:
-        env["TF_CONFIG"] = tf_config
-    return env
 
 
 class Worker:
@@ -106,14 +93,6 @@ def workers() -> Any:
     yield start
     for worker in started:
         worker.stop()
-
-
-def free_ports(count: int) -> list[int]:
-    with ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 def tf_configs(count: int) -> list[str]:

@@ -7,12 +7,13 @@ with TensorBoard's own reader, as the TensorBoard server would. About 30 s on tw
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import worker_env
 
 pytestmark = pytest.mark.tf
 
@@ -22,19 +23,6 @@ TIMEOUT_S = 120
 SCALAR_TAGS = {"loss", "accuracy", "learning_rate", "steps_per_sec", "examples_per_sec"}
 SHAPES_LEARNING_RATE = 3e-3
 GRID_SIDE = 4 * (16 + 1) + 1  # 16 images of 16x16 pixels, 4x4, with 1-pixel borders
-
-
-def worker_env(run_dir: Path, **extra: str) -> dict[str, str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key.lower() not in {"http_proxy", "https_proxy", "grpc_proxy", "all_proxy", "tf_config"}
-        and not key.startswith("ORCHESTRATE_")
-    }
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", ORCHESTRATE_RUN_DIR=str(run_dir))
-    env["ORCHESTRATE_PROGRESS_FILE"] = str(run_dir / "progress.json")
-    env.update(extra)
-    return env
 
 
 def worker(run_dir: Path, *flags: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -11,14 +11,14 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import free_ports, worker_env
 
 pytestmark = pytest.mark.tf
 
@@ -30,23 +30,6 @@ PROGRESS_KEYS = {
 }  # fmt: skip
 TIMEOUT_S = 120
 STEP_LINE = re.compile(r"^step (\d+) loss ([\d.]+) accuracy ([\d.]+) steps/s ([\d.]+)$", re.M)
-
-
-def worker_env(run_dir: Path, tf_config: str | None = None) -> dict[str, str]:
-    """The environment the controller gives a worker, minus anything that would disturb it."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        # Proxy variables make gRPC route worker-to-worker traffic through the proxy.
-        if key.lower() not in {"http_proxy", "https_proxy", "grpc_proxy", "all_proxy", "tf_config"}
-        and not key.startswith("ORCHESTRATE_")
-    }
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env["ORCHESTRATE_RUN_DIR"] = str(run_dir)
-    env["ORCHESTRATE_PROGRESS_FILE"] = str(run_dir / "progress.json")
-    if tf_config is not None:
-        env["TF_CONFIG"] = tf_config
-    return env
 
 
 def start_worker(run_dir: Path, *flags: str, tf_config: str | None = None) -> subprocess.Popen:
@@ -87,15 +70,6 @@ def read_progress(run_dir: Path) -> dict:
 def latest_checkpoint(directory: Path) -> str | None:
     tf = pytest.importorskip("tensorflow")
     return tf.train.latest_checkpoint(str(directory))
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports the OS calls free right now (bound to port 0, then released for the workers)."""
-    with ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 def test_one_worker_trains_resumes_and_stops_when_done(tmp_path):
