@@ -1,0 +1,84 @@
+"""The `orchestrate` command group, its consoles and shared options, and main()."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+from rich.text import Text
+
+from orchestrator import __version__
+from orchestrator.errors import (
+    OrchestrateError,
+)
+from orchestrator.runstore import DEFAULT_STATE_DIR, RunStore
+
+# Piped output is read by people too (CI logs, `| less`): give tables room instead of 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
+errors = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+EXIT_INTERRUPTED = 130
+
+
+class Context:
+    def __init__(self, state_dir: str) -> None:
+        self.store = RunStore(state_dir)
+
+
+pass_context = click.make_pass_decorator(Context)
+run_option = click.option(
+    "--run", "run_id", metavar="RUN_ID", help="Act on this run instead of the latest one."
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="orchestrate")
+@click.option(
+    "--state-dir",
+    envvar="ORCHESTRATE_STATE_DIR",
+    default=DEFAULT_STATE_DIR,
+    show_default=True,
+    metavar="DIR",
+    help="Where runs are recorded, so later commands from any shell find them "
+    "(env: ORCHESTRATE_STATE_DIR).",
+)
+@click.pass_context
+def cli(ctx: click.Context, state_dir: str) -> None:
+    """Launch, watch and stop TensorFlow MultiWorkerMirroredStrategy training on several machines
+    from one YAML inventory.
+
+    \b
+    orchestrate check inventory/local.yaml  find what would make the cluster fail or hang
+    orchestrate up inventory/local.yaml     check, start every worker, watch until the job ends
+    orchestrate status                      state, step, loss and checkpoint of each worker
+    orchestrate tail -f                     follow every worker's log, prefixed by its name
+    orchestrate down                        stop every worker of the run
+    """
+    ctx.obj = Context(state_dir)
+
+
+class StoppedWatching(OrchestrateError):
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self) -> None:
+        super().__init__(
+            "stopped watching; the workers keep running",
+            hint="'orchestrate status', 'orchestrate tail -f', or 'orchestrate down' to stop them",
+        )
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False, prog_name="orchestrate")
+    except OrchestrateError as error:
+        errors.print(Text.assemble(("error: ", "bold red"), error.message), highlight=False)
+        if error.hint:
+            errors.print(f"hint: {error.hint}", markup=False, highlight=False)
+        sys.exit(error.exit_code)
+    except click.exceptions.Abort:
+        errors.print("interrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(error.exit_code)

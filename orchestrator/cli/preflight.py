@@ -1,0 +1,135 @@
+"""`check` and `firewall`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from orchestrator.cli.app import (
+    cli,
+    errors,
+)
+from orchestrator.connect import Machines
+from orchestrator.errors import (
+    PreflightFailed,
+)
+from orchestrator.firewall import FORMATS, controller_address, host_rules
+from orchestrator.inventory import Inventory, load_inventory
+from orchestrator.preflight import (
+    DEFAULT_MIN_FREE_BYTES,
+    DEFAULT_PROBE_TIMEOUT,
+    PreflightReport,
+    Status,
+    run_preflight,
+)
+from orchestrator.render import (
+    finding_hints,
+    findings_table,
+    firewall_script,
+)
+
+probe_timeout_option = click.option(
+    "--probe-timeout",
+    default=DEFAULT_PROBE_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long each port probe between two hosts may take.",
+)
+min_free_option = click.option(
+    "--min-free-gb",
+    default=DEFAULT_MIN_FREE_BYTES / 2**30,
+    show_default=True,
+    metavar="GIB",
+    help="Free space wanted under the workdir and checkpoint directory.",
+)
+
+
+def run_checks(
+    spec: Inventory, machines: Machines, probe_timeout: float, min_free_gb: float
+) -> PreflightReport:
+    with errors.status("preflight: checking every host and every port between them"):
+        return run_preflight(
+            spec,
+            machines,
+            probe_timeout=probe_timeout,
+            min_free_bytes=int(min_free_gb * 2**30),
+        )
+
+
+def show_findings(report: PreflightReport, only_problems: bool) -> None:
+    if only_problems:
+        report = PreflightReport(tuple(f for f in report.findings if f.status is not Status.OK))
+        if not report.findings:
+            return
+    errors.print(findings_table(report))
+    for hint in finding_hints(report):
+        errors.print(f"hint: {hint}", markup=False, highlight=False)
+
+
+def blocking_error(report: PreflightReport) -> PreflightFailed:
+    hosts = sorted({f.host for f in report.blocking})
+    return PreflightFailed(
+        f"preflight found {len(report.blocking)} problem(s) on {', '.join(hosts)}",
+        hint="fix them and run 'orchestrate check INVENTORY' again "
+        "('orchestrate up --skip-checks' starts anyway)",
+    )
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per finding.")
+@probe_timeout_option
+@min_free_option
+def check(inventory: Path, as_json: bool, probe_timeout: float, min_free_gb: float) -> None:
+    """Find every reason the cluster would fail or hang, on every host at once, before starting.
+
+    \b
+    SSH login; Python, TensorFlow and worker versions (the same everywhere); each TensorFlow port
+    free on its host (and who holds it if not); each port reachable from every other host
+    (timed out: a firewall drops packets; refused: nothing listens or a REJECT rule); loopback
+    addresses mixed with remote hosts; writable directories with free space; proxy variables that
+    would capture the workers' gRPC traffic. Leaves no listener or process behind.
+    Exit status 5 when something blocks the run.
+    """
+    spec = load_inventory(inventory)
+    with Machines() as machines:
+        report = run_checks(spec, machines, probe_timeout, min_free_gb)
+    if as_json:
+        click.echo(json.dumps([f.to_json() for f in report.findings], indent=2))
+    else:
+        show_findings(report, only_problems=False)
+    if report.blocking:
+        raise blocking_error(report)
+    errors.print(f"[green]preflight passed[/] on {len(spec.hosts)} host(s)")
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="iptables",
+    show_default=True,
+    help="The firewall tool the hosts use.",
+)
+@click.option(
+    "--controller",
+    metavar="ADDRESS",
+    help="This machine's address as the hosts see it, for the SSH rule "
+    "(default: the source address of the route to the first SSH host).",
+)
+def firewall(inventory: Path, fmt: str, controller: str | None) -> None:
+    """Print, per host, the commands that open its TensorFlow port to the other cluster hosts only.
+
+    The TensorFlow gRPC port is unauthenticated: anyone who can reach it can join or disturb the
+    job. These rules admit the cluster's own addresses, never the world, plus SSH from this
+    machine. Nothing is applied: review them and run each block on its host.
+    """
+    spec = load_inventory(inventory)
+    remote = [h for h in spec.hosts if h.connection == "ssh"]
+    if controller is None and remote:
+        controller = controller_address(remote[0].address)
+    click.echo(firewall_script(host_rules(spec, fmt, controller), fmt))

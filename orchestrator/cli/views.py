@@ -1,0 +1,136 @@
+"""`status`, `tail` and `tensorboard`: looking at a run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+
+import click
+
+from orchestrator.cli.app import (
+    Context,
+    cli,
+    console,
+    errors,
+    pass_context,
+    run_option,
+)
+from orchestrator.connect import Machines
+from orchestrator.errors import (
+    MissingTool,
+)
+from orchestrator.logs import follow, last_lines, select_workers
+from orchestrator.render import (
+    problems,
+    status_table,
+)
+from orchestrator.status import collect_status
+from orchestrator.tensorboard import local_event_dir, pull_events
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object.")
+@run_option
+@pass_context
+def status(context: Context, as_json: bool, run_id: str | None) -> None:
+    """Show each worker's state, pid, step, loss, checkpoint step, uptime, CPU and memory."""
+    record = context.store.load(run_id)
+    with Machines() as machines:
+        result = collect_status(record, machines)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    console.print(status_table(result))
+    for line in problems(result):
+        console.print(line, style="red", markup=False, highlight=False)
+
+
+@cli.command(name="tail")
+@click.argument("names", nargs=-1, metavar="[WORKER]...")
+@click.option("--follow", "-f", "follow_logs", is_flag=True, help="Keep printing new lines.")
+@click.option("--lines", "-n", default=20, show_default=True, help="Lines of each log to show.")
+@run_option
+@pass_context
+def tail_command(
+    context: Context, names: tuple[str, ...], follow_logs: bool, lines: int, run_id: str | None
+) -> None:
+    """Print the last lines of every worker's log (or the named ones), each prefixed by its name.
+
+    With -f, keep following all of them until Ctrl-C.
+    """
+    record = context.store.load(run_id)
+    workers = select_workers(record, names)
+    width = max(len(w.name) for w in workers)
+    colors = ["cyan", "magenta", "green", "yellow", "blue", "red"]
+    prefixes = {
+        w.name: click.style(f"{w.name:<{width}} |", fg=colors[w.index % len(colors)])
+        for w in workers
+    }
+    with Machines() as machines:
+        stream = (
+            follow(workers, machines, lines)
+            if follow_logs
+            else last_lines(workers, machines, lines)
+        )
+        try:
+            for name, line in stream:
+                click.echo(f"{prefixes[name]} {line}")
+        except KeyboardInterrupt:
+            return  # the normal way to end `tail -f`
+
+
+@cli.command()
+@click.option("--port", default=6006, show_default=True, help="TensorBoard's port on this machine.")
+@click.option(
+    "--refresh",
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How often a remote chief's new event files are pulled.",
+)
+@run_option
+@pass_context
+def tensorboard(context: Context, port: int, refresh: float, run_id: str | None) -> None:
+    """Start TensorBoard on the run's event files and print its URL; Ctrl-C stops it.
+
+    The chief writes the events beside its checkpoints. A remote chief's files are pulled over
+    SSH into the state directory and refreshed while TensorBoard runs, so no port has to be
+    opened on the hosts. Needs TensorBoard on this machine (pip install tensorboard).
+    """
+    if importlib.util.find_spec("tensorboard") is None:
+        raise MissingTool(
+            "TensorBoard is not installed for this Python",
+            hint="pip install tensorboard (or 'orchestrate[worker]')",
+        )
+    record = context.store.load(run_id)
+    logdir = local_event_dir(record, context.store)
+    with Machines() as machines:
+        pulled = pull_events(record, machines, logdir)
+        if pulled:
+            errors.print(f"pulled {pulled} event file(s) from {record.workers[0].name}")
+        server_log = context.store.root / "tensorboard.log"
+        server_log.parent.mkdir(parents=True, exist_ok=True)
+        with server_log.open("w") as log:  # a file, not a pipe: a full pipe would stall it
+            server = subprocess.Popen(
+                [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
+                 "--port", str(port), "--host", "127.0.0.1"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        click.echo(f"TensorBoard for run {record.run_id}: http://127.0.0.1:{port}/ ({logdir})")
+        try:
+            while server.poll() is None:
+                time.sleep(refresh if record.workers[0].host.connection != "local" else 1.0)
+                pull_events(record, machines, logdir)
+        except KeyboardInterrupt:
+            server.terminate()
+            server.wait(timeout=15)
+            errors.print("TensorBoard stopped")
+            return
+    last = server_log.read_text().strip().splitlines()[-1:] or ["no output"]
+    raise MissingTool(
+        f"TensorBoard exited {server.returncode}: {last[0]}",
+        hint=f"is port {port} free? try --port; its log is {server_log}",
+    )
