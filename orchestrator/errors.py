@@ -42,13 +42,14 @@ class Problem:
 class InventoryError(OrchestrateError):
     exit_code = 2
 
-    def __init__(self, problems: Sequence[Problem]) -> None:
+    def __init__(self, problems: Sequence[Problem], hint: str | None = None) -> None:
         self.problems = list(problems)
         count = len(self.problems)
         header = f"the inventory has {count} problem{'s' if count != 1 else ''}"
         super().__init__(
             header + ":\n" + "\n".join(f"  {p}" for p in self.problems),
-            hint="fix the keys named above; inventory/cluster.example.yaml documents every key",
+            hint=hint
+            or "fix the keys named above; inventory/cluster.example.yaml documents every key",
         )
 
 

@@ -275,7 +275,7 @@ def load_inventory(path: str | Path) -> Inventory:
         text = source.read_text(encoding="utf-8")
     except OSError as exc:
         report.add(None, "", f"cannot read the file: {exc.strerror or exc}")
-        raise InventoryError(report.problems) from exc
+        raise InventoryError(report.problems, hint="check the path of the inventory file") from exc
     try:
         document = parse(text)
     except YamlSyntaxError as exc:
