@@ -49,6 +49,7 @@ from typing import IO, Any
 from bench.bench_launch import env, free_ports, tf_configs
 from orchestrator.inventory import Job
 from orchestrator.supervise import STOP_GRACE
+from tests.conftest import wait_for
 
 TASK = "worker.examples.shapes:task"
 JOB = "bench"
@@ -149,13 +150,7 @@ class Output:
 
 
 def wait_until(condition: Callable[[], Any], what: str, timeout: float = TIMEOUT) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(POLL)
-    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+    return wait_for(condition, timeout, what, interval=POLL)
 
 
 def wait_first_steps(paths: list[Path], alive: Callable[[], bool]) -> Start:

@@ -159,7 +159,10 @@ def run_processes(run_id: str) -> list[psutil.Process]:
     return found
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.2) -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, what: str = "condition", interval: float = 0.2
+) -> Any:
+    """Poll until `predicate` returns something truthy, and return it."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -168,7 +171,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.2
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
+    raise AssertionError(f"{what} not met within {timeout} s")
 
 
 @pytest.fixture

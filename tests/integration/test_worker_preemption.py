@@ -16,14 +16,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import free_ports, worker_env
+from tests.conftest import free_ports, wait_for, worker_env
 
 pytestmark = pytest.mark.tf
 
@@ -101,16 +100,6 @@ def tf_configs(count: int) -> list[str]:
         json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
         for index in range(count)
     ]
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    pytest.fail(f"{what}: not within {timeout} s")
 
 
 def wait_for_step(running: list[Worker], step: int) -> None:
