@@ -21,14 +21,10 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
+from orchestrator.contract import EXIT_OK, EXIT_PREEMPTED, EXIT_TRAINING_ERROR, EXIT_USAGE
 from worker import config as cfg
 from worker.preemption import Preempted
 from worker.task import TaskError, load_task
-
-EXIT_OK = 0
-EXIT_TRAINING_ERROR = 1
-EXIT_USAGE = 2
-EXIT_PREEMPTED = 75
 
 
 class _Parser(argparse.ArgumentParser):

@@ -14,10 +14,15 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# Environment variables the controller sets on each worker process.
-TF_CONFIG_ENV = "TF_CONFIG"
-PROGRESS_FILE_ENV = "ORCHESTRATE_PROGRESS_FILE"
-RUN_DIR_ENV = "ORCHESTRATE_RUN_DIR"
+# Environment variables the controller sets on each worker process, and the task syntax: one
+# definition shared with the controller, which validates the inventory against the same rules.
+from orchestrator.contract import (
+    PROGRESS_FILE_ENV,
+    RUN_DIR_ENV,
+    TF_CONFIG_ENV,
+    device_setting_problems,
+    task_problem,
+)
 
 DEFAULT_CHECKPOINT_EVERY = 100
 DEFAULT_MAX_TO_KEEP = 3
@@ -32,9 +37,6 @@ DEFAULT_PREEMPTION_CHECK_EVERY = 10
 STRATEGY_MULTI_WORKER = "multi-worker"
 STRATEGY_MIRRORED = "mirrored"
 STRATEGIES = (STRATEGY_MULTI_WORKER, STRATEGY_MIRRORED)
-
-# MODULE:FUNCTION, where MODULE is a dotted Python name and FUNCTION an identifier.
-_TASK_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
 class ConfigError(ValueError):
@@ -134,7 +136,7 @@ def parse_tf_config(text: str | None) -> ClusterInfo:
 
 def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     """Checks the parsed flags against each other and the environment, and fills in defaults."""
-    if not _TASK_SPEC.match(args.task):
+    if task_problem(args.task):
         raise ConfigError(f"--task must look like MODULE:FUNCTION, got {args.task!r}")
     check_every = getattr(args, "preemption_check_every", DEFAULT_PREEMPTION_CHECK_EVERY)
     for flag in ("steps", "checkpoint_every", "max_to_keep", "batch_size", "log_every"):
@@ -240,23 +242,22 @@ def check_device_settings(settings: DeviceSettings) -> None:
     ):
         if value is not None:
             _require_positive(flag, value)
-    # A memory limit is a virtual device configuration, and TensorFlow refuses memory growth on a
-    # GPU that has one ("Cannot set memory growth on device when virtual devices configured").
-    if settings.memory_growth and settings.memory_limit_mb is not None:
-        raise ConfigError(
-            "--gpu-memory-growth cannot be combined with --gpu-memory-limit-mb: TensorFlow does "
-            "not allow memory growth on a GPU with a memory limit"
-        )
-    if settings.memory_growth and settings.logical_gpus is not None:
-        raise ConfigError(
-            "--gpu-memory-growth cannot be combined with --logical-gpus: TensorFlow does not "
-            "allow memory growth on a GPU split into logical devices"
-        )
-    # TensorFlow requires a memory limit for every logical GPU.
-    if settings.logical_gpus is not None and settings.memory_limit_mb is None:
-        raise ConfigError(
-            "--logical-gpus needs --gpu-memory-limit-mb (the memory of each logical GPU)"
-        )
+    problems = device_setting_problems(
+        settings.memory_growth, settings.memory_limit_mb, settings.logical_gpus
+    )
+    if problems:
+        setting, why = problems[0]
+        raise ConfigError(f"{_flag(setting)} {_flags_in(why)}")
+
+
+def _flag(setting: str) -> str:
+    return "--" + setting.replace("_", "-")
+
+
+def _flags_in(text: str) -> str:
+    """The shared rules name inventory settings; on the worker's command line they are flags."""
+    return re.sub(r"\b(gpu_memory_growth|gpu_memory_limit_mb|logical_gpus)\b",
+                  lambda m: _flag(m.group(1)), text)  # fmt: skip
 
 
 def _require_positive(flag: str, value: int) -> None:

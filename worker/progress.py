@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-PROGRESS_FILE_ENV = "ORCHESTRATE_PROGRESS_FILE"
+from orchestrator.contract import PROGRESS_FILE_ENV
 
 
 class ProgressWriter:

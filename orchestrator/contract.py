@@ -1,0 +1,63 @@
+"""What the controller and the worker agree on: one definition of each, imported by both.
+
+STANDARD LIBRARY ONLY, and no import of the rest of `orchestrator`: the worker imports this module
+on training hosts, and the controller imports it without TensorFlow.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Exit codes of `python -m worker`.
+EXIT_OK = 0
+EXIT_TRAINING_ERROR = 1
+EXIT_USAGE = 2  # a flag, TF_CONFIG or task the worker cannot use: never heals by a restart
+EXIT_PREEMPTED = 75  # SIGTERM: the cluster saved a checkpoint at one step and exited (EX_TEMPFAIL)
+
+# Environment variables the controller sets on each worker process.
+TF_CONFIG_ENV = "TF_CONFIG"
+RUN_ID_ENV = "ORCHESTRATE_RUN_ID"
+WORKER_ENV = "ORCHESTRATE_WORKER"
+RUN_DIR_ENV = "ORCHESTRATE_RUN_DIR"
+PROGRESS_FILE_ENV = "ORCHESTRATE_PROGRESS_FILE"
+CHECKPOINT_DIR_ENV = "ORCHESTRATE_CHECKPOINT_DIR"
+RESERVED_ENV_PREFIXES = (TF_CONFIG_ENV, "ORCHESTRATE_")
+
+# The files a worker writes into its run directory.
+PROGRESS_FILE = "progress.json"
+WORKER_LOG = "worker.log"
+
+# Distributions whose installed version names the host's TensorFlow.
+TF_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
+
+# MODULE:FUNCTION, where MODULE is a dotted Python name and FUNCTION an identifier.
+TASK_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+
+def task_problem(task: object) -> str | None:
+    """Why the worker would refuse `task` as its --task, or None."""
+    if isinstance(task, str) and TASK_PATTERN.match(task):
+        return None
+    return f"expected MODULE:FUNCTION such as 'mypackage.train:make_task', got {task!r}"
+
+
+def device_setting_problems(
+    memory_growth: bool, memory_limit_mb: int | None, logical_gpus: int | None
+) -> list[tuple[str, str]]:
+    """GPU setting combinations TensorFlow refuses, as (setting name, why) pairs."""
+    problems = []
+    # A memory limit is a virtual device configuration, and TensorFlow refuses memory growth on a
+    # GPU that has one ("Cannot set memory growth on device when virtual devices configured").
+    if memory_growth and memory_limit_mb is not None:
+        problems.append(
+            ("gpu_memory_growth", "cannot be combined with gpu_memory_limit_mb: TensorFlow does "
+             "not allow memory growth on a GPU with a memory limit")
+        )  # fmt: skip
+    if memory_growth and logical_gpus is not None:
+        problems.append(
+            ("gpu_memory_growth", "cannot be combined with logical_gpus: TensorFlow does not "
+             "allow memory growth on a GPU split into logical devices")
+        )  # fmt: skip
+    if logical_gpus is not None and memory_limit_mb is None:
+        problems.append(("logical_gpus", "needs gpu_memory_limit_mb: the size of each part"))
+    return problems
