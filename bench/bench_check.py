@@ -7,7 +7,7 @@ methods share the machine's noise:
 
     orchestrate check  `python -m orchestrator check INVENTORY` as a user runs it: a new process,
                        so Python start-up and imports (Fabric/paramiko, click, rich) are included
-    run_preflight      in-process run_preflight(load_inventory(INVENTORY), Machines()): the work
+    run_preflight      in-process run_preflight(load_inventory(INVENTORY), HostBackend()): the work
                        itself, three rounds over fresh connections (inspect / connect / cleanup);
                        no blocking finding, and every host reachable from all others when N > 1
     OpenSSH parallel   `xargs -P N -I{} ssh -F ssh_config {} true` (bench_fanout's floor: the cost
@@ -53,8 +53,7 @@ from bench.bench_fanout import (
     ssh_parallel,
     timed,
 )
-from orchestrator.connect import Machines
-from orchestrator.hostagent import HostAgent
+from orchestrator.hostbackend import HostBackend
 from orchestrator.inventory import Host, Inventory, load_inventory
 from orchestrator.preflight import PreflightReport, Status, run_preflight
 from orchestrator.runner import LineSession
@@ -116,9 +115,9 @@ def check_cli(setup: Setup) -> None:
         )
 
 
-def check_inprocess(setup: Setup, machines: Machines | None = None) -> None:
+def check_inprocess(setup: Setup, machines: HostBackend | None = None) -> None:
     inventory = load_inventory(setup.inventory)
-    with machines or Machines() as opened:
+    with machines or HostBackend() as opened:
         report = run_preflight(inventory, opened)
     verify(report, inventory)
 
@@ -148,24 +147,15 @@ class _TimedSession(LineSession):
             self._spans.append((message["verb"], start, time.perf_counter()))  # atomic append
 
 
-class _TimedAgent(HostAgent):
-    def __init__(self, agent: HostAgent, spans: list[tuple[str, float, float]]) -> None:
-        super().__init__(agent.runner, agent.python)
-        self._spans = spans
-
-    def preflight_session(self) -> LineSession:
-        return _TimedSession(super().preflight_session(), self._spans)
-
-
-class TimedMachines(Machines):
-    """Machines whose preflight sessions record (verb, start, end) of each request."""
+class TimedMachines(HostBackend):
+    """A backend whose preflight sessions record (verb, start, end) of each request."""
 
     def __init__(self) -> None:
         super().__init__()
         self.spans: list[tuple[str, float, float]] = []
 
-    def agent(self, host: Host) -> HostAgent:
-        return _TimedAgent(super().agent(host), self.spans)
+    def preflight_session(self, host: Host) -> LineSession:
+        return _TimedSession(super().preflight_session(host), self.spans)
 
 
 def round_split(setup: Setup, repeats: int) -> dict[str, float]:

@@ -40,10 +40,11 @@ from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
-from orchestrator.connect import Machines
-from orchestrator.fanout import fan_out, successes
+from orchestrator.fanout import fan_out
 from orchestrator.hostagent import agent_source
+from orchestrator.hostbackend import HostBackend
 from orchestrator.inventory import Host
+from orchestrator.kinds.ssh import SshSettings
 from orchestrator.runner import CommandResult
 from tests.cluster.netns import BRIDGE_ADDRESS, SUBNET, NamespaceCluster, unavailable_reason
 
@@ -102,9 +103,11 @@ def make_target(cluster: NamespaceCluster) -> Target:
             name=host.name,
             address=host.address,
             port=20000,
-            ssh_user="root",
-            ssh_key=str(cluster.client_key_path),
-            ssh_known_hosts=str(cluster.known_hosts_path),
+            settings=SshSettings(
+                ssh_user="root",
+                ssh_key=str(cluster.client_key_path),
+                ssh_known_hosts=str(cluster.known_hosts_path),
+            ),
             python=sys.executable,
         )
         for host in cluster.hosts
@@ -122,16 +125,16 @@ def _check_ok(result: CommandResult) -> CommandResult:
     return result
 
 
-def orchestrate(hosts: Sequence[Host], action: Callable[[Machines, Host], object]) -> None:
-    machines = Machines()
+def orchestrate(hosts: Sequence[Host], action: Callable[[HostBackend, Host], object]) -> None:
+    machines = HostBackend()
     try:
-        successes(fan_out(hosts, lambda host: action(machines, host)), "benchmark")
+        fan_out(hosts, lambda host: action(machines, host)).raise_if_failed("benchmark")
     finally:
         machines.close()
 
 
 def orchestrate_true(target: Target, n: int) -> None:
-    def action(machines: Machines, host: Host) -> object:
+    def action(machines: HostBackend, host: Host) -> object:
         return _check_ok(machines.runner(host).run(["true"], timeout=COMMAND_TIMEOUT_S))
 
     orchestrate(target.hosts[:n], action)
@@ -170,7 +173,8 @@ def ssh_parallel(target: Target, n: int, options: Sequence[str] = ()) -> None:
 
 def ssh_parallel_agent(target: Target, n: int) -> None:
     # Popen rather than xargs: xargs -I would substitute the "{}" inside the agent's source.
-    remote = shlex.join([sys.executable, "-c", agent_source(), "info"])
+    # The request travels on stdin, as orchestrate sends it.
+    remote = shlex.join([sys.executable, "-c", agent_source()]) + ' <<< \'{"verb": "info"}\''
     pipe = subprocess.PIPE
     procs = [
         (name, subprocess.Popen(target.ssh(name, remote), stdout=pipe, stderr=pipe, text=True))

@@ -1,21 +1,24 @@
 """The host-side agent: the only orchestrate code on a training host besides the worker.
 
 STANDARD LIBRARY ONLY. The controller sends this file's source with every call
-(`python -c SOURCE VERB ...`), so a host needs nothing but a Python interpreter and every host
-operation is one round trip. Each verb prints one JSON document on stdout.
+(`python -c SOURCE`), so a host needs nothing but a Python interpreter. Requests arrive as JSON
+lines on standard input, never as arguments (a launch spec carries the job's environment, and
+argv is visible to every user of the host in `ps`); each is answered with one JSON line, until
+end of input. The request shape is the one hostprobe.py reads too: {"verb": V, ...fields}.
+A verb that fails answers {"error": "..."} and the session goes on.
 
-Verbs:
-  info                      the host's home directory, hostname and Python version
-  launch SPEC_JSON          create the run directory, write TF_CONFIG to a file, and start a
-                            detached supervisor (its own session: it survives the SSH connection
-                            and the controller's terminal closing)
-  supervise RUN_DIR         (internal) run the worker, wait for it, record how it ended
-  probe RUN_DIR...          liveness, progress and exit record of each run directory
-  stop --grace S RUN_DIR... SIGTERM each run's process group, SIGKILL what is left after S seconds
-  checkpoint DIR            the latest TensorFlow checkpoint in DIR: its name and files with sizes
-  adopt-checkpoint DIR NAME make NAME (files already copied into DIR) the latest checkpoint of DIR
-  files DIR                 every file under DIR with its size and modification time
-  session                   answer {"verb", "args"} requests, one JSON line each, until EOF
+Verbs and their fields:
+  info                        the host's home directory, hostname and Python version
+  launch spec                 create the run directory, write TF_CONFIG to a file, and start a
+                              detached supervisor (its own session: it survives the SSH
+                              connection and the controller's terminal closing)
+  probe run_dirs              liveness, progress and exit record of each run directory
+  stop run_dirs grace         SIGTERM each run's process group, SIGKILL what is left after grace
+  checkpoint directory        the latest TensorFlow checkpoint there: its name and files' sizes
+  adopt-checkpoint directory name
+                              make `name` (files already copied in) the latest checkpoint there
+  files directory             every file under it with its size and modification time
+The supervisor itself is started as `agent.py supervise RUN_DIR` (internal; no job values).
 
 Files in a run directory:
   spec.json  tf_config.json  agent.py  pid (supervisor = process group)  worker.pid
@@ -62,7 +65,7 @@ def _expand(path):
     return path if os.path.isabs(path) else os.path.join(os.path.expanduser("~"), path)
 
 
-def cmd_info(_args):
+def cmd_info(_request):
     return {
         "home": os.path.expanduser("~"),
         "hostname": socket.gethostname(),
@@ -71,8 +74,8 @@ def cmd_info(_args):
     }
 
 
-def cmd_launch(args):
-    spec = json.loads(args[0])
+def cmd_launch(request):
+    spec = request["spec"]
     run_dir = _expand(spec["run_dir"])
     os.makedirs(run_dir, exist_ok=True)
     _write_json(os.path.join(run_dir, "tf_config.json"), spec["tf_config"])
@@ -104,10 +107,9 @@ def _become_daemon(log_path):
     os.close(log)
 
 
-def cmd_supervise(args):
+def supervise(run_dir):
     import subprocess
 
-    run_dir = args[0]
     spec = _read_json(os.path.join(run_dir, "spec.json"))
     with open(os.path.join(run_dir, "tf_config.json"), encoding="utf-8") as handle:
         tf_config = handle.read()
@@ -238,9 +240,9 @@ def _usage(pids):
     return usage
 
 
-def cmd_probe(args):
+def cmd_probe(request):
     probes = {}
-    for run_dir in args:
+    for run_dir in request["run_dirs"]:
         path = _expand(run_dir)
         pid = _read_int(os.path.join(path, "pid"))
         probes[run_dir] = {
@@ -264,9 +266,9 @@ def _signal_group(pgid, signum):
         os.killpg(pgid, signum)
 
 
-def cmd_stop(args):
-    grace = float(args[1]) if args and args[0] == "--grace" else 10.0
-    run_dirs = args[2:] if args and args[0] == "--grace" else args
+def cmd_stop(request):
+    grace = float(request.get("grace", 10.0))
+    run_dirs = request["run_dirs"]
     groups = {}
     for run_dir in run_dirs:
         path = _expand(run_dir)
@@ -310,8 +312,8 @@ def _latest_checkpoint(directory):
     return None
 
 
-def cmd_checkpoint(args):
-    directory = _expand(args[0])
+def cmd_checkpoint(request):
+    directory = _expand(request["directory"])
     latest = _latest_checkpoint(directory)
     files = {}
     if latest:
@@ -321,8 +323,8 @@ def cmd_checkpoint(args):
     return {"directory": directory, "latest": latest if files else None, "files": files}
 
 
-def cmd_adopt_checkpoint(args):
-    directory, name = _expand(args[0]), args[1]
+def cmd_adopt_checkpoint(request):
+    directory, name = _expand(request["directory"]), request["name"]
     state = os.path.join(directory, "checkpoint")
     tmp = f"{state}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as handle:
@@ -332,8 +334,8 @@ def cmd_adopt_checkpoint(args):
     return {"directory": directory, "latest": name}
 
 
-def cmd_files(args):
-    root = _expand(args[0])
+def cmd_files(request):
+    root = _expand(request["directory"])
     found = {}
     for directory, _dirs, names in os.walk(root):
         for name in names:
@@ -350,32 +352,38 @@ VERBS = {
     "adopt-checkpoint": cmd_adopt_checkpoint,
     "info": cmd_info,
     "launch": cmd_launch,
-    "supervise": cmd_supervise,
     "probe": cmd_probe,
     "stop": cmd_stop,
 }
 
 
-def cmd_session(_args):
-    """Answer one JSON request per stdin line ({"verb": ..., "args": [...]}) until end of input:
-    a supervisor polling every second pays for one Python start, not one per poll."""
-    for line in sys.stdin:
+def answer(request):
+    verb = request.get("verb")
+    if verb not in VERBS:
+        return {"error": f"unknown verb {verb!r}; known: {', '.join(VERBS)}"}
+    try:
+        return VERBS[verb](request)
+    except Exception as exc:  # one failed request must not end the session
+        return {"error": f"{verb}: {type(exc).__name__}: {exc}"}
+
+
+def serve(lines, out):
+    """One JSON answer per JSON request line until end of input: a supervisor polling every
+    second pays for one Python start, not one per poll."""
+    for line in lines:
         if line.strip():
-            request = json.loads(line)
-            sys.stdout.write(json.dumps(VERBS[request["verb"]](request["args"])) + "\n")
-            sys.stdout.flush()
-
-
-VERBS["session"] = cmd_session
+            out.write(json.dumps(answer(json.loads(line))) + "\n")
+            out.flush()
 
 
 def main(argv):
-    if not argv or argv[0] not in VERBS:
-        sys.stderr.write(f"usage: agent.py {{{','.join(VERBS)}}} ...\n")
+    if argv[:1] == ["supervise"] and len(argv) == 2:
+        supervise(argv[1])
+        return 0
+    if argv:
+        sys.stderr.write("usage: agent.py (requests as JSON lines on stdin)\n")
         return 2
-    result = VERBS[argv[0]](argv[1:])
-    if result is not None:
-        sys.stdout.write(json.dumps(result) + "\n")
+    serve(sys.stdin, sys.stdout)
     return 0
 
 

@@ -18,10 +18,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from orchestrator.connect import Machines
-from orchestrator.fanout import fan_out, successes
+from orchestrator.answers import CheckpointListing
+from orchestrator.backend import Backend
+from orchestrator.fanout import fan_out
 from orchestrator.inventory import Host
 from orchestrator.plan import WorkerSpec
 
@@ -42,40 +42,35 @@ def checkpoint_step(name: str | None) -> int:
         return -1
 
 
-def _same(listing: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    return listing["latest"] == wanted["latest"] and listing["files"] == wanted["files"]
-
-
 class Mirror:
     """The newest checkpoint of a remote chief, kept on this machine."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def latest(self) -> dict[str, Any] | None:
-        """A listing shaped like the agent's `checkpoint` answer, or None."""
+    def latest(self) -> CheckpointListing | None:
         try:
             name = (self.root / "latest").read_text(encoding="utf-8").strip()
         except FileNotFoundError:
             return None
         directory = self.root / name
         files = {p.name: p.stat().st_size for p in directory.iterdir()}
-        return {"directory": str(directory), "latest": name, "files": files}
+        return CheckpointListing(str(directory), name, files)
 
-    def update(self, host: Host, checkpoint_dir: str, machines: Machines) -> str | None:
+    def update(self, host: Host, checkpoint_dir: str, backend: Backend) -> str | None:
         """Copy the host's latest checkpoint here unless it is already here; its name."""
-        found = machines.agent(host).checkpoint(checkpoint_dir)
+        found = backend.checkpoint(host, checkpoint_dir)
         current = self.latest()
-        if not found["latest"] or (current and current["latest"] == found["latest"]):
+        if not found.latest or (current and current.latest == found.latest):
             return None
         staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=self._ready()))
-        _download(host, found, machines, staging)
-        os.replace(staging, self.root / found["latest"])
-        _write_atomic(self.root / "latest", found["latest"])  # last: never names a partial copy
+        _download(host, found, backend, staging)
+        os.replace(staging, self.root / found.latest)
+        _write_atomic(self.root / "latest", found.latest)  # last: never names a partial copy
         for old in self.root.iterdir():
-            if old.is_dir() and old.name != found["latest"]:
+            if old.is_dir() and old.name != found.latest:
                 shutil.rmtree(old, ignore_errors=True)
-        return str(found["latest"])
+        return found.latest
 
     def _ready(self) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -89,54 +84,46 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def spread_latest_checkpoint(
-    specs: list[WorkerSpec], machines: Machines, mirror: Mirror | None = None
+    specs: list[WorkerSpec], backend: Backend, mirror: Mirror | None = None
 ) -> CheckpointSpread:
     """Make the newest checkpoint (the chief's, or the mirror's if newer) present everywhere."""
     chief = specs[0]
-    found = machines.agent(chief.host).checkpoint(chief.checkpoint_dir)
+    found = backend.checkpoint(chief.host, chief.checkpoint_dir)
     mirrored = mirror.latest() if mirror else None
-    use_mirror = mirrored and checkpoint_step(mirrored["latest"]) > checkpoint_step(found["latest"])
-    wanted = mirrored if use_mirror else found
-    if not wanted or not wanted["latest"]:
-        return CheckpointSpread(None, 0, ())
-    targets = specs if use_mirror else specs[1:]
-    listings = successes(
-        fan_out(
-            range(len(targets)),
-            lambda i: machines.agent(targets[i].host).checkpoint(targets[i].checkpoint_dir),
-        ),
-        "reading the checkpoint directories",
+    use_mirror = bool(mirrored) and checkpoint_step(mirrored.latest if mirrored else None) > (
+        checkpoint_step(found.latest)
     )
-    needy = [targets[i] for i, listing in listings.items() if not _same(listing, wanted)]
+    wanted = mirrored if use_mirror and mirrored else found
+    if not wanted.latest:
+        return CheckpointSpread(None, 0, ())
+    targets = {spec.name: spec for spec in (specs if use_mirror else specs[1:])}
+    listings = fan_out(
+        targets, lambda n: backend.checkpoint(targets[n].host, targets[n].checkpoint_dir)
+    ).raise_if_failed("reading the checkpoint directories")
+    needy = {n: targets[n] for n, listing in listings.items() if not listing.same_as(wanted)}
     if needy:
         with tempfile.TemporaryDirectory(prefix="orchestrate-ckpt-") as scratch:
-            staging = Path(wanted["directory"]) if use_mirror else Path(scratch)
+            staging = Path(wanted.directory) if use_mirror else Path(scratch)
             if not use_mirror:
-                _download(chief.host, found, machines, staging)
-            successes(
-                fan_out(
-                    range(len(needy)),
-                    lambda i: _install(needy[i], wanted, machines, staging),
-                ),
-                "copying the latest checkpoint",
+                _download(chief.host, found, backend, staging)
+            fan_out(needy, lambda n: _install(needy[n], wanted, backend, staging)).raise_if_failed(
+                "copying the latest checkpoint"
             )
     return CheckpointSpread(
-        wanted["latest"],
-        sum(wanted["files"].values()),
-        tuple(spec.name for spec in needy),
+        wanted.latest,
+        wanted.size_bytes,
+        tuple(needy),
         "mirror" if use_mirror else "chief",
     )
 
 
-def _download(host: Host, found: dict[str, Any], machines: Machines, staging: Path) -> None:
-    runner = machines.runner(host)
-    for name in found["files"]:
-        runner.get(posixpath.join(found["directory"], name), str(staging / name))
+def _download(host: Host, found: CheckpointListing, backend: Backend, staging: Path) -> None:
+    for name in found.files:
+        backend.download(host, posixpath.join(found.directory, name), str(staging / name))
 
 
-def _install(spec: WorkerSpec, found: dict[str, Any], machines: Machines, staging: Path) -> None:
-    runner = machines.runner(spec.host)
-    runner.make_dirs([spec.checkpoint_dir])
-    for name in found["files"]:
-        runner.put(str(staging / name), posixpath.join(spec.checkpoint_dir, name))
-    machines.agent(spec.host).adopt_checkpoint(spec.checkpoint_dir, found["latest"])
+def _install(spec: WorkerSpec, found: CheckpointListing, backend: Backend, staging: Path) -> None:
+    assert found.latest is not None
+    files = [(str(staging / n), posixpath.join(spec.checkpoint_dir, n)) for n in found.files]
+    backend.upload(spec.host, files)
+    backend.adopt_checkpoint(spec.host, spec.checkpoint_dir, found.latest)

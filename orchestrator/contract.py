@@ -38,7 +38,7 @@ def task_problem(task: object) -> str | None:
     """Why the worker would refuse `task` as its --task, or None."""
     if isinstance(task, str) and TASK_PATTERN.match(task):
         return None
-    return f"expected MODULE:FUNCTION such as 'mypackage.train:make_task', got {task!r}"
+    return f"expected 'package.module:function' (MODULE:FUNCTION), got {task!r}"
 
 
 def device_setting_problems(

@@ -12,8 +12,9 @@ Every error carries a one-paragraph message and, where there is one, a hint that
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class OrchestrateError(Exception):
@@ -74,8 +75,11 @@ class HostErrors(OrchestrateError):
 
     exit_code = 3
 
-    def __init__(self, errors: Sequence[HostError], action: str) -> None:
+    def __init__(
+        self, errors: Sequence[HostError], action: str, partial: Mapping[Any, Any] | None = None
+    ) -> None:
         self.errors = list(errors)
+        self.partial = dict(partial or {})  # the hosts that did answer, by key
         lines = "\n".join(
             f"  {e.message}" + (f"\n    hint: {e.hint}" if e.hint else "") for e in errors
         )

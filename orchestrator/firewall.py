@@ -71,9 +71,10 @@ def host_rules(inventory: Inventory, fmt: str, controller: str | None = None) ->
         commands = _preamble(fmt)
         commands.append(f"# TensorFlow port {host.port} from the cluster's hosts only")
         commands += [_rule(fmt, source, host.port) for source in addresses]
-        if controller and host.connection == "ssh":
+        login_port = host.kind.login_port(host)
+        if controller and login_port:
             commands.append("# SSH from the controller (skip if it is open already)")
-            commands.append(_rule(fmt, controller, host.ssh_port or 22))
+            commands.append(_rule(fmt, controller, login_port))
         commands += _epilogue(fmt)
         result.append(HostRules(host, tuple(addresses), tuple(commands)))
     return result

@@ -1,14 +1,33 @@
-"""Calls the host-side agent (orchestrator/agent.py) through a Runner: one round trip per verb."""
+"""Calls the host-side programs (agent.py, hostprobe.py) through a Runner and parses their answers.
+
+Both programs read requests as JSON lines on standard input and answer each with one line, so a
+call is: start `python -c SOURCE`, send the request, read the answer. Nothing of a request is ever
+on a command line. A long-lived session serves many requests for one process start.
+"""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
+from orchestrator.answers import (
+    CheckpointListing,
+    FileListing,
+    HostInfo,
+    StopAnswer,
+    WorkerProbe,
+    parse_probe,
+    parse_stop,
+    parsed,
+)
 from orchestrator.errors import HostError
 from orchestrator.runner import LineSession, Runner
+
+T = TypeVar("T")
+AGENT = "agent.py"
+PROBE = "hostprobe.py"
 
 
 @cache
@@ -18,7 +37,16 @@ def host_program(name: str) -> str:
 
 
 def agent_source() -> str:
-    return host_program("agent.py")
+    return host_program(AGENT)
+
+
+def request(session: LineSession, verb: str, wait: float, /, **fields: Any) -> dict[str, Any]:
+    """One request on an open session, answered within `wait` seconds; an {"error": ...}
+    answer becomes a HostError."""
+    answer = session.request({"verb": verb, **fields}, timeout=wait)
+    if "error" in answer:
+        raise HostError(session.host_name, f"the agent could not {verb}: {answer['error']}")
+    return answer
 
 
 class HostAgent:
@@ -26,49 +54,37 @@ class HostAgent:
         self.runner = runner
         self.python = python
 
-    def _call(self, verb: str, *args: str, timeout: float = 60.0, program: str = "agent.py") -> Any:
-        argv = [self.python, "-c", host_program(program), verb, *args]
-        result = self.runner.run(argv, timeout=timeout)
-        if not result.ok:
-            raise HostError(
-                self.runner.host_name,
-                f"'{self.python} <agent> {verb}' exited {result.exit_code}: {result.tail(5)}",
-                hint=f"check that '{self.python}' is a working Python 3 on that host",
-            )
+    def session(self, program: str = AGENT) -> LineSession:
+        """The program serving requests until the session closes."""
+        return self.runner.session([self.python, "-c", host_program(program)])
+
+    def _call(self, verb: str, parse: Callable[[dict[str, Any]], T], timeout: float = 60.0,
+              **fields: Any) -> T:  # fmt: skip
+        session = self.session()
         try:
-            return json.loads(result.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError) as exc:
-            raise HostError(
-                self.runner.host_name, f"the agent's '{verb}' answer was not JSON: {result.tail(3)}"
-            ) from exc
+            answer = request(session, verb, timeout, **fields)
+        finally:
+            session.close()
+        return parsed(self.runner.host_name, parse, answer)
 
-    def info(self) -> dict[str, Any]:
-        return dict(self._call("info", timeout=30))
+    def info(self) -> HostInfo:
+        return self._call("info", HostInfo.parse, timeout=30)
 
-    def launch(self, spec: dict[str, Any]) -> dict[str, Any]:
-        payload = dict(spec, agent_source=agent_source())
-        # An argument rather than stdin: every runner call stays a plain argument list.
-        return dict(self._call("launch", json.dumps(payload), timeout=60))
+    def launch(self, spec: dict[str, Any]) -> int:
+        spec = dict(spec, agent_source=agent_source())
+        return self._call("launch", lambda answer: int(answer["pid"]), spec=spec)
 
-    def probe(self, run_dirs: list[str]) -> dict[str, Any]:
-        return dict(self._call("probe", *run_dirs, timeout=30))
+    def probe(self, run_dirs: list[str]) -> dict[str, WorkerProbe]:
+        return self._call("probe", parse_probe, timeout=30, run_dirs=run_dirs)
 
-    def checkpoint(self, directory: str) -> dict[str, Any]:
-        return dict(self._call("checkpoint", directory, timeout=30))
+    def checkpoint(self, directory: str) -> CheckpointListing:
+        return self._call("checkpoint", CheckpointListing.parse, timeout=30, directory=directory)
 
-    def adopt_checkpoint(self, directory: str, name: str) -> dict[str, Any]:
-        return dict(self._call("adopt-checkpoint", directory, name, timeout=30))
+    def adopt_checkpoint(self, directory: str, name: str) -> None:
+        self._call("adopt-checkpoint", dict, timeout=30, directory=directory, name=name)
 
-    def session(self) -> LineSession:
-        """agent.py serving requests until the session closes (see its `session` verb)."""
-        return self.runner.session([self.python, "-c", agent_source(), "session"])
+    def files(self, directory: str) -> FileListing:
+        return self._call("files", FileListing.parse, directory=directory)
 
-    def preflight_session(self) -> LineSession:
-        """hostprobe.py serving requests (inspect, connect, cleanup) until the session closes."""
-        return self.runner.session([self.python, "-c", host_program("hostprobe.py"), "session"])
-
-    def files(self, directory: str) -> dict[str, Any]:
-        return dict(self._call("files", directory, timeout=60))
-
-    def stop(self, run_dirs: list[str], grace: float) -> dict[str, Any]:
-        return dict(self._call("stop", "--grace", str(grace), *run_dirs, timeout=grace + 30))
+    def stop(self, run_dirs: list[str], grace: float) -> dict[str, StopAnswer]:
+        return self._call("stop", parse_stop, timeout=grace + 30, run_dirs=run_dirs, grace=grace)

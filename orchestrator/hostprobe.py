@@ -1,9 +1,9 @@
-"""The host-side preflight probe, sent like agent.py: `python -c SOURCE session`.
+"""The host-side preflight probe, sent like agent.py: `python -c SOURCE`.
 
 STANDARD LIBRARY ONLY. One process per host serves the whole check: it reads one JSON request per
-line on stdin ({"verb": ..., ...}) and answers each with one JSON line, so the three rounds cost
-one process start and no new SSH command. At end of input it stops any listener it started, so a
-controller that dies mid-check leaves nothing behind. The verbs:
+line on stdin ({"verb": ..., ...}, agent.py's shape) and answers each with one JSON line, so the
+three rounds cost one process start and no new SSH command. At end of input it stops any
+listener it started, so a controller that dies mid-check leaves nothing behind. The verbs:
 
   inspect SPEC_JSON   Python and package versions, proxy variables, free space of directories;
                       whether the TensorFlow port is free (by binding it) and, if not, which
@@ -152,8 +152,7 @@ def _start_listener(port, seconds):
     return None, int(answer)
 
 
-def cmd_inspect(args):
-    spec = json.loads(args[0])
+def cmd_inspect(spec):
     report = {
         "python": sys.version.split()[0],
         "packages": _versions(),
@@ -195,8 +194,7 @@ def _attempt(address, port, timeout):
     return outcome
 
 
-def cmd_connect(args):
-    spec = json.loads(args[0])
+def cmd_connect(spec):
     results = {}
 
     def probe(peer):
@@ -219,8 +217,7 @@ def _alive(pid):
         return False
 
 
-def cmd_cleanup(args):
-    spec = json.loads(args[0])
+def cmd_cleanup(spec):
     pid = spec.get("listener_pid")
     if pid and _alive(pid):
         os.kill(pid, signal.SIGKILL)
@@ -242,17 +239,14 @@ def serve(lines, out):
         if not line.strip():
             continue
         request = json.loads(line)
-        answer = VERBS[request.pop("verb")]([json.dumps(request)])
+        answer = VERBS[request["verb"]](request)
         if answer.get("listener_pid"):
             listeners.append(answer["listener_pid"])
         out.write(json.dumps(answer) + "\n")
         out.flush()
     for pid in listeners:  # end of input: the controller is done, or gone
-        cmd_cleanup([json.dumps({"listener_pid": pid})])
+        cmd_cleanup({"listener_pid": pid})
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "session":
-        serve(sys.stdin, sys.stdout)
-    else:
-        sys.stdout.write(json.dumps(VERBS[sys.argv[1]](sys.argv[2:])) + "\n")
+    serve(sys.stdin, sys.stdout)

@@ -7,25 +7,38 @@ key path and what was expected.
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import re
-import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from orchestrator import kinds
+from orchestrator.contract import RESERVED_ENV_PREFIXES, device_setting_problems, task_problem
 from orchestrator.errors import InventoryError, Problem
+from orchestrator.kinds import Kind, NoSettings
+from orchestrator.paths import controller_path, is_loopback
+from orchestrator.values import (
+    NAME_PATTERN,
+    PORT,
+    POSITIVE,
+    Checked,
+    Checker,
+    boolean,
+    choice,
+    describe,
+    integer,
+    integers,
+    name,
+    scalar_string,
+    string,
+)
 from orchestrator.yamlsource import LineList, LineMap, YamlSyntaxError, parse
 
-Connection = Literal["local", "ssh"]
-
 DEFAULT_WORKDIR = "~/orchestrate"
-DEFAULT_SSH_PYTHON = "python3"
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-TASK_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RESERVED_ENV = ("TF_CONFIG", "ORCHESTRATE_")
+
+__all__ = ["Host", "Inventory", "Job", "is_loopback", "load_inventory"]
 
 
 @dataclass(frozen=True)
@@ -35,27 +48,24 @@ class Host:
     name: str
     address: str
     port: int
-    connection: Connection = "ssh"
-    ssh_user: str | None = None
-    ssh_port: int | None = None
-    ssh_key: str | None = None
-    python: str = DEFAULT_SSH_PYTHON
+    connection: str = kinds.DEFAULT_KIND
+    python: str = "python3"
     workdir: str = DEFAULT_WORKDIR
-    ssh_known_hosts: str | None = None
-    ssh_host_key_policy: Literal["strict", "accept-new"] = "strict"
-    ssh_connect_timeout: float = 10.0
     # GPU settings, applied by the built-in loop before the strategy is created.
     gpu_memory_growth: bool = False
     gpu_memory_limit_mb: int | None = None
     visible_gpus: tuple[int, ...] | None = None
     logical_gpus: int | None = None
+    # The connection kind's own settings (orchestrator/kinds/): SSH user, port, key, ...
+    settings: Any = field(default_factory=NoSettings)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.settings, NoSettings):  # a kind's defaults when none were given
+            object.__setattr__(self, "settings", self.kind.settings({}))
 
     @property
-    def gpu_settings(self) -> bool:
-        return (
-            bool(self.gpu_memory_growth or self.gpu_memory_limit_mb or self.logical_gpus)
-            or self.visible_gpus is not None
-        )
+    def kind(self) -> Kind:
+        return kinds.kind_of(self)
 
     @property
     def endpoint(self) -> str:
@@ -72,7 +82,7 @@ class Job:
     script: str | None = None
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
-    files: tuple[str, ...] = ()  # absolute paths on this machine, uploaded to each SSH host
+    files: tuple[str, ...] = ()  # absolute paths on this machine, uploaded to each remote host
     steps: int | None = None
     checkpoint_dir: str = "checkpoints"
     checkpoint_every: int = 100
@@ -99,138 +109,55 @@ class Inventory:
     spares: tuple[Host, ...] = ()
 
 
-# ---------------------------------------------------------------------------------------------
-# Value checkers: each returns (value, None) or (None, "what was expected").
-
-Checked = tuple[Any, str | None]
-Checker = Callable[[Any], Checked]
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, (LineMap, dict)):
-        return "a mapping"
-    if isinstance(value, (LineList, list)):
-        return "a list"
-    return repr(value)
-
-
-def _string(value: Any) -> Checked:
-    if isinstance(value, str) and value.strip():
-        return value, None
-    return None, f"expected a non-empty string, got {_describe(value)}"
-
-
-def _scalar_string(value: Any) -> Checked:
-    # YAML turns `5` into an int; arguments and environment values are text on the command line.
-    if isinstance(value, bool) or value is None or isinstance(value, (dict, list)):
-        return None, f"expected a string or number, got {_describe(value)}"
-    return str(value), None
-
-
-def _integer(low: int, high: int | None = None) -> Checker:
-    def check(value: Any) -> Checked:
-        bounds = f"from {low} to {high}" if high else f"of at least {low}"
-        if isinstance(value, bool) or not isinstance(value, int):
-            return None, f"expected an integer {bounds}, got {_describe(value)}"
-        if value < low or (high is not None and value > high):
-            return None, f"expected an integer {bounds}, got {value}"
-        return value, None
-
-    return check
-
-
-def _choice(*options: str) -> Checker:
-    def check(value: Any) -> Checked:
-        if value in options:
-            return value, None
-        return None, f"expected one of {', '.join(options)}, got {_describe(value)}"
-
-    return check
-
-
-def _boolean(value: Any) -> Checked:
-    if isinstance(value, bool):
-        return value, None
-    return None, f"expected true or false, got {_describe(value)}"
-
-
-def _integers(low: int, length: int | None = None) -> Checker:
-    """A list of integers of at least `low` (exactly `length` of them, when given)."""
-
-    def check(value: Any) -> Checked:
-        wanted = f"a list of {length} " if length else "a list of "
-        expected = f"expected {wanted}integers of at least {low}, got {_describe(value)}"
-        if not isinstance(value, list) or (length is not None and len(value) != length):
-            return None, expected
-        if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in value):
-            return None, expected + f" ({list(value)})"
-        if len(set(value)) != len(value):
-            return None, f"expected distinct integers, got {list(value)}"
-        return tuple(value), None
-
-    return check
-
-
-def _name(value: Any) -> Checked:
-    if isinstance(value, str) and NAME_PATTERN.match(value):
-        return value, None
-    return None, (
-        f"expected a name of letters, digits, '.', '_' or '-' (it names files and log prefixes), "
-        f"got {_describe(value)}"
-    )
-
-
 def _task(value: Any) -> Checked:
-    if isinstance(value, str) and TASK_PATTERN.match(value):
-        return value, None
-    return None, f"expected 'package.module:function', got {_describe(value)}"
+    problem = task_problem(value)
+    return (None, problem) if problem else (value, None)
 
 
-PORT = _integer(1, 65535)
-POSITIVE = _integer(1)
+def _connection(value: Any) -> Checked:
+    return choice(*kinds.names())(value)
+
 
 HOST_KEYS: dict[str, Checker] = {
-    "name": _name,
-    "address": _string,
+    "name": name,
+    "address": string,
     "port": PORT,
-    "connection": _choice("local", "ssh"),
-    "ssh_user": _string,
-    "ssh_port": PORT,
-    "ssh_key": _string,
-    "python": _string,
-    "workdir": _string,
-    "ssh_known_hosts": _string,
-    "ssh_host_key_policy": _choice("strict", "accept-new"),
-    "ssh_connect_timeout": _integer(1, 600),
-    "gpu_memory_growth": _boolean,
-    "gpu_memory_limit_mb": _integer(1),
-    "visible_gpus": _integers(0),
-    "logical_gpus": _integer(1),
+    "connection": _connection,
+    "python": string,
+    "workdir": string,
+    "gpu_memory_growth": boolean,
+    "gpu_memory_limit_mb": integer(1),
+    "visible_gpus": integers(0),
+    "logical_gpus": integer(1),
 }
-CONTROLLER_PATHS = ("ssh_key", "ssh_known_hosts")
 PER_HOST_ONLY = ("name", "address")
 
 JOB_KEYS: dict[str, Checker] = {
-    "name": _name,
+    "name": name,
     "task": _task,
-    "script": _string,
-    "args": _scalar_string,  # checked per item
-    "env": _scalar_string,  # checked per value
-    "files": _string,  # checked per item
+    "script": string,
+    "args": scalar_string,  # checked per item
+    "env": scalar_string,  # checked per value
+    "files": string,  # checked per item
     "steps": POSITIVE,
-    "checkpoint_dir": _string,
+    "checkpoint_dir": string,
     "checkpoint_every": POSITIVE,
     "max_to_keep": POSITIVE,
     "batch_size": POSITIVE,
     "log_every": POSITIVE,
     "stall_timeout": POSITIVE,
-    "max_restarts": _integer(0),
-    "restart_backoff": _integer(0, 3600),
-    "permanent_exit_codes": _integer(1, 255),  # checked per item
-    "strategy": _choice("multi-worker", "mirrored"),
-    "profile_steps": _integers(1, length=2),
+    "max_restarts": integer(0),
+    "restart_backoff": integer(0, 3600),
+    "permanent_exit_codes": integer(1, 255),  # checked per item
+    "strategy": choice("multi-worker", "mirrored"),
+    "profile_steps": integers(1, length=2),
 }
 TOP_KEYS = ("defaults", "hosts", "spares", "job")
+
+
+def _host_keys() -> dict[str, Checker]:
+    """The common keys and every registered kind's own keys."""
+    return {**HOST_KEYS, **kinds.all_keys()}  # type: ignore[dict-item]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,7 +219,7 @@ def load_inventory(path: str | Path) -> Inventory:
 def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -> Inventory | None:
     if not isinstance(document, LineMap):
         report.add(
-            None, "", f"expected a mapping with 'hosts:' and 'job:', got {_describe(document)}"
+            None, "", f"expected a mapping with 'hosts:' and 'job:', got {describe(document)}"
         )
         return None
     report.unknown_keys(document, TOP_KEYS, "")
@@ -300,7 +227,7 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
     if not isinstance(defaults, LineMap):
         report.add(_line(document, "defaults"), "defaults", "expected a mapping of host keys")
         defaults = LineMap()
-    report.unknown_keys(defaults, HOST_KEYS, "defaults")
+    report.unknown_keys(defaults, _host_keys(), "defaults")
     for key in PER_HOST_ONLY:
         if key in defaults:
             report.add(_line(defaults, key), f"defaults.{key}", "must be set on each host")
@@ -372,7 +299,7 @@ def _parse_hosts(
         if not isinstance(entry, LineMap):
             report.add(entries.item_lines[index], where, f"expected a mapping, got {entry!r}")
             continue
-        report.unknown_keys(entry, HOST_KEYS, where)
+        report.unknown_keys(entry, _host_keys(), where)
         host = _parse_host(entry, defaults, report, where, base)
         if host is not None:
             placed.append((where, entries.item_lines[index], host))
@@ -384,7 +311,7 @@ def _parse_host(
 ) -> Host | None:
     values: dict[str, Any] = {}
     ok = True
-    for key, check in HOST_KEYS.items():
+    for key, check in _host_keys().items():
         source, prefix = (entry, where) if key in entry else (defaults, "defaults")
         if key not in source:
             continue
@@ -400,54 +327,38 @@ def _parse_host(
                 entry.line, f"{where}.{key}", "missing; every host needs name, address, port"
             )
             ok = False
-    for key, message in gpu_problems(values):
+    problems = device_setting_problems(
+        bool(values.get("gpu_memory_growth")),
+        values.get("gpu_memory_limit_mb"),
+        values.get("logical_gpus"),
+    )
+    for key, message in problems:
         report.add(_line(entry if key in entry else defaults, key), f"{where}.{key}", message)
         ok = False
     if not ok:
         return None
-    if values.get("connection", "ssh") == "local":
-        if not is_loopback(values["address"]):
-            report.add(
-                _line(entry, "address"),
-                f"{where}.address",
-                f"a local worker runs on this machine; use localhost or 127.0.0.1, "
-                f"got {values['address']!r}",
-            )
-            return None
-        values.setdefault("python", sys.executable)
-        values["workdir"] = str(_controller_path(values.get("workdir", DEFAULT_WORKDIR), base))
-    for key in CONTROLLER_PATHS:
+    kind = kinds.get(values.get("connection", kinds.DEFAULT_KIND))
+    for key in [k for k in kinds.all_keys() if k not in kind.keys]:
+        if key in entry:
+            report.add(_line(entry, key), f"{where}.{key}",
+                       f"applies to another connection kind, not to {kind.name}")  # fmt: skip
+            ok = False
+        values.pop(key, None)  # from defaults shared with hosts of another kind
+    values.setdefault("workdir", DEFAULT_WORKDIR)
+
+    def report_problem(key: str, message: str) -> None:
+        report.add(_line(entry if key in entry else defaults, key), f"{where}.{key}", message)
+
+    before = len(report.problems)
+    kind.prepare(values, report_problem, base)
+    if len(report.problems) > before or not ok:
+        return None
+    for key in kind.controller_paths:
         if key in values:
-            values[key] = str(_controller_path(values[key], base))
-    return Host(**values)
-
-
-def gpu_problems(values: dict[str, Any]) -> list[tuple[str, str]]:
-    """Combinations TensorFlow refuses: memory growth cannot be mixed with virtual devices."""
-    problems = []
-    growth = values.get("gpu_memory_growth")
-    if growth and values.get("gpu_memory_limit_mb"):
-        problems.append(("gpu_memory_growth", "cannot be combined with gpu_memory_limit_mb"))
-    if growth and values.get("logical_gpus"):
-        problems.append(("gpu_memory_growth", "cannot be combined with logical_gpus"))
-    if values.get("logical_gpus") and not values.get("gpu_memory_limit_mb"):
-        problems.append(("logical_gpus", "needs gpu_memory_limit_mb: the size of each part"))
-    return problems
-
-
-def _controller_path(value: str, base: Path) -> Path:
-    """Paths on this machine are relative to the inventory file, like docker-compose's."""
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else (base / path).resolve()
-
-
-def is_loopback(address: str) -> bool:
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
+            values[key] = str(controller_path(values[key], base))
+    settings = kind.settings(values)
+    common = {key: value for key, value in values.items() if key in HOST_KEYS}
+    return Host(**common, settings=settings)
 
 
 def _check_unique_hosts(placed: list[Placed], report: _Report) -> None:
@@ -493,7 +404,7 @@ def _parse_job(document: LineMap, report: _Report, stem: str, base: Path) -> Job
         else:
             values[key] = value
     if "script" in values:
-        script = _controller_path(values["script"], base)
+        script = controller_path(values["script"], base)
         if not script.is_file():
             report.add(_line(block, "script"), "job.script", f"no such file: {script}")
         values["script"] = str(script)
@@ -522,7 +433,7 @@ def _parse_args(block: LineMap, report: _Report) -> tuple[str, ...]:
         return ()
     args = []
     for index, item in enumerate(raw):
-        value, problem = _scalar_string(item)
+        value, problem = scalar_string(item)
         if problem:
             report.add(raw.item_lines[index], f"job.args[{index}]", problem)
         else:
@@ -553,8 +464,8 @@ def _parse_files(block: LineMap, report: _Report, base: Path) -> tuple[str, ...]
         return ()
     files = []
     for index, item in enumerate(raw):
-        value, problem = _string(item)
-        path = _controller_path(value, base) if value else None
+        value, problem = string(item)
+        path = controller_path(value, base) if value else None
         if path is not None and not path.exists():
             problem = f"no such file or directory: {path}"
         if problem:
@@ -575,10 +486,10 @@ def _parse_env(block: LineMap, report: _Report) -> dict[str, str]:
         if not isinstance(key, str) or not ENV_NAME_PATTERN.match(key):
             report.add(_line(raw, key), where, "expected an environment variable name")
             continue
-        if key.startswith(RESERVED_ENV):
+        if key.startswith(RESERVED_ENV_PREFIXES):
             report.add(_line(raw, key), where, "is set by orchestrate for each worker")
             continue
-        value, problem = _scalar_string(item)
+        value, problem = scalar_string(item)
         if problem:
             report.add(_line(raw, key), where, problem)
         else:

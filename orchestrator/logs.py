@@ -6,9 +6,9 @@ import queue
 import threading
 from collections.abc import Iterator, Sequence
 
-from orchestrator.connect import Machines
+from orchestrator.backend import Backend
 from orchestrator.errors import HostError, RunStateError
-from orchestrator.fanout import fan_out, successes
+from orchestrator.fanout import fan_out
 from orchestrator.runstore import RunRecord, WorkerRecord
 
 
@@ -25,33 +25,25 @@ def select_workers(record: RunRecord, names: Sequence[str]) -> list[WorkerRecord
     return [known[n] for n in names]
 
 
-def _tail_argv(worker: WorkerRecord, lines: int, follow: bool) -> list[str]:
-    # -F keeps following across the log being created late or rotated.
-    return ["tail", "-n", str(lines), *(["-F"] if follow else []), worker.log_path]
-
-
 def last_lines(
-    workers: Sequence[WorkerRecord], machines: Machines, lines: int
+    workers: Sequence[WorkerRecord], backend: Backend, lines: int
 ) -> list[tuple[str, str]]:
-    def read(worker: WorkerRecord) -> list[str]:
-        result = machines.runner(worker.host).run(_tail_argv(worker, lines, follow=False))
-        if not result.ok and "No such file" not in result.stderr:
-            raise HostError(worker.name, f"cannot read {worker.log_path}: {result.tail(2)}")
-        return result.stdout.splitlines()
-
-    logs = successes(fan_out(workers, read), "reading the logs")
-    return [(worker.name, line) for worker in workers for line in logs[worker]]
+    by_name = {w.name: w for w in workers}
+    logs = fan_out(by_name, lambda n: backend.log_lines(by_name[n], lines)).raise_if_failed(
+        "reading the logs"
+    )
+    return [(worker.name, line) for worker in workers for line in logs[worker.name]]
 
 
 def follow(
-    workers: Sequence[WorkerRecord], machines: Machines, lines: int
+    workers: Sequence[WorkerRecord], backend: Backend, lines: int
 ) -> Iterator[tuple[str, str]]:
     """Interleave every worker's new lines as they arrive, until the caller stops iterating."""
     lines_queue: queue.Queue[tuple[str, str]] = queue.Queue()
 
     def pump(worker: WorkerRecord) -> None:
         try:
-            for line in machines.runner(worker.host).stream(_tail_argv(worker, lines, True)):
+            for line in backend.follow_log(worker, lines):
                 lines_queue.put((worker.name, line))
         except HostError as error:
             lines_queue.put((worker.name, f"[orchestrate] stopped following: {error.message}"))

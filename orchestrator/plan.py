@@ -15,6 +15,15 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from orchestrator.contract import (
+    CHECKPOINT_DIR_ENV,
+    PROGRESS_FILE,
+    PROGRESS_FILE_ENV,
+    RUN_DIR_ENV,
+    RUN_ID_ENV,
+    WORKER_ENV,
+    WORKER_LOG,
+)
 from orchestrator.inventory import Host, Inventory, Job
 from orchestrator.tfconfig import tf_config
 
@@ -37,7 +46,7 @@ class WorkerSpec:
 
     @property
     def log_path(self) -> str:
-        return posixpath.join(self.run_dir, "worker.log")
+        return posixpath.join(self.run_dir, WORKER_LOG)
 
     def launch_request(self) -> dict[str, Any]:
         """What the host agent's `launch` verb reads."""
@@ -64,9 +73,9 @@ def checkpoint_dir(job: Job, job_directory: str) -> str:
 
 
 def uploads(job: Job, host: Host, run_dir: str) -> tuple[tuple[str, str], ...]:
-    """An SSH host gets the script and the job's files in its run directory; a local worker
-    uses them where they are."""
-    if host.connection == "local":
+    """A remote host gets the script and the job's files in its run directory; a worker that
+    sees this machine's files uses them where they are."""
+    if host.kind.shares_files_with_controller:
         return ()
     local = ([job.script] if job.script else []) + list(job.files)
     return tuple((path, posixpath.join(run_dir, posixpath.basename(path))) for path in local)
@@ -94,7 +103,7 @@ def worker_argv(job: Job, host: Host, run_dir: str, checkpoints: str) -> tuple[s
     python = host.python
     if job.script is not None:
         script = job.script
-        if host.connection != "local":
+        if not host.kind.shares_files_with_controller:
             script = posixpath.join(run_dir, posixpath.basename(job.script))
         return (python, script, *job.args)
     assert job.task is not None and job.steps is not None
@@ -126,16 +135,17 @@ def plan_workers(
             **inventory.job.env,
             # Unbuffered so `tail -f` shows lines as the worker prints them.
             "PYTHONUNBUFFERED": "1",
-            "ORCHESTRATE_RUN_ID": run_id,
-            "ORCHESTRATE_WORKER": host.name,
-            "ORCHESTRATE_RUN_DIR": run_dir,
-            "ORCHESTRATE_PROGRESS_FILE": posixpath.join(run_dir, "progress.json"),
-            "ORCHESTRATE_CHECKPOINT_DIR": checkpoints,
+            RUN_ID_ENV: run_id,
+            WORKER_ENV: host.name,
+            RUN_DIR_ENV: run_dir,
+            PROGRESS_FILE_ENV: posixpath.join(run_dir, PROGRESS_FILE),
+            CHECKPOINT_DIR_ENV: checkpoints,
         }
         if inventory.job.script is not None and host.visible_gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.visible_gpus))
-        # Local workers start where the inventory is, so a task module beside it imports.
-        cwd = inventory.base_dir if host.connection == "local" else run_dir
+        # Workers that see this machine's files start where the inventory is, so a task module
+        # beside it imports.
+        cwd = inventory.base_dir if host.kind.shares_files_with_controller else run_dir
         specs.append(
             WorkerSpec(
                 index=index,

@@ -19,16 +19,18 @@ from enum import Enum
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.connect import Machines
+from orchestrator.answers import Connections, Inspection, PeerProbe, parsed
+from orchestrator.backend import Backend
+from orchestrator.contract import TF_PACKAGES
 from orchestrator.errors import ConnectError, HostError
-from orchestrator.fanout import fan_out
+from orchestrator.fanout import GroupResult, fan_out
+from orchestrator.hostagent import request
 from orchestrator.inventory import Host, Inventory, is_loopback
 from orchestrator.plan import checkpoint_dir, job_dir
 from orchestrator.runner import LineSession
 
 DEFAULT_PROBE_TIMEOUT = 3.0
 DEFAULT_MIN_FREE_BYTES = 1 << 30
-TF_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
 
 
 class Status(str, Enum):
@@ -84,21 +86,19 @@ def tensorflow_version(packages: Mapping[str, str | None]) -> str | None:
     return next((packages[name] for name in TF_PACKAGES if packages.get(name)), None)
 
 
-def software_findings(
-    inventory: Inventory, reports: Mapping[str, Mapping[str, Any]]
-) -> list[Finding]:
+def software_findings(inventory: Inventory, reports: Mapping[str, Inspection]) -> list[Finding]:
     findings = []
     needs_worker = inventory.job.task is not None
-    versions = {name: tensorflow_version(r["packages"]) for name, r in reports.items()}
+    versions = {name: tensorflow_version(r.packages) for name, r in reports.items()}
     distinct = sorted({v for v in versions.values() if v})
-    connection = {host.name: host.connection for host in inventory.hosts}
+    login = {host.name: host.kind.login_check for host in inventory.hosts}
     for name, report in reports.items():
-        if connection[name] == "ssh":
-            findings.append(Finding(name, "ssh", Status.OK, "connected and logged in"))
-        findings.append(Finding(name, "python", Status.OK, f"Python {report['python']}"))
+        if login[name]:
+            findings.append(Finding(name, str(login[name]), Status.OK, "connected and logged in"))
+        findings.append(Finding(name, "python", Status.OK, f"Python {report.python}"))
         findings.append(_tensorflow_finding(name, versions[name], distinct, needs_worker))
         if needs_worker:
-            findings.append(_worker_finding(name, report["packages"].get("orchestrate")))
+            findings.append(_worker_finding(name, report.packages.get("orchestrate")))
     return findings
 
 
@@ -142,26 +142,24 @@ def _worker_finding(name: str, installed: str | None) -> Finding:
     )
 
 
-def port_finding(host: Host, report: Mapping[str, Any]) -> Finding:
-    if report["listener_pid"]:
+def port_finding(host: Host, report: Inspection) -> Finding:
+    if report.listener_pid:
         return Finding(host.name, "port", Status.OK, f"port {host.port} is free")
-    holder = report.get("holder")
-    if holder and holder.get("orchestrate_run_id"):
+    holder = report.holder
+    if holder and holder.run_id:
         return Finding(
             host.name,
             "port",
             Status.FAIL,
-            f"port {host.port} is held by a leftover worker of run {holder['orchestrate_run_id']} "
-            f"(pid {holder['pid']}, worker {holder.get('orchestrate_worker', '?')})",
-            hint=f"stop it with 'orchestrate down --run {holder['orchestrate_run_id']}' from the "
-            f"directory that started it, or 'kill {holder['pid']}' on the host",
+            f"port {host.port} is held by a leftover worker of run {holder.run_id} "
+            f"(pid {holder.pid}, worker {holder.worker or '?'})",
+            hint=f"stop it with 'orchestrate down --run {holder.run_id}' from the "
+            f"directory that started it, or 'kill {holder.pid}' on the host",
         )
     if holder:
-        detail = (
-            f"port {host.port} is busy: pid {holder['pid']} ({holder['command']}) listens on it"
-        )
+        detail = f"port {host.port} is busy: pid {holder.pid} ({holder.command}) listens on it"
     else:
-        detail = f"port {host.port} cannot be bound: {report['port_error']}"
+        detail = f"port {host.port} cannot be bound: {report.port_error}"
     return Finding(
         host.name,
         "port",
@@ -172,18 +170,18 @@ def port_finding(host: Host, report: Mapping[str, Any]) -> Finding:
 
 
 def directory_findings(
-    host: Host, report: Mapping[str, Any], labels: list[str], min_free: int
+    host: Host, report: Inspection, labels: list[str], min_free: int
 ) -> list[Finding]:
     findings = []
-    for label, directory in zip(labels, report["directories"], strict=True):
-        free = directory["free_bytes"]
-        if not directory["writable"]:
+    for label, directory in zip(labels, report.directories, strict=True):
+        free = directory.free_bytes
+        if not directory.writable:
             findings.append(
                 Finding(
                     host.name,
                     label,
                     Status.FAIL,
-                    f"{directory['path']} is not writable ({directory['checked']} is not)",
+                    f"{directory.path} is not writable ({directory.checked} is not)",
                     hint="fix its permissions or choose another workdir / checkpoint_dir",
                 )
             )
@@ -193,7 +191,7 @@ def directory_findings(
                     host.name,
                     label,
                     Status.FAIL,
-                    f"only {free / 2**30:.1f} GiB free under {directory['path']} "
+                    f"only {free / 2**30:.1f} GiB free under {directory.path} "
                     f"(at least {min_free / 2**30:.1f} GiB wanted)",
                     hint="free some space, or lower the bar with --min-free-gb",
                 )
@@ -201,7 +199,7 @@ def directory_findings(
         else:
             findings.append(
                 Finding(
-                    host.name, label, Status.OK, f"{directory['path']}: {free / 2**30:.1f} GiB free"
+                    host.name, label, Status.OK, f"{directory.path}: {free / 2**30:.1f} GiB free"
                 )
             )
     return findings
@@ -256,13 +254,11 @@ PROBE_MEANING = {
 }
 
 
-def reachability_finding(
-    target: Host, probes: Mapping[str, Mapping[str, Any]], timeout: float
-) -> Finding:
+def reachability_finding(target: Host, probes: Mapping[str, PeerProbe], timeout: float) -> Finding:
     """`probes` maps each peer's name to how its connection to `target`'s port ended."""
     if not probes:
         return Finding(target.name, "reachable", Status.OK, "no peer to check from")
-    failed = {peer: p for peer, p in probes.items() if p["status"] != "ok"}
+    failed = {peer: p for peer, p in probes.items() if p.status != "ok"}
     if not failed:
         return Finding(
             target.name,
@@ -272,10 +268,10 @@ def reachability_finding(
         )
     lines = []
     for peer, probe in failed.items():
-        meaning = PROBE_MEANING.get(probe["status"], probe["status"])
-        if probe["status"] == "timeout":
+        meaning = PROBE_MEANING.get(probe.status, probe.status)
+        if probe.status == "timeout":
             meaning = meaning.replace("timed out", f"timed out after {timeout:g} s")
-        extra = f" ({probe['detail']})" if probe.get("detail") else ""
+        extra = f" ({probe.detail})" if probe.detail else ""
         lines.append(f"from {peer}: {meaning}{extra}")
     return Finding(
         target.name,
@@ -307,7 +303,7 @@ def shared_directory_finding(host: Host, visible: bool | None, directory: str) -
 
 def run_preflight(
     inventory: Inventory,
-    machines: Machines,
+    backend: Backend,
     *,
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
     min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
@@ -320,42 +316,42 @@ def run_preflight(
     token = _shared_token(inventory)
     sessions: dict[str, LineSession] = {}
 
-    def inspect(host: Host) -> dict[str, Any]:
-        session = sessions[host.name] = machines.agent(host).preflight_session()
-        request = {
-            "verb": "inspect",
-            "port": host.port,
-            "directories": directories[host.name],
-            "listen_seconds": probe_timeout * 4 + 60,
-            "token": token if host is inventory.hosts[0] else None,
-        }
-        return session.request(request, timeout=probe_timeout + 30)
+    def inspect(host: Host) -> Inspection:
+        session = sessions[host.name] = backend.preflight_session(host)
+        answer = request(
+            session,
+            "inspect",
+            probe_timeout + 30,
+            port=host.port,
+            directories=directories[host.name],
+            listen_seconds=probe_timeout * 4 + 60,
+            token=token if host is inventory.hosts[0] else None,
+        )
+        return parsed(host.name, Inspection.parse, answer)
 
     try:
         inspections = _round(hosts, inspect)
-        reports = {k: v for k, v in inspections.items() if not isinstance(v, HostError)}
+        reports = dict(inspections.ok)
         connects = _connect_round(inventory, sessions, reports, probe_timeout, token)
         _round(
             {name: hosts[name] for name in reports},
-            lambda host: sessions[host.name].request(
-                {
-                    "verb": "cleanup",
-                    "listener_pid": reports[host.name]["listener_pid"],
-                    "token": token if host is inventory.hosts[0] else None,
-                },
-                timeout=30,
+            lambda host: request(
+                sessions[host.name],
+                "cleanup",
+                30,
+                listener_pid=reports[host.name].listener_pid,
+                token=token if host is inventory.hosts[0] else None,
             ),
         )
     finally:
         # End of input also stops a listener whose cleanup request never arrived.
         _round({n: hosts[n] for n in list(sessions)}, lambda host: sessions[host.name].close())
-    findings = [_failure_finding(name, error) for name, error in inspections.items()
-                if isinstance(error, HostError)]  # fmt: skip
+    findings = [_failure_finding(hosts[name], error) for name, error in inspections.failed.items()]
     findings += _host_findings(inventory, reports, connects, min_free_bytes, probe_timeout)
     return PreflightReport(tuple(sorted(findings, key=_order(inventory))))
 
 
-def _round(hosts: Mapping[str, Host], action: Callable[[Host], Any]) -> dict[str, Any]:
+def _round(hosts: Mapping[str, Host], action: Callable[[Host], Any]) -> GroupResult[str, Any]:
     return fan_out(hosts, lambda name: action(hosts[name]))
 
 
@@ -366,7 +362,7 @@ def _directories(inventory: Inventory, host: Host) -> list[str]:
 
 def _shared_token(inventory: Inventory) -> str | None:
     """An absolute checkpoint_dir on several machines suggests a shared disk: verify it."""
-    machines = {(h.connection, h.address) for h in inventory.hosts}
+    machines = {host.kind.machine_key(host) for host in inventory.hosts}
     if not posixpath.isabs(inventory.job.checkpoint_dir) or len(machines) < 2:
         return None
     name = f".orchestrate-shared-check-{secrets.token_hex(4)}"
@@ -376,31 +372,30 @@ def _shared_token(inventory: Inventory) -> str | None:
 def _connect_round(
     inventory: Inventory,
     sessions: Mapping[str, LineSession],
-    reports: Mapping[str, Mapping[str, Any]],
+    reports: Mapping[str, Inspection],
     timeout: float,
     token: str | None,
-) -> dict[str, Any]:
-    listening = [
-        h for h in inventory.hosts if h.name in reports and reports[h.name]["listener_pid"]
-    ]
+) -> GroupResult[str, Connections]:
+    listening = [h for h in inventory.hosts if h.name in reports and reports[h.name].listener_pid]
     probers = {h.name: h for h in inventory.hosts if h.name in reports}
 
-    def connect(host: Host) -> Any:
+    def connect(host: Host) -> Connections:
         peers = [
             {"name": p.name, "address": p.address, "port": p.port}
             for p in listening
             if p.name != host.name
         ]
-        request = {"verb": "connect", "peers": peers, "timeout": timeout, "token": token}
-        return sessions[host.name].request(request, timeout=timeout + 30)
+        answer = request(sessions[host.name], "connect", timeout + 30,
+                         peers=peers, timeout=timeout, token=token)  # fmt: skip
+        return parsed(host.name, Connections.parse, answer)
 
     return _round(probers, connect)
 
 
 def _host_findings(
     inventory: Inventory,
-    reports: Mapping[str, Mapping[str, Any]],
-    connects: Mapping[str, Any],
+    reports: Mapping[str, Inspection],
+    connects: GroupResult[str, Connections],
     min_free: int,
     timeout: float,
 ) -> list[Finding]:
@@ -413,32 +408,34 @@ def _host_findings(
         findings.append(port_finding(host, report))
         findings += directory_findings(host, report, ["workdir", "checkpoints"], min_free)
         peers = [p for p in inventory.hosts if p.name != host.name]
-        findings.append(proxy_finding(host, {**report["env"], **env}, peers))
-        if report["listener_pid"]:
+        findings.append(proxy_finding(host, {**report.env, **env}, peers))
+        if report.listener_pid:
             probes = {
-                peer: answer["peers"][host.name]
-                for peer, answer in connects.items()
-                if not isinstance(answer, HostError) and host.name in answer["peers"]
+                peer: answer.peers[host.name]
+                for peer, answer in connects.ok.items()
+                if host.name in answer.peers
             }
             findings.append(reachability_finding(host, probes, timeout))
-        answer = connects.get(host.name)
-        if host is not inventory.hosts[0] and answer and not isinstance(answer, HostError):
+        answer = connects.ok.get(host.name)
+        if host is not inventory.hosts[0] and answer:
             shared = shared_directory_finding(
-                host, answer.get("token_visible"), inventory.job.checkpoint_dir
+                host, answer.token_visible, inventory.job.checkpoint_dir
             )
             findings += [shared] if shared else []
-    findings += [_failure_finding(n, e) for n, e in connects.items() if isinstance(e, HostError)]
+    hosts = {host.name: host for host in inventory.hosts}
+    findings += [_failure_finding(hosts[n], e) for n, e in connects.failed.items()]
     return findings
 
 
-def _failure_finding(name: str, error: HostError) -> Finding:
-    # A connection failure is the SSH check; a connected host whose command failed is Python's.
-    check = "ssh" if isinstance(error, ConnectError) else "python"
-    return Finding(name, check, Status.FAIL, error.message.split(": ", 1)[-1], error.hint)
+def _failure_finding(host: Host, error: HostError) -> Finding:
+    # A host that could not be reached fails its kind's login check; a reached host whose
+    # program failed fails Python's.
+    check = (host.kind.login_check or "connect") if isinstance(error, ConnectError) else "python"
+    return Finding(host.name, check, Status.FAIL, error.message.split(": ", 1)[-1], error.hint)
 
 
 def _order(inventory: Inventory) -> Callable[[Finding], tuple[int, int]]:
     index = {host.name: i for i, host in enumerate(inventory.hosts)}
-    checks = ["address", "ssh", "python", "tensorflow", "worker", "port", "reachable",
+    checks = ["address", "ssh", "connect", "python", "tensorflow", "worker", "port", "reachable",
               "proxy", "workdir", "checkpoints", "shared"]  # fmt: skip
     return lambda f: (index.get(f.host, 0), checks.index(f.check) if f.check in checks else 99)

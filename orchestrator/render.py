@@ -110,22 +110,6 @@ def progress_line(worker: WorkerStatus) -> str:
     return "  ".join(parts)
 
 
-def failure_report(status: RunStatus) -> str:
-    """Which worker failed first, how, at what step, and the last lines of its log."""
-    failed = [w for w in status.workers if w.state is WorkerState.FAILED]
-    if not failed:
-        return f"run {status.run_id} ended {status.state.value}"
-    first = failed[0]
-    lines = [
-        f"worker {first.name} (index {first.index}) failed at step {first.step or 0}: "
-        f"{first.reason}"
-    ]
-    if first.log_tail:
-        lines.append(f"last lines of {first.name}'s log:")
-        lines.extend(f"  {line}" for line in first.log_tail[-10:])
-    return "\n".join(lines)
-
-
 FINDING_STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 
 

@@ -5,6 +5,12 @@
   reproduces the same TF_CONFIG), the current attempt's workers, and every restart with its reason
 - `{state_dir}/runs/{run_id}.lock`: held by the process supervising the run
 - `{state_dir}/runs/{run_id}.log`: the detached supervisor's log (`up --detach`)
+- `{state_dir}/runs/{run_id}.stop`: left by `down`, so a supervisor starts no new attempt
+- `{state_dir}/checkpoints/{run_id}/`: the mirror of a remote chief's latest checkpoint
+- `{state_dir}/tensorboard/{job}/`: a remote chief's event files, pulled for TensorBoard
+- `{state_dir}/tensorboard.log`: the output of the TensorBoard that `orchestrate tensorboard` runs
+
+Only this module spells out the layout; every other module asks RunStore for a path.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator import kinds
 from orchestrator.errors import RunStateError
 from orchestrator.inventory import Host, Inventory, Job
 
@@ -41,6 +48,11 @@ class Restart:
     worker: str
     reason: str
     step: int | None
+    kind: str = "crashed"  # failures.FailureKind's value
+
+    @property
+    def signature(self) -> tuple[str, str, int | None]:
+        return (self.worker, self.kind, self.step)
 
     def describe(self) -> str:
         step = f" at step {self.step}" if self.step is not None else ""
@@ -60,10 +72,6 @@ class RunRecord:
     @property
     def job_name(self) -> str:
         return self.inventory.job.name
-
-    @property
-    def inventory_path(self) -> str:
-        return self.inventory.path
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,8 +93,13 @@ class RunRecord:
 
 def _host(data: dict[str, Any]) -> Host:
     # JSON turns tuples into lists; the frozen dataclasses want them back (and hashable).
-    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    return Host(**fields)
+    fields: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "settings"
+    }
+    settings = kinds.get(fields.get("connection", kinds.DEFAULT_KIND)).settings_from_json(
+        data.get("settings")
+    )
+    return Host(**fields, settings=settings)
 
 
 def _inventory(data: dict[str, Any]) -> Inventory:
@@ -116,9 +129,20 @@ class RunStore:
     def log_path(self, run_id: str) -> Path:
         return self.root / "runs" / f"{run_id}.log"
 
+    def stop_flag(self, run_id: str) -> Path:
+        """`orchestrate down` leaves this so a supervisor between two attempts starts no new one."""
+        return self.root / "runs" / f"{run_id}.stop"
+
     def mirror_path(self, run_id: str) -> Path:
         """Where a supervised run's latest remote checkpoint is mirrored."""
         return self.root / "checkpoints" / run_id
+
+    def event_dir(self, job_name: str) -> Path:
+        """Where a remote chief's TensorBoard event files are pulled to."""
+        return self.root.resolve() / "tensorboard" / job_name
+
+    def tensorboard_log(self) -> Path:
+        return self.root / "tensorboard.log"
 
     def save(self, record: RunRecord) -> None:
         path = self._run_path(record.run_id)

@@ -22,6 +22,7 @@ import paramiko
 
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.inventory import Host
+from orchestrator.kinds.ssh import SshSettings
 from orchestrator.runner import CommandResult, LineSession, Runner
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -46,23 +47,24 @@ class SshRunner(Runner):
     def __init__(self, host: Host) -> None:
         super().__init__(host.name)
         self.host = host
+        self.settings: SshSettings = host.settings
         connect_kwargs: dict[str, Any] = {}
-        if host.ssh_key:
+        if self.settings.ssh_key:
             # An explicit key is the only one tried, so a wrong key fails clearly.
             connect_kwargs.update(
-                key_filename=[str(Path(host.ssh_key).expanduser())],
+                key_filename=[str(Path(self.settings.ssh_key).expanduser())],
                 look_for_keys=False,
                 allow_agent=False,
             )
         self.connection = fabric.Connection(
             host.address,
-            user=host.ssh_user,
-            port=host.ssh_port,
-            connect_timeout=int(host.ssh_connect_timeout),
+            user=self.settings.ssh_user,
+            port=self.settings.ssh_port,
+            connect_timeout=int(self.settings.ssh_connect_timeout),
             connect_kwargs=connect_kwargs,
         )
         self.known_hosts = Path(
-            host.ssh_known_hosts
+            self.settings.ssh_known_hosts
             or self.connection.ssh_config.get("userknownhostsfile", "").split(" ")[0]
             or DEFAULT_KNOWN_HOSTS
         ).expanduser()
@@ -71,7 +73,7 @@ class SshRunner(Runner):
             client.load_host_keys(str(self.known_hosts))
         policy: paramiko.MissingHostKeyPolicy = (
             AcceptNewPolicy(self.known_hosts)
-            if host.ssh_host_key_policy == "accept-new"
+            if self.settings.ssh_host_key_policy == "accept-new"
             else paramiko.RejectPolicy()
         )
         client.set_missing_host_key_policy(policy)
@@ -87,7 +89,7 @@ class SshRunner(Runner):
             raise self._connect_error(exc) from exc
 
     def _connect_error(self, exc: Exception) -> ConnectError:
-        timeout = self.host.ssh_connect_timeout
+        timeout = self.settings.ssh_connect_timeout
         if isinstance(exc, socket.gaierror):
             return ConnectError(
                 self.host_name,
@@ -105,7 +107,7 @@ class SshRunner(Runner):
                 "and connect again",
             )
         if isinstance(exc, paramiko.AuthenticationException):
-            key = self.host.ssh_key or "your default keys / ssh-agent"
+            key = self.settings.ssh_key or "your default keys / ssh-agent"
             return ConnectError(
                 self.host_name,
                 f"authentication refused for {self.target} with {key}",

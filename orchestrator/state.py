@@ -14,10 +14,12 @@ A worker moves  pending → starting → running → succeeded | failed | stoppe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+
+from orchestrator.answers import WorkerProbe
+from orchestrator.contract import EXIT_PREEMPTED
 
 
 class WorkerState(str, Enum):
@@ -35,7 +37,6 @@ class WorkerState(str, Enum):
 
 
 ACTIVE = (WorkerState.PENDING, WorkerState.STARTING, WorkerState.RUNNING)
-EXIT_PREEMPTED = 75  # worker/cli.py: stopped on SIGTERM after saving a checkpoint
 
 
 @dataclass(frozen=True)
@@ -44,29 +45,28 @@ class Classification:
     reason: str | None = None
 
 
-def classify(probe: Mapping[str, Any] | None) -> Classification:
+def classify(probe: WorkerProbe | None) -> Classification:
     """One worker's state from the agent's probe of its run directory (None: host unreachable)."""
     if probe is None:
         return Classification(WorkerState.UNKNOWN, "host did not answer")
-    exit_record = probe.get("exit")
-    stop_requested = bool(probe.get("stop_requested"))
+    exit_record = probe.exit
     if exit_record is not None:
-        code = exit_record.get("returncode")
+        code = exit_record.returncode
         if code == 0:
             return Classification(WorkerState.SUCCEEDED)
-        if stop_requested:
+        if probe.stop_requested:
             return Classification(WorkerState.STOPPED, "stopped by orchestrate down")
         if code == EXIT_PREEMPTED:
             return Classification(WorkerState.STOPPED, "preempted: saved a checkpoint and exited")
-        how = f"killed by {exit_record['signal']}" if exit_record.get("signal") else f"exit {code}"
-        return Classification(WorkerState.FAILED, _with_error(how, exit_record.get("error")))
-    if probe.get("alive"):
-        if probe.get("progress"):
+        how = f"killed by {exit_record.signal}" if exit_record.signal else f"exit {code}"
+        return Classification(WorkerState.FAILED, _with_error(how, exit_record.error))
+    if probe.alive:
+        if probe.progress is not None:
             return Classification(WorkerState.RUNNING)
         return Classification(WorkerState.STARTING)
-    if not probe.get("exists") or probe.get("pid") is None:
+    if not probe.exists or probe.pid is None:
         return Classification(WorkerState.PENDING)
-    if stop_requested:
+    if probe.stop_requested:
         return Classification(WorkerState.STOPPED, "stopped by orchestrate down")
     return Classification(WorkerState.FAILED, "process vanished without recording an exit")
 

@@ -1,13 +1,12 @@
-"""Ask every machine of a run about its workers (one round trip per machine) and classify them."""
+"""Ask the backend about a run's workers (one round trip per machine) and classify them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.connect import MachineKey, Machines, machine_key
-from orchestrator.errors import HostError
-from orchestrator.fanout import fan_out
+from orchestrator.answers import WorkerProbe
+from orchestrator.backend import Backend
 from orchestrator.runstore import Restart, RunRecord, WorkerRecord
 from orchestrator.state import WorkerState, classify, overall
 
@@ -65,60 +64,49 @@ class RunStatus:
 
 
 def worker_status(
-    worker: WorkerRecord, probe: dict[str, Any] | None, now: float, unreachable: str | None = None
+    worker: WorkerRecord, probe: WorkerProbe | None, unreachable: str | None = None
 ) -> WorkerStatus:
     verdict = classify(probe)
-    probe = probe or {}
-    progress = probe.get("progress") or {}
-    exit_record = probe.get("exit") or {}
-    usage = probe.get("usage") or {}
-    alive = bool(probe.get("alive"))
-    started = usage.get("create_time") or exit_record.get("started_at")
-    ended = exit_record.get("finished_at") if not alive else None
-    uptime = ((ended or now) - started) if started else None
+    progress = probe.progress if probe else None
+    exit_record = probe.exit if probe else None
+    usage = probe.usage if probe else None
+    alive = bool(probe and probe.alive)
+    started = (usage.create_time if usage else None) or (
+        exit_record.started_at if exit_record else None
+    )
+    ended = exit_record.finished_at if exit_record and not alive else None
+    uptime = ((ended or (probe.now if probe else 0.0)) - started) if started else None
     return WorkerStatus(
         name=worker.name,
         index=worker.index,
         host=worker.host.address,
         state=verdict.state,
         reason=unreachable or verdict.reason,
-        pid=probe.get("worker_pid") or worker.pid,
-        step=progress.get("step"),
-        target_steps=progress.get("target_steps"),
-        loss=progress.get("loss"),
-        accuracy=progress.get("accuracy"),
-        checkpoint_step=progress.get("checkpoint_step"),
-        steps_per_sec=progress.get("steps_per_sec"),
+        pid=(probe.worker_pid if probe else None) or worker.pid,
+        step=progress.step if progress else None,
+        target_steps=progress.target_steps if progress else None,
+        loss=progress.loss if progress else None,
+        accuracy=progress.accuracy if progress else None,
+        checkpoint_step=progress.checkpoint_step if progress else None,
+        steps_per_sec=progress.steps_per_sec if progress else None,
         uptime=uptime,
-        cpu_percent=usage.get("cpu_percent") if alive else None,
-        rss_bytes=usage.get("rss_bytes") if alive else None,
-        exit_code=exit_record.get("returncode"),
-        finished_at=exit_record.get("finished_at"),
-        devices=tuple(progress.get("devices") or ()),
-        log_tail=tuple(exit_record.get("log_tail") or ()),
+        cpu_percent=usage.cpu_percent if usage and alive else None,
+        rss_bytes=usage.rss_bytes if usage and alive else None,
+        exit_code=exit_record.returncode if exit_record else None,
+        finished_at=exit_record.finished_at if exit_record else None,
+        devices=progress.devices if progress else (),
+        log_tail=exit_record.log_tail if exit_record else (),
     )
 
 
-def collect_status(record: RunRecord, machines: Machines) -> RunStatus:
-    by_machine: dict[MachineKey, list[WorkerRecord]] = {}
-    for worker in record.workers:
-        by_machine.setdefault(machine_key(worker.host), []).append(worker)
-
-    def probe(key: MachineKey) -> dict[str, Any]:
-        workers = by_machine[key]
-        return machines.probe(workers[0].host, [w.run_dir for w in workers])
-
-    answers = fan_out(by_machine, probe)
-    statuses = []
-    for key, workers in by_machine.items():
-        answer = answers[key]
-        for worker in workers:
-            if isinstance(answer, HostError):
-                statuses.append(worker_status(worker, None, 0.0, unreachable=answer.message))
-            else:
-                statuses.append(
-                    worker_status(worker, answer["runs"][worker.run_dir], answer["now"])
-                )
+def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
+    probes = backend.probe(record.workers)
+    statuses = [
+        worker_status(worker, None, unreachable=probes.failed[worker.name].message)
+        if worker.name in probes.failed
+        else worker_status(worker, probes.ok[worker.name])
+        for worker in record.workers
+    ]
     statuses.sort(key=lambda s: s.index)
     return RunStatus(
         run_id=record.run_id,

@@ -5,9 +5,12 @@ seconds or hang), and TensorFlow restarts nothing, so the controller must.
 A worker has failed when it exited non-zero, vanished, its host stopped answering, or its step
 has not moved for the job's stall_timeout. Then every remaining worker is stopped, the chief's
 latest checkpoint is made present on every host, and the cluster starts again with identical
-TF_CONFIG, up to max_restarts times, with a doubling backoff. A failure that repeats the previous
-one exactly (same worker, same way, same step), or an exit code the job marks permanent, ends the
-run at once instead of looping.
+TF_CONFIG, up to max_restarts times, with a doubling backoff. A failure with the signature of the
+previous one (same worker, same kind, same step), a deterministic kind, or an exit code the job
+marks permanent ends the run at once instead of looping (failures.py decides).
+
+This module also owns the coordination around a run: one supervisor per run (a lock), `down`'s
+two-phase stop, `attach`'s watch, and how a finished run is concluded.
 """
 
 from __future__ import annotations
@@ -19,12 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from orchestrator.backend import Backend
 from orchestrator.checkpoints import Mirror
-from orchestrator.connect import Machines
-from orchestrator.errors import ConnectError, HostErrors, JobFailed, OrchestrateError, RunStateError
-from orchestrator.fanout import fan_out
+from orchestrator.errors import (
+    HostErrors,
+    JobFailed,
+    OrchestrateError,
+    RunStateError,
+)
+from orchestrator.failures import Failure, FailureKind, classify_exit, permanent_reason
 from orchestrator.inventory import Job
-from orchestrator.lifecycle import launch_attempt, stop_run
+from orchestrator.lifecycle import StopReport, launch_attempt, stop_run
 from orchestrator.logs import last_lines
 from orchestrator.runstore import Restart, RunRecord, RunStore
 from orchestrator.state import ACTIVE, WorkerState
@@ -32,14 +40,6 @@ from orchestrator.status import RunStatus, WorkerStatus, collect_status
 
 MAX_BACKOFF = 300
 STOP_GRACE = 5.0  # the remaining workers of a failed attempt would fail or hang anyway
-
-
-@dataclass(frozen=True)
-class Failure:
-    worker: str
-    reason: str
-    step: int | None
-    exit_code: int | None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ class StallWatch:
                 self._since[worker.name] = (mark, now)
                 continue
             if now - previous[1] >= self.timeout:
-                return Failure(worker.name, self._reason(worker), worker.step, None)
+                return Failure(worker.name, _stall_kind(worker), self._reason(worker), worker.step)
         return None
 
     def _reason(self, worker: WorkerStatus) -> str:
@@ -83,29 +83,92 @@ class StallWatch:
         self._since.clear()
 
 
+def _stall_kind(worker: WorkerStatus) -> FailureKind:
+    if worker.state is WorkerState.UNKNOWN:
+        return FailureKind.UNREACHABLE
+    if worker.state is WorkerState.PENDING:
+        return FailureKind.NOT_STARTED
+    return FailureKind.STALLED
+
+
 def first_failure(status: RunStatus) -> Failure | None:
-    """The worker that failed first: the others usually fail because of it."""
+    """The worker that failed first (earliest exit): the others usually fail because of it."""
     failed = [w for w in status.workers if w.state is WorkerState.FAILED]
     if not failed:
         return None
-    first = min(failed, key=lambda w: w.finished_at or float("inf"))
-    return Failure(first.name, first.reason or "failed", first.step, first.exit_code)
+    first = min(failed, key=lambda w: (w.finished_at or float("inf"), w.index))
+    kind = (
+        classify_exit(first.exit_code, first.log_tail)
+        if first.exit_code is not None
+        else FailureKind.VANISHED
+    )
+    return Failure(first.name, kind, first.reason or "failed", first.step, first.exit_code)
 
 
-def permanent_reason(failure: Failure, previous: Restart | None, job: Job) -> str | None:
-    if failure.exit_code in job.permanent_exit_codes:
-        return f"exit code {failure.exit_code} is marked permanent"
-    if previous is not None and (previous.worker, previous.reason, previous.step) == (
-        failure.worker,
-        failure.reason,
-        failure.step,
-    ):
-        return "it failed the same way at the same step twice in a row"
-    return None
+def give_up_reason(failure: Failure, restarts: tuple[Restart, ...], job: Job) -> str | None:
+    """Why the run ends instead of restarting, or None."""
+    if len(restarts) >= job.max_restarts:
+        permanent = permanent_reason(failure, None, job.permanent_exit_codes)
+        return permanent or f"it used all {job.max_restarts} restarts"
+    previous = restarts[-1].signature if restarts else None
+    return permanent_reason(failure, previous, job.permanent_exit_codes)
 
 
 def backoff(job: Job, restarts_so_far: int) -> float:
     return float(min(MAX_BACKOFF, job.restart_backoff * 2**restarts_so_far))
+
+
+def conclude(final: RunStatus, record: RunRecord) -> str:
+    """The line that reports a successful run; JobFailed saying why for any other ending."""
+    if final.state is WorkerState.SUCCEEDED:
+        steps = max((w.step or 0) for w in final.workers)
+        restarts = f" after {len(record.restarts)} restart(s)" if record.restarts else ""
+        return (
+            f"job {final.job} succeeded at step {steps}{restarts}; "
+            f"checkpoints in {record.workers[0].checkpoint_dir}"
+        )
+    if any(w.reason and "preempted" in w.reason for w in final.workers):
+        step = max((w.checkpoint_step or 0) for w in final.workers)
+        raise JobFailed(
+            f"the run was preempted and saved a checkpoint at step {step}",
+            hint="run 'orchestrate up' with the same inventory again to resume",
+        )
+    if record.outcome:
+        raise JobFailed(record.outcome, hint="'orchestrate tail' shows every worker's log")
+    if final.state is WorkerState.STOPPED:
+        raise JobFailed(
+            "the run was stopped by 'orchestrate down'",
+            hint="'orchestrate up' with the same inventory resumes from the latest checkpoint",
+        )
+    raise JobFailed(failure_report(final), hint="'orchestrate tail' shows every worker's log")
+
+
+def failure_report(status: RunStatus) -> str:
+    """Which worker failed first, how, at what step, and the last lines of its log."""
+    failure = first_failure(status)
+    if failure is None:
+        return f"run {status.run_id} ended {status.state.value}"
+    worker = next(w for w in status.workers if w.name == failure.worker)
+    lines = [
+        f"worker {worker.name} (index {worker.index}) failed at step {worker.step or 0}: "
+        f"{worker.reason}"
+    ]
+    if worker.log_tail:
+        lines.append(f"last lines of {worker.name}'s log:")
+        lines.extend(f"  {line}" for line in worker.log_tail[-10:])
+    return "\n".join(lines)
+
+
+def root_cause(failure: Failure, log_tail: tuple[str, ...], why: str, restarts: int) -> str:
+    step = f"at step {failure.step}" if failure.step is not None else "before its first step"
+    lines = [
+        f"the run failed for good after {restarts} restart(s) because {why}.",
+        f"the worker that failed first: {failure.worker} {step}: {failure.reason}",
+    ]
+    if log_tail:
+        lines.append(f"last lines of {failure.worker}'s log:")
+        lines.extend(f"  {line}" for line in log_tail)
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,13 +208,13 @@ class SupervisorLock:
             self._fd = None
 
 
-def refuse_if_active(store: RunStore, machines: Machines) -> None:
+def refuse_if_active(store: RunStore, backend: Backend) -> None:
     """A second copy of a job would fight the first for its ports and checkpoints."""
     if store.current_id() is None:
         return
     previous = store.load()
     supervised = SupervisorLock(store.lock_path(previous.run_id)).held_elsewhere()
-    status = collect_status(previous, machines)
+    status = collect_status(previous, backend)
     if status.state in ACTIVE or supervised:
         state = status.state.value if status.state in ACTIVE else "being restarted"
         raise RunStateError(
@@ -161,16 +224,40 @@ def refuse_if_active(store: RunStore, machines: Machines) -> None:
         )
 
 
-def stop_flag(store: RunStore, run_id: str) -> Path:
-    """`orchestrate down` leaves this so a supervisor between two attempts starts no new one."""
-    return store.root / "runs" / f"{run_id}.stop"
+def stop_everything(store: RunStore, backend: Backend, run_id: str | None,
+                    grace: float) -> tuple[RunRecord, StopReport]:  # fmt: skip
+    """`down`: flag the run so its supervisor starts no new attempt, stop the workers, wait for
+    the supervisor to let go, and stop the attempt it may have started meanwhile."""
+    record = store.load(run_id)
+    store.stop_flag(record.run_id).touch()
+    report = stop_run(record, backend, grace)
+    lock = SupervisorLock(store.lock_path(record.run_id))
+    deadline = time.monotonic() + grace + 15
+    while lock.held_elsewhere() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    newer = store.load(record.run_id)
+    if newer.attempt != record.attempt:
+        report = stop_run(newer, backend, grace)
+    return newer, report
+
+
+def watch(store: RunStore, backend: Backend, run_id: str,
+          show: Callable[[RunStatus], None], interval: float) -> RunStatus:  # fmt: skip
+    """Follow a run another process supervises, until it has ended and that process let go."""
+    lock = SupervisorLock(store.lock_path(run_id))
+    while True:
+        final = collect_status(store.load(run_id), backend)
+        show(final)
+        if final.state.finished and not lock.held_elsewhere():
+            return final
+        time.sleep(interval)
 
 
 class Supervisor:
     def __init__(
         self,
         store: RunStore,
-        machines: Machines,
+        backend: Backend,
         record: RunRecord,
         *,
         show: Callable[[RunStatus], None] = lambda status: None,
@@ -178,7 +265,7 @@ class Supervisor:
         interval: float = 1.0,
     ) -> None:
         self.store = store
-        self.machines = machines
+        self.backend = backend
         self.record = record
         self.show = show
         self.say = say
@@ -192,11 +279,11 @@ class Supervisor:
         while True:
             if not self.store.exists(self.record.run_id):
                 raise RunStateError(f"the record of run {self.record.run_id} was removed")
-            status = collect_status(self.record, self.machines)
+            status = collect_status(self.record, self.backend)
             self.show(status)
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
                 return status
-            if stop_flag(self.store, self.record.run_id).exists():
+            if self.store.stop_flag(self.record.run_id).exists():
                 # `down` is stopping the run: what ends now is no failure to recover from.
                 if status.state.finished:
                     return status
@@ -213,12 +300,11 @@ class Supervisor:
         job = self.record.inventory.job
         restarts = self.record.restarts
         restart = Restart(time.time(), self.record.attempt, failure.worker, failure.reason,
-                          failure.step)  # fmt: skip
+                          failure.step, failure.kind.value)  # fmt: skip
         tail = self._log_tail(failure.worker)
-        stop_run(self.record, self.machines, grace=STOP_GRACE)
-        permanent = permanent_reason(failure, restarts[-1] if restarts else None, job)
-        if permanent or len(restarts) >= job.max_restarts:
-            why = permanent or f"it used all {job.max_restarts} restarts"
+        stop_run(self.record, self.backend, grace=STOP_GRACE)
+        why = give_up_reason(failure, restarts, job)
+        if why:
             outcome = f"gave up: {restart.describe()}; {why}"
             self.record = replace(self.record, outcome=outcome)
             self.store.save(self.record)
@@ -230,13 +316,13 @@ class Supervisor:
             f"({len(restarts) + 1}/{job.max_restarts}) in {wait:g} s"
         )
         time.sleep(wait)
-        if stop_flag(self.store, self.record.run_id).exists():
+        if self.store.stop_flag(self.record.run_id).exists():
             return
         self.record = replace(self.record, attempt=self.record.attempt + 1,
                               restarts=(*restarts, restart))  # fmt: skip
         try:
             self._replace_dead_hosts()
-            self.record = launch_attempt(self.record, self.store, self.machines, self.say)
+            self.record = launch_attempt(self.record, self.store, self.backend, self.say)
         except (HostErrors, OrchestrateError) as error:
             raise JobFailed(
                 f"the restart after {restart.describe()} failed: {error.message}",
@@ -249,34 +335,34 @@ class Supervisor:
         the run resumes from here."""
         chief = self.record.workers[0]
         step = status.workers[0].checkpoint_step
-        if chief.host.connection == "local" or step is None or step <= self._mirrored_step:
+        if chief.host.kind.shares_files_with_controller or step is None:
+            return
+        if step <= self._mirrored_step:
             return
         try:
-            if self.mirror.update(chief.host, chief.checkpoint_dir, self.machines):
+            if self.mirror.update(chief.host, chief.checkpoint_dir, self.backend):
                 self.say(f"copied checkpoint at step {step} from {chief.name} to this machine")
             self._mirrored_step = step
         except OrchestrateError as error:
             self.say(f"could not copy {chief.name}'s checkpoint: {error.message}")
 
     def _replace_dead_hosts(self) -> None:
-        """Hosts that do not answer are replaced by spares, in order, before a restart."""
+        """Hosts that cannot be reached are replaced by spares, in order, before a restart."""
         inventory = self.record.inventory
-        answers = fan_out(
-            range(len(inventory.hosts)), lambda i: self.machines.agent(inventory.hosts[i]).info()
-        )
+        dead = self.backend.unreachable(inventory.hosts)
         hosts, spares = list(inventory.hosts), list(inventory.spares)
-        for index, answer in answers.items():
-            if not isinstance(answer, ConnectError):
+        for index, host in enumerate(inventory.hosts):
+            if host.name not in dead:
                 continue
             if not spares:
                 raise JobFailed(
-                    f"host {hosts[index].name} does not answer ({answer.message}) and no spare "
+                    f"host {host.name} does not answer ({dead[host.name]}) and no spare "
                     "host is left to replace it",
                     hint="list replacement hosts under 'spares:' in the inventory, or bring the "
                     "host back and run 'orchestrate up' again to resume from the checkpoint",
                 )
             spare = spares.pop(0)
-            self.say(f"{hosts[index].name} does not answer; spare {spare.name} takes its place")
+            self.say(f"{host.name} does not answer; spare {spare.name} takes its place")
             hosts[index] = spare
         new_inventory = replace(inventory, hosts=tuple(hosts), spares=tuple(spares))
         self.record = replace(self.record, inventory=new_inventory)
@@ -284,18 +370,6 @@ class Supervisor:
     def _log_tail(self, name: str) -> tuple[str, ...]:
         workers = [w for w in self.record.workers if w.name == name]
         try:
-            return tuple(line for _, line in last_lines(workers, self.machines, 10))
+            return tuple(line for _, line in last_lines(workers, self.backend, 10))
         except OrchestrateError:
             return ()
-
-
-def root_cause(failure: Failure, log_tail: tuple[str, ...], why: str, restarts: int) -> str:
-    step = f"at step {failure.step}" if failure.step is not None else "before its first step"
-    lines = [
-        f"the run failed for good after {restarts} restart(s) because {why}.",
-        f"the worker that failed first: {failure.worker} {step}: {failure.reason}",
-    ]
-    if log_tail:
-        lines.append(f"last lines of {failure.worker}'s log:")
-        lines.extend(f"  {line}" for line in log_tail)
-    return "\n".join(lines)

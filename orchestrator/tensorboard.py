@@ -1,8 +1,8 @@
 """Event files for TensorBoard: the chief writes them next to its checkpoints.
 
-A chief on this machine is read in place. A remote chief's event files are pulled over SSH into
-the state directory (only new or grown files) and pulled again every few seconds, so a plain local
-TensorBoard shows them without opening any port on the hosts.
+A chief that sees this machine's files is read in place. A remote chief's event files are pulled
+through the backend into the state directory (only new or grown files) and pulled again every few
+seconds, so a plain local TensorBoard shows them without opening any port on the hosts.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import posixpath
 from pathlib import Path
 
-from orchestrator.connect import Machines
+from orchestrator.backend import Backend
 from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
 
 
@@ -19,26 +19,28 @@ def chief_event_dir(chief: WorkerRecord) -> str:
     return posixpath.join(posixpath.dirname(chief.checkpoint_dir.rstrip("/")), "tensorboard")
 
 
+def events_are_remote(record: RunRecord) -> bool:
+    return not record.workers[0].host.kind.shares_files_with_controller
+
+
 def local_event_dir(record: RunRecord, store: RunStore) -> Path:
-    chief = record.workers[0]
-    if chief.host.connection == "local":
-        return Path(chief_event_dir(chief))
-    return store.root.resolve() / "tensorboard" / record.job_name
+    if not events_are_remote(record):
+        return Path(chief_event_dir(record.workers[0]))
+    return store.event_dir(record.job_name)
 
 
-def pull_events(record: RunRecord, machines: Machines, target: Path) -> int:
+def pull_events(record: RunRecord, backend: Backend, target: Path) -> int:
     """Copy the remote chief's new or changed event files into `target`; how many were copied."""
-    chief = record.workers[0]
-    if chief.host.connection == "local":
+    if not events_are_remote(record):
         return 0
-    listing = machines.agent(chief.host).files(chief_event_dir(chief))
-    runner = machines.runner(chief.host)
+    chief = record.workers[0]
+    listing = backend.list_files(chief.host, chief_event_dir(chief))
     copied = 0
-    for relative, (size, _mtime) in sorted(listing["files"].items()):
+    for relative, (size, _mtime) in sorted(listing.files.items()):
         local = target / relative
         if local.exists() and local.stat().st_size == size:
             continue
         local.parent.mkdir(parents=True, exist_ok=True)
-        runner.get(posixpath.join(listing["root"], relative), str(local))
+        backend.download(chief.host, posixpath.join(listing.root, relative), str(local))
         copied += 1
     return copied

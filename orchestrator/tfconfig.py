@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from orchestrator.inventory import Inventory
@@ -17,7 +16,3 @@ def tf_config(inventory: Inventory, index: int) -> dict[str, Any]:
     if not 0 <= index < len(inventory.hosts):
         raise IndexError(f"worker index {index} out of range 0..{len(inventory.hosts) - 1}")
     return {"cluster": cluster_spec(inventory), "task": {"type": "worker", "index": index}}
-
-
-def tf_config_json(inventory: Inventory, index: int) -> str:
-    return json.dumps(tf_config(inventory, index), sort_keys=True)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
+from orchestrator.backend import Backend, open_backend
 from orchestrator.cli.app import (
     cli,
     errors,
 )
-from orchestrator.connect import Machines
 from orchestrator.errors import (
     PreflightFailed,
 )
@@ -47,12 +47,12 @@ min_free_option = click.option(
 
 
 def run_checks(
-    spec: Inventory, machines: Machines, probe_timeout: float, min_free_gb: float
+    spec: Inventory, backend: Backend, probe_timeout: float, min_free_gb: float
 ) -> PreflightReport:
     with errors.status("preflight: checking every host and every port between them"):
         return run_preflight(
             spec,
-            machines,
+            backend,
             probe_timeout=probe_timeout,
             min_free_bytes=int(min_free_gb * 2**30),
         )
@@ -94,8 +94,8 @@ def check(inventory: Path, as_json: bool, probe_timeout: float, min_free_gb: flo
     Exit status 5 when something blocks the run.
     """
     spec = load_inventory(inventory)
-    with Machines() as machines:
-        report = run_checks(spec, machines, probe_timeout, min_free_gb)
+    with open_backend() as backend:
+        report = run_checks(spec, backend, probe_timeout, min_free_gb)
     if as_json:
         click.echo(json.dumps([f.to_json() for f in report.findings], indent=2))
     else:
@@ -129,7 +129,7 @@ def firewall(inventory: Path, fmt: str, controller: str | None) -> None:
     machine. Nothing is applied: review them and run each block on its host.
     """
     spec = load_inventory(inventory)
-    remote = [h for h in spec.hosts if h.connection == "ssh"]
+    remote = [h for h in spec.hosts if h.kind.login_port(h)]
     if controller is None and remote:
         controller = controller_address(remote[0].address)
     click.echo(firewall_script(host_rules(spec, fmt, controller), fmt))

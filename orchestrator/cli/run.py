@@ -13,6 +13,7 @@ import click
 from rich.console import Group
 from rich.live import Live
 
+from orchestrator.backend import Backend, open_backend
 from orchestrator.cli.app import (
     Context,
     StoppedWatching,
@@ -29,29 +30,21 @@ from orchestrator.cli.preflight import (
     run_checks,
     show_findings,
 )
-from orchestrator.connect import Machines
-from orchestrator.errors import (
-    JobFailed,
-    PartialFailure,
-    RunStateError,
-)
+from orchestrator.errors import PartialFailure, RunStateError
 from orchestrator.inventory import load_inventory
-from orchestrator.lifecycle import (
-    DEFAULT_GRACE,
-    StopReport,
-    start_run,
-    stop_run,
-)
-from orchestrator.render import (
-    failure_report,
-    problems,
-    progress_line,
-    status_table,
-)
+from orchestrator.lifecycle import DEFAULT_GRACE, StopReport, start_run
+from orchestrator.render import problems, progress_line, status_table
 from orchestrator.runstore import RunRecord, RunStore
 from orchestrator.state import WorkerState
 from orchestrator.status import RunStatus, collect_status
-from orchestrator.supervise import Supervisor, SupervisorLock, refuse_if_active, stop_flag
+from orchestrator.supervise import (
+    Supervisor,
+    SupervisorLock,
+    conclude,
+    refuse_if_active,
+    stop_everything,
+    watch,
+)
 
 PLAIN_REPORT_EVERY = 15.0  # seconds between progress lines when the output is not a terminal
 
@@ -84,10 +77,10 @@ def up(  # noqa: PLR0917 - click passes every option by position
     still active, 5 when a preflight check failed.
     """
     spec = load_inventory(inventory)
-    with Machines() as machines:
-        refuse_if_active(context.store, machines)
+    with open_backend() as backend:
+        refuse_if_active(context.store, backend)
         if not skip_checks:
-            report = run_checks(spec, machines, probe_timeout, min_free_gb)
+            report = run_checks(spec, backend, probe_timeout, min_free_gb)
             show_findings(report, only_problems=True)
             if report.blocking:
                 raise blocking_error(report)
@@ -97,7 +90,7 @@ def up(  # noqa: PLR0917 - click passes every option by position
         record = start_run(
             spec,
             context.store,
-            machines,
+            backend,
             say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
         )
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
@@ -108,7 +101,7 @@ def up(  # noqa: PLR0917 - click passes every option by position
                 "Follow with 'orchestrate attach', 'orchestrate status', 'orchestrate tail -f'"
             )
             return
-        _supervise_here(context.store, machines, record, interval)
+        _supervise_here(context.store, backend, record, interval)
 
 
 def _spawn_supervisor(store: RunStore, run_id: str) -> int:
@@ -162,9 +155,7 @@ class _PlainReporter:
             self.last = now
 
 
-def _supervise_here(
-    store: RunStore, machines: Machines, record: RunRecord, interval: float
-) -> None:
+def _supervise_here(store: RunStore, backend: Backend, record: RunRecord, interval: float) -> None:
     lock = SupervisorLock(store.lock_path(record.run_id))
     if not lock.acquire():
         raise RunStateError(
@@ -173,7 +164,7 @@ def _supervise_here(
         )
     try:
         with _view() as (show, say):
-            supervisor = Supervisor(store, machines, record, show=show, say=say, interval=interval)
+            supervisor = Supervisor(store, backend, record, show=show, say=say, interval=interval)
             final = supervisor.run()
     except KeyboardInterrupt:
         raise StoppedWatching() from None
@@ -183,29 +174,7 @@ def _supervise_here(
 
 
 def _finish(final: RunStatus, record: RunRecord) -> None:
-    if final.state is WorkerState.SUCCEEDED:
-        steps = max((w.step or 0) for w in final.workers)
-        restarts = f" after {len(record.restarts)} restart(s)" if record.restarts else ""
-        errors.print(
-            f"[green]job {final.job} succeeded[/] at step {steps}{restarts}; "
-            f"checkpoints in {record.workers[0].checkpoint_dir}"
-        )
-        return
-    preempted = [w for w in final.workers if w.reason and "preempted" in w.reason]
-    if preempted:
-        step = max((w.checkpoint_step or 0) for w in final.workers)
-        raise JobFailed(
-            f"the run was preempted and saved a checkpoint at step {step}",
-            hint="run 'orchestrate up' with the same inventory again to resume",
-        )
-    if record.outcome:
-        raise JobFailed(record.outcome, hint="'orchestrate tail' shows every worker's log")
-    if final.state is WorkerState.STOPPED:
-        raise JobFailed(
-            "the run was stopped by 'orchestrate down'",
-            hint="'orchestrate up' with the same inventory resumes from the latest checkpoint",
-        )
-    raise JobFailed(failure_report(final), hint="'orchestrate tail' shows every worker's log")
+    errors.print(f"[green]{conclude(final, record)}[/]", highlight=False)
 
 
 @cli.command(hidden=True)
@@ -215,8 +184,8 @@ def _finish(final: RunStatus, record: RunRecord) -> None:
 def supervise(context: Context, run_id: str, interval: float) -> None:
     """Supervise RUN_ID in this process (started detached by 'up --detach')."""
     record = context.store.load(run_id)
-    with Machines() as machines:
-        _supervise_here(context.store, machines, record, interval)
+    with open_backend() as backend:
+        _supervise_here(context.store, backend, record, interval)
 
 
 @cli.command()
@@ -230,22 +199,16 @@ def attach(context: Context, run_id: str | None, interval: float) -> None:
     takes over supervision, restarts included. Ctrl-C leaves the workers running.
     """
     record = context.store.load(run_id)
-    with Machines() as machines:
+    with open_backend() as backend:
         lock = SupervisorLock(context.store.lock_path(record.run_id))
         if not lock.held_elsewhere():
             errors.print(f"run {record.run_id}: nothing supervises it; supervising it here")
-            _supervise_here(context.store, machines, record, interval)
+            _supervise_here(context.store, backend, record, interval)
             return
         errors.print(f"run {record.run_id}: watching (another process supervises it)")
         try:
             with _view() as (show, _say):
-                while True:
-                    record = context.store.load(record.run_id)
-                    final = collect_status(record, machines)
-                    show(final)
-                    if final.state.finished and not lock.held_elsewhere():
-                        break
-                    time.sleep(interval)
+                final = watch(context.store, backend, record.run_id, show, interval)
         except KeyboardInterrupt:
             raise StoppedWatching() from None
     _finish(final, context.store.load(record.run_id))
@@ -271,40 +234,21 @@ def down(context: Context, grace: float | None, save: bool, run_id: str | None) 
     On SIGTERM the built-in training loop saves a checkpoint at the current step on every worker
     and exits; --save waits for that and says at which step. A supervisor of the run stops too.
     """
-    record = context.store.load(run_id)
     grace = grace if grace is not None else (300.0 if save else DEFAULT_GRACE)
-    stop_flag(context.store, record.run_id).touch()
-    with Machines() as machines:
-        report = stop_run(record, machines, grace)
-        newer = _after_supervisor(context.store, record, machines, grace)
-        if newer is not None:
-            report = stop_run(newer, machines, grace)
-        final = collect_status(context.store.load(record.run_id), machines) if save else None
+    with open_backend() as backend:
+        record, report = stop_everything(context.store, backend, run_id, grace)
+        final = collect_status(record, backend) if save else None
     for name, outcome in report.outcome.items():
         console.print(f"{name}: {outcome}", markup=False, highlight=False)
-    failed = [n for n, o in report.outcome.items() if o.startswith("unreachable")]
-    if failed or report.leftovers:
-        left = ", ".join(f"{n} (pids {p})" for n, p in report.leftovers.items())
+    if report.unreachable or report.leftovers:
+        parts = report.unreachable + [f"{n} (pids {p})" for n, p in report.leftovers.items()]
         raise PartialFailure(
-            "some workers could not be stopped: " + ", ".join(failed) + left,
+            "some workers could not be stopped: " + ", ".join(parts),
             hint="check those hosts, then run 'orchestrate down' again",
         )
     if final is not None:
         _report_saved(final, report)
     errors.print(f"run {record.run_id} is down")
-
-
-def _after_supervisor(
-    store: RunStore, record: RunRecord, machines: Machines, grace: float
-) -> RunRecord | None:
-    """Wait for a supervisor of the run to let go; if it started a new attempt meanwhile, that
-    attempt is returned to be stopped too."""
-    lock = SupervisorLock(store.lock_path(record.run_id))
-    deadline = time.monotonic() + grace + 15
-    while lock.held_elsewhere() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    newer = store.load(record.run_id)
-    return newer if newer.attempt != record.attempt else None
 
 
 def _report_saved(final: RunStatus, report: StopReport) -> None:

@@ -10,6 +10,7 @@ import time
 
 import click
 
+from orchestrator.backend import open_backend
 from orchestrator.cli.app import (
     Context,
     cli,
@@ -18,7 +19,6 @@ from orchestrator.cli.app import (
     pass_context,
     run_option,
 )
-from orchestrator.connect import Machines
 from orchestrator.errors import (
     MissingTool,
 )
@@ -28,7 +28,7 @@ from orchestrator.render import (
     status_table,
 )
 from orchestrator.status import collect_status
-from orchestrator.tensorboard import local_event_dir, pull_events
+from orchestrator.tensorboard import events_are_remote, local_event_dir, pull_events
 
 
 @cli.command()
@@ -38,8 +38,8 @@ from orchestrator.tensorboard import local_event_dir, pull_events
 def status(context: Context, as_json: bool, run_id: str | None) -> None:
     """Show each worker's state, pid, step, loss, checkpoint step, uptime, CPU and memory."""
     record = context.store.load(run_id)
-    with Machines() as machines:
-        result = collect_status(record, machines)
+    with open_backend() as backend:
+        result = collect_status(record, backend)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return
@@ -69,11 +69,9 @@ def tail_command(
         w.name: click.style(f"{w.name:<{width}} |", fg=colors[w.index % len(colors)])
         for w in workers
     }
-    with Machines() as machines:
+    with open_backend() as backend:
         stream = (
-            follow(workers, machines, lines)
-            if follow_logs
-            else last_lines(workers, machines, lines)
+            follow(workers, backend, lines) if follow_logs else last_lines(workers, backend, lines)
         )
         try:
             for name, line in stream:
@@ -107,11 +105,11 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
         )
     record = context.store.load(run_id)
     logdir = local_event_dir(record, context.store)
-    with Machines() as machines:
-        pulled = pull_events(record, machines, logdir)
+    with open_backend() as backend:
+        pulled = pull_events(record, backend, logdir)
         if pulled:
             errors.print(f"pulled {pulled} event file(s) from {record.workers[0].name}")
-        server_log = context.store.root / "tensorboard.log"
+        server_log = context.store.tensorboard_log()
         server_log.parent.mkdir(parents=True, exist_ok=True)
         with server_log.open("w") as log:  # a file, not a pipe: a full pipe would stall it
             server = subprocess.Popen(
@@ -122,8 +120,8 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
         click.echo(f"TensorBoard for run {record.run_id}: http://127.0.0.1:{port}/ ({logdir})")
         try:
             while server.poll() is None:
-                time.sleep(refresh if record.workers[0].host.connection != "local" else 1.0)
-                pull_events(record, machines, logdir)
+                time.sleep(refresh if events_are_remote(record) else 1.0)
+                pull_events(record, backend, logdir)
         except KeyboardInterrupt:
             server.terminate()
             server.wait(timeout=15)

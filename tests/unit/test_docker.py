@@ -133,24 +133,24 @@ def test_ssh_settings_match_the_image(inventory: Inventory) -> None:
     for host in inventory.hosts:
         service = services[host.name]
         user = service["environment"]["SSH_USER"]
-        assert host.ssh_user == user == env["SSH_USER"]
+        assert host.settings.ssh_user == user == env["SSH_USER"]
         assert re.search(rf"useradd .*\b{user}\b", user_run)
         assert f"usermod -p '*' {user}" in user_run  # not locked: sshd (UsePAM no) takes keys
-        assert host.ssh_port == int(env["SSHD_PORT"]) == 22
+        assert host.settings.ssh_port == int(env["SSHD_PORT"]) == 22
         assert 22 in exposed_ports()
         # The key: the controller holds docker/client_key; compose mounts its .pub read-only
         # where the entry point reads the authorized keys.
-        assert host.ssh_key == str(DOCKER / "client_key")
+        assert host.settings.ssh_key == str(DOCKER / "client_key")
         volumes = volume_targets(service)
         key_mount = volumes[service["environment"]["AUTHORIZED_KEYS_FILE"]]
         assert key_mount["target"] == env["AUTHORIZED_KEYS_FILE"]
         assert key_mount["type"] == "bind"
         assert key_mount["read_only"] is True
         assert key_mount["bind"]["create_host_path"] is False
-        assert (DOCKER / key_mount["source"]).resolve() == Path(host.ssh_key + ".pub")
+        assert (DOCKER / key_mount["source"]).resolve() == Path(host.settings.ssh_key + ".pub")
         # Fresh containers have keys never seen before; a volume keeps them across re-creation.
-        assert host.ssh_host_key_policy == "accept-new"
-        assert host.ssh_known_hosts == str(DOCKER / "known_hosts")
+        assert host.settings.ssh_host_key_policy == "accept-new"
+        assert host.settings.ssh_known_hosts == str(DOCKER / "known_hosts")
         assert volumes[env["SSHD_HOST_KEY_DIR"]]["type"] == "volume"
         # The image's Python; ~ of the inventory's workdir is the login user's home.
         assert host.python == "/usr/local/bin/python"

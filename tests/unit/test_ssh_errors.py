@@ -11,11 +11,14 @@ import socket
 import paramiko
 
 from orchestrator.inventory import Host
+from orchestrator.kinds.ssh import SshSettings
 from orchestrator.ssh import SshRunner
 
 
 def runner() -> SshRunner:
-    return SshRunner(Host(name="gpu-a", address="gpu-a.example", port=20000, ssh_user="me"))
+    return SshRunner(
+        Host(name="gpu-a", address="gpu-a.example", port=20000, settings=SshSettings(ssh_user="me"))
+    )
 
 
 def test_name_resolution_failure() -> None:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from orchestrator.answers import WorkerProbe
 from orchestrator.state import WorkerState as S
 from orchestrator.state import classify, overall
 
 
-def probe(**fields: object) -> dict[str, object]:
+def probe(**fields: object) -> WorkerProbe:
+    """Parsed from the agent's JSON shape, as the backend does."""
     base: dict[str, object] = {
         "exists": True, "pid": 10, "alive": False, "progress": None, "exit": None,
         "stop_requested": False,
     }  # fmt: skip
-    return {**base, **fields}
+    return WorkerProbe.parse({**base, **fields}, now=0.0)
 
 
 def test_unreachable_host_is_unknown() -> None:

@@ -1,0 +1,284 @@
+"""Typed answers of the host-side programs (agent.py, hostprobe.py), parsed once at the seam.
+
+The programs speak JSON; everything above the backend reads these frozen dataclasses, so a
+misspelt field is a type error instead of a silent None. Parsing is lenient about extra fields
+(a newer agent may say more) and strict about types: a wrong type reads as absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.errors import HostError
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _lines(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    home: str
+    hostname: str
+    python: str
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> HostInfo:
+        return cls(str(data["home"]), str(data.get("hostname", "")), str(data.get("python", "")))
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a worker reported in progress.json (the built-in loop, or a script's report())."""
+
+    step: int | None = None
+    target_steps: int | None = None
+    loss: float | None = None
+    accuracy: float | None = None
+    checkpoint_step: int | None = None
+    steps_per_sec: float | None = None
+    devices: tuple[str, ...] = ()
+    fields: Mapping[str, Any] = field(default_factory=dict)  # everything, for the JSON views
+
+    @classmethod
+    def parse(cls, data: Any) -> Progress | None:
+        if not isinstance(data, dict):
+            return None
+        return cls(
+            step=_int(data.get("step")),
+            target_steps=_int(data.get("target_steps")),
+            loss=_number(data.get("loss")),
+            accuracy=_number(data.get("accuracy")),
+            checkpoint_step=_int(data.get("checkpoint_step")),
+            steps_per_sec=_number(data.get("steps_per_sec")),
+            devices=_lines(data.get("devices")),
+            fields=dict(data),
+        )
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """How a worker process ended, written by its supervisor on the host."""
+
+    returncode: int
+    signal: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None  # usually the last line of the log
+    log_tail: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, data: Any) -> ExitRecord | None:
+        if not isinstance(data, dict) or _int(data.get("returncode")) is None:
+            return None
+        return cls(
+            returncode=int(data["returncode"]),
+            signal=_text(data.get("signal")),
+            started_at=_number(data.get("started_at")),
+            finished_at=_number(data.get("finished_at")),
+            error=_text(data.get("error")),
+            log_tail=_lines(data.get("log_tail")),
+        )
+
+
+@dataclass(frozen=True)
+class Usage:
+    cpu_percent: float | None
+    rss_bytes: int | None
+    create_time: float | None
+
+    @classmethod
+    def parse(cls, data: Any) -> Usage | None:
+        if not isinstance(data, dict):
+            return None
+        return cls(
+            _number(data.get("cpu_percent")),
+            _int(data.get("rss_bytes")),
+            _number(data.get("create_time")),
+        )
+
+
+@dataclass(frozen=True)
+class WorkerProbe:
+    """One run directory as its host sees it now."""
+
+    now: float  # the host's clock
+    exists: bool = False
+    pid: int | None = None  # the supervisor's (the process group)
+    alive: bool = False
+    worker_pid: int | None = None
+    progress: Progress | None = None
+    exit: ExitRecord | None = None
+    stop_requested: bool = False
+    usage: Usage | None = None
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any], now: float) -> WorkerProbe:
+        return cls(
+            now=now,
+            exists=bool(data.get("exists")),
+            pid=_int(data.get("pid")),
+            alive=bool(data.get("alive")),
+            worker_pid=_int(data.get("worker_pid")),
+            progress=Progress.parse(data.get("progress")),
+            exit=ExitRecord.parse(data.get("exit")),
+            stop_requested=bool(data.get("stop_requested")),
+            usage=Usage.parse(data.get("usage")),
+        )
+
+
+def parse_probe(data: Mapping[str, Any]) -> dict[str, WorkerProbe]:
+    """The agent's probe answer: one WorkerProbe per run directory asked about."""
+    now = _number(data.get("now")) or 0.0
+    return {run_dir: WorkerProbe.parse(probe, now) for run_dir, probe in data["runs"].items()}
+
+
+@dataclass(frozen=True)
+class StopAnswer:
+    outcome: str  # stopped | killed | not running
+    left: tuple[int, ...] = ()  # pids still alive after SIGKILL
+
+
+def parse_stop(data: Mapping[str, Any]) -> dict[str, StopAnswer]:
+    left = _mapping(data.get("left"))
+    return {
+        run_dir: StopAnswer(str(outcome), tuple(int(p) for p in left.get(run_dir, ())))
+        for run_dir, outcome in data["outcome"].items()
+    }
+
+
+@dataclass(frozen=True)
+class CheckpointListing:
+    """The latest TensorFlow checkpoint of a directory: its name and files with sizes."""
+
+    directory: str
+    latest: str | None
+    files: Mapping[str, int]
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> CheckpointListing:
+        files = {str(k): int(v) for k, v in _mapping(data.get("files")).items()}
+        return cls(str(data["directory"]), _text(data.get("latest")), files)
+
+    def same_as(self, other: CheckpointListing) -> bool:
+        return self.latest == other.latest and dict(self.files) == dict(other.files)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(self.files.values())
+
+
+@dataclass(frozen=True)
+class FileListing:
+    root: str
+    files: Mapping[str, tuple[int, float]]  # relative path -> (size, mtime)
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> FileListing:
+        files = {str(k): (int(v[0]), float(v[1])) for k, v in _mapping(data.get("files")).items()}
+        return cls(str(data["root"]), files)
+
+
+@dataclass(frozen=True)
+class PortHolder:
+    pid: int
+    command: str
+    run_id: str | None = None  # a leftover orchestrate worker's run
+    worker: str | None = None
+
+
+@dataclass(frozen=True)
+class DirectoryReport:
+    path: str
+    writable: bool
+    checked: str  # the nearest existing parent that was checked
+    free_bytes: int
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """hostprobe's `inspect`: software, environment, directories and the TensorFlow port."""
+
+    python: str
+    packages: Mapping[str, str | None]
+    env: Mapping[str, str]
+    directories: tuple[DirectoryReport, ...]
+    listener_pid: int | None
+    port_error: str | None
+    holder: PortHolder | None
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> Inspection:
+        holder = data.get("holder")
+        directories = tuple(
+            DirectoryReport(str(d["path"]), bool(d["writable"]), str(d["checked"]),
+                            int(d["free_bytes"]))
+            for d in data.get("directories", ())
+        )  # fmt: skip
+        return cls(
+            python=str(data.get("python", "")),
+            packages={str(k): _text(v) for k, v in _mapping(data.get("packages")).items()},
+            env={str(k): str(v) for k, v in _mapping(data.get("env")).items()},
+            directories=directories,
+            listener_pid=_int(data.get("listener_pid")),
+            port_error=_text(data.get("port_error")),
+            holder=_holder(holder) if isinstance(holder, dict) else None,
+        )
+
+
+def _holder(data: Mapping[str, Any]) -> PortHolder:
+    return PortHolder(
+        int(data["pid"]),
+        str(data.get("command", "?")),
+        _text(data.get("orchestrate_run_id")),
+        _text(data.get("orchestrate_worker")),
+    )
+
+
+@dataclass(frozen=True)
+class PeerProbe:
+    status: str  # ok | timeout | refused | unreachable | error
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class Connections:
+    """hostprobe's `connect`: how this host's connection to each peer's port ended."""
+
+    peers: Mapping[str, PeerProbe]
+    token_visible: bool | None
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> Connections:
+        peers = {
+            str(name): PeerProbe(str(p["status"]), _text(p.get("detail")))
+            for name, p in _mapping(data.get("peers")).items()
+        }
+        visible = data.get("token_visible")
+        return cls(peers, visible if isinstance(visible, bool) else None)
+
+
+def parsed(host: str, parse: Any, data: Mapping[str, Any]) -> Any:
+    """Parse an answer; a malformed one is the host's error, not a traceback."""
+    try:
+        return parse(data)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise HostError(host, f"the host program's answer has the wrong shape: {exc!r}") from exc

@@ -1,0 +1,175 @@
+"""The Backend for workers on hosts the controller reaches through a Runner (local, SSH, ...).
+
+One runner per machine (workers that share a machine share a connection), made by the host's
+connection kind; the stdlib-only agent (agent.py) does the work on the host. Probes go through a
+session kept open per machine, so repeated polls do not start a Python each time.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe, parsed
+from orchestrator.answers import parse_probe as parse_probe_answer
+from orchestrator.backend import Backend
+from orchestrator.errors import ConnectError, HostError
+from orchestrator.fanout import GroupResult, fan_out, per_machine
+from orchestrator.hostagent import PROBE, HostAgent, request
+from orchestrator.inventory import Host
+from orchestrator.runner import LineSession, Runner
+
+if TYPE_CHECKING:
+    from orchestrator.plan import WorkerSpec
+    from orchestrator.runstore import WorkerRecord
+
+MachineKey = tuple[str, ...]
+
+
+def machine_key(host: Host) -> MachineKey:
+    return host.kind.machine_key(host)
+
+
+class HostBackend(Backend):
+    def __init__(self) -> None:
+        self._runners: dict[MachineKey, Runner] = {}
+        self._lock = threading.Lock()  # fan-out threads ask for runners at the same time
+        self._sessions: dict[MachineKey, LineSession] = {}
+
+    # --- connections ---------------------------------------------------------------------------
+    def agent(self, host: Host) -> HostAgent:
+        key = machine_key(host)
+        with self._lock:
+            if key not in self._runners:
+                self._runners[key] = host.kind.runner(host)
+            return HostAgent(self._runners[key], host.python)
+
+    def runner(self, host: Host) -> Runner:
+        return self.agent(host).runner
+
+    def close(self) -> None:
+        for session in self._sessions.values():
+            session.close()
+        self._sessions.clear()
+        for runner in self._runners.values():
+            runner.close()
+        self._runners.clear()
+
+    # --- an attempt's workers ------------------------------------------------------------------
+    def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
+        def resolve(group: list[Host]) -> dict[str, str]:
+            home = self.agent(group[0]).info().home
+            return {host.name: _absolute(host.workdir, home) for host in group}
+
+        return per_machine(hosts, lambda h: h.name, machine_key, resolve)
+
+    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
+        by_name = {spec.name: spec for spec in specs}
+
+        def launch(name: str) -> int:
+            spec = by_name[name]
+            self.upload(spec.host, _expand_uploads(spec.uploads))
+            return self.agent(spec.host).launch(spec.launch_request())
+
+        return fan_out(by_name, launch)
+
+    def probe(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, WorkerProbe]:
+        def ask(group: list[WorkerRecord]) -> dict[str, WorkerProbe]:
+            probes = self._probe_machine(group[0].host, [w.run_dir for w in group])
+            return {w.name: probes[w.run_dir] for w in group if w.run_dir in probes}
+
+        return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), ask)
+
+    def _probe_machine(self, host: Host, run_dirs: list[str]) -> dict[str, WorkerProbe]:
+        """Through the machine's open session; a broken one is dropped and the call made anew."""
+        key = machine_key(host)
+        agent = self.agent(host)
+        session = self._sessions.pop(key, None)
+        try:
+            session = session or agent.session()
+            answer = request(session, "probe", 30, run_dirs=run_dirs)
+        except HostError:
+            if session is not None:
+                session.close()
+            return agent.probe(run_dirs)
+        self._sessions[key] = session
+        return parsed(host.name, parse_probe_answer, answer)
+
+    def stop(self, workers: Sequence[WorkerRecord], grace: float) -> GroupResult[str, StopAnswer]:
+        def stop(group: list[WorkerRecord]) -> dict[str, StopAnswer]:
+            answers = self.agent(group[0].host).stop([w.run_dir for w in group], grace)
+            return {w.name: answers.get(w.run_dir, StopAnswer("not running")) for w in group}
+
+        return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), stop)
+
+    def log_lines(self, worker: WorkerRecord, lines: int) -> list[str]:
+        result = self.runner(worker.host).run(_tail_argv(worker.log_path, lines, follow=False))
+        if not result.ok and "No such file" not in result.stderr:
+            raise HostError(worker.name, f"cannot read {worker.log_path}: {result.tail(2)}")
+        return result.stdout.splitlines()
+
+    def follow_log(self, worker: WorkerRecord, lines: int) -> Iterator[str]:
+        return self.runner(worker.host).stream(_tail_argv(worker.log_path, lines, follow=True))
+
+    # --- files on a host -----------------------------------------------------------------------
+    def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
+        return self.agent(host).checkpoint(directory)
+
+    def adopt_checkpoint(self, host: Host, directory: str, name: str) -> None:
+        self.agent(host).adopt_checkpoint(directory, name)
+
+    def list_files(self, host: Host, directory: str) -> FileListing:
+        return self.agent(host).files(directory)
+
+    def download(self, host: Host, remote: str, local: str) -> None:
+        self.runner(host).get(remote, local)
+
+    def upload(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
+        if not files:
+            return
+        runner = self.runner(host)
+        runner.make_dirs(sorted({posixpath.dirname(remote) for _, remote in files}))
+        for local, remote in files:
+            runner.put(local, remote)
+
+    # --- reaching hosts ------------------------------------------------------------------------
+    def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
+        answers = fan_out(hosts, lambda host: self.agent(host).info())
+        return {
+            host.name: error.message
+            for host, error in answers.failed.items()
+            if isinstance(error, ConnectError)
+        }
+
+    def preflight_session(self, host: Host) -> LineSession:
+        return self.agent(host).session(PROBE)
+
+
+def _absolute(path: str, home: str) -> str:
+    if path == "~" or path.startswith("~/"):
+        return home + path[1:]
+    return path if path.startswith("/") else f"{home}/{path}"
+
+
+def _tail_argv(log_path: str, lines: int, follow: bool) -> list[str]:
+    # -F keeps following across the log being created late or rotated.
+    return ["tail", "-n", str(lines), *(["-F"] if follow else []), log_path]
+
+
+def _expand_uploads(uploads: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Directories become the files under them (caches left out)."""
+    files: list[tuple[str, str]] = []
+    for local, remote in uploads:
+        source = Path(local)
+        if source.is_dir():
+            files.extend(
+                (str(path), posixpath.join(remote, path.relative_to(source).as_posix()))
+                for path in sorted(source.rglob("*"))
+                if path.is_file() and "__pycache__" not in path.parts
+            )
+        else:
+            files.append((local, remote))
+    return files

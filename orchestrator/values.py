@@ -1,0 +1,95 @@
+"""Checkers for inventory values: each returns (value, None) or (None, "what was expected"). Pure.
+
+Shared by the inventory and the connection kinds, which declare their own keys with them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator.yamlsource import LineList, LineMap
+
+Checked = tuple[Any, str | None]
+Checker = Callable[[Any], Checked]
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def describe(value: Any) -> str:
+    if isinstance(value, (LineMap, dict)):
+        return "a mapping"
+    if isinstance(value, (LineList, list)):
+        return "a list"
+    return repr(value)
+
+
+def string(value: Any) -> Checked:
+    if isinstance(value, str) and value.strip():
+        return value, None
+    return None, f"expected a non-empty string, got {describe(value)}"
+
+
+def scalar_string(value: Any) -> Checked:
+    # YAML turns `5` into an int; arguments and environment values are text on the command line.
+    if isinstance(value, bool) or value is None or isinstance(value, (dict, list)):
+        return None, f"expected a string or number, got {describe(value)}"
+    return str(value), None
+
+
+def integer(low: int, high: int | None = None) -> Checker:
+    def check(value: Any) -> Checked:
+        bounds = f"from {low} to {high}" if high else f"of at least {low}"
+        if isinstance(value, bool) or not isinstance(value, int):
+            return None, f"expected an integer {bounds}, got {describe(value)}"
+        if value < low or (high is not None and value > high):
+            return None, f"expected an integer {bounds}, got {value}"
+        return value, None
+
+    return check
+
+
+def choice(*options: str) -> Checker:
+    def check(value: Any) -> Checked:
+        if value in options:
+            return value, None
+        return None, f"expected one of {', '.join(options)}, got {describe(value)}"
+
+    return check
+
+
+def boolean(value: Any) -> Checked:
+    if isinstance(value, bool):
+        return value, None
+    return None, f"expected true or false, got {describe(value)}"
+
+
+def integers(low: int, length: int | None = None) -> Checker:
+    """A list of integers of at least `low` (exactly `length` of them, when given)."""
+
+    def check(value: Any) -> Checked:
+        wanted = f"a list of {length} " if length else "a list of "
+        expected = f"expected {wanted}integers of at least {low}, got {describe(value)}"
+        if not isinstance(value, list) or (length is not None and len(value) != length):
+            return None, expected
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in value):
+            return None, expected + f" ({list(value)})"
+        if len(set(value)) != len(value):
+            return None, f"expected distinct integers, got {list(value)}"
+        return tuple(value), None
+
+    return check
+
+
+def name(value: Any) -> Checked:
+    if isinstance(value, str) and NAME_PATTERN.match(value):
+        return value, None
+    return None, (
+        f"expected a name of letters, digits, '.', '_' or '-' (it names files and log prefixes), "
+        f"got {describe(value)}"
+    )
+
+
+PORT = integer(1, 65535)
+POSITIVE = integer(1)

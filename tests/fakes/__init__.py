@@ -1,0 +1,1 @@
+"""Fakes that implement the product's real interfaces, for fast tests without processes."""

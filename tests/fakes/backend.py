@@ -1,0 +1,132 @@
+"""A Backend whose workers are scripts: each probe of a worker returns its next scripted state.
+
+Like httpx's MockTransport, it implements the real interface (orchestrator.backend.Backend), so
+the supervisor, status, lifecycle and preflight run unchanged on top of it, without processes,
+sockets or sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.answers import (
+    CheckpointListing,
+    FileListing,
+    StopAnswer,
+    WorkerProbe,
+)
+from orchestrator.backend import Backend
+from orchestrator.errors import ConnectError, HostError
+from orchestrator.fanout import GroupResult
+from orchestrator.inventory import Host
+from orchestrator.plan import WorkerSpec
+from orchestrator.runner import LineSession
+from orchestrator.runstore import WorkerRecord
+
+# A worker's script: attempt number -> the states its probes return in turn (the last repeats).
+Script = Mapping[int, Sequence[Mapping[str, Any]]]
+
+
+def running(step: int, **progress: Any) -> dict[str, Any]:
+    return {"exists": True, "pid": 100, "alive": True, "worker_pid": 101,
+            "progress": {"step": step, **progress}}  # fmt: skip
+
+
+def exited(code: int, step: int | None = None, *, error: str | None = None,
+           tail: Sequence[str] = (), finished_at: float = 1.0) -> dict[str, Any]:  # fmt: skip
+    return {
+        "exists": True, "pid": 100, "alive": False,
+        "progress": {"step": step} if step is not None else None,
+        "exit": {"returncode": code, "error": error, "log_tail": list(tail),
+                 "started_at": 0.0, "finished_at": finished_at},
+    }  # fmt: skip
+
+
+@dataclass
+class FakeBackend(Backend):
+    scripts: dict[str, Script] = field(default_factory=dict)  # worker name -> its script
+    dead_hosts: dict[str, str] = field(default_factory=dict)  # host name -> why unreachable
+    # Preflight: host name -> verb -> the hostprobe answer (JSON shape).
+    preflight: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    attempt: int = -1
+    started: list[list[str]] = field(default_factory=list)  # worker names of each start
+    stops: list[list[str]] = field(default_factory=list)
+    probes: int = 0
+    _polls: dict[str, int] = field(default_factory=dict)
+
+    def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
+        ok = {h.name: f"/home/fake/{h.name}" for h in hosts if h.name not in self.dead_hosts}
+        failed = {n: ConnectError(n, why) for n, why in self.dead_hosts.items()
+                  if any(h.name == n for h in hosts)}  # fmt: skip
+        return GroupResult(ok, failed)
+
+    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
+        self.attempt += 1
+        self._polls.clear()
+        self.started.append([spec.name for spec in specs])
+        return GroupResult({spec.name: 1000 + spec.index for spec in specs})
+
+    def probe(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, WorkerProbe]:
+        self.probes += 1
+        ok: dict[str, WorkerProbe] = {}
+        failed: dict[str, HostError] = {}
+        for worker in workers:
+            if worker.host.name in self.dead_hosts:
+                failed[worker.name] = ConnectError(worker.name, self.dead_hosts[worker.host.name])
+                continue
+            states = self.scripts.get(worker.name, {}).get(self.attempt) or [exited(0)]
+            poll = self._polls.get(worker.name, 0)
+            self._polls[worker.name] = poll + 1
+            ok[worker.name] = WorkerProbe.parse(states[min(poll, len(states) - 1)], now=2.0)
+        return GroupResult(ok, failed)
+
+    def stop(self, workers: Sequence[WorkerRecord], grace: float) -> GroupResult[str, StopAnswer]:
+        self.stops.append([w.name for w in workers])
+        return GroupResult({w.name: StopAnswer("stopped") for w in workers})
+
+    def log_lines(self, worker: WorkerRecord, lines: int) -> list[str]:
+        return [f"{worker.name} log line"]
+
+    def follow_log(self, worker: WorkerRecord, lines: int) -> Iterator[str]:
+        yield from self.log_lines(worker, lines)
+
+    def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
+        return CheckpointListing(directory, None, {})
+
+    def adopt_checkpoint(self, host: Host, directory: str, name: str) -> None:
+        raise AssertionError("no checkpoint exists, so none is adopted")
+
+    def list_files(self, host: Host, directory: str) -> FileListing:
+        return FileListing(directory, {})
+
+    def download(self, host: Host, remote: str, local: str) -> None:
+        raise AssertionError("nothing to download from a fake host")
+
+    def upload(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
+        pass
+
+    def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
+        return {h.name: self.dead_hosts[h.name] for h in hosts if h.name in self.dead_hosts}
+
+    def preflight_session(self, host: Host) -> LineSession:
+        if host.name in self.dead_hosts:
+            raise ConnectError(host.name, self.dead_hosts[host.name])
+        return scripted_session(host.name, lambda verb: self.preflight[host.name][verb])
+
+
+def scripted_session(name: str, answer: Callable[[str], Mapping[str, Any]]) -> LineSession:
+    """A LineSession whose program answers each request's verb from `answer`."""
+    pending: list[bytes] = []
+
+    class Writer:
+        def write(self, data: bytes) -> None:
+            verb = json.loads(data)["verb"]
+            pending.append(json.dumps(dict(answer(verb))).encode() + b"\n")
+
+        def flush(self) -> None:
+            pass
+
+    return LineSession(name, Writer(), lambda _timeout: pending.pop(0), lambda: None)  # type: ignore[arg-type]

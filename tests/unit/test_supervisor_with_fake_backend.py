@@ -1,0 +1,189 @@
+"""Supervision decisions on a fake backend: restarts, give-ups, root causes, spares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import JobFailed
+from orchestrator.failures import FailureKind
+from orchestrator.inventory import Host, Inventory, Job
+from orchestrator.lifecycle import start_run
+from orchestrator.runstore import RunStore
+from orchestrator.state import WorkerState
+from orchestrator.status import collect_status
+from orchestrator.supervise import StallWatch, Supervisor, conclude, first_failure
+from tests.fakes.backend import FakeBackend, exited, running
+
+
+def inventory(tmp_path: Path, spares: int = 0, **job: object) -> Inventory:
+    hosts = tuple(Host(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
+    extra = tuple(Host(f"spare{i}", f"10.0.1.{i + 1}", 20000) for i in range(spares))
+    options = {"restart_backoff": 0, "max_restarts": 3, **job}
+    return Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts,
+                     Job("demo", script="train.py", **options), extra)  # type: ignore[arg-type]  # fmt: skip
+
+
+def supervise(tmp_path: Path, backend: FakeBackend, inv: Inventory) -> tuple[RunStore, object]:
+    store = RunStore(tmp_path / "state")
+    record = start_run(inv, store, backend)
+    messages: list[str] = []
+    try:
+        final = Supervisor(store, backend, record, say=messages.append, interval=0).run()
+    except JobFailed as error:
+        return store, error
+    return store, (final, messages)
+
+
+def test_a_crash_restarts_the_whole_cluster_and_the_next_attempt_succeeds(tmp_path: Path) -> None:
+    backend = FakeBackend(scripts={
+        "a": {0: [running(1), running(2), exited(-9, 2)], 1: [running(3), exited(0, 5)]},
+        "b": {0: [running(1), running(2), exited(1, 2, finished_at=5.0)],
+              1: [running(3), exited(0, 5)]},
+    })  # fmt: skip
+    store, outcome = supervise(tmp_path, backend, inventory(tmp_path))
+    final, messages = outcome  # type: ignore[misc]
+    assert final.state is WorkerState.SUCCEEDED
+    assert backend.started == [["a", "b"], ["a", "b"]]
+    assert backend.stops[0] == ["a", "b"]  # the rest of the failed attempt is stopped first
+    record = store.load()
+    assert record.attempt == 1
+    (restart,) = record.restarts
+    # a exited first (finished_at 1.0 < 5.0) and was killed: it is the root cause, not b.
+    assert (restart.worker, restart.kind, restart.step) == ("a", "killed", 2)
+    assert any("restarting the cluster (1/3)" in m for m in messages)
+    assert conclude(final, record).startswith("job demo succeeded at step 5 after 1 restart(s)")
+
+
+def test_the_same_failure_twice_ends_the_run_with_a_root_cause(tmp_path: Path) -> None:
+    # The reason text differs each time (a temp file name); the signature does not.
+    crash = [
+        exited(
+            1,
+            7,
+            error="OSError: No space left on device: ckpt.tempstate123",
+            tail=["OSError: No space left on device: ckpt.tempstate123"],
+        )
+    ]
+    again = [
+        exited(
+            1,
+            7,
+            error="OSError: No space left on device: ckpt.tempstate456",
+            tail=["OSError: No space left on device: ckpt.tempstate456"],
+        )
+    ]
+    backend = FakeBackend(
+        scripts={"a": {0: crash, 1: again}, "b": {0: [running(7)], 1: [running(7)]}}
+    )
+    store, error = supervise(tmp_path, backend, inventory(tmp_path))
+    assert isinstance(error, JobFailed)
+    assert (
+        "after 1 restart(s) because it failed the same way at the same step twice" in error.message
+    )
+    assert "the worker that failed first: a at step 7" in error.message
+    assert store.load().restarts[0].kind == FailureKind.DISK_FULL.value
+
+
+def test_a_deterministic_failure_is_not_retried(tmp_path: Path) -> None:
+    tail = ["ModuleNotFoundError: No module named 'mytools'"]
+    backend = FakeBackend(scripts={"a": {0: [exited(1, None, error=tail[0], tail=tail)]}})
+    _, error = supervise(tmp_path, backend, inventory(tmp_path))
+    assert isinstance(error, JobFailed)
+    assert "after 0 restart(s) because a import error failure repeats" in error.message
+    assert backend.started == [["a", "b"]]
+
+
+def test_permanent_exit_code_and_max_restarts(tmp_path: Path) -> None:
+    backend = FakeBackend(scripts={"b": {0: [exited(3, 1)]}})
+    _, error = supervise(tmp_path, backend, inventory(tmp_path, permanent_exit_codes=(3,)))
+    assert isinstance(error, JobFailed) and "exit code 3 is marked permanent" in error.message
+
+    steps = {n: {i: [exited(1, i)] for i in range(3)} for n in "a"}
+    backend = FakeBackend(scripts=steps)
+    _, error = supervise(tmp_path / "2", backend, inventory(tmp_path, max_restarts=2))
+    assert isinstance(error, JobFailed) and "it used all 2 restarts" in error.message
+    assert len(backend.started) == 3
+
+
+def test_a_dead_host_is_replaced_by_a_spare_and_without_one_the_run_stops(tmp_path: Path) -> None:
+    backend = FakeBackend(scripts={"a": {0: [exited(-9, 3)]}})
+
+    def kill_b_after_first_start(specs):  # the host dies with its worker
+        backend.dead_hosts["b"] = "connection refused"
+        return original(specs)
+
+    original = backend.start
+    backend.start = kill_b_after_first_start  # type: ignore[method-assign]
+    store, outcome = supervise(tmp_path, backend, inventory(tmp_path, spares=1))
+    final, messages = outcome  # type: ignore[misc]
+    assert final.state is WorkerState.SUCCEEDED
+    assert [h.name for h in store.load().inventory.hosts] == ["a", "spare0"]
+    assert any("b does not answer; spare spare0 takes its place" in m for m in messages)
+
+    backend = FakeBackend(scripts={"a": {0: [exited(-9, 3)]}}, dead_hosts={})
+    original = backend.start
+    backend.start = kill_b_after_first_start  # type: ignore[method-assign]
+    _, error = supervise(tmp_path / "2", backend, inventory(tmp_path))
+    assert isinstance(error, JobFailed) and "no spare host is left" in error.message
+
+
+def test_unreachable_host_shows_unknown_and_stalls_after_the_timeout(tmp_path: Path) -> None:
+    backend = FakeBackend(scripts={"a": {0: [running(4)]}, "b": {0: [running(4)]}})
+    store = RunStore(tmp_path / "state")
+    record = start_run(inventory(tmp_path), store, backend)
+    backend.dead_hosts["b"] = "timed out"
+    status = collect_status(record, backend)
+    assert [w.state for w in status.workers] == [WorkerState.RUNNING, WorkerState.UNKNOWN]
+    assert status.state is WorkerState.UNKNOWN and "timed out" in (status.workers[1].reason or "")
+    watch = StallWatch(timeout=30)
+    assert watch.check(status, now=0) is None
+    assert watch.check(status, now=29) is None
+    failure = watch.check(status, now=30)
+    assert failure is not None and failure.kind is FailureKind.STALLED  # a: step 4 never moved
+    watch.reset()
+    backend.scripts["a"] = {0: [running(5), running(6), running(7)]}
+    for now in (0, 10, 20):
+        assert watch.check(collect_status(record, backend), now=now) is None
+    failure = watch.check(collect_status(record, backend), now=31)
+    assert failure is not None and (failure.worker, failure.kind) == ("b", FailureKind.UNREACHABLE)
+
+
+@pytest.mark.parametrize(
+    ("code", "tail", "kind"),
+    [
+        (-9, [], FailureKind.KILLED),
+        (137, [], FailureKind.KILLED),
+        (75, [], FailureKind.PREEMPTED),
+        (2, ["error: --task must look like MODULE:FUNCTION"], FailureKind.USAGE),
+        (1, ["ModuleNotFoundError: No module named 'x'"], FailureKind.IMPORT_ERROR),
+        (1, ["AttributeError: 'SparseCategoricalAccuracy' object has no attribute "
+             "'reset_states'"], FailureKind.KERAS_API),
+        (1, ["ValueError: Attempt to convert a value (PerReplica:{...}) with an unsupported "
+             "type (<class 'tensorflow.python.distribute.values.PerReplica'>) to a Tensor."],
+         FailureKind.KERAS_API),
+        (1, ["tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when "
+             "allocating tensor"], FailureKind.OUT_OF_MEMORY),
+        (1, ["UNKNOWN: Could not start gRPC server"], FailureKind.PORT_BUSY),
+        (1, ["Collective ops is aborted by: ..."], FailureKind.PEER_LOST),
+        (1, ["OSError: [Errno 28] No space left on device"], FailureKind.DISK_FULL),
+        (1, ["ValueError: boom"], FailureKind.CRASHED),
+    ],
+)  # fmt: skip
+def test_every_failure_kind_is_classified(code: int, tail: list[str], kind: FailureKind) -> None:
+    from orchestrator.failures import classify_exit
+
+    assert classify_exit(code, tail) is kind
+
+
+def test_first_failure_is_the_earliest_exit_not_the_lowest_index(tmp_path: Path) -> None:
+    backend = FakeBackend(scripts={
+        "a": {0: [exited(1, 3, error="Collective ops is aborted", finished_at=9.0,
+                         tail=["Collective ops is aborted"])]},
+        "b": {0: [exited(-9, 3, finished_at=4.0)]},
+    })  # fmt: skip
+    store = RunStore(tmp_path / "state")
+    record = start_run(inventory(tmp_path), store, backend)
+    failure = first_failure(collect_status(record, backend))
+    assert failure is not None and (failure.worker, failure.kind) == ("b", FailureKind.KILLED)
