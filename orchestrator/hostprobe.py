@@ -30,7 +30,6 @@ PROXY_VARIABLES = (
     "http_proxy", "https_proxy", "grpc_proxy", "no_proxy", "no_grpc_proxy",
     "HTTP_PROXY", "HTTPS_PROXY", "GRPC_PROXY", "NO_PROXY",
 )  # fmt: skip
-PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "orchestrate")
 
 
 def _expand(path):
@@ -38,13 +37,13 @@ def _expand(path):
     return path if os.path.isabs(path) else os.path.join(os.path.expanduser("~"), path)
 
 
-def _versions():
+def _versions(packages):
     from importlib import metadata
 
     # Metadata, not `import tensorflow`: seconds of CPU per host saved, and enough to see what
     # is installed and whether versions match across hosts.
     found = {}
-    for name in PACKAGES:
+    for name in packages:
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -155,7 +154,7 @@ def _start_listener(port, seconds):
 def cmd_inspect(spec):
     report = {
         "python": sys.version.split()[0],
-        "packages": _versions(),
+        "packages": _versions(spec["packages"]),
         "env": {k: os.environ[k] for k in PROXY_VARIABLES if os.environ.get(k)},
         "directories": [_directory(path) for path in spec["directories"]],
     }

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -152,7 +152,13 @@ JOB_KEYS: dict[str, Checker] = {
     "strategy": choice("multi-worker", "mirrored"),
     "profile_steps": integers(1, length=2),
 }
-TOP_KEYS = ("defaults", "hosts", "spares", "job")
+
+Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
+# A host source turns its top-level block into the workers, in TF_CONFIG order. An inventory
+# takes exactly one; spares (and later min_hosts) apply to whatever it produced.
+HostSource = Callable[[LineMap, LineMap, "_Report", Path], list[Placed]]
+HOST_SOURCES: dict[str, HostSource] = {}
+TOP_KEYS: tuple[str, ...] = ("defaults", "hosts", "spares", "job")
 
 
 def _host_keys() -> dict[str, Checker]:
@@ -231,7 +237,7 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
     for key in PER_HOST_ONLY:
         if key in defaults:
             report.add(_line(defaults, key), f"defaults.{key}", "must be set on each host")
-    placed = _parse_hosts(document, defaults, report, base_dir)
+    placed = _workers(document, defaults, report, base_dir)
     spares = _parse_hosts(document, defaults, report, base_dir, key="spares")
     _check_unique_hosts(placed + spares, report)
     hosts = [host for _, _, host in placed]
@@ -278,7 +284,16 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
                 report.add(_line(block, key), f"job.{key}", "applies to job.task only")
 
 
-Placed = tuple[str, int | None, Host]  # where in the file ("hosts[1]"), its line, the host
+def _workers(document: LineMap, defaults: LineMap, report: _Report, base: Path) -> list[Placed]:
+    present = [key for key in HOST_SOURCES if key in document]
+    if len(present) > 1:
+        report.add(_line(document, present[1]), present[1],
+                   f"set exactly one of {', '.join(present)}: each lists the workers")  # fmt: skip
+        return []
+    if not present:
+        report.add(document.line, "hosts", "missing; list at least one host")
+        return []
+    return HOST_SOURCES[present[0]](document, defaults, report, base)
 
 
 def _parse_hosts(
@@ -287,8 +302,6 @@ def _parse_hosts(
     """The `hosts:` list (required, non-empty) or the `spares:` list (optional)."""
     entries = document.get(key)
     if key not in document:
-        if key == "hosts":
-            report.add(document.line, "hosts", "missing; list at least one host")
         return []
     if not isinstance(entries, LineList) or (key == "hosts" and not entries):
         report.add(_line(document, key), key, f"expected a non-empty list of {key}")
@@ -495,3 +508,6 @@ def _parse_env(block: LineMap, report: _Report) -> dict[str, str]:
         else:
             env[key] = value
     return env
+
+
+HOST_SOURCES["hosts"] = _parse_hosts

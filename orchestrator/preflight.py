@@ -323,6 +323,7 @@ def run_preflight(
             "inspect",
             probe_timeout + 30,
             port=host.port,
+            packages=[*TF_PACKAGES, "orchestrate"],  # the list lives in one place: contract.py
             directories=directories[host.name],
             listen_seconds=probe_timeout * 4 + 60,
             token=token if host is inventory.hosts[0] else None,

@@ -9,7 +9,7 @@
 # Usage (as root, Debian/Ubuntu): scripts/ci-system-deps.sh
 set -euo pipefail
 
-readonly PACKAGES=(openssh-server openssh-client iproute2 iptables procps shellcheck)
+readonly PACKAGES=(openssh-server openssh-client iproute2 iptables procps shellcheck python3-venv)
 readonly POLICY_RC=/usr/sbin/policy-rc.d
 
 if [[ "$(id -u)" -ne 0 ]]; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs and runs all of it: lint, format check, pytest.
-# As root it also installs the Debian packages the multi-host tests use (sshd, iproute2, iptables).
+# As root it also installs the Debian packages the multi-host tests use (sshd, iproute2, iptables),
+# and afterwards reruns the unit tests as an unprivileged user.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,4 +16,8 @@ python3 -m venv .venv
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 # pytest exits 5 when it collects nothing; under `set -e` that fails the run instead of passing.
-exec .venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest "$@"
+if [ "$(id -u)" = 0 ]; then
+    # The unit tests once more as an unprivileged user: they must need no root at all.
+    bash scripts/unit-tests-unprivileged.sh
+fi

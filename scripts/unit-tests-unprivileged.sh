@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs the unit tests once more as an unprivileged user, in a copy of the working tree: they must
+# need no root, no TensorFlow and no network namespace (the controller-side tests run on fakes).
+#
+# The project's .venv may use a Python under /root (pyenv), which another user cannot read, so
+# this builds its own small venv from Debian's /usr/bin/python3 with the controller and pytest.
+# Usage (as root): scripts/unit-tests-unprivileged.sh [PYTEST ARGS...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+readonly TEST_USER=orchestrate-unpriv
+readonly PYTHON=/usr/bin/python3
+
+if [[ "$(id -u)" -ne 0 ]]; then
+    echo "unit-tests-unprivileged: run as root (it creates the user $TEST_USER)" >&2
+    exit 1
+fi
+if ! id "$TEST_USER" >/dev/null 2>&1; then
+    useradd --create-home --shell /bin/bash "$TEST_USER"
+fi
+home=$(getent passwd "$TEST_USER" | cut -d: -f6)
+work="$home/orchestrate"
+rm -rf "$work"
+mkdir -p "$work"
+# Tracked and new (not ignored) files: what a clone of this tree would hold.
+{ git ls-files -z --cached --others --exclude-standard; printf '.git\0'; } \
+    | tar --null -T - -cf - | tar -C "$work" -xf -
+chown -R "$TEST_USER:" "$work"
+
+as_user() { runuser -u "$TEST_USER" -- env -i HOME="$home" PATH=/usr/bin:/bin "$@"; }
+as_user "$PYTHON" -m venv "$work/.venv"
+as_user "$work/.venv/bin/pip" install -q --disable-pip-version-check -e "$work" pytest numpy
+cd "$work"
+# Tests that start TensorFlow (marked tf) need the worker extra; everything else runs here.
+as_user "$work/.venv/bin/python" -m pytest -q -p no:cacheprovider -m "not tf" tests/unit "$@"
