@@ -21,6 +21,7 @@ from pathlib import Path
 
 from orchestrator.checkpoints import Mirror
 from orchestrator.connect import Machines
+from orchestrator.dashboard.snapshot import write_snapshot
 from orchestrator.errors import ConnectError, HostErrors, JobFailed, OrchestrateError, RunStateError
 from orchestrator.fanout import fan_out
 from orchestrator.inventory import Job
@@ -194,6 +195,7 @@ class Supervisor:
                 raise RunStateError(f"the record of run {self.record.run_id} was removed")
             status = collect_status(self.record, self.machines)
             self.show(status)
+            write_snapshot(self.store, status)  # the dashboard serves this; no second probe
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
                 return status
             if stop_flag(self.store, self.record.run_id).exists():

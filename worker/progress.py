@@ -64,9 +64,7 @@ class ProgressWriter:
             self._fields["time"] = time.time()
             if self.path is not None:
                 _write_atomically(self.path, self._fields)
-            if self._history is not None and any(
-                fields.get(key) is not None for key in METRICS
-            ):
+            if self._history is not None and any(fields.get(key) is not None for key in METRICS):
                 self._history.append(self._fields)
 
 

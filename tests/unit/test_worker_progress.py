@@ -7,6 +7,7 @@ import os
 import stat
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -163,7 +164,7 @@ def test_history_stays_bounded_and_keeps_the_whole_run(tmp_path):
     history = progress.History(str(tmp_path / progress.HISTORY_FILE), limit=100)
     for step in range(1, 2001):
         history.append({"step": step, "time": float(step), "loss": 1.0 / step})
-    steps = [json.loads(line)["step"] for line in open(history.path)]
+    steps = [json.loads(line)["step"] for line in Path(history.path).read_text().splitlines()]
     assert len(steps) <= 100
     assert steps == sorted(steps)
     # The first points survive (thinned), the newest are all there.
@@ -178,4 +179,4 @@ def test_history_counts_an_existing_file_when_a_writer_restarts(tmp_path):
     second = progress.History(path, limit=10)
     for step in range(8, 16):
         second.append({"step": step, "time": 0.0, "loss": 1.0})
-    assert len(open(path).readlines()) <= 10
+    assert len(Path(path).read_text().splitlines()) <= 10
