@@ -87,6 +87,7 @@ class RunWatch:
         self._width = 0
         self._indexes: dict[str, int] = {}
         self._history: dict[int, list[dict[str, Any]]] = {}
+        self._history_final: set[int] = set()  # attempts read after they ended
         self._history_at = 0.0
         self._runs: list[dict[str, Any]] = []
         self._runs_at = 0.0
@@ -178,7 +179,10 @@ class RunWatch:
             "charts": model.charts(record, self._history),
             "preflight": self._read_json(self.store.preflight_path()),
             "tensorboard": self._tensorboard(),
-            "runs": self._earlier_runs(),
+            "runs": [
+                {**run, "state": status.get("state")} if run["run_id"] == record.run_id else run
+                for run in self._earlier_runs()
+            ],
             "latest_run_id": self.store.current_id(),
             "created_at": record.created_at,
             "polled_at": time.time(),
@@ -236,7 +240,7 @@ class RunWatch:
         chief = record.workers[0]
         runner = machines.runner(chief.host)
         for attempt in range(current + 1):
-            if attempt in self._history and attempt != current:
+            if attempt in self._history_final:
                 continue  # an earlier attempt's history does not change any more
             path = posixpath.join(attempt_dir(chief.run_dir, attempt), HISTORY_FILE)
             try:
@@ -244,6 +248,8 @@ class RunWatch:
             except HostError:
                 continue
             self._history[attempt] = model.parse_history(result.stdout) if result.ok else []
+            if attempt != current:
+                self._history_final.add(attempt)
 
     def _read_json(self, path: Any) -> Any:
         try:

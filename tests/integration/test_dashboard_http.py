@@ -49,7 +49,7 @@ class Served:
     def __init__(self, process: subprocess.Popen[str], url: str) -> None:
         self.process = process
         self.url = url
-        self.base = url.split("?")[0].rstrip("/")
+        self.base = url.split("?", maxsplit=1)[0].rstrip("/")
 
 
 def serve(cli: Cli, *args: str) -> Served:
