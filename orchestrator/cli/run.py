@@ -34,6 +34,7 @@ from orchestrator.cli.preflight import (
 from orchestrator.connect import Machines
 from orchestrator.errors import (
     JobFailed,
+    MissingTool,
     PartialFailure,
     RunStateError,
 )
@@ -116,8 +117,12 @@ def up(  # noqa: PLR0917 - click passes every option by position
         )
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
         if with_dashboard:
-            url = spawn_dashboard(context.store, record.run_id, dashboard_port)
-            errors.print(f"dashboard: {url}", markup=False, highlight=False)
+            try:
+                url = spawn_dashboard(context.store, record.run_id, dashboard_port)
+                errors.print(f"dashboard: {url}", markup=False, highlight=False)
+            except MissingTool as error:  # the workers run already: supervise them anyway
+                errors.print(f"warning: {error.message}; the run goes on without a dashboard "
+                             f"({error.hint})", markup=False, highlight=False)  # fmt: skip
         if detach:
             pid = _spawn_supervisor(context.store, record.run_id)
             errors.print(
