@@ -63,6 +63,10 @@ class Backend(ABC):
         """Every file under a host's directory, with sizes and modification times."""
 
     @abstractmethod
+    def read_text(self, host: Host, path: str) -> str | None:
+        """A small text file of the host (a progress history); None when it does not exist."""
+
+    @abstractmethod
     def download(self, host: Host, remote: str, local: str) -> None:
         """Copy one file of the host to this machine."""
 

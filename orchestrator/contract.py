@@ -25,6 +25,7 @@ RESERVED_ENV_PREFIXES = (TF_CONFIG_ENV, "ORCHESTRATE_")
 
 # The files a worker writes into its run directory.
 PROGRESS_FILE = "progress.json"
+HISTORY_FILE = "progress-history.jsonl"  # bounded, one line per metric step: the curves
 WORKER_LOG = "worker.log"
 
 # Distributions whose installed version names the host's TensorFlow.

@@ -124,6 +124,10 @@ class HostBackend(Backend):
     def list_files(self, host: Host, directory: str) -> FileListing:
         return self.agent(host).files(directory)
 
+    def read_text(self, host: Host, path: str) -> str | None:
+        result = self.runner(host).run(["cat", path], timeout=20)
+        return result.stdout if result.ok else None
+
     def download(self, host: Host, remote: str, local: str) -> None:
         self.runner(host).get(remote, local)
 

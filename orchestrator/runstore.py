@@ -11,6 +11,10 @@
 - `{state_dir}/tensorboard.log`: the output of the TensorBoard that `orchestrate tensorboard` runs
 
 Only this module spells out the layout; every other module asks RunStore for a path.
+- `{state_dir}/runs/{run_id}.status.json`: the supervisor's latest status, rewritten at each poll
+  (the dashboard serves it instead of probing the hosts a second time)
+- `{state_dir}/preflight.json`: the findings of the last preflight check
+- `{state_dir}/tensorboard.json`: where `orchestrate tensorboard` serves, while it runs
 """
 
 from __future__ import annotations
@@ -143,6 +147,29 @@ class RunStore:
 
     def tensorboard_log(self) -> Path:
         return self.root / "tensorboard.log"
+
+    def snapshot_path(self, run_id: str) -> Path:
+        """The supervisor's latest status of the run, for the dashboard."""
+        return self.root / "runs" / f"{run_id}.status.json"
+
+    def dashboard_log_path(self, run_id: str) -> Path:
+        return self.root / "runs" / f"{run_id}.dashboard.log"
+
+    def preflight_path(self) -> Path:
+        return self.root / "preflight.json"
+
+    def tensorboard_path(self) -> Path:
+        return self.root / "tensorboard.json"
+
+    def write_file(self, path: Path, text: str) -> None:
+        """Replace a file of the state directory atomically: readers see old or new, never half."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, text)
+
+    def run_ids(self) -> list[str]:
+        """Every recorded run, oldest first (run ids start with their start time)."""
+        return sorted(p.name.removesuffix(".json") for p in (self.root / "runs").glob("*.json")
+                      if not p.name.endswith(".status.json"))  # fmt: skip
 
     def save(self, record: RunRecord) -> None:
         path = self._run_path(record.run_id)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from orchestrator.backend import Backend
 from orchestrator.checkpoints import Mirror
+from orchestrator.dashboard.snapshot import write_snapshot
 from orchestrator.errors import (
     HostErrors,
     JobFailed,
@@ -281,6 +282,7 @@ class Supervisor:
                 raise RunStateError(f"the record of run {self.record.run_id} was removed")
             status = collect_status(self.record, self.backend)
             self.show(status)
+            write_snapshot(self.store, status)  # the dashboard serves this; no second probe
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
                 return status
             if self.store.stop_flag(self.record.run_id).exists():

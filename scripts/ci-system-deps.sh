@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages the network-namespace integration tests need
-# (tests/integration/test_netns_cluster.py, tests/cluster/).
+# (tests/integration/test_netns_cluster.py, tests/cluster/) and the browser test of the
+# dashboard (tests/integration/test_dashboard_browser.py).
 #
 # Idempotent: installs only what is missing and never starts a system sshd. The tests
 # start their own sshd inside each network namespace; a system one on port 22 of the root
@@ -9,7 +10,9 @@
 # Usage (as root, Debian/Ubuntu): scripts/ci-system-deps.sh
 set -euo pipefail
 
-readonly PACKAGES=(openssh-server openssh-client iproute2 iptables procps shellcheck python3-venv)
+# chromium + chromium-driver: the dashboard test drives a real headless browser.
+readonly PACKAGES=(openssh-server openssh-client iproute2 iptables procps shellcheck python3-venv
+    chromium chromium-driver)
 readonly POLICY_RC=/usr/sbin/policy-rc.d
 
 if [[ "$(id -u)" -ne 0 ]]; then

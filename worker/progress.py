@@ -8,6 +8,12 @@ Each write goes to a temporary file in the same directory and is then renamed ov
 complete object or the new one, never a half-written file. There is no fsync: the file guards
 against a process dying mid-write, not against the machine losing power, and it is rewritten every
 few seconds anyway.
+
+Beside it, `progress-history.jsonl` keeps the curve behind the dashboard: one line per progress
+write that carries a metric (step, time, loss, accuracy, steps/s). It is bounded: past
+HISTORY_LIMIT lines it is rewritten with every other older point dropped, so a run of any length
+keeps its whole shape in at most HISTORY_LIMIT lines, denser towards the present. The worker keeps
+it (not the supervisor) so it survives the loss of the controller.
 """
 
 from __future__ import annotations
@@ -21,7 +27,16 @@ import threading
 import time
 from typing import Any
 
-from orchestrator.contract import PROGRESS_FILE_ENV
+from orchestrator.contract import HISTORY_FILE, PROGRESS_FILE_ENV
+
+HISTORY_LIMIT = 1000
+HISTORY_FIELDS = ("step", "loss", "accuracy", "steps_per_sec")
+METRICS = ("loss", "accuracy", "steps_per_sec")
+
+
+def history_path(progress_path: str) -> str:
+    """The history file that belongs to a progress file: the same directory."""
+    return os.path.join(os.path.dirname(os.path.abspath(progress_path)), HISTORY_FILE)
 
 
 class ProgressWriter:
@@ -35,6 +50,7 @@ class ProgressWriter:
         self.path = path
         self._fields: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._history = History(history_path(path)) if path is not None else None
 
     @property
     def fields(self) -> dict[str, Any]:
@@ -48,6 +64,55 @@ class ProgressWriter:
             self._fields["time"] = time.time()
             if self.path is not None:
                 _write_atomically(self.path, self._fields)
+            if self._history is not None and any(fields.get(key) is not None for key in METRICS):
+                self._history.append(self._fields)
+
+
+class History:
+    """The bounded progress history: appended line by line, thinned when it grows too long."""
+
+    def __init__(self, path: str, limit: int = HISTORY_LIMIT) -> None:
+        self.path = path
+        self.limit = limit
+        self._lines: int | None = None  # counted on first use: a restarted writer may append
+        self._last_step: Any = None
+
+    def append(self, fields: dict[str, Any]) -> None:
+        if fields.get("step") is None or fields.get("step") == self._last_step:
+            return
+        self._last_step = fields["step"]
+        point = {"time": fields["time"], **{k: fields.get(k) for k in HISTORY_FIELDS}}
+        line = json.dumps(point, allow_nan=False, sort_keys=True) + "\n"
+        if self._lines is None:
+            self._lines = _count_lines(self.path)
+        with open(self.path, "a", encoding="utf-8") as file:
+            file.write(line)
+        self._lines += 1
+        if self._lines > self.limit:
+            self._thin()
+
+    def _thin(self) -> None:
+        with open(self.path, encoding="utf-8") as file:
+            lines = file.readlines()
+        # The newest quarter stays as it is; every other line of the rest goes.
+        keep_recent = self.limit // 4
+        older, recent = lines[:-keep_recent], lines[-keep_recent:]
+        kept = older[::2] + recent
+        directory = os.path.dirname(self.path)
+        fd, tmp_path = tempfile.mkstemp(prefix=f".{HISTORY_FILE}.", suffix=".tmp", dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
+            tmp.writelines(kept)
+        os.chmod(tmp_path, 0o644)
+        os.replace(tmp_path, self.path)
+        self._lines = len(kept)
+
+
+def _count_lines(path: str) -> int:
+    try:
+        with open(path, "rb") as file:
+            return sum(1 for _ in file)
+    except FileNotFoundError:
+        return 0
 
 
 _writers: dict[str, ProgressWriter] = {}

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from pathlib import Path
 
 import click
 
 from orchestrator.backend import Backend, open_backend
 from orchestrator.cli.app import (
+    Context,
     cli,
     errors,
 )
@@ -50,12 +53,26 @@ def run_checks(
     spec: Inventory, backend: Backend, probe_timeout: float, min_free_gb: float
 ) -> PreflightReport:
     with errors.status("preflight: checking every host and every port between them"):
-        return run_preflight(
+        report = run_preflight(
             spec,
             backend,
             probe_timeout=probe_timeout,
             min_free_bytes=int(min_free_gb * 2**30),
         )
+    _record(report, spec)
+    return report
+
+
+def _record(report: PreflightReport, spec: Inventory) -> None:
+    """The last findings, for the dashboard; a state directory that cannot be written to
+    must not stop a check."""
+    context = click.get_current_context().find_object(Context)
+    if context is None:
+        return
+    document = {"checked_at": time.time(), "inventory": spec.path,
+                "findings": [f.to_json() for f in report.findings]}  # fmt: skip
+    with contextlib.suppress(OSError):
+        context.store.write_file(context.store.preflight_path(), json.dumps(document))
 
 
 def show_findings(report: PreflightReport, only_problems: bool) -> None:

@@ -23,6 +23,8 @@ from orchestrator.cli.app import (
     pass_context,
     run_option,
 )
+from orchestrator.cli.dashboard import DEFAULT_PORT as DASHBOARD_PORT
+from orchestrator.cli.dashboard import spawn_dashboard
 from orchestrator.cli.preflight import (
     blocking_error,
     min_free_option,
@@ -30,7 +32,7 @@ from orchestrator.cli.preflight import (
     run_checks,
     show_findings,
 )
-from orchestrator.errors import PartialFailure, RunStateError
+from orchestrator.errors import MissingTool, PartialFailure, RunStateError
 from orchestrator.inventory import load_inventory
 from orchestrator.lifecycle import DEFAULT_GRACE, StopReport, start_run
 from orchestrator.render import problems, progress_line, status_table
@@ -58,6 +60,16 @@ PLAIN_REPORT_EVERY = 15.0  # seconds between progress lines when the output is n
 @click.option(
     "--interval", default=1.0, show_default=True, metavar="SECONDS", help="How often to poll."
 )
+@click.option(
+    "--dashboard",
+    "with_dashboard",
+    is_flag=True,
+    help="Also serve the live web dashboard (see 'orchestrate dashboard'), detached; it stays "
+    "up 10 minutes after the run ends.",
+)
+@click.option(
+    "--dashboard-port", default=DASHBOARD_PORT, show_default=True, help="The dashboard's port."
+)
 @pass_context
 def up(  # noqa: PLR0917 - click passes every option by position
     context: Context,
@@ -67,6 +79,8 @@ def up(  # noqa: PLR0917 - click passes every option by position
     probe_timeout: float,
     min_free_gb: float,
     interval: float,
+    with_dashboard: bool,
+    dashboard_port: int,
 ) -> None:
     """Validate INVENTORY, run the preflight checks (see 'orchestrate check'), start every worker
     detached, and watch them until the job ends.
@@ -94,6 +108,13 @@ def up(  # noqa: PLR0917 - click passes every option by position
             say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
         )
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
+        if with_dashboard:
+            try:
+                url = spawn_dashboard(context.store, record.run_id, dashboard_port)
+                errors.print(f"dashboard: {url}", markup=False, highlight=False)
+            except MissingTool as error:  # the workers run already: supervise them anyway
+                errors.print(f"warning: {error.message}; the run goes on without a dashboard "
+                             f"({error.hint})", markup=False, highlight=False)  # fmt: skip
         if detach:
             pid = _spawn_supervisor(context.store, record.run_id)
             errors.print(

@@ -102,6 +102,9 @@ class FakeBackend(Backend):
     def list_files(self, host: Host, directory: str) -> FileListing:
         return FileListing(directory, {})
 
+    def read_text(self, host: Host, path: str) -> str | None:
+        return None
+
     def download(self, host: Host, remote: str, local: str) -> None:
         raise AssertionError("nothing to download from a fake host")
 

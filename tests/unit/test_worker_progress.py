@@ -7,6 +7,7 @@ import os
 import stat
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +154,41 @@ def test_progress_module_imports_only_the_standard_library():
     ):
         top = {name.split(".")[0] for name in _imported_modules(path) - allowed}
         assert top <= set(sys.stdlib_module_names) | {"__future__"}, path
+
+
+def test_history_keeps_one_line_per_metric_step(tmp_path):
+    path = tmp_path / "progress.json"
+    writer = ProgressWriter(str(path))
+    writer.write(step=0, loss=None, steps_per_sec=None, target_steps=30)  # nothing measured yet
+    writer.write(step=10, loss=1.5, accuracy=0.25, steps_per_sec=4.0)
+    writer.write(step=10, checkpoint_step=10)  # a checkpoint: no new point
+    writer.write(step=20, loss=1.0, accuracy=0.5, steps_per_sec=5.0)
+    lines = (tmp_path / progress.HISTORY_FILE).read_text().splitlines()
+    points = [json.loads(line) for line in lines]
+    assert [(p["step"], p["loss"], p["steps_per_sec"]) for p in points] == [
+        (10, 1.5, 4.0),
+        (20, 1.0, 5.0),
+    ]
+    assert all(p["time"] > 0 for p in points)
+
+
+def test_history_stays_bounded_and_keeps_the_whole_run(tmp_path):
+    history = progress.History(str(tmp_path / progress.HISTORY_FILE), limit=100)
+    for step in range(1, 2001):
+        history.append({"step": step, "time": float(step), "loss": 1.0 / step})
+    steps = [json.loads(line)["step"] for line in Path(history.path).read_text().splitlines()]
+    assert len(steps) <= 100
+    assert steps == sorted(steps)
+    # The first points survive (thinned), the newest are all there.
+    assert steps[0] < 50 and steps[-25:] == list(range(1976, 2001))
+
+
+def test_history_counts_an_existing_file_when_a_writer_restarts(tmp_path):
+    path = str(tmp_path / progress.HISTORY_FILE)
+    first = progress.History(path, limit=10)
+    for step in range(8):
+        first.append({"step": step, "time": 0.0, "loss": 1.0})
+    second = progress.History(path, limit=10)
+    for step in range(8, 16):
+        second.append({"step": step, "time": 0.0, "loss": 1.0})
+    assert len(Path(path).read_text().splitlines()) <= 10

@@ -1,0 +1,140 @@
+"""`dashboard`, and starting one for `up --dashboard`."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import click
+
+from orchestrator.cli.app import Context, cli, errors, pass_context, run_option
+from orchestrator.errors import MissingTool
+from orchestrator.runstore import RunStore
+
+DEFAULT_PORT = 6100
+FINISHED = ("succeeded", "failed", "stopped")
+
+port_option = click.option(
+    "--port",
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="The port to serve on (0: any free one).",
+)
+
+
+def _require_web_stack() -> None:
+    if any(importlib.util.find_spec(name) is None for name in ("starlette", "uvicorn")):
+        raise MissingTool(
+            "the dashboard needs Starlette and uvicorn, which are not installed for this Python",
+            hint="pip install 'orchestrate[dashboard]'",
+        )
+
+
+@cli.command()
+@run_option
+@port_option
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    metavar="ADDRESS",
+    help="The address to listen on. Any but loopback requires the token printed at start.",
+)
+@click.option(
+    "--interval", default=1.0, show_default=True, metavar="SECONDS", help="How often to poll."
+)
+@click.option("--exit-after-run", type=float, hidden=True, metavar="SECONDS")
+@pass_context
+def dashboard(  # noqa: PLR0917 - click passes every option by position
+    context: Context,
+    run_id: str | None,
+    port: int,
+    host: str,
+    interval: float,
+    exit_after_run: float | None,
+) -> None:
+    """Serve a live web page of the run: every worker's state, progress and ETA, loss and steps/s
+    curves across restarts, the restart timeline and root cause, every log followed live, the
+    last preflight findings, a TensorBoard link, and the earlier runs. Ctrl-C stops it.
+
+    \b
+    The page updates by server push; /api/status gives the same JSON as 'status --json'.
+    All viewers share one poll: next to a running supervisor the dashboard serves the status
+    the supervisor writes at each poll; otherwise it polls the hosts once per --interval.
+    Read-only. Without --run the page follows the latest run of the state directory.
+    """
+    _require_web_stack()
+    if run_id is not None:
+        context.store.load(run_id)  # an unknown run is an error now, not a blank page
+    from orchestrator.dashboard.server import Dashboard
+
+    served = Dashboard(context.store, host, port, run_id, interval)
+    click.echo(f"dashboard: {served.url}", nl=True)
+    if served.token:
+        errors.print(
+            f"listening on {host}, beyond this machine: every request needs the token "
+            "(it is in the URL above; scripts may send 'Authorization: Bearer TOKEN')",
+            markup=False,
+            highlight=False,
+        )
+    if exit_after_run is not None and run_id is not None:
+        threading.Thread(
+            target=_exit_after_run, args=(served, run_id, exit_after_run), daemon=True
+        ).start()
+    served.serve()
+    errors.print("dashboard stopped")
+
+
+def _exit_after_run(served: object, run_id: str, linger: float) -> None:
+    """For `up --dashboard`: the page stays up while the run lives and `linger` s after."""
+    hub = served.hub  # type: ignore[attr-defined]
+    finished_since: float | None = None
+    while True:
+        state = (hub.watch(run_id).document().get("status") or {}).get("state")
+        if state in FINISHED:
+            finished_since = finished_since or time.monotonic()
+            if time.monotonic() - finished_since >= linger:
+                os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful exit
+                return
+        else:
+            finished_since = None
+        time.sleep(5)
+
+
+def spawn_dashboard(store: RunStore, run_id: str, port: int, linger: float = 600.0) -> str:
+    """A detached `orchestrate dashboard --run RUN_ID` for `up --dashboard`; its URL."""
+    _require_web_stack()
+    log_path = store.dashboard_log_path(run_id)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "--state-dir", str(store.root.resolve()),
+             "dashboard", "--run", run_id, "--port", str(port),
+             "--exit-after-run", str(linger)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            said = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise MissingTool(f"the dashboard did not start: {said[0]}", hint=f"see {log_path}")
+        for line in log_path.read_text(errors="replace").splitlines():
+            if line.startswith("dashboard: http") and _answers(port):
+                return line.removeprefix("dashboard: ")
+        time.sleep(0.1)
+    raise MissingTool("the dashboard did not answer within 20 s", hint=f"see {log_path}")
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,119 @@
+"""The documents behind the dashboard page, built from what status, the run record, the
+worker's progress history and the state directory say. Pure: no hosts, no web framework."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from orchestrator.contract import HISTORY_FILE
+from orchestrator.dashboard.charts import Marker, Series, line_chart
+from orchestrator.runstore import RunRecord
+
+__all__ = ["HISTORY_FILE"]  # watch.py reads the worker's history file by this name
+LOG_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red")  # the order `tail` uses
+
+
+def eta_seconds(step: int | None, target: int | None, rate: float | None) -> float | None:
+    if step is None or not target or not rate or rate <= 0 or step >= target:
+        return None
+    return (target - step) / rate
+
+
+def worker_view(worker: Mapping[str, Any]) -> dict[str, Any]:
+    """A worker of `status --json` plus what the page derives: progress fraction and ETA."""
+    step, target = worker.get("step"), worker.get("target_steps")
+    fraction = min(1.0, step / target) if step is not None and target else None
+    return {
+        **worker,
+        "progress": fraction,
+        "eta_seconds": eta_seconds(step, target, worker.get("steps_per_sec")),
+    }
+
+
+def log_prefix(name: str, width: int) -> str:
+    """The prefix `orchestrate tail` puts before each line."""
+    return f"{name:<{width}} |"
+
+
+def root_cause(record: RunRecord, status: Mapping[str, Any]) -> str | None:
+    """Why the run failed: the supervisor's verdict, or else the worker that failed first."""
+    if record.outcome:
+        return record.outcome
+    failed = [w for w in status.get("workers", ()) if w.get("state") == "failed"]
+    if not failed or status.get("state") != "failed":
+        return None
+    first = min(failed, key=lambda w: w.get("finished_at") or float("inf"))
+    step = first.get("step")
+    where = f" at step {step}" if step is not None else ""
+    return f"{first['name']}{where}: {first.get('reason') or 'failed'}"
+
+
+def timeline(record: RunRecord) -> list[dict[str, Any]]:
+    return [
+        {**restart.__dict__, "number": number, "text": restart.describe()}
+        for number, restart in enumerate(record.restarts, start=1)
+    ]
+
+
+def parse_history(text: str) -> list[dict[str, Any]]:
+    """Lines of progress-history.jsonl; a line being appended (half written) is skipped."""
+    points = []
+    for line in text.splitlines():
+        try:
+            point = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(point, dict) and isinstance(point.get("step"), int | float):
+            points.append(point)
+    return points
+
+
+def curve(history: Mapping[int, Sequence[Mapping[str, Any]]], key: str) -> list[Series]:
+    return [
+        Series(
+            attempt,
+            tuple(
+                (float(p["step"]), float(p[key]))
+                for p in points
+                if isinstance(p.get(key), int | float)
+            ),
+        )
+        for attempt, points in sorted(history.items())
+    ]
+
+
+def charts(record: RunRecord, history: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, str]:
+    """The loss and steps/s charts of the chief across attempts, restarts marked at their step
+    (the step the next attempt resumed from when the failure happened before any step)."""
+    markers = []
+    for number, restart in enumerate(record.restarts, start=1):
+        resumed = history.get(restart.attempt + 1) or ()
+        step = restart.step
+        if step is None and resumed:
+            step = resumed[0]["step"]
+        if step is not None:
+            markers.append(Marker(float(step), f"restart {number}"))
+    waiting = "waiting for the first logged step"
+    return {
+        "loss": line_chart("loss", curve(history, "loss"), markers, waiting),
+        "steps_per_sec": line_chart("steps/s", curve(history, "steps_per_sec"), markers, waiting),
+    }
+
+
+def run_summary(
+    record: RunRecord, snapshot: Mapping[str, Any] | None, current: str | None
+) -> dict[str, Any]:
+    """One line of the earlier-runs list: its outcome as last recorded."""
+    status = (snapshot or {}).get("status") or {}
+    return {
+        "run_id": record.run_id,
+        "job": record.job_name,
+        "created_at": record.created_at,
+        "workers": len(record.workers),
+        "restarts": len(record.restarts),
+        "state": status.get("state"),
+        "outcome": record.outcome,
+        "current": record.run_id == current,
+    }
