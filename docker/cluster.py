@@ -45,7 +45,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -56,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 DOCKER_DIR = Path(__file__).resolve().parent
@@ -288,55 +288,40 @@ def docker_answers() -> bool:
         return False
 
 
-def pid_alive(pid: int) -> bool:
+def alive(process: psutil.Process) -> bool:
+    """Running, not a zombie: a dockerd that exited stays one until something reaps it."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); it is gone for our purposes.
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    return False
 
 
-def process_name(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    return ""
+def dockerd_processes() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["name"]) if p.info["name"] == "dockerd" and alive(p)]
 
 
-def dockerd_pids() -> list[int]:
-    return [
-        int(entry.name)
-        for entry in Path("/proc").iterdir()
-        if entry.name.isdigit() and process_name(int(entry.name)) == "dockerd"
-    ]
-
-
-def our_dockerd_pid() -> int | None:
+def our_dockerd() -> psutil.Process | None:
     """The dockerd `up` started, if it still runs."""
-    with contextlib.suppress(OSError, ValueError):
-        pid = int((STATE_DIR / "dockerd.pid").read_text())
-        if pid_alive(pid) and process_name(pid) == "dockerd":
-            return pid
+    with contextlib.suppress(OSError, ValueError, psutil.Error):
+        process = psutil.Process(int((STATE_DIR / "dockerd.pid").read_text()))
+        if process.name() == "dockerd" and alive(process):
+            return process
     return None
 
 
 def start_dockerd() -> None:
     if docker_answers():
-        if our_dockerd_pid() is None:
+        if our_dockerd() is None:
             log(
                 "a dockerd that this script did not start answers; using it as it is (down"
                 " will leave it running). If it was started without --iptables=false it may"
                 " have set the FORWARD policy to DROP."
             )
         return
-    others = [pid for pid in dockerd_pids() if pid != our_dockerd_pid()]
+    others = dockerd_processes()
     if others:
         raise ClusterError(
-            f"dockerd runs (pid {', '.join(map(str, others))}) but does not answer on the"
+            f"dockerd runs (pid {', '.join(str(p.pid) for p in others)}) but does not answer on the"
             " default socket; stop it or set DOCKER_HOST"
         )
     dockerd = shutil.which("dockerd") or "/usr/sbin/dockerd"
@@ -364,22 +349,26 @@ def start_dockerd() -> None:
 
 
 def stop_dockerd() -> None:
-    pid = our_dockerd_pid()
-    if pid is None:
-        if docker_answers() or dockerd_pids():
+    dockerd = our_dockerd()
+    if dockerd is None:
+        if docker_answers() or dockerd_processes():
             log("leaving the dockerd this script did not start running")
         with contextlib.suppress(FileNotFoundError):
             (STATE_DIR / "dockerd.pid").unlink()
         return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + DOCKERD_STOP_TIMEOUT_S
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if pid_alive(pid):
-        log(f"dockerd (pid {pid}) ignored SIGTERM for {DOCKERD_STOP_TIMEOUT_S:.0f} s; killing it")
-        os.kill(pid, signal.SIGKILL)
+    # dockerd stops the containerd it started; wait for that one too, so that nothing is left.
+    family = [dockerd, *dockerd.children(recursive=True)]
+    dockerd.terminate()
+    _, running = psutil.wait_procs(family, timeout=DOCKERD_STOP_TIMEOUT_S)
+    running = [p for p in running if alive(p)]
+    if running:
+        log(f"killing what ignored SIGTERM for {DOCKERD_STOP_TIMEOUT_S:.0f} s: {running}")
+        for process in running:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(running, timeout=5)
     (STATE_DIR / "dockerd.pid").unlink()
-    log(f"stopped dockerd (pid {pid})")
+    log(f"stopped dockerd (pid {dockerd.pid})")
 
 
 def link_exists(name: str) -> bool:
@@ -611,9 +600,10 @@ def leftovers(cluster: Cluster) -> list[str]:
         found += [f"container {c}" for c in containers(cluster)]
         if docker("network", "inspect", cluster.network, check=False).returncode == 0:
             found.append(f"network {cluster.network}")
-    if our_dockerd_pid() is not None:
-        found.append(f"dockerd pid {our_dockerd_pid()}")
-    if link_exists("docker0") and not dockerd_pids():
+    dockerd = our_dockerd()
+    if dockerd is not None:
+        found.append(f"dockerd pid {dockerd.pid}")
+    if link_exists("docker0") and not dockerd_processes():
         found.append("link docker0")
     return found
 
@@ -645,7 +635,7 @@ def down(cluster: Cluster, volumes: bool, images: bool) -> None:
             docker("builder", "prune", "--all", "--force")
     stop_dockerd()
     # A dockerd started without --bridge=none leaves docker0 behind when it stops.
-    if link_exists("docker0") and not dockerd_pids():
+    if link_exists("docker0") and not dockerd_processes():
         subprocess.run(["ip", "link", "delete", "docker0"], check=True)
         log("deleted docker0")
     left = leftovers(cluster)
@@ -658,8 +648,8 @@ def status(cluster: Cluster) -> int:
     if not docker_answers():
         print("no dockerd answers")
         return 1
-    pid = our_dockerd_pid()
-    print(f"dockerd: {'started by cluster.sh, pid ' + str(pid) if pid else 'not started here'}")
+    dockerd = our_dockerd()
+    print(f"dockerd: started by cluster.sh, pid {dockerd.pid}" if dockerd else "dockerd: not ours")
     result = docker("ps", "--all", "--filter", f"label={LABEL}={cluster.project}",
                     "--format", "{{.Names}}\t{{.Status}}")  # fmt: skip
     print(result.stdout.strip() or "no containers")
