@@ -436,7 +436,7 @@ def build_stand_in_base(name: str) -> None:
             raise ClusterError(f"debootstrap failed: {(result.stdout + result.stderr)[-2000:]}")
         tar = subprocess.Popen(["tar", "-C", rootfs, "-c", "."], stdout=subprocess.PIPE)
         imported = subprocess.run(
-            [docker_cli(), "import", "-", ROOTFS_IMAGE],
+            [docker_cli(), "import", "--change", f"LABEL {STAND_IN_LABEL}=1", "-", ROOTFS_IMAGE],
             stdin=tar.stdout,
             capture_output=True,
             text=True,
@@ -493,6 +493,7 @@ def build_image(cluster: Cluster, ca_files: Sequence[Path] | None, stand_in: boo
         else:
             build_stand_in_base(base)
     args = ["--file", str(cluster.dockerfile), "--tag", cluster.image]
+    args += ["--label", f"{LABEL}={cluster.project}"]  # down --images finds old builds by it
     pem = extra_ca_pem(ca_files)
     if pem:
         args += ["--build-arg", f"EXTRA_CA_CERTS={pem}"]
@@ -578,12 +579,22 @@ def wait_for_sshd(cluster: Cluster) -> None:
         time.sleep(0.3)
 
 
+def make_client_key() -> None:
+    """docker/client_key(.pub); under sudo, owned by the user who ran it: orchestrate, run as that
+    user, reads the private key."""
+    subprocess.run(["sh", str(MAKE_CLIENT_KEY)], check=True, stdout=subprocess.DEVNULL)
+    uid, gid = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
+    if uid and gid and uid.isdigit() and gid.isdigit():
+        for path in (DOCKER_DIR / "client_key", DOCKER_DIR / "client_key.pub"):
+            os.chown(path, int(uid), int(gid))
+
+
 def up(cluster: Cluster, ca_files: Sequence[Path] | None, stand_in: bool) -> None:
     if os.geteuid() != 0:
         raise ClusterError("must run as root: it starts dockerd and builds images")
     start_dockerd()
     built = build_image(cluster, ca_files, stand_in)
-    subprocess.run(["sh", str(MAKE_CLIENT_KEY)], check=True, stdout=subprocess.DEVNULL)
+    make_client_key()
     ensure_network(cluster)
     for service in cluster.services:
         ensure_container(cluster, service, built)
@@ -611,6 +622,8 @@ def leftovers(cluster: Cluster) -> list[str]:
 def down(cluster: Cluster, volumes: bool, images: bool) -> None:
     if os.geteuid() != 0:
         raise ClusterError("must run as root: it stops dockerd")
+    if images and not docker_answers():
+        start_dockerd()  # images can only be removed through a dockerd; stopped again below
     if docker_answers():
         ids = containers(cluster)
         if ids:
@@ -625,13 +638,11 @@ def down(cluster: Cluster, volumes: bool, images: bool) -> None:
                 docker("volume", "rm", *present)
                 log(f"removed {len(present)} volume(s); delete docker/known_hosts too")
         if images:
-            for name in (cluster.image, base_image(cluster.dockerfile), ROOTFS_IMAGE):
-                labels = docker("image", "inspect", "--format", "{{json .Config.Labels}}", name,
-                                check=False)  # fmt: skip
-                ours = name != base_image(cluster.dockerfile) or STAND_IN_LABEL in labels.stdout
-                if labels.returncode == 0 and ours:
-                    docker("image", "rm", "--force", name)
-                    log(f"removed image {name}")
+            # Ours: the worker image (old builds too) and the stand-ins, never a real base image.
+            for label in (f"{LABEL}={cluster.project}", STAND_IN_LABEL):
+                pruned = docker("image", "prune", "--all", "--force", "--filter", f"label={label}")
+                summary = (pruned.stdout.strip().splitlines() or ["nothing"])[-1]
+                log(f"removed the images labelled {label}: {summary}")
             docker("builder", "prune", "--all", "--force")
     stop_dockerd()
     # A dockerd started without --bridge=none leaves docker0 behind when it stops.

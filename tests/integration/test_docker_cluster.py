@@ -141,7 +141,9 @@ def docker_cluster() -> Iterator[DockerCluster]:
     elapsed = time.monotonic() - started
     try:
         assert result.returncode == 0, result.stdout + result.stderr[-6000:]
-        print(f"\ndocker/cluster.sh up took {elapsed:.0f} s", file=sys.stderr)
+        # Its step lines (dockerd, stand-in, image, containers, with times) for the CI log.
+        steps = [line for line in result.stderr.splitlines() if line.startswith("cluster:")]
+        print("", *steps, f"docker/cluster.sh up took {elapsed:.0f} s", sep="\n", file=sys.stderr)
         yield DockerCluster(not already_running, elapsed, result.stdout + result.stderr)
     finally:
         # Idempotent: a no-op when the last test already took it down.
