@@ -641,8 +641,11 @@ def down(cluster: Cluster, volumes: bool, images: bool) -> None:
             # Ours: the worker image (old builds too) and the stand-ins, never a real base image.
             for label in (f"{LABEL}={cluster.project}", STAND_IN_LABEL):
                 pruned = docker("image", "prune", "--all", "--force", "--filter", f"label={label}")
-                summary = (pruned.stdout.strip().splitlines() or ["nothing"])[-1]
-                log(f"removed the images labelled {label}: {summary}")
+                # prune lists "untagged: NAME" per image and one "deleted: ID" per layer.
+                names = [line.split(": ", 1)[1] for line in pruned.stdout.splitlines()
+                         if line.startswith("untagged: ")]  # fmt: skip
+                if names:
+                    log(f"removed the images {', '.join(names)}")
             docker("builder", "prune", "--all", "--force")
     stop_dockerd()
     # A dockerd started without --bridge=none leaves docker0 behind when it stops.

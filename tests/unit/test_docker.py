@@ -354,7 +354,7 @@ def test_script_shellcheck(script: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_readme_gives_the_flow_and_says_what_was_not_verified() -> None:
+def test_readme_gives_both_flows() -> None:
     readme = (DOCKER / "README.md").read_text()
     for command in (
         "sh docker/make-client-key.sh",
