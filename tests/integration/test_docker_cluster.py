@@ -21,6 +21,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -200,7 +201,8 @@ def test_image_exposes_the_inventory_ports_and_has_the_worker(
         "run", "--rm", service, defaults["python"], "-c",
         "import tensorflow as tf, orchestrator, worker; print(tf.__version__)",
     ).stdout.split()  # fmt: skip
-    assert version[-1] == "2.21.0"
+    pinned = re.findall(r'"tensorflow==([^"]+)"', (REPO / "pyproject.toml").read_text())
+    assert version[-1:] == pinned
 
 
 def _self_signed_ca(directory: Path, name: str) -> tuple[Path, Path, Path]:
