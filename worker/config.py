@@ -181,7 +181,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     if run_dir is not None:
         # One subdirectory per task index, in case several workers share a run directory.
         temp_dir = os.path.join(run_dir, "tmp-checkpoints", f"worker-{cluster.task_index}")
-        temp_export_dir = os.path.join(run_dir, "tmp-export", f"worker-{cluster.task_index}")
+        temp_export_dir = os.path.join(run_dir, "tmp-export")  # mkdtemp names inside it
     return WorkerConfig(
         task=args.task,
         steps=args.steps,
