@@ -2,7 +2,8 @@
 
 Two local workers train the bundled example through the real CLI (real TensorFlow, real
 MultiWorkerMirroredStrategy over localhost gRPC), twice: 30 steps exporting a .keras model, then
-resumed to 50 steps exporting an inference SavedModel, evaluating every 10 steps throughout. The
+resumed to 50 steps exporting an inference SavedModel, evaluating every 10 steps throughout, then
+once more with nothing to train, exporting the final weights as .keras again. The
 bundled eval split has 1001 examples, so the two workers' shards differ in size and neither fills
 its last batch: the evaluation must count each example exactly once anyway.
 """
@@ -105,13 +106,26 @@ def test_evaluate_export_and_restore(cli: Cli, reaper: list[str]) -> None:
     earlier = restore_model(TASK, str(checkpoints), "ckpt-30")
     assert not np.allclose(earlier(images), restored(images))  # a checkpoint is really chosen
 
-    # The use phase on one process agrees with the cluster's final evaluation.
+    check_worker_evaluate(checkpoints, loss_50, accuracy_50)
+
+    # A finished job started again with another export: no training, the same final weights.
+    local_tf_inventory(cli, steps=50, export="keras")
+    cli("up", "inv.yaml", check=True, timeout=300)
+    assert "already at step 50" in cli("tail", "-n", "5", check=True).stdout
+    assert sorted(p.name for p in (job / "export").iterdir()) == ["model.keras"]
+    exported = tf.keras.models.load_model(job / "export" / "model.keras")
+    np.testing.assert_allclose(exported(images), restored(images), rtol=1e-5, atol=1e-5)
+
+
+def check_worker_evaluate(checkpoints: Path, loss: float, accuracy: float) -> None:
+    """The use phase on one process agrees with the cluster's final evaluation; a checkpoint
+    that is not there is a one-line error naming the ones that are."""
     result = evaluate("--checkpoint-dir", str(checkpoints))
     assert result.returncode == 0, result.stderr
     metrics = json.loads(result.stdout)
     assert (metrics["checkpoint"], metrics["step"], metrics["examples"]) == ("ckpt-50", 50, 1001)
-    assert metrics["val_accuracy"] == pytest.approx(accuracy_50, abs=1e-12)
-    assert metrics["val_loss"] == pytest.approx(loss_50, rel=1e-5)
+    assert metrics["val_accuracy"] == pytest.approx(accuracy, abs=1e-12)
+    assert metrics["val_loss"] == pytest.approx(loss, rel=1e-5)
 
     bad = evaluate("--checkpoint-dir", str(checkpoints), "--checkpoint", "ckpt-45")
     assert bad.returncode == 2 and bad.stdout == ""
