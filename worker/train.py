@@ -404,12 +404,13 @@ class Loop:
                 self.profile.export(step)
             if step % self.config.log_every == 0 or step == steps:
                 self._log(step)
-            if self._evaluates_at(step):
-                self._evaluate(step)
             if step % self.config.checkpoint_every == 0 or step == steps:
                 self.saver.save(step)
                 log(f"worker: saved checkpoint at step {step}")
                 self.progress.write(step=step, checkpoint_step=step)
+            # After the save: an evaluation that fails loses no training.
+            if self._evaluates_at(step):
+                self._evaluate(step)
             # The last step ends the run anyway, with its checkpoint and exit 0.
             if step < steps and self.preemption.agreed_at(step):
                 self._stop(step)
