@@ -7,8 +7,9 @@ Python interpreter (and the worker package for a task job). TF_CONFIG comes from
 from TensorFlow's SlurmClusterResolver, which fails on nodes without GPUs (tensorflow#56894).
 
 The plan arrives in the environment (ORCHESTRATE_SLURM_PLAN, JSON): the port and one entry per
-task with its run directory, working directory, argv and environment. "{SLURM_JOB_ID}" in a run
-directory or value is replaced by the job's id (the exported script names its runs that way).
+task with its run directory, working directory, argv and environment. "{SLURM_JOB_ID}" and
+"{SLURM_SUBMIT_DIR}" in them are replaced by Slurm's values (the exported script uses them), and
+a leading "~/" is the node's home.
 
 Files in a task's run directory: node, pid, worker.pid, worker.log, progress.json (the worker's),
 exit.json ({"returncode", "signal", "started_at", "finished_at", "error", "log_tail"}).
@@ -25,6 +26,7 @@ import time
 
 PLAN_ENV = "ORCHESTRATE_SLURM_PLAN"
 JOB_ID_PLACEHOLDER = "{SLURM_JOB_ID}"
+SUBMIT_DIR_PLACEHOLDER = "{SLURM_SUBMIT_DIR}"
 LOG_TAIL_LINES = 20
 
 
@@ -123,8 +125,11 @@ def main():
     nodes = expand_nodelist(os.environ.get("SLURM_STEP_NODELIST")
                             or os.environ["SLURM_JOB_NODELIST"])
 
+    submit_dir = os.environ.get("SLURM_SUBMIT_DIR", os.getcwd())
+
     def fill(text):
-        return text.replace(JOB_ID_PLACEHOLDER, job_id)
+        text = text.replace(JOB_ID_PLACEHOLDER, job_id).replace(SUBMIT_DIR_PLACEHOLDER, submit_dir)
+        return os.path.expanduser(text) if text.startswith("~/") else text
 
     task = plan["tasks"][index]
     run_dir = os.path.expanduser(fill(task["run_dir"]))
