@@ -28,6 +28,7 @@ PLAN_ENV = "ORCHESTRATE_SLURM_PLAN"
 JOB_ID_PLACEHOLDER = "{SLURM_JOB_ID}"
 SUBMIT_DIR_PLACEHOLDER = "{SLURM_SUBMIT_DIR}"
 LOG_TAIL_LINES = 20
+EXIT_PREEMPTED = 75  # contract.EXIT_PREEMPTED (this file imports nothing of orchestrate)
 
 
 def _split_top_level(text):
@@ -162,6 +163,12 @@ def main():
     returncode = child.wait()
     _record_exit(run_dir, returncode, started, None)
     print(f"task {index} on {socket.gethostname()}: worker exited {returncode}", flush=True)
+    if returncode == EXIT_PREEMPTED:
+        # Not a bad exit for srun: the peers are saving at the same step and exit 75 too. Were
+        # it one, --kill-on-bad-exit would SIGTERM them while they finish (measured: a peer
+        # then dies of it after its save). exit.json keeps the 75 for the supervisor.
+        print(f"task {index}: preempted, saved a checkpoint; resubmit to resume", flush=True)
+        return 0
     # A signal's death reads to srun as 128+N, so --kill-on-bad-exit ends the other tasks.
     return returncode if returncode >= 0 else 128 - returncode
 
