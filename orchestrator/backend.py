@@ -97,7 +97,7 @@ class Backend(ABC):
         """The scheduler's view of the run's current attempt, for status."""
         return None
 
-    def preflight(
+    def own_preflight(
         self, inventory: Inventory, probe_timeout: float, min_free_bytes: int
     ) -> PreflightReport | None:
         """The backend's own preflight checks; None: the host rounds of preflight.py."""

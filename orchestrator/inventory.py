@@ -299,8 +299,11 @@ def _workers(
 ) -> tuple[list[Placed], Any]:
     present = [key for key in HOST_SOURCES if key in document]
     if len(present) > 1:
-        report.add(_line(document, present[1]), present[1],
-                   f"set exactly one of {', '.join(HOST_SOURCES)}: each lists the workers")
+        report.add(
+            _line(document, present[1]),
+            present[1],
+            f"set exactly one of {', '.join(HOST_SOURCES)}: each lists the workers",
+        )
         return [], None
     if not present:
         sources = ", ".join(HOST_SOURCES)

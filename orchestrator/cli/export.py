@@ -22,18 +22,31 @@ FORMATS = ("sbatch", "tfjob")
 
 @cli.command()
 @click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
-              help="sbatch: the batch script 'up' submits; tfjob: a Kubeflow TFJob manifest.")
-@click.option("--image", metavar="IMAGE", help="tfjob: the container image (TensorFlow and the "
-              "worker package, or your script, inside).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    required=True,
+    help="sbatch: the batch script 'up' submits; tfjob: a Kubeflow TFJob manifest.",
+)
+@click.option(
+    "--image",
+    metavar="IMAGE",
+    help="tfjob: the container image (TensorFlow and the worker package, or your script, inside).",
+)
 @click.option("--namespace", metavar="NS", help="tfjob: the Kubernetes namespace.")
-@click.option("--pvc", metavar="NAME", help="tfjob: a PersistentVolumeClaim for the checkpoints "
-              "(mounted at /checkpoints), so they survive pod restarts.")
+@click.option(
+    "--pvc",
+    metavar="NAME",
+    help="tfjob: a PersistentVolumeClaim for the checkpoints "
+    "(mounted at /checkpoints), so they survive pod restarts.",
+)
 @click.option("--name", metavar="NAME", help="tfjob: the TFJob's name [default: job.name].")
 @click.option("--restart-policy", type=click.Choice(["ExitCode", "OnFailure"]),
               default="ExitCode", show_default=True,
               help="tfjob: the Worker replicas' policy (see below).")  # fmt: skip
-def export(inventory: Path, fmt: str, image: str | None, namespace: str | None, pvc: str | None,
+def export(  # noqa: PLR0917 - click passes every option by position
+    inventory: Path, fmt: str, image: str | None, namespace: str | None, pvc: str | None,
            name: str | None, restart_policy: str) -> None:  # fmt: skip
     """Print INVENTORY's job for a scheduler, to submit it yourself.
 

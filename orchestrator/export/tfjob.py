@@ -72,11 +72,9 @@ def tfjob(
 ) -> dict[str, Any]:
     job = inventory.job
     first = inventory.hosts[0]
-    if pvc:
-        checkpoints = posixpath.join(CHECKPOINT_MOUNT, job.name,
-                                     posixpath.basename(job.checkpoint_dir.rstrip("/")))  # fmt: skip
-    else:
-        checkpoints = posixpath.join(CHECKPOINT_MOUNT, posixpath.basename(job.checkpoint_dir))
+    leaf = posixpath.basename(job.checkpoint_dir.rstrip("/"))
+    # On a claim that may hold several jobs, each job has its own directory.
+    checkpoints = posixpath.join(CHECKPOINT_MOUNT, *([job.name] if pvc else []), leaf)
     # The container's worker: the image's python, no host-specific GPU indices (the pod gets its
     # own GPUs, numbered from 0), a script in the image's working directory.
     container_host: Host = replace(first, python="python", visible_gpus=None)
@@ -159,7 +157,9 @@ def problems(manifest: dict[str, Any]) -> list[str]:
     for kind, spec in replicas.items():
         where = f"spec.tfReplicaSpecs.{kind}"
         if kind not in REPLICA_TYPES:
-            found.append(f"{where}: unknown replica type; expected one of {', '.join(REPLICA_TYPES)}")
+            found.append(
+                f"{where}: unknown replica type; expected one of {', '.join(REPLICA_TYPES)}"
+            )
         if spec.get("restartPolicy", "Never") not in RESTART_POLICIES:
             found.append(f"{where}.restartPolicy: {spec.get('restartPolicy')!r} is not one of "
                          f"{', '.join(RESTART_POLICIES)}")  # fmt: skip

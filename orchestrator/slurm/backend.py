@@ -179,7 +179,7 @@ class SlurmBackend(Backend):
     def preflight_session(self, host: Host) -> LineSession:
         raise HostError(SLURM, "Slurm runs have their own preflight (orchestrator/slurm/checks)")
 
-    def preflight(
+    def own_preflight(
         self, inventory: Inventory, probe_timeout: float, min_free_bytes: int
     ) -> PreflightReport | None:
         from orchestrator.slurm.checks import slurm_preflight

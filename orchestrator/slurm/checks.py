@@ -162,8 +162,10 @@ def _shared(answers: list[dict[str, object]], directories: dict[str, str],
             node, seen = str(answer["node"]), answer.get("seen", {})
             saw = seen.get(path) if isinstance(seen, dict) else None
             if saw is not True:
-                apart.append(f"{node} does not see this machine's files there"
-                             + (f" ({saw})" if isinstance(saw, str) else ""))
+                apart.append(
+                    f"{node} does not see this machine's files there"
+                    + (f" ({saw})" if isinstance(saw, str) else "")
+                )
             elif node not in readback[path]:
                 apart.append(f"this machine does not see {node}'s files there")
         if apart:
@@ -172,6 +174,12 @@ def _shared(answers: list[dict[str, object]], directories: dict[str, str],
                                     "put slurm.workdir (and job.checkpoint_dir) on the "
                                     "cluster's shared filesystem"))  # fmt: skip
         else:
-            findings.append(Finding(SLURM, "shared filesystem", Status.OK,
-                                    f"{path}: every node and this machine see the same files"))
+            findings.append(
+                Finding(
+                    SLURM,
+                    "shared filesystem",
+                    Status.OK,
+                    f"{path}: every node and this machine see the same files",
+                )
+            )
     return findings

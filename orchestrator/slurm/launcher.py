@@ -69,14 +69,17 @@ def expand_nodelist(nodelist):
             continue
         prefix, ranges, rest = match.groups()
         for value in _expand_ranges(ranges):
-            names.extend(expand_nodelist(prefix + value + rest) if "[" in rest
-                         else [prefix + value + rest])
+            names.extend(
+                expand_nodelist(prefix + value + rest) if "[" in rest else [prefix + value + rest]
+            )
     return names
 
 
 def tf_config(nodes, port, index):
-    return {"cluster": {"worker": [f"{node}:{port}" for node in nodes]},
-            "task": {"type": "worker", "index": index}}
+    return {
+        "cluster": {"worker": [f"{node}:{port}" for node in nodes]},
+        "task": {"type": "worker", "index": index},
+    }
 
 
 def _write_json(path, data):
@@ -112,19 +115,26 @@ def _record_exit(run_dir, returncode, started, error):
     tail = _log_tail(os.path.join(run_dir, "worker.log"))
     if error is None and returncode > 0 and tail:
         error = tail[-1]
-    _write_json(os.path.join(run_dir, "exit.json"), {
-        "returncode": returncode, "signal": name, "started_at": started,
-        "finished_at": time.time(), "error": error,
-        "log_tail": tail if returncode != 0 else [],
-    })
+    _write_json(
+        os.path.join(run_dir, "exit.json"),
+        {
+            "returncode": returncode,
+            "signal": name,
+            "started_at": started,
+            "finished_at": time.time(),
+            "error": error,
+            "log_tail": tail if returncode != 0 else [],
+        },
+    )
 
 
 def main():
     plan = json.loads(os.environ.pop(PLAN_ENV))
     index = int(os.environ["SLURM_PROCID"])
     job_id = os.environ.get("SLURM_JOB_ID", "")
-    nodes = expand_nodelist(os.environ.get("SLURM_STEP_NODELIST")
-                            or os.environ["SLURM_JOB_NODELIST"])
+    nodes = expand_nodelist(
+        os.environ.get("SLURM_STEP_NODELIST") or os.environ["SLURM_JOB_NODELIST"]
+    )
 
     submit_dir = os.environ.get("SLURM_SUBMIT_DIR", os.getcwd())
 
@@ -145,9 +155,14 @@ def main():
     started = time.time()
     log = open(os.path.join(run_dir, "worker.log"), "ab")  # noqa: SIM115 - the child owns it
     try:
-        child = subprocess.Popen([fill(a) for a in task["argv"]],
-                                 cwd=os.path.expanduser(fill(task["cwd"])), env=env,
-                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(
+            [fill(a) for a in task["argv"]],
+            cwd=os.path.expanduser(fill(task["cwd"])),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     except OSError as exc:
         _record_exit(run_dir, 127, started, f"cannot start {task['argv'][0]}: {exc}")
         return 127

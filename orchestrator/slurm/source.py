@@ -131,8 +131,11 @@ def _sbatch_args(block: LineMap, report: _Report) -> tuple[str, ...]:
         option = (value or "").split("=", 1)[0]
         if problem is None and option in OWNED_OPTIONS:
             key = OWNED_OPTIONS[option]
-            problem = (f"{option} is set from slurm.{key}; set that key instead" if key
-                       else f"{option} is set by orchestrate (one job per attempt, its own logs)")
+            problem = (
+                f"{option} is set from slurm.{key}; set that key instead"
+                if key
+                else f"{option} is set by orchestrate (one job per attempt, its own logs)"
+            )
         if problem:
             report.add(line, where, problem)
         else:

@@ -128,9 +128,10 @@ class SlurmCluster:
         # Daemons of an earlier, crashed session: found by their config path, never by name.
         for process in psutil.process_iter(["cmdline"]):
             with contextlib.suppress(psutil.Error):
-                if any(str(self.base) in part for part in process.info["cmdline"] or ()):
-                    if Path(process.info["cmdline"][0]).name in (*DAEMONS, "slurmstepd"):
-                        process.kill()
+                argv = process.info["cmdline"] or ()
+                ours = any(str(self.base) in part for part in argv)
+                if ours and Path(argv[0]).name in (*DAEMONS, "slurmstepd"):
+                    process.kill()
         for node in self.nodes:
             subprocess.run(["ip", "netns", "del", node.namespace], capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
@@ -143,9 +144,13 @@ class SlurmCluster:
                 cmdline = " ".join(process.info["cmdline"] or ())
                 if str(self.base) in cmdline and process.info["name"] in (*DAEMONS, "slurmstepd"):
                     found.append(f"pid {process.pid}: {cmdline}")
-        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        namespaces = subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, check=False
+        ).stdout
         found += [n.namespace for n in self.nodes if n.namespace in namespaces.split()]
-        links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+        links = subprocess.run(
+            ["ip", "-br", "link"], capture_output=True, text=True, check=False
+        ).stdout
         found += [self.bridge] if self.bridge in links.split() else []
         return found
 
@@ -237,7 +242,7 @@ class SlurmCluster:
             f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
             f"--seed-file={munge / 'munged.seed'}",
         ])  # fmt: skip
-        _wait(lambda: self.munge_socket.exists(), 10, "munged did not create its socket",
+        _wait(self.munge_socket.exists, 10, "munged did not create its socket",
               self.base / "munged.out")  # fmt: skip
 
     def _start_controller(self) -> None:

@@ -74,7 +74,9 @@ class Orchestrate:
 
 
 @pytest.fixture
-def orchestrate(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Orchestrate:
+def orchestrate(
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Orchestrate:
     # Not under pytest's 0700 tmp root: the nodes' tasks run the same paths (shared "disk").
     base = Path(f"{slurm_cluster.base}-work") / tmp_path_factory.mktemp("w").name
     base.mkdir(parents=True)
