@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the Debian packages the network-namespace integration tests need
-# (tests/integration/test_netns_cluster.py, tests/cluster/) and the browser test of the
-# dashboard (tests/integration/test_dashboard_browser.py).
+# (tests/integration/test_netns_cluster.py, tests/cluster/), the Slurm tests
+# (tests/integration/test_slurm.py) and the browser test of the dashboard
+# (tests/integration/test_dashboard_browser.py).
 #
 # Idempotent: installs only what is missing and never starts a system sshd. The tests
 # start their own sshd inside each network namespace; a system one on port 22 of the root
@@ -11,8 +12,10 @@
 set -euo pipefail
 
 # chromium + chromium-driver: the dashboard test drives a real headless browser.
+# slurmctld slurmd slurm-client munge: tests/integration/test_slurm.py starts a real Slurm cluster
+# (tests/cluster/slurm.py); the policy-rc.d below keeps their services from starting.
 readonly PACKAGES=(openssh-server openssh-client iproute2 iptables procps shellcheck python3-venv
-    chromium chromium-driver)
+    chromium chromium-driver slurmctld slurmd slurm-client munge util-linux)
 readonly POLICY_RC=/usr/sbin/policy-rc.d
 
 if [[ "$(id -u)" -ne 0 ]]; then
