@@ -23,6 +23,7 @@ from orchestrator.contract import (
 from orchestrator.errors import InventoryError, Problem
 from orchestrator.kinds import Kind, NoSettings
 from orchestrator.paths import controller_path, is_loopback
+from orchestrator.slurm.spec import SlurmSpec
 from orchestrator.values import (
     NAME_PATTERN,
     PORT,
@@ -114,6 +115,13 @@ class Inventory:
     job: Job
     # Hosts that replace a host found dead when the cluster is restarted (in order).
     spares: tuple[Host, ...] = ()
+    # The `slurm:` block when Slurm places the workers (then `hosts` are its tasks).
+    slurm: SlurmSpec | None = None
+
+    @property
+    def host_source(self) -> str:
+        """Which top-level block listed the workers: 'hosts' or 'slurm'."""
+        return "slurm" if self.slurm is not None else "hosts"
 
 
 def _task(value: Any) -> Checked:
@@ -163,11 +171,12 @@ JOB_KEYS: dict[str, Checker] = {
 }
 
 Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
-# A host source turns its top-level block into the workers, in TF_CONFIG order. An inventory
-# takes exactly one; spares (and later min_hosts) apply to whatever it produced.
-HostSource = Callable[[LineMap, LineMap, "_Report", Path], list[Placed]]
+# A host source turns its top-level block into the workers, in TF_CONFIG order, and the
+# scheduler's settings if a scheduler places them. An inventory takes exactly one; spares (and
+# later min_hosts) apply to whatever it produced.
+HostSource = Callable[[LineMap, LineMap, "_Report", Path], tuple[list[Placed], Any]]
 HOST_SOURCES: dict[str, HostSource] = {}
-TOP_KEYS: tuple[str, ...] = ("defaults", "hosts", "spares", "job")
+TOP_KEYS: tuple[str, ...] = ("defaults", "spares", "job")
 
 
 def _host_keys() -> dict[str, Checker]:
@@ -237,7 +246,7 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
             None, "", f"expected a mapping with 'hosts:' and 'job:', got {describe(document)}"
         )
         return None
-    report.unknown_keys(document, TOP_KEYS, "")
+    report.unknown_keys(document, (*HOST_SOURCES, *TOP_KEYS), "")
     defaults = document.get("defaults") or LineMap()  # an empty `defaults:` is None in YAML
     if not isinstance(defaults, LineMap):
         report.add(_line(document, "defaults"), "defaults", "expected a mapping of host keys")
@@ -246,7 +255,7 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
     for key in PER_HOST_ONLY:
         if key in defaults:
             report.add(_line(defaults, key), f"defaults.{key}", "must be set on each host")
-    placed = _workers(document, defaults, report, base_dir)
+    placed, scheduler = _workers(document, defaults, report, base_dir)
     spares = _parse_hosts(document, defaults, report, base_dir, key="spares")
     _check_unique_hosts(placed + spares, report)
     hosts = [host for _, _, host in placed]
@@ -261,6 +270,7 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
         hosts=tuple(hosts),
         job=job,
         spares=tuple(host for _, _, host in spares),
+        slurm=scheduler if isinstance(scheduler, SlurmSpec) else None,
     )
 
 
@@ -293,15 +303,21 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
                 report.add(_line(block, key), f"job.{key}", "applies to job.task only")
 
 
-def _workers(document: LineMap, defaults: LineMap, report: _Report, base: Path) -> list[Placed]:
+def _workers(
+    document: LineMap, defaults: LineMap, report: _Report, base: Path
+) -> tuple[list[Placed], Any]:
     present = [key for key in HOST_SOURCES if key in document]
     if len(present) > 1:
-        report.add(_line(document, present[1]), present[1],
-                   f"set exactly one of {', '.join(present)}: each lists the workers")  # fmt: skip
-        return []
+        report.add(
+            _line(document, present[1]),
+            present[1],
+            f"set exactly one of {', '.join(HOST_SOURCES)}: each lists the workers",
+        )
+        return [], None
     if not present:
-        report.add(document.line, "hosts", "missing; list at least one host")
-        return []
+        sources = ", ".join(HOST_SOURCES)
+        report.add(document.line, "hosts", f"missing; list the workers with one of {sources}")
+        return [], None
     return HOST_SOURCES[present[0]](document, defaults, report, base)
 
 
@@ -519,4 +535,20 @@ def _parse_env(block: LineMap, report: _Report) -> dict[str, str]:
     return env
 
 
-HOST_SOURCES["hosts"] = _parse_hosts
+def _hosts_source(
+    document: LineMap, defaults: LineMap, report: _Report, base: Path
+) -> tuple[list[Placed], None]:
+    return _parse_hosts(document, defaults, report, base), None
+
+
+def _slurm_source(
+    document: LineMap, _defaults: LineMap, report: _Report, base: Path
+) -> tuple[list[Placed], SlurmSpec | None]:
+    from orchestrator.slurm.source import parse_slurm, slurm_workers
+
+    spec = parse_slurm(document, report, base)
+    return (slurm_workers(spec, base) if spec else []), spec
+
+
+HOST_SOURCES["hosts"] = _hosts_source
+HOST_SOURCES["slurm"] = _slurm_source

@@ -28,6 +28,7 @@ from typing import Any
 from orchestrator import kinds
 from orchestrator.errors import RunStateError
 from orchestrator.inventory import Host, Inventory, Job
+from orchestrator.slurm.spec import SlurmSpec
 
 DEFAULT_STATE_DIR = ".orchestrate"
 
@@ -72,6 +73,8 @@ class RunRecord:
     workers: tuple[WorkerRecord, ...] = field(default_factory=tuple)
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None  # why supervision gave up, when it did
+    # A scheduler's job id for each attempt, in order (Slurm: one batch job per attempt).
+    scheduler_jobs: tuple[str, ...] = ()
 
     @property
     def job_name(self) -> str:
@@ -91,6 +94,7 @@ class RunRecord:
                 "inventory": _inventory(data["inventory"]),
                 "workers": workers,
                 "restarts": tuple(Restart(**r) for r in data.get("restarts", ())),
+                "scheduler_jobs": tuple(data.get("scheduler_jobs", ())),
             }
         )
 
@@ -117,7 +121,15 @@ def _inventory(data: dict[str, Any]) -> Inventory:
         hosts=tuple(_host(h) for h in data["hosts"]),
         job=Job(**job),
         spares=tuple(_host(h) for h in data.get("spares", ())),
+        slurm=_slurm(data.get("slurm")),
     )
+
+
+def _slurm(data: dict[str, Any] | None) -> SlurmSpec | None:
+    if data is None:  # a record of a run on hosts (or from before Slurm was a host source)
+        return None
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return SlurmSpec(**fields)
 
 
 class RunStore:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,7 @@ class RunStatus:
     attempt: int = 0
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None
+    scheduler: Mapping[str, Any] | None = None  # a scheduler's view of the attempt (Slurm job)
 
     def to_json(self) -> dict[str, Any]:
         last = self.restarts[-1] if self.restarts else None
@@ -61,6 +63,7 @@ class RunStatus:
             "restarts": len(self.restarts),
             "last_restart": last.__dict__ if last else None,
             "outcome": self.outcome,
+            "scheduler": dict(self.scheduler) if self.scheduler else None,
             "workers": [w.to_json() for w in self.workers],
         }
 
@@ -81,7 +84,7 @@ def worker_status(
     return WorkerStatus(
         name=worker.name,
         index=worker.index,
-        host=worker.host.address,
+        host=(probe.node if probe else None) or worker.host.address,
         state=verdict.state,
         reason=unreachable or verdict.reason,
         pid=(probe.worker_pid if probe else None) or worker.pid,
@@ -118,6 +121,7 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         attempt=record.attempt,
         restarts=record.restarts,
         outcome=record.outcome,
+        scheduler=backend.scheduler_state(record),
         state=overall(s.state for s in statuses),
         workers=tuple(statuses),
     )

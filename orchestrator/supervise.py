@@ -22,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orchestrator.backend import Backend
+from orchestrator.backend import Backend, open_backend
 from orchestrator.checkpoints import Mirror
+from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.dashboard.snapshot import write_snapshot
 from orchestrator.errors import (
     HostErrors,
@@ -104,6 +105,16 @@ def first_failure(status: RunStatus) -> Failure | None:
         else FailureKind.VANISHED
     )
     return Failure(first.name, kind, first.reason or "failed", first.step, first.exit_code)
+
+
+def preemption(status: RunStatus) -> Failure | None:
+    """A run whose workers all saved and exited 75 (SIGTERM from a scheduler): a failure to
+    recover from where the backend resubmits preempted attempts."""
+    if not status.workers or any(w.exit_code != EXIT_PREEMPTED for w in status.workers):
+        return None
+    chief = status.workers[0]
+    return Failure(chief.name, FailureKind.PREEMPTED, "preempted: saved a checkpoint and exited",
+                   chief.checkpoint_step, EXIT_PREEMPTED)  # fmt: skip
 
 
 def give_up_reason(failure: Failure, restarts: tuple[Restart, ...], job: Job) -> str | None:
@@ -219,7 +230,9 @@ def refuse_if_active(store: RunStore, backend: Backend) -> None:
         return
     previous = store.load()
     supervised = SupervisorLock(store.lock_path(previous.run_id)).held_elsewhere()
-    status = collect_status(previous, backend)
+    # The earlier run may live elsewhere (hosts, or a Slurm cluster): ask its own backend.
+    with open_backend(previous.inventory) as own:
+        status = collect_status(previous, own)
     if status.state in ACTIVE or supervised:
         state = status.state.value if status.state in ACTIVE else "being restarted"
         raise RunStateError(
@@ -287,9 +300,15 @@ class Supervisor:
             status = collect_status(self.record, self.backend)
             self.show(status)
             write_snapshot(self.store, status)  # the dashboard serves this; no second probe
+            stopping = self.store.stop_flag(self.record.run_id).exists()
+            if status.state is WorkerState.STOPPED and not stopping:
+                preempted = preemption(status) if self.backend.resubmits_preempted else None
+                if preempted is not None:
+                    self._recover(preempted)
+                    continue
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
                 return status
-            if self.store.stop_flag(self.record.run_id).exists():
+            if stopping:
                 # `down` is stopping the run: what ends now is no failure to recover from.
                 if status.state.finished:
                     return status

@@ -91,7 +91,7 @@ def up(  # noqa: PLR0917 - click passes every option by position
     still active, 5 when a preflight check failed.
     """
     spec = load_inventory(inventory)
-    with open_backend() as backend:
+    with open_backend(spec) as backend:
         refuse_if_active(context.store, backend)
         if not skip_checks:
             report = run_checks(spec, backend, probe_timeout, min_free_gb)
@@ -205,7 +205,7 @@ def _finish(final: RunStatus, record: RunRecord) -> None:
 def supervise(context: Context, run_id: str, interval: float) -> None:
     """Supervise RUN_ID in this process (started detached by 'up --detach')."""
     record = context.store.load(run_id)
-    with open_backend() as backend:
+    with open_backend(record.inventory) as backend:
         _supervise_here(context.store, backend, record, interval)
 
 
@@ -220,7 +220,7 @@ def attach(context: Context, run_id: str | None, interval: float) -> None:
     takes over supervision, restarts included. Ctrl-C leaves the workers running.
     """
     record = context.store.load(run_id)
-    with open_backend() as backend:
+    with open_backend(record.inventory) as backend:
         lock = SupervisorLock(context.store.lock_path(record.run_id))
         if not lock.held_elsewhere():
             errors.print(f"run {record.run_id}: nothing supervises it; supervising it here")
@@ -256,7 +256,7 @@ def down(context: Context, grace: float | None, save: bool, run_id: str | None) 
     and exits; --save waits for that and says at which step. A supervisor of the run stops too.
     """
     grace = grace if grace is not None else (300.0 if save else DEFAULT_GRACE)
-    with open_backend() as backend:
+    with open_backend(context.store.load(run_id).inventory) as backend:
         record, report = stop_everything(context.store, backend, run_id, grace)
         final = collect_status(record, backend) if save else None
     for name, outcome in report.outcome.items():
