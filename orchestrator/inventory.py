@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from orchestrator import kinds
-from orchestrator.contract import RESERVED_ENV_PREFIXES, device_setting_problems, task_problem
+from orchestrator.contract import (
+    KERAS_DEFAULT,
+    KERAS_SETTINGS,
+    LEGACY_KERAS_ENV,
+    RESERVED_ENV_PREFIXES,
+    device_setting_problems,
+    task_problem,
+)
 from orchestrator.errors import InventoryError, Problem
 from orchestrator.kinds import Kind, NoSettings
 from orchestrator.paths import controller_path, is_loopback
@@ -97,6 +104,8 @@ class Job:
     permanent_exit_codes: tuple[int, ...] = (2,)  # 2: the worker's usage errors never heal
     strategy: Literal["multi-worker", "mirrored"] = "multi-worker"
     profile_steps: tuple[int, int] | None = None  # chief traces steps [start, end] for TensorBoard
+    # "legacy": tf.keras is Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1) on every worker.
+    keras: str = KERAS_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,7 @@ JOB_KEYS: dict[str, Checker] = {
     "permanent_exit_codes": integer(1, 255),  # checked per item
     "strategy": choice("multi-worker", "mirrored"),
     "profile_steps": integers(1, length=2),
+    "keras": choice(*KERAS_SETTINGS),
 }
 
 Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
@@ -501,6 +511,11 @@ def _parse_env(block: LineMap, report: _Report) -> dict[str, str]:
             continue
         if key.startswith(RESERVED_ENV_PREFIXES):
             report.add(_line(raw, key), where, "is set by orchestrate for each worker")
+            continue
+        if key == LEGACY_KERAS_ENV:
+            report.add(_line(raw, key), where,
+                       "set 'job.keras: legacy' instead: orchestrate then sets it on every "
+                       "worker and checks that tf_keras is installed")  # fmt: skip
             continue
         value, problem = scalar_string(item)
         if problem:

@@ -12,7 +12,8 @@ Importing this package is cheap: TensorFlow is imported only when training start
 side and user scripts can use `TrainingTask` and `report` without paying for it.
 """
 
+from worker.kerasflavor import keras
 from worker.progress import ProgressWriter, report
 from worker.task import TrainingTask
 
-__all__ = ["ProgressWriter", "TrainingTask", "report"]
+__all__ = ["ProgressWriter", "TrainingTask", "keras", "report"]
