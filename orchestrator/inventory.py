@@ -219,14 +219,19 @@ def load_inventory(path: str | Path) -> Inventory:
     except OSError as exc:
         report.add(None, "", f"cannot read the file: {exc.strerror or exc}")
         raise InventoryError(report.problems, hint="check the path of the inventory file") from exc
+    return load_inventory_text(text, str(path), source.resolve().parent, source.stem)
+
+
+def load_inventory_text(text: str, label: str, base_dir: Path, stem: str) -> Inventory:
+    """An inventory held in memory (`orchestrate local`'s), read as if it were the file `label`
+    in `base_dir`: relative paths resolve there, and local workers start there."""
+    report = _Report(label)
     try:
         document = parse(text)
     except YamlSyntaxError as exc:
         report.add(exc.line, "", exc.message)
         raise InventoryError(report.problems) from exc
-    inventory = parse_inventory(
-        document, report, base_dir=source.resolve().parent, stem=source.stem
-    )
+    inventory = parse_inventory(document, report, base_dir=base_dir, stem=stem)
     if report.problems or inventory is None:
         raise InventoryError(report.problems)
     return inventory
