@@ -150,7 +150,13 @@ def early_exit(failure: Failure, exited_ok: Sequence[str]) -> Failure:
     """A worker that waits for a peer (stalled, or its collective aborted) while another worker
     already exited 0: in MultiWorkerMirroredStrategy every worker runs the same steps and ends
     together, so the one that left is the cause, not the one left waiting."""
-    if failure.kind not in (FailureKind.STALLED, FailureKind.PEER_LOST) or not exited_ok:
+    waiting = failure.kind is FailureKind.PEER_LOST or (
+        # Stalled before its first step: still waiting for the cluster to form. A worker that
+        # stalls mid-training while another finished is stuck on its own (workers that share
+        # collectives cannot finish without it).
+        failure.kind is FailureKind.STALLED and failure.step is None
+    )
+    if not waiting or not exited_ok:
         return failure
     return Failure(
         exited_ok[0],

@@ -137,6 +137,8 @@ def test_a_worker_that_left_early_is_the_cause() -> None:
     assert (blamed.worker, blamed.kind) == ("a", FailureKind.LEFT_EARLY)
     assert "while b still waited for it" in blamed.reason
     assert early_exit(stalled, []) is stalled
+    mid_training = Failure("b", FailureKind.STALLED, "stalled at step 40", 40)
+    assert early_exit(mid_training, ["a"]) is mid_training  # stuck on its own
     crash = Failure("b", FailureKind.OUT_OF_MEMORY, "MemoryError", 3, 1)
     assert early_exit(crash, ["a"]) is crash  # a chief evaluating alone is no early exit
 
@@ -166,7 +168,8 @@ def test_the_killed_peer_not_the_aborted_one_is_the_root_cause(tmp_path: Path) -
 
 
 def test_an_early_exit_is_reported_and_not_retried(tmp_path: Path) -> None:
-    backend = FakeBackend(scripts={"a": {0: [exited(0, None)]}, "b": {0: [running(1)]}})
+    waiting = {"exists": True, "pid": 100, "alive": True, "worker_pid": 101, "progress": None}
+    backend = FakeBackend(scripts={"a": {0: [exited(0, None)]}, "b": {0: [waiting]}})
     store, error = supervise(tmp_path, backend, max_restarts=3, stall_timeout=1)
     assert "the worker that failed first: a" in error.message
     assert "after 0 restart(s)" in error.message
