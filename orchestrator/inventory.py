@@ -16,6 +16,9 @@ from typing import Any, Literal
 from orchestrator import kinds
 from orchestrator.contract import (
     EXPORT_FORMATS,
+    KERAS_DEFAULT,
+    KERAS_SETTINGS,
+    LEGACY_KERAS_ENV,
     RESERVED_ENV_PREFIXES,
     device_setting_problems,
     task_problem,
@@ -105,6 +108,8 @@ class Job:
     profile_steps: tuple[int, int] | None = None  # chief traces steps [start, end] for TensorBoard
     eval_every: int | None = None  # steps between evaluations (a task with an eval_dataset)
     export: Literal["keras", "saved_model"] | None = None  # the model, at the end of a good run
+    # "legacy": tf.keras is Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1) on every worker.
+    keras: str = KERAS_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,7 @@ JOB_KEYS: dict[str, Checker] = {
     "profile_steps": integers(1, length=2),
     "eval_every": POSITIVE,
     "export": choice(*EXPORT_FORMATS),
+    "keras": choice(*KERAS_SETTINGS),
 }
 
 Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
@@ -227,14 +233,19 @@ def load_inventory(path: str | Path) -> Inventory:
     except OSError as exc:
         report.add(None, "", f"cannot read the file: {exc.strerror or exc}")
         raise InventoryError(report.problems, hint="check the path of the inventory file") from exc
+    return load_inventory_text(text, str(path), source.resolve().parent, source.stem)
+
+
+def load_inventory_text(text: str, label: str, base_dir: Path, stem: str) -> Inventory:
+    """An inventory held in memory (`orchestrate local`'s), read as if it were the file `label`
+    in `base_dir`: relative paths resolve there, and local workers start there."""
+    report = _Report(label)
     try:
         document = parse(text)
     except YamlSyntaxError as exc:
         report.add(exc.line, "", exc.message)
         raise InventoryError(report.problems) from exc
-    inventory = parse_inventory(
-        document, report, base_dir=source.resolve().parent, stem=source.stem
-    )
+    inventory = parse_inventory(document, report, base_dir=base_dir, stem=stem)
     if report.problems or inventory is None:
         raise InventoryError(report.problems)
     return inventory
@@ -526,6 +537,11 @@ def _parse_env(block: LineMap, report: _Report) -> dict[str, str]:
             continue
         if key.startswith(RESERVED_ENV_PREFIXES):
             report.add(_line(raw, key), where, "is set by orchestrate for each worker")
+            continue
+        if key == LEGACY_KERAS_ENV:
+            report.add(_line(raw, key), where,
+                       "set 'job.keras: legacy' instead: orchestrate then sets it on every "
+                       "worker and checks that tf_keras is installed")  # fmt: skip
             continue
         value, problem = scalar_string(item)
         if problem:

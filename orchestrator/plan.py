@@ -19,6 +19,8 @@ from typing import Any
 from orchestrator.contract import (
     CHECKPOINT_DIR_ENV,
     EXPORT_DIR_NAME,
+    KERAS_LEGACY,
+    LEGACY_KERAS_ENV,
     PROGRESS_FILE,
     PROGRESS_FILE_ENV,
     RUN_DIR_ENV,
@@ -163,6 +165,8 @@ def plan_workers(
             PROGRESS_FILE_ENV: posixpath.join(run_dir, PROGRESS_FILE),
             CHECKPOINT_DIR_ENV: checkpoints,
         }
+        if inventory.job.keras == KERAS_LEGACY:
+            env[LEGACY_KERAS_ENV] = "1"  # tf.keras is Keras 2 (tf_keras), in scripts and tasks
         if inventory.job.script is not None and host.visible_gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.visible_gpus))
         # Workers that see this machine's files start where the inventory is, so a task module

@@ -8,6 +8,7 @@ from typing import Any
 
 from orchestrator.answers import WorkerProbe
 from orchestrator.backend import Backend
+from orchestrator.failures import classify_exit, explain
 from orchestrator.runstore import Restart, RunRecord, WorkerRecord
 from orchestrator.state import WorkerState, classify, overall
 
@@ -35,6 +36,9 @@ class WorkerStatus:
     finished_at: float | None
     devices: tuple[str, ...]
     log_tail: tuple[str, ...]
+    # For a failed worker with an exit record: failures.FailureKind's value and what to do.
+    failure_kind: str | None = None
+    hint: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "log_tail"}
@@ -81,6 +85,10 @@ def worker_status(
     )
     ended = exit_record.finished_at if exit_record and not alive else None
     uptime = ((ended or (probe.now if probe else 0.0)) - started) if started else None
+    kind = hint = None
+    if verdict.state is WorkerState.FAILED and exit_record is not None:
+        failure = classify_exit(exit_record.returncode, exit_record.log_tail)
+        kind, hint = failure.value, explain(failure, exit_record.log_tail)
     return WorkerStatus(
         name=worker.name,
         index=worker.index,
@@ -103,6 +111,8 @@ def worker_status(
         finished_at=exit_record.finished_at if exit_record else None,
         devices=progress.devices if progress else (),
         log_tail=exit_record.log_tail if exit_record else (),
+        failure_kind=kind,
+        hint=hint,
     )
 
 

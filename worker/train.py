@@ -33,6 +33,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from worker import kerasflavor
 from worker.config import STRATEGY_MIRRORED, ConfigError, DeviceSettings, WorkerConfig
 from worker.devices import configure_devices
 from worker.evaluation import EvalResult, Evaluator, correct_mask, has_integer_labels
@@ -158,6 +159,7 @@ def restore(state: TrainState, checkpoint_dir: str) -> int | None:
     the controller copies the chief's checkpoint to every host before the start.
     """
     latest = tf.train.latest_checkpoint(checkpoint_dir)
+    kerasflavor.check_restorable(checkpoint_dir, latest is not None)
     if latest is None:
         log(f"worker: no checkpoint in {checkpoint_dir}, starting at step 0")
         return None
@@ -304,6 +306,7 @@ class CheckpointSaver:
         self._manager = None
         self.saved_step: int | None = None  # the step of this run's last save
         if is_chief:
+            kerasflavor.record(config.checkpoint_dir)
             self._manager = tf.train.CheckpointManager(
                 state.checkpoint,
                 config.checkpoint_dir,

@@ -33,7 +33,7 @@ from orchestrator.cli.preflight import (
     show_findings,
 )
 from orchestrator.errors import MissingTool, PartialFailure, RunStateError
-from orchestrator.inventory import load_inventory
+from orchestrator.inventory import Inventory, load_inventory
 from orchestrator.lifecycle import DEFAULT_GRACE, StopReport, start_run
 from orchestrator.render import problems, progress_line, status_table
 from orchestrator.runstore import RunRecord, RunStore
@@ -91,6 +91,25 @@ def up(  # noqa: PLR0917 - click passes every option by position
     still active, 5 when a preflight check failed.
     """
     spec = load_inventory(inventory)
+    start_and_supervise(context, spec, str(inventory), detach=detach, skip_checks=skip_checks,
+                        probe_timeout=probe_timeout, min_free_gb=min_free_gb, interval=interval,
+                        with_dashboard=with_dashboard, dashboard_port=dashboard_port)  # fmt: skip
+
+
+def start_and_supervise(
+    context: Context,
+    spec: Inventory,
+    source: str,
+    *,
+    detach: bool,
+    skip_checks: bool,
+    probe_timeout: float,
+    min_free_gb: float,
+    interval: float,
+    with_dashboard: bool = False,
+    dashboard_port: int = DASHBOARD_PORT,
+) -> None:
+    """What `up` does with a loaded inventory (`orchestrate local` builds its own)."""
     with open_backend(spec) as backend:
         refuse_if_active(context.store, backend)
         if not skip_checks:
@@ -99,7 +118,7 @@ def up(  # noqa: PLR0917 - click passes every option by position
             if report.blocking:
                 raise blocking_error(report)
         errors.print(
-            f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) from {inventory}"
+            f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) from {source}"
         )
         record = start_run(
             spec,
