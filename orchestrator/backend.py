@@ -83,6 +83,12 @@ class Backend(ABC):
     def preflight_session(self, host: Host) -> LineSession:
         """A hostprobe session on the host (preflight.py's rounds)."""
 
+    def stream(self, host: Host, argv: Sequence[str]) -> Iterator[str]:
+        """Run a command on the host's machine, yielding its output lines (`setup:`)."""
+        from orchestrator.errors import HostError
+
+        raise HostError(host.name, "this backend cannot run commands on its hosts")
+
     def close(self) -> None:  # noqa: B027 - optional for backends that hold nothing
         """Release every connection."""
 

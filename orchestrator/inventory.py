@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from orchestrator import kinds
+from orchestrator.codesync import SyncSpec, parse_sync
 from orchestrator.contract import RESERVED_ENV_PREFIXES, device_setting_problems, task_problem
 from orchestrator.errors import InventoryError, Problem
+from orchestrator.hostsetup import parse_setup
 from orchestrator.kinds import Kind, NoSettings
 from orchestrator.paths import controller_path, is_loopback
 from orchestrator.values import (
@@ -107,6 +109,8 @@ class Inventory:
     job: Job
     # Hosts that replace a host found dead when the cluster is restarted (in order).
     spares: tuple[Host, ...] = ()
+    setup: tuple[str, ...] = ()  # shell commands run once per host before a start (hostsetup)
+    sync: SyncSpec | None = None  # a directory mirrored to every host before each start
 
 
 def _task(value: Any) -> Checked:
@@ -158,7 +162,7 @@ Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its l
 # takes exactly one; spares (and later min_hosts) apply to whatever it produced.
 HostSource = Callable[[LineMap, LineMap, "_Report", Path], list[Placed]]
 HOST_SOURCES: dict[str, HostSource] = {}
-TOP_KEYS: tuple[str, ...] = ("defaults", "hosts", "spares", "job")
+TOP_KEYS: tuple[str, ...] = ("defaults", "hosts", "ansible", "spares", "setup", "sync", "job")
 
 
 def _host_keys() -> dict[str, Checker]:
@@ -244,6 +248,10 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
     job = _parse_job(document, report, stem, base_dir)
     if job is not None:
         _check_job_fits_hosts(job, hosts, document, report)
+    setup = parse_setup(document["setup"], _line(document, "setup"), report) \
+        if "setup" in document else ()  # fmt: skip
+    sync = parse_sync(document["sync"], _line(document, "sync"), report, base_dir) \
+        if "sync" in document else None  # fmt: skip
     if job is None or report.problems:
         return None
     return Inventory(
@@ -252,6 +260,8 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
         hosts=tuple(hosts),
         job=job,
         spares=tuple(host for _, _, host in spares),
+        setup=setup,
+        sync=sync,
     )
 
 
@@ -291,7 +301,8 @@ def _workers(document: LineMap, defaults: LineMap, report: _Report, base: Path) 
                    f"set exactly one of {', '.join(present)}: each lists the workers")  # fmt: skip
         return []
     if not present:
-        report.add(document.line, "hosts", "missing; list at least one host")
+        report.add(document.line, "hosts", "missing; list at least one host (or name an "
+                   "Ansible inventory with 'ansible:')")  # fmt: skip
         return []
     return HOST_SOURCES[present[0]](document, defaults, report, base)
 
@@ -511,3 +522,7 @@ def _parse_env(block: LineMap, report: _Report) -> dict[str, str]:
 
 
 HOST_SOURCES["hosts"] = _parse_hosts
+# The `ansible:` source reuses this module's host parsing, so it registers after it exists.
+from orchestrator import ansiblesource  # noqa: E402
+
+HOST_SOURCES["ansible"] = ansiblesource.parse_ansible

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import kinds
+from orchestrator.codesync import SyncSpec
 from orchestrator.errors import RunStateError
 from orchestrator.inventory import Host, Inventory, Job
 
@@ -117,7 +118,15 @@ def _inventory(data: dict[str, Any]) -> Inventory:
         hosts=tuple(_host(h) for h in data["hosts"]),
         job=Job(**job),
         spares=tuple(_host(h) for h in data.get("spares", ())),
+        setup=tuple(data.get("setup", ())),
+        sync=_sync(data.get("sync")),
     )
+
+
+def _sync(data: dict[str, Any] | None) -> SyncSpec | None:
+    if data is None:
+        return None
+    return SyncSpec(data["source"], tuple(data.get("exclude", ())), bool(data.get("git")))
 
 
 class RunStore:

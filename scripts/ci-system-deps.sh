@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the Debian packages the network-namespace integration tests need
-# (tests/integration/test_netns_cluster.py, tests/cluster/) and the browser test of the
+# (tests/integration/test_netns_cluster.py, tests/cluster/, the code-sync tests) and the browser test of the
 # dashboard (tests/integration/test_dashboard_browser.py).
 #
 # Idempotent: installs only what is missing and never starts a system sshd. The tests
@@ -11,7 +11,8 @@
 set -euo pipefail
 
 # chromium + chromium-driver: the dashboard test drives a real headless browser.
-readonly PACKAGES=(openssh-server openssh-client iproute2 iptables procps shellcheck python3-venv
+# rsync: `sync:` mirrors a directory to every host with rsync over OpenSSH (both ends need it).
+readonly PACKAGES=(openssh-server openssh-client iproute2 iptables procps shellcheck python3-venv rsync
     chromium chromium-driver)
 readonly POLICY_RC=/usr/sbin/policy-rc.d
 
