@@ -40,8 +40,10 @@ DIRECT = {
     "ansible_ssh_private_key_file": "ssh_key",
 }
 AUTO_INTERPRETERS = ("auto", "auto_silent", "auto_legacy", "auto_legacy_silent")
-SSH_CONNECTIONS = ("ssh", "paramiko", "smart")
+# Ansible's connection plugins -> our connection kinds (anything else is rejected by the checker).
+CONNECTIONS = {"ssh": "ssh", "paramiko": "ssh", "smart": "ssh", "local": "local"}
 _DIGITS = re.compile(r"^\d+$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class AnsibleInventoryError(Exception):
@@ -130,10 +132,8 @@ def host_entry(name: str, variables: dict[str, Any], port_var: str, known: Any) 
     if python is not None and str(python) not in AUTO_INTERPRETERS:
         entry["python"] = python
     connection = variables.get("ansible_connection")
-    if connection == "local":
-        entry["connection"] = "local"
-    elif connection is not None and connection not in SSH_CONNECTIONS:
-        entry["connection"] = f"ansible_connection={connection}"  # rejected by the checker
+    if connection is not None:
+        entry["connection"] = CONNECTIONS.get(str(connection), f"ansible_connection={connection}")
     for variable, value in variables.items():
         if variable.startswith("orchestrate_") and variable[len("orchestrate_") :] in known:
             entry[variable[len("orchestrate_") :]] = value
@@ -151,17 +151,17 @@ MAPPED = ("ansible_host", *DIRECT, "ansible_python_interpreter", "ansible_connec
 def read_hosts(path: Path, group: str, port_var: str) -> list[tuple[str, dict[str, Any]]]:
     """The hosts of `group` in Ansible's order with their variables (group_vars, host_vars and
     templates resolved). Raises ImportError without ansible-core."""
+    from ansible import constants
+    from ansible.errors import AnsibleError
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from ansible.vars.manager import VariableManager
+
     captured = io.StringIO()
     # Ansible reports parse failures as warnings on the terminal and then raises a generic
     # error: keep what it printed, it is the useful part.
     with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
-        from ansible import constants
-        from ansible.errors import AnsibleError
-        from ansible.inventory.manager import InventoryManager
-        from ansible.parsing.dataloader import DataLoader
-        from ansible.template import Templar
-        from ansible.vars.manager import VariableManager
-
         constants.INVENTORY_ANY_UNPARSED_IS_FAILED = True
         wanted = {*MAPPED, port_var}
         loader = DataLoader()
@@ -184,9 +184,9 @@ def read_hosts(path: Path, group: str, port_var: str) -> list[tuple[str, dict[st
 
 
 def _ansible_message(exc: Exception, printed: str) -> str:
-    lines = [line.strip() for line in printed.splitlines()]
-    said = [line.removeprefix("[WARNING]:").strip() for line in lines
-            if line and not line.startswith(("<<<", "Origin:"))]  # fmt: skip
+    plain = _ANSI.sub("", printed)  # Ansible colours its output when it thinks it may
+    said = [line.removeprefix("[WARNING]:").strip() for line in plain.splitlines()
+            if line.startswith("[WARNING]:")]  # fmt: skip
     details = list(dict.fromkeys(said))[:4]
     message = getattr(exc, "message", None) or str(exc)
     return "; ".join([*details, message]) if details else message
