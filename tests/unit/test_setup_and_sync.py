@@ -72,6 +72,26 @@ def test_a_failing_command_names_the_host_its_exit_code_and_output(tmp_path: Pat
     assert not (job / "never").exists() and not (job / MARKER).exists()
 
 
+def test_spares_are_set_up_at_the_first_start_too(tmp_path: Path):
+    inventory = local_inventory(tmp_path, ["pwd > where"], hosts=1)
+    text = (
+        (tmp_path / "inv.yaml")
+        .read_text()
+        .replace(
+            "setup:",
+            "spares:\n  - {name: s0, address: localhost, port: 23100, workdir: ./spare}\nsetup:",
+        )
+    )
+    (tmp_path / "inv.yaml").write_text(text)
+    inventory = load_inventory(tmp_path / "inv.yaml")
+    said = prepare(inventory, spares=True)
+    assert (tmp_path / "spare" / "demo" / "where").read_text().strip() == str(
+        tmp_path / "spare" / "demo"
+    )
+    assert "setup done on w0, s0" in said
+    assert prepare(inventory)[-1].startswith("setup unchanged on w0")  # without spares: w0 only
+
+
 def test_setup_must_be_a_list_of_commands(tmp_path: Path):
     (tmp_path / "train.py").write_text("")
     (tmp_path / "inv.yaml").write_text(
