@@ -163,3 +163,24 @@ def test_a_script_inside_the_synced_tree_runs_from_the_mirror(tmp_path: Path):
     (spec,) = plan_workers(inventory, "r1", {"a": "/home/u/orchestrate"})
     assert spec.argv[1] == "/home/u/orchestrate/demo/code/bin/train.py"
     assert spec.cwd == "/home/u/orchestrate/demo/code" and spec.uploads == ()
+
+
+def test_setup_and_sync_survive_the_run_record(tmp_path: Path):
+    """The detached supervisor reads them back from the record for every restart."""
+    import json
+
+    from orchestrator.runstore import RunRecord
+
+    (tmp_path / "src").mkdir()
+    inventory = local_inventory(tmp_path, ["echo a", "echo b"])
+    text = (
+        (tmp_path / "inv.yaml")
+        .read_text()
+        .replace("job:", 'sync: {source: src, exclude: ["*.tmp"]}\njob:')
+    )
+    (tmp_path / "inv.yaml").write_text(text)
+    inventory = load_inventory(tmp_path / "inv.yaml")
+    record = RunRecord(run_id="r1", inventory=inventory, created_at=0.0)
+    again = RunRecord.from_json(json.loads(json.dumps(record.to_json())))
+    assert again.inventory.setup == ("echo a", "echo b")
+    assert again.inventory.sync == SyncSpec(str(tmp_path / "src"), ("*.tmp",))
