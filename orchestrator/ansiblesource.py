@@ -58,6 +58,13 @@ class MissingGroup(Exception):
 
 def parse_ansible(
     document: LineMap, defaults: LineMap, report: _Report, base: Path
+) -> tuple[list[Placed], None]:
+    """The host source's entry point (inventory.HOST_SOURCES): the workers, no scheduler."""
+    return _ansible_hosts(document, defaults, report, base), None
+
+
+def _ansible_hosts(
+    document: LineMap, defaults: LineMap, report: _Report, base: Path
 ) -> list[Placed]:
     from orchestrator.inventory import _host_keys, _parse_host  # this source is its plug-in
 

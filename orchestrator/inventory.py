@@ -15,11 +15,17 @@ from typing import Any, Literal
 
 from orchestrator import kinds
 from orchestrator.codesync import SyncSpec, parse_sync
-from orchestrator.contract import RESERVED_ENV_PREFIXES, device_setting_problems, task_problem
+from orchestrator.contract import (
+    EXPORT_FORMATS,
+    RESERVED_ENV_PREFIXES,
+    device_setting_problems,
+    task_problem,
+)
 from orchestrator.errors import InventoryError, Problem
 from orchestrator.hostsetup import parse_setup
 from orchestrator.kinds import Kind, NoSettings
 from orchestrator.paths import controller_path, is_loopback
+from orchestrator.slurm.spec import SlurmSpec
 from orchestrator.values import (
     NAME_PATTERN,
     PORT,
@@ -99,6 +105,8 @@ class Job:
     permanent_exit_codes: tuple[int, ...] = (2,)  # 2: the worker's usage errors never heal
     strategy: Literal["multi-worker", "mirrored"] = "multi-worker"
     profile_steps: tuple[int, int] | None = None  # chief traces steps [start, end] for TensorBoard
+    eval_every: int | None = None  # steps between evaluations (a task with an eval_dataset)
+    export: Literal["keras", "saved_model"] | None = None  # the model, at the end of a good run
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,13 @@ class Inventory:
     spares: tuple[Host, ...] = ()
     setup: tuple[str, ...] = ()  # shell commands run once per host before a start (hostsetup)
     sync: SyncSpec | None = None  # a directory mirrored to every host before each start
+    # The `slurm:` block when Slurm places the workers (then `hosts` are its tasks).
+    slurm: SlurmSpec | None = None
+
+    @property
+    def host_source(self) -> str:
+        """Which top-level block listed the workers: 'hosts' or 'slurm'."""
+        return "slurm" if self.slurm is not None else "hosts"
 
 
 def _task(value: Any) -> Checked:
@@ -155,14 +170,17 @@ JOB_KEYS: dict[str, Checker] = {
     "permanent_exit_codes": integer(1, 255),  # checked per item
     "strategy": choice("multi-worker", "mirrored"),
     "profile_steps": integers(1, length=2),
+    "eval_every": POSITIVE,
+    "export": choice(*EXPORT_FORMATS),
 }
 
 Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
-# A host source turns its top-level block into the workers, in TF_CONFIG order. An inventory
-# takes exactly one; spares (and later min_hosts) apply to whatever it produced.
-HostSource = Callable[[LineMap, LineMap, "_Report", Path], list[Placed]]
+# A host source turns its top-level block into the workers, in TF_CONFIG order, and the
+# scheduler's settings if a scheduler places them. An inventory takes exactly one; spares (and
+# later min_hosts) apply to whatever it produced.
+HostSource = Callable[[LineMap, LineMap, "_Report", Path], tuple[list[Placed], Any]]
 HOST_SOURCES: dict[str, HostSource] = {}
-TOP_KEYS: tuple[str, ...] = ("defaults", "hosts", "ansible", "spares", "setup", "sync", "job")
+TOP_KEYS: tuple[str, ...] = ("defaults", "spares", "setup", "sync", "job")
 
 
 def _host_keys() -> dict[str, Checker]:
@@ -232,7 +250,7 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
             None, "", f"expected a mapping with 'hosts:' and 'job:', got {describe(document)}"
         )
         return None
-    report.unknown_keys(document, TOP_KEYS, "")
+    report.unknown_keys(document, (*HOST_SOURCES, *TOP_KEYS), "")
     defaults = document.get("defaults") or LineMap()  # an empty `defaults:` is None in YAML
     if not isinstance(defaults, LineMap):
         report.add(_line(document, "defaults"), "defaults", "expected a mapping of host keys")
@@ -241,7 +259,7 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
     for key in PER_HOST_ONLY:
         if key in defaults:
             report.add(_line(defaults, key), f"defaults.{key}", "must be set on each host")
-    placed = _workers(document, defaults, report, base_dir)
+    placed, scheduler = _workers(document, defaults, report, base_dir)
     spares = _parse_hosts(document, defaults, report, base_dir, key="spares")
     _check_unique_hosts(placed + spares, report)
     hosts = [host for _, _, host in placed]
@@ -252,6 +270,10 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
         if "setup" in document else ()  # fmt: skip
     sync = parse_sync(document["sync"], _line(document, "sync"), report, base_dir) \
         if "sync" in document else None  # fmt: skip
+    for key in ("setup", "sync"):
+        if key in document and isinstance(scheduler, SlurmSpec):
+            report.add(_line(document, key), key, "applies to hosts reached over SSH (hosts: "
+                       "or ansible:); on Slurm, prepare the nodes' shared environment")  # fmt: skip
     if job is None or report.problems:
         return None
     return Inventory(
@@ -262,6 +284,7 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
         spares=tuple(host for _, _, host in spares),
         setup=setup,
         sync=sync,
+        slurm=scheduler if isinstance(scheduler, SlurmSpec) else None,
     )
 
 
@@ -289,21 +312,26 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
                     "GPU memory settings apply to the built-in loop (job.task); "
                     "a script sets them itself",
                 )
-        for key in ("strategy", "profile_steps"):
+        for key in ("strategy", "profile_steps", "eval_every", "export"):
             if key in block:
                 report.add(_line(block, key), f"job.{key}", "applies to job.task only")
 
 
-def _workers(document: LineMap, defaults: LineMap, report: _Report, base: Path) -> list[Placed]:
+def _workers(
+    document: LineMap, defaults: LineMap, report: _Report, base: Path
+) -> tuple[list[Placed], Any]:
     present = [key for key in HOST_SOURCES if key in document]
     if len(present) > 1:
-        report.add(_line(document, present[1]), present[1],
-                   f"set exactly one of {', '.join(present)}: each lists the workers")  # fmt: skip
-        return []
+        report.add(
+            _line(document, present[1]),
+            present[1],
+            f"set exactly one of {', '.join(HOST_SOURCES)}: each lists the workers",
+        )
+        return [], None
     if not present:
-        report.add(document.line, "hosts", "missing; list at least one host (or name an "
-                   "Ansible inventory with 'ansible:')")  # fmt: skip
-        return []
+        sources = ", ".join(HOST_SOURCES)
+        report.add(document.line, "hosts", f"missing; list the workers with one of {sources}")
+        return [], None
     return HOST_SOURCES[present[0]](document, defaults, report, base)
 
 
@@ -521,7 +549,23 @@ def _parse_env(block: LineMap, report: _Report) -> dict[str, str]:
     return env
 
 
-HOST_SOURCES["hosts"] = _parse_hosts
+def _hosts_source(
+    document: LineMap, defaults: LineMap, report: _Report, base: Path
+) -> tuple[list[Placed], None]:
+    return _parse_hosts(document, defaults, report, base), None
+
+
+def _slurm_source(
+    document: LineMap, _defaults: LineMap, report: _Report, base: Path
+) -> tuple[list[Placed], SlurmSpec | None]:
+    from orchestrator.slurm.source import parse_slurm, slurm_workers
+
+    spec = parse_slurm(document, report, base)
+    return (slurm_workers(spec, base) if spec else []), spec
+
+
+HOST_SOURCES["hosts"] = _hosts_source
+HOST_SOURCES["slurm"] = _slurm_source
 # The `ansible:` source reuses this module's host parsing, so it registers after it exists.
 from orchestrator import ansiblesource  # noqa: E402
 

@@ -58,6 +58,9 @@ def launch_attempt(
     record = replace(record, workers=tuple(_record(spec) for spec in specs))
     store.save(record)  # before launching: a half-started run can still be found and stopped
     started = backend.start(specs)
+    if (job := backend.submitted_job()) is not None:
+        record = replace(record, scheduler_jobs=(*record.scheduler_jobs, job))
+        say(f"submitted batch job {job}")
     for spec in specs:
         if spec.name in started.ok:
             say(f"started {spec.name} ({spec.host.endpoint})")

@@ -308,6 +308,9 @@ def run_preflight(
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
     min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
 ) -> PreflightReport:
+    own = backend.own_preflight(inventory, probe_timeout, min_free_bytes)
+    if own is not None:  # a scheduler checks its own way (its nodes are not known yet)
+        return own
     early = address_findings(inventory)
     if early:
         return PreflightReport(tuple(early))  # rejected before any connection

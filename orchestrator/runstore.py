@@ -29,6 +29,7 @@ from orchestrator import kinds
 from orchestrator.codesync import SyncSpec
 from orchestrator.errors import RunStateError
 from orchestrator.inventory import Host, Inventory, Job
+from orchestrator.slurm.spec import SlurmSpec
 
 DEFAULT_STATE_DIR = ".orchestrate"
 
@@ -73,6 +74,8 @@ class RunRecord:
     workers: tuple[WorkerRecord, ...] = field(default_factory=tuple)
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None  # why supervision gave up, when it did
+    # A scheduler's job id for each attempt, in order (Slurm: one batch job per attempt).
+    scheduler_jobs: tuple[str, ...] = ()
 
     @property
     def job_name(self) -> str:
@@ -92,6 +95,7 @@ class RunRecord:
                 "inventory": _inventory(data["inventory"]),
                 "workers": workers,
                 "restarts": tuple(Restart(**r) for r in data.get("restarts", ())),
+                "scheduler_jobs": tuple(data.get("scheduler_jobs", ())),
             }
         )
 
@@ -120,7 +124,15 @@ def _inventory(data: dict[str, Any]) -> Inventory:
         spares=tuple(_host(h) for h in data.get("spares", ())),
         setup=tuple(data.get("setup", ())),
         sync=_sync(data.get("sync")),
+        slurm=_slurm(data.get("slurm")),
     )
+
+
+def _slurm(data: dict[str, Any] | None) -> SlurmSpec | None:
+    if data is None:  # a record of a run on hosts (or from before Slurm was a host source)
+        return None
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return SlurmSpec(**fields)
 
 
 def _sync(data: dict[str, Any] | None) -> SyncSpec | None:
@@ -153,6 +165,10 @@ class RunStore:
     def event_dir(self, job_name: str) -> Path:
         """Where a remote chief's TensorBoard event files are pulled to."""
         return self.root.resolve() / "tensorboard" / job_name
+
+    def export_dir(self, job_name: str) -> Path:
+        """Where `pull-export` puts a remote chief's exported model."""
+        return self.root.resolve() / "export" / job_name
 
     def tensorboard_log(self) -> Path:
         return self.root / "tensorboard.log"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,8 @@ class WorkerStatus:
     accuracy: float | None
     checkpoint_step: int | None
     steps_per_sec: float | None
+    val_loss: float | None  # the latest evaluation of this attempt, over the whole eval split
+    val_accuracy: float | None
     uptime: float | None
     cpu_percent: float | None
     rss_bytes: int | None
@@ -48,6 +51,7 @@ class RunStatus:
     attempt: int = 0
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None
+    scheduler: Mapping[str, Any] | None = None  # a scheduler's view of the attempt (Slurm job)
 
     def to_json(self) -> dict[str, Any]:
         last = self.restarts[-1] if self.restarts else None
@@ -59,6 +63,7 @@ class RunStatus:
             "restarts": len(self.restarts),
             "last_restart": last.__dict__ if last else None,
             "outcome": self.outcome,
+            "scheduler": dict(self.scheduler) if self.scheduler else None,
             "workers": [w.to_json() for w in self.workers],
         }
 
@@ -79,7 +84,7 @@ def worker_status(
     return WorkerStatus(
         name=worker.name,
         index=worker.index,
-        host=worker.host.address,
+        host=(probe.node if probe else None) or worker.host.address,
         state=verdict.state,
         reason=unreachable or verdict.reason,
         pid=(probe.worker_pid if probe else None) or worker.pid,
@@ -89,6 +94,8 @@ def worker_status(
         accuracy=progress.accuracy if progress else None,
         checkpoint_step=progress.checkpoint_step if progress else None,
         steps_per_sec=progress.steps_per_sec if progress else None,
+        val_loss=progress.val_loss if progress else None,
+        val_accuracy=progress.val_accuracy if progress else None,
         uptime=uptime,
         cpu_percent=usage.cpu_percent if usage and alive else None,
         rss_bytes=usage.rss_bytes if usage and alive else None,
@@ -114,6 +121,7 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         attempt=record.attempt,
         restarts=record.restarts,
         outcome=record.outcome,
+        scheduler=backend.scheduler_state(record),
         state=overall(s.state for s in statuses),
         workers=tuple(statuses),
     )

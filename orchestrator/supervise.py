@@ -22,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orchestrator.backend import Backend
+from orchestrator.backend import Backend, open_backend
 from orchestrator.checkpoints import Mirror
+from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.dashboard.snapshot import write_snapshot
 from orchestrator.errors import (
     HostErrors,
@@ -106,6 +107,16 @@ def first_failure(status: RunStatus) -> Failure | None:
     return Failure(first.name, kind, first.reason or "failed", first.step, first.exit_code)
 
 
+def preemption(status: RunStatus) -> Failure | None:
+    """A run whose workers all saved and exited 75 (SIGTERM from a scheduler): a failure to
+    recover from where the backend resubmits preempted attempts."""
+    if not status.workers or any(w.exit_code != EXIT_PREEMPTED for w in status.workers):
+        return None
+    chief = status.workers[0]
+    return Failure(chief.name, FailureKind.PREEMPTED, "preempted: saved a checkpoint and exited",
+                   chief.checkpoint_step, EXIT_PREEMPTED)  # fmt: skip
+
+
 def give_up_reason(failure: Failure, restarts: tuple[Restart, ...], job: Job) -> str | None:
     """Why the run ends instead of restarting, or None."""
     if len(restarts) >= job.max_restarts:
@@ -124,8 +135,12 @@ def conclude(final: RunStatus, record: RunRecord) -> str:
     if final.state is WorkerState.SUCCEEDED:
         steps = max((w.step or 0) for w in final.workers)
         restarts = f" after {len(record.restarts)} restart(s)" if record.restarts else ""
+        chief = final.workers[0]
+        evaluated = ""
+        if chief.val_accuracy is not None:  # the final evaluation, over the whole eval split
+            evaluated = f"; val_loss {chief.val_loss:.4g} val_accuracy {chief.val_accuracy:.3f}"
         return (
-            f"job {final.job} succeeded at step {steps}{restarts}; "
+            f"job {final.job} succeeded at step {steps}{restarts}{evaluated}; "
             f"checkpoints in {record.workers[0].checkpoint_dir}"
         )
     if any(w.reason and "preempted" in w.reason for w in final.workers):
@@ -215,7 +230,9 @@ def refuse_if_active(store: RunStore, backend: Backend) -> None:
         return
     previous = store.load()
     supervised = SupervisorLock(store.lock_path(previous.run_id)).held_elsewhere()
-    status = collect_status(previous, backend)
+    # The earlier run may live elsewhere (hosts, or a Slurm cluster): ask its own backend.
+    with open_backend(previous.inventory) as own:
+        status = collect_status(previous, own)
     if status.state in ACTIVE or supervised:
         state = status.state.value if status.state in ACTIVE else "being restarted"
         raise RunStateError(
@@ -283,9 +300,15 @@ class Supervisor:
             status = collect_status(self.record, self.backend)
             self.show(status)
             write_snapshot(self.store, status)  # the dashboard serves this; no second probe
+            stopping = self.store.stop_flag(self.record.run_id).exists()
+            if status.state is WorkerState.STOPPED and not stopping:
+                preempted = preemption(status) if self.backend.resubmits_preempted else None
+                if preempted is not None:
+                    self._recover(preempted)
+                    continue
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
                 return status
-            if self.store.stop_flag(self.record.run_id).exists():
+            if stopping:
                 # `down` is stopping the run: what ends now is no failure to recover from.
                 if status.state.finished:
                     return status

@@ -5,6 +5,7 @@
 
 from orchestrator.cli import (  # noqa: F401 - they register commands
     dashboard,
+    export,
     hosts,
     preflight,
     run,

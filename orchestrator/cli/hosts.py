@@ -90,6 +90,6 @@ def setup(inventory: Path, force: bool) -> None:
     if not spec.setup and spec.sync is None:
         errors.print(f"{inventory} has neither 'setup:' nor 'sync:'; nothing to do")
         return
-    with open_backend() as backend:
+    with open_backend(spec) as backend:
         prepare_before_checks(spec, backend, force)
     errors.print("hosts ready")

@@ -89,8 +89,9 @@ def up(  # noqa: PLR0917 - click passes every option by position
     dashboard_port: int,
     force_setup: bool,
 ) -> None:
-    """Validate INVENTORY, run the preflight checks (see 'orchestrate check'), start every worker
-    detached, and watch them until the job ends.
+    """Validate INVENTORY, mirror its 'sync:' directory and run its 'setup:' commands where they
+    have not run yet (see 'orchestrate setup'), run the preflight checks (see 'orchestrate
+    check'), start every worker detached, and watch them until the job ends.
 
     The workers keep running if this command is interrupted or its terminal closes; Ctrl-C only
     stops watching. Exit status: 0 when every worker succeeded, 1 when the job failed, 2 for an
@@ -98,7 +99,7 @@ def up(  # noqa: PLR0917 - click passes every option by position
     still active, 5 when a preflight check failed.
     """
     spec = load_inventory(inventory)
-    with open_backend() as backend:
+    with open_backend(spec) as backend:
         refuse_if_active(context.store, backend)
         # Setup may install what the checks look for (the python, TensorFlow): it goes first.
         prepared = prepare_before_checks(spec, backend, force_setup)
@@ -216,7 +217,7 @@ def _finish(final: RunStatus, record: RunRecord) -> None:
 def supervise(context: Context, run_id: str, interval: float) -> None:
     """Supervise RUN_ID in this process (started detached by 'up --detach')."""
     record = context.store.load(run_id)
-    with open_backend() as backend:
+    with open_backend(record.inventory) as backend:
         _supervise_here(context.store, backend, record, interval)
 
 
@@ -231,7 +232,7 @@ def attach(context: Context, run_id: str | None, interval: float) -> None:
     takes over supervision, restarts included. Ctrl-C leaves the workers running.
     """
     record = context.store.load(run_id)
-    with open_backend() as backend:
+    with open_backend(record.inventory) as backend:
         lock = SupervisorLock(context.store.lock_path(record.run_id))
         if not lock.held_elsewhere():
             errors.print(f"run {record.run_id}: nothing supervises it; supervising it here")
@@ -267,7 +268,7 @@ def down(context: Context, grace: float | None, save: bool, run_id: str | None) 
     and exits; --save waits for that and says at which step. A supervisor of the run stops too.
     """
     grace = grace if grace is not None else (300.0 if save else DEFAULT_GRACE)
-    with open_backend() as backend:
+    with open_backend(context.store.load(run_id).inventory) as backend:
         record, report = stop_everything(context.store, backend, run_id, grace)
         final = collect_status(record, backend) if save else None
     for name, outcome in report.outcome.items():

@@ -1,4 +1,4 @@
-"""`status`, `tail` and `tensorboard`: looking at a run."""
+"""`status`, `tail`, `tensorboard` and `pull-export`: looking at a run and what it made."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -22,6 +23,7 @@ from orchestrator.cli.app import (
 from orchestrator.errors import (
     MissingTool,
 )
+from orchestrator.exports import export_is_remote, local_export, pull_export
 from orchestrator.logs import follow, last_lines, select_workers
 from orchestrator.render import (
     problems,
@@ -38,7 +40,7 @@ from orchestrator.tensorboard import events_are_remote, local_event_dir, pull_ev
 def status(context: Context, as_json: bool, run_id: str | None) -> None:
     """Show each worker's state, pid, step, loss, checkpoint step, uptime, CPU and memory."""
     record = context.store.load(run_id)
-    with open_backend() as backend:
+    with open_backend(record.inventory) as backend:
         result = collect_status(record, backend)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
@@ -69,7 +71,7 @@ def tail_command(
         w.name: click.style(f"{w.name:<{width}} |", fg=colors[w.index % len(colors)])
         for w in workers
     }
-    with open_backend() as backend:
+    with open_backend(record.inventory) as backend:
         stream = (
             follow(workers, backend, lines) if follow_logs else last_lines(workers, backend, lines)
         )
@@ -105,7 +107,7 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
         )
     record = context.store.load(run_id)
     logdir = local_event_dir(record, context.store)
-    with open_backend() as backend:
+    with open_backend(record.inventory) as backend:
         pulled = pull_events(record, backend, logdir)
         if pulled:
             errors.print(f"pulled {pulled} event file(s) from {record.workers[0].name}")
@@ -134,3 +136,37 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
         f"TensorBoard exited {server.returncode}: {last[0]}",
         hint=f"is port {port} free? try --port; its log is {server_log}",
     )
+
+
+@cli.command(name="pull-export")
+@click.option(
+    "--to",
+    "target",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where to put it (replaced whole). Default: {state-dir}/export/{job}/ for a remote "
+    "chief; a local chief's export is already on this machine and is only copied with --to.",
+)
+@run_option
+@pass_context
+def pull_export_command(context: Context, target: Path | None, run_id: str | None) -> None:
+    """Copy the model the chief exported (job key export:) to this machine; print its path.
+
+    The chief writes {workdir}/{job}/export/ at the end of a successful run: model.keras for
+    'export: keras', a SavedModel directory saved_model/ for 'export: saved_model'.
+    """
+    record = context.store.load(run_id)
+    chief = record.workers[0]
+    if not export_is_remote(record) and target is None:
+        source = local_export(record)
+        errors.print(f"{chief.name} shares this machine's files: its export is read in place")
+        click.echo(str(source))
+        return
+    with open_backend() as backend:
+        pulled = pull_export(record, backend, target or context.store.export_dir(record.job_name))
+    errors.print(
+        f"copied {pulled.files} file(s) ({pulled.size_bytes / 2**20:.1f} MiB) of "
+        f"{chief.name}'s export {pulled.source} to {pulled.target}",
+        markup=False,
+        highlight=False,
+    )
+    click.echo(str(pulled.target))
