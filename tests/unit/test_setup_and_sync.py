@@ -184,3 +184,17 @@ def test_setup_and_sync_survive_the_run_record(tmp_path: Path):
     again = RunRecord.from_json(json.loads(json.dumps(record.to_json())))
     assert again.inventory.setup == ("echo a", "echo b")
     assert again.inventory.sync == SyncSpec(str(tmp_path / "src"), ("*.tmp",))
+
+
+def test_setup_and_sync_are_refused_on_slurm(tmp_path: Path):
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "inv.yaml").write_text(
+        "slurm: {nodes: 2, time: '1:00:00'}\nsetup: [echo hi]\nsync: src\n"
+        "job: {name: demo, script: train.py}\n"
+    )
+    with pytest.raises(InventoryError) as raised:
+        load_inventory(tmp_path / "inv.yaml")
+    text = raised.value.message
+    assert "inv.yaml:2: setup: applies to hosts reached over SSH" in text
+    assert "inv.yaml:3: sync: applies to hosts reached over SSH" in text
