@@ -88,6 +88,12 @@ class Backend(ABC):
     def preflight_session(self, host: Host) -> LineSession:
         """A hostprobe session on the host (preflight.py's rounds)."""
 
+    def stream(self, host: Host, argv: Sequence[str]) -> Iterator[str]:
+        """Run a command on the host's machine, yielding its output lines (`setup:`)."""
+        from orchestrator.errors import HostError
+
+        raise HostError(host.name, "this backend cannot run commands on its hosts")
+
     # --- what a scheduler adds (hosts have none of it) -----------------------------------------
     def submitted_job(self) -> str | None:
         """The scheduler's job id of the attempt the last start() submitted."""

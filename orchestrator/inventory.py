@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from orchestrator import kinds
+from orchestrator.codesync import SyncSpec, parse_sync
 from orchestrator.contract import (
     EXPORT_FORMATS,
     KERAS_DEFAULT,
@@ -24,6 +25,7 @@ from orchestrator.contract import (
     task_problem,
 )
 from orchestrator.errors import InventoryError, Problem
+from orchestrator.hostsetup import parse_setup
 from orchestrator.kinds import Kind, NoSettings
 from orchestrator.paths import controller_path, is_loopback
 from orchestrator.slurm.spec import SlurmSpec
@@ -120,6 +122,8 @@ class Inventory:
     job: Job
     # Hosts that replace a host found dead when the cluster is restarted (in order).
     spares: tuple[Host, ...] = ()
+    setup: tuple[str, ...] = ()  # shell commands run once per host before a start (hostsetup)
+    sync: SyncSpec | None = None  # a directory mirrored to every host before each start
     # The `slurm:` block when Slurm places the workers (then `hosts` are its tasks).
     slurm: SlurmSpec | None = None
 
@@ -182,7 +186,7 @@ Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its l
 # later min_hosts) apply to whatever it produced.
 HostSource = Callable[[LineMap, LineMap, "_Report", Path], tuple[list[Placed], Any]]
 HOST_SOURCES: dict[str, HostSource] = {}
-TOP_KEYS: tuple[str, ...] = ("defaults", "spares", "job")
+TOP_KEYS: tuple[str, ...] = ("defaults", "spares", "setup", "sync", "job")
 
 
 def _host_keys() -> dict[str, Checker]:
@@ -273,6 +277,14 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
     job = _parse_job(document, report, stem, base_dir)
     if job is not None:
         _check_job_fits_hosts(job, hosts, document, report)
+    setup = parse_setup(document["setup"], _line(document, "setup"), report) \
+        if "setup" in document else ()  # fmt: skip
+    sync = parse_sync(document["sync"], _line(document, "sync"), report, base_dir) \
+        if "sync" in document else None  # fmt: skip
+    for key in ("setup", "sync"):
+        if key in document and isinstance(scheduler, SlurmSpec):
+            report.add(_line(document, key), key, "applies to hosts reached over SSH (hosts: "
+                       "or ansible:); on Slurm, prepare the nodes' shared environment")  # fmt: skip
     if job is None or report.problems:
         return None
     return Inventory(
@@ -281,6 +293,8 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
         hosts=tuple(hosts),
         job=job,
         spares=tuple(host for _, _, host in spares),
+        setup=setup,
+        sync=sync,
         slurm=scheduler if isinstance(scheduler, SlurmSpec) else None,
     )
 
@@ -568,3 +582,7 @@ def _slurm_source(
 
 HOST_SOURCES["hosts"] = _hosts_source
 HOST_SOURCES["slurm"] = _slurm_source
+# The `ansible:` source reuses this module's host parsing, so it registers after it exists.
+from orchestrator import ansiblesource  # noqa: E402
+
+HOST_SOURCES["ansible"] = ansiblesource.parse_ansible

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import kinds
+from orchestrator.codesync import SyncSpec
 from orchestrator.errors import RunStateError
 from orchestrator.inventory import Host, Inventory, Job
 from orchestrator.slurm.spec import SlurmSpec
@@ -121,6 +122,8 @@ def _inventory(data: dict[str, Any]) -> Inventory:
         hosts=tuple(_host(h) for h in data["hosts"]),
         job=Job(**job),
         spares=tuple(_host(h) for h in data.get("spares", ())),
+        setup=tuple(data.get("setup", ())),
+        sync=_sync(data.get("sync")),
         slurm=_slurm(data.get("slurm")),
     )
 
@@ -130,6 +133,12 @@ def _slurm(data: dict[str, Any] | None) -> SlurmSpec | None:
         return None
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
     return SlurmSpec(**fields)
+
+
+def _sync(data: dict[str, Any] | None) -> SyncSpec | None:
+    if data is None:
+        return None
+    return SyncSpec(data["source"], tuple(data.get("exclude", ())), bool(data.get("git")))
 
 
 class RunStore:

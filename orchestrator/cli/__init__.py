@@ -6,6 +6,7 @@
 from orchestrator.cli import (  # noqa: F401 - they register commands
     dashboard,
     export,
+    hosts,
     local,
     preflight,
     run,

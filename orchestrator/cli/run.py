@@ -25,6 +25,7 @@ from orchestrator.cli.app import (
 )
 from orchestrator.cli.dashboard import DEFAULT_PORT as DASHBOARD_PORT
 from orchestrator.cli.dashboard import spawn_dashboard
+from orchestrator.cli.hosts import prepare_before_checks
 from orchestrator.cli.preflight import (
     blocking_error,
     min_free_option,
@@ -70,6 +71,11 @@ PLAIN_REPORT_EVERY = 15.0  # seconds between progress lines when the output is n
 @click.option(
     "--dashboard-port", default=DASHBOARD_PORT, show_default=True, help="The dashboard's port."
 )
+@click.option(
+    "--force-setup",
+    is_flag=True,
+    help="Run the inventory's 'setup:' commands on every host even where they ran already.",
+)
 @pass_context
 def up(  # noqa: PLR0917 - click passes every option by position
     context: Context,
@@ -81,9 +87,11 @@ def up(  # noqa: PLR0917 - click passes every option by position
     interval: float,
     with_dashboard: bool,
     dashboard_port: int,
+    force_setup: bool,
 ) -> None:
-    """Validate INVENTORY, run the preflight checks (see 'orchestrate check'), start every worker
-    detached, and watch them until the job ends.
+    """Validate INVENTORY, mirror its 'sync:' directory and run its 'setup:' commands where they
+    have not run yet (see 'orchestrate setup'), run the preflight checks (see 'orchestrate
+    check'), start every worker detached, and watch them until the job ends.
 
     The workers keep running if this command is interrupted or its terminal closes; Ctrl-C only
     stops watching. Exit status: 0 when every worker succeeded, 1 when the job failed, 2 for an
@@ -93,7 +101,8 @@ def up(  # noqa: PLR0917 - click passes every option by position
     spec = load_inventory(inventory)
     start_and_supervise(context, spec, str(inventory), detach=detach, skip_checks=skip_checks,
                         probe_timeout=probe_timeout, min_free_gb=min_free_gb, interval=interval,
-                        with_dashboard=with_dashboard, dashboard_port=dashboard_port)  # fmt: skip
+                        with_dashboard=with_dashboard, dashboard_port=dashboard_port,
+                        force_setup=force_setup)  # fmt: skip
 
 
 def start_and_supervise(
@@ -108,10 +117,13 @@ def start_and_supervise(
     interval: float,
     with_dashboard: bool = False,
     dashboard_port: int = DASHBOARD_PORT,
+    force_setup: bool = False,
 ) -> None:
     """What `up` does with a loaded inventory (`orchestrate local` builds its own)."""
     with open_backend(spec) as backend:
         refuse_if_active(context.store, backend)
+        # Setup may install what the checks look for (the python, TensorFlow): it goes first.
+        prepared = prepare_before_checks(spec, backend, force_setup)
         if not skip_checks:
             report = run_checks(spec, backend, probe_timeout, min_free_gb)
             show_findings(report, only_problems=True)
@@ -125,6 +137,8 @@ def start_and_supervise(
             context.store,
             backend,
             say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
+            force_setup=force_setup,
+            prepared=prepared,
         )
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
         if with_dashboard:
