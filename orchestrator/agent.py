@@ -11,7 +11,9 @@ Verbs and their fields:
   info                        the host's home directory, hostname and Python version
   launch spec                 create the run directory, write TF_CONFIG to a file, and start a
                               detached supervisor (its own session: it survives the SSH
-                              connection and the controller's terminal closing)
+                              connection and the controller's terminal closing). The spec's
+                              secret_env values go to the supervisor's environment only, never
+                              into spec.json or any other file
   probe run_dirs              liveness, progress and exit record of each run directory
   stop run_dirs grace         SIGTERM each run's process group, SIGKILL what is left after grace
   checkpoint directory        the latest TensorFlow checkpoint there: its name and files' sizes
@@ -19,6 +21,9 @@ Verbs and their fields:
                               make `name` (files already copied in) the latest checkpoint there
   files directory             every file under it with its size and modification time
 The supervisor itself is started as `agent.py supervise RUN_DIR` (internal; no job values).
+Privacy: the spec's private_dirs ({job}/runs down to the run directory) are made 0700 and every
+file written here is 0600, so another account on the host reads nothing of a run. Only this
+account's processes count as a run's supervisor (pid reuse, or another user's job, is ignored).
 
 Files in a run directory:
   spec.json  tf_config.json  agent.py  pid (supervisor = process group)  worker.pid
@@ -36,12 +41,32 @@ import time
 LOG_TAIL_LINES = 20
 
 
+def _private_open(path, flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
+    # 0600 from creation on: never a moment in which another account could open it.
+    return open(os.open(path, flags, 0o600), "w", encoding="utf-8")
+
+
 def _write_json(path, data):
     # Atomic: a reader never sees half a file, even if this process is killed mid-write.
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
+    with _private_open(tmp) as handle:
         json.dump(data, handle)
     os.replace(tmp, path)
+
+
+def _write_text(path, text):
+    with _private_open(path) as handle:
+        handle.write(text)
+
+
+def _make_private_dirs(directories):
+    # The parents keep the user's umask (the job directory holds the shareable checkpoints).
+    for path in map(_expand, directories):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        if os.stat(path).st_uid == os.getuid():
+            os.chmod(path, 0o700)
 
 
 def _read_json(path):
@@ -75,22 +100,24 @@ def cmd_info(_request):
 
 
 def cmd_launch(request):
-    spec = request["spec"]
+    spec = dict(request["spec"])
+    secrets = spec.pop("secret_env", None) or {}
+    spec["secret_names"] = sorted(secrets)  # names only, to scrub their values from exit.json
     run_dir = _expand(spec["run_dir"])
-    os.makedirs(run_dir, exist_ok=True)
+    _make_private_dirs(spec.get("private_dirs") or [run_dir])
     _write_json(os.path.join(run_dir, "tf_config.json"), spec["tf_config"])
     _write_json(os.path.join(run_dir, "spec.json"), spec)
     agent_path = os.path.join(run_dir, "agent.py")
-    with open(agent_path, "w", encoding="utf-8") as handle:
-        handle.write(spec["agent_source"])
+    _write_text(agent_path, spec["agent_source"])
     pid = os.fork()
     if pid == 0:
         _become_daemon(os.path.join(run_dir, "worker.log"))
         # The supervisor carries the run's variables too, so every process of a run is findable.
-        env = dict(os.environ, **spec["env"])
+        # The secrets live here, in its environment (readable by this account only), and reach
+        # the worker from it: no file on the host ever holds them.
+        env = dict(os.environ, **spec["env"], **secrets)
         os.execve(sys.executable, [sys.executable, agent_path, "supervise", run_dir], env)
-    with open(os.path.join(run_dir, "pid"), "w", encoding="utf-8") as handle:
-        handle.write(str(pid))
+    _write_text(os.path.join(run_dir, "pid"), str(pid))
     return {"pid": pid, "run_dir": run_dir}
 
 
@@ -99,7 +126,7 @@ def _become_daemon(log_path):
     # and its own process group so `stop` can signal the supervisor and worker together.
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDONLY)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(devnull, 0)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -124,8 +151,7 @@ def supervise(run_dir):
     except OSError as exc:
         _record_exit(run_dir, 127, started, f"cannot start {spec['argv'][0]}: {exc}")
         return None
-    with open(os.path.join(run_dir, "worker.pid"), "w", encoding="utf-8") as handle:
-        handle.write(str(child.pid))
+    _write_text(os.path.join(run_dir, "worker.pid"), str(child.pid))
 
     def forward(signum, _frame):
         # The worker shares our process group and usually got the signal too; forwarding covers
@@ -153,6 +179,17 @@ def _log_tail(run_dir, count=LOG_TAIL_LINES):
     return [line for line in lines if line.strip()][-count:]
 
 
+def _scrub_secrets(run_dir, lines):
+    # A script that printed a secret: its value stays out of exit.json (and so out of status
+    # and the root-cause report). The values are in this supervisor's environment.
+    spec = _read_json(os.path.join(run_dir, "spec.json")) or {}
+    values = [os.environ.get(name, "") for name in spec.get("secret_names", ())]
+    values = [value for value in values if len(value) >= 4]
+    for value in sorted(values, key=len, reverse=True):
+        lines = [line.replace(value, "[redacted]") for line in lines]
+    return lines
+
+
 def _record_exit(run_dir, returncode, started, error):
     signal_name = None
     if returncode < 0:
@@ -160,7 +197,7 @@ def _record_exit(run_dir, returncode, started, error):
             signal_name = signal.Signals(-returncode).name
         except ValueError:
             signal_name = f"signal {-returncode}"
-    tail = _log_tail(run_dir)
+    tail = _scrub_secrets(run_dir, _log_tail(run_dir))
     if error is None and returncode > 0 and tail:
         error = tail[-1]  # usually the exception line; after a signal it would be noise
     record = {
@@ -192,8 +229,11 @@ def _process_group_members(pgid):
 
 
 def _is_our_supervisor(pid, run_dir):
-    # Guards against pid reuse: the supervisor's command line names its run directory.
+    # Guards against pid reuse: the supervisor's command line names its run directory, and it
+    # runs as this account (another user's process is never taken for ours, nor signalled).
     try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return False
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             argv = handle.read().split(b"\0")
         with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
@@ -275,8 +315,7 @@ def cmd_stop(request):
         pid = _read_int(os.path.join(path, "pid"))
         if pid and _is_our_supervisor(pid, path):
             # Only a worker still running is "stopped"; one that already ended keeps its verdict.
-            with open(os.path.join(path, "stop_requested"), "w", encoding="utf-8") as handle:
-                handle.write(str(time.time()))
+            _write_text(os.path.join(path, "stop_requested"), str(time.time()))
             groups[run_dir] = pid
             _signal_group(pid, signal.SIGTERM)
             # A stopped (SIGSTOP) process would hold SIGTERM pending until the grace runs out.

@@ -6,6 +6,7 @@ OrchestrateError
 ├── HostError           a host could not be reached or a command on it failed (exit 3)
 ├── PreflightFailed     `check` found a problem that blocks the run (exit 5)
 ├── ExportRefused       `export` would print what the target would reject (exit 2)
+├── SecretMissing       a job.secret_env variable is not set where its value is needed (exit 2)
 └── JobFailed           the training job ended with a failed worker (exit 1)
 
 Every error carries a one-paragraph message and, where there is one, a hint that says what to do.
@@ -95,6 +96,12 @@ class PreflightFailed(OrchestrateError):
 
 class ExportRefused(OrchestrateError):
     """The exported manifest or script would be rejected where it is meant to go."""
+
+    exit_code = 2
+
+
+class SecretMissing(OrchestrateError):
+    """A variable named in job.secret_env is absent from the environment that must supply it."""
 
     exit_code = 2
 

@@ -1,7 +1,10 @@
 """Firewall commands that open each host's TensorFlow port to the other cluster hosts only. Pure.
 
 The TensorFlow gRPC port is unauthenticated: anyone who can reach it can join or disturb the job,
-so it is opened to the cluster's own addresses (and the host itself), never to the world.
+so it is opened to the cluster's own addresses (and the host itself), never to the world. Accept
+rules alone close nothing on a host whose INPUT policy is ACCEPT (most machines without a
+configured firewall), so each host's block ends with a rule that drops the port for everyone
+else, placed after the accepts.
 """
 
 from __future__ import annotations
@@ -28,12 +31,12 @@ def _is_ipv6(address: str) -> bool:
         return False
 
 
-def _rule(fmt: str, source: str, port: int) -> str:
+def _rule(fmt: str, source: str, port: int, position: int = 1) -> str:
     v6 = _is_ipv6(source)
     if fmt == "iptables":
-        # -I puts the ACCEPT before any DROP/REJECT already in the chain.
+        # -I at fixed positions: the ACCEPTs, in order, before any DROP/REJECT in the chain.
         tool = "ip6tables" if v6 else "iptables"
-        return f"{tool} -I INPUT -p tcp -s {source} --dport {port} -j ACCEPT"
+        return f"{tool} -I INPUT {position} -p tcp -s {source} --dport {port} -j ACCEPT"
     if fmt == "nftables":
         family = "ip6" if v6 else "ip"
         return f"nft insert rule inet filter input {family} saddr {source} tcp dport {port} accept"
@@ -44,6 +47,30 @@ def _rule(fmt: str, source: str, port: int) -> str:
         f'rule family="{family}" source address="{source}" port port="{port}" protocol="tcp" accept'
     )
     return f"firewall-cmd --permanent --add-rich-rule='{rich}'"
+
+
+def _drops(fmt: str, port: int, sources: list[str]) -> list[str]:
+    """The port closed to every source the accepts did not name: evaluated after them."""
+    families = sorted({_is_ipv6(source) for source in sources}) or [False]
+    if fmt == "iptables":
+        # Right below this port's ACCEPTs (-I at the next position), so an ACCEPT-all further
+        # down the chain cannot shadow it; a position per family, as the chains are separate.
+        rules = []
+        for v6 in families:
+            tool = "ip6tables" if v6 else "iptables"
+            count = sum(1 for source in sources if _is_ipv6(source) == v6)
+            rules.append(f"{tool} -I INPUT {count + 1} -p tcp --dport {port} -j DROP")
+        return rules
+    if fmt == "nftables":
+        return [f"nft add rule inet filter input tcp dport {port} drop"]  # appended: after
+    if fmt == "ufw":
+        return [f"ufw deny proto tcp to any port {port}"]  # ufw matches rules in order
+    # Rich rules of priority 0 run deny before allow; a positive priority runs after them.
+    return [
+        f'firewall-cmd --permanent --add-rich-rule=\'rule family="{"ipv6" if v6 else "ipv4"}" '
+        f'priority="32767" port port="{port}" protocol="tcp" drop\''
+        for v6 in families
+    ]
 
 
 def _preamble(fmt: str) -> list[str]:
@@ -70,7 +97,13 @@ def host_rules(inventory: Inventory, fmt: str, controller: str | None = None) ->
     for host in inventory.hosts:
         commands = _preamble(fmt)
         commands.append(f"# TensorFlow port {host.port} from the cluster's hosts only")
-        commands += [_rule(fmt, source, host.port) for source in addresses]
+        positions: dict[bool, int] = {}
+        for source in addresses:
+            family = _is_ipv6(source)
+            positions[family] = positions.get(family, 0) + 1
+            commands.append(_rule(fmt, source, host.port, positions[family]))
+        commands.append("# ... and from nowhere else (an ACCEPT policy would let anyone in)")
+        commands += _drops(fmt, host.port, addresses)
         login_port = host.kind.login_port(host)
         if controller and login_port:
             commands.append("# SSH from the controller (skip if it is open already)")
@@ -78,6 +111,17 @@ def host_rules(inventory: Inventory, fmt: str, controller: str | None = None) ->
         commands += _epilogue(fmt)
         result.append(HostRules(host, tuple(addresses), tuple(commands)))
     return result
+
+
+def reaches(address: str, port: int, timeout: float) -> bool:
+    """Whether this machine can open a TCP connection to address:port within `timeout`."""
+    import socket
+
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def controller_address(target: str) -> str | None:

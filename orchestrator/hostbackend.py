@@ -71,6 +71,8 @@ class HostBackend(Backend):
 
         def launch(name: str) -> int:
             spec = by_name[name]
+            if spec.uploads:  # into a private run directory from the first byte on
+                self.runner(spec.host).make_dirs(spec.private_dirs, private=True)
             self.upload(spec.host, _expand_uploads(spec.uploads))
             return self.agent(spec.host).launch(spec.launch_request())
 

@@ -93,6 +93,8 @@ class Job:
     script: str | None = None
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # Names only: the values come from the controller's environment at `up` (secretenv.py).
+    secret_env: tuple[str, ...] = ()
     files: tuple[str, ...] = ()  # absolute paths on this machine, uploaded to each remote host
     steps: int | None = None
     checkpoint_dir: str = "checkpoints"
@@ -162,6 +164,7 @@ JOB_KEYS: dict[str, Checker] = {
     "script": string,
     "args": scalar_string,  # checked per item
     "env": scalar_string,  # checked per value
+    "secret_env": string,  # checked per item
     "files": string,  # checked per item
     "steps": POSITIVE,
     "checkpoint_dir": string,
@@ -179,6 +182,9 @@ JOB_KEYS: dict[str, Checker] = {
     "export": choice(*EXPORT_FORMATS),
     "keras": choice(*KERAS_SETTINGS),
 }
+
+# Keys parsed by their own functions below (lists and mappings, checked per item).
+LIST_JOB_KEYS = ("args", "env", "secret_env", "files", "permanent_exit_codes")
 
 Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
 # A host source turns its top-level block into the workers, in TF_CONFIG order, and the
@@ -459,7 +465,7 @@ def _parse_job(document: LineMap, report: _Report, stem: str, base: Path) -> Job
     report.unknown_keys(block, JOB_KEYS, "job")
     values: dict[str, Any] = {}
     for key, check in JOB_KEYS.items():
-        if key not in block or key in ("args", "env", "files", "permanent_exit_codes"):
+        if key not in block or key in LIST_JOB_KEYS:
             continue
         value, problem = check(block[key])
         if problem:
@@ -476,6 +482,7 @@ def _parse_job(document: LineMap, report: _Report, stem: str, base: Path) -> Job
     if "permanent_exit_codes" in block:
         values["permanent_exit_codes"] = _parse_exit_codes(block, report)
     values["env"] = _parse_env(block, report)
+    values["secret_env"] = _parse_secret_env(block, report, values["env"])
     values.setdefault("name", stem if NAME_PATTERN.match(stem) else "job")
     if ("task" in block) == ("script" in block):
         report.add(
@@ -563,6 +570,30 @@ def _parse_env(block: LineMap, report: _Report) -> dict[str, str]:
         else:
             env[key] = value
     return env
+
+
+def _parse_secret_env(block: LineMap, report: _Report, env: Mapping[str, str]) -> tuple[str, ...]:
+    raw = block.get("secret_env", LineList())
+    if not isinstance(raw, LineList):
+        report.add(_line(block, "secret_env"), "job.secret_env",
+                   "expected a list of environment variable names")  # fmt: skip
+        return ()
+    names: list[str] = []
+    for index, item in enumerate(raw):
+        where, line = f"job.secret_env[{index}]", raw.item_lines[index]
+        if not isinstance(item, str) or not ENV_NAME_PATTERN.match(item):
+            report.add(line, where, "expected an environment variable name (its value is "
+                       "taken from the environment of 'orchestrate up')")  # fmt: skip
+        elif item.startswith(RESERVED_ENV_PREFIXES):
+            report.add(line, where, "is set by orchestrate for each worker")
+        elif item in env:
+            report.add(line, where, f"{item} is also in job.env; a secret's value must not be "
+                       "written in the inventory")  # fmt: skip
+        elif item in names:
+            report.add(line, where, f"{item} is listed twice")
+        else:
+            names.append(item)
+    return tuple(names)
 
 
 def _hosts_source(

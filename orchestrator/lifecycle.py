@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from orchestrator.backend import Backend
@@ -13,6 +14,7 @@ from orchestrator.hostprep import prepare_hosts
 from orchestrator.inventory import Inventory
 from orchestrator.plan import WorkerSpec, new_run_id, plan_workers
 from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
+from orchestrator.secretenv import secret_values
 
 DEFAULT_GRACE = 10.0
 
@@ -39,16 +41,19 @@ def launch_attempt(
     *,
     force_setup: bool = False,
     prepared: bool = False,
+    environ: Mapping[str, str] = os.environ,
 ) -> RunRecord:
     """Start every worker of the record's current attempt detached, after syncing and setting
     up the hosts (hostprep) and making the chief's latest checkpoint present on every host; on
-    a partial failure stop what started."""
+    a partial failure stop what started. The values of job.secret_env come from `environ` (this
+    process's), before anything starts."""
     inventory = record.inventory
+    secrets = secret_values(inventory.job.secret_env, environ, doing="starting the workers")
     workdirs = backend.workdirs(inventory.hosts).raise_if_failed("reaching the hosts")
     if not prepared:
         prepare_hosts(inventory, backend, dict(workdirs), say, force_setup=force_setup,
                       spares=record.attempt == 0)  # fmt: skip
-    specs = plan_workers(inventory, record.run_id, dict(workdirs), record.attempt)
+    specs = plan_workers(inventory, record.run_id, dict(workdirs), record.attempt, secrets)
     spread = spread_latest_checkpoint(specs, backend, Mirror(store.mirror_path(record.run_id)))
     if spread.name:
         copied = f"copied to {', '.join(spread.copied_to)}" if spread.copied_to else "on every host"

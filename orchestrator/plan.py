@@ -8,13 +8,17 @@ Layout on every host (paths are the host's):
                                         one attempt of one worker: log, progress, exit, TF_CONFIG
   {workdir}/{job}/code/                 the `sync:` directory's mirror, the workers' cwd
   {workdir}/{job}/.orchestrate-setup    the hash of the `setup:` commands that last succeeded
+
+runs/ and everything under it are private (directories 0700, files 0600): a spec carries the
+job's environment. The checkpoint, TensorBoard and export directories keep the user's umask.
 """
 
 from __future__ import annotations
 
 import posixpath
 import secrets
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import PurePath
 from typing import Any
@@ -47,6 +51,8 @@ class WorkerSpec:
     env: dict[str, str]
     tf_config: dict[str, Any]
     uploads: tuple[tuple[str, str], ...] = ()  # (path here, path on the host) before the start
+    # job.secret_env's values: sent in the launch request, never written to a file on the host.
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
@@ -56,13 +62,21 @@ class WorkerSpec:
     def log_path(self) -> str:
         return posixpath.join(self.run_dir, WORKER_LOG)
 
+    @property
+    def private_dirs(self) -> tuple[str, ...]:
+        """{job}/runs and each directory below it down to the run directory: created 0700."""
+        return private_dirs(self.run_dir)
+
     def launch_request(self) -> dict[str, Any]:
-        """What the host agent's `launch` verb reads."""
+        """What the host agent's `launch` verb reads (on its standard input). The agent writes
+        all but `secret_env` into spec.json; `secret_env` goes to the supervisor's environment."""
         return {
             "run_dir": self.run_dir,
+            "private_dirs": list(self.private_dirs),
             "cwd": self.cwd,
             "argv": list(self.argv),
             "env": self.env,
+            "secret_env": dict(self.secrets),
             "tf_config": self.tf_config,
         }
 
@@ -82,6 +96,14 @@ def checkpoint_dir(job: Job, job_directory: str) -> str:
 
 def export_dir(job_directory: str) -> str:
     return posixpath.join(job_directory, EXPORT_DIR_NAME)
+
+
+def private_dirs(run_dir: str) -> tuple[str, ...]:
+    """{job}/runs/{run_id}/attempt-{n}/{name} -> ({job}/runs, ..., run_dir), outermost first."""
+    chain = [run_dir]
+    for _ in range(3):
+        chain.append(posixpath.dirname(chain[-1]))
+    return tuple(reversed(chain))
 
 
 def job_dir_of_run(run_dir: str) -> str:
@@ -165,10 +187,15 @@ def worker_argv(
 
 
 def plan_workers(
-    inventory: Inventory, run_id: str, workdirs: dict[str, str], attempt: int = 0
+    inventory: Inventory,
+    run_id: str,
+    workdirs: dict[str, str],
+    attempt: int = 0,
+    secrets: Mapping[str, str] | None = None,
 ) -> list[WorkerSpec]:
     """One spec per host entry; `workdirs` maps host name to its absolute workdir on that host.
-    Each attempt of a run (a restart after a failure) gets fresh run directories."""
+    Each attempt of a run (a restart after a failure) gets fresh run directories. `secrets`: the
+    values of job.secret_env (secretenv.secret_values), for the workers' environment only."""
     specs = []
     for index, host in enumerate(inventory.hosts):
         directory = job_dir(inventory.job, workdirs[host.name])
@@ -206,6 +233,7 @@ def plan_workers(
                 env=env,
                 tf_config=tf_config(inventory, index),
                 uploads=uploads(inventory.job, host, run_dir, synced),
+                secrets=dict(secrets or {}),
             )
         )
     return specs

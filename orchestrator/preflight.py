@@ -3,7 +3,8 @@
 Three rounds, each in parallel over every host, each one round trip to one hostprobe.py process
 per host that serves the whole check:
   1. inspect: versions, proxies, free space; bind the TensorFlow port and keep it as a listener
-  2. connect: every host connects to every other host's port (N² probes, short timeout)
+  2. connect: every host connects to every other host's port (N² probes, short timeout); the
+     controller, when it is no cluster member, tries each port too (the exposure check)
   3. cleanup: stop the listeners, remove the shared-directory token
 The findings are computed from the answers by pure functions below.
 """
@@ -317,6 +318,36 @@ def reachability_finding(target: Host, probes: Mapping[str, PeerProbe], timeout:
     )
 
 
+def exposure_finding(host: Host, controller: str, reached: bool) -> Finding:
+    """Whether this machine, which is not in the cluster, could connect to the host's TensorFlow
+    port: then so can anyone on its network, and the port takes no authentication."""
+    if not reached:
+        return Finding(host.name, "exposed", Status.OK,
+                       f"port {host.port} is closed to this machine ({controller})")  # fmt: skip
+    return Finding(
+        host.name,
+        "exposed",
+        Status.WARN,
+        f"port {host.port} accepts connections from this machine ({controller}), which is not in "
+        "the cluster: the unauthenticated TensorFlow port is open beyond the cluster",
+        hint="'orchestrate firewall INVENTORY' prints rules that admit only the cluster's hosts",
+    )
+
+
+def outsiders(inventory: Inventory, route_source: Callable[[str], str | None]) -> dict[str, str]:
+    """Host name -> this machine's address towards it, for hosts this machine is no member of
+    (its address there is not one of the inventory's; loopback and local hosts are members)."""
+    members = {host.address for host in inventory.hosts}
+    found = {}
+    for host in inventory.hosts:
+        if is_loopback(host.address) or host.kind.shares_files_with_controller:
+            continue
+        source = route_source(host.address)
+        if source is not None and source not in members and not is_loopback(source):
+            found[host.name] = source
+    return found
+
+
 def shared_directory_finding(host: Host, visible: bool | None, directory: str) -> Finding | None:
     if visible is None:
         return None
@@ -341,7 +372,10 @@ def run_preflight(
     *,
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
     min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
+    exposure: ExposureProbe | None = None,
 ) -> PreflightReport:
+    """`exposure`: how this machine finds its address towards a host and tries a port (the CLI
+    passes the real ones; without it the exposure check is skipped)."""
     own = backend.own_preflight(inventory, probe_timeout, min_free_bytes)
     if own is not None:  # a scheduler checks its own way (its nodes are not known yet)
         return own
@@ -372,6 +406,7 @@ def run_preflight(
         inspections = _round(hosts, inspect)
         reports = dict(inspections.ok)
         connects = _connect_round(inventory, sessions, reports, probe_timeout, token)
+        exposed = _exposure_round(inventory, reports, exposure, probe_timeout)
         _round(
             {name: hosts[name] for name in reports},
             lambda host: request(
@@ -387,6 +422,7 @@ def run_preflight(
         _round({n: hosts[n] for n in list(sessions)}, lambda host: sessions[host.name].close())
     findings = [_failure_finding(hosts[name], error) for name, error in inspections.failed.items()]
     findings += _host_findings(inventory, reports, connects, min_free_bytes, probe_timeout)
+    findings += exposed
     return PreflightReport(tuple(sorted(findings, key=_order(inventory))))
 
 
@@ -429,6 +465,30 @@ def _connect_round(
         return parsed(host.name, Connections.parse, answer)
 
     return _round(probers, connect)
+
+
+@dataclass(frozen=True)
+class ExposureProbe:
+    route_source: Callable[[str], str | None]  # this machine's address towards an address
+    reaches: Callable[[str, int, float], bool]  # whether a TCP connect succeeds in time
+
+
+def _exposure_round(
+    inventory: Inventory,
+    reports: Mapping[str, Inspection],
+    exposure: ExposureProbe | None,
+    timeout: float,
+) -> list[Finding]:
+    """While the listeners hold the ports: can this machine, no cluster member, connect?"""
+    if exposure is None:
+        return []
+    hosts = {
+        h.name: h for h in inventory.hosts if h.name in reports and reports[h.name].listener_pid
+    }
+    targets = {n: a for n, a in outsiders(inventory, exposure.route_source).items() if n in hosts}
+    wait = min(timeout, 2.0)
+    tried = fan_out(targets, lambda n: exposure.reaches(hosts[n].address, hosts[n].port, wait))
+    return [exposure_finding(hosts[n], targets[n], reached) for n, reached in tried.ok.items()]
 
 
 def _host_findings(
@@ -476,5 +536,5 @@ def _failure_finding(host: Host, error: HostError) -> Finding:
 def _order(inventory: Inventory) -> Callable[[Finding], tuple[int, int]]:
     index = {host.name: i for i, host in enumerate(inventory.hosts)}
     checks = ["address", "ssh", "connect", "python", "tensorflow", "keras", "worker", "port",
-              "reachable", "proxy", "workdir", "checkpoints", "shared"]  # fmt: skip
+              "reachable", "exposed", "proxy", "workdir", "checkpoints", "shared"]  # fmt: skip
     return lambda f: (index.get(f.host, 0), checks.index(f.check) if f.check in checks else 99)

@@ -145,7 +145,8 @@ def firewall_script(rules: list[HostRules], fmt: str) -> str:
     lines = [
         f"# {fmt} rules for each host, to run on that host as root.",
         "# The TensorFlow gRPC port is unauthenticated: anyone who can reach it can join or",
-        "# disturb the job, so it is opened to the cluster's own addresses only.",
+        "# disturb the job, so it is opened to the cluster's own addresses only, and then",
+        "# dropped for every other source (an INPUT policy of ACCEPT would let anyone in).",
     ]
     for entry in rules:
         lines.append("")

@@ -104,8 +104,9 @@ class Runner(ABC):
     def stream(self, argv: Sequence[str]) -> Iterator[str]:
         """Yield the command's output lines as they come, until it ends or the caller stops."""
 
-    def make_dirs(self, paths: Sequence[str]) -> None:
-        made = self.run(["mkdir", "-p", *paths])
+    def make_dirs(self, paths: Sequence[str], private: bool = False) -> None:
+        """Create directories (parents too); `private`: the named ones 0700 (a run's)."""
+        made = self.run(["mkdir", "-p", *(["-m", "700"] if private else []), *paths])
         if not made.ok:
             raise HostError(self.host_name, f"cannot create {', '.join(paths)}: {made.tail(2)}")
 

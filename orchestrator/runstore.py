@@ -11,6 +11,8 @@
 - `{state_dir}/tensorboard.log`: the output of the TensorBoard that `orchestrate tensorboard` runs
 
 Only this module spells out the layout; every other module asks RunStore for a path.
+Privacy: `runs/` is 0700 and every file this module writes is 0600 (a record holds the job's
+environment); checkpoints/ and tensorboard/ keep the user's umask, to be shared if wanted.
 - `{state_dir}/runs/{run_id}.status.json`: the supervisor's latest status, rewritten at each poll
   (the dashboard serves it instead of probing the hosts a second time)
 - `{state_dir}/preflight.json`: the findings of the last preflight check
@@ -21,9 +23,10 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from orchestrator import kinds
 from orchestrator.codesync import SyncSpec
@@ -188,8 +191,21 @@ class RunStore:
 
     def write_file(self, path: Path, text: str) -> None:
         """Replace a file of the state directory atomically: readers see old or new, never half."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self._make_parent(path)
         _atomic_write(path, text)
+
+    def _make_parent(self, path: Path) -> None:
+        runs = self.root / "runs"
+        if path.parent == runs:
+            private_dir(runs)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def open_private(self, path: Path, append: bool = False) -> IO[bytes]:
+        """A log of the state directory, for writing: created 0600."""
+        self._make_parent(path)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+        return open(os.open(path, flags, 0o600), "ab" if append else "wb")
 
     def run_ids(self) -> list[str]:
         """Every recorded run, oldest first (run ids start with their start time)."""
@@ -198,7 +214,7 @@ class RunStore:
 
     def save(self, record: RunRecord) -> None:
         path = self._run_path(record.run_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self._make_parent(path)
         _atomic_write(path, json.dumps(record.to_json(), indent=2))
         _atomic_write(self.root / "current", record.run_id + "\n")
 
@@ -232,7 +248,19 @@ class RunStore:
             return None
 
 
+def private_dir(path: Path) -> Path:
+    """`path` as a directory only its owner can enter (0700), its parents as the umask says."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    if path.stat().st_uid == os.getuid():
+        path.chmod(0o700)
+    return path
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
+              encoding="utf-8") as handle:  # fmt: skip
+        handle.write(text)
     os.replace(tmp, path)

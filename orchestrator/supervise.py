@@ -43,7 +43,7 @@ from orchestrator.failures import (
 from orchestrator.inventory import Job
 from orchestrator.lifecycle import StopReport, launch_attempt, stop_run
 from orchestrator.logs import last_lines
-from orchestrator.runstore import Restart, RunRecord, RunStore
+from orchestrator.runstore import Restart, RunRecord, RunStore, private_dir
 from orchestrator.state import ACTIVE, WorkerState
 from orchestrator.status import RunStatus, WorkerStatus, collect_status
 
@@ -221,8 +221,8 @@ class SupervisorLock:
         self._fd: int | None = None
 
     def acquire(self) -> bool:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        private_dir(self.path.parent)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

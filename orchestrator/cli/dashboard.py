@@ -111,8 +111,7 @@ def spawn_dashboard(store: RunStore, run_id: str, port: int, linger: float = 600
     """A detached `orchestrate dashboard --run RUN_ID` for `up --dashboard`; its URL."""
     _require_web_stack()
     log_path = store.dashboard_log_path(run_id)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
+    with store.open_private(log_path) as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "orchestrator", "--state-dir", str(store.root.resolve()),
              "dashboard", "--run", run_id, "--port", str(port),

@@ -42,12 +42,18 @@ FORMATS = ("sbatch", "tfjob")
     "(mounted at /checkpoints), so they survive pod restarts.",
 )
 @click.option("--name", metavar="NAME", help="tfjob: the TFJob's name [default: job.name].")
+@click.option(
+    "--secret",
+    metavar="NAME",
+    help="tfjob: the Kubernetes Secret with job.secret_env's values (one key per variable "
+    "name), referenced with secretKeyRef; required when the job has secret_env.",
+)
 @click.option("--restart-policy", type=click.Choice(["ExitCode", "OnFailure"]),
               default="ExitCode", show_default=True,
               help="tfjob: the Worker replicas' policy (see below).")  # fmt: skip
 def export(  # noqa: PLR0917 - click passes every option by position
     inventory: Path, fmt: str, image: str | None, namespace: str | None, pvc: str | None,
-           name: str | None, restart_policy: str) -> None:  # fmt: skip
+           name: str | None, secret: str | None, restart_policy: str) -> None:  # fmt: skip
     """Print INVENTORY's job for a scheduler, to submit it yourself.
 
     \b
@@ -62,6 +68,12 @@ def export(  # noqa: PLR0917 - click passes every option by position
                       ExitCode the job's permanent exit codes end the job and every other
                       failure (preemption's 75 included) is retried. Validated against the
                       TFJob CRD's schema and the operator's webhook rules; exit 2 if refused.
+                      job.secret_env becomes secretKeyRef entries to the Secret --secret
+                      names (create it with 'kubectl create secret generic NAME
+                      --from-literal=VAR=...'); no value is ever in the manifest.
+
+    Secrets: the sbatch script never holds job.secret_env's values; export them in the shell
+    that runs sbatch (its default --export=ALL passes them on).
     """
     spec = load_inventory(inventory)
     if fmt == "sbatch":
@@ -69,8 +81,15 @@ def export(  # noqa: PLR0917 - click passes every option by position
         return
     from orchestrator.export.tfjob import problems, tfjob
 
+    if spec.job.secret_env and not secret:
+        raise ExportRefused(
+            f"job.secret_env ({', '.join(spec.job.secret_env)}) needs a Kubernetes Secret to "
+            "refer to: the manifest never carries their values",
+            hint="give --secret NAME, a Secret with one key per variable name "
+            f"(kubectl create secret generic NAME --from-literal={spec.job.secret_env[0]}=...)",
+        )
     manifest = tfjob(spec, image, name=name, namespace=namespace, pvc=pvc,
-                     restart_policy=restart_policy)  # fmt: skip
+                     restart_policy=restart_policy, secret=secret)  # fmt: skip
     found = problems(manifest)
     if found:
         raise ExportRefused(

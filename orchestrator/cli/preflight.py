@@ -18,11 +18,12 @@ from orchestrator.cli.app import (
 from orchestrator.errors import (
     PreflightFailed,
 )
-from orchestrator.firewall import FORMATS, controller_address, host_rules
+from orchestrator.firewall import FORMATS, controller_address, host_rules, reaches
 from orchestrator.inventory import Inventory, load_inventory
 from orchestrator.preflight import (
     DEFAULT_MIN_FREE_BYTES,
     DEFAULT_PROBE_TIMEOUT,
+    ExposureProbe,
     PreflightReport,
     Status,
     run_preflight,
@@ -58,6 +59,7 @@ def run_checks(
             backend,
             probe_timeout=probe_timeout,
             min_free_bytes=int(min_free_gb * 2**30),
+            exposure=ExposureProbe(controller_address, reaches),
         )
     _record(report, spec)
     return report
@@ -107,7 +109,9 @@ def check(inventory: Path, as_json: bool, probe_timeout: float, min_free_gb: flo
     free on its host (and who holds it if not); each port reachable from every other host
     (timed out: a firewall drops packets; refused: nothing listens or a REJECT rule); loopback
     addresses mixed with remote hosts; writable directories with free space; proxy variables that
-    would capture the workers' gRPC traffic. Leaves no listener or process behind.
+    would capture the workers' gRPC traffic; a warning when this machine, not in the cluster, can
+    connect to a host's TensorFlow port (see 'orchestrate firewall'). Leaves no listener or
+    process behind.
     Exit status 5 when something blocks the run.
     """
     spec = load_inventory(inventory)
@@ -142,8 +146,9 @@ def firewall(inventory: Path, fmt: str, controller: str | None) -> None:
     """Print, per host, the commands that open its TensorFlow port to the other cluster hosts only.
 
     The TensorFlow gRPC port is unauthenticated: anyone who can reach it can join or disturb the
-    job. These rules admit the cluster's own addresses, never the world, plus SSH from this
-    machine. Nothing is applied: review them and run each block on its host.
+    job. These rules admit the cluster's own addresses, then drop the port for everyone else (on
+    a host whose INPUT policy is ACCEPT the accepts alone would close nothing), plus SSH from
+    this machine. Nothing is applied: review them and run each block on its host.
     """
     spec = load_inventory(inventory)
     remote = [h for h in spec.hosts if h.kind.login_port(h)]

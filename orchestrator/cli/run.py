@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -38,6 +39,7 @@ from orchestrator.inventory import Inventory, load_inventory
 from orchestrator.lifecycle import DEFAULT_GRACE, StopReport, start_run
 from orchestrator.render import problems, progress_line, status_table
 from orchestrator.runstore import RunRecord, RunStore
+from orchestrator.secretenv import missing_secrets, secret_values, shown_env
 from orchestrator.state import WorkerState
 from orchestrator.status import RunStatus, collect_status
 from orchestrator.supervise import (
@@ -120,6 +122,7 @@ def start_and_supervise(
     force_setup: bool = False,
 ) -> None:
     """What `up` does with a loaded inventory (`orchestrate local` builds its own)."""
+    secrets = secret_values(spec.job.secret_env, os.environ, doing="'up'")  # before anything
     with open_backend(spec) as backend:
         refuse_if_active(context.store, backend)
         # Setup may install what the checks look for (the python, TensorFlow): it goes first.
@@ -132,6 +135,10 @@ def start_and_supervise(
         errors.print(
             f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) from {source}"
         )
+        shown = shown_env({**spec.job.env, **secrets}, spec.job.secret_env)
+        if shown:
+            errors.print("  environment: " + " ".join(f"{k}={v}" for k, v in shown.items()),
+                         markup=False, highlight=False)  # fmt: skip
         record = start_run(
             spec,
             context.store,
@@ -160,10 +167,9 @@ def start_and_supervise(
 
 def _spawn_supervisor(store: RunStore, run_id: str) -> int:
     """The detached `orchestrate supervise RUN_ID`: its own session, so it outlives this
-    command and its terminal; its output goes to the run's log in the state directory."""
-    log_path = store.log_path(run_id)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
+    command and its terminal; its output goes to the run's log in the state directory. It
+    inherits this environment: the job's secret_env values for restarts live there, in memory."""
+    with store.open_private(store.log_path(run_id), append=True) as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "orchestrator", "--state-dir", str(store.root.resolve()),
              "supervise", run_id],
@@ -238,6 +244,7 @@ def _finish(final: RunStatus, record: RunRecord) -> None:
 def supervise(context: Context, run_id: str, interval: float) -> None:
     """Supervise RUN_ID in this process (started detached by 'up --detach')."""
     record = context.store.load(run_id)
+    secret_values(record.inventory.job.secret_env, os.environ, doing="supervising the run")
     with open_backend(record.inventory) as backend:
         _supervise_here(context.store, backend, record, interval)
 
@@ -256,6 +263,7 @@ def attach(context: Context, run_id: str | None, interval: float) -> None:
     with open_backend(record.inventory) as backend:
         lock = SupervisorLock(context.store.lock_path(record.run_id))
         if not lock.held_elsewhere():
+            _require_secrets_to_supervise(record, backend)
             errors.print(f"run {record.run_id}: nothing supervises it; supervising it here")
             _supervise_here(context.store, backend, record, interval)
             return
@@ -266,6 +274,17 @@ def attach(context: Context, run_id: str | None, interval: float) -> None:
         except KeyboardInterrupt:
             raise StoppedWatching() from None
     _finish(final, context.store.load(record.run_id))
+
+
+def _require_secrets_to_supervise(record: RunRecord, backend: Backend) -> None:
+    """A supervisor must be able to restart the run, which needs job.secret_env's values: they
+    were never written down, so this shell must have them (a finished run needs none)."""
+    if not missing_secrets(record.inventory.job.secret_env, os.environ):
+        return
+    if collect_status(record, backend).state.finished:
+        return
+    doing = f"taking over the supervision of run {record.run_id} (a restart)"
+    secret_values(record.inventory.job.secret_env, os.environ, doing=doing)
 
 
 @cli.command()

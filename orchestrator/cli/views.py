@@ -111,9 +111,9 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
         pulled = pull_events(record, backend, logdir)
         if pulled:
             errors.print(f"pulled {pulled} event file(s) from {record.workers[0].name}")
+        # A file, not a pipe: a full pipe would stall it.
         server_log = context.store.tensorboard_log()
-        server_log.parent.mkdir(parents=True, exist_ok=True)
-        with server_log.open("w") as log:  # a file, not a pipe: a full pipe would stall it
+        with context.store.open_private(server_log) as log:
             server = subprocess.Popen(
                 [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
                  "--port", str(port), "--host", "127.0.0.1"],

@@ -36,6 +36,9 @@ RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")  # the operator'
 REPLICA_TYPES = ("Chief", "Master", "PS", "Worker", "Evaluator")
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
 SCHEMA_PATH = Path(__file__).with_name("tfjob-v1.schema.json")
 
 # PID 1 of the container: forwards SIGTERM (pod deletion, preemption) to the worker so it saves,
@@ -69,7 +72,10 @@ def tfjob(
     namespace: str | None = None,
     pvc: str | None = None,
     restart_policy: str = "ExitCode",
+    secret: str | None = None,
 ) -> dict[str, Any]:
+    """`secret`: the Kubernetes Secret holding job.secret_env's values, one key per variable
+    name; the manifest refers to it (secretKeyRef) and never carries a value."""
     job = inventory.job
     first = inventory.hosts[0]
     leaf = posixpath.basename(job.checkpoint_dir.rstrip("/"))
@@ -88,7 +94,11 @@ def tfjob(
         "image": image or "",
         "command": ["/bin/sh", "-c", EXIT_WRAPPER, "orchestrate-worker"],
         "args": argv,
-        "env": [{"name": key, "value": value} for key, value in env.items()],
+        "env": [{"name": key, "value": value} for key, value in env.items()]
+        + [
+            {"name": key, "valueFrom": {"secretKeyRef": {"name": secret or "", "key": key}}}
+            for key in job.secret_env
+        ],
         "ports": [{"name": PORT_NAME, "containerPort": PORT}],
         "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}],
     }
@@ -152,6 +162,7 @@ def problems(manifest: dict[str, Any]) -> list[str]:
     if namespace is not None and (not DNS_1123_LABEL.match(str(namespace)) or len(namespace) > 63):
         found.append(f"metadata.namespace: {namespace!r} is not a DNS-1123 label")
     replicas = (manifest.get("spec") or {}).get("tfReplicaSpecs") or {}
+    found += _secret_ref_problems(replicas)
     if not replicas:
         found.append("spec.tfReplicaSpecs: at least one replica type is required")
     for kind, spec in replicas.items():
@@ -173,6 +184,22 @@ def problems(manifest: dict[str, Any]) -> list[str]:
                 found.append(f"{where}.template.spec.containers[{index}].image: required")
     if "Chief" in replicas and "Master" in replicas:
         found.append("spec.tfReplicaSpecs: set Chief or Master, not both")
+    return found
+
+
+def _secret_ref_problems(replicas: dict[str, Any]) -> list[str]:
+    found = []
+    for kind, spec in replicas.items():
+        containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+        for index, container in enumerate(containers):
+            for entry in container.get("env") or []:
+                ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
+                if ref is not None and not DNS_1123_SUBDOMAIN.match(str(ref.get("name", ""))):
+                    found.append(
+                        f"spec.tfReplicaSpecs.{kind}.template.spec.containers[{index}].env."
+                        f"{entry.get('name')}: the secretKeyRef needs the name of a Secret "
+                        f"(a DNS-1123 subdomain), not {ref.get('name')!r}"
+                    )
     return found
 
 

@@ -25,7 +25,7 @@ from orchestrator.fanout import GroupResult
 from orchestrator.hostbackend import HostBackend
 from orchestrator.runner import LineSession, LocalRunner, Runner
 from orchestrator.slurm.commands import SLURM, JobState, Slurm
-from orchestrator.slurm.script import batch_script
+from orchestrator.slurm.script import batch_script, exports_all
 from orchestrator.slurm.spec import SlurmSpec
 
 if TYPE_CHECKING:
@@ -66,8 +66,11 @@ class SlurmBackend(Backend):
         script = batch_script(self.spec, self.job, specs,
                               output=posixpath.join(directory, "slurm-%j.out"))  # fmt: skip
         chief = specs[0].host
+        # runs/ down to the attempt directory: private before the script (the job's env) lands.
+        self.files.runner(chief).make_dirs(specs[0].private_dirs[:-1], private=True)
         self._write(chief, posixpath.join(directory, SCRIPT_FILE), script)
-        job_id = self.slurm.submit(posixpath.join(directory, SCRIPT_FILE))
+        export_all = bool(self.job.secret_env) and exports_all(self.spec)
+        job_id = self.slurm.submit(posixpath.join(directory, SCRIPT_FILE), export_all)
         self._write(chief, posixpath.join(directory, JOB_ID_FILE), job_id + "\n")
         self._submitted = job_id
         return GroupResult(ok={spec.name: int(job_id) for spec in specs})

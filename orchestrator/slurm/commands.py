@@ -83,8 +83,11 @@ class Slurm:
     def run(self, argv: list[str], timeout: float = 60.0) -> CommandResult:
         return self.runner.run(argv, timeout=timeout)
 
-    def submit(self, script_path: str) -> str:
-        result = self.run(["sbatch", "--parsable", script_path])
+    def submit(self, script_path: str, export_all: bool = False) -> str:
+        """`export_all`: --export=ALL, so this environment (secrets included) reaches the tasks
+        whatever SBATCH_EXPORT says; only variable names ever appear on the command line."""
+        export = ["--export=ALL"] if export_all else []
+        result = self.run(["sbatch", "--parsable", *export, script_path])
         if not result.ok:
             raise HostError(SLURM, f"sbatch refused the job: {result.tail(3)}",
                             hint="check slurm.partition, slurm.account, slurm.time and "

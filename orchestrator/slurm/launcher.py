@@ -6,8 +6,11 @@ Python interpreter (and the worker package for a task job). TF_CONFIG comes from
 (the worker index) and SLURM_STEP_NODELIST expanded in order, with the inventory's port; not
 from TensorFlow's SlurmClusterResolver, which fails on nodes without GPUs (tensorflow#56894).
 
-The plan arrives in the environment (ORCHESTRATE_SLURM_PLAN, JSON): the port and one entry per
-task with its run directory, working directory, argv and environment. "{SLURM_JOB_ID}" and
+The plan arrives in the environment (ORCHESTRATE_SLURM_PLAN, JSON): the port, the names of the
+job's secret_env variables, and one entry per task with its run directory (and the private
+directories above it, made 0700), working directory, argv and environment. The secrets' values
+are never in the plan or the script: sbatch exports them from the submitting environment
+(`--export`), and a task missing one exits 2 naming it. "{SLURM_JOB_ID}" and
 "{SLURM_SUBMIT_DIR}" in them are replaced by Slurm's values (the exported script uses them), and
 a leading "~/" is the node's home.
 
@@ -82,16 +85,30 @@ def tf_config(nodes, port, index):
     }
 
 
+def _private_open(path):
+    # 0600 from creation on: another account on the node reads nothing of a run.
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8")
+
+
 def _write_json(path, data):
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
+    with _private_open(tmp) as handle:
         json.dump(data, handle)
     os.replace(tmp, path)
 
 
 def _write(path, text):
-    with open(path, "w", encoding="utf-8") as handle:
+    with _private_open(path) as handle:
         handle.write(text)
+
+
+def _make_private_dirs(directories):
+    for path in directories:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if not os.path.isdir(path):
+            os.mkdir(path, 0o700)
+        if os.stat(path).st_uid == os.getuid():
+            os.chmod(path, 0o700)
 
 
 def _log_tail(log_path, count=LOG_TAIL_LINES):
@@ -144,6 +161,7 @@ def main():
 
     task = plan["tasks"][index]
     run_dir = os.path.expanduser(fill(task["run_dir"]))
+    _make_private_dirs([os.path.expanduser(fill(d)) for d in task.get("private_dirs", [])])
     os.makedirs(run_dir, exist_ok=True)
     _write(os.path.join(run_dir, "node"), socket.gethostname())
     _write(os.path.join(run_dir, "pid"), str(os.getpid()))
@@ -153,7 +171,19 @@ def main():
     env.update({key: fill(value) for key, value in task["env"].items()})
     env["TF_CONFIG"] = json.dumps(config)
     started = time.time()
-    log = open(os.path.join(run_dir, "worker.log"), "ab")  # noqa: SIM115 - the child owns it
+    missing = [name for name in plan.get("secret_env", []) if name not in os.environ]
+    if missing:
+        error = (
+            f"job.secret_env: {', '.join(missing)} not in the job's environment; export "
+            "them where you run sbatch (and keep sbatch's --export=ALL)"
+        )
+        print(f"task {index}: {error}", flush=True)
+        _record_exit(run_dir, 2, started, error)
+        return 2
+    log_fd = os.open(
+        os.path.join(run_dir, "worker.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+    )
+    log = open(log_fd, "ab")  # noqa: SIM115 - the child owns it
     try:
         child = subprocess.Popen(
             [fill(a) for a in task["argv"]],

@@ -105,7 +105,8 @@ def test_dropped_port_is_named_as_a_firewall_within_the_bound(
     assert elapsed < CHECK_BOUND_S
     up = cli("up", "inv.yaml")
     assert up.returncode == 5 and "preflight found 3 problem(s)" in up.stderr
-    assert not (cli.cwd / ".orchestrate").exists()  # nothing was started
+    # Nothing was started (the state directory holds only the check's findings).
+    assert not (cli.cwd / ".orchestrate" / "runs").exists()
 
 
 def test_rejected_port_is_named_as_refused(
@@ -201,7 +202,7 @@ def test_firewall_rules_reopen_a_default_drop_cluster(
     assert [block.split()[0] for block in blocks] == ["host1", "host2", "host3"]
     for host, block in zip(cluster.hosts, blocks, strict=True):
         commands = [line for line in block.splitlines()[1:] if line and not line.startswith("#")]
-        assert "iptables -I INPUT -p tcp -s 10.231.0.1 --dport 22 -j ACCEPT" in commands
+        assert "iptables -I INPUT 1 -p tcp -s 10.231.0.1 --dport 22 -j ACCEPT" in commands
         for command in commands:
             cluster.exec_in(host, command.split(), check=True)
     code, items, _ = findings(cli)
@@ -219,9 +220,36 @@ def test_firewall_rules_reopen_a_default_drop_cluster(
         listener.wait()
 
 
+def test_an_accept_policy_exposes_the_port_until_the_firewall_rules_drop_the_rest(
+    cli: Cli, cluster: NamespaceCluster, inventory: Path, clean_firewalls: None
+):
+    # No rule and policy ACCEPT, as on most machines: this machine (10.231.0.1, no cluster
+    # member) reaches every TensorFlow port, and check says so without blocking.
+    code, items, _ = findings(cli)
+    exposed = {f["host"]: f for f in items if f["check"] == "exposed"}
+    assert code == 0 and set(exposed) == {"host1", "host2", "host3"}
+    assert all(f["status"] == "warn" for f in exposed.values())
+    assert "accepts connections from this machine (10.231.0.1)" in exposed["host1"]["detail"]
+    assert "orchestrate firewall" in exposed["host1"]["hint"]
+    script = cli("firewall", "inv.yaml", check=True).stdout
+    for host, block in zip(cluster.hosts, script.split("## ")[1:], strict=True):
+        commands = [line for line in block.splitlines()[1:] if line and not line.startswith("#")]
+        assert commands[3] == "iptables -I INPUT 4 -p tcp --dport 20000 -j DROP"  # after 3 accepts
+        for command in commands:
+            cluster.exec_in(host, command.split(), check=True)
+    code, items, _ = findings(cli)
+    assert code == 0, failed(items)
+    statuses = {(f["host"], f["check"]): f["status"] for f in items}
+    assert all(statuses[(h.name, "exposed")] == "ok" for h in cluster.hosts)
+    assert all(statuses[(h.name, "reachable")] == "ok" for h in cluster.hosts)
+
+
 def test_other_formats_name_every_peer(cli: Cli, cluster: NamespaceCluster, inventory: Path):
     for fmt, needle in (
         ("ufw", "ufw allow proto tcp from 10.231.0.12 to any port 20000"),
+        ("ufw", "ufw deny proto tcp to any port 20000"),
+        ("nftables", "nft add rule inet filter input tcp dport 20000 drop"),
+        ("firewalld", 'priority="32767" port port="20000" protocol="tcp" drop'),
         (
             "nftables",
             "nft insert rule inet filter input ip saddr 10.231.0.13 tcp dport 20000 accept",
