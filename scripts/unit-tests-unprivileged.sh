@@ -25,13 +25,20 @@ mkdir -p "$work"
 # Tracked and new (not ignored) files: what a clone of this tree would hold.
 { git ls-files -z --cached --others --exclude-standard; printf '.git\0'; } \
     | tar --null -T - -cf - | tar -C "$work" -xf -
+# The reference schemas sit beside the checkout (../shared/specs): the same place for the copy.
+if [[ -d ../shared/specs ]]; then
+    rm -rf "$home/shared"
+    mkdir -p "$home/shared"
+    cp -r ../shared/specs "$home/shared/specs"
+    chown -R "$TEST_USER:" "$home/shared"
+fi
 chown -R "$TEST_USER:" "$work"
 
 as_user() { runuser -u "$TEST_USER" -- env -i HOME="$home" PATH=/usr/bin:/bin "$@"; }
 as_user "$PYTHON" -m venv "$work/.venv"
 # Extras the unit tests import: ansible (the Ansible host-source tests read inventories with the
 # real ansible-core) and dashboard (its unit tests import the server module, uvicorn).
-as_user "$work/.venv/bin/pip" install -q --disable-pip-version-check -e "$work[ansible,dashboard]" pytest numpy
+as_user "$work/.venv/bin/pip" install -q --disable-pip-version-check -e "${work}[ansible,dashboard]" pytest numpy
 cd "$work"
 # Tests that start TensorFlow (marked tf) need the worker extra; everything else runs here.
 as_user "$work/.venv/bin/python" -m pytest -q -p no:cacheprovider -m "not tf" tests/unit "$@"
