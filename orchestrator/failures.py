@@ -30,6 +30,7 @@ class FailureKind(str, Enum):
     DISK_FULL = "disk full"
     PORT_BUSY = "port busy"  # the gRPC server could not bind its port
     PEER_LOST = "peer lost"  # a collective failed because another worker went away
+    EARLY_EXIT = "early exit"  # exit 0 below the target step
     CRASHED = "crashed"  # any other non-zero exit
 
 
@@ -55,7 +56,9 @@ _LOG_PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
 
 
 def classify_exit(returncode: int | None, log_tail: Sequence[str]) -> FailureKind:
-    """The kind of a worker's non-zero exit (negative: killed by that signal)."""
+    """The kind of a worker's failed exit (negative: killed by that signal)."""
+    if returncode == 0:
+        return FailureKind.EARLY_EXIT
     if returncode == EXIT_PREEMPTED:
         return FailureKind.PREEMPTED
     if returncode == EXIT_USAGE:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from orchestrator.runstore import WorkerRecord
 
 MachineKey = tuple[str, ...]
+PROBE_TIMEOUT = 5.0  # seconds a host may take to answer a poll before it counts as silent
 
 
 def machine_key(host: Host) -> MachineKey:
@@ -84,17 +85,19 @@ class HostBackend(Backend):
         return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), ask)
 
     def _probe_machine(self, host: Host, run_dirs: list[str]) -> dict[str, WorkerProbe]:
-        """Through the machine's open session; a broken one is dropped and the call made anew."""
+        """Through the machine's open session, answered within PROBE_TIMEOUT. A session that
+        fails is dropped and the host reported as not answering for this poll: retrying at
+        once would freeze the live view for the length of a network outage. The next poll
+        opens a fresh session."""
         key = machine_key(host)
-        agent = self.agent(host)
         session = self._sessions.pop(key, None)
         try:
-            session = session or agent.session()
-            answer = request(session, "probe", 30, run_dirs=run_dirs)
+            session = session or self.agent(host).session()
+            answer = request(session, "probe", PROBE_TIMEOUT, run_dirs=run_dirs)
         except HostError:
             if session is not None:
                 session.close()
-            return agent.probe(run_dirs)
+            raise
         self._sessions[key] = session
         return parsed(host.name, parse_probe_answer, answer)
 

@@ -94,6 +94,9 @@ class Job:
     stall_timeout: int = 300
     max_restarts: int = 3
     restart_backoff: int = 5  # seconds before the first restart, doubling after each
+    # How long a restart waits (without spending a restart) while hosts cannot reach each
+    # other's TensorFlow port, before the run fails naming the blocked pairs.
+    partition_timeout: int = 600
     permanent_exit_codes: tuple[int, ...] = (2,)  # 2: the worker's usage errors never heal
     strategy: Literal["multi-worker", "mirrored"] = "multi-worker"
     profile_steps: tuple[int, int] | None = None  # chief traces steps [start, end] for TensorBoard
@@ -107,6 +110,9 @@ class Inventory:
     job: Job
     # Hosts that replace a host found dead when the cluster is restarted (in order).
     spares: tuple[Host, ...] = ()
+    # With no spare left, a restart may go on without dead hosts down to this many workers
+    # (TF_CONFIG rebuilt for the survivors). None: every host is needed.
+    min_hosts: int | None = None
 
 
 def _task(value: Any) -> Checked:
@@ -148,6 +154,7 @@ JOB_KEYS: dict[str, Checker] = {
     "stall_timeout": POSITIVE,
     "max_restarts": integer(0),
     "restart_backoff": integer(0, 3600),
+    "partition_timeout": integer(0, 86400),
     "permanent_exit_codes": integer(1, 255),  # checked per item
     "strategy": choice("multi-worker", "mirrored"),
     "profile_steps": integers(1, length=2),
@@ -158,7 +165,7 @@ Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its l
 # takes exactly one; spares (and later min_hosts) apply to whatever it produced.
 HostSource = Callable[[LineMap, LineMap, "_Report", Path], list[Placed]]
 HOST_SOURCES: dict[str, HostSource] = {}
-TOP_KEYS: tuple[str, ...] = ("defaults", "hosts", "spares", "job")
+TOP_KEYS: tuple[str, ...] = ("defaults", "hosts", "spares", "min_hosts", "job")
 
 
 def _host_keys() -> dict[str, Checker]:
@@ -209,6 +216,11 @@ def load_inventory(path: str | Path) -> Inventory:
     except OSError as exc:
         report.add(None, "", f"cannot read the file: {exc.strerror or exc}")
         raise InventoryError(report.problems, hint="check the path of the inventory file") from exc
+    except UnicodeDecodeError as exc:
+        line = source.read_bytes()[: exc.start].count(b"\n") + 1
+        report.add(line, "", f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                             f"{exc.start}): is this the inventory, or a binary file?")  # fmt: skip
+        raise InventoryError(report.problems, hint="an inventory is a YAML text file") from exc
     try:
         document = parse(text)
     except YamlSyntaxError as exc:
@@ -244,6 +256,7 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
     job = _parse_job(document, report, stem, base_dir)
     if job is not None:
         _check_job_fits_hosts(job, hosts, document, report)
+    min_hosts = _parse_min_hosts(document, len(hosts), report)
     if job is None or report.problems:
         return None
     return Inventory(
@@ -252,7 +265,19 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
         hosts=tuple(hosts),
         job=job,
         spares=tuple(host for _, _, host in spares),
+        min_hosts=min_hosts,
     )
+
+
+def _parse_min_hosts(document: LineMap, count: int, report: _Report) -> int | None:
+    if "min_hosts" not in document:
+        return None
+    value, problem = integer(1, max(count, 1))(document["min_hosts"])
+    if problem:
+        report.add(_line(document, "min_hosts"), "min_hosts",
+                   f"{problem} (the number of workers a restart may go on with)")  # fmt: skip
+        return None
+    return int(value)
 
 
 def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report: _Report) -> None:

@@ -172,7 +172,7 @@ class SshRunner(Runner):
         self.open()
         transport = self.connection.client.get_transport()
         assert transport is not None
-        channel = transport.open_session()
+        channel = transport.open_session(timeout=self.settings.ssh_connect_timeout)
         try:
             # A pty makes sshd hang up the remote command when this channel closes; without one
             # a remote `tail -F` would outlive the controller.
@@ -190,7 +190,7 @@ class SshRunner(Runner):
         transport = self.connection.client.get_transport()
         assert transport is not None
         try:
-            channel = transport.open_session()
+            channel = transport.open_session(timeout=self.settings.ssh_connect_timeout)
             channel.exec_command(shlex.join(argv))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise HostError(self.host_name, f"the SSH connection failed: {exc}") from exc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.answers import WorkerProbe
@@ -107,6 +107,14 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         else worker_status(worker, probes.ok[worker.name])
         for worker in record.workers
     ]
+    if record.stop_requested:
+        # A worker that never started will not start any more: the run was stopped.
+        statuses = [
+            replace(s, state=WorkerState.STOPPED, reason="never started: the run was stopped")
+            if s.state is WorkerState.PENDING
+            else s
+            for s in statuses
+        ]
     statuses.sort(key=lambda s: s.index)
     return RunStatus(
         run_id=record.run_id,

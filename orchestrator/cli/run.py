@@ -43,7 +43,10 @@ from orchestrator.supervise import (
     Supervisor,
     SupervisorLock,
     conclude,
+    exclusive_start,
+    interrupted_launch,
     refuse_if_active,
+    relaunch,
     stop_everything,
     watch,
 )
@@ -91,8 +94,8 @@ def up(  # noqa: PLR0917 - click passes every option by position
     still active, 5 when a preflight check failed.
     """
     spec = load_inventory(inventory)
-    with open_backend() as backend:
-        refuse_if_active(context.store, backend)
+    with open_backend() as backend, exclusive_start(context.store, _say):
+        refuse_if_active(context.store, backend, _say)
         if not skip_checks:
             report = run_checks(spec, backend, probe_timeout, min_free_gb)
             show_findings(report, only_problems=True)
@@ -123,6 +126,10 @@ def up(  # noqa: PLR0917 - click passes every option by position
             )
             return
         _supervise_here(context.store, backend, record, interval)
+
+
+def _say(message: str) -> None:
+    errors.print(message, markup=False, highlight=False)
 
 
 def _spawn_supervisor(store: RunStore, run_id: str) -> int:
@@ -224,11 +231,13 @@ def attach(context: Context, run_id: str | None, interval: float) -> None:
         lock = SupervisorLock(context.store.lock_path(record.run_id))
         if not lock.held_elsewhere():
             errors.print(f"run {record.run_id}: nothing supervises it; supervising it here")
+            if interrupted_launch(context.store, record) and not record.stop_requested:
+                record = relaunch(context.store, backend, record, _say)
             _supervise_here(context.store, backend, record, interval)
             return
         errors.print(f"run {record.run_id}: watching (another process supervises it)")
         try:
-            with _view() as (show, _say):
+            with _view() as (show, _message):
                 final = watch(context.store, backend, record.run_id, show, interval)
         except KeyboardInterrupt:
             raise StoppedWatching() from None
