@@ -80,8 +80,9 @@ class HostAgent:
     def checkpoint(self, directory: str) -> CheckpointListing:
         return self._call("checkpoint", CheckpointListing.parse, timeout=30, directory=directory)
 
-    def adopt_checkpoint(self, directory: str, name: str) -> None:
-        self._call("adopt-checkpoint", dict, timeout=30, directory=directory, name=name)
+    def adopt_checkpoint(self, directory: str, name: str, checkpoints: list[str]) -> None:
+        self._call("adopt-checkpoint", dict, timeout=30, directory=directory, name=name,
+                   checkpoints=checkpoints)  # fmt: skip
 
     def files(self, directory: str) -> FileListing:
         return self._call("files", FileListing.parse, directory=directory)

@@ -121,8 +121,10 @@ class HostBackend(Backend):
     def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
         return self.agent(host).checkpoint(directory)
 
-    def adopt_checkpoint(self, host: Host, directory: str, name: str) -> None:
-        self.agent(host).adopt_checkpoint(directory, name)
+    def adopt_checkpoint(
+        self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
+    ) -> None:
+        self.agent(host).adopt_checkpoint(directory, name, list(checkpoints))
 
     def list_files(self, host: Host, directory: str) -> FileListing:
         return self.agent(host).files(directory)

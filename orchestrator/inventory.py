@@ -97,6 +97,9 @@ class Job:
     # How long a restart waits (without spending a restart) while hosts cannot reach each
     # other's TensorFlow port, before the run fails naming the blocked pairs.
     partition_timeout: int = 600
+    # Each worker's log is rotated past this size (one older file kept): a long run cannot
+    # fill a disk with it.
+    log_max_mb: int = 64
     permanent_exit_codes: tuple[int, ...] = (2,)  # 2: the worker's usage errors never heal
     strategy: Literal["multi-worker", "mirrored"] = "multi-worker"
     profile_steps: tuple[int, int] | None = None  # chief traces steps [start, end] for TensorBoard
@@ -155,6 +158,7 @@ JOB_KEYS: dict[str, Checker] = {
     "max_restarts": integer(0),
     "restart_backoff": integer(0, 3600),
     "partition_timeout": integer(0, 86400),
+    "log_max_mb": integer(1, 1 << 20),
     "permanent_exit_codes": integer(1, 255),  # checked per item
     "strategy": choice("multi-worker", "mirrored"),
     "profile_steps": integers(1, length=2),

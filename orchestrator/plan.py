@@ -38,6 +38,7 @@ class WorkerSpec:
     argv: tuple[str, ...]
     env: dict[str, str]
     tf_config: dict[str, Any]
+    log_max_bytes: int = 0  # 0: no cap
     uploads: tuple[tuple[str, str], ...] = ()  # (path here, path on the host) before the start
 
     @property
@@ -56,6 +57,7 @@ class WorkerSpec:
             "argv": list(self.argv),
             "env": self.env,
             "tf_config": self.tf_config,
+            "log_max_bytes": self.log_max_bytes,
         }
 
 
@@ -156,6 +158,7 @@ def plan_workers(
                 argv=worker_argv(inventory.job, host, run_dir, checkpoints),
                 env=env,
                 tf_config=tf_config(inventory, index),
+                log_max_bytes=inventory.job.log_max_mb << 20,
                 uploads=uploads(inventory.job, host, run_dir),
             )
         )

@@ -88,12 +88,13 @@ def status_table(status: RunStatus) -> Table:
 
 
 def problems(status: RunStatus) -> list[str]:
-    """One line per worker that failed or could not be asked, with why."""
-    return [
+    """One line per worker that failed or could not be asked, with why, and per note."""
+    lines = [
         f"{w.name}: {w.state.value}: {w.reason}"
         for w in status.workers
         if w.state in (WorkerState.FAILED, WorkerState.UNKNOWN) and w.reason
     ]
+    return lines + [f"{w.name}: {w.note}" for w in status.workers if w.note]
 
 
 def progress_line(worker: WorkerStatus) -> str:

@@ -69,10 +69,10 @@ def classify(probe: WorkerProbe | None) -> Classification:
         if probe.progress is not None:
             return Classification(WorkerState.RUNNING)
         return Classification(WorkerState.STARTING)
-    if not probe.exists or probe.pid is None:
-        return Classification(WorkerState.PENDING)
     if probe.stop_requested:
         return Classification(WorkerState.STOPPED, "stopped by orchestrate down")
+    if not probe.exists or probe.pid is None:
+        return Classification(WorkerState.PENDING)
     return Classification(WorkerState.FAILED, "process vanished without recording an exit")
 
 

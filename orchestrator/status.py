@@ -32,6 +32,7 @@ class WorkerStatus:
     finished_at: float | None
     devices: tuple[str, ...]
     log_tail: tuple[str, ...]
+    note: str | None = None  # what the worker wants a person to know (a checkpoint fallback)
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "log_tail"}
@@ -96,7 +97,12 @@ def worker_status(
         finished_at=exit_record.finished_at if exit_record else None,
         devices=progress.devices if progress else (),
         log_tail=exit_record.log_tail if exit_record else (),
+        note=_text(progress.fields.get("note")) if progress else None,
     )
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def collect_status(record: RunRecord, backend: Backend) -> RunStatus:

@@ -339,7 +339,8 @@ def stop_interrupted_launch(
     """Stop what a dead launcher had started (the rest would wait forever for the missing
     peers) and mark the attempt as over, so it neither wedges the state directory nor orphans
     a worker. Returns the record as saved."""
-    started = [w.name for w in record.workers if w.pid]
+    status = collect_status(record, backend)
+    started = [w.name for w in status.workers if w.state is not WorkerState.PENDING]
     say(
         f"run {record.run_id}: the launch of attempt {record.attempt} was interrupted "
         f"({len(started)} of {len(record.workers)} workers had started); stopping them"

@@ -94,22 +94,26 @@ def up(  # noqa: PLR0917 - click passes every option by position
     still active, 5 when a preflight check failed.
     """
     spec = load_inventory(inventory)
-    with open_backend() as backend, exclusive_start(context.store, _say):
-        refuse_if_active(context.store, backend, _say)
-        if not skip_checks:
-            report = run_checks(spec, backend, probe_timeout, min_free_gb)
-            show_findings(report, only_problems=True)
-            if report.blocking:
-                raise blocking_error(report)
-        errors.print(
-            f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) from {inventory}"
-        )
-        record = start_run(
-            spec,
-            context.store,
-            backend,
-            say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
-        )
+    with open_backend() as backend:
+        # Exclusive from the check for an active run through the launch, then released: a
+        # second `up` waits for it, then finds this run active and refuses.
+        with exclusive_start(context.store, _say):
+            refuse_if_active(context.store, backend, _say)
+            if not skip_checks:
+                report = run_checks(spec, backend, probe_timeout, min_free_gb)
+                show_findings(report, only_problems=True)
+                if report.blocking:
+                    raise blocking_error(report)
+            errors.print(
+                f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) "
+                f"from {inventory}"
+            )
+            record = start_run(
+                spec,
+                context.store,
+                backend,
+                say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
+            )
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
         if with_dashboard:
             try:

@@ -96,7 +96,9 @@ class FakeBackend(Backend):
     def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
         return CheckpointListing(directory, None, {})
 
-    def adopt_checkpoint(self, host: Host, directory: str, name: str) -> None:
+    def adopt_checkpoint(
+        self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
+    ) -> None:
         raise AssertionError("no checkpoint exists, so none is adopted")
 
     def list_files(self, host: Host, directory: str) -> FileListing:
