@@ -55,6 +55,8 @@ class Progress:
     accuracy: float | None = None
     checkpoint_step: int | None = None
     steps_per_sec: float | None = None
+    val_loss: float | None = None  # the latest evaluation (the built-in loop, with eval data)
+    val_accuracy: float | None = None
     devices: tuple[str, ...] = ()
     fields: Mapping[str, Any] = field(default_factory=dict)  # everything, for the JSON views
 
@@ -69,6 +71,8 @@ class Progress:
             accuracy=_number(data.get("accuracy")),
             checkpoint_step=_int(data.get("checkpoint_step")),
             steps_per_sec=_number(data.get("steps_per_sec")),
+            val_loss=_number(data.get("val_loss")),
+            val_accuracy=_number(data.get("val_accuracy")),
             devices=_lines(data.get("devices")),
             fields=dict(data),
         )

@@ -31,6 +31,12 @@ WORKER_LOG = "worker.log"
 # Distributions whose installed version names the host's TensorFlow.
 TF_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
 
+# What `export:` (inventory) and `--export` (worker) accept: the full Keras model, or an
+# inference-only SavedModel.
+EXPORT_FORMATS = ("keras", "saved_model")
+# The export's place, beside checkpoints/ and tensorboard/ in the job's directory.
+EXPORT_DIR_NAME = "export"
+
 # MODULE:FUNCTION, where MODULE is a dotted Python name and FUNCTION an identifier.
 TASK_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 

@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from orchestrator import kinds
-from orchestrator.contract import RESERVED_ENV_PREFIXES, device_setting_problems, task_problem
+from orchestrator.contract import (
+    EXPORT_FORMATS,
+    RESERVED_ENV_PREFIXES,
+    device_setting_problems,
+    task_problem,
+)
 from orchestrator.errors import InventoryError, Problem
 from orchestrator.kinds import Kind, NoSettings
 from orchestrator.paths import controller_path, is_loopback
@@ -103,6 +108,8 @@ class Job:
     permanent_exit_codes: tuple[int, ...] = (2,)  # 2: the worker's usage errors never heal
     strategy: Literal["multi-worker", "mirrored"] = "multi-worker"
     profile_steps: tuple[int, int] | None = None  # chief traces steps [start, end] for TensorBoard
+    eval_every: int | None = None  # steps between evaluations (a task with an eval_dataset)
+    export: Literal["keras", "saved_model"] | None = None  # the model, at the end of a good run
 
 
 @dataclass(frozen=True)
@@ -162,6 +169,8 @@ JOB_KEYS: dict[str, Checker] = {
     "permanent_exit_codes": integer(1, 255),  # checked per item
     "strategy": choice("multi-worker", "mirrored"),
     "profile_steps": integers(1, length=2),
+    "eval_every": POSITIVE,
+    "export": choice(*EXPORT_FORMATS),
 }
 
 Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
@@ -308,7 +317,7 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
                     "GPU memory settings apply to the built-in loop (job.task); "
                     "a script sets them itself",
                 )
-        for key in ("strategy", "profile_steps"):
+        for key in ("strategy", "profile_steps", "eval_every", "export"):
             if key in block:
                 report.add(_line(block, key), f"job.{key}", "applies to job.task only")
 

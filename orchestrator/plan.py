@@ -3,6 +3,7 @@
 Layout on every host (paths are the host's):
   {workdir}/{job}/checkpoints/          the chief's checkpoints (job.checkpoint_dir, if relative)
   {workdir}/{job}/tensorboard/          the chief's TensorBoard events, next to the checkpoints
+  {workdir}/{job}/export/               the chief's exported model (job.export), after a good run
   {workdir}/{job}/runs/{run_id}/attempt-{n}/{name}/
                                         one attempt of one worker: log, progress, exit, TF_CONFIG
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from orchestrator.contract import (
     CHECKPOINT_DIR_ENV,
+    EXPORT_DIR_NAME,
     PROGRESS_FILE,
     PROGRESS_FILE_ENV,
     RUN_DIR_ENV,
@@ -74,6 +76,25 @@ def checkpoint_dir(job: Job, job_directory: str) -> str:
     return posixpath.join(job_directory, job.checkpoint_dir)  # an absolute path wins in join
 
 
+def export_dir(job_directory: str) -> str:
+    return posixpath.join(job_directory, EXPORT_DIR_NAME)
+
+
+def job_dir_of_run(run_dir: str) -> str:
+    """{job_dir}/runs/{run_id}/attempt-{n}/{name} -> {job_dir}: the layout above, backwards."""
+    return posixpath.dirname(posixpath.dirname(posixpath.dirname(posixpath.dirname(run_dir))))
+
+
+def eval_export_flags(job: Job, job_directory: str) -> tuple[str, ...]:
+    """The built-in loop's evaluation and export flags."""
+    flags: list[str] = []
+    if job.eval_every:
+        flags += ["--eval-every", str(job.eval_every)]
+    if job.export:
+        flags += ["--export", job.export, "--export-dir", export_dir(job_directory)]
+    return tuple(flags)
+
+
 def uploads(job: Job, host: Host, run_dir: str) -> tuple[tuple[str, str], ...]:
     """A remote host gets the script and the job's files in its run directory; a worker that
     sees this machine's files uses them where they are."""
@@ -118,6 +139,7 @@ def worker_argv(job: Job, host: Host, run_dir: str, checkpoints: str) -> tuple[s
         "--max-to-keep", str(job.max_to_keep),
         "--batch-size", str(job.batch_size),
         "--log-every", str(job.log_every),
+        *eval_export_flags(job, job_dir_of_run(run_dir)),
         *device_flags(job, host),
         *job.args,
     )  # fmt: skip

@@ -62,7 +62,9 @@ def status_table(status: RunStatus) -> Table:
     if status.outcome:
         title.append(f"\n{status.outcome}", style="red")
     table = Table(title=title, title_justify="left", expand=False)
-    for column in ("worker", "#", "host", "state", "pid", "step", "loss", "acc", "ckpt"):
+    for column in (
+        "worker", "#", "host", "state", "pid", "step", "loss", "acc", "val_loss", "val_acc", "ckpt"
+    ):  # fmt: skip
         table.add_column(column, justify="right" if column in ("#", "pid", "step") else "left")
     for column in ("steps/s", "uptime", "cpu%", "mem"):
         table.add_column(column, justify="right")
@@ -77,6 +79,8 @@ def status_table(status: RunStatus) -> Table:
             step_text(w),
             number(w.loss),
             number(w.accuracy, 3),
+            number(w.val_loss),
+            number(w.val_accuracy, 3),
             "-" if w.checkpoint_step is None else str(w.checkpoint_step),
             number(w.steps_per_sec, 3),
             duration(w.uptime),
@@ -104,6 +108,8 @@ def progress_line(worker: WorkerStatus) -> str:
         parts.append(f"step {step_text(worker)}")
     if worker.loss is not None:
         parts.append(f"loss {number(worker.loss)}")
+    if worker.val_accuracy is not None:
+        parts.append(f"val_accuracy {number(worker.val_accuracy, 3)}")
     if worker.checkpoint_step is not None:
         parts.append(f"checkpoint {worker.checkpoint_step}")
     if worker.reason and worker.state in (WorkerState.FAILED, WorkerState.UNKNOWN):

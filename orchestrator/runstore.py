@@ -163,6 +163,10 @@ class RunStore:
         """Where a remote chief's TensorBoard event files are pulled to."""
         return self.root.resolve() / "tensorboard" / job_name
 
+    def export_dir(self, job_name: str) -> Path:
+        """Where `pull-export` puts a remote chief's exported model."""
+        return self.root.resolve() / "export" / job_name
+
     def tensorboard_log(self) -> Path:
         return self.root / "tensorboard.log"
 

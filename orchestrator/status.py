@@ -25,6 +25,8 @@ class WorkerStatus:
     accuracy: float | None
     checkpoint_step: int | None
     steps_per_sec: float | None
+    val_loss: float | None  # the latest evaluation of this attempt, over the whole eval split
+    val_accuracy: float | None
     uptime: float | None
     cpu_percent: float | None
     rss_bytes: int | None
@@ -90,6 +92,8 @@ def worker_status(
         accuracy=progress.accuracy if progress else None,
         checkpoint_step=progress.checkpoint_step if progress else None,
         steps_per_sec=progress.steps_per_sec if progress else None,
+        val_loss=progress.val_loss if progress else None,
+        val_accuracy=progress.val_accuracy if progress else None,
         uptime=uptime,
         cpu_percent=usage.cpu_percent if usage and alive else None,
         rss_bytes=usage.rss_bytes if usage and alive else None,

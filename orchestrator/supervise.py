@@ -205,8 +205,12 @@ def conclude(final: RunStatus, record: RunRecord) -> str:
     if final.state is WorkerState.SUCCEEDED:
         steps = max((w.step or 0) for w in final.workers)
         restarts = f" after {len(record.restarts)} restart(s)" if record.restarts else ""
+        chief = final.workers[0]
+        evaluated = ""
+        if chief.val_accuracy is not None:  # the final evaluation, over the whole eval split
+            evaluated = f"; val_loss {chief.val_loss:.4g} val_accuracy {chief.val_accuracy:.3f}"
         return (
-            f"job {final.job} succeeded at step {steps}{restarts}; "
+            f"job {final.job} succeeded at step {steps}{restarts}{evaluated}; "
             f"checkpoints in {record.workers[0].checkpoint_dir}"
         )
     if any(w.reason and "preempted" in w.reason for w in final.workers):

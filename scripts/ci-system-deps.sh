@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Install the Debian packages the network-namespace integration tests need
-# (tests/integration/test_netns_cluster.py, tests/cluster/) and the browser test of the
-# dashboard (tests/integration/test_dashboard_browser.py).
+# Install the Debian packages the root-only integration tests need: sshd, iproute2 and
+# iptables for the network-namespace hosts (tests/integration/test_netns_cluster.py,
+# tests/cluster/); Docker's engine and debootstrap for the container cluster
+# (tests/integration/test_docker_cluster.py, docker/cluster.sh); Chromium and its driver for
+# the dashboard's browser test; python3-venv for the unprivileged unit-test run.
 #
-# Idempotent: installs only what is missing and never starts a system sshd. The tests
-# start their own sshd inside each network namespace; a system one on port 22 of the root
-# namespace is not needed and would only widen what listens on the machine.
+# Idempotent: installs only what is missing and never starts a system service (sshd,
+# dockerd). The tests start their own sshd inside each network namespace, and
+# docker/cluster.sh starts dockerd with the flags that leave the namespace bridges alone.
 #
 # Usage (as root, Debian/Ubuntu): scripts/ci-system-deps.sh
 set -euo pipefail
 
-# chromium + chromium-driver: the dashboard test drives a real headless browser.
-readonly PACKAGES=(openssh-server openssh-client iproute2 iptables procps shellcheck python3-venv
-    chromium chromium-driver)
+# docker.io is Debian's engine and CLI (20.10, with BuildKit built in); debootstrap builds the
+# stand-in base image, as no image registry is reachable in CI. chromium + chromium-driver:
+# the dashboard test drives a real headless browser.
+readonly PACKAGES=(
+    openssh-server openssh-client iproute2 iptables procps shellcheck python3-venv
+    docker.io debootstrap chromium chromium-driver
+)
 readonly POLICY_RC=/usr/sbin/policy-rc.d
 
 if [[ "$(id -u)" -ne 0 ]]; then
@@ -35,7 +41,8 @@ missing_packages() {
     done
 }
 
-# Installing openssh-server runs its postinst, which starts the system sshd through
+# Installing openssh-server (or docker.io) runs its postinst, which starts the system sshd (or
+# dockerd, with iptables rules that cut the namespace bridges) through
 # invoke-rc.d/deb-systemd-invoke unless a policy-rc.d forbids it (exit 101). Provide a
 # temporary one when the machine has none, and remove it again afterwards.
 temporary_policy=0
@@ -75,4 +82,4 @@ if [[ "$(getent shadow root | cut -d: -f2)" == '!'* ]]; then
     root_note="; unlocked root for key-only login (password field '!' -> '*')"
 fi
 
-echo "ci-system-deps: ${action}; /run/sshd ready${root_note}; no system sshd started"
+echo "ci-system-deps: ${action}; /run/sshd ready${root_note}; no system sshd or dockerd started"

@@ -21,10 +21,16 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from orchestrator.contract import EXIT_OK, EXIT_PREEMPTED, EXIT_TRAINING_ERROR, EXIT_USAGE
+from orchestrator.contract import (
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_TRAINING_ERROR,
+    EXIT_USAGE,
+    EXPORT_FORMATS,
+)
 from worker import config as cfg
 from worker.preemption import Preempted
-from worker.task import TaskError, load_task
+from worker.task import TaskError, TrainingTask, load_task
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,8 +117,34 @@ def build_parser() -> argparse.ArgumentParser:
         metavar=("START", "END"),
         help="the chief traces steps START..END (graph and profiler) into the TensorBoard dir",
     )
+    _add_eval_flags(parser)
     _add_device_flags(parser)
     return parser
+
+
+def _add_eval_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "evaluation and export",
+        "a task with an eval_dataset is evaluated over all of it after the last step "
+        "(val_loss, val_accuracy in the log, progress and TensorBoard)",
+    )
+    group.add_argument(
+        "--eval-every",
+        type=int,
+        metavar="E",
+        help="also evaluate every E steps, on every worker together (needs an eval_dataset)",
+    )
+    group.add_argument(
+        "--export",
+        choices=EXPORT_FORMATS,
+        help="at the end of a successful run write the model to --export-dir: keras (the full "
+        "model, model.keras) or saved_model (an inference SavedModel, saved_model/)",
+    )
+    group.add_argument(
+        "--export-dir",
+        metavar="DIR",
+        help="default: 'export' next to the checkpoint directory; replaced whole by each export",
+    )
 
 
 def _add_device_flags(parser: argparse.ArgumentParser) -> None:
@@ -152,12 +184,22 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> cfg.WorkerConfi
     return cfg.from_args(args, env)
 
 
+def check_task_fits(config: cfg.WorkerConfig, task: TrainingTask) -> None:
+    """Flags that need something of the task."""
+    if config.eval_every is not None and task.eval_dataset is None:
+        raise cfg.ConfigError(
+            f"--eval-every {config.eval_every}: task {config.task!r} has no eval_dataset; add "
+            "TrainingTask(eval_dataset=...) or drop eval_every"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # -h/--help still prints and exits 0 through argparse's own SystemExit.
     argv = sys.argv[1:] if argv is None else argv
     try:
         config = parse_config(argv, os.environ)
         task = load_task(config.task)
+        check_task_fits(config, task)
     except (cfg.ConfigError, TaskError) as exc:
         print(f"worker: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
@@ -165,9 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         train.run(config, task)
-    except cfg.ConfigError as exc:
+    except (cfg.ConfigError, TaskError) as exc:
         # A setting only the host can refute (a GPU index it lacks, a batch that does not split
-        # over its devices): still a user mistake, found before the first step.
+        # over its devices), or a dataset that only TensorFlow can measure (an infinite or empty
+        # eval dataset): still a user mistake, found before the first step.
         print(f"worker: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     except Preempted:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 # Environment variables the controller sets on each worker process, and the task syntax: one
 # definition shared with the controller, which validates the inventory against the same rules.
 from orchestrator.contract import (
+    EXPORT_DIR_NAME,
+    EXPORT_FORMATS,
     PROGRESS_FILE_ENV,
     RUN_DIR_ENV,
     TF_CONFIG_ENV,
@@ -104,6 +106,14 @@ class WorkerConfig:
     # (START, END): trace and profile steps START..END, both included; None: no profiling.
     profile_steps: tuple[int, int] | None = None
     devices: DeviceSettings = DeviceSettings()
+    # Evaluate the task's eval dataset every K steps (and always after the last step); None: at
+    # the end only. Like --checkpoint-every, the same on every worker: evaluation is collective.
+    eval_every: int | None = None
+    # "keras" or "saved_model": write the model to export_dir at the end of a successful run.
+    export_format: str | None = None
+    export_dir: str = ""
+    # Where non-chief workers write their throw-away exports; None: a fresh tempfile.mkdtemp.
+    temp_export_dir: str | None = None
 
 
 def parse_tf_config(text: str | None) -> ClusterInfo:
@@ -142,6 +152,14 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     for flag in ("steps", "checkpoint_every", "max_to_keep", "batch_size", "log_every"):
         _require_positive(flag, getattr(args, flag))
     _require_positive("preemption_check_every", check_every)
+    eval_every = getattr(args, "eval_every", None)
+    if eval_every is not None:
+        _require_positive("eval_every", eval_every)
+    export_format = getattr(args, "export", None)
+    if export_format is not None and export_format not in EXPORT_FORMATS:
+        raise ConfigError(
+            f"--export must be one of {', '.join(EXPORT_FORMATS)}, got {export_format!r}"
+        )
     strategy = getattr(args, "strategy", STRATEGY_MULTI_WORKER)
     cluster = cluster_for_strategy(strategy, parse_tf_config(env.get(TF_CONFIG_ENV)))
     # Every worker takes the same share of the global batch; TensorFlow would fail later and less
@@ -156,10 +174,14 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     tensorboard_dir = _abspath(args.tensorboard_dir) or os.path.join(
         os.path.dirname(checkpoint_dir), "tensorboard"
     )
-    temp_dir = None
+    export_dir = _abspath(getattr(args, "export_dir", None)) or os.path.join(
+        os.path.dirname(checkpoint_dir), EXPORT_DIR_NAME
+    )
+    temp_dir = temp_export_dir = None
     if run_dir is not None:
         # One subdirectory per task index, in case several workers share a run directory.
         temp_dir = os.path.join(run_dir, "tmp-checkpoints", f"worker-{cluster.task_index}")
+        temp_export_dir = os.path.join(run_dir, "tmp-export")  # mkdtemp names inside it
     return WorkerConfig(
         task=args.task,
         steps=args.steps,
@@ -176,6 +198,10 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
         strategy=strategy,
         profile_steps=check_profile_steps(getattr(args, "profile_steps", None)),
         devices=device_settings_from_args(args),
+        eval_every=eval_every,
+        export_format=export_format,
+        export_dir=export_dir,
+        temp_export_dir=temp_export_dir,
     )
 
 

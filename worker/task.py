@@ -56,6 +56,10 @@ class TrainingTask:
     learning_rate: only for the TensorBoard summaries; it does not configure the optimizer.
     num_classes: if set, the model's last output dimension is checked against it.
     shuffle_buffer: examples in the shuffle buffer of each worker's input pipeline.
+    eval_dataset: builds a FINITE, UNBATCHED tf.data.Dataset of (features, label) examples to
+        evaluate on (val_loss, val_accuracy): after the last step, every --eval-every steps, and
+        in `python -m worker.evaluate`. Every example counts once, on whichever worker; like
+        `dataset` it must give the same examples in the same order each time it is built.
     """
 
     model: Callable[[], keras.Model]
@@ -65,9 +69,12 @@ class TrainingTask:
     learning_rate: float | None = None
     num_classes: int | None = None
     shuffle_buffer: int = 1024
+    eval_dataset: Callable[[], tf.data.Dataset] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("model", "dataset", "optimizer", "loss"):
+        for name in ("model", "dataset", "optimizer", "loss", "eval_dataset"):
+            if name == "eval_dataset" and self.eval_dataset is None:
+                continue
             if not callable(getattr(self, name)):
                 raise TaskError(
                     f"TrainingTask.{name} must be callable, got {getattr(self, name)!r}"

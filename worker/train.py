@@ -7,7 +7,8 @@ and optimizers work inside strategy.run.
 Order matters and is fixed by run():
   configure_devices (tf.config) -> strategy (first TensorFlow op) -> SIGTERM handler -> model/
   optimizer in scope -> restore -> sharded, repeated dataset -> steps, with logs, summaries,
-  progress, collective checkpoints and preemption checks.
+  progress, collective checkpoints, evaluations and preemption checks -> a final evaluation and,
+  with --export, the model written out (every worker saves, as with checkpoints).
 
 MirroredStrategy (--strategy mirrored) runs the same loop on one host over its local devices: one
 input pipeline, several replicas, and it is always the chief.
@@ -34,9 +35,12 @@ import tensorflow as tf
 
 from worker.config import STRATEGY_MIRRORED, ConfigError, DeviceSettings, WorkerConfig
 from worker.devices import configure_devices
+from worker.evaluation import EvalResult, Evaluator, correct_mask, has_integer_labels
+from worker.export import export_model
 from worker.output import log
 from worker.preemption import Preempted, SigtermFlag, tf_notice_received
 from worker.progress import ProgressWriter
+from worker.restore import zeros_batch
 from worker.summaries import ProfileWindow, Summaries, current_learning_rate
 from worker.task import TrainingTask
 
@@ -134,7 +138,7 @@ def build_state(
     features_spec = element_spec[0]
     with strategy.scope():
         model = task.model()
-        outputs = model(_zeros_like_spec(features_spec), training=False)
+        outputs = model(zeros_batch(features_spec), training=False)
         optimizer = task.optimizer()
         optimizer.build(model.trainable_variables)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -145,11 +149,6 @@ def build_state(
         )
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
     return TrainState(model=model, optimizer=optimizer, step=step, checkpoint=checkpoint)
-
-
-def _zeros_like_spec(spec: Any) -> Any:
-    # A batch of one example, for any structure of features (a tensor, a tuple, a dict).
-    return tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape], s.dtype), spec)
 
 
 def restore(state: TrainState, checkpoint_dir: str) -> tuple[int | None, str | None]:
@@ -283,12 +282,6 @@ class Window:
         return loss, accuracy if with_accuracy else None
 
 
-def has_integer_labels(element_spec: Any) -> bool:
-    """Accuracy (argmax of the logits equals the label) only makes sense for class indices."""
-    label_spec = element_spec[1]
-    return isinstance(label_spec, tf.TensorSpec) and label_spec.dtype.is_integer
-
-
 def make_train_step(
     strategy: tf.distribute.Strategy,
     state: TrainState,
@@ -314,7 +307,7 @@ def make_train_step(
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        correct = _correct_count(labels, logits) if with_accuracy else tf.constant(0.0)
+        correct = tf.reduce_sum(correct_mask(labels, logits)) if with_accuracy else tf.constant(0.0)
         # One stacked tensor: one cross-worker reduction per step instead of three.
         return tf.stack([loss, correct, preemption.wish.read_value()])
 
@@ -326,12 +319,6 @@ def make_train_step(
         preemption.votes.assign_add(totals[2])
 
     return train_step
-
-
-def _correct_count(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-    predicted = tf.argmax(logits, axis=-1, output_type=tf.int64)
-    actual = tf.cast(tf.reshape(labels, tf.shape(predicted)), tf.int64)
-    return tf.reduce_sum(tf.cast(tf.equal(predicted, actual), tf.float32))
 
 
 class CheckpointSaver:
@@ -398,11 +385,13 @@ def remove_interrupted_saves(checkpoint_dir: str) -> None:
 
 
 class Loop:
-    """Runs the steps from start_step to config.steps with logs, summaries, progress, checkpoints.
+    """Runs the steps from start_step to config.steps with logs, summaries, progress, checkpoints
+    and evaluations (every config.eval_every steps and after the last one, with an evaluator).
 
     The host waits for the device only where it must read a value: after the first step (to log
-    it), on log steps, on preemption checks, on checkpoint saves and at the end of a profiled
-    window. Raises Preempted once a SIGTERM has been agreed on and the checkpoint saved.
+    it), on log steps, on evaluations, on preemption checks, on checkpoint saves and at the end
+    of a profiled window. Raises Preempted once a SIGTERM has been agreed on and the checkpoint
+    saved.
     """
 
     def __init__(
@@ -418,8 +407,10 @@ class Loop:
         progress: ProgressWriter,
         with_accuracy: bool,
         preemption: Preemption,
+        evaluator: Evaluator | None = None,
     ) -> None:
         self.config = config
+        self.evaluator = evaluator
         self.train_step = train_step
         self.window = window
         self.saver = saver
@@ -450,6 +441,9 @@ class Loop:
                 self.saver.save(step)
                 log(f"worker: saved checkpoint at step {step}")
                 self.progress.write(step=step, checkpoint_step=step)
+            # After the save: an evaluation that fails loses no training.
+            if self._evaluates_at(step):
+                self._evaluate(step)
             # The last step ends the run anyway, with its checkpoint and exit 0.
             if step < steps and self.preemption.agreed_at(step):
                 self._stop(step)
@@ -457,6 +451,28 @@ class Loop:
         self.progress.write(step=steps)
         log(f"worker: finished at step {steps}")
         return steps
+
+    def _evaluates_at(self, step: int) -> bool:
+        every = self.config.eval_every
+        return self.evaluator is not None and (
+            step == self.config.steps or (every is not None and step % every == 0)
+        )
+
+    def _evaluate(self, step: int) -> EvalResult:
+        """On every worker at the same step: the evaluation runs collectives."""
+        assert self.evaluator is not None
+        started = time.perf_counter()
+        result = self.evaluator.evaluate()
+        log(
+            f"eval step {step} val_loss {_fmt(result.loss, 4)} val_accuracy "
+            f"{_fmt(result.accuracy, 4)} examples {result.examples} "
+            f"seconds {time.perf_counter() - started:.1f}"
+        )
+        self.summaries.scalars(step, {"val_loss": result.loss, "val_accuracy": result.accuracy})
+        self.progress.write(val_loss=result.loss, val_accuracy=result.accuracy, eval_step=step)
+        # The evaluation's time is not the steps': start the next rate window afresh.
+        self._mark = (step, time.perf_counter())
+        return result
 
     def _stop(self, step: int) -> None:
         """Every worker gets here at the same step: the save is collective like the others."""
@@ -529,6 +545,9 @@ def write_start(
         devices=device_names(config.cluster.task_index),
         num_replicas=num_replicas,
         preempted=False,
+        val_loss=None,
+        val_accuracy=None,
+        eval_step=None,
     )
 
 
@@ -549,6 +568,8 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
         progress.write(note=note)  # status shows it beside the worker
     if start_step >= config.steps:
         log(f"worker: already at step {start_step} >= {config.steps}, nothing to do")
+        # Every worker takes this branch alike, so the export's collective save still matches.
+        export(config, state, strategy)
         return start_step
     summaries = Summaries(config.tensorboard_dir, strategy.extended.should_checkpoint)
     if summaries.is_chief:
@@ -574,7 +595,24 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
     if sigterm_while_connecting(config):
         sigterm.set()
         log("worker: SIGTERM received while the workers connected; stopping at the first check")
-    return loop.run(iter(dist_dataset), start_step)
+    final_step = loop.run(iter(dist_dataset), start_step)
+    export(config, state, strategy)
+    return final_step
+
+
+def export(config: WorkerConfig, state: TrainState, strategy: tf.distribute.Strategy) -> None:
+    """With --export, every worker saves the model; the chief's copy goes to config.export_dir."""
+    if config.export_format is None:
+        return
+    written = export_model(
+        state.model,
+        config.export_format,
+        config.export_dir,
+        is_chief=strategy.extended.should_checkpoint,
+        temp_parent=config.temp_export_dir,
+    )
+    if written is not None:
+        log(f"worker: exported the model at step {int(state.step.numpy())} to {written}")
 
 
 def build_loop(
@@ -591,6 +629,20 @@ def build_loop(
 ) -> Loop:
     """The loop and its parts; the profile window is relative to this run's first step."""
     with_accuracy = has_integer_labels(element_spec)
+    evaluator = None
+    if task.eval_dataset is not None:
+        evaluator = Evaluator(
+            strategy,
+            state.model,
+            task,
+            task.eval_dataset(),
+            per_replica_batch=config.batch_size // strategy.num_replicas_in_sync,
+        )
+        log(
+            f"worker: evaluating {evaluator.examples} examples in {evaluator.steps} steps "
+            + (f"every {config.eval_every} steps and " if config.eval_every else "")
+            + "after the last step"
+        )
     window = Window(config.batch_size)
     preemption = Preemption(sigterm, config.preemption_check_every)
     return Loop(
@@ -606,4 +658,5 @@ def build_loop(
         progress=progress,
         with_accuracy=with_accuracy,
         preemption=preemption,
+        evaluator=evaluator,
     )

@@ -1,4 +1,4 @@
-"""`status`, `tail` and `tensorboard`: looking at a run."""
+"""`status`, `tail`, `tensorboard` and `pull-export`: looking at a run and what it made."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -20,6 +21,7 @@ from orchestrator.cli.app import (
     run_option,
 )
 from orchestrator.errors import MissingTool, PartialFailure
+from orchestrator.exports import export_is_remote, local_export, pull_export
 from orchestrator.logs import follow, last_lines, select_workers
 from orchestrator.render import (
     problems,
@@ -143,3 +145,37 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
         f"TensorBoard exited {server.returncode}: {last[0]}",
         hint=f"is port {port} free? try --port; its log is {server_log}",
     )
+
+
+@cli.command(name="pull-export")
+@click.option(
+    "--to",
+    "target",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where to put it (replaced whole). Default: {state-dir}/export/{job}/ for a remote "
+    "chief; a local chief's export is already on this machine and is only copied with --to.",
+)
+@run_option
+@pass_context
+def pull_export_command(context: Context, target: Path | None, run_id: str | None) -> None:
+    """Copy the model the chief exported (job key export:) to this machine; print its path.
+
+    The chief writes {workdir}/{job}/export/ at the end of a successful run: model.keras for
+    'export: keras', a SavedModel directory saved_model/ for 'export: saved_model'.
+    """
+    record = context.store.load(run_id)
+    chief = record.workers[0]
+    if not export_is_remote(record) and target is None:
+        source = local_export(record)
+        errors.print(f"{chief.name} shares this machine's files: its export is read in place")
+        click.echo(str(source))
+        return
+    with open_backend() as backend:
+        pulled = pull_export(record, backend, target or context.store.export_dir(record.job_name))
+    errors.print(
+        f"copied {pulled.files} file(s) ({pulled.size_bytes / 2**20:.1f} MiB) of "
+        f"{chief.name}'s export {pulled.source} to {pulled.target}",
+        markup=False,
+        highlight=False,
+    )
+    click.echo(str(pulled.target))

@@ -217,7 +217,7 @@ def test_training_over_ssh_resumes_from_the_chiefs_checkpoint(cli: Cli, cluster:
     other_dir = cluster.hosts[1].workdir / "shapes" / "checkpoints"
     assert (chief_dir / "checkpoint").exists() and not other_dir.exists()
 
-    write_inventory(cli, cluster, {**job, "steps": 60})
+    write_inventory(cli, cluster, {**job, "steps": 60, "export": "keras"})
     resumed = cli("up", "inv.yaml", check=True, timeout=300)
     # Without a shared disk the other host had no checkpoint; it gets the chief's before starting.
     assert (
@@ -227,6 +227,14 @@ def test_training_over_ssh_resumes_from_the_chiefs_checkpoint(cli: Cli, cluster:
     for name in ("host1", "host2"):
         assert f"{name} | worker: restored checkpoint at step 40" in logs
     assert [w["step"] for w in cli.status()["workers"]] == [60, 60]
+
+    # The remote chief's exported model is copied here over SSH; the other host kept no copy.
+    pulled = cli("pull-export", check=True)
+    target = cli.cwd / ".orchestrate" / "export" / "shapes"
+    assert pulled.stdout.strip() == str(target) and "of host1's export" in pulled.stderr
+    exported = cluster.hosts[0].workdir / "shapes" / "export" / "model.keras"
+    assert (target / "model.keras").read_bytes() == exported.read_bytes()
+    assert not (cluster.hosts[1].workdir / "shapes" / "export").exists()
 
     # The remote chief's event files are pulled to this machine for TensorBoard.
     served = serve_tensorboard(cli, free_ports(1)[0])

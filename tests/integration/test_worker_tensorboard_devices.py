@@ -87,7 +87,11 @@ def test_chief_writes_scalars_sample_images_and_a_profile(tmp_path):
 
     accumulator = events(board)
     tags = set(accumulator.Tags()["tensors"])
-    assert tags == SCALAR_TAGS | {"inputs/sample", "inputs/grid", "train_step"}
+    val_tags = {"val_loss", "val_accuracy"}  # the bundled task's final evaluation
+    assert tags == SCALAR_TAGS | val_tags | {"inputs/sample", "inputs/grid", "train_step"}
+    for tag in val_tags:
+        assert accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
+        assert [step for step, _ in values(accumulator, tag)] == [20]
     for tag in SCALAR_TAGS:
         assert accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
         assert [step for step, _ in values(accumulator, tag)] == [5, 10, 15, 20]

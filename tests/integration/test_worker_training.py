@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 TASK = "worker.examples.shapes:task"
 PROGRESS_KEYS = {
     "step", "start_step", "target_steps", "loss", "accuracy", "checkpoint_step", "steps_per_sec",
-    "time", "task_index", "num_workers", "devices", "num_replicas", "preempted",
+    "time", "task_index", "num_workers", "devices", "num_replicas", "preempted", "val_loss",
+    "val_accuracy", "eval_step",
 }  # fmt: skip
 TIMEOUT_S = 120
 STEP_LINE = re.compile(r"^step (\d+) loss ([\d.]+) accuracy ([\d.]+) steps/s ([\d.]+)$", re.M)

@@ -1,12 +1,15 @@
 """docker/: the compose file, its inventory, the Dockerfile and the scripts agree with each other.
 
-No Docker engine is needed (none runs on the development machines): the files are parsed and
-cross-checked, the inventory is loaded with orchestrate's own loader, and the shell scripts are
-syntax-checked. tests/integration/test_docker_entrypoint.py runs the entry point itself.
+No Docker engine is needed: the files are parsed and cross-checked, the inventory is loaded with
+orchestrate's own loader, docker/cluster.py's translation of compose.yaml into `docker run` is
+checked as a pure function, and the shell scripts are syntax-checked.
+tests/integration/test_docker_entrypoint.py runs the entry point itself;
+tests/integration/test_docker_cluster.py builds the image and trains across the containers.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import json
 import re
@@ -24,7 +27,7 @@ from orchestrator.inventory import Inventory, load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
-SCRIPTS = ("entrypoint.sh", "make-client-key.sh")
+SCRIPTS = ("entrypoint.sh", "make-client-key.sh", "cluster.sh")
 
 
 # --------------------------------------------------------------------------- parsing helpers
@@ -201,7 +204,8 @@ def test_generated_files_are_git_ignored() -> None:
 
 
 def test_dockerfile_base_sshd_and_worker_extra() -> None:
-    assert instruction_args("FROM") == ["python:3.11-slim"]
+    # Two stages: `system` (trust store, sshd, user), then the Python packages on top of it.
+    assert instruction_args("FROM") == ["python:3.11-slim AS system", "system"]
     runs = instruction_args("RUN")
     (apt,) = [rest for rest in runs if "apt-get install" in rest]
     assert re.search(r"apt-get install -y --no-install-recommends openssh-server\b", apt)
@@ -241,6 +245,31 @@ def test_dockerfile_requirements_are_the_worker_extra(tmp_path: Path) -> None:
     worker = project["optional-dependencies"]["worker"]
     assert listed == project["dependencies"] + worker
     assert any(req.startswith("tensorflow==") for req in worker)
+
+
+def test_extra_ca_certificates_come_before_any_download() -> None:
+    instructions = dockerfile_instructions()
+    keywords = [key for key, _ in instructions]
+    arg = instructions.index(("ARG", 'EXTRA_CA_CERTS=""'))
+    ca_run = next(i for i, (_, rest) in enumerate(instructions) if "update-ca-certificates" in rest)
+    first_download = next(
+        i for i, (key, rest) in enumerate(instructions)
+        if key == "RUN" and ("apt-get" in rest or "pip install" in rest)
+    )  # fmt: skip
+    assert keywords.index("FROM") < arg < ca_run < first_download
+    # pip trusts the system store (with the extra certificates), not only its bundled certifi.
+    assert dockerfile_env()["PIP_CERT"] == "/etc/ssl/certs/ca-certificates.crt"
+    # Compose passes the same argument from the environment.
+    args = compose()["x-worker"]["build"]["args"]
+    assert args == {"EXTRA_CA_CERTS": "${EXTRA_CA_CERTS:-}"}
+
+
+def test_stand_in_base_provides_what_the_dockerfile_uses() -> None:
+    text = (DOCKER / "stand-in-base.Dockerfile").read_text()
+    assert "FROM orchestrate-stand-in-rootfs:bookworm" in text
+    for needed in ("python3 python3-venv ca-certificates", "python3 -m venv /usr/local"):
+        assert needed in text
+    assert cluster_module().ROOTFS_IMAGE == "orchestrate-stand-in-rootfs:bookworm"
 
 
 def _ignore_patterns() -> list[tuple[bool, re.Pattern[str]]]:
@@ -325,7 +354,7 @@ def test_script_shellcheck(script: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_readme_gives_the_flow_and_says_what_was_not_verified() -> None:
+def test_readme_gives_both_flows() -> None:
     readme = (DOCKER / "README.md").read_text()
     for command in (
         "sh docker/make-client-key.sh",
@@ -336,4 +365,109 @@ def test_readme_gives_the_flow_and_says_what_was_not_verified() -> None:
         "docker compose -f docker/compose.yaml down",
     ):
         assert command in readme, command
-    assert "## What was and was not verified here" in readme
+    assert "docker/cluster.sh up" in readme and "docker/cluster.sh down" in readme
+
+
+# --------------------------------------------------------------------------- cluster.py
+
+
+def cluster_module() -> Any:
+    """docker/cluster.py, imported from its path (docker/ is not a package)."""
+    name = "orchestrate_docker_cluster"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, DOCKER / "cluster.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cluster_py_runs_each_compose_service_as_one_docker_run() -> None:
+    cluster = cluster_module().load_cluster(DOCKER / "compose.yaml")
+    document = compose()
+    project = document["name"]
+    assert cluster.image == "orchestrate-worker:local"
+    assert cluster.dockerfile == DOCKER / "Dockerfile" and cluster.context == REPO
+    assert cluster.network == f"{project}_cluster"
+    assert (cluster.subnet, cluster.gateway) == ("172.28.0.0/24", "172.28.0.1")
+    assert [s.name for s in cluster.services] == list(document["services"])
+    for service in cluster.services:
+        spec = document["services"][service.name]
+        args = service.run_args("L=x")
+        assert args[:2] == ["run", "--detach"]
+        pairs = dict(zip(args[2::2], args[3::2], strict=False))
+        assert pairs["--name"] == f"{project}-{service.name}-1"
+        assert pairs["--ip"] == spec["networks"]["cluster"]["ipv4_address"]
+        assert pairs["--network"] == cluster.network
+        assert "--init" in args
+        envs = [args[i + 1] for i, a in enumerate(args) if a == "--env"]
+        assert envs == sorted(f"{k}={v}" for k, v in spec["environment"].items())
+        mounts = [args[i + 1] for i, a in enumerate(args) if a == "--mount"]
+        assert mounts[0] == (
+            f"type=bind,source={DOCKER / 'client_key.pub'},"
+            "target=/run/secrets/authorized_keys,readonly"
+        )
+        assert f"type=volume,source={project}_{service.name}-host-keys," in mounts[1]
+        assert "-p" not in args and "--publish" not in args
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d["services"]["worker-1"].update(ports=["2222:22"]), "does not handle"),
+        (lambda d: d["services"]["worker-1"]["volumes"][0]["bind"].clear(), "create_host_path"),
+        (lambda d: d["services"]["worker-1"].update(image="other:tag"), "same one image"),
+        (lambda d: d["x-worker"]["build"]["args"].update(X="1"), "unknown settings"),
+        (lambda d: d["networks"].update(extra={"driver": "bridge"}), "one network"),
+    ],
+)
+def test_cluster_py_refuses_what_it_would_silently_drop(edit: Any, message: str) -> None:
+    module = cluster_module()
+    # YAML's merge key shares the anchor's values: editing x-worker's build edits every service's.
+    document = compose()
+    edit(document)
+    with pytest.raises(module.ClusterError, match=message):
+        module.parse_compose(document, DOCKER)
+
+
+def test_apt_mirror_is_read_from_either_sources_format(tmp_path: Path, monkeypatch: Any) -> None:
+    module = cluster_module()
+    one_line = tmp_path / "sources.list"
+    one_line.write_text("# comment\ndeb [arch=amd64] http://mirror.example/debian/ bookworm main\n")
+    deb822 = tmp_path / "sources.list.d"
+    deb822.mkdir()
+    (deb822 / "debian.sources").write_text("Types: deb\nURIs: http://other.example/debian\n")
+    monkeypatch.setattr(module, "APT_SOURCES", (one_line, deb822))
+    assert module.apt_mirror() == "http://mirror.example/debian"
+    monkeypatch.setattr(module, "APT_SOURCES", (tmp_path / "missing", deb822))
+    assert module.apt_mirror() == "http://other.example/debian"
+    monkeypatch.setattr(module, "APT_SOURCES", (tmp_path / "missing",))
+    assert module.apt_mirror() == module.DEFAULT_MIRROR
+
+
+def test_extra_ca_files_are_checked(tmp_path: Path) -> None:
+    module = cluster_module()
+    cert = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    good = tmp_path / "ca.pem"
+    good.write_text(cert)
+    assert module.extra_ca_pem([good, good]) == cert + cert
+    assert module.extra_ca_pem([]) == ""
+    key = tmp_path / "key.pem"
+    key.write_text("-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n")
+    with pytest.raises(module.ClusterError, match="private key"):
+        module.extra_ca_pem([key])
+    (tmp_path / "junk.pem").write_text("hello")
+    with pytest.raises(module.ClusterError, match="no PEM certificate"):
+        module.extra_ca_pem([tmp_path / "junk.pem"])
+    with pytest.raises(module.ClusterError, match="cannot read"):
+        module.extra_ca_pem([tmp_path / "absent.pem"])
+
+
+def test_config_hash_changes_with_the_image_and_the_settings() -> None:
+    module = cluster_module()
+    first, second, _ = module.load_cluster(DOCKER / "compose.yaml").services
+    assert module.config_hash(first, "sha256:a") == module.config_hash(first, "sha256:a")
+    assert module.config_hash(first, "sha256:a") != module.config_hash(first, "sha256:b")
+    assert module.config_hash(first, "sha256:a") != module.config_hash(second, "sha256:a")

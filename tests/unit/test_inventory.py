@@ -226,3 +226,22 @@ def test_strategy_and_profile_steps(tmp_path: Path) -> None:
     one_host = GOOD.replace("  - name: w1\n    address: 127.0.0.1\n    port: 23457\n", "")
     job = load_inventory(write(tmp_path, one_host + "  strategy: mirrored\n")).job
     assert job.strategy == "mirrored"
+
+
+def test_eval_every_and_export(tmp_path: Path) -> None:
+    job = load_inventory(write(tmp_path, GOOD + "  eval_every: 50\n  export: keras\n")).job
+    assert (job.eval_every, job.export) == (50, "keras")
+    assert (load_inventory(write(tmp_path, GOOD)).job.export) is None
+    found = problems_of(tmp_path, GOOD + "  eval_every: 0\n  export: onnx\n")
+    assert any("job.eval_every: expected an integer of at least 1, got 0" in p for p in found)
+    assert any("job.export: expected one of keras, saved_model, got 'onnx'" in p for p in found)
+
+
+def test_eval_and_export_apply_to_tasks_only(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    text = GOOD.replace(
+        "  task: worker.examples.shapes:task\n  steps: 50\n", "  script: train.py\n"
+    )
+    found = problems_of(tmp_path, text + "  eval_every: 5\n  export: keras\n")
+    assert any("job.eval_every: applies to job.task only" in p for p in found)
+    assert any("job.export: applies to job.task only" in p for p in found)

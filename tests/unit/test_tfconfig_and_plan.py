@@ -105,3 +105,12 @@ def test_script_jobs_get_visible_gpus_as_cuda_visible_devices() -> None:
     hosts = (replace(base.hosts[0], visible_gpus=(0, 2)), *base.hosts[1:])
     spec = plan_workers(replace(base, hosts=hosts), "r", {"a": "/w", "b": "/w", "c": "/w"})[0]
     assert spec.env["CUDA_VISIBLE_DEVICES"] == "0,2"
+
+
+def test_eval_and_export_flags_reach_the_worker() -> None:
+    job = Job(name="e", task="m:f", steps=10, eval_every=25, export="saved_model")
+    a, b, _ = plan_workers(inventory(job), "r", {"a": "/w", "b": "/data", "c": "/c"})
+    assert "--eval-every 25 --export saved_model --export-dir /w/e/export" in " ".join(a.argv)
+    assert b.argv[b.argv.index("--export-dir") + 1] == "/data/e/export"
+    plain = plan_workers(inventory(), "r", {"a": "/w", "b": "/w", "c": "/w"})[0].argv
+    assert "--eval-every" not in plain and "--export" not in plain

@@ -67,6 +67,7 @@ function renderWorkers(doc) {
     el("td", { title: text(w.reason, "") }, [pill(w.state)]),
     el("td", {}, [progressBar(w)]),
     el("td", { text: num(w.loss) }), el("td", { text: num(w.accuracy, 3) }),
+    el("td", { text: num(w.val_loss) }), el("td", { text: num(w.val_accuracy, 3) }),
     el("td", { text: num(w.steps_per_sec, 3) }), el("td", { text: text(w.checkpoint_step) }),
     el("td", { text: typeof w.cpu_percent === "number" ? `${num(w.cpu_percent, 3)}%` : "-" }),
     el("td", { text: mib(w.rss_bytes) }),

@@ -1,0 +1,89 @@
+"""The exported model (job.export): the chief writes it to {workdir}/{job}/export/ at the end of a
+successful run; `orchestrate pull-export` copies it to this machine.
+
+The copy goes to a staging directory beside the target and is swapped in whole, so the target
+holds one complete export (the chief's own export is swapped in the same way, worker.export).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.backend import Backend
+from orchestrator.errors import RunStateError
+from orchestrator.plan import export_dir, job_dir_of_run
+from orchestrator.runstore import RunRecord, WorkerRecord
+
+
+@dataclass(frozen=True)
+class PulledExport:
+    source: str  # the export directory on the chief's host
+    target: Path
+    files: int
+    size_bytes: int
+
+
+def chief_export_dir(chief: WorkerRecord) -> str:
+    return export_dir(job_dir_of_run(chief.run_dir))
+
+
+def no_export(chief: WorkerRecord, source: str) -> RunStateError:
+    return RunStateError(
+        f"{chief.name} has no exported model in {source}",
+        hint="set 'export: keras' or 'export: saved_model' in the job and run 'orchestrate "
+        "up' again: a finished job exports from its last checkpoint without training",
+    )
+
+
+def export_is_remote(record: RunRecord) -> bool:
+    return not record.workers[0].host.kind.shares_files_with_controller
+
+
+def local_export(record: RunRecord) -> Path:
+    """A chief that shares this machine's files: its export directory, read in place."""
+    chief = record.workers[0]
+    source = Path(chief_export_dir(chief))
+    if not source.is_dir() or not any(source.iterdir()):
+        raise no_export(chief, str(source))
+    return source
+
+
+def pull_export(record: RunRecord, backend: Backend, target: Path) -> PulledExport:
+    """Copy the chief's export directory to `target` (replacing what was there)."""
+    chief = record.workers[0]
+    source = chief_export_dir(chief)
+    listing = backend.list_files(chief.host, source)
+    files = listing.files
+    if not files:
+        raise no_export(chief, source)
+    target = target.resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        for relative in sorted(files):
+            local = staging / relative
+            local.parent.mkdir(parents=True, exist_ok=True)
+            backend.download(chief.host, posixpath.join(listing.root, relative), str(local))
+        os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the model from other users
+        _swap_in(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    size = sum(entry[0] for entry in files.values())
+    return PulledExport(source=source, target=target, files=len(files), size_bytes=size)
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    old = None
+    if target.exists() or target.is_symlink():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        old.rmdir()  # a fresh unused name for the rename
+        target.replace(old)
+    staging.replace(target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,110 @@
+"""Evaluate a checkpoint of a task on one process and print the metrics as one JSON object.
+
+    python -m worker.evaluate --task worker.examples.shapes:task \\
+        --checkpoint-dir ~/orchestrate/shapes/checkpoints [--checkpoint ckpt-300]
+
+Builds the task's model, restores the checkpoint (the latest by default; worker.restore), runs
+the task's whole eval dataset through it with the same code the training loop evaluates with
+(worker.evaluation: every example counted once, example-weighted), and prints
+{"checkpoint", "step", "examples", "val_loss", "val_accuracy"}. So it reports what the run's final
+evaluation reported for the final checkpoint, up to float rounding.
+
+Exit codes: 0 success; 1 an error while evaluating (the traceback); 2 a user mistake (a bad flag,
+a task that cannot be loaded or has no eval_dataset, no such checkpoint; one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import NoReturn
+
+from orchestrator.contract import EXIT_OK, EXIT_TRAINING_ERROR, EXIT_USAGE, task_problem
+from worker.restore import CheckpointNotFound, checkpoint_path
+from worker.task import TaskError, load_task
+
+DEFAULT_BATCH_SIZE = 64
+
+
+class UsageError(ValueError):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, like the worker's own command line
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m worker.evaluate",
+        description="Restore a checkpoint into a task's model, evaluate the task's eval_dataset "
+        "on this process, print the metrics as JSON.",
+    )
+    parser.add_argument(
+        "--task",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="function returning a worker.task.TrainingTask with an eval_dataset",
+    )
+    parser.add_argument(
+        "--checkpoint-dir", required=True, metavar="DIR", help="the run's checkpoint directory"
+    )
+    parser.add_argument(
+        "--checkpoint",
+        metavar="NAME",
+        help="the checkpoint to restore, such as ckpt-300 (default: the latest)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        metavar="B",
+        help="examples per batch; the metrics do not depend on it",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = build_parser().parse_args(list(argv))
+        if task_problem(args.task):
+            raise UsageError(f"--task must look like MODULE:FUNCTION, got {args.task!r}")
+        if args.batch_size < 1:
+            raise UsageError(f"--batch-size must be a positive integer, got {args.batch_size}")
+        path = checkpoint_path(args.checkpoint_dir, args.checkpoint)  # before TensorFlow: fast
+        task = load_task(args.task)
+        if task.eval_dataset is None:
+            raise UsageError(f"task {args.task!r} has no eval_dataset to evaluate")
+        from worker.evaluation import Evaluator
+        from worker.restore import restore
+
+        restored = restore(task, args.checkpoint_dir, args.checkpoint)
+        import tensorflow as tf
+
+        evaluator = Evaluator(
+            tf.distribute.get_strategy(),
+            restored.model,
+            task,
+            task.eval_dataset(),
+            per_replica_batch=args.batch_size,
+        )
+        result = evaluator.evaluate()
+    except (UsageError, CheckpointNotFound, TaskError) as exc:
+        print(f"worker.evaluate: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except Exception:
+        traceback.print_exc()
+        return EXIT_TRAINING_ERROR
+    name = os.path.basename(path)
+    print(json.dumps({"checkpoint": name, "step": restored.step, **result.as_dict()}), flush=True)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
