@@ -180,8 +180,9 @@ def restore(state: TrainState, checkpoint_dir: str) -> tuple[int | None, str | N
         path = os.path.join(checkpoint_dir, listed_path)  # an absolute one stays as it is
         try:
             state.checkpoint.restore(path).assert_existing_objects_matched()
-        except (tf.errors.OpError, ValueError, AssertionError) as exc:
-            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc)
+        except Exception as exc:
+            text = str(exc).strip()
+            reason = text.splitlines()[0][:200] if text else type(exc).__name__
             failures.append(f"{os.path.basename(path)}: {reason}")
             log(f"worker: checkpoint {os.path.basename(path)} cannot be loaded ({reason})")
             continue
