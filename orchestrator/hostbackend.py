@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +50,20 @@ class HostBackend(Backend):
 
     def runner(self, host: Host) -> Runner:
         return self.agent(host).runner
+
+    def _forget(self, key: MachineKey, session: LineSession | None) -> None:
+        """Drop a machine's connection after it stopped answering: the next call connects
+        afresh (a new TCP connection works at once when the network is back, where the old
+        one may sit in retransmission backoff). Closed in the background: closing a
+        connection to a silent host can block."""
+        with self._lock:
+            runner = self._runners.pop(key, None)
+        closers: list[Callable[[], None]] = []
+        if session is not None:
+            closers.append(session.close)
+        if runner is not None:
+            closers.append(runner.close)
+        threading.Thread(target=_close_quietly, args=(closers,), daemon=True).start()
 
     def close(self) -> None:
         for session in self._sessions.values():
@@ -95,8 +109,7 @@ class HostBackend(Backend):
             session = session or self.agent(host).session()
             answer = request(session, "probe", PROBE_TIMEOUT, run_dirs=run_dirs)
         except HostError:
-            if session is not None:
-                session.close()
+            self._forget(key, session)
             raise
         self._sessions[key] = session
         return parsed(host.name, parse_probe_answer, answer)
@@ -155,6 +168,14 @@ class HostBackend(Backend):
 
     def preflight_session(self, host: Host) -> LineSession:
         return self.agent(host).session(PROBE)
+
+
+def _close_quietly(closers: list[Callable[[], None]]) -> None:
+    for close in closers:
+        try:
+            close()
+        except Exception:
+            continue
 
 
 def _absolute(path: str, home: str) -> str:

@@ -127,10 +127,13 @@ def give_up_reason(failure: Failure, restarts: tuple[Restart, ...], job: Job) ->
     return permanent_reason(failure, previous, job.permanent_exit_codes)
 
 
-# Failures after which the restart first checks that the hosts reach each other.
-NETWORK_KINDS = frozenset(
-    {FailureKind.PEER_LOST, FailureKind.STALLED, FailureKind.UNREACHABLE, FailureKind.NOT_STARTED}
-)
+# Failures whose cause is on the worker's own host: a restart need not check the network first.
+# After any other (peers lost, stalls, unknown crashes) it checks that the hosts reach each other.
+LOCAL_KINDS = frozenset({
+    FailureKind.KILLED, FailureKind.PREEMPTED, FailureKind.EARLY_EXIT, FailureKind.USAGE,
+    FailureKind.IMPORT_ERROR, FailureKind.KERAS_API, FailureKind.OUT_OF_MEMORY,
+    FailureKind.DISK_FULL,
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -533,12 +536,12 @@ class Supervisor:
         """A partition between hosts would fail every restart the same way: after a failure
         that may be one, check the hosts' TensorFlow ports from each other first, and wait
         with backoff (no restart spent) until they reach each other or partition_timeout."""
-        if failure.kind not in NETWORK_KINDS:
+        hosts = self.record.inventory.hosts
+        if failure.kind in LOCAL_KINDS or len({h.kind.machine_key(h) for h in hosts}) < 2:
             return
         job = self.record.inventory.job
         deadline = time.monotonic() + job.partition_timeout
         wait = 2.0
-        hosts = self.record.inventory.hosts
         network = {"reachable", "connect"} | {h.kind.login_check for h in hosts} - {None}
         while True:
             blocked = [
