@@ -135,7 +135,8 @@ def healthy(request: Mapping[str, Any]) -> dict[str, Any]:
         from orchestrator import __version__
 
         packages = {"tensorflow": "2.21.0", "orchestrate": __version__}
-        return {"python": "3.11.2", "packages": packages, "env": {}, "directories": [GOOD_DIRECTORY for _ in request["directories"]],
+        directories = [GOOD_DIRECTORY for _ in request["directories"]]
+        return {"python": "3.11.2", "packages": packages, "env": {}, "directories": directories,
                 "listener_pid": 4242, "port_error": None, "holder": None}  # fmt: skip
     if request["verb"] == "connect":
         return {"peers": {p["name"]: {"status": "ok"} for p in request["peers"]},
