@@ -382,6 +382,9 @@ def cmd_checkpoint(request):
             present.append(name)
         for entry in mine:
             files[entry] = os.path.getsize(os.path.join(directory, entry))
+    for extra in request.get("companions", []):  # files that travel with the checkpoints
+        if present and extra in entries:
+            files[extra] = os.path.getsize(os.path.join(directory, extra))
     latest = names[-1] if names and names[-1] in present else None
     return {"directory": directory, "latest": latest, "checkpoints": present, "files": files}
 

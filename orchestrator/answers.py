@@ -133,6 +133,7 @@ class WorkerProbe:
     exit: ExitRecord | None = None
     stop_requested: bool = False
     usage: Usage | None = None
+    node: str | None = None  # where a scheduler placed the worker, when one did
 
     @classmethod
     def parse(cls, data: Mapping[str, Any], now: float) -> WorkerProbe:

@@ -11,19 +11,24 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
 from orchestrator.fanout import GroupResult
 from orchestrator.runner import LineSession
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Host
+    from orchestrator.inventory import Host, Inventory
     from orchestrator.plan import WorkerSpec
-    from orchestrator.runstore import WorkerRecord
+    from orchestrator.preflight import PreflightReport
+    from orchestrator.runstore import RunRecord, WorkerRecord
 
 
 class Backend(ABC):
+    # A preempted attempt (every worker saved and exited 75) is resubmitted by the supervisor
+    # instead of ending the run: a scheduler preempts and gives the nodes back later.
+    resubmits_preempted: ClassVar[bool] = False
+
     # --- an attempt's workers ------------------------------------------------------------------
     @abstractmethod
     def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
@@ -86,6 +91,27 @@ class Backend(ABC):
     def preflight_session(self, host: Host) -> LineSession:
         """A hostprobe session on the host (preflight.py's rounds)."""
 
+    def stream(self, host: Host, argv: Sequence[str]) -> Iterator[str]:
+        """Run a command on the host's machine, yielding its output lines (`setup:`)."""
+        from orchestrator.errors import HostError
+
+        raise HostError(host.name, "this backend cannot run commands on its hosts")
+
+    # --- what a scheduler adds (hosts have none of it) -----------------------------------------
+    def submitted_job(self) -> str | None:
+        """The scheduler's job id of the attempt the last start() submitted."""
+        return None
+
+    def scheduler_state(self, record: RunRecord) -> dict[str, Any] | None:
+        """The scheduler's view of the run's current attempt, for status."""
+        return None
+
+    def own_preflight(
+        self, inventory: Inventory, probe_timeout: float, min_free_bytes: int
+    ) -> PreflightReport | None:
+        """The backend's own preflight checks; None: the host rounds of preflight.py."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional for backends that hold nothing
         """Release every connection."""
 
@@ -96,8 +122,13 @@ class Backend(ABC):
         self.close()
 
 
-def open_backend() -> Backend:
-    """The backend for the hosts an inventory lists (any connection kind of orchestrator/kinds)."""
+def open_backend(inventory: Inventory | None = None) -> Backend:
+    """The backend for the inventory's (or run record's) host source: hosts of any connection
+    kind of orchestrator/kinds, or the nodes of a Slurm cluster."""
+    if inventory is not None and inventory.slurm is not None:
+        from orchestrator.slurm.backend import SlurmBackend
+
+        return SlurmBackend(inventory.slurm, inventory.job)
     from orchestrator.hostbackend import HostBackend
 
     return HostBackend()

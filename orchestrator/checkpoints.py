@@ -21,6 +21,7 @@ from pathlib import Path
 
 from orchestrator.answers import CheckpointListing
 from orchestrator.backend import Backend
+from orchestrator.contract import CHECKPOINT_COMPANIONS
 from orchestrator.fanout import fan_out
 from orchestrator.inventory import Host
 from orchestrator.plan import WorkerSpec
@@ -64,7 +65,8 @@ class Mirror:
         if not found.latest or (current and current.latest == found.latest):
             return None
         staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=self._ready()))
-        latest_only = {n for n in found.files if n.startswith(found.latest + ".")}
+        prefix = found.latest + "."
+        latest_only = {n for n in found.files if n.startswith(prefix) or n in CHECKPOINT_COMPANIONS}
         _download(host, found, latest_only, backend, staging)
         os.replace(staging, self.root / found.latest)
         _write_atomic(self.root / "latest", found.latest)  # last: never names a partial copy

@@ -7,6 +7,7 @@ on training hosts, and the controller imports it without TensorFlow.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 # Exit codes of `python -m worker`.
 EXIT_OK = 0
@@ -36,6 +37,35 @@ TF_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
 EXPORT_FORMATS = ("keras", "saved_model")
 # The export's place, beside checkpoints/ and tensorboard/ in the job's directory.
 EXPORT_DIR_NAME = "export"
+
+# `job.keras`: which Keras `tf.keras` is on the workers. TensorFlow 2.16+ ships Keras 3; Keras 2
+# lives on as the tf-keras distribution (import name tf_keras), chosen by TF_USE_LEGACY_KERAS=1
+# and versioned with TensorFlow: tf-keras 2.X works with TensorFlow 2.X only.
+KERAS_DEFAULT = "default"  # the Keras that ships with TensorFlow (Keras 3)
+KERAS_LEGACY = "legacy"  # tf.keras is Keras 2 (tf_keras): model.fit under MWMS, reset_states
+KERAS_SETTINGS = (KERAS_DEFAULT, KERAS_LEGACY)
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+TF_KERAS_PACKAGE = "tf-keras"
+# Beside the chief's checkpoints: which Keras wrote them (restoring under the other is refused).
+KERAS_MARKER_FILE = "keras.json"
+# Files beside the checkpoints that every host resuming from them needs too.
+CHECKPOINT_COMPANIONS = (KERAS_MARKER_FILE,)
+
+
+def legacy_keras_requested(env: Mapping[str, str]) -> bool:
+    """What tf.keras will be, decided the way TensorFlow decides it (tf/python/util/lazy_loader)."""
+    return env.get(LEGACY_KERAS_ENV) in ("true", "True", "1")
+
+
+def minor_version(version: str) -> str:
+    """Version 2.21.0 -> 2.21: tf-keras and TensorFlow must agree on it."""
+    return ".".join(version.split(".")[:2])
+
+
+def tf_keras_requirement(tensorflow_version: str) -> str:
+    """The pip requirement of the tf-keras that matches a TensorFlow version."""
+    return f"{TF_KERAS_PACKAGE}~={minor_version(tensorflow_version)}.0"
+
 
 # MODULE:FUNCTION, where MODULE is a dotted Python name and FUNCTION an identifier.
 TASK_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")

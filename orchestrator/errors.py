@@ -5,6 +5,7 @@ OrchestrateError
 ├── RunStateError       no run to act on, or a run is already active (exit 4)
 ├── HostError           a host could not be reached or a command on it failed (exit 3)
 ├── PreflightFailed     `check` found a problem that blocks the run (exit 5)
+├── ExportRefused       `export` would print what the target would reject (exit 2)
 └── JobFailed           the training job ended with a failed worker (exit 1)
 
 Every error carries a one-paragraph message and, where there is one, a hint that says what to do.
@@ -90,6 +91,12 @@ class PreflightFailed(OrchestrateError):
     """`check` found something that would stop or hang the run."""
 
     exit_code = 5
+
+
+class ExportRefused(OrchestrateError):
+    """The exported manifest or script would be rejected where it is meant to go."""
+
+    exit_code = 2
 
 
 class MissingTool(OrchestrateError):

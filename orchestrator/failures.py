@@ -31,12 +31,65 @@ class FailureKind(str, Enum):
     PORT_BUSY = "port busy"  # the gRPC server could not bind its port
     PEER_LOST = "peer lost"  # a collective failed because another worker went away
     EARLY_EXIT = "early exit"  # exit 0 below the target step
+    LEFT_EARLY = "left early"  # exited 0 while its peers still waited for it in a collective
     CRASHED = "crashed"  # any other non-zero exit
 
 
 # Failures that a restart cannot heal: the same code on the same host fails the same way.
-# (Usage errors are exit code 2, which the job lists as permanent by default.)
-DETERMINISTIC = frozenset({FailureKind.IMPORT_ERROR, FailureKind.KERAS_API})
+# (Usage errors are also exit code 2, which the job lists as permanent by default; listing the
+# kind here keeps them permanent when a job empties permanent_exit_codes.)
+DETERMINISTIC = frozenset(
+    {FailureKind.IMPORT_ERROR, FailureKind.KERAS_API, FailureKind.USAGE, FailureKind.LEFT_EARLY}
+)
+
+# What to do about each kind, for people: `up`'s root cause, `status`, the dashboard.
+HINTS: dict[FailureKind, str] = {
+    FailureKind.KERAS_API: (
+        "this is tf.keras 2 code (Keras 2 APIs, or model.fit under MultiWorkerMirroredStrategy) "
+        "running on Keras 3: set job.keras: legacy in the inventory, and install "
+        "'orchestrate[legacy-keras]' (tf-keras of TensorFlow's version) on every host"
+    ),
+    FailureKind.IMPORT_ERROR: (
+        "a module the worker imports is missing on its host: a module of your own goes under "
+        "job.files: (uploaded next to the script); a package must be installed into the Python "
+        "named by python: on every host"
+    ),
+    FailureKind.PORT_BUSY: (
+        "another process holds the worker's TensorFlow port: 'orchestrate check INVENTORY' "
+        "names it; stop it, or give the host another port:"
+    ),
+    FailureKind.PEER_LOST: (
+        "its collective was aborted because a peer went away; the worker that failed first is "
+        "the cause: read its log ('orchestrate tail NAME')"
+    ),
+    FailureKind.OUT_OF_MEMORY: (
+        "the worker ran out of memory: lower job.batch_size or the model's size; on GPUs set "
+        "gpu_memory_growth: true or gpu_memory_limit_mb (a script sets its own tf.config), and "
+        "keep other programs off the host"
+    ),
+    FailureKind.KILLED: (
+        "killed by a signal: by a person, or (SIGKILL, exit 137) by the kernel's OOM killer when "
+        "the host ran out of memory ('dmesg' on the host says so): then lower job.batch_size, "
+        "or on GPUs set gpu_memory_growth or gpu_memory_limit_mb"
+    ),
+    FailureKind.DISK_FULL: "free space on the host, or point checkpoint_dir at a larger disk",
+    FailureKind.EARLY_EXIT: (
+        "the worker exited 0 before the target step it reported: check the script's loop and "
+        "its step count (target_steps in its progress), or that it resumes at the right step"
+    ),
+    FailureKind.LEFT_EARLY: (
+        "every worker must create the same tf.distribute.MultiWorkerMirroredStrategy first and "
+        "run to the end together: a script that exits, or skips the strategy, on one worker "
+        "leaves its peers waiting for it in their collectives"
+    ),
+    FailureKind.STALLED: (
+        "no new step for stall_timeout: a peer that never joined or hangs blocks every worker; "
+        "raise stall_timeout if a step really takes that long"
+    ),
+    FailureKind.NOT_STARTED: "its host could not start the worker: 'orchestrate check INVENTORY'",
+    FailureKind.UNREACHABLE: "its host stopped answering: check the machine and its network",
+    FailureKind.USAGE: "the worker refused its flags, TF_CONFIG or task: fix what its log names",
+}
 
 # Checked in order against the log tail: the first match names the kind.
 _LOG_PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
@@ -45,9 +98,12 @@ _LOG_PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
      re.compile(r"ResourceExhaustedError|OOM when allocating|MemoryError|[Oo]ut of memory")),
     (FailureKind.PORT_BUSY,
      re.compile(r"Could not start gRPC server|Address already in use|Failed to add port")),
+    (FailureKind.IMPORT_ERROR, re.compile(r"do not have the tf_keras package")),
     (FailureKind.KERAS_API,
-     re.compile(r"has no attribute '(reset_states|_distribution_strategy)'|"
-                r"unsupported type \(<class '[\w.]*PerReplica'>\)")),
+     re.compile(r"has no attribute '(reset_states|_distribution_strategy|reset_metrics|"
+                r"experimental_distribute_dataset)'|"
+                r"unsupported type \(<class '[\w.]*PerReplica'>\)|"
+                r"is not available with Keras 3")),
     (FailureKind.IMPORT_ERROR, re.compile(r"\b(ModuleNotFoundError|ImportError)\b")),
     (FailureKind.PEER_LOST,
      re.compile(r"Collective ops is aborted|[Uu]nhealthy|UnavailableError|Socket closed|"
@@ -70,6 +126,54 @@ def classify_exit(returncode: int | None, log_tail: Sequence[str]) -> FailureKin
     if returncode is not None and (returncode < 0 or returncode > 128):
         return FailureKind.KILLED
     return FailureKind.CRASHED
+
+
+_MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+
+
+def explain(kind: FailureKind, log_tail: Sequence[str] = ()) -> str | None:
+    """What to do about a failure of this kind, made specific by its log where that helps."""
+    text = "\n".join(log_tail)
+    if kind is FailureKind.IMPORT_ERROR:
+        if re.search(r"do not have the tf_keras package|No module named 'tf_keras'", text):
+            return (
+                "job.keras is legacy but tf_keras is missing on the host: pip install "
+                "'orchestrate[legacy-keras]' (tf-keras of TensorFlow's version) there"
+            )
+        found = _MISSING_MODULE.findall(text)
+        if found:
+            module = found[-1]
+            top = module.split(".")[0]
+            return (
+                f"the worker cannot import '{module}': if it is your own module, list "
+                f"{top}.py (or the {top}/ directory) under job.files: so it is uploaded "
+                f"next to the script; if it is a package, install it into the Python named "
+                f"by python: on every host"
+            )
+    return HINTS.get(kind)
+
+
+def early_exit(failure: Failure, exited_ok: Sequence[str]) -> Failure:
+    """A worker that waits for a peer (stalled, or its collective aborted) while another worker
+    already exited 0: in MultiWorkerMirroredStrategy every worker runs the same steps and ends
+    together, so the one that left is the cause, not the one left waiting."""
+    waiting = failure.kind is FailureKind.PEER_LOST or (
+        # Stalled before its first step: still waiting for the cluster to form. A worker that
+        # stalls mid-training while another finished is stuck on its own (workers that share
+        # collectives cannot finish without it).
+        failure.kind is FailureKind.STALLED and failure.step is None
+    )
+    if not waiting or not exited_ok:
+        return failure
+    return Failure(
+        exited_ok[0],
+        FailureKind.LEFT_EARLY,
+        f"it exited (code 0) while {failure.worker} still waited for it "
+        f"({failure.kind.value}: {failure.reason}): the script never created the strategy "
+        "or exited before its peers joined",
+        None,
+        0,
+    )
 
 
 @dataclass(frozen=True)

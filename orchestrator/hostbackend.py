@@ -157,6 +157,9 @@ class HostBackend(Backend):
         for local, remote in files:
             runner.put(local, remote)
 
+    def stream(self, host: Host, argv: Sequence[str]) -> Iterator[str]:
+        return self.runner(host).stream(argv)
+
     # --- reaching hosts ------------------------------------------------------------------------
     def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
         answers = fan_out(hosts, lambda host: self.agent(host).info())

@@ -14,15 +14,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 from orchestrator import kinds
+from orchestrator.codesync import SyncSpec, parse_sync
 from orchestrator.contract import (
     EXPORT_FORMATS,
+    KERAS_DEFAULT,
+    KERAS_SETTINGS,
+    LEGACY_KERAS_ENV,
     RESERVED_ENV_PREFIXES,
     device_setting_problems,
     task_problem,
 )
 from orchestrator.errors import InventoryError, Problem
+from orchestrator.hostsetup import parse_setup
 from orchestrator.kinds import Kind, NoSettings
 from orchestrator.paths import controller_path, is_loopback
+from orchestrator.slurm.spec import SlurmSpec
 from orchestrator.values import (
     NAME_PATTERN,
     PORT,
@@ -110,6 +116,8 @@ class Job:
     profile_steps: tuple[int, int] | None = None  # chief traces steps [start, end] for TensorBoard
     eval_every: int | None = None  # steps between evaluations (a task with an eval_dataset)
     export: Literal["keras", "saved_model"] | None = None  # the model, at the end of a good run
+    # "legacy": tf.keras is Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1) on every worker.
+    keras: str = KERAS_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,15 @@ class Inventory:
     # With no spare left, a restart may go on without dead hosts down to this many workers
     # (TF_CONFIG rebuilt for the survivors). None: every host is needed.
     min_hosts: int | None = None
+    setup: tuple[str, ...] = ()  # shell commands run once per host before a start (hostsetup)
+    sync: SyncSpec | None = None  # a directory mirrored to every host before each start
+    # The `slurm:` block when Slurm places the workers (then `hosts` are its tasks).
+    slurm: SlurmSpec | None = None
+
+    @property
+    def host_source(self) -> str:
+        """Which top-level block listed the workers: 'hosts' or 'slurm'."""
+        return "slurm" if self.slurm is not None else "hosts"
 
 
 def _task(value: Any) -> Checked:
@@ -171,14 +188,16 @@ JOB_KEYS: dict[str, Checker] = {
     "profile_steps": integers(1, length=2),
     "eval_every": POSITIVE,
     "export": choice(*EXPORT_FORMATS),
+    "keras": choice(*KERAS_SETTINGS),
 }
 
 Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
-# A host source turns its top-level block into the workers, in TF_CONFIG order. An inventory
-# takes exactly one; spares (and later min_hosts) apply to whatever it produced.
-HostSource = Callable[[LineMap, LineMap, "_Report", Path], list[Placed]]
+# A host source turns its top-level block into the workers, in TF_CONFIG order, and the
+# scheduler's settings if a scheduler places them. An inventory takes exactly one; spares (and
+# later min_hosts) apply to whatever it produced.
+HostSource = Callable[[LineMap, LineMap, "_Report", Path], tuple[list[Placed], Any]]
 HOST_SOURCES: dict[str, HostSource] = {}
-TOP_KEYS: tuple[str, ...] = ("defaults", "hosts", "spares", "min_hosts", "job")
+TOP_KEYS: tuple[str, ...] = ("defaults", "spares", "min_hosts", "setup", "sync", "job")
 
 
 def _host_keys() -> dict[str, Checker]:
@@ -234,14 +253,19 @@ def load_inventory(path: str | Path) -> Inventory:
         report.add(line, "", f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                              f"{exc.start}): is this the inventory, or a binary file?")  # fmt: skip
         raise InventoryError(report.problems, hint="an inventory is a YAML text file") from exc
+    return load_inventory_text(text, str(path), source.resolve().parent, source.stem)
+
+
+def load_inventory_text(text: str, label: str, base_dir: Path, stem: str) -> Inventory:
+    """An inventory held in memory (`orchestrate local`'s), read as if it were the file `label`
+    in `base_dir`: relative paths resolve there, and local workers start there."""
+    report = _Report(label)
     try:
         document = parse(text)
     except YamlSyntaxError as exc:
         report.add(exc.line, "", exc.message)
         raise InventoryError(report.problems) from exc
-    inventory = parse_inventory(
-        document, report, base_dir=source.resolve().parent, stem=source.stem
-    )
+    inventory = parse_inventory(document, report, base_dir=base_dir, stem=stem)
     if report.problems or inventory is None:
         raise InventoryError(report.problems)
     return inventory
@@ -253,7 +277,7 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
             None, "", f"expected a mapping with 'hosts:' and 'job:', got {describe(document)}"
         )
         return None
-    report.unknown_keys(document, TOP_KEYS, "")
+    report.unknown_keys(document, (*HOST_SOURCES, *TOP_KEYS), "")
     defaults = document.get("defaults") or LineMap()  # an empty `defaults:` is None in YAML
     if not isinstance(defaults, LineMap):
         report.add(_line(document, "defaults"), "defaults", "expected a mapping of host keys")
@@ -262,7 +286,7 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
     for key in PER_HOST_ONLY:
         if key in defaults:
             report.add(_line(defaults, key), f"defaults.{key}", "must be set on each host")
-    placed = _workers(document, defaults, report, base_dir)
+    placed, scheduler = _workers(document, defaults, report, base_dir)
     spares = _parse_hosts(document, defaults, report, base_dir, key="spares")
     _check_unique_hosts(placed + spares, report)
     hosts = [host for _, _, host in placed]
@@ -270,6 +294,14 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
     if job is not None:
         _check_job_fits_hosts(job, hosts, document, report)
     min_hosts = _parse_min_hosts(document, len(hosts), report)
+    setup = parse_setup(document["setup"], _line(document, "setup"), report) \
+        if "setup" in document else ()  # fmt: skip
+    sync = parse_sync(document["sync"], _line(document, "sync"), report, base_dir) \
+        if "sync" in document else None  # fmt: skip
+    for key in ("setup", "sync"):
+        if key in document and isinstance(scheduler, SlurmSpec):
+            report.add(_line(document, key), key, "applies to hosts reached over SSH (hosts: "
+                       "or ansible:); on Slurm, prepare the nodes' shared environment")  # fmt: skip
     if job is None or report.problems:
         return None
     return Inventory(
@@ -279,6 +311,9 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
         job=job,
         spares=tuple(host for _, _, host in spares),
         min_hosts=min_hosts,
+        setup=setup,
+        sync=sync,
+        slurm=scheduler if isinstance(scheduler, SlurmSpec) else None,
     )
 
 
@@ -322,15 +357,21 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
                 report.add(_line(block, key), f"job.{key}", "applies to job.task only")
 
 
-def _workers(document: LineMap, defaults: LineMap, report: _Report, base: Path) -> list[Placed]:
+def _workers(
+    document: LineMap, defaults: LineMap, report: _Report, base: Path
+) -> tuple[list[Placed], Any]:
     present = [key for key in HOST_SOURCES if key in document]
     if len(present) > 1:
-        report.add(_line(document, present[1]), present[1],
-                   f"set exactly one of {', '.join(present)}: each lists the workers")  # fmt: skip
-        return []
+        report.add(
+            _line(document, present[1]),
+            present[1],
+            f"set exactly one of {', '.join(HOST_SOURCES)}: each lists the workers",
+        )
+        return [], None
     if not present:
-        report.add(document.line, "hosts", "missing; list at least one host")
-        return []
+        sources = ", ".join(HOST_SOURCES)
+        report.add(document.line, "hosts", f"missing; list the workers with one of {sources}")
+        return [], None
     return HOST_SOURCES[present[0]](document, defaults, report, base)
 
 
@@ -540,6 +581,11 @@ def _parse_env(block: LineMap, report: _Report) -> dict[str, str]:
         if key.startswith(RESERVED_ENV_PREFIXES):
             report.add(_line(raw, key), where, "is set by orchestrate for each worker")
             continue
+        if key == LEGACY_KERAS_ENV:
+            report.add(_line(raw, key), where,
+                       "set 'job.keras: legacy' instead: orchestrate then sets it on every "
+                       "worker and checks that tf_keras is installed")  # fmt: skip
+            continue
         value, problem = scalar_string(item)
         if problem:
             report.add(_line(raw, key), where, problem)
@@ -548,4 +594,24 @@ def _parse_env(block: LineMap, report: _Report) -> dict[str, str]:
     return env
 
 
-HOST_SOURCES["hosts"] = _parse_hosts
+def _hosts_source(
+    document: LineMap, defaults: LineMap, report: _Report, base: Path
+) -> tuple[list[Placed], None]:
+    return _parse_hosts(document, defaults, report, base), None
+
+
+def _slurm_source(
+    document: LineMap, _defaults: LineMap, report: _Report, base: Path
+) -> tuple[list[Placed], SlurmSpec | None]:
+    from orchestrator.slurm.source import parse_slurm, slurm_workers
+
+    spec = parse_slurm(document, report, base)
+    return (slurm_workers(spec, base) if spec else []), spec
+
+
+HOST_SOURCES["hosts"] = _hosts_source
+HOST_SOURCES["slurm"] = _slurm_source
+# The `ansible:` source reuses this module's host parsing, so it registers after it exists.
+from orchestrator import ansiblesource  # noqa: E402
+
+HOST_SOURCES["ansible"] = ansiblesource.parse_ansible

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from orchestrator.backend import Backend
 from orchestrator.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.errors import HostErrors
+from orchestrator.hostprep import prepare_hosts
 from orchestrator.inventory import Inventory
 from orchestrator.plan import WorkerSpec, new_run_id, plan_workers
 from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
@@ -21,10 +22,13 @@ def start_run(
     store: RunStore,
     backend: Backend,
     say: Callable[[str], None] = lambda message: None,
+    *,
+    force_setup: bool = False,
+    prepared: bool = False,
 ) -> RunRecord:
-    """Record a new run and start its first attempt."""
+    """Record a new run and start its first attempt (`prepared`: hostprep ran already)."""
     record = RunRecord(run_id=new_run_id(), inventory=inventory, created_at=time.time())
-    return launch_attempt(record, store, backend, say)
+    return launch_attempt(record, store, backend, say, force_setup=force_setup, prepared=prepared)
 
 
 def launch_attempt(
@@ -32,11 +36,18 @@ def launch_attempt(
     store: RunStore,
     backend: Backend,
     say: Callable[[str], None] = lambda message: None,
+    *,
+    force_setup: bool = False,
+    prepared: bool = False,
 ) -> RunRecord:
-    """Start every worker of the record's current attempt detached, after making the chief's
-    latest checkpoint present on every host; on a partial failure stop what started."""
+    """Start every worker of the record's current attempt detached, after syncing and setting
+    up the hosts (hostprep) and making the chief's latest checkpoint present on every host; on
+    a partial failure stop what started."""
     inventory = record.inventory
     workdirs = backend.workdirs(inventory.hosts).raise_if_failed("reaching the hosts")
+    if not prepared:
+        prepare_hosts(inventory, backend, dict(workdirs), say, force_setup=force_setup,
+                      spares=record.attempt == 0)  # fmt: skip
     specs = plan_workers(inventory, record.run_id, dict(workdirs), record.attempt)
     spread = spread_latest_checkpoint(specs, backend, Mirror(store.mirror_path(record.run_id)))
     if spread.name:
@@ -47,6 +58,9 @@ def launch_attempt(
     record = replace(record, workers=tuple(_record(spec) for spec in specs), launched=False)
     store.save(record)  # before launching: a half-started run can still be found and stopped
     started = backend.start(specs)
+    if (job := backend.submitted_job()) is not None:
+        record = replace(record, scheduler_jobs=(*record.scheduler_jobs, job))
+        say(f"submitted batch job {job}")
     for spec in specs:
         if spec.name in started.ok:
             say(f"started {spec.name} ({spec.host.endpoint})")

@@ -6,6 +6,8 @@ Layout on every host (paths are the host's):
   {workdir}/{job}/export/               the chief's exported model (job.export), after a good run
   {workdir}/{job}/runs/{run_id}/attempt-{n}/{name}/
                                         one attempt of one worker: log, progress, exit, TF_CONFIG
+  {workdir}/{job}/code/                 the `sync:` directory's mirror, the workers' cwd
+  {workdir}/{job}/.orchestrate-setup    the hash of the `setup:` commands that last succeeded
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ import posixpath
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import PurePath
 from typing import Any
 
+from orchestrator.codesync import sync_dir
 from orchestrator.contract import (
     CHECKPOINT_DIR_ENV,
     EXPORT_DIR_NAME,
+    KERAS_LEGACY,
+    LEGACY_KERAS_ENV,
     PROGRESS_FILE,
     PROGRESS_FILE_ENV,
     RUN_DIR_ENV,
@@ -95,12 +101,25 @@ def eval_export_flags(job: Job, job_directory: str) -> tuple[str, ...]:
     return tuple(flags)
 
 
-def uploads(job: Job, host: Host, run_dir: str) -> tuple[tuple[str, str], ...]:
+def synced_path(inventory: Inventory, path: str, job_directory: str) -> str | None:
+    """Where a file of this machine inside the `sync:` directory is on a host, if it is."""
+    if inventory.sync is None:
+        return None
+    source = PurePath(inventory.sync.source)
+    if not PurePath(path).is_relative_to(source):
+        return None
+    return posixpath.join(sync_dir(job_directory), PurePath(path).relative_to(source).as_posix())
+
+
+def uploads(
+    job: Job, host: Host, run_dir: str, synced: str | None = None
+) -> tuple[tuple[str, str], ...]:
     """A remote host gets the script and the job's files in its run directory; a worker that
-    sees this machine's files uses them where they are."""
+    sees this machine's files uses them where they are, and a script inside the `sync:`
+    directory (`synced`, its path on the host) is already there."""
     if host.kind.shares_files_with_controller:
         return ()
-    local = ([job.script] if job.script else []) + list(job.files)
+    local = ([job.script] if job.script and synced is None else []) + list(job.files)
     return tuple((path, posixpath.join(run_dir, posixpath.basename(path))) for path in local)
 
 
@@ -122,12 +141,14 @@ def device_flags(job: Job, host: Host) -> tuple[str, ...]:
     return tuple(flags)
 
 
-def worker_argv(job: Job, host: Host, run_dir: str, checkpoints: str) -> tuple[str, ...]:
+def worker_argv(
+    job: Job, host: Host, run_dir: str, checkpoints: str, synced: str | None = None
+) -> tuple[str, ...]:
     python = host.python
     if job.script is not None:
         script = job.script
         if not host.kind.shares_files_with_controller:
-            script = posixpath.join(run_dir, posixpath.basename(job.script))
+            script = synced or posixpath.join(run_dir, posixpath.basename(job.script))
         return (python, script, *job.args)
     assert job.task is not None and job.steps is not None
     return (
@@ -165,11 +186,17 @@ def plan_workers(
             PROGRESS_FILE_ENV: posixpath.join(run_dir, PROGRESS_FILE),
             CHECKPOINT_DIR_ENV: checkpoints,
         }
+        if inventory.job.keras == KERAS_LEGACY:
+            env[LEGACY_KERAS_ENV] = "1"  # tf.keras is Keras 2 (tf_keras), in scripts and tasks
         if inventory.job.script is not None and host.visible_gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.visible_gpus))
         # Workers that see this machine's files start where the inventory is, so a task module
-        # beside it imports.
-        cwd = inventory.base_dir if host.kind.shares_files_with_controller else run_dir
+        # beside it imports; elsewhere in the synced code, if there is any.
+        cwd = run_dir if inventory.sync is None else sync_dir(directory)
+        if host.kind.shares_files_with_controller:
+            cwd = inventory.base_dir
+        script = inventory.job.script
+        synced = synced_path(inventory, script, directory) if script else None
         specs.append(
             WorkerSpec(
                 index=index,
@@ -177,11 +204,11 @@ def plan_workers(
                 run_dir=run_dir,
                 checkpoint_dir=checkpoints,
                 cwd=cwd,
-                argv=worker_argv(inventory.job, host, run_dir, checkpoints),
+                argv=worker_argv(inventory.job, host, run_dir, checkpoints, synced),
                 env=env,
                 tf_config=tf_config(inventory, index),
                 log_max_bytes=inventory.job.log_max_mb << 20,
-                uploads=uploads(inventory.job, host, run_dir),
+                uploads=uploads(inventory.job, host, run_dir, synced),
             )
         )
     return specs

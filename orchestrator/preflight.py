@@ -21,7 +21,13 @@ from typing import Any
 from orchestrator import __version__
 from orchestrator.answers import Connections, Inspection, PeerProbe, parsed
 from orchestrator.backend import Backend
-from orchestrator.contract import TF_PACKAGES
+from orchestrator.contract import (
+    KERAS_LEGACY,
+    TF_KERAS_PACKAGE,
+    TF_PACKAGES,
+    minor_version,
+    tf_keras_requirement,
+)
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult, fan_out
 from orchestrator.hostagent import request
@@ -99,7 +105,35 @@ def software_findings(inventory: Inventory, reports: Mapping[str, Inspection]) -
         findings.append(_tensorflow_finding(name, versions[name], distinct, needs_worker))
         if needs_worker:
             findings.append(_worker_finding(name, report.packages.get("orchestrate")))
+        if inventory.job.keras == KERAS_LEGACY:
+            findings.append(
+                legacy_keras_finding(name, versions[name], report.packages.get(TF_KERAS_PACKAGE))
+            )
     return findings
+
+
+def legacy_keras_finding(name: str, tensorflow: str | None, tf_keras: str | None) -> Finding:
+    """`job.keras: legacy` needs tf-keras of the host's TensorFlow minor version: TensorFlow
+    silently falls back to nothing (`tf.keras` raises ImportError) without it, and tf-keras 2.X
+    imports APIs of TensorFlow 2.X only."""
+    wanted = tf_keras_requirement(tensorflow) if tensorflow else TF_KERAS_PACKAGE
+    hint = (
+        f"pip install '{wanted}' into the Python named by 'python:' "
+        "(or 'orchestrate[legacy-keras]')"
+    )
+    if tf_keras is None:
+        detail = "job.keras is legacy but tf_keras (Keras 2) is not installed"
+        return Finding(name, "keras", Status.FAIL, detail, hint)
+    if tensorflow and minor_version(tf_keras) != minor_version(tensorflow):
+        return Finding(
+            name,
+            "keras",
+            Status.FAIL,
+            f"tf_keras {tf_keras} does not match TensorFlow {tensorflow}: tf_keras must have "
+            "TensorFlow's minor version",
+            hint,
+        )
+    return Finding(name, "keras", Status.OK, f"tf_keras {tf_keras} (Keras 2, job.keras: legacy)")
 
 
 def _tensorflow_finding(
@@ -308,6 +342,9 @@ def run_preflight(
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
     min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
 ) -> PreflightReport:
+    own = backend.own_preflight(inventory, probe_timeout, min_free_bytes)
+    if own is not None:  # a scheduler checks its own way (its nodes are not known yet)
+        return own
     early = address_findings(inventory)
     if early:
         return PreflightReport(tuple(early))  # rejected before any connection
@@ -323,7 +360,8 @@ def run_preflight(
             "inspect",
             probe_timeout + 30,
             port=host.port,
-            packages=[*TF_PACKAGES, "orchestrate"],  # the list lives in one place: contract.py
+            # The lists live in one place: contract.py
+            packages=[*TF_PACKAGES, TF_KERAS_PACKAGE, "orchestrate"],
             directories=directories[host.name],
             listen_seconds=probe_timeout * 4 + 60,
             token=token if host is inventory.hosts[0] else None,
@@ -437,6 +475,6 @@ def _failure_finding(host: Host, error: HostError) -> Finding:
 
 def _order(inventory: Inventory) -> Callable[[Finding], tuple[int, int]]:
     index = {host.name: i for i, host in enumerate(inventory.hosts)}
-    checks = ["address", "ssh", "connect", "python", "tensorflow", "worker", "port", "reachable",
-              "proxy", "workdir", "checkpoints", "shared"]  # fmt: skip
+    checks = ["address", "ssh", "connect", "python", "tensorflow", "keras", "worker", "port",
+              "reachable", "proxy", "workdir", "checkpoints", "shared"]  # fmt: skip
     return lambda f: (index.get(f.host, 0), checks.index(f.check) if f.check in checks else 99)

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import kinds
+from orchestrator.codesync import SyncSpec
 from orchestrator.errors import RunStateError
 from orchestrator.inventory import Host, Inventory, Job
+from orchestrator.slurm.spec import SlurmSpec
 
 DEFAULT_STATE_DIR = ".orchestrate"
 
@@ -82,6 +84,8 @@ class RunRecord:
     # Whether `down` asked the run to stop (its stop flag exists); read from the state directory
     # by RunStore.load, never written into the record.
     stop_requested: bool = field(default=False, compare=False)
+    # A scheduler's job id for each attempt, in order (Slurm: one batch job per attempt).
+    scheduler_jobs: tuple[str, ...] = ()
 
     @property
     def job_name(self) -> str:
@@ -104,6 +108,7 @@ class RunRecord:
                 "workers": workers,
                 "restarts": tuple(Restart(**r) for r in data.get("restarts", ())),
                 "dropped": tuple(_host(h) for h in data.get("dropped", ())),
+                "scheduler_jobs": tuple(data.get("scheduler_jobs", ())),
             }
         )
 
@@ -131,7 +136,23 @@ def _inventory(data: dict[str, Any]) -> Inventory:
         job=Job(**job),
         spares=tuple(_host(h) for h in data.get("spares", ())),
         min_hosts=data.get("min_hosts"),
+        setup=tuple(data.get("setup", ())),
+        sync=_sync(data.get("sync")),
+        slurm=_slurm(data.get("slurm")),
     )
+
+
+def _slurm(data: dict[str, Any] | None) -> SlurmSpec | None:
+    if data is None:  # a record of a run on hosts (or from before Slurm was a host source)
+        return None
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return SlurmSpec(**fields)
+
+
+def _sync(data: dict[str, Any] | None) -> SyncSpec | None:
+    if data is None:
+        return None
+    return SyncSpec(data["source"], tuple(data.get("exclude", ())), bool(data.get("git")))
 
 
 class RunStore:

@@ -58,10 +58,12 @@ class SshRunner(Runner):
                 look_for_keys=False,
                 allow_agent=False,
             )
+        config = fabric.Config(runtime_ssh_path=self.settings.ssh_config)  # else ~/.ssh/config
         self.connection = fabric.Connection(
-            host.address,
+            self.settings.target or host.address,
             user=self.settings.ssh_user,
             port=self.settings.ssh_port,
+            config=config,
             connect_timeout=int(self.settings.ssh_connect_timeout),
             connect_kwargs=connect_kwargs,
         )
@@ -70,7 +72,20 @@ class SshRunner(Runner):
             or self.connection.ssh_config.get("userknownhostsfile", "").split(" ")[0]
             or DEFAULT_KNOWN_HOSTS
         ).expanduser()
-        client = self.connection.client
+        # Fabric builds a ProxyJump's jump hosts itself, with AutoAddPolicy: they get the same
+        # host-key checking and connect timeout as the host.
+        for connection in self._chain():
+            self._check_host_keys(connection.client)
+            connection.connect_timeout = int(self.settings.ssh_connect_timeout)
+
+    def _chain(self) -> list[fabric.Connection]:
+        chain, connection = [], self.connection
+        while isinstance(connection, fabric.Connection):
+            chain.append(connection)
+            connection = connection.gateway
+        return chain
+
+    def _check_host_keys(self, client: paramiko.SSHClient) -> None:
         if self.known_hosts.exists():
             client.load_host_keys(str(self.known_hosts))
         policy: paramiko.MissingHostKeyPolicy = (
@@ -85,23 +100,48 @@ class SshRunner(Runner):
         return f"{self.connection.user}@{self.host.address}:{self.connection.port}"
 
     def open(self) -> None:
+        # The jump hosts first, from the outermost: a failure names the hop that failed.
+        for jump in reversed(self._chain()[1:]):
+            if jump.is_connected:
+                continue
+            try:
+                jump.open()
+            except Exception as exc:
+                error = self._connect_error(exc, jump.host, f"{jump.user}@{jump.host}:{jump.port}")
+                raise ConnectError(
+                    self.host_name,
+                    f"through jump host {jump.original_host}: {error.message.split(': ', 1)[1]}",
+                    hint=error.hint,
+                ) from exc
         try:
             self.connection.open()
+        except paramiko.ChannelException as exc:
+            jump = self._chain()[1]
+            raise ConnectError(
+                self.host_name,
+                f"jump host {jump.original_host} could not connect to {self.target}: {exc}",
+                hint="check the host's HostName/address and that the jump host can reach it",
+            ) from exc
         except Exception as exc:  # every paramiko/socket failure is mapped below
             raise self._connect_error(exc) from exc
 
-    def _connect_error(self, exc: Exception) -> ConnectError:
+    def _connect_error(
+        self, exc: Exception, address: str | None = None, target: str | None = None
+    ) -> ConnectError:
         timeout = self.settings.ssh_connect_timeout
+        address = address or self.host.address
+        target = target or self.target
         if isinstance(exc, socket.gaierror):
             return ConnectError(
                 self.host_name,
-                f"cannot resolve {self.host.address!r}: {exc.strerror}",
-                hint="check the host's address in the inventory and this machine's DNS",
+                f"cannot resolve {address!r}: {exc.strerror}",
+                hint="check the host's address in the inventory (a Host alias of your ssh "
+                "config?), the ssh config file, and this machine's DNS",
             )
         if isinstance(exc, paramiko.BadHostKeyException):
             return ConnectError(
                 self.host_name,
-                f"the host key of {self.host.address} has CHANGED since it was recorded in "
+                f"the host key of {address} has CHANGED since it was recorded in "
                 f"{self.known_hosts} (expected {exc.expected_key.get_name()}, got "
                 f"{exc.key.get_name()}); this can be a reinstalled host or an attack",
                 hint="if the host was reinstalled, remove the old key with "
@@ -112,16 +152,16 @@ class SshRunner(Runner):
             key = self.settings.ssh_key or "your default keys / ssh-agent"
             return ConnectError(
                 self.host_name,
-                f"authentication refused for {self.target} with {key}",
+                f"authentication refused for {target} with {key}",
                 hint="check ssh_user and ssh_key, and that the public key is in the host's "
                 "authorized_keys",
             )
         if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
             return ConnectError(
                 self.host_name,
-                f"the host key of {self.host.address} is unknown (not in {self.known_hosts})",
+                f"the host key of {address} is unknown (not in {self.known_hosts})",
                 hint=f"verify and record it with 'ssh-keyscan -p {self.connection.port} "
-                f"{self.host.address} >> {self.known_hosts}', or set "
+                f"{address} >> {self.known_hosts}', or set "
                 "'ssh_host_key_policy: accept-new' to record keys of new hosts on first contact",
             )
         if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
@@ -129,25 +169,25 @@ class SshRunner(Runner):
             if errno.ECONNREFUSED in codes:
                 return ConnectError(
                     self.host_name,
-                    f"connection refused by {self.target}",
+                    f"connection refused by {target}",
                     hint="is sshd running there, and is ssh_port right?",
                 )
-            return ConnectError(self.host_name, f"cannot connect to {self.target}: {exc}")
+            return ConnectError(self.host_name, f"cannot connect to {target}: {exc}")
         if isinstance(exc, (TimeoutError, socket.timeout)):
             return ConnectError(
                 self.host_name,
-                f"no answer from {self.target} within {timeout:g} s",
+                f"no answer from {target} within {timeout:g} s",
                 hint="the host is down, or a firewall drops SSH packets",
             )
         if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
             return ConnectError(
                 self.host_name,
-                f"{self.host.address} is unreachable: {exc.strerror}",
+                f"{address} is unreachable: {exc.strerror}",
                 hint="check the address and this machine's routes",
             )
         if isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED:
-            return ConnectError(self.host_name, f"connection refused by {self.target}")
-        return ConnectError(self.host_name, f"cannot connect to {self.target}: {exc}")
+            return ConnectError(self.host_name, f"connection refused by {target}")
+        return ConnectError(self.host_name, f"cannot connect to {target}: {exc}")
 
     def _known_hosts_name(self) -> str:
         port = self.connection.port

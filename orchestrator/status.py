@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.answers import WorkerProbe
 from orchestrator.backend import Backend
+from orchestrator.failures import classify_exit, explain
 from orchestrator.runstore import Restart, RunRecord, WorkerRecord
 from orchestrator.state import WorkerState, classify, overall
 
@@ -35,6 +37,9 @@ class WorkerStatus:
     devices: tuple[str, ...]
     log_tail: tuple[str, ...]
     note: str | None = None  # what the worker wants a person to know (a checkpoint fallback)
+    # For a failed worker with an exit record: failures.FailureKind's value and what to do.
+    failure_kind: str | None = None
+    hint: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "log_tail"}
@@ -51,6 +56,7 @@ class RunStatus:
     attempt: int = 0
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None
+    scheduler: Mapping[str, Any] | None = None  # a scheduler's view of the attempt (Slurm job)
 
     def to_json(self) -> dict[str, Any]:
         last = self.restarts[-1] if self.restarts else None
@@ -62,6 +68,7 @@ class RunStatus:
             "restarts": len(self.restarts),
             "last_restart": last.__dict__ if last else None,
             "outcome": self.outcome,
+            "scheduler": dict(self.scheduler) if self.scheduler else None,
             "workers": [w.to_json() for w in self.workers],
         }
 
@@ -79,10 +86,14 @@ def worker_status(
     )
     ended = exit_record.finished_at if exit_record and not alive else None
     uptime = ((ended or (probe.now if probe else 0.0)) - started) if started else None
+    kind = hint = None
+    if verdict.state is WorkerState.FAILED and exit_record is not None:
+        failure = classify_exit(exit_record.returncode, exit_record.log_tail)
+        kind, hint = failure.value, explain(failure, exit_record.log_tail)
     return WorkerStatus(
         name=worker.name,
         index=worker.index,
-        host=worker.host.address,
+        host=(probe.node if probe else None) or worker.host.address,
         state=verdict.state,
         reason=unreachable or verdict.reason,
         pid=(probe.worker_pid if probe else None) or worker.pid,
@@ -102,6 +113,8 @@ def worker_status(
         devices=progress.devices if progress else (),
         log_tail=exit_record.log_tail if exit_record else (),
         note=_text(progress.fields.get("note")) if progress else None,
+        failure_kind=kind,
+        hint=hint,
     )
 
 
@@ -132,6 +145,7 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         attempt=record.attempt,
         restarts=record.restarts,
         outcome=record.outcome,
+        scheduler=backend.scheduler_state(record),
         state=overall(s.state for s in statuses),
         workers=tuple(statuses),
     )

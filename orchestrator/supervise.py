@@ -23,8 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orchestrator.backend import Backend
+from orchestrator.backend import Backend, open_backend
 from orchestrator.checkpoints import Mirror
+from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.dashboard.snapshot import write_snapshot
 from orchestrator.errors import (
     HostErrors,
@@ -32,7 +33,14 @@ from orchestrator.errors import (
     OrchestrateError,
     RunStateError,
 )
-from orchestrator.failures import Failure, FailureKind, classify_exit, permanent_reason
+from orchestrator.failures import (
+    Failure,
+    FailureKind,
+    classify_exit,
+    early_exit,
+    explain,
+    permanent_reason,
+)
 from orchestrator.inventory import Host, Inventory, Job
 from orchestrator.lifecycle import StopReport, launch_attempt, stop_run
 from orchestrator.logs import last_lines
@@ -105,17 +113,36 @@ def _stall_kind(worker: WorkerStatus) -> FailureKind:
 
 
 def first_failure(status: RunStatus) -> Failure | None:
-    """The worker that failed first (earliest exit): the others usually fail because of it."""
-    failed = [w for w in status.workers if w.state is WorkerState.FAILED]
-    if not failed:
-        return None
-    first = min(failed, key=lambda w: (w.finished_at or float("inf"), w.index))
-    kind = (
-        classify_exit(first.exit_code, first.log_tail)
-        if first.exit_code is not None
-        else FailureKind.VANISHED
+    """The worker that failed first (earliest exit): the others usually fail because of it.
+
+    A worker whose collective was aborted (peer lost) is a symptom: when another failed worker
+    shows a cause of its own (killed, vanished without an exit record, an error), that one is
+    reported even if its exit was recorded later or not at all."""
+    failed = sorted(
+        (w for w in status.workers if w.state is WorkerState.FAILED),
+        key=lambda w: (w.finished_at or float("inf"), w.index),
     )
-    return Failure(first.name, kind, first.reason or "failed", first.step, first.exit_code)
+    failures = [
+        Failure(w.name, _exit_kind(w), w.reason or "failed", w.step, w.exit_code) for w in failed
+    ]
+    causes = [f for f in failures if f.kind is not FailureKind.PEER_LOST] or failures
+    return causes[0] if causes else None
+
+
+def _exit_kind(worker: WorkerStatus) -> FailureKind:
+    if worker.exit_code is None:
+        return FailureKind.VANISHED
+    return classify_exit(worker.exit_code, worker.log_tail)
+
+
+def preemption(status: RunStatus) -> Failure | None:
+    """A run whose workers all saved and exited 75 (SIGTERM from a scheduler): a failure to
+    recover from where the backend resubmits preempted attempts."""
+    if not status.workers or any(w.exit_code != EXIT_PREEMPTED for w in status.workers):
+        return None
+    chief = status.workers[0]
+    return Failure(chief.name, FailureKind.PREEMPTED, "preempted: saved a checkpoint and exited",
+                   chief.checkpoint_step, EXIT_PREEMPTED)  # fmt: skip
 
 
 def give_up_reason(failure: Failure, restarts: tuple[Restart, ...], job: Job) -> str | None:
@@ -242,6 +269,9 @@ def failure_report(status: RunStatus) -> str:
         f"worker {worker.name} (index {worker.index}) failed at step {worker.step or 0}: "
         f"{worker.reason}"
     ]
+    advice = explain(failure.kind, worker.log_tail)
+    if advice:
+        lines.append(f"what to do: {advice}")
     if worker.log_tail:
         lines.append(f"last lines of {worker.name}'s log:")
         lines.extend(f"  {line}" for line in worker.log_tail[-10:])
@@ -254,6 +284,9 @@ def root_cause(failure: Failure, log_tail: tuple[str, ...], why: str, restarts: 
         f"the run failed for good after {restarts} restart(s) because {why}.",
         f"the worker that failed first: {failure.worker} {step}: {failure.reason}",
     ]
+    advice = explain(failure.kind, log_tail)
+    if advice:
+        lines.append(f"what to do: {advice}")
     if log_tail:
         lines.append(f"last lines of {failure.worker}'s log:")
         lines.extend(f"  {line}" for line in log_tail)
@@ -382,7 +415,9 @@ def refuse_if_active(
             store.save(replace(record, outcome="its launch was interrupted; stopped"))
         return
     supervised = SupervisorLock(store.lock_path(previous.run_id)).held_elsewhere()
-    status = collect_status(previous, backend)
+    # The earlier run may live elsewhere (hosts, or a Slurm cluster): ask its own backend.
+    with open_backend(previous.inventory) as own:
+        status = collect_status(previous, own)
     if status.state in ACTIVE or supervised:
         state = status.state.value if status.state in ACTIVE else "being restarted"
         raise RunStateError(
@@ -450,9 +485,15 @@ class Supervisor:
             status = collect_status(self.record, self.backend)
             self.show(status)
             write_snapshot(self.store, status)  # the dashboard serves this; no second probe
+            stopping = self.store.stop_flag(self.record.run_id).exists()
+            if status.state is WorkerState.STOPPED and not stopping:
+                preempted = preemption(status) if self.backend.resubmits_preempted else None
+                if preempted is not None:
+                    self._recover(preempted)
+                    continue
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
                 return status
-            if self.store.stop_flag(self.record.run_id).exists():
+            if stopping:
                 # `down` is stopping the run: what ends now is no failure to recover from.
                 if status.state.finished:
                     return status
@@ -461,6 +502,8 @@ class Supervisor:
             self._mirror_new_checkpoint(status)
             failure = first_failure(status) or self.watch.check(status, time.monotonic())
             if failure is not None:
+                done = [w.name for w in status.workers if w.state is WorkerState.SUCCEEDED]
+                failure = early_exit(failure, done)
                 self._recover(failure)
             else:
                 time.sleep(self.interval)
@@ -475,6 +518,9 @@ class Supervisor:
         why = give_up_reason(failure, restarts, job)
         if why:
             outcome = f"gave up: {restart.describe()}; {why}"
+            advice = explain(failure.kind, tail)
+            if advice:  # `status` and the dashboard show the outcome: the fix goes with it
+                outcome += f". What to do: {advice}"
             self.record = replace(self.record, outcome=outcome)
             self.store.save(self.record)
             raise JobFailed(root_cause(failure, tail, why, len(restarts)),

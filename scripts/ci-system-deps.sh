@@ -2,8 +2,10 @@
 # Install the Debian packages the root-only integration tests need: sshd, iproute2 and
 # iptables for the network-namespace hosts (tests/integration/test_netns_cluster.py,
 # tests/cluster/); Docker's engine and debootstrap for the container cluster
-# (tests/integration/test_docker_cluster.py, docker/cluster.sh); Chromium and its driver for
-# the dashboard's browser test; python3-venv for the unprivileged unit-test run.
+# (tests/integration/test_docker_cluster.py, docker/cluster.sh); Slurm and munge for the Slurm
+# tests (tests/integration/test_slurm.py, tests/cluster/slurm.py); Chromium and its driver for
+# the dashboard's browser test; python3-venv for the unprivileged unit-test run;
+# rsync for `sync:` (rsync over OpenSSH; both ends need it).
 #
 # Idempotent: installs only what is missing and never starts a system service (sshd,
 # dockerd). The tests start their own sshd inside each network namespace, and
@@ -14,10 +16,12 @@ set -euo pipefail
 
 # docker.io is Debian's engine and CLI (20.10, with BuildKit built in); debootstrap builds the
 # stand-in base image, as no image registry is reachable in CI. chromium + chromium-driver:
-# the dashboard test drives a real headless browser.
+# the dashboard test drives a real headless browser. slurmctld slurmd slurm-client munge: a
+# real Slurm cluster; the policy-rc.d below keeps their services from starting.
 readonly PACKAGES=(
     openssh-server openssh-client iproute2 iptables procps shellcheck python3-venv
-    docker.io debootstrap chromium chromium-driver
+    docker.io debootstrap chromium chromium-driver rsync
+    slurmctld slurmd slurm-client munge util-linux
 )
 readonly POLICY_RC=/usr/sbin/policy-rc.d
 

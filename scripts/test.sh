@@ -10,7 +10,7 @@ if [ "$(id -u)" = 0 ]; then
 fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[worker,dev]'
+.venv/bin/python -m pip install -q -e '.[worker,legacy-keras,dev]'
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -8,11 +8,26 @@ device flags (--gpu-memory-growth, --gpu-memory-limit-mb, --visible-gpus, --logi
 scalars, sample input images and, with --profile-steps, a trace (worker.summaries). SIGTERM to any
 worker stops them all at one step, after a checkpoint there, with exit code 75 (worker.preemption).
 
+For a `script:` job of your own: `is_chief()`, `write_dir(path)` (the chief writes `path`, the
+others a temporary directory they remove), `checkpoint_dir()` and `report(step=..., loss=...)`
+(worker.helpers, worker.progress); `keras()` is the Keras of job.keras.
+
 Importing this package is cheap: TensorFlow is imported only when training starts, so the controller
 side and user scripts can use `TrainingTask` and `report` without paying for it.
 """
 
+from worker.helpers import checkpoint_dir, is_chief, task_index, write_dir
+from worker.kerasflavor import keras
 from worker.progress import ProgressWriter, report
 from worker.task import TrainingTask
 
-__all__ = ["ProgressWriter", "TrainingTask", "report"]
+__all__ = [
+    "ProgressWriter",
+    "TrainingTask",
+    "checkpoint_dir",
+    "is_chief",
+    "keras",
+    "report",
+    "task_index",
+    "write_dir",
+]

@@ -27,10 +27,11 @@ class TaskError(ValueError):
 
 
 def adam() -> keras.optimizers.Optimizer:
-    """The default optimizer factory: Adam with Keras's default learning rate, 1e-3."""
-    import keras
+    """The default optimizer factory: Adam with Keras's default learning rate, 1e-3, from the
+    Keras the job asks for (job.keras: Keras 3, or Keras 2 under legacy)."""
+    from worker.kerasflavor import keras
 
-    return keras.optimizers.Adam(learning_rate=1e-3)
+    return keras().optimizers.Adam(learning_rate=1e-3)
 
 
 def sparse_categorical_crossentropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
@@ -39,16 +40,17 @@ def sparse_categorical_crossentropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.
     Per example (no reduction) because under a distribution strategy the loop averages over the
     GLOBAL batch with tf.nn.compute_average_loss; a mean over the local batch would be wrong.
     """
-    import keras
+    from worker.kerasflavor import keras
 
-    return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    return keras().losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
 
 @dataclass(frozen=True)
 class TrainingTask:
     """What to train.
 
-    model: builds a keras.Model (called inside strategy.scope()).
+    model: builds a keras.Model (called inside strategy.scope()), of the Keras the job asks for:
+        `worker.keras()` or `tf.keras` (Keras 2 under job.keras: legacy, else Keras 3).
     dataset: builds an UNBATCHED tf.data.Dataset of (features, label) examples; the worker shards,
         shuffles, repeats and batches it.
     optimizer: builds a Keras optimizer (called inside strategy.scope()).

@@ -33,6 +33,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from worker import kerasflavor
 from worker.config import STRATEGY_MIRRORED, ConfigError, DeviceSettings, WorkerConfig
 from worker.devices import configure_devices
 from worker.evaluation import EvalResult, Evaluator, correct_mask, has_integer_labels
@@ -163,6 +164,7 @@ def restore(state: TrainState, checkpoint_dir: str) -> tuple[int | None, str | N
     would overwrite them.
     """
     listed = tf.train.get_checkpoint_state(checkpoint_dir)
+    kerasflavor.check_restorable(checkpoint_dir, bool(listed and listed.model_checkpoint_path))
     if listed is None or not listed.model_checkpoint_path:
         leftovers = sorted(glob.glob(os.path.join(checkpoint_dir, f"{CHECKPOINT_NAME}-*.index")))
         if leftovers:
@@ -338,6 +340,7 @@ class CheckpointSaver:
         self._manager = None
         self.saved_step: int | None = None  # the step of this run's last save
         if is_chief:
+            kerasflavor.record(config.checkpoint_dir)
             self._manager = tf.train.CheckpointManager(
                 state.checkpoint,
                 config.checkpoint_dir,

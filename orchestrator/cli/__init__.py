@@ -3,7 +3,15 @@
 `app` holds the command group and main(); the other modules add their commands to it.
 """
 
-from orchestrator.cli import dashboard, preflight, run, views  # noqa: F401 - they register commands
+from orchestrator.cli import (  # noqa: F401 - they register commands
+    dashboard,
+    export,
+    hosts,
+    local,
+    preflight,
+    run,
+    views,
+)
 from orchestrator.cli.app import cli, main
 
 __all__ = ["cli", "main"]

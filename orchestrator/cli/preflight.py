@@ -111,7 +111,7 @@ def check(inventory: Path, as_json: bool, probe_timeout: float, min_free_gb: flo
     Exit status 5 when something blocks the run.
     """
     spec = load_inventory(inventory)
-    with open_backend() as backend:
+    with open_backend(spec) as backend:
         report = run_checks(spec, backend, probe_timeout, min_free_gb)
     if as_json:
         click.echo(json.dumps([f.to_json() for f in report.findings], indent=2))

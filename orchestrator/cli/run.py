@@ -25,6 +25,7 @@ from orchestrator.cli.app import (
 )
 from orchestrator.cli.dashboard import DEFAULT_PORT as DASHBOARD_PORT
 from orchestrator.cli.dashboard import spawn_dashboard
+from orchestrator.cli.hosts import prepare_before_checks
 from orchestrator.cli.preflight import (
     blocking_error,
     min_free_option,
@@ -33,7 +34,7 @@ from orchestrator.cli.preflight import (
     show_findings,
 )
 from orchestrator.errors import MissingTool, PartialFailure, RunStateError
-from orchestrator.inventory import load_inventory
+from orchestrator.inventory import Inventory, load_inventory
 from orchestrator.lifecycle import DEFAULT_GRACE, StopReport, start_run
 from orchestrator.render import problems, progress_line, status_table
 from orchestrator.runstore import RunRecord, RunStore
@@ -73,6 +74,11 @@ PLAIN_REPORT_EVERY = 15.0  # seconds between progress lines when the output is n
 @click.option(
     "--dashboard-port", default=DASHBOARD_PORT, show_default=True, help="The dashboard's port."
 )
+@click.option(
+    "--force-setup",
+    is_flag=True,
+    help="Run the inventory's 'setup:' commands on every host even where they ran already.",
+)
 @pass_context
 def up(  # noqa: PLR0917 - click passes every option by position
     context: Context,
@@ -84,9 +90,11 @@ def up(  # noqa: PLR0917 - click passes every option by position
     interval: float,
     with_dashboard: bool,
     dashboard_port: int,
+    force_setup: bool,
 ) -> None:
-    """Validate INVENTORY, run the preflight checks (see 'orchestrate check'), start every worker
-    detached, and watch them until the job ends.
+    """Validate INVENTORY, mirror its 'sync:' directory and run its 'setup:' commands where they
+    have not run yet (see 'orchestrate setup'), run the preflight checks (see 'orchestrate
+    check'), start every worker detached, and watch them until the job ends.
 
     The workers keep running if this command is interrupted or its terminal closes; Ctrl-C only
     stops watching. Exit status: 0 when every worker succeeded, 1 when the job failed, 2 for an
@@ -94,11 +102,34 @@ def up(  # noqa: PLR0917 - click passes every option by position
     still active, 5 when a preflight check failed.
     """
     spec = load_inventory(inventory)
-    with open_backend() as backend:
+    start_and_supervise(context, spec, str(inventory), detach=detach, skip_checks=skip_checks,
+                        probe_timeout=probe_timeout, min_free_gb=min_free_gb, interval=interval,
+                        with_dashboard=with_dashboard, dashboard_port=dashboard_port,
+                        force_setup=force_setup)  # fmt: skip
+
+
+def start_and_supervise(
+    context: Context,
+    spec: Inventory,
+    source: str,
+    *,
+    detach: bool,
+    skip_checks: bool,
+    probe_timeout: float,
+    min_free_gb: float,
+    interval: float,
+    with_dashboard: bool = False,
+    dashboard_port: int = DASHBOARD_PORT,
+    force_setup: bool = False,
+) -> None:
+    """What `up` does with a loaded inventory (`orchestrate local` builds its own)."""
+    with open_backend(spec) as backend:
         # Exclusive from the check for an active run through the launch, then released: a
         # second `up` waits for it, then finds this run active and refuses.
         with exclusive_start(context.store, _say):
             refuse_if_active(context.store, backend, _say)
+            # Setup may install what the checks look for (the python, TensorFlow): it goes first.
+            prepared = prepare_before_checks(spec, backend, force_setup)
             if not skip_checks:
                 report = run_checks(spec, backend, probe_timeout, min_free_gb)
                 show_findings(report, only_problems=True)
@@ -106,13 +137,15 @@ def up(  # noqa: PLR0917 - click passes every option by position
                     raise blocking_error(report)
             errors.print(
                 f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) "
-                f"from {inventory}"
+                f"from {source}"
             )
             record = start_run(
                 spec,
                 context.store,
                 backend,
                 say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
+                force_setup=force_setup,
+                prepared=prepared,
             )
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
         if with_dashboard:
@@ -216,7 +249,7 @@ def _finish(final: RunStatus, record: RunRecord) -> None:
 def supervise(context: Context, run_id: str, interval: float) -> None:
     """Supervise RUN_ID in this process (started detached by 'up --detach')."""
     record = context.store.load(run_id)
-    with open_backend() as backend:
+    with open_backend(record.inventory) as backend:
         _supervise_here(context.store, backend, record, interval)
 
 
@@ -231,7 +264,7 @@ def attach(context: Context, run_id: str | None, interval: float) -> None:
     takes over supervision, restarts included. Ctrl-C leaves the workers running.
     """
     record = context.store.load(run_id)
-    with open_backend() as backend:
+    with open_backend(record.inventory) as backend:
         lock = SupervisorLock(context.store.lock_path(record.run_id))
         if not lock.held_elsewhere():
             errors.print(f"run {record.run_id}: nothing supervises it; supervising it here")
@@ -269,7 +302,7 @@ def down(context: Context, grace: float | None, save: bool, run_id: str | None) 
     and exits; --save waits for that and says at which step. A supervisor of the run stops too.
     """
     grace = grace if grace is not None else (300.0 if save else DEFAULT_GRACE)
-    with open_backend() as backend:
+    with open_backend(context.store.load(run_id).inventory) as backend:
         record, report = stop_everything(context.store, backend, run_id, grace)
         final = collect_status(record, backend) if save else None
     for name, outcome in report.outcome.items():

@@ -43,7 +43,7 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
     run to show.
     """
     record = context.store.load(run_id)
-    with open_backend() as backend:
+    with open_backend(record.inventory) as backend:
         result = collect_status(record, backend)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
@@ -80,7 +80,7 @@ def tail_command(
         w.name: click.style(f"{w.name:<{width}} |", fg=colors[w.index % len(colors)])
         for w in workers
     }
-    with open_backend() as backend:
+    with open_backend(record.inventory) as backend:
         stream = (
             follow(workers, backend, lines) if follow_logs else last_lines(workers, backend, lines)
         )
@@ -116,7 +116,7 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
         )
     record = context.store.load(run_id)
     logdir = local_event_dir(record, context.store)
-    with open_backend() as backend:
+    with open_backend(record.inventory) as backend:
         pulled = pull_events(record, backend, logdir)
         if pulled:
             errors.print(f"pulled {pulled} event file(s) from {record.workers[0].name}")

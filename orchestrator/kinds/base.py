@@ -28,6 +28,14 @@ class NoSettings:
     """The settings of a kind that has none."""
 
 
+@dataclass(frozen=True)
+class SyncTransport:
+    """How rsync reaches a machine: its remote shell command line (`-e`) and the destination."""
+
+    shell: list[str]
+    target: str
+
+
 class Kind(ABC):
     name: ClassVar[str]
     # Host keys only this kind reads, with their checkers; their values make `settings_type`.
@@ -67,4 +75,13 @@ class Kind(ABC):
 
     def login_port(self, host: Host) -> int | None:
         """The port the controller logs in through, for the firewall rules; None if none."""
+        return None
+
+    def login_details(self, host: Host) -> dict[str, Any]:
+        """How the machine is reached, as resolved (user, port, key, jump host), for
+        `orchestrate hosts`; empty for a kind that does not log in."""
+        return {}
+
+    def sync_transport(self, host: Host) -> SyncTransport | None:
+        """How `sync:` mirrors a directory to the machine; None when it cannot (or need not)."""
         return None

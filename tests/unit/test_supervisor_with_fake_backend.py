@@ -187,3 +187,24 @@ def test_first_failure_is_the_earliest_exit_not_the_lowest_index(tmp_path: Path)
     record = start_run(inventory(tmp_path), store, backend)
     failure = first_failure(collect_status(record, backend))
     assert failure is not None and (failure.worker, failure.kind) == ("b", FailureKind.KILLED)
+
+
+class SchedulerLikeBackend(FakeBackend):
+    resubmits_preempted = True  # as the Slurm backend: a preempted attempt is submitted again
+
+
+def test_a_preempted_attempt_is_resubmitted_where_the_backend_says_so(tmp_path: Path) -> None:
+    scripts = {name: {0: [running(4), exited(75, 6)], 1: [running(7), exited(0, 9)]}
+               for name in "ab"}  # fmt: skip
+    store, outcome = supervise(tmp_path, SchedulerLikeBackend(scripts=scripts), inventory(tmp_path))
+    final, _messages = outcome  # type: ignore[misc]
+    assert final.state is WorkerState.SUCCEEDED
+    (restart,) = store.load().restarts
+    assert (restart.kind, restart.attempt) == ("preempted", 0)
+    # On hosts the same preemption ends the run with a hint to resume (nothing gives nodes back).
+    hosts_store, hosts = supervise(tmp_path / "hosts", FakeBackend(scripts=scripts),
+                                   inventory(tmp_path))  # fmt: skip
+    stopped, _ = hosts  # type: ignore[misc]
+    assert stopped.state is WorkerState.STOPPED and not hosts_store.load().restarts
+    with pytest.raises(JobFailed, match="preempted"):
+        conclude(stopped, hosts_store.load())

@@ -1,5 +1,8 @@
 """A bundled example task: tell four shapes apart in small generated grayscale images.
 
+Its model, optimizer and loss come from the Keras the job asks for (`job.keras`), so it trains
+under Keras 3 and under Keras 2 (`keras: legacy`) alike.
+
 The data is generated with numpy from a fixed seed (training hosts may have no network), and the
 task is small enough to learn on CPUs in a few hundred steps, so it serves as the smoke test of a
 cluster: if loss falls and accuracy climbs, the workers really train together. Its eval split
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from worker.kerasflavor import keras as chosen_keras
 from worker.task import TrainingTask
 
 if TYPE_CHECKING:
@@ -64,8 +68,7 @@ def _draw(label: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def build_model() -> keras.Model:
-    import keras
-
+    keras = chosen_keras()  # Keras 3, or Keras 2 (tf_keras) under job.keras: legacy
     return keras.Sequential(
         [
             keras.Input(shape=(IMAGE_SIZE, IMAGE_SIZE, 1)),
@@ -95,8 +98,7 @@ def build_eval_dataset() -> tf.data.Dataset:
 
 
 def build_optimizer() -> keras.optimizers.Optimizer:
-    import keras
-
+    keras = chosen_keras()
     # Higher than Adam's default 1e-3: the point of the example is to learn visibly in ~300 steps.
     return keras.optimizers.Adam(learning_rate=LEARNING_RATE)
 

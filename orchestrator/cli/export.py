@@ -1,0 +1,97 @@
+"""`export`: the job for a scheduler to run it without orchestrate driving it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import click
+import yaml
+
+from orchestrator.cli.app import cli, errors
+from orchestrator.errors import ExportRefused
+from orchestrator.inventory import Inventory, load_inventory
+from orchestrator.plan import plan_workers
+from orchestrator.slurm.launcher import JOB_ID_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER
+from orchestrator.slurm.script import batch_script
+from orchestrator.slurm.source import slurm_workers
+from orchestrator.slurm.spec import SlurmSpec
+
+FORMATS = ("sbatch", "tfjob")
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    required=True,
+    help="sbatch: the batch script 'up' submits; tfjob: a Kubeflow TFJob manifest.",
+)
+@click.option(
+    "--image",
+    metavar="IMAGE",
+    help="tfjob: the container image (TensorFlow and the worker package, or your script, inside).",
+)
+@click.option("--namespace", metavar="NS", help="tfjob: the Kubernetes namespace.")
+@click.option(
+    "--pvc",
+    metavar="NAME",
+    help="tfjob: a PersistentVolumeClaim for the checkpoints "
+    "(mounted at /checkpoints), so they survive pod restarts.",
+)
+@click.option("--name", metavar="NAME", help="tfjob: the TFJob's name [default: job.name].")
+@click.option("--restart-policy", type=click.Choice(["ExitCode", "OnFailure"]),
+              default="ExitCode", show_default=True,
+              help="tfjob: the Worker replicas' policy (see below).")  # fmt: skip
+def export(  # noqa: PLR0917 - click passes every option by position
+    inventory: Path, fmt: str, image: str | None, namespace: str | None, pvc: str | None,
+           name: str | None, restart_policy: str) -> None:  # fmt: skip
+    """Print INVENTORY's job for a scheduler, to submit it yourself.
+
+    \b
+    --format sbatch   the self-contained batch script that 'orchestrate up' submits for a
+                      slurm: inventory (for a hosts: inventory: one node per host). Run it with
+                      plain 'sbatch FILE' from the directory of your task module; each task
+                      writes its TF_CONFIG from Slurm's allocation. Nothing supervises it: a
+                      failed task ends the job, and resubmitting it resumes from the checkpoint.
+    --format tfjob    a kubeflow.org/v1 TFJob: one Worker replica per worker, the container
+                      'tensorflow' running the job with the image, port tfjob-port 2222 (the
+                      operator writes TF_CONFIG), backoffLimit = job.max_restarts. Under
+                      ExitCode the job's permanent exit codes end the job and every other
+                      failure (preemption's 75 included) is retried. Validated against the
+                      TFJob CRD's schema and the operator's webhook rules; exit 2 if refused.
+    """
+    spec = load_inventory(inventory)
+    if fmt == "sbatch":
+        click.echo(sbatch_export(spec), nl=False)
+        return
+    from orchestrator.export.tfjob import problems, tfjob
+
+    manifest = tfjob(spec, image, name=name, namespace=namespace, pvc=pvc,
+                     restart_policy=restart_policy)  # fmt: skip
+    found = problems(manifest)
+    if found:
+        raise ExportRefused(
+            "the TFJob would be rejected:\n" + "\n".join(f"  {line}" for line in found),
+            hint="give --image IMAGE, and --name NAME (lower-case letters, digits, '-') when "
+            "job.name is not a DNS-1035 label",
+        )
+    if not pvc:
+        errors.print("warning: without --pvc the checkpoints live in the pod (emptyDir) and are "
+                     "lost when a pod is replaced; a restart then starts from step 0",
+                     markup=False, highlight=False)  # fmt: skip
+    click.echo(yaml.safe_dump(manifest, sort_keys=False), nl=False)
+
+
+def sbatch_export(inventory: Inventory) -> str:
+    spec = inventory.slurm or SlurmSpec(nodes=len(inventory.hosts), port=inventory.hosts[0].port)
+    if inventory.slurm is None:  # the hosts become as many nodes
+        workers = slurm_workers(spec, Path(inventory.base_dir))
+        inventory = replace(inventory, hosts=tuple(host for _, _, host in workers))
+    # Each submission names its run after its job id; the tasks start where it was submitted.
+    workdirs = {host.name: spec.workdir for host in inventory.hosts}
+    specs = [replace(s, cwd=SUBMIT_DIR_PLACEHOLDER)
+             for s in plan_workers(inventory, f"slurm-{JOB_ID_PLACEHOLDER}", workdirs)]  # fmt: skip
+    return batch_script(spec, inventory.job, specs)

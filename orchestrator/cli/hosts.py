@@ -1,0 +1,95 @@
+"""`hosts` (the workers as resolved from either host source) and `setup` (sync and setup only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from orchestrator.backend import Backend, open_backend
+from orchestrator.cli.app import cli, console, errors
+from orchestrator.hostprep import prepare_hosts
+from orchestrator.inventory import Host, Inventory, load_inventory
+
+
+def _row(host: Host, role: str) -> dict[str, object]:
+    details = host.kind.login_details(host)
+    return {
+        "name": host.name,
+        "role": role,
+        "connection": host.connection,
+        "address": host.address,
+        "port": host.port,
+        "ssh_alias": details.get("alias"),
+        "ssh_user": details.get("user"),
+        "ssh_port": details.get("ssh_port"),
+        "ssh_key": details.get("key"),
+        "jump": details.get("jump"),
+        "python": host.python,
+        "workdir": host.workdir,
+    }
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per host instead.")
+def hosts(inventory: Path, as_json: bool) -> None:
+    """Print the workers of INVENTORY as resolved, in TF_CONFIG order (the first is the chief):
+    name, address, TensorFlow port, SSH user, port, key and jump host, and python, whether they
+    come from 'hosts:' or from an Ansible inventory ('ansible:'), after ~/.ssh/config (or
+    'ssh_config') aliases. Connects to nothing."""
+    spec = load_inventory(inventory)
+    rows = [_row(h, "worker") for h in spec.hosts] + [_row(h, "spare") for h in spec.spares]
+    if as_json:
+        for row in rows:
+            console.print(json.dumps(row), markup=False, highlight=False, soft_wrap=True)
+        return
+    table = Table(title=f"{len(spec.hosts)} worker(s) of {inventory}", title_justify="left")
+    columns = ("name", "role", "address", "port", "ssh", "ssh_key", "jump", "python", "workdir")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        ssh = ""
+        if row["ssh_port"]:
+            alias = f" (alias {row['ssh_alias']})" if row["ssh_alias"] else ""
+            ssh = f"{row['ssh_user'] or '(your user)'}@{row['address']}:{row['ssh_port']}{alias}"
+        else:
+            ssh = str(row["connection"])
+        table.add_row(*(str(row[c] or "") if c != "ssh" else ssh for c in columns))
+    console.print(table)
+
+
+def _say(message: str) -> None:
+    errors.print(f"  {message}", markup=False, highlight=False)
+
+
+def prepare_before_checks(spec: Inventory, backend: Backend, force_setup: bool) -> bool:
+    """`up`: sync and set up before the preflight checks; False when there is nothing to do."""
+    if not spec.setup and spec.sync is None:
+        return False
+    steps = [name for name, wanted in (("sync", spec.sync), ("setup", spec.setup)) if wanted]
+    errors.print(f"preparing {len(spec.hosts)} host(s): {' and '.join(steps)}")
+    workdirs = backend.workdirs(spec.hosts).raise_if_failed("reaching the hosts")
+    prepare_hosts(spec, backend, dict(workdirs), _say, force_setup=force_setup, spares=True)
+    return True
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Run the setup commands even where they ran already.")
+def setup(inventory: Path, force: bool) -> None:
+    """Mirror 'sync:' to every host and run the 'setup:' commands where they have not run yet
+    (or changed since), on every host and spare at once; starts nothing.
+
+    'orchestrate up' does the same before it starts the workers. Setup output is prefixed with
+    the host's name. Exit status 3 when a host could not be reached or a command failed there.
+    """
+    spec = load_inventory(inventory)
+    if not spec.setup and spec.sync is None:
+        errors.print(f"{inventory} has neither 'setup:' nor 'sync:'; nothing to do")
+        return
+    with open_backend(spec) as backend:
+        prepare_before_checks(spec, backend, force)
+    errors.print("hosts ready")

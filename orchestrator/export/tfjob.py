@@ -1,0 +1,185 @@
+"""A Kubeflow `kubeflow.org/v1` TFJob from an inventory, and the checks an API server and the
+training operator's webhook would make. Pure apart from reading the bundled schema.
+
+Worker replicas = the inventory's workers (hosts or slurm nodes); the operator injects TF_CONFIG
+itself (port `tfjob-port` 2222). Restarts: the operator's ExitCode policy treats exit codes 1-127
+as permanent and 128-255 as retryable, which would make the worker's preemption exit (75) and a
+peer's "collective aborted" exit (1) permanent. So the container runs the worker under a small
+shell wrapper that keeps the job's permanent exit codes as they are and reports every other
+failure as 128+code (75 -> 203): under ExitCode the operator retries exactly what a restart can
+heal, as the supervisor does on hosts. `runPolicy.backoffLimit` = job.max_restarts.
+
+tfjob-v1.schema.json is spec.versions[v1].schema.openAPIV3Schema of the TFJob CRD of
+kubeflow/training-operator release-1.9 (manifests/base/crds/kubeflow.org_tfjobs.yaml).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from orchestrator.contract import CHECKPOINT_DIR_ENV, EXIT_PREEMPTED
+from orchestrator.inventory import Host, Inventory
+from orchestrator.plan import worker_argv
+
+API_VERSION = "kubeflow.org/v1"
+CONTAINER = "tensorflow"  # the operator finds the TensorFlow container by this name
+PORT_NAME = "tfjob-port"
+PORT = 2222
+CHECKPOINT_MOUNT = "/checkpoints"
+RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")  # the operator's, not the CRD's
+REPLICA_TYPES = ("Chief", "Master", "PS", "Worker", "Evaluator")
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+SCHEMA_PATH = Path(__file__).with_name("tfjob-v1.schema.json")
+
+# PID 1 of the container: forwards SIGTERM (pod deletion, preemption) to the worker so it saves,
+# then maps the exit code for the operator's ExitCode rule (see the module docstring).
+EXIT_WRAPPER = """\
+"$@" &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+wait "$child"; code=$?
+while kill -0 "$child" 2>/dev/null; do wait "$child"; code=$?; done
+case " $ORCHESTRATE_PERMANENT_EXIT_CODES " in *" $code "*) exit "$code";; esac
+if [ "$code" -ge 1 ] && [ "$code" -le 127 ]; then exit $((128 + code)); fi
+exit "$code"
+"""
+
+
+def operator_retries(policy: str, exit_code: int) -> bool:
+    """Whether the training operator (release-1.9) restarts a replica whose container exited so."""
+    if exit_code == 0:
+        return False
+    if policy == "ExitCode":
+        return exit_code >= 128  # 1-127: permanent; 128-255: retryable
+    return policy in ("OnFailure", "Always")
+
+
+def tfjob(
+    inventory: Inventory,
+    image: str | None,
+    *,
+    name: str | None = None,
+    namespace: str | None = None,
+    pvc: str | None = None,
+    restart_policy: str = "ExitCode",
+) -> dict[str, Any]:
+    job = inventory.job
+    first = inventory.hosts[0]
+    leaf = posixpath.basename(job.checkpoint_dir.rstrip("/"))
+    # On a claim that may hold several jobs, each job has its own directory.
+    checkpoints = posixpath.join(CHECKPOINT_MOUNT, *([job.name] if pvc else []), leaf)
+    # The container's worker: the image's python, no host-specific GPU indices (the pod gets its
+    # own GPUs, numbered from 0), a script in the image's working directory.
+    container_host: Host = replace(first, python="python", visible_gpus=None)
+    job_for_image = replace(job, script=posixpath.basename(job.script)) if job.script else job
+    argv = list(worker_argv(job_for_image, container_host, ".", checkpoints))
+    permanent = " ".join(str(code) for code in job.permanent_exit_codes)
+    env = {**job.env, "PYTHONUNBUFFERED": "1", CHECKPOINT_DIR_ENV: checkpoints,
+           "ORCHESTRATE_PERMANENT_EXIT_CODES": permanent}  # fmt: skip
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image or "",
+        "command": ["/bin/sh", "-c", EXIT_WRAPPER, "orchestrate-worker"],
+        "args": argv,
+        "env": [{"name": key, "value": value} for key, value in env.items()],
+        "ports": [{"name": PORT_NAME, "containerPort": PORT}],
+        "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}],
+    }
+    gpus = gpu_count(inventory)
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    volume: dict[str, Any] = (
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": pvc}}
+        if pvc
+        else {"name": "checkpoints", "emptyDir": {}}
+    )
+    metadata: dict[str, Any] = {"name": name or job.name, "labels": {"app": "orchestrate"}}
+    if namespace:
+        metadata["namespace"] = namespace
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "TFJob",
+        "metadata": metadata,
+        "spec": {
+            "runPolicy": {"backoffLimit": job.max_restarts, "cleanPodPolicy": "Running"},
+            "tfReplicaSpecs": {
+                "Worker": {
+                    "replicas": len(inventory.hosts),
+                    "restartPolicy": restart_policy,
+                    "template": {"spec": {"containers": [container], "volumes": [volume]}},
+                }
+            },
+        },
+    }
+
+
+def gpu_count(inventory: Inventory) -> int | None:
+    if inventory.slurm is not None:
+        return inventory.slurm.gpus_per_node
+    counts = [len(h.visible_gpus) for h in inventory.hosts if h.visible_gpus]
+    return max(counts) if counts else None
+
+
+@cache
+def schema() -> dict[str, Any]:
+    return dict(json.loads(SCHEMA_PATH.read_text(encoding="utf-8")))
+
+
+def problems(manifest: dict[str, Any]) -> list[str]:
+    """Why an API server with the TFJob CRD and the operator's webhook would refuse it."""
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(schema())
+    found = [
+        f"{'.'.join(map(str, error.absolute_path)) or '(top)'}: {error.message}"
+        for error in sorted(validator.iter_errors(manifest), key=lambda e: list(e.absolute_path))
+    ]
+    if manifest.get("apiVersion") != API_VERSION or manifest.get("kind") != "TFJob":
+        found.append(f"expected apiVersion {API_VERSION} and kind TFJob")
+    metadata = manifest.get("metadata") or {}
+    name = str(metadata.get("name", ""))
+    if not DNS_1035.match(name) or len(name) > 63:
+        found.append(f"metadata.name: {name!r} is not a DNS-1035 label (lower-case letters, "
+                     "digits and '-', starting with a letter, at most 63 characters)")  # fmt: skip
+    namespace = metadata.get("namespace")
+    if namespace is not None and (not DNS_1123_LABEL.match(str(namespace)) or len(namespace) > 63):
+        found.append(f"metadata.namespace: {namespace!r} is not a DNS-1123 label")
+    replicas = (manifest.get("spec") or {}).get("tfReplicaSpecs") or {}
+    if not replicas:
+        found.append("spec.tfReplicaSpecs: at least one replica type is required")
+    for kind, spec in replicas.items():
+        where = f"spec.tfReplicaSpecs.{kind}"
+        if kind not in REPLICA_TYPES:
+            found.append(
+                f"{where}: unknown replica type; expected one of {', '.join(REPLICA_TYPES)}"
+            )
+        if spec.get("restartPolicy", "Never") not in RESTART_POLICIES:
+            found.append(f"{where}.restartPolicy: {spec.get('restartPolicy')!r} is not one of "
+                         f"{', '.join(RESTART_POLICIES)}")  # fmt: skip
+        if kind in ("Chief", "Master") and spec.get("replicas", 1) > 1:
+            found.append(f"{where}.replicas: at most one {kind}")
+        containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+        if not any(c.get("name") == CONTAINER for c in containers):
+            found.append(f"{where}: no container named '{CONTAINER}'")
+        for index, container in enumerate(containers):
+            if not container.get("image"):
+                found.append(f"{where}.template.spec.containers[{index}].image: required")
+    if "Chief" in replicas and "Master" in replicas:
+        found.append("spec.tfReplicaSpecs: set Chief or Master, not both")
+    return found
+
+
+def preemption_retried(manifest: dict[str, Any], exported_code: int) -> bool:
+    """Whether the Worker replicas' restart policy retries a container that exited so."""
+    policy = manifest["spec"]["tfReplicaSpecs"]["Worker"]["restartPolicy"]
+    return operator_retries(policy, exported_code)
+
+
+__all__ = ["EXIT_PREEMPTED", "operator_retries", "problems", "tfjob"]

@@ -1,0 +1,206 @@
+"""The Backend for workers that Slurm places: one batch job per attempt.
+
+`start` writes the attempt's batch script (script.py) into the attempt directory on the shared
+filesystem and submits it; the job id goes beside it (and into the run record). The workers'
+files are read where they are, through this machine (the login node), so probing, logs and
+checkpoints use the host backend's file operations; whether a task may still be running comes
+from Slurm (scontrol), not from a process id on this machine. `stop` sends SIGTERM to the job's
+tasks (the built-in loop saves a checkpoint and exits) and cancels the job after the grace.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.answers import CheckpointListing, ExitRecord, FileListing, StopAnswer, WorkerProbe
+from orchestrator.backend import Backend
+from orchestrator.errors import HostError
+from orchestrator.fanout import GroupResult
+from orchestrator.hostbackend import HostBackend
+from orchestrator.runner import LineSession, LocalRunner, Runner
+from orchestrator.slurm.commands import SLURM, JobState, Slurm
+from orchestrator.slurm.script import batch_script
+from orchestrator.slurm.spec import SlurmSpec
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Host, Inventory, Job
+    from orchestrator.plan import WorkerSpec
+    from orchestrator.preflight import PreflightReport
+    from orchestrator.runstore import RunRecord, WorkerRecord
+
+JOB_ID_FILE = "slurm-job-id"
+SCRIPT_FILE = "batch.sh"
+
+
+def attempt_dir(run_dir: str) -> str:
+    """Every task's run directory is {attempt}/{task}: the job's files sit in {attempt}."""
+    return posixpath.dirname(run_dir)
+
+
+class SlurmBackend(Backend):
+    resubmits_preempted = True
+
+    def __init__(self, spec: SlurmSpec, job: Job, runner: Runner | None = None) -> None:
+        self.spec = spec
+        self.job = job
+        self.slurm = Slurm(runner or LocalRunner(SLURM))
+        self.files = HostBackend()  # the shared filesystem, as this machine sees it
+        self._submitted: str | None = None
+
+    def close(self) -> None:
+        self.files.close()
+        self.slurm.runner.close()
+
+    # --- an attempt's workers ------------------------------------------------------------------
+    def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
+        return self.files.workdirs(hosts)
+
+    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
+        directory = attempt_dir(specs[0].run_dir)
+        script = batch_script(self.spec, self.job, specs,
+                              output=posixpath.join(directory, "slurm-%j.out"))  # fmt: skip
+        chief = specs[0].host
+        self._write(chief, posixpath.join(directory, SCRIPT_FILE), script)
+        job_id = self.slurm.submit(posixpath.join(directory, SCRIPT_FILE))
+        self._write(chief, posixpath.join(directory, JOB_ID_FILE), job_id + "\n")
+        self._submitted = job_id
+        return GroupResult(ok={spec.name: int(job_id) for spec in specs})
+
+    def submitted_job(self) -> str | None:
+        return self._submitted
+
+    def _write(self, host: Host, path: str, text: str) -> None:
+        with tempfile.NamedTemporaryFile("w", suffix=".tmp", delete=False) as handle:
+            handle.write(text)
+        try:
+            self.files.upload(host, [(handle.name, path)])
+        finally:
+            Path(handle.name).unlink(missing_ok=True)
+
+    def job_of(self, worker: WorkerRecord) -> str | None:
+        text = self.files.read_text(worker.host, posixpath.join(attempt_dir(worker.run_dir),
+                                                                JOB_ID_FILE))  # fmt: skip
+        return text.strip() if text and text.strip().isdigit() else None
+
+    def _states(self, workers: Sequence[WorkerRecord]) -> dict[str, JobState | None]:
+        """The Slurm job of each worker's attempt (None: never submitted)."""
+        jobs: dict[str, str | None] = {w.name: self.job_of(w) for w in workers}
+        states = {job: self.slurm.state(job) for job in set(jobs.values()) if job}
+        return {name: states[job] if job else None for name, job in jobs.items()}
+
+    def probe(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, WorkerProbe]:
+        files = self.files.probe(workers)
+        try:
+            states = self._states(workers)
+        except HostError as error:
+            return GroupResult(failed={w.name: error for w in workers})
+        ok: dict[str, WorkerProbe] = {}
+        for worker in workers:
+            if worker.name in files.ok:
+                node = self.files.read_text(worker.host, posixpath.join(worker.run_dir, "node"))
+                ok[worker.name] = task_probe(files.ok[worker.name], states[worker.name],
+                                             node.strip() if node else None)  # fmt: skip
+        return GroupResult(ok=ok, failed=files.failed)
+
+    def stop(self, workers: Sequence[WorkerRecord], grace: float) -> GroupResult[str, StopAnswer]:
+        states = self._states(workers)
+        for worker in workers:  # so the workers' ending reads as stopped, not failed
+            state = states[worker.name]
+            if state is not None and state.active:
+                self._write(worker.host, posixpath.join(worker.run_dir, "stop_requested"),
+                            str(time.time()))  # fmt: skip
+        outcome: dict[str, StopAnswer] = {}
+        for job in {s.job_id for s in states.values() if s is not None and s.active}:
+            outcome_of_job = self._stop_job(job, grace)
+            for name, state in states.items():
+                if state is not None and state.job_id == job:
+                    outcome[name] = outcome_of_job
+        return GroupResult(ok={w.name: outcome.get(w.name, StopAnswer("not running"))
+                               for w in workers})  # fmt: skip
+
+    def _stop_job(self, job: str, grace: float) -> StopAnswer:
+        if self.slurm.state(job).state == "PENDING":
+            self.slurm.cancel(job)
+            return StopAnswer("stopped")
+        self.slurm.signal(job, "TERM")  # the workers save a checkpoint at one step and exit
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if not self.slurm.state(job).active:
+                return StopAnswer("stopped")
+            time.sleep(0.3)
+        self.slurm.cancel(job)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.slurm.state(job).active:
+            time.sleep(0.3)
+        return StopAnswer("killed")
+
+    def log_lines(self, worker: WorkerRecord, lines: int) -> list[str]:
+        return self.files.log_lines(worker, lines)
+
+    def follow_log(self, worker: WorkerRecord, lines: int) -> Iterator[str]:
+        return self.files.follow_log(worker, lines)
+
+    def scheduler_state(self, record: RunRecord) -> dict[str, Any] | None:
+        if not record.workers:
+            return None
+        state = self._states(record.workers[:1])[record.workers[0].name]
+        return {"scheduler": "slurm", "jobs": list(record.scheduler_jobs),
+                **(state.to_json() if state else {"state": "NOT SUBMITTED"})}  # fmt: skip
+
+    # --- files on the shared filesystem --------------------------------------------------------
+    def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
+        return self.files.checkpoint(host, directory)
+
+    def adopt_checkpoint(
+        self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
+    ) -> None:
+        self.files.adopt_checkpoint(host, directory, name, checkpoints)
+
+    def list_files(self, host: Host, directory: str) -> FileListing:
+        return self.files.list_files(host, directory)
+
+    def read_text(self, host: Host, path: str) -> str | None:
+        return self.files.read_text(host, path)
+
+    def download(self, host: Host, remote: str, local: str) -> None:
+        self.files.download(host, remote, local)
+
+    def upload(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
+        self.files.upload(host, files)
+
+    # --- reaching hosts ------------------------------------------------------------------------
+    def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
+        return {}  # Slurm places every attempt on nodes that answer; there is no host to lose
+
+    def preflight_session(self, host: Host) -> LineSession:
+        raise HostError(SLURM, "Slurm runs have their own preflight (orchestrator/slurm/checks)")
+
+    def own_preflight(
+        self, inventory: Inventory, probe_timeout: float, min_free_bytes: int
+    ) -> PreflightReport | None:
+        from orchestrator.slurm.checks import slurm_preflight
+
+        return slurm_preflight(inventory, self.slurm, self.files, probe_timeout)
+
+
+def task_probe(files: WorkerProbe, job: JobState | None, node: str | None) -> WorkerProbe:
+    """A task's files, with liveness from Slurm: running while its job is active and it has not
+    recorded an exit; a job that ended without the task's exit record is the task's failure."""
+    alive = job is not None and job.active and files.exit is None
+    probe = replace(files, alive=alive, usage=None, node=node)
+    if files.exit is None and not alive:
+        if job is None:
+            error = "its batch job was never submitted"
+        else:
+            why = f" ({job.reason})" if job.reason else ""
+            error = f"Slurm job {job.job_id} ended {job.state}{why} before the task's exit"
+        code = -(job.signal) if job and job.signal else (job.exit_code if job else None) or 1
+        exit_record = ExitRecord(returncode=code, finished_at=files.now, error=error)
+        probe = replace(probe, exists=True, pid=probe.pid or 0, exit=exit_record)
+    return probe

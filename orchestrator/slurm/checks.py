@@ -1,0 +1,185 @@
+"""Slurm's preflight: before submitting, find what would make the job fail or wait forever.
+
+1. the partition exists and has N usable nodes (sinfo);
+2. one short srun on N nodes: each node's Python, TensorFlow and worker package, the same
+   versions everywhere;
+3. the job directory and the checkpoint directory are on a filesystem every node and this
+   machine see: this machine writes a token file there, every task reads it and writes its own
+   answer beside it, and this machine reads every answer back. A node-local directory (a tmpfs,
+   a local /scratch) fails here instead of splitting the checkpoints between nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import secrets
+import shlex
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from orchestrator.contract import TF_PACKAGES
+from orchestrator.errors import HostError
+from orchestrator.plan import checkpoint_dir, job_dir
+from orchestrator.preflight import Finding, PreflightReport, Status
+from orchestrator.slurm.commands import SLURM, Slurm, parse_node_states, usable
+
+if TYPE_CHECKING:
+    from orchestrator.hostbackend import HostBackend
+    from orchestrator.inventory import Inventory
+
+# Run by every task of the preflight step: versions, then the shared-directory answers.
+NODE_PROBE = """
+import importlib.metadata as md, importlib.util as iu, json, os, socket, sys
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+tf = next((v for v in map(version, TF_PACKAGES) if v), None)
+node = socket.gethostname()
+seen = {}
+for directory, token in DIRECTORIES.items():
+    path = os.path.join(directory, ".orchestrate-shared-check")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            seen[directory] = handle.read().strip() == token
+        with open(os.path.join(directory, ".orchestrate-seen-" + node), "w") as handle:
+            handle.write(token)
+    except OSError as exc:
+        seen[directory] = str(exc)
+print(json.dumps({"node": node, "python": sys.version.split()[0], "tensorflow": tf,
+                  "worker": iu.find_spec("worker") is not None, "seen": seen}))
+"""
+
+
+def slurm_preflight(
+    inventory: Inventory, slurm: Slurm, files: HostBackend, timeout: float
+) -> PreflightReport:
+    spec = inventory.slurm
+    assert spec is not None
+    findings = [_partition(slurm, spec.partition, spec.nodes)]
+    if findings[0].status is Status.FAIL:
+        return PreflightReport(tuple(findings))
+    chief = inventory.hosts[0]
+    home = files.workdirs([chief]).raise_if_failed("reading the workdir")[chief.name]
+    directory = job_dir(inventory.job, home)
+    directories = {directory: secrets.token_hex(8)}
+    directories.setdefault(checkpoint_dir(inventory.job, directory), secrets.token_hex(8))
+    runner = slurm.runner
+    runner.make_dirs(list(directories))
+    for path, token in directories.items():
+        runner.run(["sh", "-c", 'printf %s "$1" > "$2"', "sh", token,
+                    posixpath.join(path, ".orchestrate-shared-check")])  # fmt: skip
+    source = NODE_PROBE.replace("TF_PACKAGES", repr(TF_PACKAGES)).replace(
+        "DIRECTORIES", repr(directories)
+    )
+    argv = ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",
+            f"--chdir={inventory.base_dir}", "--job-name=orchestrate-check",
+            *([f"--partition={spec.partition}"] if spec.partition else []),
+            *([f"--account={spec.account}"] if spec.account else []),
+            spec.python, "-c", source]  # fmt: skip
+    try:
+        result = slurm.run(argv, timeout=max(120.0, timeout))
+    except HostError as error:
+        return PreflightReport((*findings, Finding(SLURM, "nodes", Status.FAIL, error.message,
+                                "are the nodes busy? 'squeue' shows the queue")))  # fmt: skip
+    answers = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    if not result.ok or len(answers) < spec.nodes:
+        findings.append(Finding(SLURM, "python", Status.FAIL,
+                                f"'{spec.python}' did not run on the nodes: {result.tail(3)}",
+                                "set slurm.python to an interpreter every node has"))  # fmt: skip
+        return PreflightReport(tuple(findings))
+    findings += _software(answers, inventory.job.task is not None)
+    readback = {path: _seen_by(runner.run, path) for path in directories}
+    findings += _shared(answers, directories, readback)
+    return PreflightReport(tuple(findings))
+
+
+def _partition(slurm: Slurm, partition: str | None, nodes: int) -> Finding:
+    argv = ["sinfo", "-h", "-N", "-o", "%N %t", *(["-p", partition] if partition else [])]
+    try:
+        result = slurm.run(argv, timeout=30)
+    except HostError as error:
+        return Finding(SLURM, "partition", Status.FAIL, error.message,
+                       "is Slurm's client installed here ('sinfo')?")  # fmt: skip
+    states = parse_node_states(result.stdout) if result.ok else {}
+    name = partition or "the default partition"
+    if not states:
+        listed = slurm.run(["sinfo", "-h", "-o", "%P"], timeout=30).stdout.split()
+        return Finding(SLURM, "partition", Status.FAIL,
+                       f"{name} does not exist or has no nodes ({result.tail(1) or 'no nodes'})",
+                       f"set slurm.partition to one of: {', '.join(listed) or 'none'}")  # fmt: skip
+    good = sorted(node for node, state in states.items() if usable(state))
+    if len(good) < nodes:
+        bad = ", ".join(f"{n} {s}" for n, s in sorted(states.items()) if not usable(s))
+        return Finding(SLURM, "partition", Status.FAIL,
+                       f"{name} has {len(good)} usable node(s), the job needs {nodes} ({bad})",
+                       "lower slurm.nodes or choose another partition")  # fmt: skip
+    return Finding(SLURM, "partition", Status.OK,
+                   f"{name}: {len(good)} usable node(s) for {nodes} worker(s)")  # fmt: skip
+
+
+def _software(answers: list[dict[str, object]], needs_worker: bool) -> list[Finding]:
+    findings = []
+    for key in ("python", "tensorflow"):
+        versions = {str(a["node"]): a.get(key) for a in answers}
+        missing = sorted(n for n, v in versions.items() if not v)
+        distinct = sorted({str(v) for v in versions.values() if v})
+        if missing:
+            findings.append(Finding(", ".join(missing), key, Status.FAIL, f"{key} not found",
+                                    "install it on every node (or set slurm.python)"))  # fmt: skip
+        elif len(distinct) > 1:
+            findings.append(Finding(SLURM, key, Status.FAIL,
+                                    f"different versions on the nodes: {', '.join(distinct)}",
+                                    "install the same version everywhere"))  # fmt: skip
+        else:
+            findings.append(Finding(SLURM, key, Status.OK, f"{distinct[0]} on every node"))
+    if needs_worker:
+        lacking = sorted(str(a["node"]) for a in answers if not a.get("worker"))
+        findings.append(Finding(", ".join(lacking) or SLURM, "worker", Status.FAIL if lacking
+                                else Status.OK, "the worker package is missing" if lacking
+                                else "the worker package imports on every node",
+                                "pip install 'orchestrate[worker]' where slurm.python is"
+                                if lacking else None))  # fmt: skip
+    return findings
+
+
+def _seen_by(run: Callable[..., object], path: str) -> set[str]:
+    """The nodes whose answer file this machine sees in `path`."""
+    result = run(["sh", "-c", f"ls -a {shlex.quote(path)}"], timeout=20)
+    names = str(getattr(result, "stdout", "")).split()
+    prefix = ".orchestrate-seen-"
+    return {name.removeprefix(prefix) for name in names if name.startswith(prefix)}
+
+
+def _shared(answers: list[dict[str, object]], directories: dict[str, str],
+            readback: dict[str, set[str]]) -> list[Finding]:  # fmt: skip
+    findings = []
+    for path in directories:
+        apart = []
+        for answer in answers:
+            node, seen = str(answer["node"]), answer.get("seen", {})
+            saw = seen.get(path) if isinstance(seen, dict) else None
+            if saw is not True:
+                apart.append(
+                    f"{node} does not see this machine's files there"
+                    + (f" ({saw})" if isinstance(saw, str) else "")
+                )
+            elif node not in readback[path]:
+                apart.append(f"this machine does not see {node}'s files there")
+        if apart:
+            findings.append(Finding(SLURM, "shared filesystem", Status.FAIL,
+                                    f"{path} is not one filesystem for all: {'; '.join(apart)}",
+                                    "put slurm.workdir (and job.checkpoint_dir) on the "
+                                    "cluster's shared filesystem"))  # fmt: skip
+        else:
+            findings.append(
+                Finding(
+                    SLURM,
+                    "shared filesystem",
+                    Status.OK,
+                    f"{path}: every node and this machine see the same files",
+                )
+            )
+    return findings

@@ -1,0 +1,192 @@
+"""The launcher that srun starts once per task: it writes the task's TF_CONFIG from Slurm's
+allocation and runs the worker, leaving the same files in its run directory as the host agent.
+
+STANDARD LIBRARY ONLY: its source is embedded in the batch script, so a node needs nothing but a
+Python interpreter (and the worker package for a task job). TF_CONFIG comes from SLURM_PROCID
+(the worker index) and SLURM_STEP_NODELIST expanded in order, with the inventory's port; not
+from TensorFlow's SlurmClusterResolver, which fails on nodes without GPUs (tensorflow#56894).
+
+The plan arrives in the environment (ORCHESTRATE_SLURM_PLAN, JSON): the port and one entry per
+task with its run directory, working directory, argv and environment. "{SLURM_JOB_ID}" and
+"{SLURM_SUBMIT_DIR}" in them are replaced by Slurm's values (the exported script uses them), and
+a leading "~/" is the node's home.
+
+Files in a task's run directory: node, pid, worker.pid, worker.log, progress.json (the worker's),
+exit.json ({"returncode", "signal", "started_at", "finished_at", "error", "log_tail"}).
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+PLAN_ENV = "ORCHESTRATE_SLURM_PLAN"
+JOB_ID_PLACEHOLDER = "{SLURM_JOB_ID}"
+SUBMIT_DIR_PLACEHOLDER = "{SLURM_SUBMIT_DIR}"
+LOG_TAIL_LINES = 20
+EXIT_PREEMPTED = 75  # contract.EXIT_PREEMPTED (this file imports nothing of orchestrate)
+
+
+def _split_top_level(text):
+    """'a[1-2],b' -> ['a[1-2]', 'b']: commas inside brackets belong to a range."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:index])
+            start = index + 1
+    parts.append(text[start:])
+    return [part for part in parts if part]
+
+
+def _expand_ranges(ranges):
+    """'01-03,7' -> ['01', '02', '03', '7'] (zero padding kept, as Slurm writes it)."""
+    values = []
+    for item in ranges.split(","):
+        low, _, high = item.partition("-")
+        if not high:
+            values.append(low)
+            continue
+        width = len(low) if low.startswith("0") else 0
+        values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
+    return values
+
+
+def expand_nodelist(nodelist):
+    """Slurm's compressed host list, in order: 'n[1-2],g[07-08]' -> ['n1', 'n2', 'g07', 'g08']."""
+    names = []
+    for part in _split_top_level(nodelist.strip()):
+        match = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", part)
+        if match is None:
+            names.append(part)
+            continue
+        prefix, ranges, rest = match.groups()
+        for value in _expand_ranges(ranges):
+            names.extend(
+                expand_nodelist(prefix + value + rest) if "[" in rest else [prefix + value + rest]
+            )
+    return names
+
+
+def tf_config(nodes, port, index):
+    return {
+        "cluster": {"worker": [f"{node}:{port}" for node in nodes]},
+        "task": {"type": "worker", "index": index},
+    }
+
+
+def _write_json(path, data):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
+    os.replace(tmp, path)
+
+
+def _write(path, text):
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def _log_tail(log_path, count=LOG_TAIL_LINES):
+    try:
+        with open(log_path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in lines if line.strip()][-count:]
+
+
+def _record_exit(run_dir, returncode, started, error):
+    name = None
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+    tail = _log_tail(os.path.join(run_dir, "worker.log"))
+    if error is None and returncode > 0 and tail:
+        error = tail[-1]
+    _write_json(
+        os.path.join(run_dir, "exit.json"),
+        {
+            "returncode": returncode,
+            "signal": name,
+            "started_at": started,
+            "finished_at": time.time(),
+            "error": error,
+            "log_tail": tail if returncode != 0 else [],
+        },
+    )
+
+
+def main():
+    plan = json.loads(os.environ.pop(PLAN_ENV))
+    index = int(os.environ["SLURM_PROCID"])
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    nodes = expand_nodelist(
+        os.environ.get("SLURM_STEP_NODELIST") or os.environ["SLURM_JOB_NODELIST"]
+    )
+
+    submit_dir = os.environ.get("SLURM_SUBMIT_DIR", os.getcwd())
+
+    def fill(text):
+        text = text.replace(JOB_ID_PLACEHOLDER, job_id).replace(SUBMIT_DIR_PLACEHOLDER, submit_dir)
+        return os.path.expanduser(text) if text.startswith("~/") else text
+
+    task = plan["tasks"][index]
+    run_dir = os.path.expanduser(fill(task["run_dir"]))
+    os.makedirs(run_dir, exist_ok=True)
+    _write(os.path.join(run_dir, "node"), socket.gethostname())
+    _write(os.path.join(run_dir, "pid"), str(os.getpid()))
+    config = tf_config(nodes, plan["port"], index)
+    _write_json(os.path.join(run_dir, "tf_config.json"), config)
+    env = dict(os.environ)
+    env.update({key: fill(value) for key, value in task["env"].items()})
+    env["TF_CONFIG"] = json.dumps(config)
+    started = time.time()
+    log = open(os.path.join(run_dir, "worker.log"), "ab")  # noqa: SIM115 - the child owns it
+    try:
+        child = subprocess.Popen(
+            [fill(a) for a in task["argv"]],
+            cwd=os.path.expanduser(fill(task["cwd"])),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    except OSError as exc:
+        _record_exit(run_dir, 127, started, f"cannot start {task['argv'][0]}: {exc}")
+        return 127
+    _write(os.path.join(run_dir, "worker.pid"), str(child.pid))
+
+    def forward(signum, _frame):
+        # Preemption or `orchestrate down`: the worker saves a checkpoint and exits 75.
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(signum, forward)
+    returncode = child.wait()
+    _record_exit(run_dir, returncode, started, None)
+    print(f"task {index} on {socket.gethostname()}: worker exited {returncode}", flush=True)
+    if returncode == EXIT_PREEMPTED:
+        # Not a bad exit for srun: the peers are saving at the same step and exit 75 too. Were
+        # it one, --kill-on-bad-exit would SIGTERM them while they finish (measured: a peer
+        # then dies of it after its save). exit.json keeps the 75 for the supervisor.
+        print(f"task {index}: preempted, saved a checkpoint; resubmit to resume", flush=True)
+        return 0
+    # A signal's death reads to srun as 128+N, so --kill-on-bad-exit ends the other tasks.
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The `slurm:` host source: a top-level mapping instead of `hosts:`, validated as strictly.
+
+    slurm:
+      nodes: 2                 # required: N nodes, one worker (task) per node
+      partition: gpu           # optional, as sbatch's --partition
+      account: lab             # optional, --account
+      time: "2:00:00"          # optional, --time (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]])
+      port: 20000              # the TensorFlow gRPC port on every node
+      python: python3          # the interpreter on the nodes
+      workdir: /shared/me/orchestrate   # on the filesystem every node and this machine see
+      gpus_per_node: 1         # optional, --gpus-per-node
+      sbatch_args: ["--qos=high", "--exclusive"]   # verbatim #SBATCH lines, never a shell
+
+Its workers are named task0..task{N-1}, in SLURM_PROCID order; they run where Slurm puts them, and
+the controller reads their files on the shared filesystem from this machine (the login node).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator import kinds
+from orchestrator.slurm.spec import DEFAULT_PORT, SlurmSpec
+from orchestrator.values import PORT, POSITIVE, Checked, Checker, describe, integer, string
+from orchestrator.yamlsource import LineList, LineMap
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Host, Placed, _Report
+
+# Slurm's --time formats.
+TIME_PATTERN = re.compile(r"^(\d+(:\d{2}){0,2}|\d+-\d+(:\d{2}){0,2})$")
+NAME_PART = re.compile(r"^[A-Za-z0-9_.:-]+$")
+# Options the batch script sets itself from the inventory: a second value would contradict it.
+OWNED_OPTIONS = {
+    "-N": "nodes", "--nodes": "nodes", "-n": "nodes", "--ntasks": "nodes",
+    "--ntasks-per-node": "nodes", "-p": "partition", "--partition": "partition",
+    "-A": "account", "--account": "account", "-t": "time", "--time": "time",
+    "--requeue": "", "--no-requeue": "", "-o": "", "--output": "", "-e": "", "--error": "",
+    "-a": "", "--array": "", "-J": "", "--job-name": "", "--gpus-per-node": "gpus_per_node",
+}  # fmt: skip
+
+
+def _time(value: Any) -> Checked:
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if isinstance(text, str) and TIME_PATTERN.match(text):
+        return text, None
+    return None, (f"expected a Slurm time limit (minutes, MM:SS, HH:MM:SS or D-HH:MM:SS), "
+                  f"got {describe(value)}")  # fmt: skip
+
+
+def _slurm_name(value: Any) -> Checked:
+    text, problem = string(value)
+    if problem:
+        return None, problem
+    if not NAME_PART.match(text):
+        return None, f"expected a Slurm name (letters, digits, _ . : -), got {value!r}"
+    return text, None
+
+
+def _workdir(value: Any) -> Checked:
+    text, problem = string(value)
+    if problem:
+        return None, problem
+    if not (text.startswith("/") or text == "~" or text.startswith("~/")):
+        return None, (f"expected an absolute path on the shared filesystem (or ~/...), "
+                      f"got {value!r}")  # fmt: skip
+    return text, None
+
+
+SLURM_KEYS: dict[str, Checker] = {
+    "nodes": POSITIVE,
+    "partition": _slurm_name,
+    "account": _slurm_name,
+    "time": _time,
+    "port": PORT,
+    "python": string,
+    "workdir": _workdir,
+    "gpus_per_node": integer(1),
+    "sbatch_args": string,  # checked per item
+}
+
+
+def parse_slurm(document: LineMap, report: _Report, base: Path) -> SlurmSpec | None:
+    from orchestrator.inventory import _line
+
+    block = document.get("slurm")
+    if not isinstance(block, LineMap):
+        report.add(_line(document, "slurm"), "slurm",
+                   f"expected a mapping with at least 'nodes', got {describe(block)}")  # fmt: skip
+        return None
+    report.unknown_keys(block, SLURM_KEYS, "slurm")
+    before = len(report.problems)
+    values: dict[str, Any] = {}
+    for key, check in SLURM_KEYS.items():
+        if key not in block or key == "sbatch_args":
+            continue
+        value, problem = check(block[key])
+        if problem:
+            report.add(_line(block, key), f"slurm.{key}", problem)
+        else:
+            values[key] = value
+    if "nodes" not in block:
+        report.add(block.line, "slurm.nodes", "missing; say how many nodes (one worker each)")
+    if "sbatch_args" in block:
+        values["sbatch_args"] = _sbatch_args(block, report)
+    for key in ("defaults", "spares"):
+        if key in document:
+            report.add(_line(document, key), key,
+                       "applies to 'hosts:'; with 'slurm:' Slurm chooses the nodes")  # fmt: skip
+    if len(report.problems) > before:
+        return None
+    return SlurmSpec(**values)
+
+
+def _sbatch_args(block: LineMap, report: _Report) -> tuple[str, ...]:
+    from orchestrator.inventory import _line
+
+    raw = block["sbatch_args"]
+    if not isinstance(raw, LineList):
+        report.add(_line(block, "sbatch_args"), "slurm.sbatch_args",
+                   "expected a list of strings, e.g. ['--qos=high']")  # fmt: skip
+        return ()
+    args = []
+    for index, item in enumerate(raw):
+        where, line = f"slurm.sbatch_args[{index}]", raw.item_lines[index]
+        value, problem = string(item)
+        if problem is None and (not value.startswith("-") or "\n" in value):
+            problem = f"expected one sbatch option such as '--qos=high', got {item!r}"
+        option = (value or "").split("=", 1)[0]
+        if problem is None and option in OWNED_OPTIONS:
+            key = OWNED_OPTIONS[option]
+            problem = (
+                f"{option} is set from slurm.{key}; set that key instead"
+                if key
+                else f"{option} is set by orchestrate (one job per attempt, its own logs)"
+            )
+        if problem:
+            report.add(line, where, problem)
+        else:
+            args.append(value)
+    return tuple(args)
+
+
+def slurm_workers(spec: SlurmSpec, base: Path) -> list[Placed]:
+    """One worker per node. They are reached through this machine (the login node), which sees
+    the shared filesystem; Slurm decides later which node each one runs on."""
+    from orchestrator.inventory import Host
+
+    placed: list[Placed] = []
+    for index in range(spec.nodes):
+        name = spec.worker_name(index)
+        host: Host = Host(name=name, address=name, port=spec.port, connection=_LOGIN_KIND,
+                          python=spec.python, workdir=spec.workdir)  # fmt: skip
+        placed.append((f"slurm.{name}", None, host))
+    return placed
+
+
+# The files of a Slurm run are read where `orchestrate` runs: the login node.
+_LOGIN_KIND = next(name for name in kinds.names() if kinds.get(name).shares_files_with_controller)
+__all__ = ["DEFAULT_PORT", "parse_slurm", "slurm_workers"]

@@ -1,0 +1,179 @@
+"""Users' own tf.keras 2 scripts as `script:` jobs on the local two-worker simulation, and the
+failures TensorFlow users meet, each produced for real and explained with the fix.
+
+The scripts (tests/scripts/) are written in the style of TensorFlow's multi-worker tutorials.
+"In sync" means bit-identical weights: each worker writes a digest of its variables at the end.
+Everything is tiny (a few steps of a two-layer model): TensorFlow's start-up is the cost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, Cli, free_ports, local_tf_inventory
+
+pytestmark = pytest.mark.tf
+
+SCRIPTS = REPO / "tests" / "scripts"
+
+
+def script_inventory(cli: Cli, script: str, *, hosts: int = 2, **job: Any) -> Path:
+    ports = free_ports(hosts)
+    settings = {
+        "name": Path(script).stem,
+        "script": str(SCRIPTS / script),
+        "env": {"TF_CPP_MIN_LOG_LEVEL": "2", **job.pop("env", {})},
+        **job,
+    }
+    lines = [
+        f"  - {{name: worker-{i}, address: localhost, port: {p}}}" for i, p in enumerate(ports)
+    ]
+    path = cli.cwd / "inv.yaml"
+    path.write_text(
+        "defaults: {connection: local, workdir: ./work}\nhosts:\n"
+        + "\n".join(lines)
+        + f"\njob: {json.dumps(settings)}\n"
+    )
+    return path
+
+
+def checksums(cli: Cli, job: str) -> dict[str, str]:
+    found = sorted((cli.cwd / "work" / job / "runs").glob("*/attempt-*/*/checksum.json"))
+    return {path.parent.name: json.loads(path.read_text())["sha256"] for path in found}
+
+
+def assert_trained_in_sync(cli: Cli, job: str, workers: int = 2) -> None:
+    sums = checksums(cli, job)
+    assert len(sums) == workers, sums
+    assert len(set(sums.values())) == 1, f"the workers' weights differ: {sums}"
+
+
+def test_custom_loop_with_keras2_metrics_trains_in_sync_under_legacy(cli: Cli) -> None:
+    result = cli("local", str(SCRIPTS / "ctl_keras2.py"), "--keras", "legacy",
+                 "--workdir", "./work", "--skip-checks", timeout=240)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert 'keras: "legacy"' in result.stderr  # the inventory it built is shown
+    assert "job ctl_keras2 succeeded" in result.stderr
+    assert_trained_in_sync(cli, "ctl_keras2")
+    status = cli.status()
+    assert [w["step"] for w in status["workers"]] == [8, 8]  # worker.report() from the script
+
+
+def test_fit_with_backup_and_restore_trains_in_sync_under_legacy(cli: Cli) -> None:
+    inventory = script_inventory(cli, "fit_mwms.py", keras="legacy")
+    check = cli("check", "--json", str(inventory), check=True)
+    keras = [f for f in json.loads(check.stdout) if f["check"] == "keras"]
+    assert [f["status"] for f in keras] == ["ok", "ok"]
+    assert "tf_keras 2.21" in keras[0]["detail"]
+    result = cli("up", str(inventory), timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert_trained_in_sync(cli, "fit_mwms")
+    checkpoints = cli.cwd / "work" / "fit_mwms" / "checkpoints"
+    assert (checkpoints / "saved" / "model.keras").is_file()  # the chief's save
+    run_dir = next((cli.cwd / "work" / "fit_mwms" / "runs").glob("*/attempt-0/worker-1"))
+    assert not list(run_dir.glob("write-dir-*")), "worker-1 left its temporary save behind"
+
+
+def test_fit_under_keras3_fails_at_once_naming_the_legacy_setting(cli: Cli) -> None:
+    inventory = script_inventory(cli, "fit_mwms.py", max_restarts=3, restart_backoff=0)
+    result = cli("up", "--skip-checks", str(inventory), timeout=240)
+    assert result.returncode == 1
+    assert "set job.keras: legacy" in result.stderr
+    assert "after 0 restart(s)" in result.stderr
+    status = cli.status()
+    assert status["restarts"] == 0
+    assert "set job.keras: legacy" in status["outcome"]
+    failed = [w for w in status["workers"] if w["state"] == "failed"]
+    assert failed and failed[0]["failure_kind"] == "keras api"
+    assert "job.keras: legacy" in failed[0]["hint"]
+    shown = cli("status").stdout
+    assert "what to do:" in shown and "job.keras: legacy" in shown
+
+
+def test_mirrored_fit_on_one_host_under_legacy(cli: Cli) -> None:
+    result = cli("local", str(SCRIPTS / "fit_mirrored.py"), "-n", "1", "--keras", "legacy",
+                 "--workdir", "./work", "--skip-checks", timeout=240)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert_trained_in_sync(cli, "fit_mirrored", workers=1)
+    assert "replicas 2" in cli("tail", "-n", "200").stdout
+
+
+def test_builtin_loop_under_legacy_and_a_checkpoint_of_the_other_keras_refused(cli: Cli) -> None:
+    inventory = local_tf_inventory(cli, steps=20, keras="legacy", checkpoint_every=10)
+    first = cli("up", "--skip-checks", str(inventory), timeout=240)
+    assert first.returncode == 0, first.stderr
+    marker = cli.cwd / "work" / "shapes" / "checkpoints" / "keras.json"
+    assert json.loads(marker.read_text())["module"] == "tf_keras"
+    local_tf_inventory(cli, steps=30, checkpoint_every=10, max_restarts=2)  # Keras 3 now
+    second = cli("up", "--skip-checks", str(inventory), timeout=240)
+    assert second.returncode == 1
+    assert "written with job.keras: legacy" in second.stderr
+    assert cli.status()["restarts"] == 0  # a usage error: never retried
+
+
+def test_busy_port_is_named_with_the_fix(cli: Cli) -> None:
+    inventory = script_inventory(cli, "ctl_keras2.py", keras="legacy", max_restarts=0)
+    port = int(inventory.read_text().split("port: ")[1].split("}")[0])
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", port))
+        holder.listen()
+        result = cli("up", "--skip-checks", str(inventory), timeout=240)
+    assert result.returncode == 1
+    assert "Could not start gRPC server" in result.stderr or "port" in result.stderr
+    assert "holds the worker's TensorFlow port" in result.stderr
+
+
+def test_killed_peer_is_reported_as_the_first_failure(cli: Cli) -> None:
+    inventory = script_inventory(cli, "ctl_keras2.py", keras="legacy", max_restarts=0,
+                                 env={"EPOCHS": "50", "STEP_DELAY": "0.2"})  # fmt: skip
+    up = cli.popen("up", str(inventory), "--skip-checks")
+    try:
+        status = cli.status_when(
+            lambda s: all((w["step"] or 0) >= 2 for w in s["workers"]), timeout=120
+        )
+        victim = next(w for w in status["workers"] if w["name"] == "worker-1")
+        os.kill(victim["pid"], signal.SIGKILL)
+        _, err = up.communicate(timeout=120)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 1, err
+    assert "the worker that failed first: worker-1" in err
+    assert "SIGKILL" in err and "OOM killer" in err
+
+
+def test_a_script_that_leaves_early_is_blamed_not_its_waiting_peer(cli: Cli) -> None:
+    inventory = script_inventory(cli, "early_exit.py", stall_timeout=8, max_restarts=3)
+    result = cli("up", "--skip-checks", str(inventory), timeout=240)
+    assert result.returncode == 1
+    assert "the worker that failed first: worker-0" in result.stderr
+    assert "exited (code 0) while worker-1 still waited for it" in result.stderr
+    assert "after 0 restart(s)" in result.stderr
+    assert "MultiWorkerMirroredStrategy first" in result.stderr
+
+
+def test_missing_user_module_points_at_files_and_is_not_retried(cli: Cli) -> None:
+    inventory = script_inventory(cli, "missing_module.py", max_restarts=3)
+    result = cli("up", "--skip-checks", str(inventory), timeout=120)
+    assert result.returncode == 1
+    assert "cannot import 'shapes_helpers'" in result.stderr
+    assert "shapes_helpers.py" in result.stderr and "job.files:" in result.stderr
+    assert cli.status()["restarts"] == 0
+
+
+def test_out_of_memory_points_at_the_memory_settings(cli: Cli) -> None:
+    inventory = script_inventory(cli, "out_of_memory.py", max_restarts=0)
+    result = cli("up", "--skip-checks", str(inventory), timeout=120)
+    assert result.returncode == 1
+    assert "MemoryError" in result.stderr
+    assert "ran out of memory" in result.stderr and "batch_size" in result.stderr
+    status = cli("status").stdout
+    assert "what to do: the worker ran out of memory" in textwrap.dedent(status)

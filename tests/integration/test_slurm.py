@@ -1,0 +1,262 @@
+"""`orchestrate` on a real Slurm cluster: slurmctld here, two slurmd in their own network
+namespaces (tests/cluster/slurm.py), real TensorFlow MultiWorkerMirroredStrategy between them.
+
+One cluster for the whole session; it is torn down afterwards and the teardown is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.slurm import PARTITION, SlurmCluster, unavailable_reason
+from tests.conftest import clean_env
+
+pytestmark = [pytest.mark.slurm, pytest.mark.tf]
+REPO = Path(__file__).resolve().parents[2]
+UNAVAILABLE = unavailable_reason()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    if UNAVAILABLE is not None:
+        pytest.skip(UNAVAILABLE)
+    cluster = SlurmCluster(Path(f"/tmp/orchestrate-slurm-{os.getpid()}"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        left = cluster.leftovers()
+        assert not left, f"the Slurm test cluster left {left}"
+
+
+class Orchestrate:
+    """The real CLI as a user on the login node runs it, in a directory on the shared disk."""
+
+    def __init__(self, cluster: SlurmCluster, cwd: Path) -> None:
+        self.cluster, self.cwd = cluster, cwd
+        self.env = clean_env(SLURM_CONF=str(cluster.conf), TF_CPP_MIN_LOG_LEVEL="2")
+
+    def __call__(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=self.cwd,
+                              env=self.env, capture_output=True, text=True, timeout=timeout,
+                              check=False)  # fmt: skip
+
+    def status(self) -> dict[str, Any]:
+        result = self("status", "--json", timeout=60)
+        assert result.returncode == 0, result.stderr
+        return dict(json.loads(result.stdout))
+
+    def slurm(self, *argv: str) -> str:
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+
+    def inventory(self, steps: int, **slurm: object) -> Path:
+        options = {"nodes": 2, "partition": PARTITION, "python": sys.executable,
+                   "workdir": str(self.cwd / "shared"), **slurm}  # fmt: skip
+        lines = ["slurm:", *(f"  {k}: {json.dumps(v)}" for k, v in options.items()),
+                 "job:", "  name: shapes", "  task: worker.examples.shapes:task",
+                 f"  steps: {steps}", "  checkpoint_every: 100", "  batch_size: 16",
+                 "  log_every: 10", "  restart_backoff: 0", "  stall_timeout: 120"]  # fmt: skip
+        path = self.cwd / "slurm.yaml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+
+@pytest.fixture
+def orchestrate(
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Orchestrate:
+    # Not under pytest's 0700 tmp root: the nodes' tasks run the same paths (shared "disk").
+    base = Path(f"{slurm_cluster.base}-work") / tmp_path_factory.mktemp("w").name
+    base.mkdir(parents=True)
+    os.chmod(base.parent, 0o755)
+    return Orchestrate(slurm_cluster, base)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Every process of the run on any node (the nodes share this machine's process table)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"ORCHESTRATE_RUN_ID={run_id}".encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def wait_finished(orchestrate: Orchestrate, timeout: float = 150) -> dict[str, Any]:
+    def finished() -> dict[str, Any] | None:
+        status = orchestrate.status()
+        lock = orchestrate.cwd / ".orchestrate" / "runs" / f"{status['run_id']}.lock"
+        done = status["state"] in ("succeeded", "failed", "stopped")
+        return status if done and not _locked(lock) else None
+
+    return dict(wait_for(finished, timeout, "the run to end"))
+
+
+def _locked(path: Path) -> bool:
+    import fcntl
+
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+def test_trains_on_two_nodes_then_resumes_from_the_checkpoint(orchestrate: Orchestrate) -> None:
+    started = time.monotonic()
+    first = orchestrate("up", str(orchestrate.inventory(steps=100)))
+    took = time.monotonic() - started
+    assert first.returncode == 0, first.stderr
+    assert "job shapes succeeded at step 100" in first.stderr + first.stdout
+    nodes = {w["host"] for w in orchestrate.status()["workers"]}
+    assert nodes == {"n1", "n2"}, nodes
+    print(f"two-node job: {took:.1f} s from up to its end")
+
+    again = orchestrate("up", str(orchestrate.inventory(steps=200)))
+    assert again.returncode == 0, again.stderr
+    assert "resuming from checkpoint ckpt-" in again.stderr, again.stderr
+    status = orchestrate.status()
+    assert [w["step"] for w in status["workers"]] == [200, 200]
+    history = orchestrate.cwd / "shared" / "shapes" / "runs" / status["run_id"]
+    log = (history / "attempt-0" / "task0" / "worker.log").read_text()
+    assert "step 100" in log and "step 10/" not in log.replace("step 100/", "")
+    assert len(status["scheduler"]["jobs"]) == 1
+
+
+def test_status_while_running_then_down_leaves_nothing(orchestrate: Orchestrate) -> None:
+    up = orchestrate("up", "--detach", str(orchestrate.inventory(steps=100000)))
+    assert up.returncode == 0, up.stderr
+
+    def running() -> dict[str, Any] | None:
+        status = orchestrate.status()
+        steps = [w["step"] or 0 for w in status["workers"]]
+        return status if status["state"] == "running" and min(steps) > 0 else None
+
+    status = wait_for(running, 90, "both workers to report steps")
+    job = status["scheduler"]
+    assert job["state"] == "RUNNING" and job["nodes"] == "n[1-2]", job
+    assert {w["host"] for w in status["workers"]} == {"n1", "n2"}
+    assert run_processes(status["run_id"])
+
+    down = orchestrate("down", timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "task0: stopped" in down.stdout, down.stdout
+    assert orchestrate.slurm("squeue", "-h", "-j", job["job_id"]).strip() == ""
+    wait_for(lambda: not run_processes(status["run_id"]), 20, "every process of the run to end")
+    final = orchestrate.status()
+    assert [w["state"] for w in final["workers"]] == ["stopped", "stopped"]
+
+
+def _start_long_run(orchestrate: Orchestrate, steps: int) -> dict[str, Any]:
+    up = orchestrate("up", "--detach", str(orchestrate.inventory(steps=steps)))
+    assert up.returncode == 0, up.stderr
+
+    def checkpointed() -> dict[str, Any] | None:
+        status = orchestrate.status()
+        points = [w["checkpoint_step"] or 0 for w in status["workers"]]
+        return status if status["state"] == "running" and min(points) >= 100 else None
+
+    return dict(wait_for(checkpointed, 120, "a checkpoint at step 100"))
+
+
+def test_a_killed_task_restarts_the_job_from_the_checkpoint(orchestrate: Orchestrate) -> None:
+    status = _start_long_run(orchestrate, steps=1500)
+    victim = status["workers"][1]
+    os.kill(victim["pid"], signal.SIGKILL)
+    final = wait_finished(orchestrate)
+    assert final["state"] == "succeeded", final
+    assert [w["step"] for w in final["workers"]] == [1500, 1500]
+    assert final["restarts"] == 1 and final["last_restart"]["worker"] == "task1"
+    assert final["last_restart"]["kind"] == "killed", final["last_restart"]
+    jobs = final["scheduler"]["jobs"]
+    assert len(jobs) == 2 and jobs[0] != jobs[1]
+
+
+def test_preemption_saves_at_one_step_and_the_next_job_resumes(orchestrate: Orchestrate) -> None:
+    status = _start_long_run(orchestrate, steps=1500)
+    job = status["scheduler"]["job_id"]
+    orchestrate.slurm("scancel", "--signal=TERM", job)  # what Slurm's preemption sends
+    final = wait_finished(orchestrate)
+    assert final["state"] == "succeeded", final
+    assert final["last_restart"]["kind"] == "preempted", final["last_restart"]
+    attempt = orchestrate.cwd / "shared" / "shapes" / "runs" / final["run_id"] / "attempt-0"
+    exits = [json.loads((attempt / t / "exit.json").read_text()) for t in ("task0", "task1")]
+    assert [e["returncode"] for e in exits] == [75, 75]
+    saved = {json.loads((attempt / t / "progress.json").read_text())["checkpoint_step"]
+             for t in ("task0", "task1")}  # fmt: skip
+    assert len(saved) == 1 and saved.pop() > 100  # both at one step, past the periodic one
+    assert [w["step"] for w in final["workers"]] == [1500, 1500]
+    assert len(final["scheduler"]["jobs"]) == 2
+
+
+def test_sbatch_refusing_the_job_is_exit_3_with_slurms_message(orchestrate: Orchestrate) -> None:
+    up = orchestrate("up", "--skip-checks", str(orchestrate.inventory(steps=10, partition="nope")))
+    assert up.returncode == 3, up.stderr
+    assert "sbatch refused the job" in up.stderr and "Invalid partition" in up.stderr
+    check = orchestrate("check", str(orchestrate.inventory(steps=10, partition="nope")))
+    assert check.returncode == 5 and "does not exist" in check.stderr, check.stderr
+
+
+def test_preflight_finds_a_checkpoint_dir_one_node_does_not_share(
+    orchestrate: Orchestrate, slurm_cluster: SlurmCluster
+) -> None:
+    inventory = orchestrate.inventory(steps=10)
+    good = orchestrate("check", str(inventory))
+    assert good.returncode == 0, good.stderr
+    assert "tensorflow" in good.stderr and "every node and this machine see" in good.stderr
+    private = str(orchestrate.cwd / "shared" / "shapes" / "checkpoints")
+    slurm_cluster.mount_private_tmpfs("n2", private)
+    try:
+        bad = orchestrate("check", "--json", str(inventory))
+    finally:
+        slurm_cluster.unmount("n2", private)
+    assert bad.returncode == 5, bad.stderr
+    failed = [f for f in json.loads(bad.stdout) if f["status"] == "fail"]
+    assert [f["check"] for f in failed] == ["shared filesystem"], failed
+    assert private in failed[0]["detail"]
+    assert "n2 does not see this machine's files there" in failed[0]["detail"]
+    assert "n1" not in failed[0]["detail"]
+
+
+def test_the_exported_script_runs_under_plain_sbatch(orchestrate: Orchestrate) -> None:
+    exported = orchestrate("export", str(orchestrate.inventory(steps=30)), "--format", "sbatch")
+    assert exported.returncode == 0, exported.stderr
+    script = orchestrate.cwd / "train.sbatch"
+    script.write_text(exported.stdout)
+    submitted = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], cwd=orchestrate.cwd,
+                               env=orchestrate.env, capture_output=True, text=True, timeout=180,
+                               check=False)  # fmt: skip
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    attempt = orchestrate.cwd / "shared" / "shapes" / "runs" / f"slurm-{job}" / "attempt-0"
+    for task in ("task0", "task1"):
+        assert json.loads((attempt / task / "exit.json").read_text())["returncode"] == 0
+        assert json.loads((attempt / task / "progress.json").read_text())["step"] == 30
+    assert (orchestrate.cwd / "shared" / "shapes" / "checkpoints" / "checkpoint").exists()

@@ -1,0 +1,191 @@
+"""Pure parts of the Slurm host source and backend: the `slurm:` block, the nodelist, TF_CONFIG,
+the batch script, Slurm's answers, and a task's state from its files and its job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.answers import ExitRecord, WorkerProbe
+from orchestrator.contract import EXIT_PREEMPTED
+from orchestrator.errors import InventoryError
+from orchestrator.inventory import load_inventory
+from orchestrator.plan import plan_workers
+from orchestrator.runstore import RunRecord, RunStore
+from orchestrator.slurm import launcher
+from orchestrator.slurm.backend import task_probe
+from orchestrator.slurm.commands import (
+    JobState,
+    job_state,
+    parse_sbatch,
+    parse_scontrol_job,
+    usable,
+)
+from orchestrator.slurm.script import batch_script
+from orchestrator.state import WorkerState, classify
+
+JOB = "job:\n  task: worker.examples.shapes:task\n  steps: 10\n"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "slurm.yaml"
+    path.write_text(text)
+    return path
+
+
+def problems(tmp_path: Path, text: str) -> str:
+    with pytest.raises(InventoryError) as error:
+        load_inventory(write(tmp_path, text))
+    assert error.value.exit_code == 2
+    return error.value.message
+
+
+def test_a_slurm_block_makes_one_worker_per_node(tmp_path: Path) -> None:
+    inventory = load_inventory(
+        write(
+            tmp_path,
+            "slurm:\n  nodes: 3\n  partition: gpu\n"
+            "  time: '1-02:00'\n  sbatch_args: ['--qos=high']\n" + JOB,
+        )
+    )
+    assert inventory.host_source == "slurm"
+    assert [h.name for h in inventory.hosts] == ["task0", "task1", "task2"]
+    assert inventory.slurm is not None and inventory.slurm.port == 20000
+    assert inventory.slurm.sbatch_args == ("--qos=high",)
+
+
+def test_bad_slurm_keys_name_the_line_and_a_guess(tmp_path: Path) -> None:
+    message = problems(
+        tmp_path,
+        "slurm:\n  nodse: 2\n  time: 1h\n  port: 0\n"
+        "  sbatch_args: ['--nodes=4', 'x']\n  workdir: rel/dir\n" + JOB,
+    )
+    assert "slurm.yaml:2: slurm.nodse: unknown key; did you mean 'nodes'?" in message
+    assert "slurm.yaml:3: slurm.time: expected a Slurm time limit" in message
+    assert "slurm.yaml:4: slurm.port:" in message
+    assert "slurm.sbatch_args[0]: --nodes is set from slurm.nodes" in message
+    assert "slurm.sbatch_args[1]: expected one sbatch option" in message
+    assert "slurm.workdir: expected an absolute path" in message
+    assert "slurm.nodes: missing" in message
+
+
+def test_exactly_one_host_source(tmp_path: Path) -> None:
+    both = "hosts:\n  - {name: a, address: localhost, port: 1, connection: local}\n"
+    message = problems(tmp_path, "slurm:\n  nodes: 2\n" + both + JOB)
+    assert "set exactly one of hosts, slurm" in message
+    assert "spares: applies to 'hosts:'" in problems(
+        tmp_path, "slurm:\n  nodes: 1\nspares:\n  - {name: b, address: x, port: 1}\n" + JOB
+    )
+    assert "did you mean 'slurm'" in problems(tmp_path, "slurn:\n  nodes: 1\n" + JOB)
+
+
+def test_the_run_record_remembers_the_host_source(tmp_path: Path) -> None:
+    inventory = load_inventory(write(tmp_path, "slurm:\n  nodes: 2\n  account: lab\n" + JOB))
+    store = RunStore(tmp_path / "state")
+    store.save(RunRecord("r1", inventory, 1.0, scheduler_jobs=("41", "42")))
+    loaded = store.load("r1")
+    assert loaded.inventory == inventory and loaded.inventory.host_source == "slurm"
+    assert loaded.scheduler_jobs == ("41", "42")
+
+
+@pytest.mark.parametrize(("nodelist", "nodes"), [
+    ("n1", ["n1"]),
+    ("n[1-2]", ["n1", "n2"]),
+    ("gpu[07-09,12],login1", ["gpu07", "gpu08", "gpu09", "gpu12", "login1"]),
+    ("r[1-2]c[3-4]", ["r1c3", "r1c4", "r2c3", "r2c4"]),
+    ("b[10-9],a", ["a"]),
+])  # fmt: skip
+def test_the_nodelist_expands_in_order(nodelist: str, nodes: list[str]) -> None:
+    assert launcher.expand_nodelist(nodelist) == nodes
+
+
+def test_tf_config_from_the_allocation() -> None:
+    assert launcher.tf_config(["n1", "n2"], 20000, 1) == {
+        "cluster": {"worker": ["n1:20000", "n2:20000"]},
+        "task": {"type": "worker", "index": 1},
+    }
+    assert launcher.EXIT_PREEMPTED == EXIT_PREEMPTED
+
+
+def test_the_batch_script_is_self_contained_and_bash_parses_it(tmp_path: Path) -> None:
+    inventory = load_inventory(
+        write(
+            tmp_path, "slurm:\n  nodes: 2\n  partition: p\n  sbatch_args: ['--comment=a b']\n" + JOB
+        )
+    )
+    workdirs = {h.name: "/shared/o" for h in inventory.hosts}
+    specs = plan_workers(inventory, "run1", workdirs)
+    assert inventory.slurm is not None
+    script = batch_script(inventory.slurm, inventory.job, specs, output="/shared/o/%j.out")
+    header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert header == ["#SBATCH --job-name=orchestrate-slurm", "#SBATCH --nodes=2",
+                      "#SBATCH --ntasks-per-node=1", "#SBATCH --no-requeue",
+                      "#SBATCH --partition=p", "#SBATCH --output=/shared/o/%j.out",
+                      "#SBATCH --comment=a b"]  # fmt: skip
+    assert "srun --kill-on-bad-exit=1" in script and "SlurmClusterResolver(" not in script
+    assert "def expand_nodelist" in script  # the launcher travels inside
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)], check=False).returncode == 0
+    # The embedded plan reads back as the plan, through bash's here-document.
+    env_plan = subprocess.run(
+        ["bash", "-c", script.split("export ORCHESTRATE_SLURM_PLAN")[0].split("\n", 1)[1]
+         + 'printf %s "$ORCHESTRATE_SLURM_PLAN"'], capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    tasks = json.loads(env_plan)["tasks"]
+    assert [t["run_dir"] for t in tasks] == [s.run_dir for s in specs]
+
+
+def test_the_launcher_runs_a_task_and_records_its_exit(tmp_path: Path) -> None:
+    plan = {"port": 2222, "tasks": [{"run_dir": str(tmp_path / "{SLURM_JOB_ID}" / "t0"),
+            "cwd": str(tmp_path), "env": {"X": "1"},
+            "argv": [sys.executable, "-c", "import os,sys; print(os.environ['TF_CONFIG']); "
+                     "sys.exit(75)"]}]}  # fmt: skip
+    env = {"ORCHESTRATE_SLURM_PLAN": json.dumps(plan), "SLURM_PROCID": "0", "SLURM_JOB_ID": "9",
+           "SLURM_STEP_NODELIST": "n[1-2]", "PATH": "/usr/bin:/bin"}  # fmt: skip
+    done = subprocess.run([sys.executable, launcher.__file__], env=env, capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr  # preempted is no bad exit for srun
+    run_dir = tmp_path / "9" / "t0"
+    assert json.loads((run_dir / "exit.json").read_text())["returncode"] == 75
+    logged = json.loads((run_dir / "worker.log").read_text().splitlines()[0])
+    assert logged["cluster"]["worker"] == ["n1:2222", "n2:2222"]
+
+
+def test_slurms_answers_parse() -> None:
+    assert parse_sbatch("1234\n") == "1234" and parse_sbatch("77;cluster") == "77"
+    with pytest.raises(ValueError):
+        parse_sbatch("")
+    fields = parse_scontrol_job("JobId=5 JobName=x JobState=FAILED Reason=NonZeroExitCode "
+                                "ExitCode=0:9 NodeList=n[1-2] Command=/a b")  # fmt: skip
+    state = job_state("5", fields)
+    assert (state.state, state.reason, state.signal, state.nodes) == (
+        "FAILED",
+        "NonZeroExitCode",
+        9,
+        "n[1-2]",
+    )
+    assert not state.active and JobState("6", "PENDING").active
+    assert usable("idle") and usable("mix") and not usable("drain") and not usable("idle*")
+
+
+def test_a_tasks_state_comes_from_its_files_and_its_job() -> None:
+    alive_files = WorkerProbe(now=5.0, exists=True, pid=7, alive=True)  # this machine's view
+    running = task_probe(alive_files, JobState("3", "RUNNING"), "n1")
+    assert running.alive and running.node == "n1" and running.usage is None
+    # A pid alive on this machine says nothing once the job has ended without an exit record.
+    gone = task_probe(alive_files, JobState("3", "CANCELLED", signal=9), "n1")
+    assert classify(gone).state is WorkerState.FAILED and gone.exit is not None
+    assert gone.exit.returncode == -9 and "ended CANCELLED" in (gone.exit.error or "")
+    never = task_probe(WorkerProbe(now=1.0), None, None)
+    assert classify(never).state is WorkerState.FAILED
+    saved = WorkerProbe(now=5.0, exists=True, pid=7, exit=ExitRecord(EXIT_PREEMPTED))
+    assert classify(task_probe(saved, JobState("3", "COMPLETED"), "n2")).state is (
+        WorkerState.STOPPED
+    )
+    pending = task_probe(WorkerProbe(now=1.0), JobState("4", "PENDING"), None)
+    assert classify(pending).state is WorkerState.STARTING
