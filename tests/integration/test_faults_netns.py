@@ -164,8 +164,26 @@ def test_a_lost_host_without_a_spare_continues_on_fewer_and_rejoins(
         up.wait_for("host3 does not answer and no spare is left; going on with 2 worker(s)", 60)
         cluster.start_sshd(lost)
         up.wait_for("started host2", 60)
-        cli.status_when(lambda s: len(s["workers"]) == 2 and s["state"] == "running", 60)
-        os.kill(worker_pid(cli, "host1"), signal.SIGKILL)  # a later restart takes host3 back
+        last: list[str] = []
+
+        def two_running() -> int | None:
+            result = cli("status", "--json")
+            last[:] = [result.stdout + result.stderr]
+            if result.returncode != 0:
+                return None
+            status = json.loads(result.stdout)
+            workers = status["workers"]
+            if len(workers) == 2 and {w["state"] for w in workers} == {"running"}:
+                return int(workers[0]["pid"])
+            return None
+
+        try:
+            pid = wait_for(two_running, timeout=90, interval=0.2)
+        except AssertionError as error:
+            raise AssertionError(
+                f"{error}; status said {last}; up said {''.join(up.lines)}"
+            ) from None
+        os.kill(pid, signal.SIGKILL)  # a later restart takes host3 back
         up.wait_for("host3 answers again and rejoins the cluster", 60)
         code, out, err = up.finish(timeout=180)
     finally:
