@@ -16,9 +16,11 @@ Verbs and their fields:
                               into spec.json or any other file
   probe run_dirs              liveness, progress and exit record of each run directory
   stop run_dirs grace         SIGTERM each run's process group, SIGKILL what is left after grace
-  checkpoint directory        the latest TensorFlow checkpoint there: its name and files' sizes
-  adopt-checkpoint directory name
-                              make `name` (files already copied in) the latest checkpoint there
+  checkpoint directory        the checkpoints TensorFlow's state file lists there (latest last),
+                              with their files' sizes
+  adopt-checkpoint directory name checkpoints
+                              make `name` (files already copied in) the latest checkpoint there,
+                              with `checkpoints` the ones listed before it
   files directory             every file under it with its size and modification time
 The supervisor itself is started as `agent.py supervise RUN_DIR` (internal; no job values).
 Privacy: the spec's private_dirs ({job}/runs down to the run directory) are made 0700 and every
@@ -105,6 +107,10 @@ def cmd_launch(request):
     spec["secret_names"] = sorted(secrets)  # names only, to scrub their values from exit.json
     run_dir = _expand(spec["run_dir"])
     _make_private_dirs(spec.get("private_dirs") or [run_dir])
+    if os.path.exists(os.path.join(run_dir, "stop_requested")):
+        # A launch that arrives after its run was stopped (its controller died mid-launch and
+        # the attempt was stopped meanwhile) must not start a worker nobody waits for.
+        raise RuntimeError(f"{run_dir} was stopped before this launch arrived")
     _write_json(os.path.join(run_dir, "tf_config.json"), spec["tf_config"])
     _write_json(os.path.join(run_dir, "spec.json"), spec)
     agent_path = os.path.join(run_dir, "agent.py")
@@ -145,9 +151,12 @@ def supervise(run_dir):
     env["TF_CONFIG"] = tf_config
     started = time.time()
     try:
+        # The worker writes into a pipe this supervisor drains into worker.log, so the log can be
+        # capped: a long run would otherwise fill the disk with it.
         child = subprocess.Popen(
-            spec["argv"], cwd=_expand(spec["cwd"]), env=env, stdin=subprocess.DEVNULL
-        )
+            spec["argv"], cwd=_expand(spec["cwd"]), env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     except OSError as exc:
         _record_exit(run_dir, 127, started, f"cannot start {spec['argv'][0]}: {exc}")
         return None
@@ -162,20 +171,77 @@ def supervise(run_dir):
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    secrets = [os.environ.get(name, "") for name in spec.get("secret_names", ())]
+    _copy_output(
+        child,
+        os.path.join(run_dir, "worker.log"),
+        int(spec.get("log_max_bytes") or 0),
+        [value.encode() for value in secrets if len(value) >= 4],
+    )
     returncode = child.wait()
     _record_exit(run_dir, returncode, started, None)
     return None
 
 
+def _copy_output(child, log_path, max_bytes, secrets=()):
+    """Drain the worker's output into the log until it ends. Past max_bytes the log is rotated
+    once (worker.log -> worker.log.1, the older one dropped): at most twice the cap on disk,
+    and `tail -F` follows the new file by its name. With secrets, output goes line by line and
+    a secret value a script printed is written as [redacted]."""
+    import select
+
+    source = child.stdout.fileno()
+    written = os.path.getsize(log_path) if os.path.exists(log_path) else 0
+    pending = b""
+    while True:
+        ready = select.select([source], [], [], 1.0)[0]
+        if not ready:
+            if child.poll() is not None:
+                break  # ended, but a process it left behind holds the pipe open
+            continue
+        chunk = os.read(source, 65536)
+        if not chunk:
+            break
+        if secrets:
+            pending += chunk
+            cut = pending.rfind(b"\n") + 1 if len(pending) < 1 << 20 else len(pending)
+            chunk, pending = _redact(pending[:cut], secrets), pending[cut:]
+        written = _write_log(log_path, chunk, written, max_bytes)
+    if pending:
+        _write_log(log_path, _redact(pending, secrets), written, max_bytes)
+
+
+def _redact(data, secrets):
+    for value in sorted(secrets, key=len, reverse=True):
+        data = data.replace(value, b"[redacted]")
+    return data
+
+
+def _write_log(log_path, chunk, written, max_bytes):
+    """Append to the log (fd 1), rotating it first when the chunk would pass max_bytes."""
+    if max_bytes and written + len(chunk) > max_bytes:
+        os.replace(log_path, log_path + ".1")
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(log, 1)  # the supervisor's own messages follow into the new file
+        os.dup2(log, 2)
+        os.close(log)
+        written = 0
+    os.write(1, chunk)
+    return written + len(chunk)
+
+
 def _log_tail(run_dir, count=LOG_TAIL_LINES):
-    try:
-        with open(os.path.join(run_dir, "worker.log"), "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 64 * 1024))
-            lines = handle.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return []
+    text = b""
+    for name in ("worker.log.1", "worker.log"):  # a rotated log's last lines may be in .1
+        try:
+            with open(os.path.join(run_dir, name), "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                handle.seek(max(0, size - 64 * 1024))
+                text = (text + handle.read())[-64 * 1024 :]
+        except OSError:
+            continue
+    lines = text.decode("utf-8", "replace").splitlines()
     return [line for line in lines if line.strip()][-count:]
 
 
@@ -320,6 +386,10 @@ def cmd_stop(request):
             _signal_group(pid, signal.SIGTERM)
             # A stopped (SIGSTOP) process would hold SIGTERM pending until the grace runs out.
             _signal_group(pid, signal.SIGCONT)
+        elif pid is None:
+            # Never started: a launch still on its way is refused when it arrives.
+            _make_private_dirs([path])
+            _write_text(os.path.join(path, "stop_requested"), str(time.time()))
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(_process_group_members(g) for g in groups.values()):
         time.sleep(0.1)
@@ -339,36 +409,58 @@ def cmd_stop(request):
     return {"outcome": outcome, "left": {k: v for k, v in left.items() if v}}
 
 
-def _latest_checkpoint(directory):
-    # TensorFlow's state file is a text proto; the first line names the latest checkpoint.
+def _checkpoint_names(directory):
+    """The checkpoints TensorFlow's state file lists, oldest first, the latest last."""
+    latest, listed = None, []
     try:
         with open(os.path.join(directory, "checkpoint"), encoding="utf-8") as handle:
             for line in handle:
-                if line.startswith("model_checkpoint_path:"):
-                    return os.path.basename(line.split(":", 1)[1].strip().strip('"'))
+                key, _, value = line.partition(":")
+                name = os.path.basename(value.strip().strip('"'))
+                if key == "model_checkpoint_path":
+                    latest = name
+                elif key == "all_model_checkpoint_paths" and name not in listed:
+                    listed.append(name)
     except OSError:
-        return None
-    return None
+        return []
+    if latest is None:
+        return []
+    return [name for name in listed if name != latest] + [latest]
 
 
 def cmd_checkpoint(request):
+    """The latest checkpoint and the earlier ones the state file keeps, with their files: a
+    host that resumes needs all of them, so that it can fall back to the same earlier one as
+    the chief when the latest cannot be loaded."""
     directory = _expand(request["directory"])
-    latest = _latest_checkpoint(directory)
-    files = {}
-    if latest:
-        for name in os.listdir(directory):
-            if name.startswith(latest + "."):
-                files[name] = os.path.getsize(os.path.join(directory, name))
-    return {"directory": directory, "latest": latest if files else None, "files": files}
+    names = _checkpoint_names(directory)
+    files, present = {}, []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        entries = []
+    for name in names:
+        mine = [e for e in entries if e.startswith(name + ".")]
+        if mine:
+            present.append(name)
+        for entry in mine:
+            files[entry] = os.path.getsize(os.path.join(directory, entry))
+    for extra in request.get("companions", []):  # files that travel with the checkpoints
+        if present and extra in entries:
+            files[extra] = os.path.getsize(os.path.join(directory, extra))
+    latest = names[-1] if names and names[-1] in present else None
+    return {"directory": directory, "latest": latest, "checkpoints": present, "files": files}
 
 
 def cmd_adopt_checkpoint(request):
     directory, name = _expand(request["directory"]), request["name"]
+    names = [n for n in request.get("checkpoints", [name]) if n != name] + [name]
     state = os.path.join(directory, "checkpoint")
     tmp = f"{state}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as handle:
         # Relative paths: TensorFlow resolves them against this directory on this host.
-        handle.write(f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
+        handle.write(f'model_checkpoint_path: "{name}"\n')
+        handle.writelines(f'all_model_checkpoint_paths: "{n}"\n' for n in names)
     os.replace(tmp, state)  # last, so a half-copied checkpoint is never the latest
     return {"directory": directory, "latest": name}
 

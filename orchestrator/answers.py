@@ -176,15 +176,15 @@ class CheckpointListing:
 
     directory: str
     latest: str | None
-    files: Mapping[str, int]
+    files: Mapping[str, int]  # the files of every checkpoint listed
+    checkpoints: tuple[str, ...] = ()  # the state file's checkpoints, oldest first, latest last
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> CheckpointListing:
         files = {str(k): int(v) for k, v in _mapping(data.get("files")).items()}
-        return cls(str(data["directory"]), _text(data.get("latest")), files)
-
-    def same_as(self, other: CheckpointListing) -> bool:
-        return self.latest == other.latest and dict(self.files) == dict(other.files)
+        latest = _text(data.get("latest"))
+        listed = _lines(data.get("checkpoints")) or ((latest,) if latest else ())
+        return cls(str(data["directory"]), latest, files, listed)
 
     @property
     def size_bytes(self) -> int:

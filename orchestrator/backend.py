@@ -60,8 +60,11 @@ class Backend(ABC):
         """The latest TensorFlow checkpoint in a host's directory."""
 
     @abstractmethod
-    def adopt_checkpoint(self, host: Host, directory: str, name: str) -> None:
-        """Make `name`, whose files are in `directory` already, that directory's latest."""
+    def adopt_checkpoint(
+        self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
+    ) -> None:
+        """Make `name`, whose files are in `directory` already, that directory's latest, with
+        `checkpoints` (oldest first) the earlier ones its state file lists."""
 
     @abstractmethod
     def list_files(self, host: Host, directory: str) -> FileListing:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from orchestrator.answers import CheckpointListing
 from orchestrator.backend import Backend
+from orchestrator.contract import CHECKPOINT_COMPANIONS
 from orchestrator.fanout import fan_out
 from orchestrator.inventory import Host
 from orchestrator.plan import WorkerSpec
@@ -55,7 +56,7 @@ class Mirror:
             return None
         directory = self.root / name
         files = {p.name: p.stat().st_size for p in directory.iterdir()}
-        return CheckpointListing(str(directory), name, files)
+        return CheckpointListing(str(directory), name, files, (name,))
 
     def update(self, host: Host, checkpoint_dir: str, backend: Backend) -> str | None:
         """Copy the host's latest checkpoint here unless it is already here; its name."""
@@ -64,7 +65,9 @@ class Mirror:
         if not found.latest or (current and current.latest == found.latest):
             return None
         staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=self._ready()))
-        _download(host, found, backend, staging)
+        prefix = found.latest + "."
+        latest_only = {n for n in found.files if n.startswith(prefix) or n in CHECKPOINT_COMPANIONS}
+        _download(host, found, latest_only, backend, staging)
         os.replace(staging, self.root / found.latest)
         _write_atomic(self.root / "latest", found.latest)  # last: never names a partial copy
         for old in self.root.iterdir():
@@ -100,15 +103,20 @@ def spread_latest_checkpoint(
     listings = fan_out(
         targets, lambda n: backend.checkpoint(targets[n].host, targets[n].checkpoint_dir)
     ).raise_if_failed("reading the checkpoint directories")
-    needy = {n: targets[n] for n, listing in listings.items() if not listing.same_as(wanted)}
+    # Every checkpoint the chief keeps, not only the latest: a worker that cannot load the
+    # latest falls back to an earlier one, and all of them must find the same files to agree.
+    missing = {name: _missing(listing, wanted) for name, listing in listings.items()}
+    needy = {n: targets[n] for n, listing in listings.items()
+             if missing[n] or listing.checkpoints != wanted.checkpoints}  # fmt: skip
     if needy:
         with tempfile.TemporaryDirectory(prefix="orchestrate-ckpt-") as scratch:
             staging = Path(wanted.directory) if use_mirror else Path(scratch)
             if not use_mirror:
-                _download(chief.host, found, backend, staging)
-            fan_out(needy, lambda n: _install(needy[n], wanted, backend, staging)).raise_if_failed(
-                "copying the latest checkpoint"
-            )
+                wanted_files = set().union(*(missing[n] for n in needy))
+                _download(chief.host, found, wanted_files, backend, staging)
+            fan_out(
+                needy, lambda n: _install(needy[n], wanted, missing[n], backend, staging)
+            ).raise_if_failed("copying the latest checkpoint")
     return CheckpointSpread(
         wanted.latest,
         wanted.size_bytes,
@@ -117,13 +125,22 @@ def spread_latest_checkpoint(
     )
 
 
-def _download(host: Host, found: CheckpointListing, backend: Backend, staging: Path) -> None:
-    for name in found.files:
+def _missing(listing: CheckpointListing, wanted: CheckpointListing) -> set[str]:
+    """The files of `wanted` that the listed directory lacks or holds with another size."""
+    return {name for name, size in wanted.files.items() if listing.files.get(name) != size}
+
+
+def _download(
+    host: Host, found: CheckpointListing, names: set[str] | None, backend: Backend, staging: Path
+) -> None:
+    for name in sorted(found.files if names is None else names):
         backend.download(host, posixpath.join(found.directory, name), str(staging / name))
 
 
-def _install(spec: WorkerSpec, found: CheckpointListing, backend: Backend, staging: Path) -> None:
+def _install(
+    spec: WorkerSpec, found: CheckpointListing, names: set[str], backend: Backend, staging: Path
+) -> None:
     assert found.latest is not None
-    files = [(str(staging / n), posixpath.join(spec.checkpoint_dir, n)) for n in found.files]
+    files = [(str(staging / n), posixpath.join(spec.checkpoint_dir, n)) for n in sorted(names)]
     backend.upload(spec.host, files)
-    backend.adopt_checkpoint(spec.host, spec.checkpoint_dir, found.latest)
+    backend.adopt_checkpoint(spec.host, spec.checkpoint_dir, found.latest, found.checkpoints)

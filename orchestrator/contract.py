@@ -48,6 +48,8 @@ LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 TF_KERAS_PACKAGE = "tf-keras"
 # Beside the chief's checkpoints: which Keras wrote them (restoring under the other is refused).
 KERAS_MARKER_FILE = "keras.json"
+# Files beside the checkpoints that every host resuming from them needs too.
+CHECKPOINT_COMPANIONS = (KERAS_MARKER_FILE,)
 
 
 def legacy_keras_requested(env: Mapping[str, str]) -> bool:

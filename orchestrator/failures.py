@@ -30,6 +30,7 @@ class FailureKind(str, Enum):
     DISK_FULL = "disk full"
     PORT_BUSY = "port busy"  # the gRPC server could not bind its port
     PEER_LOST = "peer lost"  # a collective failed because another worker went away
+    EARLY_EXIT = "early exit"  # exit 0 below the target step
     LEFT_EARLY = "left early"  # exited 0 while its peers still waited for it in a collective
     CRASHED = "crashed"  # any other non-zero exit
 
@@ -72,6 +73,10 @@ HINTS: dict[FailureKind, str] = {
         "or on GPUs set gpu_memory_growth or gpu_memory_limit_mb"
     ),
     FailureKind.DISK_FULL: "free space on the host, or point checkpoint_dir at a larger disk",
+    FailureKind.EARLY_EXIT: (
+        "the worker exited 0 before the target step it reported: check the script's loop and "
+        "its step count (target_steps in its progress), or that it resumes at the right step"
+    ),
     FailureKind.LEFT_EARLY: (
         "every worker must create the same tf.distribute.MultiWorkerMirroredStrategy first and "
         "run to the end together: a script that exits, or skips the strategy, on one worker "
@@ -107,7 +112,9 @@ _LOG_PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
 
 
 def classify_exit(returncode: int | None, log_tail: Sequence[str]) -> FailureKind:
-    """The kind of a worker's non-zero exit (negative: killed by that signal)."""
+    """The kind of a worker's failed exit (negative: killed by that signal)."""
+    if returncode == 0:
+        return FailureKind.EARLY_EXIT
     if returncode == EXIT_PREEMPTED:
         return FailureKind.PREEMPTED
     if returncode == EXIT_USAGE:

@@ -22,6 +22,7 @@ from orchestrator.answers import (
     parse_stop,
     parsed,
 )
+from orchestrator.contract import CHECKPOINT_COMPANIONS
 from orchestrator.errors import HostError
 from orchestrator.runner import LineSession, Runner
 
@@ -78,10 +79,12 @@ class HostAgent:
         return self._call("probe", parse_probe, timeout=30, run_dirs=run_dirs)
 
     def checkpoint(self, directory: str) -> CheckpointListing:
-        return self._call("checkpoint", CheckpointListing.parse, timeout=30, directory=directory)
+        return self._call("checkpoint", CheckpointListing.parse, timeout=30, directory=directory,
+                          companions=list(CHECKPOINT_COMPANIONS))  # fmt: skip
 
-    def adopt_checkpoint(self, directory: str, name: str) -> None:
-        self._call("adopt-checkpoint", dict, timeout=30, directory=directory, name=name)
+    def adopt_checkpoint(self, directory: str, name: str, checkpoints: list[str]) -> None:
+        self._call("adopt-checkpoint", dict, timeout=30, directory=directory, name=name,
+                   checkpoints=checkpoints)  # fmt: skip
 
     def files(self, directory: str) -> FileListing:
         return self._call("files", FileListing.parse, directory=directory)

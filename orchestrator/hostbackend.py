@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from orchestrator.runstore import WorkerRecord
 
 MachineKey = tuple[str, ...]
+PROBE_TIMEOUT = 5.0  # seconds a host may take to answer a poll before it counts as silent
 
 
 def machine_key(host: Host) -> MachineKey:
@@ -49,6 +50,20 @@ class HostBackend(Backend):
 
     def runner(self, host: Host) -> Runner:
         return self.agent(host).runner
+
+    def _forget(self, key: MachineKey, session: LineSession | None) -> None:
+        """Drop a machine's connection after it stopped answering: the next call connects
+        afresh (a new TCP connection works at once when the network is back, where the old
+        one may sit in retransmission backoff). Closed in the background: closing a
+        connection to a silent host can block."""
+        with self._lock:
+            runner = self._runners.pop(key, None)
+        closers: list[Callable[[], None]] = []
+        if session is not None:
+            closers.append(session.close)
+        if runner is not None:
+            closers.append(runner.close)
+        threading.Thread(target=_close_quietly, args=(closers,), daemon=True).start()
 
     def close(self) -> None:
         for session in self._sessions.values():
@@ -86,17 +101,18 @@ class HostBackend(Backend):
         return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), ask)
 
     def _probe_machine(self, host: Host, run_dirs: list[str]) -> dict[str, WorkerProbe]:
-        """Through the machine's open session; a broken one is dropped and the call made anew."""
+        """Through the machine's open session, answered within PROBE_TIMEOUT. A session that
+        fails is dropped and the host reported as not answering for this poll: retrying at
+        once would freeze the live view for the length of a network outage. The next poll
+        opens a fresh session."""
         key = machine_key(host)
-        agent = self.agent(host)
         session = self._sessions.pop(key, None)
         try:
-            session = session or agent.session()
-            answer = request(session, "probe", 30, run_dirs=run_dirs)
+            session = session or self.agent(host).session()
+            answer = request(session, "probe", PROBE_TIMEOUT, run_dirs=run_dirs)
         except HostError:
-            if session is not None:
-                session.close()
-            return agent.probe(run_dirs)
+            self._forget(key, session)
+            raise
         self._sessions[key] = session
         return parsed(host.name, parse_probe_answer, answer)
 
@@ -120,8 +136,10 @@ class HostBackend(Backend):
     def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
         return self.agent(host).checkpoint(directory)
 
-    def adopt_checkpoint(self, host: Host, directory: str, name: str) -> None:
-        self.agent(host).adopt_checkpoint(directory, name)
+    def adopt_checkpoint(
+        self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
+    ) -> None:
+        self.agent(host).adopt_checkpoint(directory, name, list(checkpoints))
 
     def list_files(self, host: Host, directory: str) -> FileListing:
         return self.agent(host).files(directory)
@@ -155,6 +173,14 @@ class HostBackend(Backend):
 
     def preflight_session(self, host: Host) -> LineSession:
         return self.agent(host).session(PROBE)
+
+
+def _close_quietly(closers: list[Callable[[], None]]) -> None:
+    for close in closers:
+        try:
+            close()
+        except Exception:
+            continue
 
 
 def _absolute(path: str, home: str) -> str:

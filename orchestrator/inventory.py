@@ -107,6 +107,12 @@ class Job:
     stall_timeout: int = 300
     max_restarts: int = 3
     restart_backoff: int = 5  # seconds before the first restart, doubling after each
+    # How long a restart waits (without spending a restart) while hosts cannot reach each
+    # other's TensorFlow port, before the run fails naming the blocked pairs.
+    partition_timeout: int = 600
+    # Each worker's log is rotated past this size (one older file kept): a long run cannot
+    # fill a disk with it.
+    log_max_mb: int = 64
     permanent_exit_codes: tuple[int, ...] = (2,)  # 2: the worker's usage errors never heal
     strategy: Literal["multi-worker", "mirrored"] = "multi-worker"
     profile_steps: tuple[int, int] | None = None  # chief traces steps [start, end] for TensorBoard
@@ -124,6 +130,9 @@ class Inventory:
     job: Job
     # Hosts that replace a host found dead when the cluster is restarted (in order).
     spares: tuple[Host, ...] = ()
+    # With no spare left, a restart may go on without dead hosts down to this many workers
+    # (TF_CONFIG rebuilt for the survivors). None: every host is needed.
+    min_hosts: int | None = None
     setup: tuple[str, ...] = ()  # shell commands run once per host before a start (hostsetup)
     sync: SyncSpec | None = None  # a directory mirrored to every host before each start
     # The `slurm:` block when Slurm places the workers (then `hosts` are its tasks).
@@ -175,6 +184,8 @@ JOB_KEYS: dict[str, Checker] = {
     "stall_timeout": POSITIVE,
     "max_restarts": integer(0),
     "restart_backoff": integer(0, 3600),
+    "partition_timeout": integer(0, 86400),
+    "log_max_mb": integer(1, 1 << 20),
     "permanent_exit_codes": integer(1, 255),  # checked per item
     "strategy": choice("multi-worker", "mirrored"),
     "profile_steps": integers(1, length=2),
@@ -192,7 +203,7 @@ Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its l
 # later min_hosts) apply to whatever it produced.
 HostSource = Callable[[LineMap, LineMap, "_Report", Path], tuple[list[Placed], Any]]
 HOST_SOURCES: dict[str, HostSource] = {}
-TOP_KEYS: tuple[str, ...] = ("defaults", "spares", "setup", "sync", "job")
+TOP_KEYS: tuple[str, ...] = ("defaults", "spares", "min_hosts", "setup", "sync", "job")
 
 
 def _host_keys() -> dict[str, Checker]:
@@ -243,6 +254,11 @@ def load_inventory(path: str | Path) -> Inventory:
     except OSError as exc:
         report.add(None, "", f"cannot read the file: {exc.strerror or exc}")
         raise InventoryError(report.problems, hint="check the path of the inventory file") from exc
+    except UnicodeDecodeError as exc:
+        line = source.read_bytes()[: exc.start].count(b"\n") + 1
+        report.add(line, "", f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                             f"{exc.start}): is this the inventory, or a binary file?")  # fmt: skip
+        raise InventoryError(report.problems, hint="an inventory is a YAML text file") from exc
     return load_inventory_text(text, str(path), source.resolve().parent, source.stem)
 
 
@@ -283,6 +299,7 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
     job = _parse_job(document, report, stem, base_dir)
     if job is not None:
         _check_job_fits_hosts(job, hosts, document, report)
+    min_hosts = _parse_min_hosts(document, len(hosts), report)
     setup = parse_setup(document["setup"], _line(document, "setup"), report) \
         if "setup" in document else ()  # fmt: skip
     sync = parse_sync(document["sync"], _line(document, "sync"), report, base_dir) \
@@ -299,10 +316,22 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
         hosts=tuple(hosts),
         job=job,
         spares=tuple(host for _, _, host in spares),
+        min_hosts=min_hosts,
         setup=setup,
         sync=sync,
         slurm=scheduler if isinstance(scheduler, SlurmSpec) else None,
     )
+
+
+def _parse_min_hosts(document: LineMap, count: int, report: _Report) -> int | None:
+    if "min_hosts" not in document:
+        return None
+    value, problem = integer(1, max(count, 1))(document["min_hosts"])
+    if problem:
+        report.add(_line(document, "min_hosts"), "min_hosts",
+                   f"{problem} (the number of workers a restart may go on with)")  # fmt: skip
+        return None
+    return int(value)
 
 
 def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report: _Report) -> None:

@@ -60,7 +60,7 @@ def launch_attempt(
         size = f"{spread.size_bytes / 2**20:.1f} MiB"
         origin = " (from this machine's copy)" if spread.source == "mirror" else ""
         say(f"resuming from checkpoint {spread.name}{origin} ({size}), {copied}")
-    record = replace(record, workers=tuple(_record(spec) for spec in specs))
+    record = replace(record, workers=tuple(_record(spec) for spec in specs), launched=False)
     store.save(record)  # before launching: a half-started run can still be found and stopped
     started = backend.start(specs)
     if (job := backend.submitted_job()) is not None:
@@ -70,7 +70,9 @@ def launch_attempt(
         if spec.name in started.ok:
             say(f"started {spec.name} ({spec.host.endpoint})")
     record = replace(
-        record, workers=tuple(replace(w, pid=started.ok.get(w.name)) for w in record.workers)
+        record,
+        workers=tuple(replace(w, pid=started.ok.get(w.name)) for w in record.workers),
+        launched=True,
     )
     store.save(record)
     if started.failed:

@@ -50,6 +50,7 @@ class WorkerSpec:
     argv: tuple[str, ...]
     env: dict[str, str]
     tf_config: dict[str, Any]
+    log_max_bytes: int = 0  # 0: no cap
     uploads: tuple[tuple[str, str], ...] = ()  # (path here, path on the host) before the start
     # job.secret_env's values: sent in the launch request, never written to a file on the host.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -78,6 +79,7 @@ class WorkerSpec:
             "env": self.env,
             "secret_env": dict(self.secrets),
             "tf_config": self.tf_config,
+            "log_max_bytes": self.log_max_bytes,
         }
 
 
@@ -232,6 +234,7 @@ def plan_workers(
                 argv=worker_argv(inventory.job, host, run_dir, checkpoints, synced),
                 env=env,
                 tf_config=tf_config(inventory, index),
+                log_max_bytes=inventory.job.log_max_mb << 20,
                 uploads=uploads(inventory.job, host, run_dir, synced),
                 secrets=dict(secrets or {}),
             )

@@ -92,14 +92,15 @@ def status_table(status: RunStatus) -> Table:
 
 
 def problems(status: RunStatus) -> list[str]:
-    """One line per worker that failed or could not be asked, with why and what to do."""
+    """One line per worker that failed or could not be asked, with why and what to do; and
+    each worker's note (a checkpoint fallback)."""
     lines = []
     for w in status.workers:
         if w.state in (WorkerState.FAILED, WorkerState.UNKNOWN) and w.reason:
             lines.append(f"{w.name}: {w.state.value}: {w.reason}")
             if w.hint:
                 lines.append(f"  what to do: {w.hint}")
-    return lines
+    return lines + [f"{w.name}: {w.note}" for w in status.workers if w.note]
 
 
 def progress_line(worker: WorkerStatus) -> str:

@@ -5,6 +5,7 @@
   reproduces the same TF_CONFIG), the current attempt's workers, and every restart with its reason
 - `{state_dir}/runs/{run_id}.lock`: held by the process supervising the run
 - `{state_dir}/runs/{run_id}.log`: the detached supervisor's log (`up --detach`)
+- `{state_dir}/start.lock`: held by an `up` from its check for an active run to its launch
 - `{state_dir}/runs/{run_id}.stop`: left by `down`, so a supervisor starts no new attempt
 - `{state_dir}/checkpoints/{run_id}/`: the mirror of a remote chief's latest checkpoint
 - `{state_dir}/tensorboard/{job}/`: a remote chief's event files, pulled for TensorBoard
@@ -24,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -77,6 +78,15 @@ class RunRecord:
     workers: tuple[WorkerRecord, ...] = field(default_factory=tuple)
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None  # why supervision gave up, when it did
+    # False from before the first worker of the attempt is started until the last one is: a
+    # record left False by a dead launcher is a half-launched attempt, stopped and started afresh.
+    launched: bool = True
+    # Hosts left out of the cluster because they did not answer (min_hosts); tried again at
+    # each restart and put back when they answer.
+    dropped: tuple[Host, ...] = ()
+    # Whether `down` asked the run to stop (its stop flag exists); read from the state directory
+    # by RunStore.load, never written into the record.
+    stop_requested: bool = field(default=False, compare=False)
     # A scheduler's job id for each attempt, in order (Slurm: one batch job per attempt).
     scheduler_jobs: tuple[str, ...] = ()
 
@@ -85,7 +95,9 @@ class RunRecord:
         return self.inventory.job.name
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data.pop("stop_requested")
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunRecord:
@@ -98,6 +110,7 @@ class RunRecord:
                 "inventory": _inventory(data["inventory"]),
                 "workers": workers,
                 "restarts": tuple(Restart(**r) for r in data.get("restarts", ())),
+                "dropped": tuple(_host(h) for h in data.get("dropped", ())),
                 "scheduler_jobs": tuple(data.get("scheduler_jobs", ())),
             }
         )
@@ -125,6 +138,7 @@ def _inventory(data: dict[str, Any]) -> Inventory:
         hosts=tuple(_host(h) for h in data["hosts"]),
         job=Job(**job),
         spares=tuple(_host(h) for h in data.get("spares", ())),
+        min_hosts=data.get("min_hosts"),
         setup=tuple(data.get("setup", ())),
         sync=_sync(data.get("sync")),
         slurm=_slurm(data.get("slurm")),
@@ -156,6 +170,10 @@ class RunStore:
 
     def log_path(self, run_id: str) -> Path:
         return self.root / "runs" / f"{run_id}.log"
+
+    def start_lock_path(self) -> Path:
+        """Held by the `up` that is starting a run here, from its active-run check to the launch."""
+        return self.root / "start.lock"
 
     def stop_flag(self, run_id: str) -> Path:
         """`orchestrate down` leaves this so a supervisor between two attempts starts no new one."""
@@ -236,7 +254,7 @@ class RunStore:
             ) from exc
         except (OSError, ValueError, TypeError) as exc:
             raise RunStateError(f"the record of run '{run_id}' is unreadable: {exc}") from exc
-        return RunRecord.from_json(data)
+        return replace(RunRecord.from_json(data), stop_requested=self.stop_flag(run_id).exists())
 
     def exists(self, run_id: str) -> bool:
         return self._run_path(run_id).exists()

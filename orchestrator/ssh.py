@@ -26,6 +26,7 @@ from orchestrator.kinds.ssh import SshSettings
 from orchestrator.runner import CommandResult, LineSession, Runner
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+COPY_CHUNK = 1 << 16
 
 
 class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
@@ -48,6 +49,7 @@ class SshRunner(Runner):
         super().__init__(host.name)
         self.host = host
         self.settings: SshSettings = host.settings
+        self._sftp: bool | None = None  # whether the host offers SFTP, once asked
         connect_kwargs: dict[str, Any] = {}
         if self.settings.ssh_key:
             # An explicit key is the only one tried, so a wrong key fails clearly.
@@ -212,7 +214,7 @@ class SshRunner(Runner):
         self.open()
         transport = self.connection.client.get_transport()
         assert transport is not None
-        channel = transport.open_session()
+        channel = transport.open_session(timeout=self.settings.ssh_connect_timeout)
         try:
             # A pty makes sshd hang up the remote command when this channel closes; without one
             # a remote `tail -F` would outlive the controller.
@@ -230,7 +232,7 @@ class SshRunner(Runner):
         transport = self.connection.client.get_transport()
         assert transport is not None
         try:
-            channel = transport.open_session()
+            channel = transport.open_session(timeout=self.settings.ssh_connect_timeout)
             channel.exec_command(shlex.join(argv))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise HostError(self.host_name, f"the SSH connection failed: {exc}") from exc
@@ -259,17 +261,66 @@ class SshRunner(Runner):
 
     def put(self, local: str, remote: str) -> None:
         self.open()
-        try:
-            self.connection.put(local, remote)
-        except (OSError, paramiko.SSHException) as exc:
-            raise HostError(self.host_name, f"cannot upload {local} to {remote}: {exc}") from exc
+        if self._use_sftp():
+            try:
+                self.connection.put(local, remote)
+                return
+            except (OSError, paramiko.SSHException) as exc:
+                raise HostError(
+                    self.host_name, f"cannot upload {local} to {remote}: {exc}"
+                ) from exc
+        with open(local, "rb") as source:
+            self._exec_copy(["sh", "-c", 'cat > "$1"', "sh", remote], source, None, remote)
 
     def get(self, remote: str, local: str) -> None:
         self.open()
+        if self._use_sftp():
+            try:
+                self.connection.get(remote, local)
+                return
+            except (OSError, paramiko.SSHException) as exc:
+                raise HostError(self.host_name, f"cannot download {remote}: {exc}") from exc
+        with open(local, "wb") as target:
+            self._exec_copy(["cat", remote], None, target, remote)
+
+    def _use_sftp(self) -> bool:
+        """Whether the host offers SFTP. Hardened servers drop the subsystem; then files travel
+        through `cat` on an exec channel instead, over the same checked connection."""
+        if self._sftp is None:
+            try:
+                self.connection.sftp()
+                self._sftp = True
+            except (paramiko.SSHException, EOFError, OSError):
+                self._sftp = False
+        return self._sftp
+
+    def _exec_copy(self, argv: Sequence[str], source: Any, target: Any, remote: str) -> None:
+        transport = self.connection.client.get_transport()
+        assert transport is not None
         try:
-            self.connection.get(remote, local)
-        except (OSError, paramiko.SSHException) as exc:
-            raise HostError(self.host_name, f"cannot download {remote}: {exc}") from exc
+            channel = transport.open_session(timeout=self.settings.ssh_connect_timeout)
+            channel.exec_command(shlex.join(argv))
+            if source is not None:
+                while chunk := source.read(COPY_CHUNK):
+                    channel.sendall(chunk)
+                channel.shutdown_write()
+            if target is not None:
+                while chunk := channel.recv(COPY_CHUNK):
+                    target.write(chunk)
+            status = channel.recv_exit_status()
+            error = bytes(channel.makefile_stderr("rb").read()).decode("utf-8", "replace")
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostError(self.host_name, f"cannot copy {remote} (no SFTP): {exc}") from exc
+        finally:
+            with contextlib.suppress(Exception):
+                channel.close()
+        if status != 0:
+            raise HostError(
+                self.host_name,
+                f"cannot copy {remote}: the host offers no SFTP subsystem and "
+                f"'{' '.join(argv[:1])}' exited {status}: {error.strip()[-200:]}",
+                hint="enable 'Subsystem sftp' in the host's sshd_config, or check the path",
+            )
 
     def close(self) -> None:
         self.connection.close()

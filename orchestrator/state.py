@@ -53,7 +53,12 @@ def classify(probe: WorkerProbe | None) -> Classification:
     if exit_record is not None:
         code = exit_record.returncode
         if code == 0:
-            return Classification(WorkerState.SUCCEEDED)
+            short = _short_of_target(probe)
+            return (
+                Classification(WorkerState.FAILED, short)
+                if short
+                else Classification(WorkerState.SUCCEEDED)
+            )
         if probe.stop_requested:
             return Classification(WorkerState.STOPPED, "stopped by orchestrate down")
         if code == EXIT_PREEMPTED:
@@ -64,11 +69,25 @@ def classify(probe: WorkerProbe | None) -> Classification:
         if probe.progress is not None:
             return Classification(WorkerState.RUNNING)
         return Classification(WorkerState.STARTING)
-    if not probe.exists or probe.pid is None:
-        return Classification(WorkerState.PENDING)
     if probe.stop_requested:
         return Classification(WorkerState.STOPPED, "stopped by orchestrate down")
+    if not probe.exists or probe.pid is None:
+        return Classification(WorkerState.PENDING)
     return Classification(WorkerState.FAILED, "process vanished without recording an exit")
+
+
+def _short_of_target(probe: WorkerProbe) -> str | None:
+    """Exit 0 below the step the worker itself reported as its target is no success: the job
+    did not finish (a script that returned early, a loop that broke out)."""
+    progress = probe.progress
+    if progress is None or not progress.target_steps or progress.step is None:
+        return None
+    if progress.step >= progress.target_steps:
+        return None
+    return (
+        f"exited 0 at step {progress.step} of {progress.target_steps}: "
+        "it stopped before its target step"
+    )
 
 
 def _with_error(how: str, error: str | None) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.answers import WorkerProbe
@@ -36,6 +36,7 @@ class WorkerStatus:
     finished_at: float | None
     devices: tuple[str, ...]
     log_tail: tuple[str, ...]
+    note: str | None = None  # what the worker wants a person to know (a checkpoint fallback)
     # For a failed worker with an exit record: failures.FailureKind's value and what to do.
     failure_kind: str | None = None
     hint: str | None = None
@@ -111,9 +112,14 @@ def worker_status(
         finished_at=exit_record.finished_at if exit_record else None,
         devices=progress.devices if progress else (),
         log_tail=exit_record.log_tail if exit_record else (),
+        note=_text(progress.fields.get("note")) if progress else None,
         failure_kind=kind,
         hint=hint,
     )
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
@@ -124,6 +130,14 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         else worker_status(worker, probes.ok[worker.name])
         for worker in record.workers
     ]
+    if record.stop_requested:
+        # A worker that never started will not start any more: the run was stopped.
+        statuses = [
+            replace(s, state=WorkerState.STOPPED, reason="never started: the run was stopped")
+            if s.state is WorkerState.PENDING
+            else s
+            for s in statuses
+        ]
     statuses.sort(key=lambda s: s.index)
     return RunStatus(
         run_id=record.run_id,

@@ -18,7 +18,8 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -40,9 +41,10 @@ from orchestrator.failures import (
     explain,
     permanent_reason,
 )
-from orchestrator.inventory import Job
+from orchestrator.inventory import Host, Inventory, Job
 from orchestrator.lifecycle import StopReport, launch_attempt, stop_run
 from orchestrator.logs import last_lines
+from orchestrator.preflight import run_preflight
 from orchestrator.runstore import Restart, RunRecord, RunStore, private_dir
 from orchestrator.state import ACTIVE, WorkerState
 from orchestrator.status import RunStatus, WorkerStatus, collect_status
@@ -68,7 +70,7 @@ class StallWatch:
 
     def check(self, status: RunStatus, now: float) -> Failure | None:
         for worker in status.workers:
-            if worker.state not in WATCHED:
+            if worker.state not in WATCHED or _reached_target(worker):
                 continue
             # A new step, or the host answering again after silence, restarts the clock.
             mark = (worker.state is WorkerState.UNKNOWN, worker.step)
@@ -90,6 +92,16 @@ class StallWatch:
 
     def reset(self) -> None:
         self._since.clear()
+
+
+def _reached_target(worker: WorkerStatus) -> bool:
+    """A worker that reported its final step is finishing, not stalled (saving, tearing down)."""
+    return (
+        worker.state is WorkerState.RUNNING
+        and worker.target_steps is not None
+        and worker.step is not None
+        and worker.step >= worker.target_steps
+    )
 
 
 def _stall_kind(worker: WorkerStatus) -> FailureKind:
@@ -140,6 +152,78 @@ def give_up_reason(failure: Failure, restarts: tuple[Restart, ...], job: Job) ->
         return permanent or f"it used all {job.max_restarts} restarts"
     previous = restarts[-1].signature if restarts else None
     return permanent_reason(failure, previous, job.permanent_exit_codes)
+
+
+# Failures whose cause is on the worker's own host: a restart need not check the network first.
+# After any other (peers lost, stalls, unknown crashes) it checks that the hosts reach each other.
+LOCAL_KINDS = frozenset({
+    FailureKind.KILLED, FailureKind.PREEMPTED, FailureKind.EARLY_EXIT, FailureKind.USAGE,
+    FailureKind.IMPORT_ERROR, FailureKind.KERAS_API, FailureKind.OUT_OF_MEMORY,
+    FailureKind.DISK_FULL,
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    hosts: tuple[Host, ...]
+    spares: tuple[Host, ...]
+    dropped: tuple[Host, ...]
+    changes: tuple[str, ...] = ()  # what changed, for the log
+    problem: str | None = None  # why no cluster can be formed
+    hint: str | None = None
+
+
+def plan_cluster(inventory: Inventory, dropped: list[Host], dead: Mapping[str, str]) -> ClusterPlan:
+    """The workers of the next attempt: spares first, then min_hosts. Pure.
+
+    The global batch size is kept when hosts are dropped (each survivor takes a larger share),
+    so the optimizer sees the same batch per step and the learning-rate schedule still fits."""
+    spares = [s for s in inventory.spares if s.name not in dead]
+    hosts: list[Host] = []
+    changes: list[str] = []
+    still_dropped: list[Host] = []
+    for host in inventory.hosts:
+        if host.name not in dead:
+            hosts.append(host)
+        elif spares:
+            spare = spares.pop(0)
+            changes.append(f"{host.name} does not answer; spare {spare.name} takes its place")
+            hosts.append(spare)
+        else:
+            still_dropped.append(host)
+    for host in dropped:
+        if host.name in dead:
+            still_dropped.append(host)
+        else:
+            changes.append(f"{host.name} answers again and rejoins the cluster")
+            hosts.append(host)
+    wanted = inventory.min_hosts or len(hosts) + len(still_dropped)
+    lost = [h for h in still_dropped if h not in dropped]
+    if len(hosts) < wanted:
+        gone = ", ".join(f"{h.name} ({dead[h.name]})" for h in still_dropped)
+        return ClusterPlan(
+            (), (), (),
+            tuple(changes),
+            f"host {gone} does not answer and no spare host is left to replace it"
+            + (f"; {len(hosts)} host(s) answer, min_hosts is {wanted}" if inventory.min_hosts
+               else ""),
+            "list replacement hosts under 'spares:' or allow fewer with 'min_hosts:', or bring "
+            "the host back and run 'orchestrate up' again to resume from the checkpoint",
+        )  # fmt: skip
+    job = inventory.job
+    if job.task is not None and job.batch_size % len(hosts):
+        return ClusterPlan(
+            (), (), (), tuple(changes),
+            f"{len(hosts)} host(s) answer, but the global batch size {job.batch_size} does not "
+            f"split evenly over {len(hosts)} workers",
+            "choose a batch_size divisible by every worker count down to min_hosts",
+        )  # fmt: skip
+    for host in lost:
+        changes.append(
+            f"{host.name} does not answer and no spare is left; going on with {len(hosts)} "
+            f"worker(s) (min_hosts {wanted})"
+        )
+    return ClusterPlan(tuple(hosts), tuple(spares), tuple(still_dropped), tuple(changes))
 
 
 def backoff(job: Job, restarts_so_far: int) -> float:
@@ -213,8 +297,8 @@ def root_cause(failure: Failure, log_tail: tuple[str, ...], why: str, restarts: 
 # One supervisor per run
 
 
-class SupervisorLock:
-    """An flock on the run's lock file: released by the kernel when its holder dies."""
+class FileLock:
+    """An flock on a lock file: released by the kernel when its holder dies."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -245,12 +329,91 @@ class SupervisorLock:
             os.close(self._fd)
             self._fd = None
 
+    def wait(self, timeout: float) -> bool:
+        """Acquire, waiting up to `timeout` seconds for the holder to let go."""
+        deadline = time.monotonic() + timeout
+        while not self.acquire():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
 
-def refuse_if_active(store: RunStore, backend: Backend) -> None:
-    """A second copy of a job would fight the first for its ports and checkpoints."""
+
+SupervisorLock = FileLock  # one per run: `{run_id}.lock`
+START_WAIT = 300.0  # seconds a second `up` waits for the first to finish launching
+
+
+@contextmanager
+def exclusive_start(store: RunStore, say: Callable[[str], None]) -> Iterator[None]:
+    """Only one `up` at a time in a state directory, from its check for an active run through
+    the launch: two concurrent ones would both pass the check and start one job twice."""
+    lock = FileLock(store.start_lock_path())
+    if not lock.acquire():
+        say("another 'orchestrate up' is starting a run in this state directory; waiting for it")
+        if not lock.wait(START_WAIT):
+            raise RunStateError(
+                f"another 'orchestrate up' has been starting a run in {store.root} for "
+                f"{START_WAIT:g} s",
+                hint="'orchestrate status' shows what runs; try again when it has started",
+            )
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def interrupted_launch(store: RunStore, record: RunRecord, *, holding_start: bool = False) -> bool:
+    """An attempt whose launcher died before every worker started: nobody is launching it
+    (the start lock is free, or held by the caller) and nobody supervises it (a supervisor's
+    own restart holds its run's lock)."""
+    return (
+        not record.launched
+        and (holding_start or not FileLock(store.start_lock_path()).held_elsewhere())
+        and not FileLock(store.lock_path(record.run_id)).held_elsewhere()
+    )
+
+
+def stop_interrupted_launch(
+    store: RunStore, backend: Backend, record: RunRecord, say: Callable[[str], None]
+) -> RunRecord:
+    """Stop what a dead launcher had started (the rest would wait forever for the missing
+    peers) and mark the attempt as over, so it neither wedges the state directory nor orphans
+    a worker. Returns the record as saved."""
+    status = collect_status(record, backend)
+    started = [w.name for w in status.workers if w.state is not WorkerState.PENDING]
+    say(
+        f"run {record.run_id}: the launch of attempt {record.attempt} was interrupted "
+        f"({len(started)} of {len(record.workers)} workers had started); stopping them"
+    )
+    stop_run(record, backend, grace=STOP_GRACE)
+    record = replace(record, launched=True)
+    store.save(record)
+    return record
+
+
+def relaunch(
+    store: RunStore, backend: Backend, record: RunRecord, say: Callable[[str], None]
+) -> RunRecord:
+    """A half-launched attempt is not adopted: stopped, and the next attempt started afresh
+    (no restart is counted: nothing failed)."""
+    record = stop_interrupted_launch(store, backend, record, say)
+    return launch_attempt(replace(record, attempt=record.attempt + 1), store, backend, say)
+
+
+def refuse_if_active(
+    store: RunStore, backend: Backend, say: Callable[[str], None] = lambda message: None
+) -> None:
+    """A second copy of a job would fight the first for its ports and checkpoints. A previous
+    run whose launch was interrupted is stopped instead (it can never run). Called by the
+    holder of the start lock (exclusive_start)."""
     if store.current_id() is None:
         return
     previous = store.load()
+    if interrupted_launch(store, previous, holding_start=True):
+        record = stop_interrupted_launch(store, backend, previous, say)
+        if not record.outcome:
+            store.save(replace(record, outcome="its launch was interrupted; stopped"))
+        return
     supervised = SupervisorLock(store.lock_path(previous.run_id)).held_elsewhere()
     # The earlier run may live elsewhere (hosts, or a Slurm cluster): ask its own backend.
     with open_backend(previous.inventory) as own:
@@ -374,6 +537,9 @@ class Supervisor:
                               restarts=(*restarts, restart))  # fmt: skip
         try:
             self._replace_dead_hosts()
+            self._wait_until_reachable(failure)
+            if self.store.stop_flag(self.record.run_id).exists():
+                return
             self.record = launch_attempt(self.record, self.store, self.backend, self.say)
         except (HostErrors, OrchestrateError) as error:
             raise JobFailed(
@@ -399,25 +565,51 @@ class Supervisor:
             self.say(f"could not copy {chief.name}'s checkpoint: {error.message}")
 
     def _replace_dead_hosts(self) -> None:
-        """Hosts that cannot be reached are replaced by spares, in order, before a restart."""
-        inventory = self.record.inventory
-        dead = self.backend.unreachable(inventory.hosts)
-        hosts, spares = list(inventory.hosts), list(inventory.spares)
-        for index, host in enumerate(inventory.hosts):
-            if host.name not in dead:
-                continue
-            if not spares:
+        """Before a restart: hosts that cannot be reached are replaced by spares, in order; with
+        no spare left they are dropped while at least min_hosts remain (TF_CONFIG is rebuilt
+        for the survivors); hosts dropped earlier that answer again come back."""
+        inventory, dropped = self.record.inventory, list(self.record.dropped)
+        dead = self.backend.unreachable([*inventory.hosts, *dropped])
+        plan = plan_cluster(inventory, dropped, dead)
+        for line in plan.changes:
+            self.say(line)
+        if plan.problem:
+            raise JobFailed(plan.problem, hint=plan.hint)
+        new_inventory = replace(inventory, hosts=plan.hosts, spares=plan.spares)
+        self.record = replace(self.record, inventory=new_inventory, dropped=plan.dropped)
+
+    def _wait_until_reachable(self, failure: Failure) -> None:
+        """A partition between hosts would fail every restart the same way: after a failure
+        that may be one, check the hosts' TensorFlow ports from each other first, and wait
+        with backoff (no restart spent) until they reach each other or partition_timeout."""
+        hosts = self.record.inventory.hosts
+        if failure.kind in LOCAL_KINDS or len({h.kind.machine_key(h) for h in hosts}) < 2:
+            return
+        job = self.record.inventory.job
+        deadline = time.monotonic() + job.partition_timeout
+        wait = 2.0
+        network = {"reachable", "connect"} | {h.kind.login_check for h in hosts} - {None}
+        while True:
+            blocked = [
+                finding
+                for finding in run_preflight(self.record.inventory, self.backend).blocking
+                if finding.check in network
+            ]
+            if not blocked:
+                return
+            details = "; ".join(f"{f.host}: {f.detail}" for f in blocked)
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise JobFailed(
-                    f"host {host.name} does not answer ({dead[host.name]}) and no spare "
-                    "host is left to replace it",
-                    hint="list replacement hosts under 'spares:' in the inventory, or bring the "
-                    "host back and run 'orchestrate up' again to resume from the checkpoint",
+                    f"the cluster cannot be restarted: the hosts still cannot reach each other "
+                    f"after {job.partition_timeout} s: {details}",
+                    hint=blocked[0].hint or "check the network between the hosts",
                 )
-            spare = spares.pop(0)
-            self.say(f"{host.name} does not answer; spare {spare.name} takes its place")
-            hosts[index] = spare
-        new_inventory = replace(inventory, hosts=tuple(hosts), spares=tuple(spares))
-        self.record = replace(self.record, inventory=new_inventory)
+            self.say(f"restart waits for the network: {details}; checking again in {wait:g} s")
+            time.sleep(min(wait, left))
+            wait = min(wait * 2, 30.0)
+            if self.store.stop_flag(self.record.run_id).exists():
+                return
 
     def _log_tail(self, name: str) -> tuple[str, ...]:
         workers = [w for w in self.record.workers if w.name == name]

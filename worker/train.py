@@ -152,21 +152,55 @@ def build_state(
     return TrainState(model=model, optimizer=optimizer, step=step, checkpoint=checkpoint)
 
 
-def restore(state: TrainState, checkpoint_dir: str) -> int | None:
-    """Restores the newest checkpoint in checkpoint_dir and returns its step; None if there is none.
+def restore(state: TrainState, checkpoint_dir: str) -> tuple[int | None, str | None]:
+    """Restores the newest loadable checkpoint in checkpoint_dir: its step (None if there is
+    none) and a note when it had to fall back to an earlier one.
 
     Every worker restores the same files: on one machine the directory is shared, across machines
-    the controller copies the chief's checkpoint to every host before the start.
+    the controller copies every checkpoint of the chief's state file to every host before the
+    start. So a latest checkpoint that cannot be loaded (a truncated file, a full disk during the
+    save) fails the same way on every worker, and all fall back to the same earlier one. With
+    checkpoints present but none loadable the worker refuses to start from step 0: training on
+    would overwrite them.
     """
-    latest = tf.train.latest_checkpoint(checkpoint_dir)
-    kerasflavor.check_restorable(checkpoint_dir, latest is not None)
-    if latest is None:
+    listed = tf.train.get_checkpoint_state(checkpoint_dir)
+    kerasflavor.check_restorable(checkpoint_dir, bool(listed and listed.model_checkpoint_path))
+    if listed is None or not listed.model_checkpoint_path:
+        leftovers = sorted(glob.glob(os.path.join(checkpoint_dir, f"{CHECKPOINT_NAME}-*.index")))
+        if leftovers:
+            raise ConfigError(
+                f"{checkpoint_dir} holds checkpoints ({os.path.basename(leftovers[-1])}, ...) but "
+                "no 'checkpoint' state file naming the latest: refusing to start from step 0 "
+                "over them; restore the state file or move the checkpoints away"
+            )
         log(f"worker: no checkpoint in {checkpoint_dir}, starting at step 0")
-        return None
-    state.checkpoint.restore(latest).assert_existing_objects_matched()
-    step = int(state.step.numpy())
-    log(f"worker: restored checkpoint at step {step} from {checkpoint_dir}")
-    return step
+        return None, None
+    latest = listed.model_checkpoint_path
+    earlier = [p for p in listed.all_model_checkpoint_paths if p != latest]
+    failures: list[str] = []
+    for listed_path in [latest, *reversed(earlier)]:
+        path = os.path.join(checkpoint_dir, listed_path)  # an absolute one stays as it is
+        try:
+            state.checkpoint.restore(path).assert_existing_objects_matched()
+        except Exception as exc:
+            text = str(exc).strip()
+            reason = text.splitlines()[0][:200] if text else type(exc).__name__
+            failures.append(f"{os.path.basename(path)}: {reason}")
+            log(f"worker: checkpoint {os.path.basename(path)} cannot be loaded ({reason})")
+            continue
+        step = int(state.step.numpy())
+        note = None
+        if failures:
+            note = f"fell back to checkpoint {os.path.basename(path)} (step {step}): " + "; ".join(
+                failures
+            )
+            log(f"worker: {note}")
+        log(f"worker: restored checkpoint at step {step} from {checkpoint_dir}")
+        return step, note
+    raise ConfigError(
+        f"no checkpoint in {checkpoint_dir} can be loaded ({'; '.join(failures)}): refusing to "
+        "start from step 0 over them; move the damaged checkpoints away to start afresh"
+    )
 
 
 def distribute_dataset(
@@ -530,10 +564,12 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
     check_batch_split(config.batch_size, strategy.num_replicas_in_sync)
     dataset = task.dataset()
     state = build_state(strategy, task, dataset.element_spec)
-    restored_step = restore(state, config.checkpoint_dir)
+    restored_step, note = restore(state, config.checkpoint_dir)
     start_step = restored_step or 0
     progress = ProgressWriter(config.progress_file)
     write_start(progress, config, start_step, restored_step, strategy.num_replicas_in_sync)
+    if note:
+        progress.write(note=note)  # status shows it beside the worker
     if start_step >= config.steps:
         log(f"worker: already at step {start_step} >= {config.steps}, nothing to do")
         # Every worker takes this branch alike, so the export's collective save still matches.

@@ -46,7 +46,10 @@ from orchestrator.supervise import (
     Supervisor,
     SupervisorLock,
     conclude,
+    exclusive_start,
+    interrupted_launch,
     refuse_if_active,
+    relaunch,
     stop_everything,
     watch,
 )
@@ -124,29 +127,33 @@ def start_and_supervise(
     """What `up` does with a loaded inventory (`orchestrate local` builds its own)."""
     secrets = secret_values(spec.job.secret_env, os.environ, doing="'up'")  # before anything
     with open_backend(spec) as backend:
-        refuse_if_active(context.store, backend)
-        # Setup may install what the checks look for (the python, TensorFlow): it goes first.
-        prepared = prepare_before_checks(spec, backend, force_setup)
-        if not skip_checks:
-            report = run_checks(spec, backend, probe_timeout, min_free_gb)
-            show_findings(report, only_problems=True)
-            if report.blocking:
-                raise blocking_error(report)
-        errors.print(
-            f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) from {source}"
-        )
-        shown = shown_env({**spec.job.env, **secrets}, spec.job.secret_env)
-        if shown:
-            errors.print("  environment: " + " ".join(f"{k}={v}" for k, v in shown.items()),
-                         markup=False, highlight=False)  # fmt: skip
-        record = start_run(
-            spec,
-            context.store,
-            backend,
-            say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
-            force_setup=force_setup,
-            prepared=prepared,
-        )
+        # Exclusive from the check for an active run through the launch, then released: a
+        # second `up` waits for it, then finds this run active and refuses.
+        with exclusive_start(context.store, _say):
+            refuse_if_active(context.store, backend, _say)
+            # Setup may install what the checks look for (the python, TensorFlow): it goes first.
+            prepared = prepare_before_checks(spec, backend, force_setup)
+            if not skip_checks:
+                report = run_checks(spec, backend, probe_timeout, min_free_gb)
+                show_findings(report, only_problems=True)
+                if report.blocking:
+                    raise blocking_error(report)
+            errors.print(
+                f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) "
+                f"from {source}"
+            )
+            shown = shown_env({**spec.job.env, **secrets}, spec.job.secret_env)
+            if shown:
+                errors.print("  environment: " + " ".join(f"{k}={v}" for k, v in shown.items()),
+                             markup=False, highlight=False)  # fmt: skip
+            record = start_run(
+                spec,
+                context.store,
+                backend,
+                say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
+                force_setup=force_setup,
+                prepared=prepared,
+            )
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
         if with_dashboard:
             try:
@@ -163,6 +170,10 @@ def start_and_supervise(
             )
             return
         _supervise_here(context.store, backend, record, interval)
+
+
+def _say(message: str) -> None:
+    errors.print(message, markup=False, highlight=False)
 
 
 def _spawn_supervisor(store: RunStore, run_id: str) -> int:
@@ -265,11 +276,13 @@ def attach(context: Context, run_id: str | None, interval: float) -> None:
         if not lock.held_elsewhere():
             _require_secrets_to_supervise(record, backend)
             errors.print(f"run {record.run_id}: nothing supervises it; supervising it here")
+            if interrupted_launch(context.store, record) and not record.stop_requested:
+                record = relaunch(context.store, backend, record, _say)
             _supervise_here(context.store, backend, record, interval)
             return
         errors.print(f"run {record.run_id}: watching (another process supervises it)")
         try:
-            with _view() as (show, _say):
+            with _view() as (show, _message):
                 final = watch(context.store, backend, record.run_id, show, interval)
         except KeyboardInterrupt:
             raise StoppedWatching() from None

@@ -20,15 +20,14 @@ from orchestrator.cli.app import (
     pass_context,
     run_option,
 )
-from orchestrator.errors import (
-    MissingTool,
-)
+from orchestrator.errors import MissingTool, PartialFailure
 from orchestrator.exports import export_is_remote, local_export, pull_export
 from orchestrator.logs import follow, last_lines, select_workers
 from orchestrator.render import (
     problems,
     status_table,
 )
+from orchestrator.state import WorkerState
 from orchestrator.status import collect_status
 from orchestrator.tensorboard import events_are_remote, local_event_dir, pull_events
 
@@ -38,16 +37,26 @@ from orchestrator.tensorboard import events_are_remote, local_event_dir, pull_ev
 @run_option
 @pass_context
 def status(context: Context, as_json: bool, run_id: str | None) -> None:
-    """Show each worker's state, pid, step, loss, checkpoint step, uptime, CPU and memory."""
+    """Show each worker's state, pid, step, loss, checkpoint step, uptime, CPU and memory.
+
+    Exit status 3 when a host did not answer (its workers show as unknown), 4 when there is no
+    run to show.
+    """
     record = context.store.load(run_id)
     with open_backend(record.inventory) as backend:
         result = collect_status(record, backend)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
-        return
-    console.print(status_table(result))
-    for line in problems(result):
-        console.print(line, style="red", markup=False, highlight=False)
+    else:
+        console.print(status_table(result))
+        for line in problems(result):
+            console.print(line, style="red", markup=False, highlight=False)
+    silent = [w.name for w in result.workers if w.state is WorkerState.UNKNOWN]
+    if silent:
+        raise PartialFailure(
+            f"{', '.join(silent)}: the host did not answer, so the state shown is unknown",
+            hint="check the network to those hosts; the workers may still be training",
+        )
 
 
 @cli.command(name="tail")

@@ -160,8 +160,10 @@ class SlurmBackend(Backend):
     def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
         return self.files.checkpoint(host, directory)
 
-    def adopt_checkpoint(self, host: Host, directory: str, name: str) -> None:
-        self.files.adopt_checkpoint(host, directory, name)
+    def adopt_checkpoint(
+        self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
+    ) -> None:
+        self.files.adopt_checkpoint(host, directory, name, checkpoints)
 
     def list_files(self, host: Host, directory: str) -> FileListing:
         return self.files.list_files(host, directory)

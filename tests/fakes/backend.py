@@ -96,7 +96,9 @@ class FakeBackend(Backend):
     def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
         return CheckpointListing(directory, None, {})
 
-    def adopt_checkpoint(self, host: Host, directory: str, name: str) -> None:
+    def adopt_checkpoint(
+        self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
+    ) -> None:
         raise AssertionError("no checkpoint exists, so none is adopted")
 
     def list_files(self, host: Host, directory: str) -> FileListing:
@@ -117,17 +119,40 @@ class FakeBackend(Backend):
     def preflight_session(self, host: Host) -> LineSession:
         if host.name in self.dead_hosts:
             raise ConnectError(host.name, self.dead_hosts[host.name])
-        return scripted_session(host.name, lambda verb: self.preflight[host.name][verb])
+        scripted = self.preflight.get(host.name)
+        return scripted_session(
+            host.name,
+            lambda request: scripted[request["verb"]] if scripted else healthy(request),
+        )
 
 
-def scripted_session(name: str, answer: Callable[[str], Mapping[str, Any]]) -> LineSession:
-    """A LineSession whose program answers each request's verb from `answer`."""
+GOOD_DIRECTORY = {"path": "/w", "writable": True, "checked": "/w", "free_bytes": 50 << 30}
+
+
+def healthy(request: Mapping[str, Any]) -> dict[str, Any]:
+    """What hostprobe answers on a healthy host: its port free, every peer reachable."""
+    if request["verb"] == "inspect":
+        from orchestrator import __version__
+
+        packages = {"tensorflow": "2.21.0", "orchestrate": __version__}
+        directories = [GOOD_DIRECTORY for _ in request["directories"]]
+        return {"python": "3.11.2", "packages": packages, "env": {}, "directories": directories,
+                "listener_pid": 4242, "port_error": None, "holder": None}  # fmt: skip
+    if request["verb"] == "connect":
+        return {"peers": {p["name"]: {"status": "ok"} for p in request["peers"]},
+                "token_visible": None}  # fmt: skip
+    return {"listener_left": False}
+
+
+def scripted_session(
+    name: str, answer: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+) -> LineSession:
+    """A LineSession whose program answers each request from `answer`."""
     pending: list[bytes] = []
 
     class Writer:
         def write(self, data: bytes) -> None:
-            verb = json.loads(data)["verb"]
-            pending.append(json.dumps(dict(answer(verb))).encode() + b"\n")
+            pending.append(json.dumps(dict(answer(json.loads(data)))).encode() + b"\n")
 
         def flush(self) -> None:
             pass

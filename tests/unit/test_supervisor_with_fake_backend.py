@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -208,3 +212,39 @@ def test_a_preempted_attempt_is_resubmitted_where_the_backend_says_so(tmp_path: 
     assert stopped.state is WorkerState.STOPPED and not hosts_store.load().restarts
     with pytest.raises(JobFailed, match="preempted"):
         conclude(stopped, hosts_store.load())
+
+
+class _Steps(Sequence[Mapping[str, Any]]):
+    """A worker that runs `count` polls (one step each), then succeeds: built lazily, so the
+    script itself holds no memory that grows with the run."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count + 1
+
+    def __getitem__(self, index: int) -> Mapping[str, Any]:  # type: ignore[override]
+        return running(index, target_steps=self.count) if index < self.count else exited(0, index)
+
+
+def test_the_supervisors_memory_stays_flat_over_thousands_of_polls(tmp_path: Path) -> None:
+    polls = 3000
+    backend = FakeBackend(scripts={"a": {0: _Steps(polls)}, "b": {0: _Steps(polls)}})
+    store = RunStore(tmp_path / "state")
+    record = start_run(inventory(tmp_path), store, backend)
+    samples: dict[int, int] = {}
+
+    def show(_status: object) -> None:
+        if backend.probes in (1000, polls):
+            gc.collect()
+            samples[backend.probes] = tracemalloc.get_traced_memory()[0]
+
+    tracemalloc.start()
+    try:
+        final = Supervisor(store, backend, record, show=show, interval=0).run()
+    finally:
+        tracemalloc.stop()
+    assert final.state is WorkerState.SUCCEEDED and backend.probes > polls
+    growth = samples[polls] - samples[1000]
+    assert growth < 64 * 1024, f"{growth} bytes more after {polls - 1000} more polls"

@@ -1,0 +1,131 @@
+"""Benchmark for issue 10: how long each fault takes to detect, on two local script workers.
+
+Each fault is injected into a running two-worker script job (a step every 20 ms, a progress file
+and a "checkpoint" after every step) supervised in this process by the real Supervisor, with the
+job's defaults except restart_backoff 0 and the stall_timeout given. Detection is the time from
+the fault to the supervisor announcing the restart; "resumed" is the time until both workers of
+the next attempt report a step again. Faults:
+
+  sigkill    SIGKILL to worker 1's process
+  sigstop    SIGSTOP to worker 1 (frozen: only the stall watch sees it)
+  exit0      worker 1 exits 0 at step 100 of 100000 (a false success)
+
+    .venv/bin/python -m bench.bench_faults [--repeats 3] [--stall-timeout 5] [--interval 1]
+
+The TensorFlow faults (partition, full disk, damaged checkpoint) are covered by the tests in
+tests/integration/test_faults_*.py; recovery of a killed TensorFlow worker by bench_recovery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+from orchestrator.hostbackend import HostBackend
+from orchestrator.inventory import load_inventory
+from orchestrator.lifecycle import start_run, stop_run
+from orchestrator.runstore import RunStore
+from orchestrator.status import collect_status
+from orchestrator.supervise import Supervisor
+from tests.conftest import free_ports
+
+SCRIPT = """\
+import json, os, sys, time
+p = os.environ["ORCHESTRATE_PROGRESS_FILE"]
+c = os.path.join(os.environ["ORCHESTRATE_CHECKPOINT_DIR"], os.environ["ORCHESTRATE_WORKER"])
+os.makedirs(os.path.dirname(c), exist_ok=True)
+start = int(open(c).read()) if os.path.exists(c) else 0
+for step in range(start + 1, 100001):
+    time.sleep(0.02)
+    open(c + ".t", "w").write(str(step)); os.replace(c + ".t", c)
+    json.dump({"step": step, "target_steps": 100000}, open(p + ".t", "w")); os.replace(p + ".t", p)
+    if os.environ.get("EXIT0") and os.environ["ORCHESTRATE_WORKER"] == "b" and step == start + 100:
+        sys.exit(0)
+"""
+
+
+class Done(Exception):
+    pass
+
+
+def one(fault: str, stall_timeout: int, interval: float) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory(prefix="bench-faults-") as scratch:
+        root = Path(scratch)
+        (root / "t.py").write_text(SCRIPT)
+        ports = free_ports(2)
+        env = "{EXIT0: '1'}" if fault == "exit0" else "{}"
+        (root / "inv.yaml").write_text(
+            textwrap.dedent(f"""\
+            defaults: {{connection: local, workdir: ./w}}
+            hosts:
+              - {{name: a, address: localhost, port: {ports[0]}}}
+              - {{name: b, address: localhost, port: {ports[1]}}}
+            job: {{name: f, script: t.py, restart_backoff: 0, stall_timeout: {stall_timeout},
+                   max_restarts: 5, env: {env}}}
+            """)
+        )
+        store = RunStore(root / "state")
+        marks: dict[str, float] = {}
+        with HostBackend() as backend:
+            record = start_run(load_inventory(root / "inv.yaml"), store, backend)
+
+            def show(status: object) -> None:
+                steps = [w.step or 0 for w in status.workers]  # type: ignore[attr-defined]
+                if "restart" in marks and status.attempt > 0 and min(steps) > 0:  # type: ignore[attr-defined]
+                    marks["resumed"] = time.monotonic()
+                    raise Done
+
+            def say(message: str) -> None:
+                if "restarting the cluster" in message and "restart" not in marks:
+                    marks["restart"] = time.monotonic()
+
+            def inject() -> None:
+                while True:
+                    status = collect_status(store.load(record.run_id), HostBackend())
+                    if all((w.step or 0) >= 20 for w in status.workers):
+                        break
+                    time.sleep(0.05)
+                pid = status.workers[1].pid or 0
+                marks["fault"] = time.monotonic()
+                if fault == "sigkill":
+                    os.kill(pid, signal.SIGKILL)
+                elif fault == "sigstop":
+                    os.kill(pid, signal.SIGSTOP)
+
+            if fault != "exit0":
+                threading.Thread(target=inject, daemon=True).start()
+            else:
+                marks["fault"] = time.monotonic() + 100 * 0.02  # step 100 of the first attempt
+            try:
+                Supervisor(store, backend, record, show=show, say=say, interval=interval).run()
+            except Done:
+                pass
+            finally:
+                stop_run(store.load(record.run_id), backend, grace=2)
+        return marks["restart"] - marks["fault"], marks["resumed"] - marks["fault"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--stall-timeout", type=int, default=5)
+    parser.add_argument("--interval", type=float, default=1.0)
+    args = parser.parse_args()
+    print(f"{'fault':<9} {'detected s (median, min-max)':<30} {'resumed s (median)':>20}")
+    for fault in ("sigkill", "sigstop", "exit0"):
+        samples = [one(fault, args.stall_timeout, args.interval) for _ in range(args.repeats)]
+        detect = [s[0] for s in samples]
+        resume = [s[1] for s in samples]
+        spread = f"{statistics.median(detect):.2f} ({min(detect):.2f}-{max(detect):.2f})"
+        print(f"{fault:<9} {spread:<30} {statistics.median(resume):>20.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

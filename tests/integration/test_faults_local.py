@@ -1,0 +1,210 @@
+"""Faults a long run meets, on real local processes: nothing lost, nothing misreported.
+
+Script jobs stand in for training here (a progress file and a "checkpoint" that survives
+restarts); the TensorFlow checkpoint faults live in test_faults_checkpoints.py and the
+multi-host ones in test_faults_netns.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.conftest import Cli, free_ports, run_processes, wait_for
+
+SCRIPT = """\
+import json, os, sys, time
+progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
+ckpt = os.path.join(os.environ["ORCHESTRATE_CHECKPOINT_DIR"], os.environ["ORCHESTRATE_WORKER"])
+os.makedirs(os.path.dirname(ckpt), exist_ok=True)
+start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
+steps = int(os.environ["STEPS"])
+stop_at = int(os.environ.get("EXIT_0_AT", "0"))
+for step in range(start + 1, steps + 1):
+    time.sleep(float(os.environ.get("DELAY", "0.02")))
+    sys.stdout.write(os.environ.get("NOISE", "") * int(os.environ.get("NOISE_REPEAT", "0")))
+    with open(ckpt + ".tmp", "w") as f:
+        f.write(str(step))
+    os.replace(ckpt + ".tmp", ckpt)
+    with open(progress + ".tmp", "w") as f:
+        json.dump({"step": step, "target_steps": steps, "checkpoint_step": step}, f)
+    os.replace(progress + ".tmp", progress)
+    if stop_at and step == start + stop_at:
+        print("leaving early, exit 0", flush=True)
+        sys.exit(0)
+print("final step reported", flush=True)
+time.sleep(float(os.environ.get("LINGER", "0")))
+print("done", flush=True)
+"""
+
+
+def make_job(cli: Cli, job: dict[str, Any] | None = None, python: str | None = None,
+             **env: Any) -> Path:  # fmt: skip
+    (cli.cwd / "train.py").write_text(SCRIPT)
+    ports = free_ports(2)
+    full_job = {"name": "demo", "script": "train.py", "restart_backoff": 0,
+                "env": {"STEPS": 40, **env}, **(job or {})}  # fmt: skip
+    beta = f", python: {python}" if python else ""
+    path = cli.cwd / "inv.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        defaults: {{connection: local, workdir: ./work}}
+        hosts:
+          - {{name: alpha, address: localhost, port: {ports[0]}}}
+          - {{name: beta, address: localhost, port: {ports[1]}{beta}}}
+        job: {json.dumps(full_job)}
+        """)
+    )
+    return path
+
+
+def test_a_binary_inventory_is_an_inventory_error(cli: Cli) -> None:
+    (cli.cwd / "inv.yaml").write_bytes(os.urandom(512) + b"\x00\xff")
+    result = cli("up", "inv.yaml")
+    assert result.returncode == 2, result.stderr
+    assert "not UTF-8 text" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_exit_0_before_the_target_step_is_a_failure(cli: Cli, reaper: list[str]) -> None:
+    # Each attempt leaves 5 steps after where it resumed, with exit code 0.
+    make_job(cli, {"max_restarts": 1}, EXIT_0_AT=5)
+    result = cli("up", "--skip-checks", "--interval", "0.2", "inv.yaml")
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "at step 5: exited 0 at step 5 of 40: it stopped before its target step" in (
+        result.stdout
+    )
+    assert "exited 0 at step 10 of 40" in result.stderr  # the root cause names the last one
+    assert "after 1 restart(s) because it used all 1 restarts" in result.stderr
+    status = cli.status()
+    assert status["state"] == "failed" and 10 in {w["step"] for w in status["workers"]}
+
+
+def test_a_worker_that_reported_its_final_step_is_not_stalled(cli: Cli, reaper: list[str]) -> None:
+    # Tearing down after the last step (saving, closing files) takes longer than stall_timeout.
+    make_job(cli, {"stall_timeout": 2}, LINGER=5)
+    result = cli("up", "--skip-checks", "--interval", "0.2", "inv.yaml")
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "restarting" not in result.stdout and cli.status()["restarts"] == 0
+
+
+def test_two_ups_at_once_start_one_run(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli, DELAY=0.1)
+    first, second = (cli.popen("up", "--skip-checks", "inv.yaml") for _ in range(2))
+    results = [(p, *p.communicate(timeout=120)) for p in (first, second)]
+    run_id = cli.record()["run_id"]
+    reaper.append(run_id)
+    codes = sorted(p.returncode for p, _, _ in results)
+    assert codes == [0, 4], results
+    refused = next(err for p, _, err in results if p.returncode == 4)
+    assert f"run {run_id} of job 'demo' is still" in refused
+    runs = list((cli.cwd / ".orchestrate" / "runs").glob("*.json"))
+    assert len([r for r in runs if not r.name.endswith(".status.json")]) == 1
+
+
+def slow_python(cli: Cli, seconds: float) -> str:
+    """A Python that takes `seconds` to start: beta's launch lags alpha's."""
+    path = cli.cwd / "slow-python"
+    path.write_text(f'#!/bin/sh\nsleep {seconds}\nexec {sys.executable} "$@"\n')
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def kill_up_mid_launch(cli: Cli) -> tuple[str, int]:
+    """Start `up`, SIGKILL it once alpha started and before beta did; (run id, alpha's pid)."""
+    up = cli.popen("up", "--skip-checks", "inv.yaml")
+
+    def alpha_started() -> dict[str, Any] | None:
+        try:
+            record = cli.record()
+        except (FileNotFoundError, ValueError):
+            return None
+        alive = [p for p in run_processes(record["run_id"]) if "train.py" in " ".join(p.cmdline())]
+        return {"run": record["run_id"], "pid": alive[0].pid} if alive else None
+
+    started = wait_for(alpha_started, timeout=60, interval=0.05)
+    up.send_signal(signal.SIGKILL)
+    up.communicate(timeout=30)
+    record = cli.record()
+    assert not record["launched"], "beta started before the kill: the test did not cut it"
+    return started["run"], started["pid"]
+
+
+def test_killed_mid_launch_the_next_up_stops_the_partial_attempt(
+    cli: Cli, reaper: list[str]
+) -> None:
+    make_job(cli, python=slow_python(cli, 6), DELAY=0.05)
+    first_run, orphan = kill_up_mid_launch(cli)
+    reaper.append(first_run)
+    # down first, as a user would: it stops alpha, and the run is over, not "pending" for good.
+    assert cli("down", "--grace", "2").returncode == 0
+    assert {w["state"] for w in cli.status()["workers"]} == {"stopped"}
+    assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == "zombie"
+    result = cli("up", "--skip-checks", "--interval", "0.2", "inv.yaml", timeout=180)
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert run_processes(first_run) == []
+
+
+def test_killed_mid_launch_attach_starts_the_attempt_afresh(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli, python=slow_python(cli, 6), DELAY=0.05)
+    run_id, orphan = kill_up_mid_launch(cli)
+    reaper.append(run_id)
+    result = cli("attach", "--interval", "0.2", timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "the launch of attempt 0 was interrupted (1 of 2 workers had started)" in (
+        result.stderr + result.stdout
+    )
+    assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == "zombie"
+    status = cli.status()
+    assert status["state"] == "succeeded" and status["attempt"] == 1 and status["restarts"] == 0
+    # beta's launch of attempt 0 was still on its way (its Python starts slowly): when it
+    # arrives it is refused, instead of starting a worker nobody waits for.
+    time.sleep(7)
+    assert run_processes(run_id) == []
+    first_beta = next((cli.cwd / "work" / "demo" / "runs" / run_id / "attempt-0").glob("beta"))
+    assert not (first_beta / "pid").exists()
+
+
+def test_worker_log_is_capped_and_tail_still_works(cli: Cli, reaper: list[str]) -> None:
+    # About 3 MiB of output against a 1 MiB cap.
+    make_job(cli, {"log_max_mb": 1}, NOISE="x" * 1023 + "\n", NOISE_REPEAT=80, STEPS=40)
+    result = cli("up", "--skip-checks", "--interval", "0.2", "inv.yaml")
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 0, result.stderr
+    for worker in cli.record()["workers"]:
+        log = Path(worker["log_path"])
+        assert log.stat().st_size <= (1 << 20)
+        assert 0 < Path(f"{log}.1").stat().st_size <= (1 << 20)
+    tail = cli("tail", "-n", "2", "alpha", check=True).stdout
+    assert "done" in tail
+
+
+def test_status_exits_3_while_a_host_does_not_answer(cli: Cli, reaper: list[str]) -> None:
+    make_job(cli, DELAY=0.2, STEPS=1000)
+    assert cli("up", "--detach", "--skip-checks", "inv.yaml").returncode == 0
+    reaper.append(cli.record()["run_id"])
+    cli.status_when(lambda s: s["state"] == "running", timeout=60)
+    # beta's host stops answering: the record now reaches it over SSH at a closed port.
+    record_path = next(p for p in (cli.cwd / ".orchestrate" / "runs").glob("*.json")
+                       if not p.name.endswith(".status.json"))  # fmt: skip
+    record = json.loads(record_path.read_text())
+    beta = record["workers"][1]["host"]
+    beta.update(connection="ssh", address="127.0.0.1", settings={"ssh_port": free_ports(1)[0]})
+    record_path.write_text(json.dumps(record))
+    result = cli("status", "--json")
+    assert result.returncode == 3, result.stderr
+    assert json.loads(result.stdout)["workers"][1]["state"] == "unknown"
+    assert "beta: the host did not answer" in result.stderr
+    down = cli("down", "--grace", "2")
+    assert down.returncode == 3 and "alpha: stopped" in down.stdout

@@ -1,0 +1,228 @@
+"""Multi-host faults on namespace hosts with real sshd and real iptables: a partition between
+two hosts, the controller cut off from every host, a host lost with no spare (min_hosts), and a
+host whose sshd offers no SFTP. One three-host cluster serves the module."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.cluster.inventories import host_entries
+from tests.cluster.inventories import write_inventory as cluster_inventory
+from tests.cluster.netns import ClusterError, NamespaceCluster
+from tests.cluster.pytest_support import namespace_cluster_fixture
+from tests.conftest import Cli, wait_for
+
+pytestmark = pytest.mark.netns
+
+SCRIPT = """\
+import json, os, sys, time
+progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
+ckpt = os.path.join(os.environ["ORCHESTRATE_CHECKPOINT_DIR"], os.environ["ORCHESTRATE_WORKER"])
+os.makedirs(os.path.dirname(ckpt), exist_ok=True)
+start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
+steps = int(os.environ["STEPS"])
+workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+print(f"start {start} of a {workers}-worker cluster", flush=True)
+for step in range(start + 1, steps + 1):
+    time.sleep(float(os.environ["DELAY"]))
+    with open(ckpt + ".tmp", "w") as f:
+        f.write(str(step))
+    os.replace(ckpt + ".tmp", ckpt)
+    with open(progress + ".tmp", "w") as f:
+        json.dump({"step": step, "target_steps": steps, "checkpoint_step": step}, f)
+    os.replace(progress + ".tmp", progress)
+print("done", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
+    yield from namespace_cluster_fixture(3, base_dir=tmp_path_factory.mktemp("cluster"))
+
+
+class Output:
+    """A running `up`'s stdout, collected line by line while it runs."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self.lines: list[str] = []
+        assert process.stdout is not None
+        stream = process.stdout
+        self._thread = threading.Thread(target=lambda: self.lines.extend(stream), daemon=True)
+        self._thread.start()
+
+    def wait_for(self, text: str, timeout: float) -> str:
+        try:
+            return str(wait_for(lambda: next((line for line in self.lines if text in line), None),
+                                timeout=timeout, what=f"'{text}' in up's output"))  # fmt: skip
+        except AssertionError as error:
+            raise AssertionError(f"{error}; up said:\n{''.join(self.lines)}") from None
+
+    def finish(self, timeout: float) -> tuple[int, str, str]:
+        _, err = self.process.communicate(timeout=timeout)
+        self._thread.join(timeout=10)
+        return self.process.returncode, "".join(self.lines), err
+
+
+def script_job(cli: Cli, **env: Any) -> dict[str, Any]:
+    (cli.cwd / "train.py").write_text(SCRIPT)
+    return {"name": "demo", "script": "train.py", "restart_backoff": 0, "stall_timeout": 4,
+            "env": {"STEPS": 300, "DELAY": 0.05, **env}}  # fmt: skip
+
+
+@contextlib.contextmanager
+def iptables_rule(cluster: NamespaceCluster, where: Any, *rule: str) -> Iterator[None]:
+    """One rule, inserted in a host's namespace (or the root namespace for where=None) and
+    always deleted afterwards."""
+    tagged = [*rule, "-m", "comment", "--comment", f"{cluster.tag}-fault"]
+
+    def iptables(*args: str) -> None:
+        argv = ["iptables", "-w", *args]
+        if where is None:
+            subprocess.run(argv, check=True)
+        else:
+            cluster.exec_in(where, argv, check=True)
+
+    iptables("-I", *tagged)
+    try:
+        yield
+    finally:
+        iptables("-D", *tagged)
+
+
+def worker_pid(cli: Cli, name: str) -> int:
+    status = cli.status_when(
+        lambda s: next(w for w in s["workers"] if w["name"] == name)["state"] == "running", 60
+    )
+    return int(next(w for w in status["workers"] if w["name"] == name)["pid"])
+
+
+def test_uploads_work_on_a_host_without_sftp(cli: Cli, cluster: NamespaceCluster) -> None:
+    host = cluster.hosts[0]
+    (cli.cwd / "data").mkdir()
+    (cli.cwd / "data" / "words.txt").write_text("hello from the controller\n")
+    (cli.cwd / "read.py").write_text("print(open('data/words.txt').read().strip(), flush=True)\n")
+    job = {"name": "nosftp", "script": "read.py", "files": ["data"]}
+    cluster_inventory(cli.cwd / "inv.yaml", cluster, job, hosts=host_entries(cluster)[:1])
+    cluster.restart_sshd(host, sftp=False)
+    try:
+        result = cli("up", "--skip-checks", "inv.yaml", timeout=120)
+        log = cli("tail", check=True).stdout
+    finally:
+        cluster.restart_sshd(host, sftp=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "hello from the controller" in log
+    sshd_log = host.sshd_log_path.read_text()
+    assert "subsystem request for sftp" in sshd_log  # it was asked, refused, and not needed
+
+
+def test_the_controller_cut_off_from_every_host_leaves_the_training_alone(
+    cli: Cli, cluster: NamespaceCluster
+) -> None:
+    job = {**script_job(cli, STEPS=300, DELAY=0.08), "stall_timeout": 40}
+    cluster_inventory(cli.cwd / "inv.yaml", cluster, job, hosts=host_entries(cluster)[:2])
+    up = Output(cli.popen("up", "--skip-checks", "inv.yaml"))
+    cli.status_when(lambda s: min(w["step"] or 0 for w in s["workers"]) >= 20, timeout=60)
+    rules = [("-p", "tcp", "-d", h.address, "--dport", "22", "-j", "DROP")
+             for h in cluster.hosts[:2]]  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        for rule in rules:
+            stack.enter_context(iptables_rule(cluster, None, "OUTPUT", *rule))
+        during = cli("status", "--json", timeout=60)
+        assert during.returncode == 3, during.stderr
+        assert {w["state"] for w in json.loads(during.stdout)["workers"]} == {"unknown"}
+        up.wait_for("unknown", timeout=20)  # the live view keeps going, it does not freeze
+        time.sleep(8)
+    code, out, err = up.finish(timeout=120)
+    assert code == 0, out + err
+    final = cli.status()
+    assert final["restarts"] == 0 and [w["step"] for w in final["workers"]] == [300, 300]
+
+
+def test_a_lost_host_without_a_spare_continues_on_fewer_and_rejoins(
+    cli: Cli, cluster: NamespaceCluster
+) -> None:
+    path = cluster_inventory(cli.cwd / "inv.yaml", cluster, script_job(cli, STEPS=400))
+    path.write_text(path.read_text() + "min_hosts: 2\n")
+    lost = cluster.hosts[2]
+    up = Output(cli.popen("up", "--skip-checks", "inv.yaml"))
+    try:
+        cli.status_when(lambda s: min(w["step"] or 0 for w in s["workers"]) >= 20, timeout=60)
+        cluster.stop_sshd(lost, kill_sessions=True)
+        for pid in cluster.pids_in(lost):
+            os.kill(pid, signal.SIGKILL)
+        up.wait_for("host3 does not answer and no spare is left; going on with 2 worker(s)", 60)
+        cluster.start_sshd(lost)
+        up.wait_for("started host2", 60)
+        last: list[str] = []
+
+        def two_running() -> int | None:
+            result = cli("status", "--json")
+            last[:] = [result.stdout + result.stderr]
+            if result.returncode != 0:
+                return None
+            status = json.loads(result.stdout)
+            workers = status["workers"]
+            if len(workers) == 2 and {w["state"] for w in workers} == {"running"}:
+                return int(workers[0]["pid"])
+            return None
+
+        try:
+            pid = wait_for(two_running, timeout=90, interval=0.2)
+        except AssertionError as error:
+            raise AssertionError(
+                f"{error}; status said {last}; up said {''.join(up.lines)}"
+            ) from None
+        os.kill(pid, signal.SIGKILL)  # a later restart takes host3 back
+        up.wait_for("host3 answers again and rejoins the cluster", 60)
+        code, out, err = up.finish(timeout=180)
+    finally:
+        up.process.kill()
+        with contextlib.suppress(ClusterError):
+            cluster.start_sshd(lost)
+    assert code == 0, out + err
+    final = cli.status()
+    assert [(w["name"], w["step"]) for w in final["workers"]] == [
+        ("host1", 400), ("host2", 400), ("host3", 400)
+    ]  # fmt: skip
+    logs = cli("tail", "-n", "400", check=True).stdout
+    assert "start" in logs and "of a 3-worker cluster" in logs  # TF_CONFIG rebuilt for 3 again
+    attempts = cli.record()["restarts"]
+    assert len(attempts) == 2
+
+
+@pytest.mark.tf
+def test_a_partition_between_hosts_waits_without_spending_restarts(
+    cli: Cli, cluster: NamespaceCluster
+) -> None:
+    job = {
+        "name": "shapes", "task": "worker.examples.shapes:task", "steps": 400,
+        "checkpoint_every": 50, "stall_timeout": 20, "max_restarts": 1, "restart_backoff": 1,
+        "partition_timeout": 180, "env": {"TF_CPP_MIN_LOG_LEVEL": "2"},
+    }  # fmt: skip
+    cluster_inventory(cli.cwd / "inv.yaml", cluster, job, hosts=host_entries(cluster)[:2])
+    first, second = cluster.hosts[:2]
+    up = Output(cli.popen("up", "--skip-checks", "inv.yaml"))
+    try:
+        cli.status_when(lambda s: (s["workers"][0]["checkpoint_step"] or 0) >= 100, 240)
+        with iptables_rule(cluster, second, "INPUT", "-s", first.address, "-j", "DROP"):
+            waiting = up.wait_for("restart waits for the network", timeout=180)
+            time.sleep(3)
+        code, out, err = up.finish(timeout=300)
+    finally:
+        up.process.kill()
+    assert code == 0, out + err
+    assert "cannot be reached" in waiting and "timed out" in waiting
+    final = cli.status()
+    assert final["restarts"] == 1
+    assert [w["step"] for w in final["workers"]] == [400, 400]
