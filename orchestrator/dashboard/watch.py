@@ -26,6 +26,7 @@ from orchestrator.dashboard import model
 from orchestrator.dashboard.model import HISTORY_FILE
 from orchestrator.dashboard.snapshot import read_snapshot
 from orchestrator.errors import HostError, OrchestrateError
+from orchestrator.inventory import Inventory
 from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
 from orchestrator.status import collect_status
 
@@ -48,8 +49,13 @@ def attempt_dir(run_dir: str, attempt: int) -> str:
 class LogFollower:
     """`tail -F` on every worker log of one attempt, each line handed to `on_line`."""
 
-    def __init__(self, workers: tuple[WorkerRecord, ...], on_line: Callable[[str, str], None]):
-        self.backend = open_backend()
+    def __init__(
+        self,
+        workers: tuple[WorkerRecord, ...],
+        on_line: Callable[[str, str], None],
+        inventory: Inventory | None = None,
+    ) -> None:
+        self.backend = open_backend(inventory)  # the run's own backend: hosts or Slurm
         self.on_line = on_line
         for worker in workers:
             threading.Thread(target=self._pump, args=(worker,), daemon=True).start()
@@ -140,7 +146,11 @@ class RunWatch:
             loop.call_soon_threadsafe(_offer, queue, (event, data))
 
     def _run(self) -> None:
-        backend = open_backend()
+        try:
+            inventory: Inventory | None = self.store.load(self.run_id).inventory
+        except OrchestrateError:
+            inventory = None  # no such run (yet): the poll below says so
+        backend = open_backend(inventory)
         try:
             while not self.stopped.is_set():
                 finished = self._tick(backend)
@@ -214,7 +224,7 @@ class RunWatch:
         self._following = key
         self._width = max((len(w.name) for w in record.workers), default=0)
         self._indexes = {w.name: w.index for w in record.workers}
-        self._follower = LogFollower(record.workers, self._line)
+        self._follower = LogFollower(record.workers, self._line, record.inventory)
 
     def _line(self, name: str, line: str) -> None:
         index = self._indexes.get(name, -1)
