@@ -105,6 +105,8 @@ class Job:
     profile_steps: tuple[int, int] | None = None  # chief traces steps [start, end] for TensorBoard
     eval_every: int | None = None  # steps between evaluations (a task with an eval_dataset)
     export: Literal["keras", "saved_model"] | None = None  # the model, at the end of a good run
+    # Steps per tf.function call in the built-in loop; the intervals above must be multiples.
+    steps_per_call: int = 1
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,7 @@ JOB_KEYS: dict[str, Checker] = {
     "profile_steps": integers(1, length=2),
     "eval_every": POSITIVE,
     "export": choice(*EXPORT_FORMATS),
+    "steps_per_call": POSITIVE,
 }
 
 Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
@@ -289,6 +292,7 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
             "job.profile_steps",
             f"expected [start, end] with start < end, got {list(job.profile_steps)}",
         )
+    _check_steps_per_call(job, block, report)
     if job.script is not None:
         for host in hosts:
             if host.gpu_memory_growth or host.gpu_memory_limit_mb or host.logical_gpus:
@@ -298,9 +302,25 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
                     "GPU memory settings apply to the built-in loop (job.task); "
                     "a script sets them itself",
                 )
-        for key in ("strategy", "profile_steps", "eval_every", "export"):
+        for key in ("strategy", "profile_steps", "eval_every", "export", "steps_per_call"):
             if key in block:
                 report.add(_line(block, key), f"job.{key}", "applies to job.task only")
+
+
+def _check_steps_per_call(job: Job, block: LineMap, report: _Report) -> None:
+    """The worker refuses the same (worker.config.check_steps_per_call); said here with lines."""
+    k = job.steps_per_call
+    for key in ("log_every", "checkpoint_every", "eval_every"):
+        every = getattr(job, key)
+        if k > 1 and every is not None and every % k:
+            where = key if key in block else "steps_per_call"
+            report.add(
+                _line(block, where),
+                f"job.{key}",
+                f"{every} must be a multiple of steps_per_call ({k}): the worker sees the "
+                f"steps only at the end of each call of {k} steps"
+                + ("" if key in block else f" (the default {key} is {every})"),
+            )
 
 
 def _workers(

@@ -41,6 +41,7 @@ from worker.output import log
 from worker.preemption import Preempted, SigtermFlag, tf_notice_received
 from worker.progress import ProgressWriter
 from worker.restore import zeros_batch
+from worker.schedule import call_end
 from worker.summaries import ProfileWindow, Summaries, current_learning_rate
 from worker.task import TrainingTask
 
@@ -257,10 +258,15 @@ def make_train_step(
     with_accuracy: bool,
     *,
     preemption: Preemption,
-) -> Any:
-    """A tf.function running one step on every replica and adding the global values to window.
+    steps_per_call: int = 1,
+) -> Callable[[Any, int], None]:
+    """A callable (iterator, n) running n steps on every replica, adding the global values to
+    window after each step; the same reduction sums the workers' stop wishes into preemption.votes.
 
-    The same reduction sums the workers' stop wishes into preemption.votes.
+    With steps_per_call 1 it is one tf.function per step (n is always 1). Above 1 the steps run
+    in a loop inside one tf.function (n from 1 to K, a tensor, so every n shares one trace): each
+    iteration is exactly the body of the one-step function, so the numerics are the same, and the
+    Python dispatch and the host-side call overhead are paid once per call instead of per step.
     """
     model, optimizer = state.model, state.optimizer
 
@@ -278,14 +284,32 @@ def make_train_step(
         # One stacked tensor: one cross-worker reduction per step instead of three.
         return tf.stack([loss, correct, preemption.wish.read_value()])
 
-    @tf.function
-    def train_step(iterator: Any) -> None:
+    def one_step(iterator: Any) -> None:
         per_replica = strategy.run(step_fn, args=next(iterator))
         totals = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
         window.add(totals[0], totals[1])
         preemption.votes.assign_add(totals[2])
 
-    return train_step
+    if steps_per_call == 1:
+        single = tf.function(one_step)
+
+        def train_step(iterator: Any, n: int) -> None:
+            assert n == 1, n
+            single(iterator)
+
+        return train_step
+
+    @tf.function
+    def train_steps(iterator: Any, n: tf.Tensor) -> None:
+        # autograph turns this into a tf.while_loop: one graph, n iterations, no Python between.
+        for _ in tf.range(n):
+            one_step(iterator)
+
+    def train_many(iterator: Any, n: int) -> None:
+        assert 1 <= n <= steps_per_call, n
+        train_steps(iterator, tf.constant(n, dtype=tf.int32))
+
+    return train_many
 
 
 class CheckpointSaver:
@@ -365,7 +389,7 @@ class Loop:
         self,
         *,
         config: WorkerConfig,
-        train_step: Any,
+        train_step: Callable[[Any, int], None],
         window: Window,
         saver: CheckpointSaver,
         summaries: Summaries,
@@ -391,10 +415,15 @@ class Loop:
 
     def run(self, iterator: Any, start_step: int) -> int:
         steps = self.config.steps
-        for step in range(start_step + 1, steps + 1):
-            self.profile.before_step(step)
+        step = start_step
+        while step < steps:
+            # Every host-side action below happens at the end of a call: call_end stops a call
+            # at each step where one is due, so the checks below see the same steps as with K=1.
+            last = self._call_end(step, start_step)
+            self.profile.before_step(step + 1)
             self.preemption.before_step()
-            self.train_step(iterator)
+            self.train_step(iterator, last - step)
+            step = last
             if step == start_step + 1:
                 self.window.steps.numpy()  # wait for the step: the first one traces and connects
                 log("worker: first step done")
@@ -418,6 +447,14 @@ class Loop:
         self.progress.write(step=steps)
         log(f"worker: finished at step {steps}")
         return steps
+
+    def _call_end(self, step: int, start_step: int) -> int:
+        config = self.config
+        stops = (start_step + 1, config.steps, *self.profile.boundaries())
+        intervals = [config.log_every, config.checkpoint_every, self.preemption.check_every]
+        if self.evaluator is not None and config.eval_every is not None:
+            intervals.append(config.eval_every)
+        return call_end(step, config.steps_per_call, stops, tuple(intervals))
 
     def _evaluates_at(self, step: int) -> bool:
         every = self.config.eval_every
@@ -524,6 +561,11 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
     # The strategy before any other TensorFlow operation.
     strategy = create_strategy(config.strategy, config.devices)
     sigterm = watch_sigterm()
+    if config.seed is not None:
+        # After the strategy (the first TensorFlow op), before the model's weights exist.
+        import keras
+
+        keras.utils.set_random_seed(config.seed)
     check_batch_split(config.batch_size, strategy.num_replicas_in_sync)
     dataset = task.dataset()
     state = build_state(strategy, task, dataset.element_spec)
@@ -613,7 +655,13 @@ def build_loop(
     return Loop(
         config=config,
         train_step=make_train_step(
-            strategy, state, task, window, with_accuracy, preemption=preemption
+            strategy,
+            state,
+            task,
+            window,
+            with_accuracy,
+            preemption=preemption,
+            steps_per_call=config.steps_per_call,
         ),
         window=window,
         saver=CheckpointSaver(state, config, summaries.is_chief),
