@@ -107,6 +107,7 @@ class Job:
     export: Literal["keras", "saved_model"] | None = None  # the model, at the end of a good run
     # Steps per tf.function call in the built-in loop; the intervals above must be multiples.
     steps_per_call: int = 1
+    seed: int | None = None  # seeds the initial weights: runs with the same seed train alike
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ JOB_KEYS: dict[str, Checker] = {
     "eval_every": POSITIVE,
     "export": choice(*EXPORT_FORMATS),
     "steps_per_call": POSITIVE,
+    "seed": integer(0),
 }
 
 Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
@@ -302,7 +304,7 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
                     "GPU memory settings apply to the built-in loop (job.task); "
                     "a script sets them itself",
                 )
-        for key in ("strategy", "profile_steps", "eval_every", "export", "steps_per_call"):
+        for key in ("strategy", "profile_steps", "eval_every", "export", "steps_per_call", "seed"):
             if key in block:
                 report.add(_line(block, key), f"job.{key}", "applies to job.task only")
 

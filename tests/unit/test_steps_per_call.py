@@ -79,8 +79,9 @@ def write(tmp_path: Path, job: str) -> Path:
 
 
 def test_inventory_key_and_its_checks(tmp_path: Path) -> None:
-    good = "task: m:f\nsteps: 100\nsteps_per_call: 10\ncheckpoint_every: 50\n"
-    assert load_inventory(write(tmp_path, good)).job.steps_per_call == 10
+    good = "task: m:f\nsteps: 100\nsteps_per_call: 10\ncheckpoint_every: 50\nseed: 3\n"
+    job = load_inventory(write(tmp_path, good)).job
+    assert (job.steps_per_call, job.seed) == (10, 3)
     assert load_inventory(write(tmp_path, "task: m:f\nsteps: 9\n")).job.steps_per_call == 1
     with pytest.raises(InventoryError) as caught:
         load_inventory(write(tmp_path, "task: m:f\nsteps: 100\nsteps_per_call: 4\n"))
@@ -93,11 +94,12 @@ def test_inventory_key_and_its_checks(tmp_path: Path) -> None:
 
 
 def test_the_flag_reaches_the_worker_only_when_set() -> None:
-    job = Job(name="k", task="m:f", steps=100, steps_per_call=10)
+    job = Job(name="k", task="m:f", steps=100, steps_per_call=10, seed=0)
     argv = plan_workers(inventory(job), "r", {"a": "/w", "b": "/w", "c": "/w"})[0].argv
     assert argv[argv.index("--steps-per-call") + 1] == "10"
+    assert argv[argv.index("--seed") + 1] == "0"
     plain = plan_workers(inventory(), "r", {"a": "/w", "b": "/w", "c": "/w"})[0].argv
-    assert "--steps-per-call" not in plain
+    assert "--steps-per-call" not in plain and "--seed" not in plain
 
 
 class Recorder:
