@@ -50,9 +50,7 @@ def run_workers(argv: list[str], workers: int, steps: int) -> float:
             with log.open("w") as out:
                 processes.append(
                     subprocess.Popen(
-                        [*argv, "--checkpoint-dir", str(root / "ckpt")]
-                        if "-m" in argv
-                        else argv,
+                        [*argv, "--checkpoint-dir", str(root / "ckpt")] if "-m" in argv else argv,
                         env={**env(), **extra},
                         stdout=out,
                         stderr=subprocess.STDOUT,
