@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench.bench_launch import BATCH, env, free_ports, tf_configs, wait_logs, worker_argv
 
-STEPS = 20
+STEPS = 120  # wait_logs needs a logged rate after step 50
 STRATEGY = "import tensorflow as tf; tf.distribute.MultiWorkerMirroredStrategy()"
 
 
