@@ -120,6 +120,9 @@ class Job:
     export: Literal["keras", "saved_model"] | None = None  # the model, at the end of a good run
     # "legacy": tf.keras is Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1) on every worker.
     keras: str = KERAS_DEFAULT
+    # Steps per tf.function call in the built-in loop; the intervals above must be multiples.
+    steps_per_call: int = 1
+    seed: int | None = None  # seeds the initial weights: runs with the same seed train alike
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,8 @@ JOB_KEYS: dict[str, Checker] = {
     "eval_every": POSITIVE,
     "export": choice(*EXPORT_FORMATS),
     "keras": choice(*KERAS_SETTINGS),
+    "steps_per_call": POSITIVE,
+    "seed": integer(0),
 }
 
 # Keys parsed by their own functions below (lists and mappings, checked per item).
@@ -349,6 +354,7 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
             "job.profile_steps",
             f"expected [start, end] with start < end, got {list(job.profile_steps)}",
         )
+    _check_steps_per_call(job, block, report)
     if job.script is not None:
         for host in hosts:
             if host.gpu_memory_growth or host.gpu_memory_limit_mb or host.logical_gpus:
@@ -358,9 +364,25 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
                     "GPU memory settings apply to the built-in loop (job.task); "
                     "a script sets them itself",
                 )
-        for key in ("strategy", "profile_steps", "eval_every", "export"):
+        for key in ("strategy", "profile_steps", "eval_every", "export", "steps_per_call", "seed"):
             if key in block:
                 report.add(_line(block, key), f"job.{key}", "applies to job.task only")
+
+
+def _check_steps_per_call(job: Job, block: LineMap, report: _Report) -> None:
+    """The worker refuses the same (worker.config.check_steps_per_call); said here with lines."""
+    k = job.steps_per_call
+    for key in ("log_every", "checkpoint_every", "eval_every"):
+        every = getattr(job, key)
+        if k > 1 and every is not None and every % k:
+            where = key if key in block else "steps_per_call"
+            report.add(
+                _line(block, where),
+                f"job.{key}",
+                f"{every} must be a multiple of steps_per_call ({k}): the worker sees the "
+                f"steps only at the end of each call of {k} steps"
+                + ("" if key in block else f" (the default {key} is {every})"),
+            )
 
 
 def _workers(

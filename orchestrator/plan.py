@@ -118,6 +118,10 @@ def eval_export_flags(job: Job, job_directory: str) -> tuple[str, ...]:
     flags: list[str] = []
     if job.eval_every:
         flags += ["--eval-every", str(job.eval_every)]
+    if job.steps_per_call != 1:
+        flags += ["--steps-per-call", str(job.steps_per_call)]
+    if job.seed is not None:
+        flags += ["--seed", str(job.seed)]
     if job.export:
         flags += ["--export", job.export, "--export-dir", export_dir(job_directory)]
     return tuple(flags)

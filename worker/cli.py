@@ -96,7 +96,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=cfg.DEFAULT_PREEMPTION_CHECK_EVERY,
         metavar="P",
         help="every P steps all workers check whether any got SIGTERM; if one did, all save a "
-        f"checkpoint at that step and exit {EXIT_PREEMPTED}",
+        f"checkpoint at that step and exit {EXIT_PREEMPTED} (rounded up to a multiple of K)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        metavar="S",
+        help="seed the model's initial weights (Python, NumPy, TensorFlow, Keras): runs with the "
+        "same seed and settings train alike",
+    )
+    parser.add_argument(
+        "--steps-per-call",
+        type=int,
+        default=cfg.DEFAULT_STEPS_PER_CALL,
+        metavar="K",
+        help="run K steps inside one tf.function call (same numerics, less Python per step); "
+        "L, the checkpoint interval and the eval interval must be multiples of K",
     )
     parser.add_argument(
         "--tensorboard-dir",

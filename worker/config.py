@@ -34,6 +34,9 @@ DEFAULT_LOG_EVERY = 10
 # reads a sum the steps reduce anyway; it costs a wait for the device, and a stop comes at most
 # this many steps after the signal. Like --checkpoint-every, the same on every worker.
 DEFAULT_PREEMPTION_CHECK_EVERY = 10
+# Training steps per tf.function call (--steps-per-call). One call costs a Python dispatch and a
+# host wait wherever a value is read; K steps per call pay it once for K steps.
+DEFAULT_STEPS_PER_CALL = 1
 
 # The distribution strategies the worker can run under.
 STRATEGY_MULTI_WORKER = "multi-worker"
@@ -114,6 +117,12 @@ class WorkerConfig:
     export_dir: str = ""
     # Where non-chief workers write their throw-away exports; None: a fresh tempfile.mkdtemp.
     temp_export_dir: str | None = None
+    # K steps run inside one tf.function call. log_every, checkpoint_every and eval_every are
+    # multiples of K (from_args checks it); preemption_check_every is rounded up to one.
+    steps_per_call: int = DEFAULT_STEPS_PER_CALL
+    # Seeds Python, NumPy, TensorFlow and Keras before the model is built (the same initial
+    # weights in every run); None: TensorFlow's default, different weights each run.
+    seed: int | None = None
 
 
 def parse_tf_config(text: str | None) -> ClusterInfo:
@@ -155,6 +164,13 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     eval_every = getattr(args, "eval_every", None)
     if eval_every is not None:
         _require_positive("eval_every", eval_every)
+    steps_per_call = getattr(args, "steps_per_call", DEFAULT_STEPS_PER_CALL)
+    _require_positive("steps_per_call", steps_per_call)
+    check_steps_per_call(
+        steps_per_call,
+        {"log_every": args.log_every, "checkpoint_every": args.checkpoint_every,
+         "eval_every": eval_every},
+    )  # fmt: skip
     export_format = getattr(args, "export", None)
     if export_format is not None and export_format not in EXPORT_FORMATS:
         raise ConfigError(
@@ -191,7 +207,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
         max_to_keep=args.max_to_keep,
         batch_size=args.batch_size,
         log_every=args.log_every,
-        preemption_check_every=check_every,
+        preemption_check_every=round_up(check_every, steps_per_call),
         progress_file=_abspath(env.get(PROGRESS_FILE_ENV)),
         temp_checkpoint_dir=temp_dir,
         cluster=cluster,
@@ -202,7 +218,29 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
         export_format=export_format,
         export_dir=export_dir,
         temp_export_dir=temp_export_dir,
+        steps_per_call=steps_per_call,
+        seed=getattr(args, "seed", None),
     )
+
+
+def check_steps_per_call(steps_per_call: int, intervals: Mapping[str, int | None]) -> None:
+    """Logs, checkpoints and evaluations fall on call boundaries: their intervals are multiples
+    of K. Refused rather than rounded: a user who asked for a checkpoint every 50 steps should not
+    silently get one every 60."""
+    if steps_per_call == 1:
+        return
+    for flag, every in intervals.items():
+        if every is not None and every % steps_per_call:
+            raise ConfigError(
+                f"--{flag.replace('_', '-')} {every} must be a multiple of --steps-per-call "
+                f"{steps_per_call}: the host sees the steps only at the end of each call"
+            )
+
+
+def round_up(value: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= value (the preemption check interval:
+    a stop is agreed on at the end of a call, so at most one call later than asked)."""
+    return -(-value // multiple) * multiple
 
 
 def cluster_for_strategy(strategy: str, cluster: ClusterInfo) -> ClusterInfo:

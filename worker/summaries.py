@@ -172,6 +172,11 @@ class ProfileWindow:
         if self._steps is not None and step == self._steps[0]:
             self._summaries.trace_on()
 
+    def boundaries(self) -> tuple[int, ...]:
+        """Steps a call must end on: the one before START (the trace starts between calls) and
+        END (the export follows it)."""
+        return () if self._steps is None else (self._steps[0] - 1, self._steps[1])
+
     def ends_at(self, step: int) -> bool:
         return self._steps is not None and step == self._steps[1]
 

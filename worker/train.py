@@ -42,6 +42,7 @@ from worker.output import log
 from worker.preemption import Preempted, SigtermFlag, tf_notice_received
 from worker.progress import ProgressWriter
 from worker.restore import zeros_batch
+from worker.schedule import call_end
 from worker.summaries import ProfileWindow, Summaries, current_learning_rate
 from worker.task import TrainingTask
 
@@ -229,19 +230,25 @@ def distribute_dataset(
 class Preemption:
     """Turns a SIGTERM on any worker into the same stop decision, at the same step, on all of them.
 
-    `wish` is 1.0 on a worker once it got SIGTERM. Every step reads it on every replica and sums it
-    across workers in the step's own reduction (one more float in a reduction that runs anyway: no
-    extra collective), adding the sum to `votes`. After a given step `votes` is therefore the same
-    number on every worker, and reading it on the same steps (multiples of check_every) gives every
-    worker the same answer. Reading it makes the host wait for the step, hence only every
-    check_every steps.
+    `wish` is 1.0 on a worker once it got SIGTERM. Every step adds it, on every replica, to that
+    replica's copy of `votes`, a sum-on-read variable (no collective in the step). Reading `votes`
+    between steps sums the copies across all workers in one collective, so read after the same
+    step (multiples of check_every, at the end of a call) it is the same number on every worker
+    and gives every worker the same answer. Reading makes the host wait for the step and costs
+    that collective, hence only every check_every steps. Without a strategy (unit tests) `votes`
+    is a plain variable.
     """
 
-    def __init__(self, flag: SigtermFlag, check_every: int) -> None:
+    def __init__(
+        self, flag: SigtermFlag, check_every: int, strategy: tf.distribute.Strategy | None = None
+    ) -> None:
         self.flag = flag
         self.check_every = check_every
         self.wish = tf.Variable(0.0, trainable=False, name="stop_wish")
         self.votes = tf.Variable(0.0, trainable=False, name="stop_votes")
+        if strategy is not None:
+            with strategy.scope():
+                self.votes = local_sum("stop_votes", tf.float32)
         self._cast = False
 
     def before_step(self) -> None:
@@ -255,23 +262,41 @@ class Preemption:
         return step % self.check_every == 0 and float(self.votes.numpy()) > 0
 
 
+def local_sum(name: str, dtype: tf.DType) -> tf.Variable:
+    """A sum each replica adds to locally; reading it (between steps, on every worker at the same
+    step) sums the replicas' copies across workers in one collective. Keras metrics work so."""
+    return tf.Variable(
+        tf.zeros((), dtype),
+        trainable=False,
+        name=name,
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.SUM,
+    )
+
+
 class Window:
     """Loss and accuracy summed over the steps since the last log, kept on the device.
 
-    Accumulating in variables inside the step function means the host fetches values only on log
-    steps; what is logged is the mean over the whole window, not just the last batch.
+    Each replica adds its own share to sum-on-read variables inside the step, so a step's only
+    collective is the gradients' all-reduce (the minimal loop also reduces its loss every step);
+    reading the sums on a log step (every worker at the same step) adds them up across workers.
+    The host fetches values only on log steps; what is logged is the mean over the whole window,
+    not just the last batch. Without a strategy (unit tests) the sums are plain variables.
     """
 
-    def __init__(self, global_batch: int) -> None:
+    def __init__(self, global_batch: int, strategy: tf.distribute.Strategy | None = None) -> None:
         self.global_batch = global_batch
         self.loss_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.correct_sum = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.steps = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        if strategy is not None:
+            with strategy.scope():
+                self.loss_sum = local_sum("loss_sum", tf.float64)
+                self.correct_sum = local_sum("correct_sum", tf.float64)
 
     def add(self, loss: tf.Tensor, correct: tf.Tensor) -> None:
         self.loss_sum.assign_add(tf.cast(loss, tf.float64))
         self.correct_sum.assign_add(tf.cast(correct, tf.float64))
-        self.steps.assign_add(1.0)
 
     def read_and_reset(self, with_accuracy: bool) -> tuple[float | None, float | None]:
         """(mean loss, accuracy) over the window; (None, None) if no step was taken."""
@@ -293,14 +318,19 @@ def make_train_step(
     with_accuracy: bool,
     *,
     preemption: Preemption,
-) -> Any:
-    """A tf.function running one step on every replica and adding the global values to window.
+    steps_per_call: int = 1,
+) -> Callable[[Any, int], None]:
+    """A callable (iterator, n) running n steps on every replica, adding each replica's loss,
+    correct count and stop wish to the window's and preemption's sum-on-read variables.
 
-    The same reduction sums the workers' stop wishes into preemption.votes.
+    With steps_per_call 1 it is one tf.function per step (n is always 1). Above 1 the steps run
+    in a loop inside one tf.function (n from 1 to K, a tensor, so every n shares one trace): each
+    iteration is exactly the body of the one-step function, so the numerics are the same, and the
+    Python dispatch and the host-side call overhead are paid once per call instead of per step.
     """
     model, optimizer = state.model, state.optimizer
 
-    def step_fn(features: Any, labels: tf.Tensor) -> tf.Tensor:
+    def step_fn(features: Any, labels: tf.Tensor) -> None:
         with tf.GradientTape() as tape:
             logits = model(features, training=True)
             per_example = tf.cast(task.loss(labels, logits), tf.float32)
@@ -311,17 +341,35 @@ def make_train_step(
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         correct = tf.reduce_sum(correct_mask(labels, logits)) if with_accuracy else tf.constant(0.0)
-        # One stacked tensor: one cross-worker reduction per step instead of three.
-        return tf.stack([loss, correct, preemption.wish.read_value()])
+        # Local sums only: the only collective of a step is the gradients' all-reduce; the
+        # window and the votes are summed across workers when the host reads them.
+        window.add(loss, correct)
+        preemption.votes.assign_add(preemption.wish.read_value())
+
+    def one_step(iterator: Any) -> None:
+        strategy.run(step_fn, args=next(iterator))
+        window.steps.assign_add(1.0)
+
+    if steps_per_call == 1:
+        single = tf.function(one_step)
+
+        def train_step(iterator: Any, n: int) -> None:
+            assert n == 1, n
+            single(iterator)
+
+        return train_step
 
     @tf.function
-    def train_step(iterator: Any) -> None:
-        per_replica = strategy.run(step_fn, args=next(iterator))
-        totals = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-        window.add(totals[0], totals[1])
-        preemption.votes.assign_add(totals[2])
+    def train_steps(iterator: Any, n: tf.Tensor) -> None:
+        # autograph turns this into a tf.while_loop: one graph, n iterations, no Python between.
+        for _ in tf.range(n):
+            one_step(iterator)
 
-    return train_step
+    def train_many(iterator: Any, n: int) -> None:
+        assert 1 <= n <= steps_per_call, n
+        train_steps(iterator, tf.constant(n, dtype=tf.int32))
+
+    return train_many
 
 
 class CheckpointSaver:
@@ -402,7 +450,7 @@ class Loop:
         self,
         *,
         config: WorkerConfig,
-        train_step: Any,
+        train_step: Callable[[Any, int], None],
         window: Window,
         saver: CheckpointSaver,
         summaries: Summaries,
@@ -428,10 +476,15 @@ class Loop:
 
     def run(self, iterator: Any, start_step: int) -> int:
         steps = self.config.steps
-        for step in range(start_step + 1, steps + 1):
-            self.profile.before_step(step)
+        step = start_step
+        while step < steps:
+            # Every host-side action below happens at the end of a call: call_end stops a call
+            # at each step where one is due, so the checks below see the same steps as with K=1.
+            last = self._call_end(step, start_step)
+            self.profile.before_step(step + 1)
             self.preemption.before_step()
-            self.train_step(iterator)
+            self.train_step(iterator, last - step)
+            step = last
             if step == start_step + 1:
                 self.window.steps.numpy()  # wait for the step: the first one traces and connects
                 log("worker: first step done")
@@ -455,6 +508,14 @@ class Loop:
         self.progress.write(step=steps)
         log(f"worker: finished at step {steps}")
         return steps
+
+    def _call_end(self, step: int, start_step: int) -> int:
+        config = self.config
+        stops = (start_step + 1, config.steps, *self.profile.boundaries())
+        intervals = [config.log_every, config.checkpoint_every, self.preemption.check_every]
+        if self.evaluator is not None and config.eval_every is not None:
+            intervals.append(config.eval_every)
+        return call_end(step, config.steps_per_call, stops, tuple(intervals))
 
     def _evaluates_at(self, step: int) -> bool:
         every = self.config.eval_every
@@ -561,6 +622,11 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
     # The strategy before any other TensorFlow operation.
     strategy = create_strategy(config.strategy, config.devices)
     sigterm = watch_sigterm()
+    if config.seed is not None:
+        # After the strategy (the first TensorFlow op), before the model's weights exist.
+        import keras
+
+        keras.utils.set_random_seed(config.seed)
     check_batch_split(config.batch_size, strategy.num_replicas_in_sync)
     dataset = task.dataset()
     state = build_state(strategy, task, dataset.element_spec)
@@ -647,12 +713,18 @@ def build_loop(
             + (f"every {config.eval_every} steps and " if config.eval_every else "")
             + "after the last step"
         )
-    window = Window(config.batch_size)
-    preemption = Preemption(sigterm, config.preemption_check_every)
+    window = Window(config.batch_size, strategy)
+    preemption = Preemption(sigterm, config.preemption_check_every, strategy)
     return Loop(
         config=config,
         train_step=make_train_step(
-            strategy, state, task, window, with_accuracy, preemption=preemption
+            strategy,
+            state,
+            task,
+            window,
+            with_accuracy,
+            preemption=preemption,
+            steps_per_call=config.steps_per_call,
         ),
         window=window,
         saver=CheckpointSaver(state, config, summaries.is_chief),

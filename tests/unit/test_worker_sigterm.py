@@ -135,9 +135,14 @@ class FakeProfile:
     def ends_at(self, step: int) -> bool:
         return False
 
+    def boundaries(self) -> tuple[int, ...]:
+        return ()
+
 
 class AgreedAt:
     """The cluster's decision, scripted: every worker agrees to stop at this step's check."""
+
+    check_every = 10
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -163,7 +168,7 @@ def make_loop(agreed_at: int, steps: int = 100) -> Any:
     )
     return train.Loop(
         config=config,
-        train_step=lambda iterator: None,
+        train_step=lambda iterator, n: None,
         window=FakeWindow(),
         saver=FakeSaver(),
         summaries=FakeSummaries(),
