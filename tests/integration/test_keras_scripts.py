@@ -12,13 +12,15 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, Cli, free_ports, local_tf_inventory
+from tests.conftest import REPO, Cli, clean_env, free_ports, local_tf_inventory
 
 pytestmark = pytest.mark.tf
 
@@ -106,12 +108,37 @@ def test_mirrored_fit_on_one_host_under_legacy(cli: Cli) -> None:
     assert "replicas 2" in cli("tail", "-n", "200").stdout
 
 
+def load_export(code: str) -> str:
+    """Run `code` in a fresh Python with tf.keras 2 (as a user would load the export)."""
+    env = clean_env(TF_USE_LEGACY_KERAS="1")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, timeout=240, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
 def test_builtin_loop_under_legacy_and_a_checkpoint_of_the_other_keras_refused(cli: Cli) -> None:
-    inventory = local_tf_inventory(cli, steps=20, keras="legacy", checkpoint_every=10)
+    inventory = local_tf_inventory(cli, steps=20, keras="legacy", checkpoint_every=10,
+                                   export="keras")  # fmt: skip
     first = cli("up", "--skip-checks", str(inventory), timeout=240)
     assert first.returncode == 0, first.stderr
     marker = cli.cwd / "work" / "shapes" / "checkpoints" / "keras.json"
     assert json.loads(marker.read_text())["module"] == "tf_keras"
+    # The export works under tf.keras 2 too: the full model as a SavedModel directory...
+    export = cli.cwd / "work" / "shapes" / "export"
+    model = str(export / "model")
+    loaded = load_export(
+        f"import tf_keras; print(tf_keras.models.load_model({model!r}).count_params())"
+    )
+    assert loaded.isdigit() and int(loaded) > 0
+    # ...and an inference SavedModel (the finished job exports again without training).
+    local_tf_inventory(cli, steps=20, keras="legacy", checkpoint_every=10, export="saved_model")
+    assert cli("up", "--skip-checks", str(inventory), timeout=240).returncode == 0
+    saved = str(export / "saved_model")
+    signatures = load_export(
+        f"import tensorflow as tf; print(len(tf.saved_model.load({saved!r}).signatures))"
+    )
+    assert int(signatures) >= 1
     local_tf_inventory(cli, steps=30, checkpoint_every=10, max_restarts=2)  # Keras 3 now
     second = cli("up", "--skip-checks", str(inventory), timeout=240)
     assert second.returncode == 1
