@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
 import sys
@@ -20,36 +21,12 @@ from typing import Any
 import psutil
 
 from tests.conftest import Cli, free_ports, run_processes, wait_for
-
-SCRIPT = """\
-import json, os, sys, time
-progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
-ckpt = os.path.join(os.environ["ORCHESTRATE_CHECKPOINT_DIR"], os.environ["ORCHESTRATE_WORKER"])
-os.makedirs(os.path.dirname(ckpt), exist_ok=True)
-start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
-steps = int(os.environ["STEPS"])
-stop_at = int(os.environ.get("EXIT_0_AT", "0"))
-for step in range(start + 1, steps + 1):
-    time.sleep(float(os.environ.get("DELAY", "0.02")))
-    sys.stdout.write(os.environ.get("NOISE", "") * int(os.environ.get("NOISE_REPEAT", "0")))
-    with open(ckpt + ".tmp", "w") as f:
-        f.write(str(step))
-    os.replace(ckpt + ".tmp", ckpt)
-    with open(progress + ".tmp", "w") as f:
-        json.dump({"step": step, "target_steps": steps, "checkpoint_step": step}, f)
-    os.replace(progress + ".tmp", progress)
-    if stop_at and step == start + stop_at:
-        print("leaving early, exit 0", flush=True)
-        sys.exit(0)
-print("final step reported", flush=True)
-time.sleep(float(os.environ.get("LINGER", "0")))
-print("done", flush=True)
-"""
+from tests.scripts import STEPPER
 
 
 def make_job(cli: Cli, job: dict[str, Any] | None = None, python: str | None = None,
              **env: Any) -> Path:  # fmt: skip
-    (cli.cwd / "train.py").write_text(SCRIPT)
+    shutil.copyfile(STEPPER, cli.cwd / "train.py")
     ports = free_ports(2)
     full_job = {"name": "demo", "script": "train.py", "restart_backoff": 0,
                 "env": {"STEPS": 40, **env}, **(job or {})}  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -21,28 +22,9 @@ from tests.cluster.inventories import write_inventory as cluster_inventory
 from tests.cluster.netns import ClusterError, NamespaceCluster
 from tests.cluster.pytest_support import namespace_cluster_fixture
 from tests.conftest import Cli, wait_for
+from tests.scripts import STEPPER
 
 pytestmark = pytest.mark.netns
-
-SCRIPT = """\
-import json, os, sys, time
-progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
-ckpt = os.path.join(os.environ["ORCHESTRATE_CHECKPOINT_DIR"], os.environ["ORCHESTRATE_WORKER"])
-os.makedirs(os.path.dirname(ckpt), exist_ok=True)
-start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
-steps = int(os.environ["STEPS"])
-workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
-print(f"start {start} of a {workers}-worker cluster", flush=True)
-for step in range(start + 1, steps + 1):
-    time.sleep(float(os.environ["DELAY"]))
-    with open(ckpt + ".tmp", "w") as f:
-        f.write(str(step))
-    os.replace(ckpt + ".tmp", ckpt)
-    with open(progress + ".tmp", "w") as f:
-        json.dump({"step": step, "target_steps": steps, "checkpoint_step": step}, f)
-    os.replace(progress + ".tmp", progress)
-print("done", flush=True)
-"""
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +57,7 @@ class Output:
 
 
 def script_job(cli: Cli, **env: Any) -> dict[str, Any]:
-    (cli.cwd / "train.py").write_text(SCRIPT)
+    shutil.copyfile(STEPPER, cli.cwd / "train.py")
     return {"name": "demo", "script": "train.py", "restart_backoff": 0, "stall_timeout": 4,
             "env": {"STEPS": 300, "DELAY": 0.05, **env}}  # fmt: skip
 

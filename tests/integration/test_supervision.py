@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import textwrap
 import time
@@ -20,36 +21,11 @@ from tests.conftest import (
     run_processes,
     wait_for,
 )
-
-# A stand-in for a training script: steps with a progress file, a "checkpoint" file that survives
-# restarts, and failure modes chosen through the environment.
-SCRIPT = """\
-import json, os, sys, time
-progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
-ckpt = os.path.join(os.environ["ORCHESTRATE_CHECKPOINT_DIR"], os.environ["ORCHESTRATE_WORKER"])
-os.makedirs(os.path.dirname(ckpt), exist_ok=True)
-start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
-steps = int(os.environ["STEPS"])
-print("start", start, flush=True)
-for step in range(start + 1, steps + 1):
-    time.sleep(float(os.environ.get("DELAY", "0.05")))
-    if os.environ["ORCHESTRATE_WORKER"] == os.environ.get("FAIL_WORKER") and step == 5:
-        if os.environ.get("FAIL_HOW") == "vary":
-            raise SystemExit(f"boom at {time.time()}")
-        if os.environ.get("FAIL_HOW") == "permanent":
-            raise SystemExit(3)
-    with open(ckpt + ".tmp", "w") as f:
-        f.write(str(step))
-    os.replace(ckpt + ".tmp", ckpt)
-    with open(progress + ".tmp", "w") as f:
-        json.dump({"step": step, "target_steps": steps, "checkpoint_step": step}, f)
-    os.replace(progress + ".tmp", progress)
-print("done", flush=True)
-"""
+from tests.scripts import STEPPER
 
 
 def make_job(cli: Cli, job: dict[str, Any], **env: Any) -> Path:
-    (cli.cwd / "train.py").write_text(SCRIPT)
+    shutil.copyfile(STEPPER, cli.cwd / "train.py")
     ports = free_ports(2)
     full_job = {
         "name": "demo",
