@@ -134,7 +134,11 @@ def test_the_controller_cut_off_from_every_host_leaves_the_training_alone(
 def test_a_lost_host_without_a_spare_continues_on_fewer_and_rejoins(
     cli: Cli, cluster: NamespaceCluster
 ) -> None:
-    path = cluster_inventory(cli.cwd / "inv.yaml", cluster, script_job(cli, STEPS=400))
+    # The workers of a script job do not wait for each other: the survivors train on while the
+    # lost host is detected, so the run must be long enough to still be going after two
+    # restarts on a loaded machine (1000 steps of 30 ms).
+    job = script_job(cli, STEPS=1000, DELAY=0.03)
+    path = cluster_inventory(cli.cwd / "inv.yaml", cluster, job)
     path.write_text(path.read_text() + "min_hosts: 2\n")
     lost = cluster.hosts[2]
     up = Output(cli.popen("up", "--skip-checks", "inv.yaml"))
@@ -175,7 +179,7 @@ def test_a_lost_host_without_a_spare_continues_on_fewer_and_rejoins(
     assert code == 0, out + err
     final = cli.status()
     assert [(w["name"], w["step"]) for w in final["workers"]] == [
-        ("host1", 400), ("host2", 400), ("host3", 400)
+        ("host1", 1000), ("host2", 1000), ("host3", 1000)
     ]  # fmt: skip
     logs = cli("tail", "-n", "400", check=True).stdout
     assert "start" in logs and "of a 3-worker cluster" in logs  # TF_CONFIG rebuilt for 3 again
