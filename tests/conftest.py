@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +17,11 @@ import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A launcher that ignores SIGINT (a background job of a non-interactive shell) would pass that on
+# to every `orchestrate` these tests start, and Ctrl-C (SIGINT), the way `tail -f` and
+# `tensorboard` are stopped, would do nothing. A handler, unlike SIG_IGN, is not inherited.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY")
 
 

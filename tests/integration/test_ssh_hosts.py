@@ -96,11 +96,14 @@ def test_status_reports_an_unreachable_host_beside_the_others(cli: Cli, cluster:
     cluster.stop_sshd(cluster.hosts[1])
     try:
         started = time.monotonic()
-        status = cli.status()
+        result = cli("status", "--json")
         assert time.monotonic() - started < 10
         down = cli("down")
     finally:
         cluster.start_sshd(cluster.hosts[1])
+    # The JSON is still printed, and the exit status says a host did not answer.
+    assert result.returncode == 3 and "host2: the host did not answer" in result.stderr
+    status = json.loads(result.stdout)
     first, second = status["workers"]
     assert first["state"] == "succeeded"
     assert second["state"] == "unknown" and "connection refused" in second["reason"]
