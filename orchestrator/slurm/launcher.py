@@ -18,6 +18,7 @@ Files in a task's run directory: node, pid, worker.pid, worker.log, progress.jso
 exit.json ({"returncode", "signal", "started_at", "finished_at", "error", "log_tail"}).
 """
 
+import contextlib
 import json
 import os
 import re
@@ -105,7 +106,8 @@ def _write(path, text):
 def _make_private_dirs(directories):
     for path in directories:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        if not os.path.isdir(path):
+        # Another task of the job may make it first: they all start at the same time.
+        with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
         if os.stat(path).st_uid == os.getuid():
             os.chmod(path, 0o700)
