@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.bench_launch import BATCH, env, free_ports, tf_configs, wait_logs, worker_argv
+from bench.bench_launch import BATCH, by_hand, env, free_ports, tf_configs, wait_logs, worker_argv
 
 STEPS = 120  # wait_logs needs a logged rate after step 50
 STRATEGY = "import tensorflow as tf; tf.distribute.MultiWorkerMirroredStrategy()"
@@ -50,21 +50,8 @@ def pair(code: str | None) -> float:
 
 
 def hand() -> float:
-    with tempfile.TemporaryDirectory() as scratch:
-        root = Path(scratch)
-        logs = [root / f"w{i}.log" for i in (0, 1)]
-        started = time.perf_counter()
-        processes = []
-        for index, config in enumerate(tf_configs(free_ports())):
-            with logs[index].open("w") as log:
-                processes.append(
-                    subprocess.Popen(worker_argv(STEPS)(root), env={**env(), "TF_CONFIG": config},
-                                     stdout=log, stderr=subprocess.STDOUT, cwd=root)
-                )  # fmt: skip
-        sample = wait_logs(logs, started, STEPS)
-        for process in processes:
-            process.wait(timeout=60)
-        return sample.first_step_s
+    """Two workers started by hand with hand-written TF_CONFIG (bench_launch's method)."""
+    return by_hand(worker_argv(STEPS), STEPS).first_step_s
 
 
 def inventory(root: Path) -> None:
