@@ -11,6 +11,7 @@ import contextlib
 import errno
 import shlex
 import socket
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -50,6 +51,9 @@ class SshRunner(Runner):
         self.host = host
         self.settings: SshSettings = host.settings
         self._sftp: bool | None = None  # whether the host offers SFTP, once asked
+        # Threads of one fan-out share the connection of workers on one machine (a Slurm login
+        # node): two opening it at once both authenticate on one transport, and one fails.
+        self._opening = threading.Lock()
         connect_kwargs: dict[str, Any] = {}
         if self.settings.ssh_key:
             # An explicit key is the only one tried, so a wrong key fails clearly.
@@ -100,6 +104,11 @@ class SshRunner(Runner):
         return f"{self.connection.user}@{self.host.address}:{self.connection.port}"
 
     def open(self) -> None:
+        with self._opening:
+            if not self.connection.is_connected:
+                self._open()
+
+    def _open(self) -> None:
         # The jump hosts first, from the outermost: a failure names the hop that failed.
         for jump in reversed(self._chain()[1:]):
             if jump.is_connected:
