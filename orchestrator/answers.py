@@ -134,6 +134,8 @@ class WorkerProbe:
     stop_requested: bool = False
     usage: Usage | None = None
     node: str | None = None  # where a scheduler placed the worker, when one did
+    # Why a scheduler still holds the worker in its queue (Slurm's Reason); None once it runs.
+    queued: str | None = None
 
     @classmethod
     def parse(cls, data: Mapping[str, Any], now: float) -> WorkerProbe:

@@ -28,6 +28,9 @@ class Backend(ABC):
     # A preempted attempt (every worker saved and exited 75) is resubmitted by the supervisor
     # instead of ending the run: a scheduler preempts and gives the nodes back later.
     resubmits_preempted: ClassVar[bool] = False
+    # Every worker's checkpoint directory is one shared filesystem that outlives any node: the
+    # supervisor keeps no copy of the chief's checkpoints on this machine.
+    shared_checkpoints: ClassVar[bool] = False
 
     # --- an attempt's workers ------------------------------------------------------------------
     @abstractmethod

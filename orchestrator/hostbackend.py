@@ -88,7 +88,7 @@ class HostBackend(Backend):
             spec = by_name[name]
             if spec.uploads:  # into a private run directory from the first byte on
                 self.runner(spec.host).make_dirs(spec.private_dirs, private=True)
-            self.upload(spec.host, _expand_uploads(spec.uploads))
+            self.upload(spec.host, expand_uploads(spec.uploads))
             return self.agent(spec.host).launch(spec.launch_request())
 
         return fan_out(by_name, launch)
@@ -194,7 +194,7 @@ def _tail_argv(log_path: str, lines: int, follow: bool) -> list[str]:
     return ["tail", "-n", str(lines), *(["-F"] if follow else []), log_path]
 
 
-def _expand_uploads(uploads: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+def expand_uploads(uploads: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """Directories become the files under them (caches left out)."""
     files: list[tuple[str, str]] = []
     for local, remote in uploads:

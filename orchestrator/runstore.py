@@ -33,7 +33,7 @@ from orchestrator import kinds
 from orchestrator.codesync import SyncSpec
 from orchestrator.errors import RunStateError
 from orchestrator.inventory import Host, Inventory, Job
-from orchestrator.slurm.spec import SlurmSpec
+from orchestrator.slurm.spec import LoginNode, SlurmSpec
 
 DEFAULT_STATE_DIR = ".orchestrate"
 
@@ -149,6 +149,10 @@ def _slurm(data: dict[str, Any] | None) -> SlurmSpec | None:
     if data is None:  # a record of a run on hosts (or from before Slurm was a host source)
         return None
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    login = fields.get("login")
+    if login is not None:  # the SSH kind's settings, as a host's are read back
+        ssh = kinds.get(kinds.DEFAULT_KIND).settings_from_json(login.get("settings"))
+        fields["login"] = LoginNode(login["address"], login.get("python", "python3"), ssh)
     return SlurmSpec(**fields)
 
 

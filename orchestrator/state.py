@@ -1,7 +1,8 @@
 """Worker and run states, computed from what the worker and its supervisor wrote. Pure.
 
 A worker moves  pending → starting → running → succeeded | failed | stopped.
-  pending    its supervisor has not been started (no pid file yet)
+  pending    its supervisor has not been started (no pid file yet), or a scheduler still
+             holds it in its queue (Slurm PENDING: not watched for stalls until it runs)
   starting   the supervisor is alive, the worker has not reported progress yet (TF importing,
              waiting for its peers)
   running    alive and has reported progress
@@ -65,6 +66,10 @@ def classify(probe: WorkerProbe | None) -> Classification:
             return Classification(WorkerState.STOPPED, "preempted: saved a checkpoint and exited")
         how = f"killed by {exit_record.signal}" if exit_record.signal else f"exit {code}"
         return Classification(WorkerState.FAILED, _with_error(how, exit_record.error))
+    if probe.queued is not None:  # not started, and no fault of the worker: no stall clock yet
+        return Classification(
+            WorkerState.PENDING, f"waiting in the scheduler's queue ({probe.queued})"
+        )
     if probe.alive:
         if probe.progress is not None:
             return Classification(WorkerState.RUNNING)

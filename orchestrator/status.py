@@ -40,6 +40,8 @@ class WorkerStatus:
     # For a failed worker with an exit record: failures.FailureKind's value and what to do.
     failure_kind: str | None = None
     hint: str | None = None
+    # Held in a scheduler's queue (Slurm PENDING): the stall clock starts when it runs.
+    queued: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "log_tail"}
@@ -115,6 +117,7 @@ def worker_status(
         note=_text(progress.fields.get("note")) if progress else None,
         failure_kind=kind,
         hint=hint,
+        queued=bool(probe and probe.queued is not None and exit_record is None),
     )
 
 

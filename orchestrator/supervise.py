@@ -9,6 +9,11 @@ TF_CONFIG, up to max_restarts times, with a doubling backoff. A failure with the
 previous one (same worker, same kind, same step), a deterministic kind, or an exit code the job
 marks permanent ends the run at once instead of looping (failures.py decides).
 
+A preemption (every worker saved and exited 75) is no failure and never spends a restart: on
+hosts it ends the run (`up` again resumes), and where the backend resubmits preempted attempts
+(Slurm) the next attempt is submitted at once, however often, and counts for neither
+max_restarts nor "the same failure twice".
+
 This module also owns the coordination around a run: one supervisor per run (a lock), `down`'s
 two-phase stop, `attach`'s watch, and how a finished run is concluded.
 """
@@ -70,6 +75,9 @@ class StallWatch:
 
     def check(self, status: RunStatus, now: float) -> Failure | None:
         for worker in status.workers:
+            if worker.queued:  # waiting for nodes is no stall: its clock starts when it runs
+                self._since.pop(worker.name, None)
+                continue
             if worker.state not in WATCHED or _reached_target(worker):
                 continue
             # A new step, or the host answering again after silence, restarts the clock.
@@ -145,12 +153,22 @@ def preemption(status: RunStatus) -> Failure | None:
                    chief.checkpoint_step, EXIT_PREEMPTED)  # fmt: skip
 
 
+def failed_restarts(restarts: tuple[Restart, ...]) -> tuple[Restart, ...]:
+    """The restarts that spent max_restarts: all but those after a preemption."""
+    return tuple(r for r in restarts if r.kind != FailureKind.PREEMPTED.value)
+
+
 def give_up_reason(failure: Failure, restarts: tuple[Restart, ...], job: Job) -> str | None:
-    """Why the run ends instead of restarting, or None."""
-    if len(restarts) >= job.max_restarts:
+    """Why the run ends instead of restarting, or None. A preemption is resubmitted always
+    (unless the job marks 75 permanent); other failures spend the restarts, and the same one
+    twice in a row (preemptions in between not counted) ends the run."""
+    if failure.kind is FailureKind.PREEMPTED:
+        return permanent_reason(failure, None, job.permanent_exit_codes)
+    failures = failed_restarts(restarts)
+    if len(failures) >= job.max_restarts:
         permanent = permanent_reason(failure, None, job.permanent_exit_codes)
         return permanent or f"it used all {job.max_restarts} restarts"
-    previous = restarts[-1].signature if restarts else None
+    previous = failures[-1].signature if failures else None
     return permanent_reason(failure, previous, job.permanent_exit_codes)
 
 
@@ -525,11 +543,17 @@ class Supervisor:
             self.store.save(self.record)
             raise JobFailed(root_cause(failure, tail, why, len(restarts)),
                             hint="'orchestrate tail' shows every worker's log")  # fmt: skip
-        wait = backoff(job, len(restarts))
-        self.say(
-            f"{restart.describe()}; restarting the cluster "
-            f"({len(restarts) + 1}/{job.max_restarts}) in {wait:g} s"
-        )
+        spent = len(failed_restarts(restarts))
+        if failure.kind is FailureKind.PREEMPTED:
+            wait = 0.0
+            self.say(f"{restart.describe()}; resubmitting from the checkpoint (a preemption "
+                     f"spends no restart: {spent}/{job.max_restarts} used)")  # fmt: skip
+        else:
+            wait = backoff(job, spent)
+            self.say(
+                f"{restart.describe()}; restarting the cluster "
+                f"({spent + 1}/{job.max_restarts}) in {wait:g} s"
+            )
         time.sleep(wait)
         if self.store.stop_flag(self.record.run_id).exists():
             return
@@ -554,6 +578,8 @@ class Supervisor:
         chief = self.record.workers[0]
         step = status.workers[0].checkpoint_step
         if chief.host.kind.shares_files_with_controller or step is None:
+            return
+        if self.backend.shared_checkpoints:  # a shared filesystem keeps them (Slurm)
             return
         if step <= self._mirrored_step:
             return

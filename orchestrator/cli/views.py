@@ -170,7 +170,7 @@ def pull_export_command(context: Context, target: Path | None, run_id: str | Non
         errors.print(f"{chief.name} shares this machine's files: its export is read in place")
         click.echo(str(source))
         return
-    with open_backend() as backend:
+    with open_backend(record.inventory) as backend:
         pulled = pull_export(record, backend, target or context.store.export_dir(record.job_name))
     errors.print(
         f"copied {pulled.files} file(s) ({pulled.size_bytes / 2**20:.1f} MiB) of "

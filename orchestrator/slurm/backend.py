@@ -2,10 +2,14 @@
 
 `start` writes the attempt's batch script (script.py) into the attempt directory on the shared
 filesystem and submits it; the job id goes beside it (and into the run record). The workers'
-files are read where they are, through this machine (the login node), so probing, logs and
-checkpoints use the host backend's file operations; whether a task may still be running comes
-from Slurm (scontrol), not from a process id on this machine. `stop` sends SIGTERM to the job's
-tasks (the built-in loop saves a checkpoint and exits) and cancels the job after the grace.
+files are read where they are, through the login node, so probing, logs and checkpoints use the
+host backend's file operations; whether a task may still be running comes from Slurm
+(scontrol), not from a process id. `stop` sends SIGTERM to the job's tasks (the built-in loop
+saves a checkpoint and exits) and cancels the job after the grace.
+
+The login node is this machine, or `slurm.login:`'s machine: then one SSH connection (the SSH
+kind's runner, the same host-key checks) carries every Slurm command and every file operation,
+and each task's host stands for that machine here.
 """
 
 from __future__ import annotations
@@ -18,18 +22,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import kinds
 from orchestrator.answers import CheckpointListing, ExitRecord, FileListing, StopAnswer, WorkerProbe
 from orchestrator.backend import Backend
 from orchestrator.errors import HostError
 from orchestrator.fanout import GroupResult
-from orchestrator.hostbackend import HostBackend
+from orchestrator.hostbackend import HostBackend, expand_uploads
+from orchestrator.inventory import Host
 from orchestrator.runner import LineSession, LocalRunner, Runner
 from orchestrator.slurm.commands import SLURM, JobState, Slurm
 from orchestrator.slurm.script import batch_script, exports_all
 from orchestrator.slurm.spec import SlurmSpec
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Host, Inventory, Job
+    from orchestrator.inventory import Inventory, Job
     from orchestrator.plan import WorkerSpec
     from orchestrator.preflight import PreflightReport
     from orchestrator.runstore import RunRecord, WorkerRecord
@@ -43,31 +49,66 @@ def attempt_dir(run_dir: str) -> str:
     return posixpath.dirname(run_dir)
 
 
+def login_host(spec: SlurmSpec) -> Host | None:
+    """The login node of `slurm.login:` as a host of the SSH kind (None: this machine)."""
+    login = spec.login
+    if login is None:
+        return None
+    return Host(name=login.name, address=login.address, port=spec.port,
+                connection=kinds.DEFAULT_KIND, python=login.python, workdir=spec.workdir,
+                settings=login.settings)  # fmt: skip
+
+
 class SlurmBackend(Backend):
     resubmits_preempted = True
+    shared_checkpoints = True
 
     def __init__(self, spec: SlurmSpec, job: Job, runner: Runner | None = None) -> None:
         self.spec = spec
         self.job = job
-        self.slurm = Slurm(runner or LocalRunner(SLURM))
-        self.files = HostBackend()  # the shared filesystem, as this machine sees it
+        self.files = HostBackend()  # the shared filesystem, as the login node sees it
+        self.login = login_host(spec)
+        login = self.login
+        if runner is None and login is not None:
+            self.slurm = Slurm(lambda: self.files.runner(login))  # one connection for all
+        else:
+            self.slurm = Slurm(runner or LocalRunner(SLURM))
         self._submitted: str | None = None
 
     def close(self) -> None:
         self.files.close()
-        self.slurm.runner.close()
+        if self.login is None:
+            self.slurm.runner.close()
+
+    def _at(self, host: Host) -> Host:
+        """Where a task's files are read: the login node (a task's host stands for it)."""
+        return self.login or host
+
+    def _seen(self, worker: WorkerRecord) -> WorkerRecord:
+        return replace(worker, host=self.login) if self.login else worker
 
     # --- an attempt's workers ------------------------------------------------------------------
     def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
-        return self.files.workdirs(hosts)
+        if self.login is None:
+            return self.files.workdirs(hosts)
+        found = self.files.workdirs([self.login])
+        if found.failed:
+            error = found.failed[self.login.name]
+            return GroupResult(failed={host.name: error for host in hosts})
+        home = found.ok[self.login.name]  # the login node's workdir, resolved there
+        return GroupResult(ok={host.name: home for host in hosts})
 
     def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
         directory = attempt_dir(specs[0].run_dir)
         script = batch_script(self.spec, self.job, specs,
                               output=posixpath.join(directory, "slurm-%j.out"))  # fmt: skip
-        chief = specs[0].host
+        chief = self._at(specs[0].host)
         # runs/ down to the attempt directory: private before the script (the job's env) lands.
         self.files.runner(chief).make_dirs(specs[0].private_dirs[:-1], private=True)
+        for spec in specs:  # a script and job.files, when the login node is another machine
+            if spec.uploads:
+                self.files.runner(chief).make_dirs(spec.private_dirs, private=True)
+                self.files.upload(chief, expand_uploads(spec.uploads))
         self._write(chief, posixpath.join(directory, SCRIPT_FILE), script)
         export_all = bool(self.job.secret_env) and exports_all(self.spec)
         job_id = self.slurm.submit(posixpath.join(directory, SCRIPT_FILE), export_all)
@@ -82,13 +123,13 @@ class SlurmBackend(Backend):
         with tempfile.NamedTemporaryFile("w", suffix=".tmp", delete=False) as handle:
             handle.write(text)
         try:
-            self.files.upload(host, [(handle.name, path)])
+            self.files.upload(self._at(host), [(handle.name, path)])
         finally:
             Path(handle.name).unlink(missing_ok=True)
 
     def job_of(self, worker: WorkerRecord) -> str | None:
-        text = self.files.read_text(worker.host, posixpath.join(attempt_dir(worker.run_dir),
-                                                                JOB_ID_FILE))  # fmt: skip
+        text = self.read_text(worker.host, posixpath.join(attempt_dir(worker.run_dir),
+                                                          JOB_ID_FILE))  # fmt: skip
         return text.strip() if text and text.strip().isdigit() else None
 
     def _states(self, workers: Sequence[WorkerRecord]) -> dict[str, JobState | None]:
@@ -98,7 +139,9 @@ class SlurmBackend(Backend):
         return {name: states[job] if job else None for name, job in jobs.items()}
 
     def probe(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, WorkerProbe]:
-        files = self.files.probe(workers)
+        files = self.files.probe([self._seen(w) for w in workers])
+        if files.failed and not files.ok:  # the login node did not answer: nothing more to ask
+            return files
         try:
             states = self._states(workers)
         except HostError as error:
@@ -106,7 +149,7 @@ class SlurmBackend(Backend):
         ok: dict[str, WorkerProbe] = {}
         for worker in workers:
             if worker.name in files.ok:
-                node = self.files.read_text(worker.host, posixpath.join(worker.run_dir, "node"))
+                node = self.read_text(worker.host, posixpath.join(worker.run_dir, "node"))
                 ok[worker.name] = task_probe(files.ok[worker.name], states[worker.name],
                                              node.strip() if node else None)  # fmt: skip
         return GroupResult(ok=ok, failed=files.failed)
@@ -144,38 +187,42 @@ class SlurmBackend(Backend):
         return StopAnswer("killed")
 
     def log_lines(self, worker: WorkerRecord, lines: int) -> list[str]:
-        return self.files.log_lines(worker, lines)
+        return self.files.log_lines(self._seen(worker), lines)
 
     def follow_log(self, worker: WorkerRecord, lines: int) -> Iterator[str]:
-        return self.files.follow_log(worker, lines)
+        return self.files.follow_log(self._seen(worker), lines)
 
     def scheduler_state(self, record: RunRecord) -> dict[str, Any] | None:
         if not record.workers:
             return None
-        state = self._states(record.workers[:1])[record.workers[0].name]
-        return {"scheduler": "slurm", "jobs": list(record.scheduler_jobs),
-                **(state.to_json() if state else {"state": "NOT SUBMITTED"})}  # fmt: skip
+        where = {"scheduler": "slurm", "jobs": list(record.scheduler_jobs),
+                 **({"login": self.login.name} if self.login else {})}  # fmt: skip
+        try:
+            state = self._states(record.workers[:1])[record.workers[0].name]
+        except HostError as error:  # the workers show as unknown; say why here too
+            return {**where, "state": "UNKNOWN", "reason": error.message}
+        return {**where, **(state.to_json() if state else {"state": "NOT SUBMITTED"})}
 
     # --- files on the shared filesystem --------------------------------------------------------
     def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
-        return self.files.checkpoint(host, directory)
+        return self.files.checkpoint(self._at(host), directory)
 
     def adopt_checkpoint(
         self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
     ) -> None:
-        self.files.adopt_checkpoint(host, directory, name, checkpoints)
+        self.files.adopt_checkpoint(self._at(host), directory, name, checkpoints)
 
     def list_files(self, host: Host, directory: str) -> FileListing:
-        return self.files.list_files(host, directory)
+        return self.files.list_files(self._at(host), directory)
 
     def read_text(self, host: Host, path: str) -> str | None:
-        return self.files.read_text(host, path)
+        return self.files.read_text(self._at(host), path)
 
     def download(self, host: Host, remote: str, local: str) -> None:
-        self.files.download(host, remote, local)
+        self.files.download(self._at(host), remote, local)
 
     def upload(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
-        self.files.upload(host, files)
+        self.files.upload(self._at(host), files)
 
     # --- reaching hosts ------------------------------------------------------------------------
     def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
@@ -189,12 +236,14 @@ class SlurmBackend(Backend):
     ) -> PreflightReport | None:
         from orchestrator.slurm.checks import slurm_preflight
 
-        return slurm_preflight(inventory, self.slurm, self.files, probe_timeout)
+        return slurm_preflight(inventory, self.slurm, self.files, probe_timeout, self.login)
 
 
 def task_probe(files: WorkerProbe, job: JobState | None, node: str | None) -> WorkerProbe:
     """A task's files, with liveness from Slurm: running while its job is active and it has not
     recorded an exit; a job that ended without the task's exit record is the task's failure."""
+    if job is not None and job.state == "PENDING" and files.exit is None:
+        return replace(files, alive=False, usage=None, node=node, queued=job.reason or "PENDING")
     alive = job is not None and job.active and files.exit is None
     probe = replace(files, alive=alive, usage=None, node=node)
     if files.exit is None and not alive:

@@ -3,10 +3,14 @@
 1. the partition exists and has N usable nodes (sinfo);
 2. one short srun on N nodes: each node's Python, TensorFlow and worker package, the same
    versions everywhere;
-3. the job directory and the checkpoint directory are on a filesystem every node and this
-   machine see: this machine writes a token file there, every task reads it and writes its own
-   answer beside it, and this machine reads every answer back. A node-local directory (a tmpfs,
-   a local /scratch) fails here instead of splitting the checkpoints between nodes.
+3. the job directory and the checkpoint directory are on a filesystem every node and the login
+   node see: the login node (this machine, or slurm.login's) writes a token file there, every
+   task reads it and writes its own answer beside it, and the login node reads every answer
+   back. A node-local directory (a tmpfs, a local /scratch) fails here instead of splitting the
+   checkpoints between nodes.
+
+A login node that cannot be reached is no finding: nothing can be checked, and the command
+ends with its connection error (exit 3).
 """
 
 from __future__ import annotations
@@ -14,19 +18,18 @@ from __future__ import annotations
 import json
 import posixpath
 import secrets
-import shlex
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from orchestrator.contract import TF_PACKAGES
-from orchestrator.errors import HostError
+from orchestrator.errors import ConnectError, HostError
 from orchestrator.plan import checkpoint_dir, job_dir
 from orchestrator.preflight import Finding, PreflightReport, Status
 from orchestrator.slurm.commands import SLURM, Slurm, parse_node_states, usable
 
 if TYPE_CHECKING:
     from orchestrator.hostbackend import HostBackend
-    from orchestrator.inventory import Inventory
+    from orchestrator.inventory import Host, Inventory
 
 # Run by every task of the preflight step: versions, then the shared-directory answers.
 NODE_PROBE = """
@@ -54,20 +57,26 @@ print(json.dumps({"node": node, "python": sys.version.split()[0], "tensorflow": 
 
 
 def slurm_preflight(
-    inventory: Inventory, slurm: Slurm, files: HostBackend, timeout: float
-) -> PreflightReport:
+    inventory: Inventory, slurm: Slurm, files: HostBackend, timeout: float,
+    login: Host | None = None,
+) -> PreflightReport:  # fmt: skip
+    """`login`: the login node when it is not this machine (slurm.login)."""
     spec = inventory.slurm
     assert spec is not None
-    findings = [_partition(slurm, spec.partition, spec.nodes)]
+    viewer = login.name if login else "this machine"
+    findings = [_partition(slurm, spec.partition, spec.nodes, login)]
     if findings[0].status is Status.FAIL:
         return PreflightReport(tuple(findings))
-    chief = inventory.hosts[0]
-    home = files.workdirs([chief]).raise_if_failed("reading the workdir")[chief.name]
+    where = login or inventory.hosts[0]
+    home = files.workdirs([where]).raise_if_failed("reading the workdir")[where.name]
     directory = job_dir(inventory.job, home)
     directories = {directory: secrets.token_hex(8)}
     directories.setdefault(checkpoint_dir(inventory.job, directory), secrets.token_hex(8))
     runner = slurm.runner
     runner.make_dirs(list(directories))
+    # The tasks start where the workers will: the inventory's directory when the nodes see this
+    # machine's files, else the job directory (a laptop's directories are not on the cluster).
+    chdir = inventory.base_dir if login is None else directory
     for path, token in directories.items():
         runner.run(["sh", "-c", 'printf %s "$1" > "$2"', "sh", token,
                     posixpath.join(path, ".orchestrate-shared-check")])  # fmt: skip
@@ -75,7 +84,7 @@ def slurm_preflight(
         "DIRECTORIES", repr(directories)
     )
     argv = ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",
-            f"--chdir={inventory.base_dir}", "--job-name=orchestrate-check",
+            f"--chdir={chdir}", "--job-name=orchestrate-check",
             *([f"--partition={spec.partition}"] if spec.partition else []),
             *([f"--account={spec.account}"] if spec.account else []),
             spec.python, "-c", source]  # fmt: skip
@@ -92,17 +101,20 @@ def slurm_preflight(
         return PreflightReport(tuple(findings))
     findings += _software(answers, inventory.job.task is not None)
     readback = {path: _seen_by(runner.run, path) for path in directories}
-    findings += _shared(answers, directories, readback)
+    findings += _shared(answers, directories, readback, viewer)
     return PreflightReport(tuple(findings))
 
 
-def _partition(slurm: Slurm, partition: str | None, nodes: int) -> Finding:
+def _partition(slurm: Slurm, partition: str | None, nodes: int, login: Host | None) -> Finding:
     argv = ["sinfo", "-h", "-N", "-o", "%N %t", *(["-p", partition] if partition else [])]
     try:
         result = slurm.run(argv, timeout=30)
+    except ConnectError:
+        raise
     except HostError as error:
+        where = f"on {login.name}" if login else "here"
         return Finding(SLURM, "partition", Status.FAIL, error.message,
-                       "is Slurm's client installed here ('sinfo')?")  # fmt: skip
+                       f"is Slurm's client installed {where} ('sinfo')?")  # fmt: skip
     states = parse_node_states(result.stdout) if result.ok else {}
     name = partition or "the default partition"
     if not states:
@@ -147,14 +159,14 @@ def _software(answers: list[dict[str, object]], needs_worker: bool) -> list[Find
 
 def _seen_by(run: Callable[..., object], path: str) -> set[str]:
     """The nodes whose answer file this machine sees in `path`."""
-    result = run(["sh", "-c", f"ls -a {shlex.quote(path)}"], timeout=20)
+    result = run(["ls", "-a", path], timeout=20)
     names = str(getattr(result, "stdout", "")).split()
     prefix = ".orchestrate-seen-"
     return {name.removeprefix(prefix) for name in names if name.startswith(prefix)}
 
 
 def _shared(answers: list[dict[str, object]], directories: dict[str, str],
-            readback: dict[str, set[str]]) -> list[Finding]:  # fmt: skip
+            readback: dict[str, set[str]], viewer: str) -> list[Finding]:  # fmt: skip
     findings = []
     for path in directories:
         apart = []
@@ -163,11 +175,11 @@ def _shared(answers: list[dict[str, object]], directories: dict[str, str],
             saw = seen.get(path) if isinstance(seen, dict) else None
             if saw is not True:
                 apart.append(
-                    f"{node} does not see this machine's files there"
+                    f"{node} does not see {viewer}'s files there"
                     + (f" ({saw})" if isinstance(saw, str) else "")
                 )
             elif node not in readback[path]:
-                apart.append(f"this machine does not see {node}'s files there")
+                apart.append(f"{viewer} does not see {node}'s files there")
         if apart:
             findings.append(Finding(SLURM, "shared filesystem", Status.FAIL,
                                     f"{path} is not one filesystem for all: {'; '.join(apart)}",
@@ -179,7 +191,7 @@ def _shared(answers: list[dict[str, object]], directories: dict[str, str],
                     SLURM,
                     "shared filesystem",
                     Status.OK,
-                    f"{path}: every node and this machine see the same files",
+                    f"{path}: every node and {viewer} see the same files",
                 )
             )
     return findings

@@ -1,12 +1,13 @@
 """Slurm's commands (sbatch, squeue, scontrol, scancel, sinfo, srun) and their answers, parsed.
 
 The parsers are pure; `Slurm` runs the commands through a Runner on the login node (this
-machine today), with argument lists, never a shell.
+machine, or `slurm.login:` over SSH), with argument lists, never a shell.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.errors import HostError
@@ -77,8 +78,14 @@ def usable(state: str) -> bool:
 
 
 class Slurm:
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
+    def __init__(self, runner: Runner | Callable[[], Runner]) -> None:
+        # A callable: the login node's connection, asked for at each command, so a connection
+        # that was dropped after a silent poll is replaced (hostbackend._forget).
+        self._runner = runner
+
+    @property
+    def runner(self) -> Runner:
+        return self._runner if isinstance(self._runner, Runner) else self._runner()
 
     def run(self, argv: list[str], timeout: float = 60.0) -> CommandResult:
         return self.runner.run(argv, timeout=timeout)

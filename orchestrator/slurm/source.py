@@ -10,24 +10,32 @@
       workdir: /shared/me/orchestrate   # on the filesystem every node and this machine see
       gpus_per_node: 1         # optional, --gpus-per-node
       sbatch_args: ["--qos=high", "--exclusive"]   # verbatim #SBATCH lines, never a shell
+      login:                   # optional: drive Slurm from a laptop, through a login node
+        address: login.hpc.example.org   # or a Host alias of ~/.ssh/config (or ssh_config)
+        ssh_user: me           # the same keys as a host's: ssh_port, ssh_key, ssh_known_hosts,
+        ssh_key: ~/.ssh/hpc    # ssh_host_key_policy, ssh_connect_timeout, ssh_config
+        python: python3        # runs orchestrate's small host programs on the login node
 
 Its workers are named task0..task{N-1}, in SLURM_PROCID order; they run where Slurm puts them, and
-the controller reads their files on the shared filesystem from this machine (the login node).
+the controller reads their files on the shared filesystem from the login node: this machine, or
+`login:`'s machine over SSH (every Slurm command then runs there too).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import kinds
-from orchestrator.slurm.spec import DEFAULT_PORT, SlurmSpec
+from orchestrator.paths import controller_path
+from orchestrator.slurm.spec import DEFAULT_PORT, LoginNode, SlurmSpec
 from orchestrator.values import PORT, POSITIVE, Checked, Checker, describe, integer, string
 from orchestrator.yamlsource import LineList, LineMap
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Host, Placed, _Report
+    from orchestrator.inventory import Placed, _Report
 
 # Slurm's --time formats.
 TIME_PATTERN = re.compile(r"^(\d+(:\d{2}){0,2}|\d+-\d+(:\d{2}){0,2})$")
@@ -79,6 +87,7 @@ SLURM_KEYS: dict[str, Checker] = {
     "workdir": _workdir,
     "gpus_per_node": integer(1),
     "sbatch_args": string,  # checked per item
+    "login": string,  # a mapping, checked by _login
 }
 
 
@@ -94,7 +103,7 @@ def parse_slurm(document: LineMap, report: _Report, base: Path) -> SlurmSpec | N
     before = len(report.problems)
     values: dict[str, Any] = {}
     for key, check in SLURM_KEYS.items():
-        if key not in block or key == "sbatch_args":
+        if key not in block or key in ("sbatch_args", "login"):
             continue
         value, problem = check(block[key])
         if problem:
@@ -105,6 +114,8 @@ def parse_slurm(document: LineMap, report: _Report, base: Path) -> SlurmSpec | N
         report.add(block.line, "slurm.nodes", "missing; say how many nodes (one worker each)")
     if "sbatch_args" in block:
         values["sbatch_args"] = _sbatch_args(block, report)
+    if "login" in block:
+        values["login"] = _login(block, report, base)
     for key in ("defaults", "spares"):
         if key in document:
             report.add(_line(document, key), key,
@@ -143,20 +154,69 @@ def _sbatch_args(block: LineMap, report: _Report) -> tuple[str, ...]:
     return tuple(args)
 
 
+def _login(block: LineMap, report: _Report, base: Path) -> LoginNode | None:
+    """`slurm.login:`, read with the SSH kind's own keys, checkers and ssh-config resolution,
+    so `ssh_user: x` means here what it means on a host."""
+    from orchestrator.inventory import _line
+
+    raw = block["login"]
+    if not isinstance(raw, LineMap):
+        report.add(_line(block, "login"), "slurm.login",
+                   f"expected a mapping with at least 'address', got {describe(raw)}")  # fmt: skip
+        return None
+    keys: dict[str, Checker] = {"address": string, "python": string, **_SSH.keys}
+    report.unknown_keys(raw, keys, "slurm.login")
+    before = len(report.problems)
+    values: dict[str, Any] = {}
+    for key, check in keys.items():
+        if key in raw:
+            value, found = check(raw[key])
+            if found:
+                report.add(_line(raw, key), f"slurm.login.{key}", found)
+            else:
+                values[key] = value
+    if "address" not in raw:
+        report.add(raw.line, "slurm.login.address",
+                   "missing; the login node's name, address or ssh config alias")  # fmt: skip
+    if len(report.problems) > before:
+        return None
+
+    def problem(key: str, message: str) -> None:
+        report.add(_line(raw, key), f"slurm.login.{key}", message)
+
+    _SSH.prepare(values, problem, base)
+    if len(report.problems) > before:
+        return None
+    for key in _SSH.controller_paths:
+        if key in values:
+            values[key] = str(controller_path(values[key], base))
+    return LoginNode(values["address"], values["python"], _SSH.settings(values))
+
+
 def slurm_workers(spec: SlurmSpec, base: Path) -> list[Placed]:
-    """One worker per node. They are reached through this machine (the login node), which sees
-    the shared filesystem; Slurm decides later which node each one runs on."""
+    """One worker per node. They are reached through the login node, which sees the shared
+    filesystem (this machine, or `login:` over SSH); Slurm decides later which node each one
+    runs on."""
     from orchestrator.inventory import Host
 
     placed: list[Placed] = []
     for index in range(spec.nodes):
         name = spec.worker_name(index)
-        host: Host = Host(name=name, address=name, port=spec.port, connection=_LOGIN_KIND,
-                          python=spec.python, workdir=spec.workdir)  # fmt: skip
+        if spec.login is None:
+            host = Host(name=name, address=name, port=spec.port, connection=_LOCAL.name,
+                        python=spec.python, workdir=spec.workdir)  # fmt: skip
+        else:  # whatever reaches the task's "host" reaches the login node
+            login = spec.login
+            settings = replace(login.settings, ssh_host=login.settings.target or login.address)
+            host = Host(name=name, address=name, port=spec.port, connection=_SSH.name,
+                        python=spec.python, workdir=spec.workdir, settings=settings)  # fmt: skip
         placed.append((f"slurm.{name}", None, host))
     return placed
 
 
-# The files of a Slurm run are read where `orchestrate` runs: the login node.
-_LOGIN_KIND = next(name for name in kinds.names() if kinds.get(name).shares_files_with_controller)
+# Without `login:` the files of a Slurm run are read where `orchestrate` runs (the login node);
+# with it, over SSH: the default connection kind, whose keys `login:` takes.
+_LOCAL = next(kinds.get(name) for name in kinds.names()
+              if kinds.get(name).shares_files_with_controller)  # fmt: skip
+_SSH = kinds.get(kinds.DEFAULT_KIND)
 __all__ = ["DEFAULT_PORT", "parse_slurm", "slurm_workers"]

@@ -10,6 +10,11 @@ mode), so stop() can end exactly what start() made, then delete the namespaces a
     with SlurmCluster(Path("/tmp/x")) as cluster:
         subprocess.run(["sinfo"], env=cluster.env())
 
+With `login=True` a login node joins the bridge: its own network namespace (10.232.0.20) with
+its own sshd, whose sessions get `SLURM_CONF` from sshd's `SetEnv`, so Slurm's commands work
+there (the namespace shares this machine's files: the config, munge's socket, the "shared
+disk"). `login_ssh_config` names it `slurm-login` for `ssh -F FILE slurm-login`.
+
 `python -m tests.cluster.slurm up DIR` starts one by hand and waits for Ctrl-C.
 """
 
@@ -31,6 +36,8 @@ import psutil
 
 SUBNET = ipaddress.ip_network("10.232.0.0/24")
 BRIDGE_ADDRESS = "10.232.0.1"
+LOGIN_ADDRESS = "10.232.0.20"
+LOGIN_ALIAS = "slurm-login"
 PARTITION = "train"
 CONTROLLER_PORT = 6917  # not Slurm's default 6817: a system slurmctld would not clash
 NODE_PORT = 6918
@@ -65,9 +72,13 @@ class Node:
 
 
 class SlurmCluster:
-    def __init__(self, base_dir: Path, nodes: int = 2, prefix: str = "osl") -> None:
+    def __init__(
+        self, base_dir: Path, nodes: int = 2, prefix: str = "osl", login: bool = False
+    ) -> None:
         self.base = base_dir
         self.prefix = prefix
+        self.login = login
+        self.login_namespace = f"{prefix}-login"
         self.bridge = f"{prefix}br0"
         self.nodes = [
             Node(f"n{i}", str(SUBNET.network_address + 10 + i), f"{prefix}-n{i}", f"{prefix}v{i}")
@@ -93,6 +104,15 @@ class SlurmCluster:
     def slurmd_pid(self, node: str) -> int:
         return self._daemons[f"slurmd-{node}"].pid
 
+    @property
+    def login_dir(self) -> Path:
+        return self.base / "login"
+
+    @property
+    def login_ssh_config(self) -> Path:
+        """`Host slurm-login`: address, user, key and known_hosts of the login node."""
+        return self.login_dir / "ssh_config"
+
     # --- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> SlurmCluster:
         return self.start()
@@ -110,6 +130,8 @@ class SlurmCluster:
             self._start_controller()
             for node in self.nodes:
                 self._start_node(node)
+            if self.login:
+                self._start_login()
             self._wait_idle()
         except BaseException:
             self.stop()
@@ -122,6 +144,14 @@ class SlurmCluster:
         return self._started_at
 
     def stop(self) -> None:
+        if "slurmctld" in self._daemons and self._daemons["slurmctld"].poll() is None:
+            # Jobs a failed test left running: their slurmstepd and tasks would outlive slurmd
+            # (their command lines do not name this cluster's directory).
+            subprocess.run(["scancel", "--full", "--signal=KILL", "--user=root"], env=self.env(),
+                           capture_output=True, timeout=30, check=False)  # fmt: skip
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and self._active_jobs():
+                time.sleep(0.3)
         for name in sorted(self._daemons, key=lambda n: n.startswith("munged")):
             _end(self._daemons[name])
         self._daemons.clear()
@@ -130,11 +160,26 @@ class SlurmCluster:
             with contextlib.suppress(psutil.Error):
                 argv = process.info["cmdline"] or ()
                 ours = any(str(self.base) in part for part in argv)
-                if ours and Path(argv[0]).name in (*DAEMONS, "slurmstepd"):
+                if ours and Path(argv[0]).name in (*DAEMONS, "slurmstepd", "sshd"):
                     process.kill()
-        for node in self.nodes:
-            subprocess.run(["ip", "netns", "del", node.namespace], capture_output=True, check=False)
+        for namespace in self._namespaces():
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, check=False)
+        # The kernel frees a deleted namespace (and the veth ends in it) later, on a busy
+        # machine seconds later: delete our ends now, so a new cluster can make them again.
+        for veth in self._veths():
+            subprocess.run(["ip", "link", "del", veth], capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
+
+    def _veths(self) -> list[str]:
+        return [n.veth for n in self.nodes] + ([f"{self.prefix}vl"] if self.login else [])
+
+    def _active_jobs(self) -> list[str]:
+        listed = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env(), capture_output=True,
+                                text=True, timeout=30, check=False)  # fmt: skip
+        return listed.stdout.split()
+
+    def _namespaces(self) -> list[str]:
+        return [n.namespace for n in self.nodes] + ([self.login_namespace] if self.login else [])
 
     def leftovers(self) -> list[str]:
         """What stop() should have removed and did not: processes, namespaces, the bridge."""
@@ -142,16 +187,18 @@ class SlurmCluster:
         for process in psutil.process_iter(["cmdline", "name"]):
             with contextlib.suppress(psutil.Error):
                 cmdline = " ".join(process.info["cmdline"] or ())
-                if str(self.base) in cmdline and process.info["name"] in (*DAEMONS, "slurmstepd"):
+                daemon = process.info["name"] in (*DAEMONS, "slurmstepd", "sshd")
+                if str(self.base) in cmdline and daemon:
                     found.append(f"pid {process.pid}: {cmdline}")
         namespaces = subprocess.run(
             ["ip", "netns", "list"], capture_output=True, text=True, check=False
         ).stdout
-        found += [n.namespace for n in self.nodes if n.namespace in namespaces.split()]
+        found += [n for n in self._namespaces() if n in namespaces.split()]
         links = subprocess.run(
             ["ip", "-br", "link"], capture_output=True, text=True, check=False
         ).stdout
-        found += [self.bridge] if self.bridge in links.split() else []
+        names = {word.split("@")[0] for word in links.split()}
+        found += [link for link in (self.bridge, *self._veths()) if link in names]
         return found
 
     # --- pieces --------------------------------------------------------------------------------
@@ -214,7 +261,8 @@ class SlurmCluster:
         _run(["ip", "link", "add", "name", self.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", f"{BRIDGE_ADDRESS}/{SUBNET.prefixlen}", "dev", self.bridge])
         _run(["ip", "link", "set", "dev", self.bridge, "up"])
-        for node in self.nodes:
+        login = Node("login", LOGIN_ADDRESS, self.login_namespace, self._veths()[-1])
+        for node in [*self.nodes, *([login] if self.login else [])]:
             _run(["ip", "netns", "add", node.namespace])
             peer = ["peer", "name", "eth0", "netns", node.namespace]
             _run(["ip", "link", "add", "name", node.veth, "type", "veth", *peer])
@@ -271,6 +319,50 @@ class SlurmCluster:
 
         _wait(idle, 60, "the nodes did not become idle", self.base / "slurmctld.log")
 
+    def _start_login(self) -> None:
+        """sshd in the login node's namespace, in the foreground (a child of this process)."""
+        directory = self.login_dir
+        directory.mkdir()
+        _keygen(directory / "host_key")
+        _keygen(directory / "client_key")
+        (directory / "authorized_keys").write_text((directory / "client_key.pub").read_text())
+        host_key = " ".join((directory / "host_key.pub").read_text().split()[:2])
+        (directory / "known_hosts").write_text(f"{LOGIN_ADDRESS} {host_key}\n")
+        config = directory / f"{self.login_namespace}.sshd_config"
+        lines = [
+            "Port 22", f"ListenAddress {LOGIN_ADDRESS}", f"HostKey {directory / 'host_key'}",
+            f"PidFile {directory / 'sshd.pid'}",
+            f"AuthorizedKeysFile {directory / 'authorized_keys'}",
+            "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "UseDNS no",
+            "MaxStartups 100", "MaxSessions 100", "Subsystem sftp internal-sftp",
+            # The working Slurm setup lives here, not in the controller's environment.
+            f"SetEnv SLURM_CONF={self.conf}",
+        ]  # fmt: skip
+        config.write_text("\n".join(lines) + "\n")
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        sshd = _which("sshd") or "/usr/sbin/sshd"
+        log = str(directory / "sshd.log")
+        self._spawn("sshd-login", ["ip", "netns", "exec", self.login_namespace, sshd, "-D",
+                                   "-f", str(config), "-E", log])  # fmt: skip
+
+        def answers() -> bool:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection((LOGIN_ADDRESS, 22), 0.5) as s,
+            ):
+                s.settimeout(0.5)
+                return s.recv(4).startswith(b"SSH-")
+            return False
+
+        _wait(answers, 15, "the login node's sshd did not answer", directory / "sshd.log")
+        self.login_ssh_config.write_text("\n".join([
+            f"Host {LOGIN_ALIAS}", f"    HostName {LOGIN_ADDRESS}", "    User root",
+            f"    IdentityFile {directory / 'client_key'}", "    IdentitiesOnly yes",
+            f"    UserKnownHostsFile {directory / 'known_hosts'}", "    StrictHostKeyChecking yes",
+            "    BatchMode yes",
+        ]) + "\n")  # fmt: skip
+
     def mount_private_tmpfs(self, node: str, path: str) -> None:
         """A tmpfs at `path` that only this node sees (in its mount namespace)."""
         target = str(self.slurmd_pid(node))
@@ -279,6 +371,10 @@ class SlurmCluster:
 
     def unmount(self, node: str, path: str) -> None:
         _run(["nsenter", "--target", str(self.slurmd_pid(node)), "--mount", "umount", path])
+
+
+def _keygen(path: Path) -> None:
+    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)])
 
 
 def _wait(predicate: object, timeout: float, what: str, log: Path) -> None:

@@ -1,7 +1,9 @@
 """`orchestrate` on a real Slurm cluster: slurmctld here, two slurmd in their own network
-namespaces (tests/cluster/slurm.py), real TensorFlow MultiWorkerMirroredStrategy between them.
+namespaces (tests/cluster/slurm.py), real TensorFlow MultiWorkerMirroredStrategy between them,
+and a login node with its own sshd for the runs driven from "a laptop" (slurm.login).
 
 One cluster for the whole session; it is torn down afterwards and the teardown is checked.
+Run these under `flock /tmp/orchestrate-slurm.lock` (one cluster on 10.232.0.0/24 at a time).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.slurm import PARTITION, SlurmCluster, unavailable_reason
+from tests.cluster.slurm import LOGIN_ALIAS, PARTITION, SlurmCluster, unavailable_reason
 from tests.conftest import clean_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
@@ -30,7 +32,7 @@ UNAVAILABLE = unavailable_reason()
 def slurm_cluster() -> Iterator[SlurmCluster]:
     if UNAVAILABLE is not None:
         pytest.skip(UNAVAILABLE)
-    cluster = SlurmCluster(Path(f"/tmp/orchestrate-slurm-{os.getpid()}"))
+    cluster = SlurmCluster(Path(f"/tmp/orchestrate-slurm-{os.getpid()}"), login=True)
     cluster.start()
     try:
         yield cluster
@@ -43,9 +45,13 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 class Orchestrate:
     """The real CLI as a user on the login node runs it, in a directory on the shared disk."""
 
-    def __init__(self, cluster: SlurmCluster, cwd: Path) -> None:
-        self.cluster, self.cwd = cluster, cwd
+    def __init__(self, cluster: SlurmCluster, cwd: Path, laptop: bool = False) -> None:
+        self.cluster, self.cwd, self.laptop = cluster, cwd, laptop
         self.env = clean_env(SLURM_CONF=str(cluster.conf), TF_CPP_MIN_LOG_LEVEL="2")
+        if laptop:  # no Slurm here: an empty config makes every Slurm command fail at once
+            empty = cwd / "no-slurm-here.conf"
+            empty.write_text("")
+            self.env["SLURM_CONF"] = str(empty)
 
     def __call__(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=self.cwd,
@@ -58,16 +64,21 @@ class Orchestrate:
         return dict(json.loads(result.stdout))
 
     def slurm(self, *argv: str) -> str:
-        return subprocess.run(argv, env=self.env, capture_output=True, text=True,
+        """A Slurm command on the cluster itself (never the laptop's environment)."""
+        return subprocess.run(argv, env=self.cluster.env(), capture_output=True, text=True,
                               check=True).stdout  # fmt: skip
 
-    def inventory(self, steps: int, **slurm: object) -> Path:
+    def inventory(self, steps: int, stall_timeout: int = 120, **slurm: object) -> Path:
         options = {"nodes": 2, "partition": PARTITION, "python": sys.executable,
                    "workdir": str(self.cwd / "shared"), **slurm}  # fmt: skip
+        if self.laptop:
+            options.setdefault("login", {"address": LOGIN_ALIAS, "python": sys.executable,
+                               "ssh_config": str(self.cluster.login_ssh_config)})  # fmt: skip
         lines = ["slurm:", *(f"  {k}: {json.dumps(v)}" for k, v in options.items()),
                  "job:", "  name: shapes", "  task: worker.examples.shapes:task",
                  f"  steps: {steps}", "  checkpoint_every: 100", "  batch_size: 16",
-                 "  log_every: 10", "  restart_backoff: 0", "  stall_timeout: 120"]  # fmt: skip
+                 "  log_every: 10", "  restart_backoff: 0",
+                 f"  stall_timeout: {stall_timeout}"]  # fmt: skip
         path = self.cwd / "slurm.yaml"
         path.write_text("\n".join(lines) + "\n")
         return path
@@ -82,6 +93,15 @@ def orchestrate(
     base.mkdir(parents=True)
     os.chmod(base.parent, 0o755)
     return Orchestrate(slurm_cluster, base)
+
+
+@pytest.fixture
+def laptop(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Orchestrate:
+    """orchestrate where Slurm's commands cannot work: it must go through the login node."""
+    base = Path(f"{slurm_cluster.base}-work") / tmp_path_factory.mktemp("laptop").name
+    base.mkdir(parents=True)
+    os.chmod(base.parent, 0o755)
+    return Orchestrate(slurm_cluster, base, laptop=True)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -260,3 +280,62 @@ def test_the_exported_script_runs_under_plain_sbatch(orchestrate: Orchestrate) -
         assert json.loads((attempt / task / "exit.json").read_text())["returncode"] == 0
         assert json.loads((attempt / task / "progress.json").read_text())["step"] == 30
     assert (orchestrate.cwd / "shared" / "shapes" / "checkpoints" / "checkpoint").exists()
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())  # rich wraps long lines
+
+
+def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> None:
+    local = subprocess.run(["sinfo"], env=laptop.env, capture_output=True, text=True, check=False)
+    assert local.returncode != 0, "Slurm must not work here, or nothing proves the SSH path"
+    started = time.monotonic()
+    check = laptop("check", str(laptop.inventory(steps=60)))
+    assert check.returncode == 0, check.stderr
+    assert f"every node and login node {LOGIN_ALIAS} see the same files" in _flat(check.stderr)
+    up = laptop("up", "--skip-checks", str(laptop.inventory(steps=60)))
+    assert up.returncode == 0, up.stderr
+    assert "job shapes succeeded at step 60" in _flat(up.stderr + up.stdout)
+    print(f"check + two-node job through the login node: {time.monotonic() - started:.1f} s")
+
+    # Held in Slurm's queue for longer than stall_timeout: no stall, the clock starts later.
+    long_run = laptop.inventory(steps=100000, stall_timeout=6, sbatch_args=["--begin=now+10"])
+    detached = laptop("up", "--detach", "--skip-checks", str(long_run))
+    assert detached.returncode == 0, detached.stderr
+    queued = laptop.status()
+    assert queued["scheduler"]["state"] == "PENDING", queued["scheduler"]
+    assert queued["scheduler"]["login"] == f"login node {LOGIN_ALIAS}"
+    assert [w["state"] for w in queued["workers"]] == ["pending", "pending"]
+    assert all(w["queued"] and "queue" in w["reason"] for w in queued["workers"]), queued
+
+    def running() -> dict[str, Any] | None:
+        status = laptop.status()
+        steps = [w["step"] or 0 for w in status["workers"]]
+        return status if status["state"] == "running" and min(steps) > 60 else None
+
+    status = wait_for(running, 90, "both workers to train on")
+    assert status["restarts"] == 0 and status["attempt"] == 0, status  # the wait was no stall
+    assert {w["host"] for w in status["workers"]} == {"n1", "n2"}
+    assert status["scheduler"]["state"] == "RUNNING"
+    tail = laptop("tail", "-n", "5", timeout=60)
+    assert tail.returncode == 0, tail.stderr
+    names = {line.split("|")[0].strip() for line in tail.stdout.splitlines() if "|" in line}
+    assert names == {"task0", "task1"} and "step" in tail.stdout, tail.stdout
+    assert run_processes(status["run_id"])
+
+    down = laptop("down", timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert laptop.slurm("squeue", "-h", "-j", status["scheduler"]["job_id"]).strip() == ""
+    wait_for(lambda: not run_processes(status["run_id"]), 20, "every process of the run to end")
+    assert [w["state"] for w in laptop.status()["workers"]] == ["stopped", "stopped"]
+
+
+def test_an_unreachable_login_node_is_named_exit_3(laptop: Orchestrate) -> None:
+    # 10.232.0.99 is on the test cluster's own bridge, and nothing answers there.
+    login = {"address": "10.232.0.99", "ssh_connect_timeout": 2, "python": sys.executable}
+    inventory = str(laptop.inventory(steps=10, login=login))
+    for command in (["check", inventory], ["up", inventory]):
+        result = laptop(*command, timeout=60)
+        assert result.returncode == 3, result.stdout + result.stderr
+        assert "login node 10.232.0.99" in _flat(result.stderr), result.stderr
+        assert "Traceback" not in result.stderr

@@ -92,6 +92,59 @@ def test_the_run_record_remembers_the_host_source(tmp_path: Path) -> None:
     assert loaded.scheduler_jobs == ("41", "42")
 
 
+LOGIN_CONFIG = "Host hpc\n    HostName 192.0.2.7\n    User me\n    Port 2222\n"
+
+
+def test_a_login_node_takes_the_ssh_kinds_keys_and_ssh_config(tmp_path: Path) -> None:
+    (tmp_path / "ssh_config").write_text(LOGIN_CONFIG)
+    text = ("slurm:\n  nodes: 2\n  login:\n    address: hpc\n    ssh_config: ssh_config\n"
+            "    ssh_key: keys/id_hpc\n    ssh_host_key_policy: accept-new\n" + JOB)  # fmt: skip
+    inventory = load_inventory(write(tmp_path, text))
+    assert inventory.slurm is not None and inventory.slurm.login is not None
+    login = inventory.slurm.login
+    assert login.address == "192.0.2.7" and login.name == "login node hpc"  # the alias resolved
+    assert login.settings.ssh_config == str(tmp_path / "ssh_config")  # beside the inventory
+    assert login.settings.ssh_key == str(tmp_path / "keys" / "id_hpc")
+    assert login.settings.ssh_host_key_policy == "accept-new" and login.python == "python3"
+    # The tasks stand for the login node: what reaches their "host" reaches it.
+    task = inventory.hosts[0]
+    assert task.kind.name == "ssh" and task.settings.target == "hpc"
+    assert task.kind.login_details(task)["ssh_port"] == 2222  # ~/.ssh/config as for a host
+    from orchestrator.slurm.backend import login_host
+
+    host = login_host(inventory.slurm)
+    assert host is not None and (host.name, host.address) == ("login node hpc", "192.0.2.7")
+    store = RunStore(tmp_path / "state")
+    store.save(RunRecord("r1", inventory, 1.0))
+    assert store.load("r1").inventory == inventory
+    # Without login: the tasks' files are this machine's, as before.
+    local = load_inventory(write(tmp_path, "slurm:\n  nodes: 1\n" + JOB))
+    assert local.hosts[0].kind.shares_files_with_controller
+
+
+def test_bad_login_keys_name_the_line_and_a_guess(tmp_path: Path) -> None:
+    message = problems(tmp_path, "slurm:\n  nodes: 2\n  login:\n    adress: x\n"
+                       "    ssh_usr: me\n    ssh_port: 70000\n" + JOB)  # fmt: skip
+    assert "slurm.yaml:4: slurm.login.adress: unknown key; did you mean 'address'?" in message
+    assert "slurm.yaml:5: slurm.login.ssh_usr: unknown key; did you mean 'ssh_user'?" in message
+    assert "slurm.yaml:6: slurm.login.ssh_port:" in message
+    assert "slurm.yaml:4: slurm.login.address: missing" in message
+    assert "slurm.login: expected a mapping" in problems(
+        tmp_path, "slurm:\n  nodes: 2\n  login: hpc\n" + JOB
+    )
+    missing = problems(tmp_path, "slurm:\n  nodes: 2\n  login:\n    address: hpc\n"
+                       "    ssh_config: nowhere\n" + JOB)  # fmt: skip
+    assert "slurm.login.ssh_config: no such file" in missing
+    # The CLI: exit 2 and the same lines, no traceback.
+    bad = write(tmp_path, "slurm:\n  nodes: 2\n  login:\n    address: hpc\n    ssh_kye: k\n" + JOB)
+    cli = subprocess.run([sys.executable, "-m", "orchestrator", "check", str(bad)],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    assert cli.returncode == 2, cli.stderr
+    flat = " ".join(cli.stderr.split())
+    assert "slurm.yaml:5: slurm.login.ssh_kye: unknown key; did you mean 'ssh_key'?" in flat
+    assert "Traceback" not in flat
+
+
 @pytest.mark.parametrize(("nodelist", "nodes"), [
     ("n1", ["n1"]),
     ("n[1-2]", ["n1", "n2"]),
@@ -187,5 +240,10 @@ def test_a_tasks_state_comes_from_its_files_and_its_job() -> None:
     assert classify(task_probe(saved, JobState("3", "COMPLETED"), "n2")).state is (
         WorkerState.STOPPED
     )
-    pending = task_probe(WorkerProbe(now=1.0), JobState("4", "PENDING"), None)
-    assert classify(pending).state is WorkerState.STARTING
+    # Held in the queue: pending, with Slurm's reason, and not alive (no stall clock yet).
+    pending = task_probe(WorkerProbe(now=1.0), JobState("4", "PENDING", reason="BeginTime"), None)
+    assert pending.queued == "BeginTime" and not pending.alive
+    verdict = classify(pending)
+    assert verdict.state is WorkerState.PENDING and "queue (BeginTime)" in (verdict.reason or "")
+    configuring = task_probe(WorkerProbe(now=1.0), JobState("4", "CONFIGURING"), None)
+    assert configuring.queued is None and classify(configuring).state is WorkerState.STARTING

@@ -236,7 +236,7 @@ def test_the_supervisors_memory_stays_flat_over_thousands_of_polls(tmp_path: Pat
     samples: dict[int, int] = {}
 
     def show(_status: object) -> None:
-        if backend.probes in (1000, polls):
+        if backend.probes in (1000, 2000, polls):
             gc.collect()
             samples[backend.probes] = tracemalloc.get_traced_memory()[0]
 
@@ -246,5 +246,47 @@ def test_the_supervisors_memory_stays_flat_over_thousands_of_polls(tmp_path: Pat
     finally:
         tracemalloc.stop()
     assert final.state is WorkerState.SUCCEEDED and backend.probes > polls
-    growth = samples[polls] - samples[1000]
-    assert growth < 64 * 1024, f"{growth} bytes more after {polls - 1000} more polls"
+    # A leak grows in both stretches of 1000 polls. One resize of an interpreter-wide table
+    # (measured: a single 1.9 MB block, when earlier tests had filled it) lands in one only.
+    growth = min(samples[2000] - samples[1000], samples[polls] - samples[2000])
+    assert growth < 32 * 1024, f"{growth} bytes more in each of two stretches of 1000 polls"
+
+
+def test_preemptions_spend_no_restart_and_failures_keep_their_budget(tmp_path: Path) -> None:
+    # max_restarts 1: three preemptions in a row, then one crash, then success.
+    attempts = {0: [running(2), exited(75, 3)], 1: [running(4), exited(75, 5)],
+                2: [running(6), exited(75, 7)], 4: [running(10), exited(0, 12)]}  # fmt: skip
+    scripts = {"a": {**attempts, 3: [running(8), exited(1, 9)]},
+               "b": {**attempts, 3: [running(8), exited(1, 9)]}}  # fmt: skip
+    store, outcome = supervise(tmp_path, SchedulerLikeBackend(scripts=scripts),
+                               inventory(tmp_path, max_restarts=1))  # fmt: skip
+    final, messages = outcome  # type: ignore[misc]
+    assert final.state is WorkerState.SUCCEEDED
+    kinds = [r.kind for r in store.load().restarts]
+    assert kinds == ["preempted", "preempted", "preempted", "crashed"], kinds
+    assert any("a preemption spends no restart: 0/1 used" in m for m in messages), messages
+    assert any("restarting the cluster (1/1)" in m for m in messages), messages
+    # The budget is still spent by failures: a second crash after it ends the run.
+    scripts = {n: {**attempts, 3: [exited(1, 9)], 4: [exited(1, 11)]} for n in "ab"}
+    _, error = supervise(tmp_path / "2", SchedulerLikeBackend(scripts=scripts),
+                         inventory(tmp_path, max_restarts=1))  # fmt: skip
+    assert isinstance(error, JobFailed) and "it used all 1 restarts" in error.message
+
+
+def test_a_worker_waiting_in_the_schedulers_queue_does_not_stall(tmp_path: Path) -> None:
+    from dataclasses import replace as changed
+
+    backend = FakeBackend(scripts={})
+    status = collect_status(start_run(inventory(tmp_path), RunStore(tmp_path / "s"), backend),
+                            backend)  # fmt: skip
+    queued = changed(status, workers=tuple(changed(w, queued=True, state=WorkerState.PENDING)
+                                           for w in status.workers))  # fmt: skip
+    watch = StallWatch(timeout=5)
+    assert watch.check(queued, now=0) is None
+    assert watch.check(queued, now=100) is None  # an hour in the queue is no stall
+    started = changed(queued, workers=tuple(changed(w, queued=False, state=WorkerState.STARTING)
+                                            for w in queued.workers))  # fmt: skip
+    assert watch.check(started, now=101) is None  # the clock starts when the job runs
+    assert watch.check(started, now=104) is None
+    failure = watch.check(started, now=106)
+    assert failure is not None and failure.kind is FailureKind.STALLED
