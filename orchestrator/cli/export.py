@@ -106,7 +106,10 @@ def export(  # noqa: PLR0917 - click passes every option by position
 
 def sbatch_export(inventory: Inventory) -> str:
     spec = inventory.slurm or SlurmSpec(nodes=len(inventory.hosts), port=inventory.hosts[0].port)
-    if inventory.slurm is None:  # the hosts become as many nodes
+    # Submitted by hand on the cluster (a login node's `sbatch FILE`, or `ssh LOGIN sbatch <
+    # FILE`): the tasks start where it was submitted and find the files there, login: or not.
+    spec = replace(spec, login=None)
+    if inventory.slurm is None or inventory.slurm.login is not None:  # tasks, from the nodes
         workers = slurm_workers(spec, Path(inventory.base_dir))
         inventory = replace(inventory, hosts=tuple(host for _, _, host in workers))
     # Each submission names its run after its job id; the tasks start where it was submitted.

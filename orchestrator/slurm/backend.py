@@ -139,13 +139,13 @@ class SlurmBackend(Backend):
         return {name: states[job] if job else None for name, job in jobs.items()}
 
     def probe(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, WorkerProbe]:
-        files = self.files.probe([self._seen(w) for w in workers])
-        if files.failed and not files.ok:  # the login node did not answer: nothing more to ask
-            return files
+        # Slurm first, the files after: a task that wrote its exit record just before its job
+        # completed is then never read as "ended without one" (seen: files, then COMPLETED).
         try:
             states = self._states(workers)
         except HostError as error:
             return GroupResult(failed={w.name: error for w in workers})
+        files = self.files.probe([self._seen(w) for w in workers])
         ok: dict[str, WorkerProbe] = {}
         for worker in workers:
             if worker.name in files.ok:

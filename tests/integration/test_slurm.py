@@ -58,8 +58,12 @@ class Orchestrate:
                               env=self.env, capture_output=True, text=True, timeout=timeout,
                               check=False)  # fmt: skip
 
-    def status(self) -> dict[str, Any]:
+    def status(self, polling: bool = False) -> dict[str, Any]:
+        """`polling`: a poll may find the login node slow to answer (exit 3, state unknown)
+        on this loaded 2-core machine; the next poll asks again."""
         result = self("status", "--json", timeout=60)
+        if polling and result.returncode == 3 and result.stdout.strip():
+            return dict(json.loads(result.stdout))
         assert result.returncode == 0, result.stderr
         return dict(json.loads(result.stdout))
 
@@ -68,16 +72,19 @@ class Orchestrate:
         return subprocess.run(argv, env=self.cluster.env(), capture_output=True, text=True,
                               check=True).stdout  # fmt: skip
 
-    def inventory(self, steps: int, stall_timeout: int = 120, **slurm: object) -> Path:
+    def inventory(
+        self, steps: int, stall_timeout: int = 120, job: list[str] | None = None, **slurm: object
+    ) -> Path:
+        """The shapes task on two nodes, or the `job` lines given."""
         options = {"nodes": 2, "partition": PARTITION, "python": sys.executable,
                    "workdir": str(self.cwd / "shared"), **slurm}  # fmt: skip
         if self.laptop:
             options.setdefault("login", {"address": LOGIN_ALIAS, "python": sys.executable,
                                "ssh_config": str(self.cluster.login_ssh_config)})  # fmt: skip
-        lines = ["slurm:", *(f"  {k}: {json.dumps(v)}" for k, v in options.items()),
-                 "job:", "  name: shapes", "  task: worker.examples.shapes:task",
-                 f"  steps: {steps}", "  checkpoint_every: 100", "  batch_size: 16",
-                 "  log_every: 10", "  restart_backoff: 0",
+        shapes = ["  name: shapes", "  task: worker.examples.shapes:task", f"  steps: {steps}",
+                  "  checkpoint_every: 100", "  batch_size: 16", "  log_every: 10"]  # fmt: skip
+        lines = ["slurm:", *(f"  {k}: {json.dumps(v)}" for k, v in options.items()), "job:",
+                 *(job or shapes), "  restart_backoff: 0",
                  f"  stall_timeout: {stall_timeout}"]  # fmt: skip
         path = self.cwd / "slurm.yaml"
         path.write_text("\n".join(lines) + "\n")
@@ -286,6 +293,42 @@ def _flat(text: str) -> str:
     return " ".join(text.split())  # rich wraps long lines
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _first_lines(
+    orchestrate: Orchestrate, args: list[str], enough: Callable[[str], bool], stream: str = "stdout"
+) -> str:
+    """Run a command that goes on until Ctrl-C; what it printed once `enough` of it came."""
+    import selectors
+
+    process = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=orchestrate.cwd,
+                               env=orchestrate.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    source = process.stdout if stream == "stdout" else process.stderr
+    assert source is not None
+    seen = ""
+    with selectors.DefaultSelector() as selector:
+        selector.register(source, selectors.EVENT_READ)
+        deadline = time.monotonic() + 60
+        while not enough(seen) and time.monotonic() < deadline and process.poll() is None:
+            if selector.select(timeout=1):
+                seen += source.readline()
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert enough(seen), f"{args}: {seen}"
+    return seen
+
+
 def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> None:
     local = subprocess.run(["sinfo"], env=laptop.env, capture_output=True, text=True, check=False)
     assert local.returncode != 0, "Slurm must not work here, or nothing proves the SSH path"
@@ -297,9 +340,20 @@ def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> No
     assert up.returncode == 0, up.stderr
     assert "job shapes succeeded at step 60" in _flat(up.stderr + up.stdout)
     print(f"check + two-node job through the login node: {time.monotonic() - started:.1f} s")
+    # TensorBoard here, on the chief's event files pulled from the login node.
+    pulled = _first_lines(laptop, ["tensorboard", "--port", str(_free_port()), "--refresh", "1"],
+                          lambda seen: "pulled" in seen, stream="stderr")  # fmt: skip
+    assert "event file(s) from task0" in pulled, pulled
+    events = laptop.cwd / ".orchestrate" / "tensorboard" / "shapes"
+    assert any(p.name.startswith("events.out.tfevents") for p in events.rglob("*")), events
 
-    # Held in Slurm's queue for longer than stall_timeout: no stall, the clock starts later.
-    long_run = laptop.inventory(steps=100000, stall_timeout=6, sbatch_args=["--begin=now+10"])
+    # Held in Slurm's queue for longer than stall_timeout: no stall, the clock starts later. A
+    # stand-in script (no TensorFlow start to wait for), uploaded through the login node.
+    stepper = ["  name: stepper", f"  script: {REPO / 'tests' / 'scripts' / 'stepper.py'}",
+               '  env: {STEPS: "100000", DELAY: "0.1",',
+               '        NOISE: "tick\\n", NOISE_REPEAT: "1"}']  # fmt: skip
+    long_run = laptop.inventory(steps=0, stall_timeout=5, job=stepper,
+                                sbatch_args=["--begin=now+12"])  # fmt: skip
     detached = laptop("up", "--detach", "--skip-checks", str(long_run))
     assert detached.returncode == 0, detached.stderr
     queued = laptop.status()
@@ -308,19 +362,27 @@ def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> No
     assert [w["state"] for w in queued["workers"]] == ["pending", "pending"]
     assert all(w["queued"] and "queue" in w["reason"] for w in queued["workers"]), queued
 
-    def running() -> dict[str, Any] | None:
-        status = laptop.status()
-        steps = [w["step"] or 0 for w in status["workers"]]
-        return status if status["state"] == "running" and min(steps) > 60 else None
+    seen: list[dict[str, Any]] = []
 
-    status = wait_for(running, 90, "both workers to train on")
+    def running() -> dict[str, Any] | None:
+        seen.append(laptop.status(polling=True))
+        steps = [w["step"] or 0 for w in seen[-1]["workers"]]
+        return seen[-1] if seen[-1]["state"] == "running" and min(steps) > 20 else None
+
+    try:
+        status = wait_for(running, 120, "both workers to train on")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; the last status: {seen[-1:]}") from None
     assert status["restarts"] == 0 and status["attempt"] == 0, status  # the wait was no stall
     assert {w["host"] for w in status["workers"]} == {"n1", "n2"}
     assert status["scheduler"]["state"] == "RUNNING"
     tail = laptop("tail", "-n", "5", timeout=60)
     assert tail.returncode == 0, tail.stderr
     names = {line.split("|")[0].strip() for line in tail.stdout.splitlines() if "|" in line}
-    assert names == {"task0", "task1"} and "step" in tail.stdout, tail.stdout
+    assert names == {"task0", "task1"} and "tick" in tail.stdout, tail.stdout
+    followed = _first_lines(laptop, ["tail", "-f", "-n", "1"],
+                            lambda out: out.count("task0 |") > 2 and "task1 |" in out)  # fmt: skip
+    assert "tick" in followed, followed
     assert run_processes(status["run_id"])
 
     down = laptop("down", timeout=120)

@@ -247,3 +247,16 @@ def test_a_tasks_state_comes_from_its_files_and_its_job() -> None:
     assert verdict.state is WorkerState.PENDING and "queue (BeginTime)" in (verdict.reason or "")
     configuring = task_probe(WorkerProbe(now=1.0), JobState("4", "CONFIGURING"), None)
     assert configuring.queued is None and classify(configuring).state is WorkerState.STARTING
+
+
+def test_the_exported_script_of_a_login_inventory_is_the_one_to_submit_there(
+    tmp_path: Path,
+) -> None:
+    from orchestrator.cli.export import sbatch_export
+
+    (tmp_path / "ssh_config").write_text(LOGIN_CONFIG)
+    plain = load_inventory(write(tmp_path, "slurm:\n  nodes: 2\n" + JOB))
+    login = "  login: {address: hpc, ssh_config: ssh_config}\n"
+    remote = load_inventory(write(tmp_path, "slurm:\n  nodes: 2\n" + login + JOB))
+    assert sbatch_export(remote) == sbatch_export(plain)  # nothing of SSH in it
+    assert "{SLURM_SUBMIT_DIR}" in sbatch_export(remote)
