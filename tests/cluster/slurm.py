@@ -15,7 +15,8 @@ its own sshd, whose sessions get `SLURM_CONF` from sshd's `SetEnv`, so Slurm's c
 there (the namespace shares this machine's files: the config, munge's socket, the "shared
 disk"). `login_ssh_config` names it `slurm-login` for `ssh -F FILE slurm-login`.
 
-`python -m tests.cluster.slurm up DIR` starts one by hand and waits for Ctrl-C.
+`python -m tests.cluster.slurm up DIR` starts one by hand (with the login node) and waits for
+Ctrl-C.
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ DAEMONS = ("munged", "slurmctld", "slurmd")
 def unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return "the Slurm test cluster needs root (network namespaces, munge, slurmd)"
-    missing = [t for t in ("ip", "nsenter", "unshare", *DAEMONS, "sbatch") if not _which(t)]
+    tools = ("ip", "nsenter", "unshare", *DAEMONS, "sbatch", "sshd", "ssh-keygen")
+    missing = [t for t in tools if not _which(t)]
     if missing:
-        return f"not installed: {', '.join(missing)} (scripts/ci-slurm-deps.sh installs them)"
+        return f"not installed: {', '.join(missing)} (scripts/ci-system-deps.sh installs them)"
     return None
 
 
@@ -404,7 +406,8 @@ if __name__ == "__main__":
     if sys.argv[1:2] != ["up"] or len(sys.argv) != 3:
         sys.exit("usage: python -m tests.cluster.slurm up DIR")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so `with` tears the cluster down
-    with SlurmCluster(Path(sys.argv[2])) as cluster:
-        print(f"up in {cluster.start_seconds:.1f} s; export SLURM_CONF={cluster.conf}", flush=True)
+    with SlurmCluster(Path(sys.argv[2]), login=True) as cluster:
+        print(f"up in {cluster.start_seconds:.1f} s; export SLURM_CONF={cluster.conf}; login "
+              f"node: ssh -F {cluster.login_ssh_config} {LOGIN_ALIAS}", flush=True)  # fmt: skip
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
