@@ -352,8 +352,7 @@ def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> No
     stepper = ["  name: stepper", f"  script: {REPO / 'tests' / 'scripts' / 'stepper.py'}",
                '  env: {STEPS: "100000", DELAY: "0.1",',
                '        NOISE: "tick\\n", NOISE_REPEAT: "1"}']  # fmt: skip
-    long_run = laptop.inventory(steps=0, stall_timeout=5, job=stepper,
-                                sbatch_args=["--begin=now+12"])  # fmt: skip
+    long_run = laptop.inventory(steps=0, stall_timeout=5, job=stepper, sbatch_args=["--hold"])
     detached = laptop("up", "--detach", "--skip-checks", str(long_run))
     assert detached.returncode == 0, detached.stderr
     queued = laptop.status()
@@ -361,6 +360,10 @@ def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> No
     assert queued["scheduler"]["login"] == f"login node {LOGIN_ALIAS}"
     assert [w["state"] for w in queued["workers"]] == ["pending", "pending"]
     assert all(w["queued"] and "queue" in w["reason"] for w in queued["workers"]), queued
+    time.sleep(8)  # past stall_timeout, still held
+    held = laptop.status()
+    assert (held["attempt"], held["restarts"], held["scheduler"]["state"]) == (0, 0, "PENDING")
+    laptop.slurm("scontrol", "release", held["scheduler"]["job_id"])
 
     seen: list[dict[str, Any]] = []
 

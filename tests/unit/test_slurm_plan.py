@@ -260,3 +260,30 @@ def test_the_exported_script_of_a_login_inventory_is_the_one_to_submit_there(
     remote = load_inventory(write(tmp_path, "slurm:\n  nodes: 2\n" + login + JOB))
     assert sbatch_export(remote) == sbatch_export(plain)  # nothing of SSH in it
     assert "{SLURM_SUBMIT_DIR}" in sbatch_export(remote)
+
+
+def test_a_login_node_that_refuses_is_named_by_every_view(tmp_path: Path) -> None:
+    import socket
+
+    from orchestrator.backend import open_backend
+    from orchestrator.errors import ConnectError
+    from orchestrator.runstore import WorkerRecord
+    from orchestrator.status import collect_status
+
+    with socket.socket() as closed:  # a port on loopback that nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    login = f"  login: {{address: 127.0.0.1, ssh_port: {port}, ssh_connect_timeout: 2}}\n"
+    inventory = load_inventory(write(tmp_path, "slurm:\n  nodes: 2\n" + login + JOB))
+    workers = tuple(WorkerRecord(h.name, i, h, f"/w/runs/r/attempt-0/{h.name}", "log", "/w/c")
+                    for i, h in enumerate(inventory.hosts))  # fmt: skip
+    record = RunRecord("r", inventory, 1.0, workers=workers, scheduler_jobs=("7",))
+    with open_backend(inventory) as backend:
+        status = collect_status(record, backend)
+        assert [w.state for w in status.workers] == [WorkerState.UNKNOWN] * 2
+        assert all("login node 127.0.0.1: connection refused" in (w.reason or "")
+                   for w in status.workers)  # fmt: skip
+        assert status.scheduler is not None and status.scheduler["state"] == "UNKNOWN"
+        assert "login node 127.0.0.1" in status.scheduler["reason"]
+        with pytest.raises(ConnectError, match=r"login node 127\.0\.0\.1"):
+            backend.own_preflight(inventory, 5.0, 0)
