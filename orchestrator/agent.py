@@ -22,6 +22,9 @@ Verbs and their fields:
                               make `name` (files already copied in) the latest checkpoint there,
                               with `checkpoints` the ones listed before it
   files directory             every file under it with its size and modification time
+  make-dirs directories private_dirs
+                              create the directories (parents too) and the private ones (0700)
+                              before files are copied in: no shell command per host
 The supervisor itself is started as `agent.py supervise RUN_DIR` (internal; no job values).
 Privacy: the spec's private_dirs ({job}/runs down to the run directory) are made 0700 and every
 file written here is 0600, so another account on the host reads nothing of a run. Only this
@@ -477,8 +480,16 @@ def cmd_files(request):
     return {"root": root, "files": found}
 
 
+def cmd_make_dirs(request):
+    for path in request.get("directories", []):
+        os.makedirs(_expand(path), exist_ok=True)
+    _make_private_dirs(request.get("private_dirs", []))
+    return {"made": True}
+
+
 VERBS = {
     "files": cmd_files,
+    "make-dirs": cmd_make_dirs,
     "checkpoint": cmd_checkpoint,
     "adopt-checkpoint": cmd_adopt_checkpoint,
     "info": cmd_info,
