@@ -61,7 +61,11 @@ class LineSession:
             self._writer.flush()
             line = self._read_line(timeout)
         except (OSError, TimeoutError, EOFError) as exc:
-            raise HostError(self.host_name, f"the session ended: {exc or 'timed out'}") from exc
+            # A socket timeout says nothing by itself (its str() is empty).
+            why = str(exc) or (
+                f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError) else repr(exc)
+            )
+            raise HostError(self.host_name, f"the session ended: {why}") from exc
         if not line:
             said = self._errors().decode("utf-8", "replace").strip().splitlines()[-3:]
             raise HostError(
