@@ -375,10 +375,27 @@ def _signal_group(pgid, signum):
         os.killpg(pgid, signum)
 
 
+def _in_group(pid, pgid):
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return fields[0] != "Z" and int(fields[2]) == pgid
+
+
+def _group_alive(pgid, known):
+    """Whether any process of the group lives: its known members first (two reads), the whole
+    of /proc only once they are gone (a scan reads every process's stat: hundreds of files on
+    a busy host, and it ran every 0.1 s while a worker saved)."""
+    return any(_in_group(pid, pgid) for pid in known if pid) or bool(_process_group_members(pgid))
+
+
 def cmd_stop(request):
     grace = float(request.get("grace", 10.0))
     run_dirs = request["run_dirs"]
-    groups = {}
+    groups, known = {}, {}
     for run_dir in run_dirs:
         path = _expand(run_dir)
         pid = _read_int(os.path.join(path, "pid"))
@@ -386,6 +403,7 @@ def cmd_stop(request):
             # Only a worker still running is "stopped"; one that already ended keeps its verdict.
             _write_text(os.path.join(path, "stop_requested"), str(time.time()))
             groups[run_dir] = pid
+            known[run_dir] = (pid, _read_int(os.path.join(path, "worker.pid")))
             _signal_group(pid, signal.SIGTERM)
             # A stopped (SIGSTOP) process would hold SIGTERM pending until the grace runs out.
             _signal_group(pid, signal.SIGCONT)
@@ -393,22 +411,27 @@ def cmd_stop(request):
             # Never started: a launch still on its way is refused when it arrives.
             _make_private_dirs([path])
             _write_text(os.path.join(path, "stop_requested"), str(time.time()))
+
+    def still_alive(alive):
+        return {r: g for r, g in alive.items() if _group_alive(g, known[r])}
+
+    alive = dict(groups)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_process_group_members(g) for g in groups.values()):
-        time.sleep(0.1)
+    while alive and time.monotonic() < deadline:
+        alive = still_alive(alive)
+        if alive:
+            time.sleep(0.1)
     outcome = {run_dir: "not running" for run_dir in run_dirs}
-    for run_dir, pgid in groups.items():
-        if _process_group_members(pgid):
-            _signal_group(pgid, signal.SIGKILL)
-            outcome[run_dir] = "killed"
-        else:
-            outcome[run_dir] = "stopped"
+    for run_dir in groups:
+        outcome[run_dir] = "killed" if run_dir in alive else "stopped"
+    for pgid in alive.values():
+        _signal_group(pgid, signal.SIGKILL)
     kill_deadline = time.monotonic() + 5
-    while time.monotonic() < kill_deadline and any(
-        _process_group_members(g) for g in groups.values()
-    ):
-        time.sleep(0.05)
-    left = {run_dir: _process_group_members(pgid) for run_dir, pgid in groups.items()}
+    while alive and time.monotonic() < kill_deadline:
+        alive = still_alive(alive)
+        if alive:
+            time.sleep(0.05)
+    left = {run_dir: _process_group_members(pgid) for run_dir, pgid in alive.items()}
     return {"outcome": outcome, "left": {k: v for k, v in left.items() if v}}
 
 
