@@ -118,16 +118,42 @@ def cmd_launch(request):
     _write_json(os.path.join(run_dir, "spec.json"), spec)
     agent_path = os.path.join(run_dir, "agent.py")
     _write_text(agent_path, spec["agent_source"])
-    pid = os.fork()
-    if pid == 0:
-        _become_daemon(os.path.join(run_dir, "worker.log"))
-        # The supervisor carries the run's variables too, so every process of a run is findable.
-        # The secrets live here, in its environment (readable by this account only), and reach
-        # the worker from it: no file on the host ever holds them.
-        env = dict(os.environ, **spec["env"], **secrets)
-        os.execve(sys.executable, [sys.executable, agent_path, "supervise", run_dir], env)
+    # The supervisor carries the run's variables too, so every process of a run is findable.
+    # The secrets live here, in its environment (readable by this account only), and reach
+    # the worker from it: no file on the host ever holds them.
+    env = dict(os.environ, **spec["env"], **secrets)
+    argv = [sys.executable, agent_path, "supervise", run_dir]
+    pid = _spawn_daemon(argv, env, os.path.join(run_dir, "worker.log"))
     _write_text(os.path.join(run_dir, "pid"), str(pid))
     return {"pid": pid, "run_dir": run_dir}
+
+
+def _spawn_daemon(argv, env, log_path):
+    """Start argv detached and return its pid once it has exec'd. Forked twice, so that it is
+    no child of this agent, which may serve a controller for a long time (its exit would leave
+    a zombie here); and answered only after the exec (the pipe is close-on-exec), so that a
+    probe right after the launch finds the supervisor's own command line, not this agent's."""
+    read_end, write_end = os.pipe()  # both close-on-exec
+    middle = os.fork()
+    if middle == 0:
+        status = 127
+        try:
+            os.close(read_end)
+            daemon = os.fork()
+            if daemon == 0:
+                _become_daemon(log_path)
+                os.execve(argv[0], argv, env)  # returns only by raising
+            os.write(write_end, f"{daemon}\n".encode())
+            status = 0
+        finally:
+            os._exit(status)  # neither child ever returns into this agent's serving loop
+    os.close(write_end)
+    os.waitpid(middle, 0)
+    answer = b""
+    while chunk := os.read(read_end, 64):  # end of file: the daemon exec'd (or died)
+        answer += chunk
+    os.close(read_end)
+    return int(answer.split()[0])
 
 
 def _become_daemon(log_path):
@@ -400,8 +426,10 @@ def cmd_stop(request):
         path = _expand(run_dir)
         pid = _read_int(os.path.join(path, "pid"))
         if pid and _is_our_supervisor(pid, path):
-            # Only a worker still running is "stopped"; one that already ended keeps its verdict.
-            _write_text(os.path.join(path, "stop_requested"), str(time.time()))
+            # Only a worker still running is "stopped"; one that already ended keeps its verdict
+            # (its supervisor lives on for a moment after writing exit.json).
+            if not os.path.exists(os.path.join(path, "exit.json")):
+                _write_text(os.path.join(path, "stop_requested"), str(time.time()))
             groups[run_dir] = pid
             known[run_dir] = (pid, _read_int(os.path.join(path, "worker.pid")))
             _signal_group(pid, signal.SIGTERM)

@@ -159,7 +159,7 @@ def test_down_wakes_the_supervisor_instead_of_waiting_for_its_next_poll(tmp_path
     took = time.monotonic() - started
     thread.join(timeout=5)
     assert finished == [WorkerState.STOPPED]
-    assert took < 3.0, f"down waited {took:.1f} s for a supervisor polling every 30 s"
+    assert took < 10.0, f"down waited {took:.1f} s for a supervisor polling every 30 s"
 
 
 def stopped_probe() -> dict[str, Any]:
