@@ -369,6 +369,13 @@ def verdicts(samples: Samples, sizes: Sequence[int]) -> list[str]:
         lines.append(
             f"target at {TARGET_SIZE} hosts: {name} <= {limit}x floor: {met}, x{ratio:.2f}"
         )
+    for name in TARGETS:  # the same repeat's floor, next to it in time: the machine's noise
+        measured, floors = samples[TARGET_SIZE, name], samples[TARGET_SIZE, "floor"]
+        pairs = [m / f for m, f in zip(measured, floors, strict=True)]
+        lines.append(
+            f"  paired per repeat, {name} / floor: {' '.join(f'{r:.2f}' for r in pairs)} "
+            f"-> median {statistics.median(pairs):.2f}"
+        )
     poll = median(samples, TARGET_SIZE, "poll")
     met = "MET" if poll <= POLL_TARGET_S else "MISSED"
     lines.append(f"target at {TARGET_SIZE} hosts: poll <= {POLL_TARGET_S} s: {met}, {poll:.3f} s")
