@@ -22,6 +22,9 @@ Verbs and their fields:
                               make `name` (files already copied in) the latest checkpoint there,
                               with `checkpoints` the ones listed before it
   files directory             every file under it with its size and modification time
+  make-dirs directories private_dirs
+                              create the directories (parents too) and the private ones (0700)
+                              before files are copied in: no shell command per host
 The supervisor itself is started as `agent.py supervise RUN_DIR` (internal; no job values).
 Privacy: the spec's private_dirs ({job}/runs down to the run directory) are made 0700 and every
 file written here is 0600, so another account on the host reads nothing of a run. Only this
@@ -115,16 +118,42 @@ def cmd_launch(request):
     _write_json(os.path.join(run_dir, "spec.json"), spec)
     agent_path = os.path.join(run_dir, "agent.py")
     _write_text(agent_path, spec["agent_source"])
-    pid = os.fork()
-    if pid == 0:
-        _become_daemon(os.path.join(run_dir, "worker.log"))
-        # The supervisor carries the run's variables too, so every process of a run is findable.
-        # The secrets live here, in its environment (readable by this account only), and reach
-        # the worker from it: no file on the host ever holds them.
-        env = dict(os.environ, **spec["env"], **secrets)
-        os.execve(sys.executable, [sys.executable, agent_path, "supervise", run_dir], env)
+    # The supervisor carries the run's variables too, so every process of a run is findable.
+    # The secrets live here, in its environment (readable by this account only), and reach
+    # the worker from it: no file on the host ever holds them.
+    env = dict(os.environ, **spec["env"], **secrets)
+    argv = [sys.executable, agent_path, "supervise", run_dir]
+    pid = _spawn_daemon(argv, env, os.path.join(run_dir, "worker.log"))
     _write_text(os.path.join(run_dir, "pid"), str(pid))
     return {"pid": pid, "run_dir": run_dir}
+
+
+def _spawn_daemon(argv, env, log_path):
+    """Start argv detached and return its pid once it has exec'd. Forked twice, so that it is
+    no child of this agent, which may serve a controller for a long time (its exit would leave
+    a zombie here); and answered only after the exec (the pipe is close-on-exec), so that a
+    probe right after the launch finds the supervisor's own command line, not this agent's."""
+    read_end, write_end = os.pipe()  # both close-on-exec
+    middle = os.fork()
+    if middle == 0:
+        status = 127
+        try:
+            os.close(read_end)
+            daemon = os.fork()
+            if daemon == 0:
+                _become_daemon(log_path)
+                os.execve(argv[0], argv, env)  # returns only by raising
+            os.write(write_end, f"{daemon}\n".encode())
+            status = 0
+        finally:
+            os._exit(status)  # neither child ever returns into this agent's serving loop
+    os.close(write_end)
+    os.waitpid(middle, 0)
+    answer = b""
+    while chunk := os.read(read_end, 64):  # end of file: the daemon exec'd (or died)
+        answer += chunk
+    os.close(read_end)
+    return int(answer.split()[0])
 
 
 def _become_daemon(log_path):
@@ -372,17 +401,37 @@ def _signal_group(pgid, signum):
         os.killpg(pgid, signum)
 
 
+def _in_group(pid, pgid):
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return fields[0] != "Z" and int(fields[2]) == pgid
+
+
+def _group_alive(pgid, known):
+    """Whether any process of the group lives: its known members first (two reads), the whole
+    of /proc only once they are gone (a scan reads every process's stat: hundreds of files on
+    a busy host, and it ran every 0.1 s while a worker saved)."""
+    return any(_in_group(pid, pgid) for pid in known if pid) or bool(_process_group_members(pgid))
+
+
 def cmd_stop(request):
     grace = float(request.get("grace", 10.0))
     run_dirs = request["run_dirs"]
-    groups = {}
+    groups, known = {}, {}
     for run_dir in run_dirs:
         path = _expand(run_dir)
         pid = _read_int(os.path.join(path, "pid"))
         if pid and _is_our_supervisor(pid, path):
-            # Only a worker still running is "stopped"; one that already ended keeps its verdict.
-            _write_text(os.path.join(path, "stop_requested"), str(time.time()))
+            # Only a worker still running is "stopped"; one that already ended keeps its verdict
+            # (its supervisor lives on for a moment after writing exit.json).
+            if not os.path.exists(os.path.join(path, "exit.json")):
+                _write_text(os.path.join(path, "stop_requested"), str(time.time()))
             groups[run_dir] = pid
+            known[run_dir] = (pid, _read_int(os.path.join(path, "worker.pid")))
             _signal_group(pid, signal.SIGTERM)
             # A stopped (SIGSTOP) process would hold SIGTERM pending until the grace runs out.
             _signal_group(pid, signal.SIGCONT)
@@ -390,22 +439,27 @@ def cmd_stop(request):
             # Never started: a launch still on its way is refused when it arrives.
             _make_private_dirs([path])
             _write_text(os.path.join(path, "stop_requested"), str(time.time()))
+
+    def still_alive(alive):
+        return {r: g for r, g in alive.items() if _group_alive(g, known[r])}
+
+    alive = dict(groups)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_process_group_members(g) for g in groups.values()):
-        time.sleep(0.1)
+    while alive and time.monotonic() < deadline:
+        alive = still_alive(alive)
+        if alive:
+            time.sleep(0.1)
     outcome = {run_dir: "not running" for run_dir in run_dirs}
-    for run_dir, pgid in groups.items():
-        if _process_group_members(pgid):
-            _signal_group(pgid, signal.SIGKILL)
-            outcome[run_dir] = "killed"
-        else:
-            outcome[run_dir] = "stopped"
+    for run_dir in groups:
+        outcome[run_dir] = "killed" if run_dir in alive else "stopped"
+    for pgid in alive.values():
+        _signal_group(pgid, signal.SIGKILL)
     kill_deadline = time.monotonic() + 5
-    while time.monotonic() < kill_deadline and any(
-        _process_group_members(g) for g in groups.values()
-    ):
-        time.sleep(0.05)
-    left = {run_dir: _process_group_members(pgid) for run_dir, pgid in groups.items()}
+    while alive and time.monotonic() < kill_deadline:
+        alive = still_alive(alive)
+        if alive:
+            time.sleep(0.05)
+    left = {run_dir: _process_group_members(pgid) for run_dir, pgid in alive.items()}
     return {"outcome": outcome, "left": {k: v for k, v in left.items() if v}}
 
 
@@ -477,8 +531,16 @@ def cmd_files(request):
     return {"root": root, "files": found}
 
 
+def cmd_make_dirs(request):
+    for path in request.get("directories", []):
+        os.makedirs(_expand(path), exist_ok=True)
+    _make_private_dirs(request.get("private_dirs", []))
+    return {"made": True}
+
+
 VERBS = {
     "files": cmd_files,
+    "make-dirs": cmd_make_dirs,
     "checkpoint": cmd_checkpoint,
     "adopt-checkpoint": cmd_adopt_checkpoint,
     "info": cmd_info,

@@ -115,6 +115,11 @@ class Backend(ABC):
         """The backend's own preflight checks; None: the host rounds of preflight.py."""
         return None
 
+    def serves(self, inventory: Inventory) -> bool:
+        """Whether this backend can also answer for `inventory`'s workers (an earlier run's),
+        so that its open connections serve both instead of a second backend's."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - optional for backends that hold nothing
         """Release every connection."""
 

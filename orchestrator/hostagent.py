@@ -50,23 +50,32 @@ def request(session: LineSession, verb: str, wait: float, /, **fields: Any) -> d
     return answer
 
 
+Ask = Callable[[str, float, dict[str, Any]], dict[str, Any]]  # verb, timeout, fields -> answer
+
+
 class HostAgent:
-    def __init__(self, runner: Runner, python: str) -> None:
+    """The agent's verbs, typed. `ask` sends one request: by default through a session of its
+    own (a Python start per call); HostBackend passes one that uses the machine's kept session."""
+
+    def __init__(self, runner: Runner, python: str, ask: Ask | None = None) -> None:
         self.runner = runner
         self.python = python
+        self._ask = ask or self._ask_once
 
     def session(self, program: str = AGENT) -> LineSession:
         """The program serving requests until the session closes."""
         return self.runner.session([self.python, "-c", host_program(program)])
 
-    def _call(self, verb: str, parse: Callable[[dict[str, Any]], T], timeout: float = 60.0,
-              **fields: Any) -> T:  # fmt: skip
+    def _ask_once(self, verb: str, timeout: float, fields: dict[str, Any]) -> dict[str, Any]:
         session = self.session()
         try:
-            answer = request(session, verb, timeout, **fields)
+            return request(session, verb, timeout, **fields)
         finally:
             session.close()
-        return parsed(self.runner.host_name, parse, answer)
+
+    def _call(self, verb: str, parse: Callable[[dict[str, Any]], T], timeout: float = 60.0,
+              **fields: Any) -> T:  # fmt: skip
+        return parsed(self.runner.host_name, parse, self._ask(verb, timeout, fields))
 
     def info(self) -> HostInfo:
         return self._call("info", HostInfo.parse, timeout=30)
@@ -88,6 +97,10 @@ class HostAgent:
 
     def files(self, directory: str) -> FileListing:
         return self._call("files", FileListing.parse, directory=directory)
+
+    def make_dirs(self, directories: list[str], private: list[str]) -> None:
+        """Create `directories` (parents too) and the run's `private` ones (0700)."""
+        self._call("make-dirs", dict, timeout=30, directories=directories, private_dirs=private)
 
     def stop(self, run_dirs: list[str], grace: float) -> dict[str, StopAnswer]:
         return self._call("stop", parse_stop, timeout=grace + 30, run_dirs=run_dirs, grace=grace)

@@ -1,8 +1,10 @@
 """The Backend for workers on hosts the controller reaches through a Runner (local, SSH, ...).
 
 One runner per machine (workers that share a machine share a connection), made by the host's
-connection kind; the stdlib-only agent (agent.py) does the work on the host. Probes go through a
-session kept open per machine, so repeated polls do not start a Python each time.
+connection kind; the stdlib-only agent (agent.py) does the work on the host. Every agent call
+(probes, launches, stops, listings) goes through one session kept open per machine, so neither
+repeated polls nor the several steps of a start pay a login shell and a Python start each: at
+64 hosts each such round cost as much as reaching the hosts at all.
 """
 
 from __future__ import annotations
@@ -11,15 +13,15 @@ import posixpath
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe, parsed
 from orchestrator.answers import parse_probe as parse_probe_answer
 from orchestrator.backend import Backend
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult, fan_out, per_machine
-from orchestrator.hostagent import PROBE, HostAgent, request
-from orchestrator.inventory import Host
+from orchestrator.hostagent import PROBE, HostAgent
+from orchestrator.inventory import Host, Inventory
 from orchestrator.runner import LineSession, Runner
 
 if TYPE_CHECKING:
@@ -28,6 +30,11 @@ if TYPE_CHECKING:
 
 MachineKey = tuple[str, ...]
 PROBE_TIMEOUT = 5.0  # seconds a host may take to answer a poll before it counts as silent
+# A new session's first answer also waits for the login shell and Python to start, which takes
+# seconds on a loaded host or behind a slow ~/.bashrc. Counting that against PROBE_TIMEOUT
+# made the first poll of 64 namespace hosts fail, and every failed poll opened another 64
+# sessions on top of the ones still starting.
+SESSION_START_TIMEOUT = 30.0
 
 
 def machine_key(host: Host) -> MachineKey:
@@ -39,17 +46,22 @@ class HostBackend(Backend):
         self._runners: dict[MachineKey, Runner] = {}
         self._lock = threading.Lock()  # fan-out threads ask for runners at the same time
         self._sessions: dict[MachineKey, LineSession] = {}
+        self._busy: dict[MachineKey, threading.Lock] = {}  # one request at a time per session
 
     # --- connections ---------------------------------------------------------------------------
     def agent(self, host: Host) -> HostAgent:
+        return HostAgent(
+            self.runner(host),
+            host.python,
+            lambda verb, wait, fields: self._ask(host, verb, wait, fields),
+        )
+
+    def runner(self, host: Host) -> Runner:
         key = machine_key(host)
         with self._lock:
             if key not in self._runners:
                 self._runners[key] = host.kind.runner(host)
-            return HostAgent(self._runners[key], host.python)
-
-    def runner(self, host: Host) -> Runner:
-        return self.agent(host).runner
+            return self._runners[key]
 
     def _forget(self, key: MachineKey, session: LineSession | None) -> None:
         """Drop a machine's connection after it stopped answering: the next call connects
@@ -66,12 +78,13 @@ class HostBackend(Backend):
         threading.Thread(target=_close_quietly, args=(closers,), daemon=True).start()
 
     def close(self) -> None:
-        for session in self._sessions.values():
-            session.close()
+        # All machines at once, without waiting for each agent to exit (it does at end of
+        # input): one after the other, waiting, closing 64 hosts took seconds.
+        sessions, runners = dict(self._sessions), dict(self._runners)
         self._sessions.clear()
-        for runner in self._runners.values():
-            runner.close()
         self._runners.clear()
+        fan_out(sessions, lambda key: sessions[key].drop())
+        fan_out(runners, lambda key: runners[key].close())
 
     # --- an attempt's workers ------------------------------------------------------------------
     def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
@@ -86,9 +99,12 @@ class HostBackend(Backend):
 
         def launch(name: str) -> int:
             spec = by_name[name]
-            if spec.uploads:  # into a private run directory from the first byte on
-                self.runner(spec.host).make_dirs(spec.private_dirs, private=True)
-            self.upload(spec.host, expand_uploads(spec.uploads))
+            # Into a private run directory from the first byte on; the directories, the files
+            # (SFTP, no shell) and the launch all go over the machine's one open session.
+            files = expand_uploads(spec.uploads)
+            if files:
+                self._make_dirs(spec.host, files, list(spec.private_dirs))
+                self._put(spec.host, files)
             return self.agent(spec.host).launch(spec.launch_request())
 
         return fan_out(by_name, launch)
@@ -101,20 +117,32 @@ class HostBackend(Backend):
         return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), ask)
 
     def _probe_machine(self, host: Host, run_dirs: list[str]) -> dict[str, WorkerProbe]:
-        """Through the machine's open session, answered within PROBE_TIMEOUT. A session that
-        fails is dropped and the host reported as not answering for this poll: retrying at
-        once would freeze the live view for the length of a network outage. The next poll
-        opens a fresh session."""
-        key = machine_key(host)
-        session = self._sessions.pop(key, None)
-        try:
-            session = session or self.agent(host).session()
-            answer = request(session, "probe", PROBE_TIMEOUT, run_dirs=run_dirs)
-        except HostError:
-            self._forget(key, session)
-            raise
-        self._sessions[key] = session
+        answer = self._ask(host, "probe", PROBE_TIMEOUT, {"run_dirs": run_dirs})
         return parsed(host.name, parse_probe_answer, answer)
+
+    def _ask(self, host: Host, verb: str, wait: float, fields: dict[str, Any]) -> dict[str, Any]:
+        """One request through the machine's open agent session, answered within `wait` (a
+        session opened now: at least SESSION_START_TIMEOUT, its program has to start first).
+        A session that fails is dropped and the host reported as not answering: retrying at
+        once would freeze the live view for the length of a network outage. The next call
+        opens a fresh session. An {"error": ...} answer keeps the session."""
+        key = machine_key(host)
+        with self._lock:
+            busy = self._busy.setdefault(key, threading.Lock())
+        with busy:
+            session = self._sessions.pop(key, None)
+            if session is None:
+                wait = max(wait, SESSION_START_TIMEOUT)
+            try:
+                session = session or HostAgent(self.runner(host), host.python).session()
+                answer = session.request({"verb": verb, **fields}, timeout=wait)
+            except HostError:
+                self._forget(key, session)
+                raise
+            self._sessions[key] = session
+        if "error" in answer:
+            raise HostError(host.name, f"the agent could not {verb}: {answer['error']}")
+        return answer
 
     def stop(self, workers: Sequence[WorkerRecord], grace: float) -> GroupResult[str, StopAnswer]:
         def stop(group: list[WorkerRecord]) -> dict[str, StopAnswer]:
@@ -154,8 +182,15 @@ class HostBackend(Backend):
     def upload(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
         if not files:
             return
+        self._make_dirs(host, files, [])
+        self._put(host, files)
+
+    def _make_dirs(self, host: Host, files: Sequence[tuple[str, str]], private: list[str]) -> None:
+        directories = sorted({posixpath.dirname(remote) for _, remote in files})
+        self.agent(host).make_dirs(directories, private)
+
+    def _put(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
         runner = self.runner(host)
-        runner.make_dirs(sorted({posixpath.dirname(remote) for _, remote in files}))
         for local, remote in files:
             runner.put(local, remote)
 
@@ -170,6 +205,9 @@ class HostBackend(Backend):
             for host, error in answers.failed.items()
             if isinstance(error, ConnectError)
         }
+
+    def serves(self, inventory: Inventory) -> bool:
+        return inventory.slurm is None  # hosts of any connection kind: one runner per machine
 
     def preflight_session(self, host: Host) -> LineSession:
         return self.agent(host).session(PROBE)

@@ -48,12 +48,15 @@ class LineSession:
         read_line: Callable[[float], bytes],
         close: Callable[[], None],
         errors: Callable[[], bytes] = lambda: b"",
+        *,
+        drop: Callable[[], None] | None = None,
     ) -> None:
         self.host_name = host_name
         self._writer = writer
         self._read_line = read_line
         self._close = close
         self._errors = errors
+        self._drop = drop or close
 
     def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
         try:
@@ -61,7 +64,11 @@ class LineSession:
             self._writer.flush()
             line = self._read_line(timeout)
         except (OSError, TimeoutError, EOFError) as exc:
-            raise HostError(self.host_name, f"the session ended: {exc or 'timed out'}") from exc
+            # A socket timeout says nothing by itself (its str() is empty).
+            why = str(exc) or (
+                f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError) else repr(exc)
+            )
+            raise HostError(self.host_name, f"the session ended: {why}") from exc
         if not line:
             said = self._errors().decode("utf-8", "replace").strip().splitlines()[-3:]
             raise HostError(
@@ -75,7 +82,13 @@ class LineSession:
             raise HostError(self.host_name, f"the session answered {line[:200]!r}") from exc
 
     def close(self) -> None:
+        """End of input, then wait (a while) for the program to exit."""
         self._close()
+
+    def drop(self) -> None:
+        """End of input without waiting for the program's exit: it ends by itself at end of
+        input, and nothing depends on when (a controller closing its sessions at exit)."""
+        self._drop()
 
 
 class Runner(ABC):

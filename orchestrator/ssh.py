@@ -253,20 +253,21 @@ class SshRunner(Runner):
             channel.settimeout(timeout)
             return bytes(stdout.readline())
 
-        def close() -> None:
+        def close(wait: bool = True) -> None:
             # End of input ends the remote program; closing the channel ends the rest. The
             # files are closed first: paramiko would flush them into a closed channel later.
             with contextlib.suppress(OSError, EOFError, ValueError, paramiko.SSHException):
                 stdin.close()  # sends EOF (shutdown_write)
                 deadline = time.monotonic() + 10
-                while not channel.exit_status_ready() and time.monotonic() < deadline:
+                while wait and not channel.exit_status_ready() and time.monotonic() < deadline:
                     time.sleep(0.01)
             for handle in (stdout, stderr):
                 with contextlib.suppress(OSError, ValueError):
                     handle.close()
             channel.close()
 
-        return LineSession(self.host_name, stdin, read_line, close, lambda: bytes(stderr.read()))
+        return LineSession(self.host_name, stdin, read_line, close, lambda: bytes(stderr.read()),
+                           drop=lambda: close(wait=False))  # fmt: skip
 
     def put(self, local: str, remote: str) -> None:
         self.open()

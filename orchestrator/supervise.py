@@ -55,6 +55,7 @@ from orchestrator.state import ACTIVE, WorkerState
 from orchestrator.status import RunStatus, WorkerStatus, collect_status
 
 MAX_BACKOFF = 300
+WAKE_CHECK = 0.1  # seconds between looks at the stop flag while the supervisor waits
 STOP_GRACE = 5.0  # the remaining workers of a failed attempt would fail or hang anyway
 
 
@@ -100,6 +101,13 @@ class StallWatch:
 
     def reset(self) -> None:
         self._since.clear()
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 def _reached_target(worker: WorkerStatus) -> bool:
@@ -433,9 +441,13 @@ def refuse_if_active(
             store.save(replace(record, outcome="its launch was interrupted; stopped"))
         return
     supervised = SupervisorLock(store.lock_path(previous.run_id)).held_elsewhere()
-    # The earlier run may live elsewhere (hosts, or a Slurm cluster): ask its own backend.
-    with open_backend(previous.inventory) as own:
-        status = collect_status(previous, own)
+    # The earlier run may live elsewhere (hosts, or a Slurm cluster): ask its own backend,
+    # or this one when it serves both (its sessions then serve the launch too).
+    if backend.serves(previous.inventory):
+        status = collect_status(previous, backend)
+    else:
+        with open_backend(previous.inventory) as own:
+            status = collect_status(previous, own)
     if status.state in ACTIVE or supervised:
         state = status.state.value if status.state in ACTIVE else "being restarted"
         raise RunStateError(
@@ -452,10 +464,12 @@ def stop_everything(store: RunStore, backend: Backend, run_id: str | None,
     record = store.load(run_id)
     store.stop_flag(record.run_id).touch()
     report = stop_run(record, backend, grace)
+    # Touched again: the supervisor, waiting for its next poll, polls now and lets go.
+    store.stop_flag(record.run_id).touch()
     lock = SupervisorLock(store.lock_path(record.run_id))
     deadline = time.monotonic() + grace + 15
     while lock.held_elsewhere() and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.05)
     newer = store.load(record.run_id)
     if newer.attempt != record.attempt:
         report = stop_run(newer, backend, grace)
@@ -515,7 +529,7 @@ class Supervisor:
                 # `down` is stopping the run: what ends now is no failure to recover from.
                 if status.state.finished:
                     return status
-                time.sleep(self.interval)
+                self._pause()
                 continue
             self._mirror_new_checkpoint(status)
             failure = first_failure(status) or self.watch.check(status, time.monotonic())
@@ -524,7 +538,19 @@ class Supervisor:
                 failure = early_exit(failure, done)
                 self._recover(failure)
             else:
-                time.sleep(self.interval)
+                self._pause()
+
+    def _pause(self) -> None:
+        """Wait one interval, or less: `down` touches the stop flag when it starts and again
+        once it has stopped the workers; the supervisor then polls at once, sees the run
+        stopped and lets go, instead of keeping `down` waiting up to a whole interval."""
+        flag = self.store.stop_flag(self.record.run_id)
+        seen = _mtime(flag)
+        deadline = time.monotonic() + self.interval
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, WAKE_CHECK))
+            if _mtime(flag) != seen:
+                return
 
     def _recover(self, failure: Failure) -> None:
         job = self.record.inventory.job

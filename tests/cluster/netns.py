@@ -223,6 +223,26 @@ def _bridge_netfilter_needs_rule() -> bool:
     return [rule for rule in rules if rule.strip()] != ["-P FORWARD ACCEPT"]
 
 
+# The kernel keeps ONE IPv4 neighbour (ARP) table for all network namespaces, 1024 entries at
+# most by default (gc_thresh3). A full mesh of N namespace hosts needs about N·(N+1) entries
+# (every host knows every other and the bridge): past ~31 hosts new entries fail ("neighbour:
+# arp_cache: neighbor table overflow!" in dmesg) and connections time out as if a firewall
+# dropped them. Real hosts each have their own table; only this one-machine cluster needs more.
+_NEIGH_SYSCTL = Path("/proc/sys/net/ipv4/neigh/default")
+
+
+def _ensure_neighbour_room(count: int) -> None:
+    """Raise the shared neighbour table's limits to fit a full mesh of `count` hosts. Only ever
+    raised, never restored: another cluster on the machine may rely on it meanwhile, and
+    larger limits change nothing for smaller tables."""
+    needed = count * (count + 1)
+    for name, value in (("gc_thresh2", needed), ("gc_thresh3", 2 * needed)):
+        path = _NEIGH_SYSCTL / name
+        with contextlib.suppress(OSError, ValueError):
+            if int(path.read_text()) < value:
+                path.write_text(f"{value}\n")
+
+
 def _forward_rule(bridge: str, tag: str) -> list[str]:
     return [
         "FORWARD",
@@ -580,6 +600,7 @@ class NamespaceCluster:
         _run([ip, "link", "add", "name", self.bridge, "type", "bridge"])
         _run([ip, "addr", "add", f"{BRIDGE_ADDRESS}/{SUBNET.prefixlen}", "dev", self.bridge])
         _run([ip, "link", "set", "dev", self.bridge, "up"])
+        _ensure_neighbour_room(self.count)
         if _bridge_netfilter_needs_rule():
             _run([_tool("iptables"), "-w", "-I", *_forward_rule(self.bridge, self.tag)])
             self.iptables_rule = True
