@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.codesync import SyncSpec, sync_hosts
-from orchestrator.hostbackend import HostBackend, _expand_uploads
+from orchestrator.hostbackend import HostBackend, expand_uploads
 from orchestrator.inventory import Host
 from orchestrator.kinds.ssh import SshSettings
 from tests.cluster.netns import NamespaceCluster, cleanup_leftovers, unavailable_reason
@@ -102,7 +102,7 @@ def main() -> None:
 
                 def sftp(remote: Path = remote) -> None:
                     with HostBackend() as backend:
-                        backend.upload(host, _expand_uploads([(str(source), str(remote))]))
+                        backend.upload(host, expand_uploads([(str(source), str(remote))]))
 
                 samples.setdefault("SFTP upload", []).append(measure(target.veth, sftp))
                 shutil.rmtree(job, ignore_errors=True)
