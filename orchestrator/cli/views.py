@@ -138,7 +138,11 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
                 pull_events(record, backend, logdir)
         except KeyboardInterrupt:
             server.terminate()
-            server.wait(timeout=15)
+            try:
+                server.wait(timeout=15)
+            except subprocess.TimeoutExpired:  # still starting up on a loaded machine
+                server.kill()
+                server.wait(timeout=15)
             errors.print("TensorBoard stopped")
             return
     last = server_log.read_text().strip().splitlines()[-1:] or ["no output"]
