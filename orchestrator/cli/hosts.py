@@ -23,6 +23,7 @@ def _row(host: Host, role: str) -> dict[str, object]:
         "address": host.address,
         "port": host.port,
         "ssh_alias": details.get("alias"),
+        "ssh_hostname": details.get("hostname"),
         "ssh_user": details.get("user"),
         "ssh_port": details.get("ssh_port"),
         "ssh_key": details.get("key"),
@@ -54,7 +55,8 @@ def hosts(inventory: Path, as_json: bool) -> None:
         ssh = ""
         if row["ssh_port"]:
             alias = f" (alias {row['ssh_alias']})" if row["ssh_alias"] else ""
-            ssh = f"{row['ssh_user'] or '(your user)'}@{row['address']}:{row['ssh_port']}{alias}"
+            where = row["ssh_hostname"] or row["address"]
+            ssh = f"{row['ssh_user'] or '(your user)'}@{where}:{row['ssh_port']}{alias}"
         else:
             ssh = str(row["connection"])
         table.add_row(*(str(row[c] or "") if c != "ssh" else ssh for c in columns))

@@ -128,16 +128,21 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
                  "--port", str(port), "--host", "127.0.0.1"],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
-        click.echo(f"TensorBoard for run {record.run_id}: http://127.0.0.1:{port}/ ({logdir})")
-        served = {"url": f"http://127.0.0.1:{port}/", "pid": server.pid, "run_id": record.run_id}
-        context.store.write_file(context.store.tensorboard_path(), json.dumps(served))  # dashboard
-        try:
+        try:  # from here on Ctrl-C stops the server too (it was left running before the loop)
+            click.echo(f"TensorBoard for run {record.run_id}: http://127.0.0.1:{port}/ ({logdir})")
+            served = {"url": f"http://127.0.0.1:{port}/", "pid": server.pid,
+                      "run_id": record.run_id}  # fmt: skip
+            context.store.write_file(context.store.tensorboard_path(), json.dumps(served))
             while server.poll() is None:
                 time.sleep(refresh if events_are_remote(record) else 1.0)
                 pull_events(record, backend, logdir)
         except KeyboardInterrupt:
             server.terminate()
-            server.wait(timeout=15)
+            try:
+                server.wait(timeout=15)
+            except subprocess.TimeoutExpired:  # still starting up on a loaded machine
+                server.kill()
+                server.wait(timeout=15)
             errors.print("TensorBoard stopped")
             return
     last = server_log.read_text().strip().splitlines()[-1:] or ["no output"]

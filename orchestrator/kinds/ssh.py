@@ -142,6 +142,8 @@ def resolved(host: Host) -> dict[str, Any]:
         "key": settings.ssh_key or (keys[0] if keys else None),
         "jump": entry.get("proxyjump"),
         "alias": settings.ssh_host,
+        # Where SSH connects: not the address for a Slurm task, which stands for its login node.
+        "hostname": entry.get("hostname") or settings.target or host.address,
     }
 
 

@@ -95,8 +95,8 @@ class SlurmBackend(Backend):
         if found.failed:
             error = found.failed[self.login.name]
             return GroupResult(failed={host.name: error for host in hosts})
-        home = found.ok[self.login.name]  # the login node's workdir, resolved there
-        return GroupResult(ok={host.name: home for host in hosts})
+        workdir = found.ok[self.login.name]  # slurm.workdir, resolved on the login node
+        return GroupResult(ok={host.name: workdir for host in hosts})
 
     def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
         directory = attempt_dir(specs[0].run_dir)

@@ -321,12 +321,14 @@ def _first_lines(
                 seen += source.readline()
     process.send_signal(signal.SIGINT)
     try:
-        process.wait(timeout=30)
+        process.wait(timeout=40)
     finally:
         if process.poll() is None:
             process.kill()
     assert enough(seen), f"{args}: {seen}"
-    return seen
+    other = process.stderr if stream == "stdout" else process.stdout
+    assert other is not None
+    return seen + source.read() + other.read()  # what it said on the way out too
 
 
 def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> None:
@@ -342,8 +344,8 @@ def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> No
     print(f"check + two-node job through the login node: {time.monotonic() - started:.1f} s")
     # TensorBoard here, on the chief's event files pulled from the login node.
     pulled = _first_lines(laptop, ["tensorboard", "--port", str(_free_port()), "--refresh", "1"],
-                          lambda seen: "pulled" in seen, stream="stderr")  # fmt: skip
-    assert "event file(s) from task0" in pulled, pulled
+                          lambda seen: "TensorBoard for run" in seen)  # fmt: skip
+    assert "event file(s) from task0" in pulled and "TensorBoard stopped" in pulled, pulled
     events = laptop.cwd / ".orchestrate" / "tensorboard" / "shapes"
     assert any(p.name.startswith("events.out.tfevents") for p in events.rglob("*")), events
 
