@@ -65,11 +65,10 @@ STANDBY_MODULE = "worker.standby"
 HANDOVER_WAIT = 5.0  # seconds a launch waits for a claimed standby to take the attempt
 # What differs between two attempts of one slot and is read only after TensorFlow's import:
 # not part of the environment a standby must share with the attempt it serves. The names are
-# orchestrator.contract's (this file is stdlib-only and sent alone); SSH_* differ per connection.
-PER_ATTEMPT_ENV = (
-    "TF_CONFIG", "ORCHESTRATE_RUN_DIR", "ORCHESTRATE_PROGRESS_FILE", "SSH_CLIENT",
-    "SSH_CONNECTION",
-)  # fmt: skip
+# orchestrator.contract's (this file is stdlib-only and sent alone).
+PER_ATTEMPT_ENV = ("TF_CONFIG", "ORCHESTRATE_RUN_DIR", "ORCHESTRATE_PROGRESS_FILE")
+# Set per SSH connection, never read by TensorFlow: a warm worker gets the launching agent's.
+PER_CONNECTION_ENV = ("SSH_CLIENT", "SSH_CONNECTION", "SSH_AUTH_SOCK", "XDG_SESSION_ID")
 
 
 def _private_open(path, flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
@@ -195,7 +194,8 @@ def import_env(base, spec_env, secrets):
     env = dict(base)
     env.update(spec_env)
     env.update(secrets)
-    return {key: value for key, value in env.items() if key not in PER_ATTEMPT_ENV}
+    skip = PER_ATTEMPT_ENV + PER_CONNECTION_ENV
+    return {key: value for key, value in env.items() if key not in skip}
 
 
 def env_digest(salt, python, env):
@@ -276,7 +276,9 @@ def _hand_to_standby(run_dir, spec, secrets):
         _kill_standby(sdir)
         return None, f"the standby could not be reached ({exc.strerror})"
     try:
-        os.write(fifo, json.dumps({"run_dir": run_dir}).encode() + b"\n")  # < PIPE_BUF: atomic
+        connection = {k: os.environ[k] for k in PER_CONNECTION_ENV if k in os.environ}
+        message = json.dumps({"run_dir": run_dir, "connection_env": connection}).encode()
+        os.write(fifo, message + b"\n")  # under PIPE_BUF (4 KiB): written at once
     finally:
         os.close(fifo)
     deadline = time.monotonic() + HANDOVER_WAIT
@@ -406,7 +408,7 @@ def run_standby(sdir):
             pending += os.read(fifo, 4096)
             if b"\n" in pending:
                 line = pending.split(b"\n", 1)[0]
-                _adopt_run(child, json.loads(line)["run_dir"], keep_open)  # returns on failure
+                _adopt_run(child, json.loads(line), keep_open)  # returns only on failure
                 break
         if child.poll() is not None or not os.path.isdir(sdir):
             break
@@ -421,9 +423,10 @@ def run_standby(sdir):
     leave()
 
 
-def _adopt_run(child, run_dir, keep_open):
+def _adopt_run(child, message, keep_open):
     """Become the run directory's supervisor: exec `supervise RUN_DIR --adopt` in this same
     process, handing it the child and both ends of its pipes. Returns only if that failed."""
+    run_dir = message["run_dir"]
     os.close(keep_open)
     pipes = (child.stdin.fileno(), child.stdout.fileno())
     for fd in pipes:
@@ -431,7 +434,11 @@ def _adopt_run(child, run_dir, keep_open):
     spec = _read_json(os.path.join(run_dir, "spec.json"))
     if spec is None or os.path.exists(os.path.join(run_dir, "stop_requested")):
         return
-    env = dict(os.environ, **spec["env"])  # the run's variables, as on a cold supervisor
+    # A cold supervisor's environment: the launching agent's connection variables, then the
+    # run's variables (the rest is equal: standby_refusal checked it).
+    env = {k: v for k, v in os.environ.items() if k not in PER_CONNECTION_ENV}
+    env.update(message.get("connection_env") or {})
+    env.update(spec["env"])
     argv = [sys.executable, os.path.join(run_dir, "agent.py"), "supervise", run_dir, "--adopt",
             str(child.pid), *map(str, pipes)]  # fmt: skip
     with contextlib.suppress(OSError):

@@ -32,6 +32,9 @@ def make_job(cli: Cli, job: dict[str, Any], **env: Any) -> Path:
         "name": "demo",
         "script": "train.py",
         "restart_backoff": 0,
+        # The stand-in script imports no TensorFlow: a standby would only add load (warm
+        # restarts: test_warm_restarts.py, and the TensorFlow worker test below).
+        "warm_restarts": False,
         "env": {"STEPS": 40, "DELAY": 0.05, **env},
         **job,
     }

@@ -75,6 +75,7 @@ def test_only_per_attempt_values_may_differ_between_a_standby_and_its_attempt() 
         agent.PER_ATTEMPT_ENV
     )
     assert contract.RUN_ID_ENV not in agent.PER_ATTEMPT_ENV  # the same for every attempt
+    assert "SSH_CONNECTION" in agent.PER_CONNECTION_ENV
 
 
 def test_the_digest_hides_the_values_and_depends_on_the_salt() -> None:
