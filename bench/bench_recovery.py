@@ -1,4 +1,4 @@
-"""Benchmark for issue 5: recovery after a killed worker, two local workers on localhost.
+"""Benchmarks for issues 5 and 18: recovery after a killed worker, cold and warm, two local workers.
 
 Recovery: `orchestrate up --skip-checks` supervises a two-worker run of the bundled shapes task in
 the foreground; once the chief has a checkpoint at step >= 100, worker 1 gets SIGKILL (T0), right
@@ -11,17 +11,25 @@ The supervisor's own lines (read as they come) and the run record split recovery
   relaunch   -> the last "started WORKER" of the new attempt (backoff, checkpoint, launch)
   TF start   -> both workers print "first step done" (import TF, strategy, restore, first step)
 
+Warm (issue 18): the same recovery with `warm_restarts` on, the kill held back until both slots'
+standbys have imported TensorFlow (in a long run they have, long before any failure); the cold
+recovery runs with `warm_restarts: false`, today's path before issue 18. The standbys' resident
+memory (the TensorFlow-imported child, and its supervisor) is sampled before the kill.
+
 Floor: two `python -m worker` processes started by hand with hand-written TF_CONFIG, restoring a
 copy of the same run's checkpoints, until both print "first step done": the cold start of the
 same workers with nothing to detect or stop.
 
-The two methods alternate (the order flips every repeat) so that they share the machine's noise;
+The three methods alternate (the order rotates every repeat) so that they share the machine's noise;
 medians are reported, with the 1-minute load average of each sample (other work on the machine
 moves single samples by seconds). restart_backoff is 0: the default (5 s, doubling) delays every
 restart on purpose and would add to recovery by design. stall_timeout keeps its default (a
 SIGKILL is seen as an exit, not as a stall). The target is the issue's: floor + detection + 5 s.
 
     .venv/bin/python -m bench.bench_recovery [--repeats 5] [--interval 1.0]
+
+The report: cold and warm side by side per phase, the warm/cold ratio against issue 18's 0.6x
+target, issue 5's target for the cold path, and the standbys' memory.
 
 --interval is `orchestrate up --interval`, the supervisor's poll period (default 1 s).
 """
@@ -63,6 +71,7 @@ MIN_CHECKPOINT = 100
 # of a step with step % CHECKPOINT_EVERY == phase.
 KILL_PHASES = (40, 10, 30, 20)
 TARGET_SLACK = 5.0  # the issue's target: floor + detection + 5 s
+WARM_TARGET = 0.6  # issue 18: warm recovery <= 0.6 x the cold recovery of the same run
 POLL = 0.01
 TIMEOUT = 180.0
 
@@ -102,6 +111,8 @@ class Recovery:
     checkpoint_step: int
     restored_step: int
     reason: str
+    warm_workers: int = 0  # workers of the new attempt that were standbys
+    standby_rss: tuple[float, ...] = ()  # MiB per slot: the standby's child + its supervisor
 
     @property
     def steps_lost(self) -> int:
@@ -179,11 +190,12 @@ def wait_first_steps(paths: list[Path], alive: Callable[[], bool]) -> Start:
     )
 
 
-def write_inventory(root: Path) -> None:
+def write_inventory(root: Path, warm: bool) -> None:
     ports = free_ports()
     job = {"name": JOB, "task": TASK, "steps": STEPS, "batch_size": BATCH,
            "checkpoint_every": CHECKPOINT_EVERY, "log_every": LOG_EVERY,
-           "max_to_keep": MAX_TO_KEEP, "restart_backoff": 0}  # fmt: skip
+           "max_to_keep": MAX_TO_KEEP, "restart_backoff": 0,
+           "warm_restarts": warm}  # fmt: skip
     (root / "inv.yaml").write_text(
         "defaults: {connection: local, workdir: ./work}\n"
         "hosts:\n"
@@ -216,8 +228,29 @@ def attempt_logs(root: Path, attempt: int) -> list[Path] | None:
     return [Path(worker["log_path"]) for worker in record["workers"]]
 
 
-def recover_once(root: Path, phase: int, interval: float) -> Recovery:
-    write_inventory(root)
+def standbys_ready(root: Path) -> list[Path] | None:
+    """The standby directories of both slots once both children imported TensorFlow."""
+    record = run_record(root)
+    if record is None:
+        return None
+    found = []
+    for worker in record["workers"]:
+        attempt = Path(worker["run_dir"]).parent
+        standby = attempt.parent / "standby" / Path(worker["run_dir"]).name
+        if not (standby / "ready").exists():
+            return None
+        found.append(standby)
+    return found
+
+
+def rss_mib(pid_file: Path) -> float:
+    import psutil
+
+    return psutil.Process(int(pid_file.read_text())).memory_info().rss / 2**20
+
+
+def recover_once(root: Path, phase: int, interval: float, warm: bool = False) -> Recovery:
+    write_inventory(root, warm)
     up = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "up", "--skip-checks", "--interval", str(interval),
          "inv.yaml"],
@@ -226,7 +259,7 @@ def recover_once(root: Path, phase: int, interval: float) -> Recovery:
     assert up.stdout is not None
     output = Output(up.stdout)
     try:
-        return _kill_and_time(root, up, output, phase)
+        return _kill_and_time(root, up, output, phase, warm)
     finally:
         down = orchestrate(root, "down", "--grace", "10")
         try:
@@ -238,7 +271,9 @@ def recover_once(root: Path, phase: int, interval: float) -> Recovery:
             print(f"warning: orchestrate down exited {down.returncode}: {down.stderr.strip()}")
 
 
-def _kill_and_time(root: Path, up: subprocess.Popen[str], output: Output, phase: int) -> Recovery:
+def _kill_and_time(
+    root: Path, up: subprocess.Popen[str], output: Output, phase: int, warm: bool
+) -> Recovery:
     logs = wait_until(lambda: attempt_logs(root, 0), "the run record")
     chief = Log(logs[0])
     saved = [0]
@@ -252,6 +287,12 @@ def _kill_and_time(root: Path, up: subprocess.Popen[str], output: Output, phase:
     wait_until(checkpointed, f"a checkpoint at step {MIN_CHECKPOINT}")
     if up.poll() is not None:
         raise RuntimeError(f"orchestrate up exited {up.returncode}:\n{output.text()}")
+    standby_pids: set[int] = set()
+    rss: tuple[float, ...] = ()
+    if warm:
+        standbys = wait_until(lambda: standbys_ready(root), "both standbys ready")
+        standby_pids = {int((d / "worker.pid").read_text()) for d in standbys}
+        rss = tuple(rss_mib(d / "worker.pid") + rss_mib(d / "pid") for d in standbys)
     status = json.loads(orchestrate(root, "status", "--json").stdout)
     victim = status["workers"][1]["pid"]
 
@@ -276,7 +317,11 @@ def _kill_and_time(root: Path, up: subprocess.Popen[str], output: Output, phase:
 
     new_logs = wait_until(lambda: attempt_logs(root, 1), "attempt 1")
     start = wait_first_steps(new_logs, lambda: up.poll() is None)
-    last = json.loads(orchestrate(root, "status", "--json").stdout)["last_restart"]
+    after = json.loads(orchestrate(root, "status", "--json").stdout)
+    last = after["last_restart"]
+    warm_workers = sum(w["pid"] in standby_pids for w in after["workers"])
+    if warm and warm_workers != len(after["workers"]):
+        print(f"warning: {warm_workers} of the new workers were standbys", flush=True)
     detected_at = last["at"]
     stopped_at = output.first_after(detected_at, "restarting the cluster")
     launched_at = max(t for t, line in output.lines if t >= stopped_at and "started w" in line)
@@ -292,6 +337,8 @@ def _kill_and_time(root: Path, up: subprocess.Popen[str], output: Output, phase:
         checkpoint_step=checkpoint_step,
         restored_step=start.restored_step,
         reason=last["reason"],
+        warm_workers=warm_workers,
+        standby_rss=rss,
     )
 
 
@@ -329,47 +376,61 @@ def median_min(values: list[float]) -> str:
     return f"{statistics.median(values):6.2f} {min(values):6.2f}"
 
 
-def report(recoveries: list[Recovery], floors: list[Floor]) -> list[str]:
-    def column(name: str) -> list[float]:
-        return [getattr(r, name) for r in recoveries]
+PHASES = (
+    ("recovery: SIGKILL -> both first new step", "total"),
+    ("  detection (-> last_restart.at)", "detection"),
+    ("  stop of the failed attempt", "stop"),
+    ("  relaunch (backoff 0, checkpoint, launch)", "relaunch"),
+    ("  TF start -> both first step done", "tf_start"),
+    ("    of which -> both restored checkpoint", "to_restored"),
+)
+
+
+def report(colds: list[Recovery], warms: list[Recovery], floors: list[Floor]) -> list[str]:
+    def column(samples: list[Recovery], name: str) -> list[float]:
+        return [getattr(r, name) for r in samples]
 
     floor = statistics.median(f.total for f in floors)
-    detection = statistics.median(column("detection"))
-    recovery = statistics.median(column("total"))
+    detection = statistics.median(column(colds, "detection"))
+    cold = statistics.median(column(colds, "total"))
+    warm = statistics.median(column(warms, "total"))
     target = floor + detection + TARGET_SLACK
-    excess = [r.total - f.total - r.detection for r, f in zip(recoveries, floors, strict=True)]
-    rows = [
-        ("recovery: SIGKILL -> both first new step", column("total")),
-        ("  detection (-> last_restart.at)", column("detection")),
-        ("  stop of the failed attempt", column("stop")),
-        ("  relaunch (backoff 0, checkpoint, launch)", column("relaunch")),
-        ("  TF start -> both first step done", column("tf_start")),
-        ("    of which -> both restored checkpoint", column("to_restored")),
-        ("floor: cold start by hand -> first step", [f.total for f in floors]),
-        ("    of which -> both restored checkpoint", [f.to_restored for f in floors]),
-    ]
-    lines = [f"{'seconds':<44} {'median':>6} {'min':>6}"]
-    lines.extend(f"{name:<44} {median_min(values)}" for name, values in rows)
-    lines += [
-        f"{'target: floor + detection + 5 s':<44} {target:6.2f}",
-        "",
-        f"target {'MET' if recovery <= target else 'MISSED'}: median recovery {recovery:.2f} s "
-        f"vs {target:.2f} s ({recovery - target:+.2f} s); median over the floor "
-        f"{recovery - floor:+.2f} s",
-        # The machine's load drifts; a repeat's recovery and floor ran back to back.
-        "paired, per repeat, recovery - floor - detection: "
-        + " ".join(f"{value:.2f}" for value in excess)
-        + f"; median {statistics.median(excess):.2f} s (target <= {TARGET_SLACK:g} s)",
-        "",
-        f"{'kill at step':>12} {'checkpoint':>10} {'restored':>8} {'lost':>5} "
-        f"{'recovery s':>10} {'floor s':>8} {'load':>5}  reason",
-    ]
+    lines = [f"{'seconds':<44} {'cold':>6} {'min':>6}   {'warm':>6} {'min':>6}"]
     lines.extend(
-        f"{r.kill_step:>12} {r.checkpoint_step:>10} {r.restored_step:>8} {r.steps_lost:>5} "
-        f"{r.total:>10.2f} {f.total:>8.2f} {r.load:>5.1f}  {r.reason}"
-        for r, f in zip(recoveries, floors, strict=True)
+        f"{label:<44} {median_min(column(colds, name))}   {median_min(column(warms, name))}"
+        for label, name in PHASES
     )
-    lost = [r.steps_lost for r in recoveries]
+    lines += [
+        f"{'floor: cold start by hand -> first step':<44} {median_min([f.total for f in floors])}",
+        f"{'    of which -> both restored checkpoint':<44} "
+        f"{median_min([f.to_restored for f in floors])}",
+        "",
+        f"warm/cold (medians): {warm / cold:.2f} (target <= {WARM_TARGET:g}): "
+        f"{'MET' if warm <= WARM_TARGET * cold else 'MISSED'}; warm {warm:.2f} s, cold "
+        f"{cold:.2f} s",
+        "paired warm/cold per repeat: "
+        + " ".join(f"{w.total / c.total:.2f}" for c, w in zip(colds, warms, strict=True)),
+        f"issue 5's target (cold <= floor + detection + 5 s = {target:.2f} s): "
+        f"{'MET' if cold <= target else 'MISSED'}",
+    ]
+    rss = [value for r in warms for value in r.standby_rss]
+    if rss:
+        lines.append(f"standby RSS per slot (child + its supervisor): median "
+                     f"{statistics.median(rss):.0f} MiB, max {max(rss):.0f} MiB")  # fmt: skip
+    lines += [
+        "",
+        f"{'method':>6} {'kill at':>7} {'ckpt':>5} {'restored':>8} {'lost':>5} {'total s':>8} "
+        f"{'TF start':>8} {'standbys':>8} {'load':>5}  reason",
+    ]
+    for name, samples in (("cold", colds), ("warm", warms)):
+        lines.extend(
+            f"{name:>6} {r.kill_step:>7} {r.checkpoint_step:>5} {r.restored_step:>8} "
+            f"{r.steps_lost:>5} {r.total:>8.2f} {r.tf_start:>8.2f} {r.warm_workers:>8} "
+            f"{r.load:>5.1f}  {r.reason}"
+            for r in samples
+        )
+    lines.append("floor s (load): " + " ".join(f"{f.total:.2f} ({f.load:.1f})" for f in floors))
+    lost = [r.steps_lost for r in colds + warms]
     within = all(0 <= n <= CHECKPOINT_EVERY for n in lost)
     lines.append(
         f"steps lost per failure: median {statistics.median(lost):g}, max {max(lost)}; "
@@ -388,26 +449,30 @@ def main() -> None:
     stall = next(f.default for f in dataclasses.fields(Job) if f.name == "stall_timeout")
     print(f"two local workers, {TASK}, checkpoint_every {CHECKPOINT_EVERY}, log_every "
           f"{LOG_EVERY}, restart_backoff 0, stall_timeout {stall} (default), stop grace "
-          f"{STOP_GRACE:g} s, supervisor poll {args.interval:g} s", flush=True)  # fmt: skip
-    recoveries: list[Recovery] = []
+          f"{STOP_GRACE:g} s, supervisor poll {args.interval:g} s; load at start "
+          f"{os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+    colds: list[Recovery] = []
+    warms: list[Recovery] = []
     floors: list[Floor] = []
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as scratch:
         checkpoints = Path(scratch) / "checkpoints"  # the latest recovery run's, for the floor
 
-        def recovery(repeat: int) -> None:
-            root = Path(scratch) / f"run-{repeat}"
+        def recovery(repeat: int, warm: bool) -> None:
+            name = "warm" if warm else "cold"
+            root = Path(scratch) / f"{name}-{repeat}"
             root.mkdir()
-            sample = recover_once(root, KILL_PHASES[repeat % len(KILL_PHASES)], args.interval)
-            recoveries.append(sample)
+            phase = KILL_PHASES[repeat % len(KILL_PHASES)]
+            sample = recover_once(root, phase, args.interval, warm)
+            (warms if warm else colds).append(sample)
             shutil.rmtree(checkpoints, ignore_errors=True)
             shutil.copytree(root / "work" / JOB / "checkpoints", checkpoints)
             shutil.rmtree(root)
-            print(f"repeat {repeat + 1}: recovery {sample.total:.2f} s (detection "
+            print(f"repeat {repeat + 1}: {name} recovery {sample.total:.2f} s (detection "
                   f"{sample.detection:.2f}, stop {sample.stop:.2f}, relaunch "
                   f"{sample.relaunch:.2f}, TF start {sample.tf_start:.2f}), killed at step "
-                  f"{sample.kill_step}, restored {sample.restored_step}, load "
-                  f"{sample.load:.1f}", flush=True)  # fmt: skip
+                  f"{sample.kill_step}, restored {sample.restored_step}, standbys used "
+                  f"{sample.warm_workers}, load {sample.load:.1f}", flush=True)  # fmt: skip
 
         def floor(repeat: int) -> None:
             root = Path(scratch) / f"floor-{repeat}"
@@ -417,14 +482,21 @@ def main() -> None:
             print(f"repeat {repeat + 1}: floor {floors[-1].total:.2f} s, load "
                   f"{floors[-1].load:.1f}", flush=True)  # fmt: skip
 
+        methods: list[Callable[[int], None]] = [
+            lambda repeat: recovery(repeat, warm=False),
+            lambda repeat: recovery(repeat, warm=True),
+            floor,
+        ]
         for repeat in range(args.repeats):
-            # The floor needs a checkpoint: the first repeat recovers first, then the order flips.
-            order = (recovery, floor) if repeat % 2 == 0 else (floor, recovery)
-            for method in order:
+            # The floor needs a checkpoint: the first repeat recovers first; then the order
+            # rotates, so each method runs first, second and third alike.
+            shift = repeat % len(methods)
+            for method in methods[shift:] + methods[:shift]:
                 method(repeat)
     print(f"\n{args.repeats} repeats, {time.monotonic() - began:.0f} s in all; medians and "
-          "minimums (a shared, noisy machine: methods alternate; see the load):")  # fmt: skip
-    print("\n".join(report(recoveries, floors)))
+          f"minimums (a shared, noisy machine: methods alternate; see the load); load at end "
+          f"{os.getloadavg()[0]:.1f}:")  # fmt: skip
+    print("\n".join(report(colds, warms, floors)))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,22 @@ Verbs and their fields:
   make-dirs directories private_dirs
                               create the directories (parents too) and the private ones (0700)
                               before files are copied in: no shell command per host
-The supervisor itself is started as `agent.py supervise RUN_DIR` (internal; no job values).
+  standby specs               per worker slot, a standby: a second supervisor whose child has
+                              imported TensorFlow (worker/standby.py) and waits to be told what
+                              to run, so that the slot's next attempt skips the import
+  discard-standbys run_dirs   stop the standbys of these workers' slots for good (the run ended)
+The supervisor itself is started as `agent.py supervise RUN_DIR` (internal; no job values), a
+standby's as `agent.py standby STANDBY_DIR`.
+
+Warm restarts: a launch whose slot has a standby hands the attempt to it when the standby may
+serve it (standby_refusal: ready, the same interpreter, the same environment at TensorFlow's
+import but for the per-attempt values); otherwise the standby is discarded and the worker starts
+cold. The hand-over: the launcher claims the standby (renames its spec.json), writes the run
+directory into its fifo, and the standby supervisor execs `agent.py supervise RUN_DIR --adopt
+PID IN OUT`: the same process (the process group `stop` signals), its child still its child,
+now supervised for the new run directory exactly like a cold one. A standby that is never
+claimed exits by itself `linger` seconds after the attempt it backs ended, when its stop marker
+appears, or when its directory is removed.
 Privacy: the spec's private_dirs ({job}/runs down to the run directory) are made 0700 and every
 file written here is 0600, so another account on the host reads nothing of a run. Only this
 account's processes count as a run's supervisor (pid reuse, or another user's job, is ignored).
@@ -33,9 +48,13 @@ account's processes count as a run's supervisor (pid reuse, or another user's jo
 Files in a run directory:
   spec.json  tf_config.json  agent.py  pid (supervisor = process group)  worker.pid
   worker.log  progress.json (written by the worker)  exit.json  stop_requested
+A standby's directory ({job}/runs/{run_id}/standby/{name}, one per slot):
+  spec.json (claimed.json once claimed)  agent.py  pid  worker.pid  handover (a fifo)
+  ready (written by the child once TensorFlow is imported)  standby.log  stop_requested
 """
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -44,6 +63,15 @@ import sys
 import time
 
 LOG_TAIL_LINES = 20
+STANDBY_DIR_NAME = "standby"
+STANDBY_MODULE = "worker.standby"
+HANDOVER_WAIT = 5.0  # seconds a launch waits for a claimed standby to take the attempt
+# What differs between two attempts of one slot and is read only after TensorFlow's import:
+# not part of the environment a standby must share with the attempt it serves. The names are
+# orchestrator.contract's (this file is stdlib-only and sent alone).
+PER_ATTEMPT_ENV = ("TF_CONFIG", "ORCHESTRATE_RUN_DIR", "ORCHESTRATE_PROGRESS_FILE")
+# Set per SSH connection, never read by TensorFlow: a warm worker gets the launching agent's.
+PER_CONNECTION_ENV = ("SSH_CLIENT", "SSH_CONNECTION", "SSH_AUTH_SOCK", "XDG_SESSION_ID")
 
 
 def _private_open(path, flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
@@ -118,6 +146,14 @@ def cmd_launch(request):
     _write_json(os.path.join(run_dir, "spec.json"), spec)
     agent_path = os.path.join(run_dir, "agent.py")
     _write_text(agent_path, spec["agent_source"])
+    cold_reason = None
+    if "warm" in spec:  # a controller that knows standbys; older ones send no such field
+        pid, cold_reason = _hand_to_standby(run_dir, spec, secrets)
+        if pid is not None:
+            _write_text(os.path.join(run_dir, "pid"), str(pid))
+            return {"pid": pid, "run_dir": run_dir, "warm": True}
+        if cold_reason not in (None, "no standby", "warm restarts are off"):
+            _log_line(run_dir, f"orchestrate: cold start: {cold_reason}")
     # The supervisor carries the run's variables too, so every process of a run is findable.
     # The secrets live here, in its environment (readable by this account only), and reach
     # the worker from it: no file on the host ever holds them.
@@ -125,7 +161,314 @@ def cmd_launch(request):
     argv = [sys.executable, agent_path, "supervise", run_dir]
     pid = _spawn_daemon(argv, env, os.path.join(run_dir, "worker.log"))
     _write_text(os.path.join(run_dir, "pid"), str(pid))
-    return {"pid": pid, "run_dir": run_dir}
+    return {"pid": pid, "run_dir": run_dir, "warm": False, "cold_reason": cold_reason}
+
+
+def _open_log(run_dir):
+    return os.open(
+        os.path.join(run_dir, "worker.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+    )
+
+
+def _log_line(run_dir, line):
+    log = _open_log(run_dir)
+    try:
+        os.write(log, (line + "\n").encode())
+    finally:
+        os.close(log)
+
+
+# --- standbys (warm restarts) -----------------------------------------------------------------
+
+
+def standby_dir(run_dir):
+    """{job}/runs/{run_id}/attempt-{n}/{name} -> {job}/runs/{run_id}/standby/{name}: one per
+    slot and run, beside the attempts (so private like them, and gone with the run's files)."""
+    attempt = os.path.dirname(run_dir)
+    return os.path.join(os.path.dirname(attempt), STANDBY_DIR_NAME, os.path.basename(run_dir))
+
+
+def import_env(base, spec_env, secrets):
+    """The environment a worker of this spec has when it imports TensorFlow, without the values
+    that change from attempt to attempt (read only later). Cold: the supervisor's environment
+    (this agent's, the spec's variables, the secrets), which the worker inherits."""
+    env = dict(base)
+    env.update(spec_env)
+    env.update(secrets)
+    skip = PER_ATTEMPT_ENV + PER_CONNECTION_ENV
+    return {key: value for key, value in env.items() if key not in skip}
+
+
+def env_digest(salt, python, env):
+    """A salted digest: the standby's spec.json (0600) holds no secret value in the clear."""
+    text = json.dumps([python, sorted(env.items())], separators=(",", ":"))
+    return hashlib.sha256((salt + text).encode()).hexdigest()
+
+
+def runnable_argv(argv):
+    """What a standby can run of a worker command line: `PYTHON -m MODULE ARGS...` or `PYTHON
+    SCRIPT ARGS...` (no interpreter options, which would have applied before the import)."""
+    if len(argv) >= 3 and argv[1] == "-m":
+        return ("module", argv[2], list(argv[3:]))
+    if len(argv) >= 2 and not argv[1].startswith("-"):
+        return ("script", argv[1], list(argv[2:]))
+    return None
+
+
+def standby_refusal(standby, argv, env):
+    """Why this standby may not serve a launch of `argv` with `env` (import_env's), or None.
+    `standby`: its spec.json fields with `alive` (its supervisor runs) and `ready` (its child
+    imported TensorFlow and waits). Pure."""
+    if standby is None:
+        return "no standby"
+    if not standby.get("alive"):
+        return "the standby is gone"
+    if not standby.get("ready"):
+        return "the standby has not finished importing TensorFlow"
+    if runnable_argv(argv) is None:
+        return f"a standby cannot run {argv[:2]}"
+    if standby.get("python") != argv[0]:
+        return f"the standby runs {standby.get('python')}, this attempt {argv[0]}"
+    if standby.get("digest") != env_digest(standby.get("salt", ""), argv[0], env):
+        return "the standby's environment differs from this attempt's"
+    return None
+
+
+def _standby_state(sdir):
+    spec = _read_json(os.path.join(sdir, "spec.json"))
+    if spec is None:
+        return None
+    pid = _read_int(os.path.join(sdir, "pid"))
+    child = _read_int(os.path.join(sdir, "worker.pid"))
+    ready = _read_json(os.path.join(sdir, "ready")) or {}
+    alive = bool(pid) and _is_our_supervisor(pid, sdir)
+    ready = alive and bool(child) and ready.get("pid") == child
+    return dict(spec, pid=pid, alive=alive, ready=ready)
+
+
+def _kill_standby(sdir, wait=5.0):
+    """SIGKILL a standby's process group (nothing of it is worth saving) and wait for it."""
+    pid = _read_int(os.path.join(sdir, "pid"))
+    if not pid or not _is_our_supervisor(pid, sdir):
+        return False
+    _signal_group(pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and _process_group_members(pid):
+        time.sleep(0.02)
+    return True
+
+
+def _hand_to_standby(run_dir, spec, secrets):
+    """The supervisor pid that now runs this attempt's worker, or None and why not."""
+    sdir = standby_dir(run_dir)
+    if not spec.get("warm"):
+        _kill_standby(sdir)
+        return None, "warm restarts are off"
+    standby = _standby_state(sdir)
+    why = standby_refusal(standby, spec["argv"], import_env(os.environ, spec["env"], secrets))
+    if why is not None:
+        _kill_standby(sdir)
+        return None, why
+    pid = standby["pid"]
+    try:  # the claim: exactly one launch gets a standby
+        os.replace(os.path.join(sdir, "spec.json"), os.path.join(sdir, "claimed.json"))
+        fifo = os.open(os.path.join(sdir, "handover"), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        _kill_standby(sdir)
+        return None, f"the standby could not be reached ({exc.strerror})"
+    try:
+        connection = {k: os.environ[k] for k in PER_CONNECTION_ENV if k in os.environ}
+        message = json.dumps({"run_dir": run_dir, "connection_env": connection}).encode()
+        os.write(fifo, message + b"\n")  # under PIPE_BUF (4 KiB): written at once
+    finally:
+        os.close(fifo)
+    deadline = time.monotonic() + HANDOVER_WAIT
+    while time.monotonic() < deadline:
+        if _is_our_supervisor(pid, run_dir):  # it exec'd `supervise RUN_DIR --adopt`
+            return pid, None
+        if not _process_group_members(pid):
+            break
+        time.sleep(0.005)
+    _kill_standby(sdir)
+    return None, "the standby did not take the attempt"
+
+
+def cmd_standby(request):
+    """Start (or keep) one standby per spec; the answer per backed run directory."""
+    answers = {}
+    for spec in request["specs"]:
+        backs = _expand(spec["backs"])
+        try:
+            answers[spec["backs"]] = _start_standby(backs, spec)
+        except Exception as exc:  # one slot's failure must not hide the others' answers
+            answers[spec["backs"]] = f"error: {type(exc).__name__}: {exc}"
+    return {"standbys": answers}
+
+
+def _start_standby(backs, spec):
+    spec = dict(spec)
+    secrets = spec.pop("secret_env", None) or {}
+    sdir = standby_dir(backs)
+    if os.path.exists(os.path.join(sdir, "stop_requested")):
+        return "not started: the run's standbys were discarded"
+    env = import_env(os.environ, spec["env"], secrets)
+    current = _standby_state(sdir)
+    if (
+        current is not None
+        and current["alive"]
+        and current.get("backs") == backs
+        and current.get("digest") == env_digest(current.get("salt", ""), spec["python"], env)
+    ):
+        return "kept"
+    _kill_standby(sdir)
+    _make_private_dirs([os.path.dirname(os.path.dirname(sdir)), os.path.dirname(sdir), sdir])
+    for name in ("spec.json", "claimed.json", "ready", "pid", "worker.pid", "handover",
+                 "standby.log"):  # fmt: skip
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(sdir, name))
+    os.mkfifo(os.path.join(sdir, "handover"), 0o600)
+    agent_path = os.path.join(sdir, "agent.py")
+    _write_text(agent_path, spec.pop("agent_source"))
+    salt = os.urandom(16).hex()
+    record = {
+        "backs": backs,
+        "python": spec["python"],
+        "cwd": spec["cwd"],
+        "linger": float(spec.get("linger", 120)),
+        "salt": salt,
+        "digest": env_digest(salt, spec["python"], env),
+        "started_at": time.time(),
+    }
+    _write_json(os.path.join(sdir, "spec.json"), record)
+    child_env = dict(os.environ, **spec["env"], **secrets)
+    argv = [sys.executable, agent_path, "standby", sdir]
+    pid = _spawn_daemon(argv, child_env, os.path.join(sdir, "standby.log"))
+    _write_text(os.path.join(sdir, "pid"), str(pid))
+    return "started"
+
+
+def cmd_discard_standbys(request):
+    """The run is over (down, its end, a failed start): no standby of its slots may stay, and
+    none may start after this (a stop marker in each standby directory)."""
+    outcome = {}
+    for run_dir in request["run_dirs"]:
+        sdir = standby_dir(_expand(run_dir))
+        if os.path.isdir(os.path.dirname(os.path.dirname(sdir))):  # the run's directory
+            _make_private_dirs([os.path.dirname(sdir), sdir])
+            _write_text(os.path.join(sdir, "stop_requested"), str(time.time()))
+        outcome[run_dir] = "stopped" if _kill_standby(sdir) else "none"
+    return {"outcome": outcome}
+
+
+def _attempt_alive(run_dir):
+    pid = _read_int(os.path.join(run_dir, "pid"))
+    return pid is None or _is_our_supervisor(pid, run_dir)  # None: not started yet
+
+
+def run_standby(sdir):
+    """The standby's supervisor: its child imports TensorFlow and waits on its stdin; this
+    process waits for a hand-over on the fifo, copying the child's output into standby.log."""
+    import select
+    import subprocess
+
+    spec = _read_json(os.path.join(sdir, "spec.json"))
+    ready = os.path.join(sdir, "ready")
+    child = subprocess.Popen(
+        [spec["python"], "-m", STANDBY_MODULE, ready], cwd=_expand(spec["cwd"]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    _write_text(os.path.join(sdir, "worker.pid"), str(child.pid))
+
+    def leave(_signum=None, _frame=None):
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        with contextlib.suppress(OSError):
+            os.remove(ready)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGINT, leave)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    fifo_path = os.path.join(sdir, "handover")
+    fifo = os.open(fifo_path, os.O_RDONLY | os.O_NONBLOCK)
+    keep_open = os.open(fifo_path, os.O_WRONLY | os.O_NONBLOCK)  # no EOF when a writer leaves
+    output = child.stdout.fileno()
+    pending = b""
+    ended_at = None
+    while True:
+        ready_fds = select.select([output, fifo], [], [], 0.5)[0]
+        if output in ready_fds:
+            chunk = os.read(output, 65536)
+            if not chunk:
+                break  # the child ended
+            os.write(1, chunk)
+        if fifo in ready_fds:
+            pending += os.read(fifo, 4096)
+            if b"\n" in pending:
+                line = pending.split(b"\n", 1)[0]
+                _adopt_run(child, json.loads(line), keep_open)  # returns only on failure
+                break
+        if child.poll() is not None or not os.path.isdir(sdir):
+            break
+        if os.path.exists(os.path.join(sdir, "stop_requested")):
+            break
+        if _attempt_alive(spec["backs"]):
+            ended_at = None
+        else:  # the attempt it backs ended: a restart claims it soon, or nobody ever will
+            ended_at = ended_at or time.monotonic()
+            if time.monotonic() - ended_at > spec["linger"]:
+                break
+    leave()
+
+
+def _adopt_run(child, message, keep_open):
+    """Become the run directory's supervisor: exec `supervise RUN_DIR --adopt` in this same
+    process, handing it the child and both ends of its pipes. Returns only if that failed."""
+    run_dir = message["run_dir"]
+    os.close(keep_open)
+    pipes = (child.stdin.fileno(), child.stdout.fileno())
+    for fd in pipes:
+        os.set_inheritable(fd, True)
+    spec = _read_json(os.path.join(run_dir, "spec.json"))
+    if spec is None or os.path.exists(os.path.join(run_dir, "stop_requested")):
+        return
+    # A cold supervisor's environment: the launching agent's connection variables, then the
+    # run's variables (the rest is equal: standby_refusal checked it).
+    env = {k: v for k, v in os.environ.items() if k not in PER_CONNECTION_ENV}
+    env.update(message.get("connection_env") or {})
+    env.update(spec["env"])
+    argv = [sys.executable, os.path.join(run_dir, "agent.py"), "supervise", run_dir, "--adopt",
+            str(child.pid), *map(str, pipes)]  # fmt: skip
+    with contextlib.suppress(OSError):
+        os.execve(sys.executable, argv, env)
+
+
+class _AdoptedChild:
+    """The Popen surface supervise() uses, for a child inherited across an exec."""
+
+    def __init__(self, pid, stdout_fd):
+        self.pid = pid
+        self.stdout = os.fdopen(stdout_fd, "rb", buffering=0)
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self):
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, signum):
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
 
 
 def _spawn_daemon(argv, env, log_path):
@@ -169,7 +512,9 @@ def _become_daemon(log_path):
     os.close(log)
 
 
-def supervise(run_dir):
+def supervise(run_dir, adopt=None):
+    """Run the worker and record its exit. `adopt` (pid, stdin fd, stdout fd): a standby's
+    child that already imported TensorFlow, told here what to run instead of a new process."""
     import subprocess
 
     spec = _read_json(os.path.join(run_dir, "spec.json"))
@@ -179,16 +524,19 @@ def supervise(run_dir):
     env.update(spec["env"])
     env["TF_CONFIG"] = tf_config
     started = time.time()
-    try:
-        # The worker writes into a pipe this supervisor drains into worker.log, so the log can be
-        # capped: a long run would otherwise fill the disk with it.
-        child = subprocess.Popen(
-            spec["argv"], cwd=_expand(spec["cwd"]), env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    except OSError as exc:
-        _record_exit(run_dir, 127, started, f"cannot start {spec['argv'][0]}: {exc}")
-        return None
+    if adopt is not None:
+        child = _adopted(run_dir, spec, env, adopt)
+    else:
+        try:
+            # The worker writes into a pipe this supervisor drains into worker.log, so the log
+            # can be capped: a long run would otherwise fill the disk with it.
+            child = subprocess.Popen(
+                spec["argv"], cwd=_expand(spec["cwd"]), env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        except OSError as exc:
+            _record_exit(run_dir, 127, started, f"cannot start {spec['argv'][0]}: {exc}")
+            return None
     _write_text(os.path.join(run_dir, "worker.pid"), str(child.pid))
 
     def forward(signum, _frame):
@@ -210,6 +558,25 @@ def supervise(run_dir):
     returncode = child.wait()
     _record_exit(run_dir, returncode, started, None)
     return None
+
+
+def _adopted(run_dir, spec, env, adopt):
+    pid, stdin_fd, stdout_fd = adopt
+    log = _open_log(run_dir)
+    os.dup2(log, 1)  # this process still wrote into the standby's log
+    os.dup2(log, 2)
+    os.close(log)
+    imported = _read_json(os.path.join(standby_dir(run_dir), "ready")) or {}
+    os.write(1, (f"orchestrate: warm start: this worker's Python (pid {pid}) imported TensorFlow "
+                 f"{time.time() - imported.get('at', time.time()):.0f} s ago as a standby\n"
+                 ).encode())  # fmt: skip
+    request = {"argv": spec["argv"], "cwd": _expand(spec["cwd"]), "env": env}
+    try:
+        with os.fdopen(stdin_fd, "wb") as stdin:  # one line, then end of input
+            stdin.write(json.dumps(request).encode() + b"\n")
+    except BrokenPipeError:
+        pass  # the child died meanwhile: its exit is recorded like any worker's
+    return _AdoptedChild(pid, stdout_fd)
 
 
 def _copy_output(child, log_path, max_bytes, secrets=()):
@@ -547,6 +914,8 @@ VERBS = {
     "launch": cmd_launch,
     "probe": cmd_probe,
     "stop": cmd_stop,
+    "standby": cmd_standby,
+    "discard-standbys": cmd_discard_standbys,
 }
 
 
@@ -572,6 +941,12 @@ def serve(lines, out):
 def main(argv):
     if argv[:1] == ["supervise"] and len(argv) == 2:
         supervise(argv[1])
+        return 0
+    if argv[:1] == ["supervise"] and len(argv) == 6 and argv[2] == "--adopt":
+        supervise(argv[1], adopt=tuple(int(value) for value in argv[3:]))
+        return 0
+    if argv[:1] == ["standby"] and len(argv) == 2:
+        run_standby(argv[1])
         return 0
     if argv:
         sys.stderr.write("usage: agent.py (requests as JSON lines on stdin)\n")

@@ -57,6 +57,17 @@ class Backend(ABC):
     def follow_log(self, worker: WorkerRecord, lines: int) -> Iterator[str]:
         """The last lines, then new ones as they come, until the caller stops iterating."""
 
+    # --- standbys: warm restarts (a backend without them starts every attempt cold) ------------
+    def start_standbys(self, specs: Sequence[WorkerSpec], linger: float) -> GroupResult[str, str]:
+        """Keep, per worker slot, a process that has imported TensorFlow and can become that
+        slot's worker in the next attempt (WorkerSpec.standby_request); by worker name, what
+        happened. None started here: every attempt starts cold."""
+        return GroupResult()
+
+    def discard_standbys(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, str]:
+        """Stop these workers' slots' standbys for good (the run ended)."""
+        return GroupResult()
+
     # --- files on a host -----------------------------------------------------------------------
     @abstractmethod
     def checkpoint(self, host: Host, directory: str) -> CheckpointListing:

@@ -102,5 +102,21 @@ class HostAgent:
         """Create `directories` (parents too) and the run's `private` ones (0700)."""
         self._call("make-dirs", dict, timeout=30, directories=directories, private_dirs=private)
 
+    def standby(self, specs: list[dict[str, Any]]) -> dict[str, str]:
+        """Start (or keep) a standby per spec; what happened, by the run directory it backs."""
+        specs = [dict(spec, agent_source=agent_source()) for spec in specs]
+        return self._call("standby", _string_map("standbys"), specs=specs)
+
+    def discard_standbys(self, run_dirs: list[str]) -> dict[str, str]:
+        return self._call("discard-standbys", _string_map("outcome"), timeout=30,
+                          run_dirs=run_dirs)  # fmt: skip
+
     def stop(self, run_dirs: list[str], grace: float) -> dict[str, StopAnswer]:
         return self._call("stop", parse_stop, timeout=grace + 30, run_dirs=run_dirs, grace=grace)
+
+
+def _string_map(key: str) -> Callable[[dict[str, Any]], dict[str, str]]:
+    def parse(answer: dict[str, Any]) -> dict[str, str]:
+        return {str(k): str(v) for k, v in answer[key].items()}
+
+    return parse

@@ -151,6 +151,20 @@ class HostBackend(Backend):
 
         return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), stop)
 
+    def start_standbys(self, specs: Sequence[WorkerSpec], linger: float) -> GroupResult[str, str]:
+        def start(group: list[WorkerSpec]) -> dict[str, str]:
+            answers = self.agent(group[0].host).standby([s.standby_request(linger) for s in group])
+            return {s.name: answers[s.run_dir] for s in group if s.run_dir in answers}
+
+        return per_machine(specs, lambda s: s.name, lambda s: machine_key(s.host), start)
+
+    def discard_standbys(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, str]:
+        def discard(group: list[WorkerRecord]) -> dict[str, str]:
+            answers = self.agent(group[0].host).discard_standbys([w.run_dir for w in group])
+            return {w.name: answers[w.run_dir] for w in group if w.run_dir in answers}
+
+        return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), discard)
+
     def log_lines(self, worker: WorkerRecord, lines: int) -> list[str]:
         result = self.runner(worker.host).run(_tail_argv(worker.log_path, lines, follow=False))
         if not result.ok and "No such file" not in result.stderr:

@@ -110,6 +110,9 @@ class Job:
     # How long a restart waits (without spending a restart) while hosts cannot reach each
     # other's TensorFlow port, before the run fails naming the blocked pairs.
     partition_timeout: int = 600
+    # A standby per worker slot (TensorFlow imported, waiting) takes the slot's next attempt,
+    # so a restart skips the import (agent.py, worker/standby.py).
+    warm_restarts: bool = True
     # Each worker's log is rotated past this size (one older file kept): a long run cannot
     # fill a disk with it.
     log_max_mb: int = 64
@@ -188,6 +191,7 @@ JOB_KEYS: dict[str, Checker] = {
     "max_restarts": integer(0),
     "restart_backoff": integer(0, 3600),
     "partition_timeout": integer(0, 86400),
+    "warm_restarts": boolean,
     "log_max_mb": integer(1, 1 << 20),
     "permanent_exit_codes": integer(1, 255),  # checked per item
     "strategy": choice("multi-worker", "mirrored"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -12,7 +13,7 @@ from orchestrator.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.errors import HostErrors
 from orchestrator.hostprep import prepare_hosts
 from orchestrator.inventory import Inventory
-from orchestrator.plan import WorkerSpec, new_run_id, plan_workers
+from orchestrator.plan import WorkerSpec, job_dir_of_run, new_run_id, plan_workers
 from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
 from orchestrator.secretenv import secret_values
 
@@ -103,9 +104,31 @@ class StopReport:
         return [name for name, outcome in self.outcome.items() if outcome.startswith("unreachable")]
 
 
-def stop_run(record: RunRecord, backend: Backend, grace: float = DEFAULT_GRACE) -> StopReport:
-    """SIGTERM every worker's process group, SIGKILL what is left after `grace` seconds."""
+def start_standbys(
+    record: RunRecord,
+    backend: Backend,
+    linger: float,
+    environ: Mapping[str, str] = os.environ,
+) -> dict[str, str]:
+    """A standby for each worker slot of the record's current attempt, with the environment the
+    next attempt's worker would get (job.secret_env's values read now, as a launch does); what
+    happened per worker, failures included (a slot without a standby just starts cold)."""
+    inventory = record.inventory
+    secrets = secret_values(inventory.job.secret_env, environ, doing="starting the standbys")
+    workdirs = {w.name: posixpath.dirname(job_dir_of_run(w.run_dir)) for w in record.workers}
+    specs = plan_workers(inventory, record.run_id, workdirs, record.attempt, secrets)
+    answers = backend.start_standbys(specs, linger)
+    return {**answers.ok, **{name: f"error: {e.message}" for name, e in answers.failed.items()}}
+
+
+def stop_run(
+    record: RunRecord, backend: Backend, grace: float = DEFAULT_GRACE, *, standbys: bool = True
+) -> StopReport:
+    """SIGTERM every worker's process group, SIGKILL what is left after `grace` seconds; with
+    `standbys`, the slots' standbys go too (the run ends; a restart keeps them)."""
     answers = backend.stop(record.workers, grace)
+    if standbys:
+        backend.discard_standbys(record.workers)  # a host not answering: its standby lingers out
     outcome: dict[str, str] = {}
     leftovers: dict[str, list[int]] = {}
     for worker in record.workers:

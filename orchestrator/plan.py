@@ -54,6 +54,7 @@ class WorkerSpec:
     uploads: tuple[tuple[str, str], ...] = ()  # (path here, path on the host) before the start
     # job.secret_env's values: sent in the launch request, never written to a file on the host.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    warm: bool = True  # job.warm_restarts: the launch may hand the attempt to the slot's standby
 
     @property
     def name(self) -> str:
@@ -80,6 +81,20 @@ class WorkerSpec:
             "secret_env": dict(self.secrets),
             "tf_config": self.tf_config,
             "log_max_bytes": self.log_max_bytes,
+            "warm": self.warm,
+        }
+
+    def standby_request(self, linger: float) -> dict[str, Any]:
+        """What the agent's `standby` verb reads: a standby for this worker's slot, started with
+        the environment this worker has (its secrets too), backing this attempt, gone `linger`
+        seconds after the attempt ended unless the next one claimed it."""
+        return {
+            "backs": self.run_dir,
+            "python": self.argv[0],
+            "cwd": self.cwd,
+            "env": self.env,
+            "secret_env": dict(self.secrets),
+            "linger": linger,
         }
 
 
@@ -241,6 +256,7 @@ def plan_workers(
                 log_max_bytes=inventory.job.log_max_mb << 20,
                 uploads=uploads(inventory.job, host, run_dir, synced),
                 secrets=dict(secrets or {}),
+                warm=inventory.job.warm_restarts,
             )
         )
     return specs

@@ -24,7 +24,7 @@ import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from orchestrator.failures import (
     permanent_reason,
 )
 from orchestrator.inventory import Host, Inventory, Job
-from orchestrator.lifecycle import StopReport, launch_attempt, stop_run
+from orchestrator.lifecycle import StopReport, launch_attempt, start_standbys, stop_run
 from orchestrator.logs import last_lines
 from orchestrator.preflight import run_preflight
 from orchestrator.runstore import Restart, RunRecord, RunStore, private_dir
@@ -57,6 +57,9 @@ from orchestrator.status import RunStatus, WorkerStatus, collect_status
 MAX_BACKOFF = 300
 WAKE_CHECK = 0.1  # seconds between looks at the stop flag while the supervisor waits
 STOP_GRACE = 5.0  # the remaining workers of a failed attempt would fail or hang anyway
+# A standby waits this long past the restart's backoff after its attempt ended for the next one
+# to claim it (the stop, a checkpoint's spread, a partition's wait); then it exits by itself.
+STANDBY_SLACK = 120.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,6 +476,8 @@ def stop_everything(store: RunStore, backend: Backend, run_id: str | None,
     newer = store.load(record.run_id)
     if newer.attempt != record.attempt:
         report = stop_run(newer, backend, grace)
+    else:  # a standby the supervisor started while the stop was on its way
+        backend.discard_standbys(newer.workers)
     return newer, report
 
 
@@ -508,9 +513,18 @@ class Supervisor:
         self.watch = StallWatch(record.inventory.job.stall_timeout)
         self.mirror = Mirror(store.mirror_path(record.run_id))
         self._mirrored_step = -1
+        self._standbys_for = -1  # the attempt whose slots last got standbys
 
     def run(self) -> RunStatus:
-        """Supervise until the run succeeds, is stopped, or fails for good (JobFailed)."""
+        """Supervise until the run succeeds, is stopped, or fails for good (JobFailed). However
+        it ends, no standby of the run stays behind."""
+        try:
+            return self._run()
+        finally:
+            with suppress(OrchestrateError):  # a host not answering: its standbys linger out
+                self.backend.discard_standbys(self.record.workers)
+
+    def _run(self) -> RunStatus:
         while True:
             if not self.store.exists(self.record.run_id):
                 raise RunStateError(f"the record of run {self.record.run_id} was removed")
@@ -538,6 +552,7 @@ class Supervisor:
                 failure = early_exit(failure, done)
                 self._recover(failure)
             else:
+                self._start_standbys(status)
                 self._pause()
 
     def _pause(self) -> None:
@@ -552,13 +567,37 @@ class Supervisor:
             if _mtime(flag) != seen:
                 return
 
+    def _start_standbys(self, status: RunStatus) -> None:
+        """Once every worker of the attempt made its first step (so the standbys' imports do not
+        slow the attempt's own start), a standby per slot, for the next attempt, while a
+        restart is left."""
+        job = self.record.inventory.job
+        if (
+            not job.warm_restarts
+            or self._standbys_for == self.record.attempt
+            or len(self.record.restarts) >= job.max_restarts
+            or not all(w.state is WorkerState.RUNNING and w.step is not None
+                       for w in status.workers)
+        ):  # fmt: skip
+            return
+        self._standbys_for = self.record.attempt
+        linger = backoff(job, len(self.record.restarts)) + STANDBY_SLACK
+        try:
+            answers = start_standbys(self.record, self.backend, linger)
+        except OrchestrateError as error:  # a secret gone from the environment: cold restarts
+            self.say(f"no standbys for a warm restart: {error.message}")
+            return
+        for name, answer in answers.items():
+            if answer not in ("started", "kept"):
+                self.say(f"no standby for {name} (its restart will start cold): {answer}")
+
     def _recover(self, failure: Failure) -> None:
         job = self.record.inventory.job
         restarts = self.record.restarts
         restart = Restart(time.time(), self.record.attempt, failure.worker, failure.reason,
                           failure.step, failure.kind.value)  # fmt: skip
         tail = self._log_tail(failure.worker)
-        stop_run(self.record, self.backend, grace=STOP_GRACE)
+        stop_run(self.record, self.backend, grace=STOP_GRACE, standbys=False)
         why = give_up_reason(failure, restarts, job)
         if why:
             outcome = f"gave up: {restart.describe()}; {why}"

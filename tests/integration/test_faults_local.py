@@ -28,7 +28,9 @@ def make_job(cli: Cli, job: dict[str, Any] | None = None, python: str | None = N
              **env: Any) -> Path:  # fmt: skip
     shutil.copyfile(STEPPER, cli.cwd / "train.py")
     ports = free_ports(2)
-    full_job = {"name": "demo", "script": "train.py", "restart_backoff": 0,
+    # The stand-in script imports no TensorFlow: a standby would only add load (warm restarts
+    # are tested in test_warm_restarts.py and on a TensorFlow worker in test_supervision.py).
+    full_job = {"name": "demo", "script": "train.py", "restart_backoff": 0, "warm_restarts": False,
                 "env": {"STEPS": 40, **env}, **(job or {})}  # fmt: skip
     beta = f", python: {python}" if python else ""
     path = cli.cwd / "inv.yaml"

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.conftest import (
@@ -31,6 +32,9 @@ def make_job(cli: Cli, job: dict[str, Any], **env: Any) -> Path:
         "name": "demo",
         "script": "train.py",
         "restart_backoff": 0,
+        # The stand-in script imports no TensorFlow: a standby would only add load (warm
+        # restarts: test_warm_restarts.py, and the TensorFlow worker test below).
+        "warm_restarts": False,
         "env": {"STEPS": 40, "DELAY": 0.05, **env},
         **job,
     }
@@ -182,16 +186,26 @@ def test_down_stops_a_supervised_run_for_good(cli: Cli, reaper: list[str]) -> No
 
 
 @pytest.mark.tf
-def test_tensorflow_worker_killed_mid_training_resumes_to_exactly_the_target(
+def test_tensorflow_worker_killed_mid_training_resumes_warm_to_exactly_the_target(
     cli: Cli, reaper: list[str]
 ) -> None:
+    """SIGKILL of a worker: the new attempt's workers are the slots' standbys (TensorFlow
+    imported while the first attempt trained), and training resumes from the checkpoint to
+    exactly the target step; the run's end leaves no standby behind."""
     local_tf_inventory(cli, steps=300, checkpoint_every=50, restart_backoff=1)
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     seen: list[int] = []
     try:
         status = cli.status_when(lambda s: s["workers"][0]["checkpoint_step"], timeout=120)
         seen.append(status["workers"][0]["checkpoint_step"])
-        os.kill(status["workers"][1]["pid"], signal.SIGKILL)
+        workers = [psutil.Process(w["pid"]) for w in status["workers"]]
+        # Hold the training (and free the CPU) until both standbys have imported TensorFlow:
+        # on a loaded machine the 300 steps could otherwise end first.
+        for worker in workers:
+            worker.suspend()
+        standbys = wait_for(lambda: ready_standbys(cli), timeout=180, what="ready standbys")
+        workers[1].kill()
+        workers[0].resume()
         while up.poll() is None:
             chief = cli.status()["workers"][0]
             if chief["checkpoint_step"] is not None:
@@ -200,14 +214,30 @@ def test_tensorflow_worker_killed_mid_training_resumes_to_exactly_the_target(
         out, err = up.communicate()
     finally:
         up.kill()
-    reaper.append(cli.record()["run_id"])
+    run_id = cli.record()["run_id"]
+    reaper.append(run_id)
     assert up.returncode == 0, err
     assert "other" in out and "killed by SIGKILL" in out
     assert seen == sorted(seen), f"checkpoint steps went back: {seen}"
     final = cli.status()
+    assert final["attempt"] == 1
+    assert [w["pid"] for w in final["workers"]] == standbys  # the standbys became the workers
     assert [w["step"] for w in final["workers"]] == [300, 300]
     restored = restored_steps(cli)
     assert restored and min(restored) >= seen[0]
+    assert run_processes(run_id) == []
+
+
+def ready_standbys(cli: Cli) -> list[int] | None:
+    """Both slots' standby children (pids, in worker order) once they imported TensorFlow."""
+    pids = []
+    for worker in cli.record()["workers"]:
+        run_dir = Path(worker["run_dir"])
+        standby = run_dir.parent.parent / "standby" / run_dir.name
+        if not (standby / "ready").exists():
+            return None
+        pids.append(int((standby / "worker.pid").read_text()))
+    return pids
 
 
 @pytest.mark.tf

@@ -1,0 +1,81 @@
+"""A standby worker: `python -m worker.standby READY_FILE`, started by the host agent.
+
+It imports TensorFlow and nothing else: no TensorFlow op runs, no eager context is created, so
+the worker it becomes can still apply tf.config settings and create its strategy first. Then it
+writes READY_FILE and blocks on one JSON line on stdin, {"argv", "cwd", "env"}: the command line
+of the worker it is to become (`PYTHON -m MODULE ARGS` or `PYTHON SCRIPT ARGS`), its working
+directory and its whole environment (TF_CONFIG included). It takes them over the way the
+interpreter would have set them up, and runs the module or script as __main__. End of input
+without a line (its supervisor went away, or the standby was discarded) ends it quietly.
+
+What a cold start would not share: TensorFlow and its dependencies were imported in the
+environment the standby was started with. The host agent hands a standby only attempts whose
+environment at that import was the same (agent.standby_refusal); orchestrate's own `worker`
+modules are dropped and imported afresh, so nothing of them holds the standby's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+
+
+def _write_ready(path: str, imported_in: float) -> None:
+    tmp = f"{path}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+        json.dump({"pid": os.getpid(), "at": time.time(), "import_seconds": imported_in}, handle)
+    os.replace(tmp, path)
+
+
+def become(request: dict[str, object]) -> None:
+    """Turn this process into the worker `request` describes, and run it (may raise
+    SystemExit, like the worker would)."""
+    argv = [str(arg) for arg in request["argv"]]  # type: ignore[attr-defined]
+    env = {str(k): str(v) for k, v in request["env"].items()}  # type: ignore[attr-defined]
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(str(request["cwd"]))
+    devnull = os.open(os.devnull, os.O_RDONLY)  # a cold worker's stdin is /dev/null too
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own stdin
+    for name in [m for m in sys.modules if m == "worker" or m.startswith("worker.")]:
+        if name != __name__:
+            del sys.modules[name]  # imported afresh, in the worker's own environment
+    if len(argv) >= 3 and argv[1] == "-m":
+        sys.argv = [argv[2], *argv[3:]]
+        sys.path[0] = os.getcwd()  # what `python -m` puts first
+        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+    else:
+        script = os.path.abspath(argv[1])
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path[0] = os.path.dirname(script)  # what `python SCRIPT` puts first
+        runpy.run_path(script, run_name="__main__")
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        sys.stderr.write("usage: python -m worker.standby READY_FILE (started by the agent)\n")
+        return 2
+    began = time.monotonic()
+    import tensorflow  # noqa: F401 - the point: paid now, before the attempt that needs it
+
+    imported_in = time.monotonic() - began
+    _write_ready(sys.argv[1], imported_in)
+    print(
+        f"standby: tensorflow imported in {imported_in:.1f} s; waiting for an attempt", flush=True
+    )
+    line = sys.stdin.readline()
+    if not line.strip():
+        sys.stdout.flush()
+        os._exit(0)  # nothing ran: skip TensorFlow's teardown, which can block for long
+    # From here on this is the worker: its exit, exceptions and teardown are a cold one's.
+    become(json.loads(line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
