@@ -41,6 +41,13 @@ def machine_key(host: Host) -> MachineKey:
     return host.kind.machine_key(host)
 
 
+def session_key(host: Host) -> MachineKey:
+    """One agent session per machine and interpreter: the agent runs under the host's own
+    `python:` (a wrapper that sets up the environment, a slow-starting venv), as a command per
+    host did before sessions were shared."""
+    return (*machine_key(host), host.python)
+
+
 class HostBackend(Backend):
     def __init__(self) -> None:
         self._runners: dict[MachineKey, Runner] = {}
@@ -126,7 +133,7 @@ class HostBackend(Backend):
         A session that fails is dropped and the host reported as not answering: retrying at
         once would freeze the live view for the length of a network outage. The next call
         opens a fresh session. An {"error": ...} answer keeps the session."""
-        key = machine_key(host)
+        key = session_key(host)
         with self._lock:
             busy = self._busy.setdefault(key, threading.Lock())
         with busy:
@@ -137,7 +144,7 @@ class HostBackend(Backend):
                 session = session or HostAgent(self.runner(host), host.python).session()
                 answer = session.request({"verb": verb, **fields}, timeout=wait)
             except HostError:
-                self._forget(key, session)
+                self._forget(machine_key(host), session)
                 raise
             self._sessions[key] = session
         if "error" in answer:

@@ -111,8 +111,10 @@ class Job:
     # other's TensorFlow port, before the run fails naming the blocked pairs.
     partition_timeout: int = 600
     # A standby per worker slot (TensorFlow imported, waiting) takes the slot's next attempt,
-    # so a restart skips the import (agent.py, worker/standby.py).
-    warm_restarts: bool = True
+    # so a restart skips the import (agent.py, worker/standby.py). Unset: on for the built-in
+    # loop (job.task), off for a script, which may set TensorFlow's variables itself before its
+    # import (TF_USE_LEGACY_KERAS, TF_CPP_MIN_LOG_LEVEL) or not import TensorFlow at all.
+    warm_restarts: bool | None = None
     # Each worker's log is rotated past this size (one older file kept): a long run cannot
     # fill a disk with it.
     log_max_mb: int = 64
@@ -126,6 +128,11 @@ class Job:
     # Steps per tf.function call in the built-in loop; the intervals above must be multiples.
     steps_per_call: int = 1
     seed: int | None = None  # seeds the initial weights: runs with the same seed train alike
+
+    @property
+    def warm(self) -> bool:
+        """Whether restarts use standbys: warm_restarts, or unset, whether this is a task."""
+        return self.task is not None if self.warm_restarts is None else self.warm_restarts
 
 
 @dataclass(frozen=True)

@@ -256,7 +256,7 @@ def plan_workers(
                 log_max_bytes=inventory.job.log_max_mb << 20,
                 uploads=uploads(inventory.job, host, run_dir, synced),
                 secrets=dict(secrets or {}),
-                warm=inventory.job.warm_restarts,
+                warm=inventory.job.warm,
             )
         )
     return specs

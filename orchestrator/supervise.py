@@ -573,7 +573,7 @@ class Supervisor:
         restart is left."""
         job = self.record.inventory.job
         if (
-            not job.warm_restarts
+            not job.warm
             or self._standbys_for == self.record.attempt
             or len(self.record.restarts) >= job.max_restarts
             or not all(w.state is WorkerState.RUNNING and w.step is not None

@@ -84,7 +84,10 @@ def test_status_while_training_and_down_in_the_middle(cli: Cli, reaper: list[str
     assert "chief" in table and "running" in table
     record = json.loads((cli.cwd / ".orchestrate" / "runs" / f"{run_id}.json").read_text())
     assert [w["name"] for w in record["workers"]] == ["chief", "other"]
-    assert len(run_processes(run_id)) == 4
+    # Two supervisors and two workers; beside them, once both stepped, each slot's standby
+    # (warm restarts: a supervisor and a Python that imported TensorFlow) may be starting.
+    processes = [" ".join(p.cmdline()) for p in run_processes(run_id)]
+    assert len([c for c in processes if "standby" not in c]) == 4, processes
 
     down = cli("down", "--grace", "10", check=True)
     assert "chief: stopped" in down.stdout and "other: stopped" in down.stdout

@@ -94,7 +94,7 @@ def test_the_command_lines_a_standby_runs() -> None:
 
 def inventory(tmp_path: Path, **job: object) -> Inventory:
     hosts = tuple(Host(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
-    options = {"restart_backoff": 0, "max_restarts": 3, **job}
+    options = {"restart_backoff": 0, "max_restarts": 3, "warm_restarts": True, **job}
     return Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts,
                      Job("demo", script="train.py", **options))  # type: ignore[arg-type]  # fmt: skip
 
@@ -131,9 +131,17 @@ JOB_INVENTORY = """\
 def test_warm_restarts_is_on_by_default_and_a_job_key_like_the_others(tmp_path: Path) -> None:
     path = tmp_path / "inv.yaml"
     path.write_text(textwrap.dedent(JOB_INVENTORY))
-    assert load_inventory(path).job.warm_restarts is True
+    assert load_inventory(path).job.warm is True
     path.write_text(textwrap.dedent(JOB_INVENTORY) + "  warm_restarts: false\n")
-    assert load_inventory(path).job.warm_restarts is False
+    assert load_inventory(path).job.warm is False
+    # A script may set TensorFlow's variables before its own import: warm only when asked.
+    script = textwrap.dedent(JOB_INVENTORY).replace("task: worker.examples.shapes:task",
+                                                    "script: train.py")  # fmt: skip
+    (tmp_path / "train.py").write_text("pass\n")
+    path.write_text(script)
+    assert load_inventory(path).job.warm is False
+    path.write_text(script + "  warm_restarts: true\n")
+    assert load_inventory(path).job.warm is True
     path.write_text(textwrap.dedent(JOB_INVENTORY) + "  warm_restarts: sometimes\n")
     with pytest.raises(InventoryError) as caught:
         load_inventory(path)
