@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -230,6 +231,11 @@ def test_stop_removes_everything(tmp_path: Path) -> None:
     sshd_pids = [h.sshd_pid for h in cluster.hosts if h.sshd_pid]
     # A stray process inside a namespace (a worker, say) must go too.
     stray = cluster.popen_in(cluster.hosts[0], ["sleep", "300"])
+    # `ip netns exec` enters the namespace after it started: on a loaded machine a stop at once
+    # could look before the stray is in it (and the test would wait for a process nobody saw).
+    deadline = time.monotonic() + 30
+    while stray.pid not in cluster.pids_in(cluster.hosts[0]) and time.monotonic() < deadline:
+        time.sleep(0.02)
     cluster.stop()
     stray.wait(timeout=10)
     _assert_gone(cluster, sshd_pids)
