@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -186,8 +187,16 @@ def reaper() -> Iterator[list[str]]:
     run_ids: list[str] = []
     yield run_ids
     for run_id in run_ids:
+        # The detached supervisor first (it carries no run variable): killed after the workers,
+        # it would restart them, and that new attempt would outlive the test.
+        for process in psutil.process_iter(["cmdline"]):
+            command = process.info["cmdline"] or []
+            if "supervise" in command and run_id in command:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
         for process in run_processes(run_id):
-            process.kill()
+            with contextlib.suppress(psutil.Error):
+                process.kill()
 
 
 def serve_tensorboard(cli: Cli, port: int) -> dict[str, Any]:
