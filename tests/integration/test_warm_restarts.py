@@ -96,8 +96,9 @@ def test_a_standby_imports_tensorflow_only_and_becomes_the_script(tmp_path: Path
 def stepper_inventory(cli: Cli) -> Path:
     (cli.cwd / "train.py").write_bytes(STEPPER.read_bytes())
     ports = free_ports(2)
+    # A script job opts in (warm restarts are on by default for task jobs only).
     job = {"name": "demo", "script": "train.py", "restart_backoff": 0, "secret_env": ["TOKEN"],
-           "env": {"STEPS": 100_000, "DELAY": 0.05}}  # fmt: skip
+           "warm_restarts": True, "env": {"STEPS": 100_000, "DELAY": 0.05}}  # fmt: skip
     path = cli.cwd / "inv.yaml"
     path.write_text(
         "defaults: {connection: local, workdir: ./work}\n"
