@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -239,6 +239,20 @@ class _Report:
 
     def add(self, line: int | None, key: str, message: str) -> None:
         self.problems.append(Problem(self.path, line, key, message))
+
+    def checked(self, mapping: LineMap, checkers: dict[str, Checker], where: str,
+                skip: Collection[str] = ()) -> dict[str, Any]:  # fmt: skip
+        """The values of `mapping` that pass their checker; a problem for each that does not."""
+        values: dict[str, Any] = {}
+        for key, check in checkers.items():
+            if key not in mapping or key in skip:
+                continue
+            value, problem = check(mapping[key])
+            if problem:
+                self.add(_line(mapping, key), _join(where, key), problem)
+            else:
+                values[key] = value
+        return values
 
     def unknown_keys(self, mapping: LineMap, known: tuple[str, ...] | dict[str, Any], where: str):
         for key in mapping:
@@ -525,15 +539,7 @@ def _parse_job(document: LineMap, report: _Report, stem: str, base: Path) -> Job
         report.add(_line(document, "job"), "job", "expected a mapping")
         return None
     report.unknown_keys(block, JOB_KEYS, "job")
-    values: dict[str, Any] = {}
-    for key, check in JOB_KEYS.items():
-        if key not in block or key in LIST_JOB_KEYS:
-            continue
-        value, problem = check(block[key])
-        if problem:
-            report.add(_line(block, key), f"job.{key}", problem)
-        else:
-            values[key] = value
+    values = report.checked(block, JOB_KEYS, "job", skip=LIST_JOB_KEYS)
     if "script" in values:
         script = controller_path(values["script"], base)
         if not script.is_file():

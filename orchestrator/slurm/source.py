@@ -101,15 +101,7 @@ def parse_slurm(document: LineMap, report: _Report, base: Path) -> SlurmSpec | N
         return None
     report.unknown_keys(block, SLURM_KEYS, "slurm")
     before = len(report.problems)
-    values: dict[str, Any] = {}
-    for key, check in SLURM_KEYS.items():
-        if key not in block or key in ("sbatch_args", "login"):
-            continue
-        value, problem = check(block[key])
-        if problem:
-            report.add(_line(block, key), f"slurm.{key}", problem)
-        else:
-            values[key] = value
+    values = report.checked(block, SLURM_KEYS, "slurm", skip=("sbatch_args", "login"))
     if "nodes" not in block:
         report.add(block.line, "slurm.nodes", "missing; say how many nodes (one worker each)")
     if "sbatch_args" in block:
@@ -167,14 +159,7 @@ def _login(block: LineMap, report: _Report, base: Path) -> LoginNode | None:
     keys: dict[str, Checker] = {"address": string, "python": string, **_SSH.keys}
     report.unknown_keys(raw, keys, "slurm.login")
     before = len(report.problems)
-    values: dict[str, Any] = {}
-    for key, check in keys.items():
-        if key in raw:
-            value, found = check(raw[key])
-            if found:
-                report.add(_line(raw, key), f"slurm.login.{key}", found)
-            else:
-                values[key] = value
+    values = report.checked(raw, keys, "slurm.login")
     if "address" not in raw:
         report.add(raw.line, "slurm.login.address",
                    "missing; the login node's name, address or ssh config alias")  # fmt: skip
