@@ -7,7 +7,7 @@ printed "worker: first step done". Steps lost: S_kill minus the step the new att
 The supervisor's own lines (read as they come) and the run record split recovery into:
 
   detection  T0 -> the supervisor records the failure (last_restart.at)
-  stop       -> "restarting the cluster" (the failed attempt's workers are stopped, 5 s grace)
+  stop       -> "restarting the cluster" (the failed attempt's workers stopped: TASK_SURVIVOR_GRACE)
   relaunch   -> the last "started WORKER" of the new attempt (backoff, checkpoint, launch)
   TF start   -> both workers print "first step done" (import TF, strategy, restore, first step)
 
@@ -56,7 +56,7 @@ from typing import IO, Any
 
 from bench.bench_launch import env, free_ports, tf_configs
 from orchestrator.inventory import Job
-from orchestrator.supervise import STOP_GRACE
+from orchestrator.supervise import TASK_SURVIVOR_GRACE
 from tests.conftest import wait_for
 
 TASK = "worker.examples.shapes:task"
@@ -448,8 +448,8 @@ def main() -> None:
     args = parser.parse_args()
     stall = next(f.default for f in dataclasses.fields(Job) if f.name == "stall_timeout")
     print(f"two local workers, {TASK}, checkpoint_every {CHECKPOINT_EVERY}, log_every "
-          f"{LOG_EVERY}, restart_backoff 0, stall_timeout {stall} (default), stop grace "
-          f"{STOP_GRACE:g} s, supervisor poll {args.interval:g} s; load at start "
+          f"{LOG_EVERY}, restart_backoff 0, stall_timeout {stall} (default), survivors grace "
+          f"{TASK_SURVIVOR_GRACE:g} s, supervisor poll {args.interval:g} s; load at start "
           f"{os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     colds: list[Recovery] = []
     warms: list[Recovery] = []

@@ -7,6 +7,7 @@ import posixpath
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from orchestrator.backend import Backend
 from orchestrator.checkpoints import Mirror, spread_latest_checkpoint
@@ -102,6 +103,14 @@ class StopReport:
     @property
     def unreachable(self) -> list[str]:
         return [name for name, outcome in self.outcome.items() if outcome.startswith("unreachable")]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "leftovers": self.leftovers}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StopReport:
+        return cls({str(k): str(v) for k, v in data["outcome"].items()},
+                   {str(k): [int(p) for p in v] for k, v in data["leftovers"].items()})  # fmt: skip
 
 
 def start_standbys(

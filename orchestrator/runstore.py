@@ -6,7 +6,9 @@
 - `{state_dir}/runs/{run_id}.lock`: held by the process supervising the run
 - `{state_dir}/runs/{run_id}.log`: the detached supervisor's log (`up --detach`)
 - `{state_dir}/start.lock`: held by an `up` from its check for an active run to its launch
-- `{state_dir}/runs/{run_id}.stop`: left by `down`, so a supervisor starts no new attempt
+- `{state_dir}/runs/{run_id}.stop`: left by `down`, so a supervisor starts no new attempt; it
+  carries the stop request (id, grace) that a live supervisor carries out itself
+- `{state_dir}/runs/{run_id}.stopped`: that supervisor's answer: taken, then each worker's end
 - `{state_dir}/checkpoints/{run_id}/`: the mirror of a remote chief's latest checkpoint
 - `{state_dir}/tensorboard/{job}/`: a remote chief's event files, pulled for TensorBoard
 - `{state_dir}/tensorboard.log`: the output of the TensorBoard that `orchestrate tensorboard` runs
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -47,6 +50,15 @@ class WorkerRecord:
     log_path: str
     checkpoint_dir: str
     pid: int | None = None
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """One `down`: its id (the answer names it, so an old answer is never taken for a new one)
+    and the grace between SIGTERM and SIGKILL."""
+
+    id: str
+    grace: float
 
 
 @dataclass(frozen=True)
@@ -182,6 +194,25 @@ class RunStore:
     def stop_flag(self, run_id: str) -> Path:
         """`orchestrate down` leaves this so a supervisor between two attempts starts no new one."""
         return self.root / "runs" / f"{run_id}.stop"
+
+    def request_stop(self, run_id: str, grace: float) -> StopRequest:
+        """`down`: leave the stop flag, carrying what a live supervisor of the run needs to stop
+        the workers itself, over the sessions it already holds (see Supervisor._stop_as_asked)."""
+        request = StopRequest(f"{os.getpid()}-{time.time_ns()}", grace)
+        self.write_file(self.stop_flag(run_id), json.dumps(asdict(request)))
+        return request
+
+    def stop_request(self, run_id: str) -> StopRequest | None:
+        """The pending `down` of the run; None with no flag, or one that carries nothing."""
+        try:
+            data = json.loads(self.stop_flag(run_id).read_text(encoding="utf-8"))
+            return StopRequest(str(data["id"]), float(data["grace"]))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def stop_answer_path(self, run_id: str) -> Path:
+        """Where a supervisor answers a stop request: taken, then how each worker ended."""
+        return self.root / "runs" / f"{run_id}.stopped"
 
     def mirror_path(self, run_id: str) -> Path:
         """Where a supervised run's latest remote checkpoint is mirrored."""

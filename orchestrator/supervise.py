@@ -21,12 +21,14 @@ two-phase stop, `attach`'s watch, and how a finished run is concluded.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from orchestrator.backend import Backend, open_backend
 from orchestrator.checkpoints import Mirror
@@ -50,13 +52,28 @@ from orchestrator.inventory import Host, Inventory, Job
 from orchestrator.lifecycle import StopReport, launch_attempt, start_standbys, stop_run
 from orchestrator.logs import last_lines
 from orchestrator.preflight import run_preflight
-from orchestrator.runstore import Restart, RunRecord, RunStore, private_dir
+from orchestrator.runstore import Restart, RunRecord, RunStore, StopRequest, private_dir
 from orchestrator.state import ACTIVE, WorkerState
 from orchestrator.status import RunStatus, WorkerStatus, collect_status
 
 MAX_BACKOFF = 300
 WAKE_CHECK = 0.1  # seconds between looks at the stop flag while the supervisor waits
-STOP_GRACE = 5.0  # the remaining workers of a failed attempt would fail or hang anyway
+# How long `down` waits for a live supervisor to take its stop request (at most a poll's time
+# when it is between polls) before stopping the workers itself; once taken, it waits the grace
+# plus the slack for the answer, then LET_GO_TIMEOUT for the supervisor to exit.
+PICKUP_TIMEOUT = 3.0
+STOP_ANSWER_SLACK = 30.0
+LET_GO_TIMEOUT = 15.0
+STOP_GRACE = 5.0  # SIGTERM -> SIGKILL for workers that may still be saving (a preemption's peers)
+# The survivors of a worker that died, stalled or became unreachable cannot save: under
+# MultiWorkerMirroredStrategy a save needs every worker. The built-in loop's only answer to a
+# SIGTERM is a vote in its next collective, which the dead peer never joins, and a survivor
+# blocked in a collective does not even run its handler (measured, issue 18: it sat out the full
+# 5 s in 16 of 20 recoveries). So a task job's survivors are killed at once: a chief's checkpoint
+# write cut short leaves the previous checkpoint (its state file is replaced last). A script's
+# survivors get a second, for its own cleanup.
+TASK_SURVIVOR_GRACE = 0.0
+SCRIPT_SURVIVOR_GRACE = 1.0
 # A standby waits this long past the restart's backoff after its attempt ended for the next one
 # to claim it (the stop, a checkpoint's spread, a partition's wait); then it exits by itself.
 STANDBY_SLACK = 120.0
@@ -162,6 +179,14 @@ def preemption(status: RunStatus) -> Failure | None:
     chief = status.workers[0]
     return Failure(chief.name, FailureKind.PREEMPTED, "preempted: saved a checkpoint and exited",
                    chief.checkpoint_step, EXIT_PREEMPTED)  # fmt: skip
+
+
+def survivors_grace(failure: Failure, job: Job) -> float:
+    """Seconds between SIGTERM and SIGKILL for the rest of the attempt that `failure` ended: a
+    preemption's peers are saving the checkpoint they agreed on; anyone else's peers cannot."""
+    if failure.kind is FailureKind.PREEMPTED:
+        return STOP_GRACE
+    return TASK_SURVIVOR_GRACE if job.task else SCRIPT_SURVIVOR_GRACE
 
 
 def failed_restarts(restarts: tuple[Restart, ...]) -> tuple[Restart, ...]:
@@ -462,14 +487,21 @@ def refuse_if_active(
 
 def stop_everything(store: RunStore, backend: Backend, run_id: str | None,
                     grace: float) -> tuple[RunRecord, StopReport]:  # fmt: skip
-    """`down`: flag the run so its supervisor starts no new attempt, stop the workers, wait for
-    the supervisor to let go, and stop the attempt it may have started meanwhile."""
+    """`down`: flag the run so its supervisor starts no new attempt. A live supervisor stops the
+    workers itself, over the agent sessions it holds open (no connection, no Python start per
+    host: issue 18's down at 64 hosts). Without one, or one that does not take the request
+    (busy in a restart's backoff or launch), stop the workers from here, wait for the supervisor
+    to let go, and stop the attempt it may have started meanwhile."""
     record = store.load(run_id)
-    store.stop_flag(record.run_id).touch()
+    request = store.request_stop(record.run_id, grace)
+    lock = SupervisorLock(store.lock_path(record.run_id))
+    if lock.held_elsewhere():
+        answer = _supervisor_stopped(store, record.run_id, request, lock)
+        if answer is not None:
+            return store.load(record.run_id), answer
     report = stop_run(record, backend, grace)
     # Touched again: the supervisor, waiting for its next poll, polls now and lets go.
     store.stop_flag(record.run_id).touch()
-    lock = SupervisorLock(store.lock_path(record.run_id))
     deadline = time.monotonic() + grace + 15
     while lock.held_elsewhere() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -479,6 +511,35 @@ def stop_everything(store: RunStore, backend: Backend, run_id: str | None,
     else:  # a standby the supervisor started while the stop was on its way
         backend.discard_standbys(newer.workers)
     return newer, report
+
+
+def _supervisor_stopped(store: RunStore, run_id: str, request: StopRequest,
+                        lock: FileLock) -> StopReport | None:  # fmt: skip
+    """The live supervisor's answer to `request`, once it has stopped the workers and let go;
+    None if it does not take the request within PICKUP_TIMEOUT, or lets go without an answer."""
+    path = store.stop_answer_path(run_id)
+    deadline = time.monotonic() + PICKUP_TIMEOUT
+    taken = False
+    while time.monotonic() < deadline:
+        answer = _read_answer(path, request)
+        if answer is not None and "outcome" in answer:
+            lock.wait(LET_GO_TIMEOUT)  # its standbys are discarded once it lets go
+            return StopReport.from_json(answer)
+        if answer is not None and not taken:
+            taken = True
+            deadline = time.monotonic() + request.grace + STOP_ANSWER_SLACK
+        if not lock.held_elsewhere():
+            return None  # it ended (or died) without answering: stop from here
+        time.sleep(WAKE_CHECK / 2)
+    return None
+
+
+def _read_answer(path: Path, request: StopRequest) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("request") == request.id else None
 
 
 def watch(store: RunStore, backend: Backend, run_id: str,
@@ -514,6 +575,7 @@ class Supervisor:
         self.mirror = Mirror(store.mirror_path(record.run_id))
         self._mirrored_step = -1
         self._standbys_for = -1  # the attempt whose slots last got standbys
+        self._answered = ""  # the id of the last stop request this supervisor carried out
 
     def run(self) -> RunStatus:
         """Supervise until the run succeeds, is stopped, or fails for good (JobFailed). However
@@ -543,6 +605,8 @@ class Supervisor:
                 # `down` is stopping the run: what ends now is no failure to recover from.
                 if status.state.finished:
                     return status
+                if self._stop_as_asked():
+                    continue
                 self._pause()
                 continue
             self._mirror_new_checkpoint(status)
@@ -554,6 +618,24 @@ class Supervisor:
             else:
                 self._start_standbys(status)
                 self._pause()
+
+    def _stop_as_asked(self) -> bool:
+        """Carry out `down`'s stop request over this supervisor's sessions and answer it; False
+        if there is none left to answer (then `down` stops the workers itself)."""
+        request = self.store.stop_request(self.record.run_id)
+        if request is None or request.id == self._answered:
+            return False
+        self._answered = request.id
+        path = self.store.stop_answer_path(self.record.run_id)
+        self.store.write_file(path, json.dumps({"request": request.id}))
+        self.say(f"stopping the workers for 'orchestrate down' (grace {request.grace:g} s)")
+        try:
+            report = stop_run(self.record, self.backend, request.grace)
+        except OrchestrateError as error:  # `down` sees no answer once this supervisor lets go
+            self.say(f"could not stop the workers: {error.message}")
+            raise
+        self.store.write_file(path, json.dumps({"request": request.id, **report.to_json()}))
+        return True
 
     def _pause(self) -> None:
         """Wait one interval, or less: `down` touches the stop flag when it starts and again
@@ -597,7 +679,7 @@ class Supervisor:
         restart = Restart(time.time(), self.record.attempt, failure.worker, failure.reason,
                           failure.step, failure.kind.value)  # fmt: skip
         tail = self._log_tail(failure.worker)
-        stop_run(self.record, self.backend, grace=STOP_GRACE, standbys=False)
+        stop_run(self.record, self.backend, grace=survivors_grace(failure, job), standbys=False)
         why = give_up_reason(failure, restarts, job)
         if why:
             outcome = f"gave up: {restart.describe()}; {why}"

@@ -181,6 +181,16 @@ def wait_for(
     raise AssertionError(f"{what} not met within {timeout} s")
 
 
+def detached_supervisors(run_id: str) -> list[psutil.Process]:
+    """The `orchestrate supervise RUN_ID` process of the run (`up --detach`), if it is alive."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = process.info["cmdline"] or []
+        if "supervise" in command and run_id in command:
+            found.append(process)
+    return found
+
+
 @pytest.fixture
 def reaper() -> Iterator[list[str]]:
     """Run ids registered here have every leftover process killed after the test, pass or fail."""
@@ -189,11 +199,9 @@ def reaper() -> Iterator[list[str]]:
     for run_id in run_ids:
         # The detached supervisor first (it carries no run variable): killed after the workers,
         # it would restart them, and that new attempt would outlive the test.
-        for process in psutil.process_iter(["cmdline"]):
-            command = process.info["cmdline"] or []
-            if "supervise" in command and run_id in command:
-                with contextlib.suppress(psutil.Error):
-                    process.kill()
+        for process in detached_supervisors(run_id):
+            with contextlib.suppress(psutil.Error):
+                process.kill()
         for process in run_processes(run_id):
             with contextlib.suppress(psutil.Error):
                 process.kill()

@@ -54,6 +54,7 @@ class FakeBackend(Backend):
     attempt: int = -1
     started: list[list[str]] = field(default_factory=list)  # worker names of each start
     stops: list[list[str]] = field(default_factory=list)
+    graces: list[float] = field(default_factory=list)  # the grace of each stop
     probes: int = 0
     _polls: dict[str, int] = field(default_factory=dict)
 
@@ -85,6 +86,7 @@ class FakeBackend(Backend):
 
     def stop(self, workers: Sequence[WorkerRecord], grace: float) -> GroupResult[str, StopAnswer]:
         self.stops.append([w.name for w in workers])
+        self.graces.append(grace)
         return GroupResult({w.name: StopAnswer("stopped") for w in workers})
 
     def log_lines(self, worker: WorkerRecord, lines: int) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from tests.conftest import Cli, free_ports, run_processes, wait_for
+from tests.conftest import Cli, detached_supervisors, free_ports, run_processes, wait_for
 from tests.scripts import STEPPER
 
 
@@ -177,6 +177,11 @@ def test_status_exits_3_while_a_host_does_not_answer(cli: Cli, reaper: list[str]
     assert cli("up", "--detach", "--skip-checks", "inv.yaml").returncode == 0
     reaper.append(cli.record()["run_id"])
     cli.status_when(lambda s: s["state"] == "running", timeout=60)
+    # The controller's supervisor is gone too (alive, it would stop beta over the session it
+    # holds and answer `down` itself): status and down have to reach the hosts from here.
+    for supervisor in detached_supervisors(cli.record()["run_id"]):
+        supervisor.kill()
+        supervisor.wait(10)
     # beta's host stops answering: the record now reaches it over SSH at a closed port.
     record_path = next(p for p in (cli.cwd / ".orchestrate" / "runs").glob("*.json")
                        if not p.name.endswith(".status.json"))  # fmt: skip

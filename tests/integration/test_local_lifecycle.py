@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import Cli, free_ports, run_processes, wait_for
+from tests.conftest import Cli, detached_supervisors, free_ports, run_processes, wait_for
 
 SCRIPT = """\
 import json, os, sys, time
@@ -129,6 +129,36 @@ def test_detached_run_status_tail_and_down_leave_no_process(cli: Cli, reaper: li
     down = cli("down", check=True)
     assert "alpha: stopped" in down.stdout and "beta: stopped" in down.stdout
     assert run_processes(run_id) == []
+    assert {w["state"] for w in cli.status()["workers"]} == {"stopped"}
+    # The live supervisor stopped the workers over its own sessions and answered down.
+    runs = cli.cwd / ".orchestrate" / "runs"
+    answer = json.loads((runs / f"{run_id}.stopped").read_text())
+    assert answer["outcome"] == {"alpha": "stopped", "beta": "stopped"}
+    assert "stopping the workers for 'orchestrate down'" in (runs / f"{run_id}.log").read_text()
+
+
+def test_down_stops_the_workers_itself_when_the_supervisor_does_not_answer(
+    cli: Cli, reaper: list[str]
+) -> None:
+    make_job(cli.cwd, steps=10_000, delay=0.02)
+    cli("up", "--detach", "inv.yaml", check=True)
+    run_id = cli.record()["run_id"]
+    reaper.append(run_id)
+    running = wait_for(lambda: (s := cli.status())["state"] == "running" and s, timeout=20)
+    workers = [w["pid"] for w in running["workers"]]
+    (supervisor,) = detached_supervisors(run_id)
+    supervisor.suspend()  # holds its lock, answers nothing: as if busy in a long backoff
+    try:
+        down = cli.popen("down")
+        # After the pickup timeout down stops the workers from here.
+        wait_for(lambda: not any(psutil.pid_exists(pid) for pid in workers), timeout=30)
+    finally:
+        supervisor.resume()
+    out, err = down.communicate(timeout=60)
+    assert down.returncode == 0, err
+    assert "alpha: stopped" in out and "beta: stopped" in out
+    assert not (cli.cwd / ".orchestrate" / "runs" / f"{run_id}.stopped").exists()
+    wait_for(lambda: run_processes(run_id) == [], timeout=20)
     assert {w["state"] for w in cli.status()["workers"]} == {"stopped"}
 
 

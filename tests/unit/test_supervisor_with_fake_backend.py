@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import tracemalloc
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -11,22 +12,32 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import JobFailed
-from orchestrator.failures import FailureKind
+from orchestrator.failures import Failure, FailureKind
 from orchestrator.inventory import Host, Inventory, Job
 from orchestrator.lifecycle import start_run
 from orchestrator.runstore import RunStore
 from orchestrator.state import WorkerState
 from orchestrator.status import collect_status
-from orchestrator.supervise import StallWatch, Supervisor, conclude, first_failure
+from orchestrator.supervise import (
+    SCRIPT_SURVIVOR_GRACE,
+    STOP_GRACE,
+    TASK_SURVIVOR_GRACE,
+    StallWatch,
+    Supervisor,
+    _read_answer,
+    conclude,
+    first_failure,
+    survivors_grace,
+)
 from tests.fakes.backend import FakeBackend, exited, running
 
 
 def inventory(tmp_path: Path, spares: int = 0, **job: object) -> Inventory:
     hosts = tuple(Host(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
     extra = tuple(Host(f"spare{i}", f"10.0.1.{i + 1}", 20000) for i in range(spares))
-    options = {"restart_backoff": 0, "max_restarts": 3, **job}
+    options = {"script": "train.py", "restart_backoff": 0, "max_restarts": 3, **job}
     return Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts,
-                     Job("demo", script="train.py", **options), extra)  # type: ignore[arg-type]  # fmt: skip
+                     Job("demo", **options), extra)  # type: ignore[arg-type]  # fmt: skip
 
 
 def supervise(tmp_path: Path, backend: FakeBackend, inv: Inventory) -> tuple[RunStore, object]:
@@ -51,6 +62,7 @@ def test_a_crash_restarts_the_whole_cluster_and_the_next_attempt_succeeds(tmp_pa
     assert final.state is WorkerState.SUCCEEDED
     assert backend.started == [["a", "b"], ["a", "b"]]
     assert backend.stops[0] == ["a", "b"]  # the rest of the failed attempt is stopped first
+    assert backend.graces[0] == SCRIPT_SURVIVOR_GRACE  # a script's survivors may clean up
     record = store.load()
     assert record.attempt == 1
     (restart,) = record.restarts
@@ -290,3 +302,35 @@ def test_a_worker_waiting_in_the_schedulers_queue_does_not_stall(tmp_path: Path)
     assert watch.check(started, now=104) is None
     failure = watch.check(started, now=106)
     assert failure is not None and failure.kind is FailureKind.STALLED
+
+
+def test_a_task_jobs_survivors_are_killed_at_once_and_a_preemptions_peers_may_save(
+    tmp_path: Path,
+) -> None:
+    # A task job's survivors can save nothing: their only answer to SIGTERM is a vote in a
+    # collective the dead peer never joins.
+    task = {"script": None, "task": "worker.examples.shapes:task", "steps": 5}
+    backend = FakeBackend(scripts={"a": {0: [exited(-9, 2)], 1: [exited(0, 5)]},
+                                   "b": {0: [running(2)], 1: [exited(0, 5)]}})  # fmt: skip
+    supervise(tmp_path, backend, inventory(tmp_path, **task))
+    assert backend.graces[0] == TASK_SURVIVOR_GRACE == 0.0
+    # A preemption's peers are saving the checkpoint they agreed on: they get the full grace.
+    job = inventory(tmp_path, **task).job
+    preempted = Failure("a", FailureKind.PREEMPTED, "exit 75", 4, 75)
+    killed = Failure("a", FailureKind.KILLED, "SIGKILL", 4, -9)
+    assert survivors_grace(preempted, job) == STOP_GRACE > survivors_grace(killed, job)
+
+
+def test_a_stop_answer_is_taken_only_for_its_own_request(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "state")
+    first = store.request_stop("r1", 10.0)
+    assert store.stop_request("r1") == first and store.stop_flag("r1").exists()
+    path = store.stop_answer_path("r1")
+    answer = {"request": first.id, "outcome": {"a": "stopped"}, "leftovers": {}}
+    store.write_file(path, json.dumps(answer))
+    second = store.request_stop("r1", 3.0)
+    assert second.id != first.id and store.stop_request("r1") == second
+    assert _read_answer(path, second) is None  # an earlier down's answer is not this one's
+    assert _read_answer(path, first) == answer
+    store.stop_flag("r2").touch()  # a flag that carries nothing (an older down): no request
+    assert store.stop_request("r2") is None
