@@ -33,13 +33,15 @@ The supervisor itself is started as `agent.py supervise RUN_DIR` (internal; no j
 standby's as `agent.py standby STANDBY_DIR`.
 
 Warm restarts: a launch whose slot has a standby hands the attempt to it when the standby may
-serve it (standby_refusal: ready, the same interpreter, the same environment at TensorFlow's
-import but for the per-attempt values); otherwise the standby is discarded and the worker starts
-cold. The hand-over: the launcher claims the standby (renames its spec.json), writes the run
-directory into its fifo, and the standby supervisor execs `agent.py supervise RUN_DIR --adopt
+serve it (standby_refusal: alive, the same interpreter, the same environment at TensorFlow's
+import but for the per-attempt values; one still importing serves too, it reads the hand-over
+after the import); otherwise the standby is discarded and the worker starts cold. The
+hand-over: the launcher claims the standby (renames its spec.json), writes the run directory
+into its fifo, and the standby supervisor execs `agent.py supervise RUN_DIR --adopt
 PID IN OUT`: the same process (the process group `stop` signals), its child still its child,
 now supervised for the new run directory exactly like a cold one. A standby that is never
-claimed exits by itself `linger` seconds after the attempt it backs ended, when its stop marker
+claimed exits by itself `linger` seconds after the attempt it backs ended (or, backing one not
+started yet, `linger` seconds after it started itself), when its stop marker
 appears, or when its directory is removed.
 Privacy: the spec's private_dirs ({job}/runs down to the run directory) are made 0700 and every
 file written here is 0600, so another account on the host reads nothing of a run. Only this
@@ -54,6 +56,7 @@ A standby's directory ({job}/runs/{run_id}/standby/{name}, one per slot):
 """
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -223,8 +226,8 @@ def standby_refusal(standby, argv, env):
         return "no standby"
     if not standby.get("alive"):
         return "the standby is gone"
-    if not standby.get("ready"):
-        return "the standby has not finished importing TensorFlow"
+    # One still importing TensorFlow serves too: it reads the hand-over once the import is done,
+    # which is sooner than a cold start's (`up` starts the first attempt's before its checks).
     if runnable_argv(argv) is None:
         return f"a standby cannot run {argv[:2]}"
     if standby.get("python") != argv[0]:
@@ -272,7 +275,7 @@ def _hand_to_standby(run_dir, spec, secrets):
     pid = standby["pid"]
     try:  # the claim: exactly one launch gets a standby
         os.replace(os.path.join(sdir, "spec.json"), os.path.join(sdir, "claimed.json"))
-        fifo = os.open(os.path.join(sdir, "handover"), os.O_WRONLY | os.O_NONBLOCK)
+        fifo = _open_handover(os.path.join(sdir, "handover"))
     except OSError as exc:
         _kill_standby(sdir)
         return None, f"the standby could not be reached ({exc.strerror})"
@@ -291,6 +294,19 @@ def _hand_to_standby(run_dir, spec, secrets):
         time.sleep(0.005)
     _kill_standby(sdir)
     return None, "the standby did not take the attempt"
+
+
+def _open_handover(path):
+    """The standby's fifo, for writing. A standby started a moment ago may not have opened its
+    end yet (ENXIO): `up --skip-checks` launches right after starting them."""
+    deadline = time.monotonic() + HANDOVER_WAIT
+    while True:
+        try:
+            return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.005)
 
 
 def cmd_standby(request):
@@ -321,7 +337,8 @@ def _start_standby(backs, spec):
     ):
         return "kept"
     _kill_standby(sdir)
-    _make_private_dirs([os.path.dirname(os.path.dirname(sdir)), os.path.dirname(sdir), sdir])
+    run = os.path.dirname(os.path.dirname(sdir))  # {job}/runs/{run_id}, {job}/runs private too
+    _make_private_dirs([os.path.dirname(run), run, os.path.dirname(sdir), sdir])
     for name in ("spec.json", "claimed.json", "ready", "pid", "worker.pid", "handover",
                  "standby.log"):  # fmt: skip
         with contextlib.suppress(FileNotFoundError):
@@ -361,8 +378,10 @@ def cmd_discard_standbys(request):
 
 
 def _attempt_alive(run_dir):
+    """Whether the attempt a standby backs runs. One not started yet counts as ended: a
+    standby `up` started before its checks leaves `linger` after nobody launched it."""
     pid = _read_int(os.path.join(run_dir, "pid"))
-    return pid is None or _is_our_supervisor(pid, run_dir)  # None: not started yet
+    return pid is not None and _is_our_supervisor(pid, run_dir)
 
 
 def run_standby(sdir):
@@ -566,10 +585,11 @@ def _adopted(run_dir, spec, env, adopt):
     os.dup2(log, 1)  # this process still wrote into the standby's log
     os.dup2(log, 2)
     os.close(log)
-    imported = _read_json(os.path.join(standby_dir(run_dir), "ready")) or {}
-    os.write(1, (f"orchestrate: warm start: this worker's Python (pid {pid}) imported TensorFlow "
-                 f"{time.time() - imported.get('at', time.time()):.0f} s ago as a standby\n"
-                 ).encode())  # fmt: skip
+    imported = _read_json(os.path.join(standby_dir(run_dir), "ready"))
+    how = (f"imported TensorFlow {time.time() - imported['at']:.0f} s ago" if imported
+           else "is still importing TensorFlow")  # fmt: skip
+    os.write(1, f"orchestrate: warm start: this worker's Python (pid {pid}) {how} as a standby\n"
+             .encode())  # fmt: skip
     request = {"argv": spec["argv"], "cwd": _expand(spec["cwd"]), "env": env}
     try:
         with os.fdopen(stdin_fd, "wb") as stdin:  # one line, then end of input

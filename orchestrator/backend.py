@@ -31,6 +31,9 @@ class Backend(ABC):
     # Every worker's checkpoint directory is one shared filesystem that outlives any node: the
     # supervisor keeps no copy of the chief's checkpoints on this machine.
     shared_checkpoints: ClassVar[bool] = False
+    # start_standbys keeps processes that can become workers (warm restarts, and `up`'s first
+    # attempt): without it nothing asks for them, not even the workdirs they would need.
+    keeps_standbys: ClassVar[bool] = False
 
     # --- an attempt's workers ------------------------------------------------------------------
     @abstractmethod

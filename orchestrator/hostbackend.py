@@ -49,6 +49,8 @@ def session_key(host: Host) -> MachineKey:
 
 
 class HostBackend(Backend):
+    keeps_standbys = True
+
     def __init__(self) -> None:
         self._runners: dict[MachineKey, Runner] = {}
         self._lock = threading.Lock()  # fan-out threads ask for runners at the same time

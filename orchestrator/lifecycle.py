@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import posixpath
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.backend import Backend
 from orchestrator.checkpoints import Mirror, spread_latest_checkpoint
-from orchestrator.errors import HostErrors
+from orchestrator.errors import HostErrors, OrchestrateError
 from orchestrator.hostprep import prepare_hosts
 from orchestrator.inventory import Inventory
 from orchestrator.plan import WorkerSpec, job_dir_of_run, new_run_id, plan_workers
@@ -29,9 +30,11 @@ def start_run(
     *,
     force_setup: bool = False,
     prepared: bool = False,
+    run_id: str | None = None,
 ) -> RunRecord:
-    """Record a new run and start its first attempt (`prepared`: hostprep ran already)."""
-    record = RunRecord(run_id=new_run_id(), inventory=inventory, created_at=time.time())
+    """Record a new run and start its first attempt (`prepared`: hostprep ran already; `run_id`:
+    the one first_standbys started the standbys for)."""
+    record = RunRecord(run_id=run_id or new_run_id(), inventory=inventory, created_at=time.time())
     return launch_attempt(record, store, backend, say, force_setup=force_setup, prepared=prepared)
 
 
@@ -111,6 +114,30 @@ class StopReport:
     def from_json(cls, data: dict[str, Any]) -> StopReport:
         return cls({str(k): str(v) for k, v in data["outcome"].items()},
                    {str(k): [int(p) for p in v] for k, v in data["leftovers"].items()})  # fmt: skip
+
+
+@contextmanager
+def first_standbys(
+    inventory: Inventory, run_id: str, backend: Backend, linger: float
+) -> Iterator[None]:
+    """`up` (issue 18, time to first step): the first attempt's standbys, started before the
+    checks so that TensorFlow's import overlaps the preflight, the checkpoint's spread and the
+    launch, which hands each slot's attempt to its standby (importing or done). Only for a warm
+    job, after sync and setup (they may change what a standby would import). Discarded if `up`
+    fails before the launch; a standby nobody launched leaves by itself after `linger`."""
+    if not (inventory.job.warm and backend.keeps_standbys):
+        yield
+        return
+    secrets = secret_values(inventory.job.secret_env, os.environ, doing="starting the workers")
+    workdirs = backend.workdirs(inventory.hosts).raise_if_failed("reaching the hosts")
+    specs = plan_workers(inventory, run_id, dict(workdirs), 0, secrets)
+    backend.start_standbys(specs, linger)  # a slot without one starts cold
+    try:
+        yield
+    except BaseException:
+        with suppress(OrchestrateError):
+            backend.discard_standbys([_record(spec) for spec in specs])
+        raise
 
 
 def start_standbys(

@@ -36,13 +36,15 @@ from orchestrator.cli.preflight import (
 )
 from orchestrator.errors import MissingTool, PartialFailure, RunStateError
 from orchestrator.inventory import Inventory, load_inventory
-from orchestrator.lifecycle import DEFAULT_GRACE, StopReport, start_run
+from orchestrator.lifecycle import DEFAULT_GRACE, StopReport, first_standbys, start_run
+from orchestrator.plan import new_run_id
 from orchestrator.render import problems, progress_line, status_table
 from orchestrator.runstore import RunRecord, RunStore
 from orchestrator.secretenv import missing_secrets, secret_values, shown_env
 from orchestrator.state import WorkerState
 from orchestrator.status import RunStatus, collect_status
 from orchestrator.supervise import (
+    STANDBY_SLACK,
     Supervisor,
     SupervisorLock,
     conclude,
@@ -133,27 +135,31 @@ def start_and_supervise(
             refuse_if_active(context.store, backend, _say)
             # Setup may install what the checks look for (the python, TensorFlow): it goes first.
             prepared = prepare_before_checks(spec, backend, force_setup)
-            if not skip_checks:
-                report = run_checks(spec, backend, probe_timeout, min_free_gb)
-                show_findings(report, only_problems=True)
-                if report.blocking:
-                    raise blocking_error(report)
-            errors.print(
-                f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) "
-                f"from {source}"
-            )
-            shown = shown_env({**spec.job.env, **secrets}, spec.job.secret_env)
-            if shown:
-                errors.print("  environment: " + " ".join(f"{k}={v}" for k, v in shown.items()),
-                             markup=False, highlight=False)  # fmt: skip
-            record = start_run(
-                spec,
-                context.store,
-                backend,
-                say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
-                force_setup=force_setup,
-                prepared=prepared,
-            )
+            run_id = new_run_id()
+            # TensorFlow's import in the first workers overlaps the checks and the launch.
+            with first_standbys(spec, run_id, backend, linger=STANDBY_SLACK):
+                if not skip_checks:
+                    report = run_checks(spec, backend, probe_timeout, min_free_gb)
+                    show_findings(report, only_problems=True)
+                    if report.blocking:
+                        raise blocking_error(report)
+                errors.print(
+                    f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) "
+                    f"from {source}"
+                )
+                shown = shown_env({**spec.job.env, **secrets}, spec.job.secret_env)
+                if shown:
+                    errors.print("  environment: " + " ".join(f"{k}={v}" for k, v in
+                                 shown.items()), markup=False, highlight=False)  # fmt: skip
+                record = start_run(
+                    spec,
+                    context.store,
+                    backend,
+                    say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
+                    force_setup=force_setup,
+                    prepared=prepared,
+                    run_id=run_id,
+                )
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
         if with_dashboard:
             try:

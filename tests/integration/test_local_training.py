@@ -84,10 +84,13 @@ def test_status_while_training_and_down_in_the_middle(cli: Cli, reaper: list[str
     assert "chief" in table and "running" in table
     record = json.loads((cli.cwd / ".orchestrate" / "runs" / f"{run_id}.json").read_text())
     assert [w["name"] for w in record["workers"]] == ["chief", "other"]
-    # Two supervisors and two workers; beside them, once both stepped, each slot's standby
-    # (warm restarts: a supervisor and a Python that imported TensorFlow) may be starting.
-    processes = [" ".join(p.cmdline()) for p in run_processes(run_id)]
-    assert len([c for c in processes if "standby" not in c]) == 4, processes
+    # Two supervisors and their workers (the first attempt's standbys, which `up` started
+    # before its checks: `python -m worker.standby`); beside them, once both stepped, each
+    # slot's standby for a restart (a supervisor and a Python importing TensorFlow) may start.
+    commands = {p.pid: p.cmdline() for p in run_processes(run_id)}
+    assert len([c for c in commands.values() if "supervise" in c]) == 2, commands
+    assert {w["pid"] for w in running["workers"]} <= set(commands)
+    assert all("worker.standby" in commands[w["pid"]] for w in running["workers"]), commands
 
     down = cli("down", "--grace", "10", check=True)
     assert "chief: stopped" in down.stdout and "other: stopped" in down.stdout

@@ -5,6 +5,7 @@ importlib.metadata, and `down` waking the supervisor instead of waiting for its 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import stat
 import sys
@@ -160,6 +161,11 @@ def test_down_wakes_the_supervisor_instead_of_waiting_for_its_next_poll(tmp_path
     thread.join(timeout=5)
     assert finished == [WorkerState.STOPPED]
     assert took < 10.0, f"down waited {took:.1f} s for a supervisor polling every 30 s"
+    # The supervisor stopped the workers (over its own sessions) and answered; down did not
+    # stop them a second time.
+    assert backend.stops == [["a", "b"]]
+    answer = json.loads(store.stop_answer_path(record.run_id).read_text())
+    assert answer["outcome"] == {"a": "stopped", "b": "stopped"}
 
 
 def stopped_probe() -> dict[str, Any]:

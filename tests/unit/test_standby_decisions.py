@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator import agent, contract
-from orchestrator.errors import InventoryError
+from orchestrator.errors import InventoryError, RunStateError
 from orchestrator.fanout import GroupResult
 from orchestrator.inventory import Host, Inventory, Job, load_inventory
-from orchestrator.lifecycle import start_run
+from orchestrator.lifecycle import first_standbys, start_run
 from orchestrator.plan import WorkerSpec, plan_workers
 from orchestrator.runstore import RunStore, WorkerRecord
 from orchestrator.state import WorkerState
@@ -35,8 +35,11 @@ def standby(env: dict[str, str] = ENV, **fields: object) -> dict[str, object]:
     return state
 
 
-def test_a_ready_standby_with_the_same_interpreter_and_environment_may_serve() -> None:
+def test_a_standby_with_the_same_interpreter_and_environment_may_serve() -> None:
     assert agent.standby_refusal(standby(), ARGV, ENV) is None
+    # Still importing TensorFlow: it reads the hand-over after the import, sooner than a cold
+    # start would have imported it (`up` starts the first attempt's before its checks).
+    assert agent.standby_refusal(standby(ready=False), ARGV, ENV) is None
 
 
 @pytest.mark.parametrize(
@@ -44,7 +47,6 @@ def test_a_ready_standby_with_the_same_interpreter_and_environment_may_serve() -
     [
         (None, ARGV, ENV, "no standby"),
         (standby(alive=False), ARGV, ENV, "gone"),
-        (standby(ready=False), ARGV, ENV, "has not finished importing"),
         (standby(), ["/usr/bin/python3", *ARGV[1:]], ENV, "this attempt /usr/bin/python3"),
         (standby(), [PYTHON, "-X", "dev", "train.py"], ENV, "cannot run"),
         # The Keras setting, a rotated secret, a thread setting: read at TensorFlow's import.
@@ -153,7 +155,9 @@ def test_warm_restarts_is_on_by_default_and_a_job_key_like_the_others(tmp_path: 
 class StandbyBackend(FakeBackend):
     """The fake backend, recording what the supervisor asks of standbys and when."""
 
+    keeps_standbys = True
     events: list[str] = field(default_factory=list)
+    standby_dirs: list[str] = field(default_factory=list)  # the slots' run dirs, in order
 
     def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
         self.events.append("start")
@@ -161,6 +165,7 @@ class StandbyBackend(FakeBackend):
 
     def start_standbys(self, specs: Sequence[WorkerSpec], linger: float) -> GroupResult[str, str]:
         self.events.append(f"standbys for attempt {self.attempt}")
+        self.standby_dirs += [spec.run_dir for spec in specs]
         return GroupResult({spec.name: "started" for spec in specs})
 
     def discard_standbys(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, str]:
@@ -199,3 +204,29 @@ def test_no_standby_when_no_restart_is_left_or_warm_restarts_are_off(tmp_path: P
         state = run_supervised(tmp_path / str(index), backend, inventory(tmp_path, **job))
         assert state is WorkerState.SUCCEEDED
         assert backend.events == ["start", "discard"]
+
+
+def test_up_starts_the_first_attempts_standbys_before_its_checks(tmp_path: Path) -> None:
+    # Before any start (attempt -1 of the fake), for the slots of attempt 0 of this very run: the
+    # launch then hands each slot's first worker to its standby.
+    backend = StandbyBackend()
+    inv = inventory(tmp_path)
+    with first_standbys(inv, "r1", backend, linger=120):
+        record = start_run(inv, RunStore(tmp_path / "state"), backend, run_id="r1")
+    assert backend.events == ["standbys for attempt -1", "start"]
+    assert backend.standby_dirs == [w.run_dir for w in record.workers]
+    assert all("/r1/attempt-0/" in d for d in backend.standby_dirs)
+    # A failed check (or Ctrl-C) before the launch leaves none behind.
+    backend = StandbyBackend()
+    with pytest.raises(RunStateError), first_standbys(inv, "r2", backend, linger=120):
+        raise RunStateError("a blocking finding")
+    assert backend.events == ["standbys for attempt -1", "discard"]
+    # warm_restarts: false covers the first start too.
+    backend = StandbyBackend()
+    with first_standbys(inventory(tmp_path, warm_restarts=False), "r3", backend, linger=120):
+        pass
+    assert backend.events == []
+    # Nor on a backend that keeps no standbys (Slurm): not even its workdirs are asked for.
+    plain = FakeBackend(dead_hosts={"a": "would fail if asked"})
+    with first_standbys(inv, "r4", plain, linger=120):
+        pass
