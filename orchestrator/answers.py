@@ -50,6 +50,7 @@ class Progress:
     """What a worker reported in progress.json (the built-in loop, or a script's report())."""
 
     step: int | None = None
+    start_step: int | None = None  # where this attempt began (the built-in loop writes it)
     target_steps: int | None = None
     loss: float | None = None
     accuracy: float | None = None
@@ -66,6 +67,7 @@ class Progress:
             return None
         return cls(
             step=_int(data.get("step")),
+            start_step=_int(data.get("start_step")),
             target_steps=_int(data.get("target_steps")),
             loss=_number(data.get("loss")),
             accuracy=_number(data.get("accuracy")),

@@ -42,6 +42,15 @@ class WorkerStatus:
     hint: str | None = None
     # Held in a scheduler's queue (Slurm PENDING): the stall clock starts when it runs.
     queued: bool = False
+    start_step: int | None = None  # the step this attempt began at, where the worker says
+
+    @property
+    def stepped(self) -> bool:
+        """Whether it made a step in this attempt: past the step it began at (a script that
+        reports no start_step: once it reports any step)."""
+        if self.step is None:
+            return False
+        return self.start_step is None or self.step > self.start_step
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "log_tail"}
@@ -118,6 +127,7 @@ def worker_status(
         failure_kind=kind,
         hint=hint,
         queued=bool(probe and probe.queued is not None and exit_record is None),
+        start_step=progress.start_step if progress else None,
     )
 
 

@@ -658,8 +658,7 @@ class Supervisor:
             not job.warm
             or self._standbys_for == self.record.attempt
             or len(self.record.restarts) >= job.max_restarts
-            or not all(w.state is WorkerState.RUNNING and w.step is not None
-                       for w in status.workers)
+            or not all(w.state is WorkerState.RUNNING and w.stepped for w in status.workers)
         ):  # fmt: skip
             return
         self._standbys_for = self.record.attempt

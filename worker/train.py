@@ -488,6 +488,7 @@ class Loop:
             if step == start_step + 1:
                 self.window.steps.numpy()  # wait for the step: the first one traces and connects
                 log("worker: first step done")
+                self.progress.write(step=step)  # the supervisor starts standbys only after it
                 self._mark = (step, time.perf_counter())
             if self.profile.ends_at(step):
                 self.window.steps.numpy()  # the trace must contain the step's ops, so wait

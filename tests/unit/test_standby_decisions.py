@@ -158,6 +158,7 @@ class StandbyBackend(FakeBackend):
     keeps_standbys = True
     events: list[str] = field(default_factory=list)
     standby_dirs: list[str] = field(default_factory=list)  # the slots' run dirs, in order
+    standby_polls: list[int] = field(default_factory=list)  # the polls made before each ask
 
     def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
         self.events.append("start")
@@ -166,6 +167,7 @@ class StandbyBackend(FakeBackend):
     def start_standbys(self, specs: Sequence[WorkerSpec], linger: float) -> GroupResult[str, str]:
         self.events.append(f"standbys for attempt {self.attempt}")
         self.standby_dirs += [spec.run_dir for spec in specs]
+        self.standby_polls.append(self.probes)
         return GroupResult({spec.name: "started" for spec in specs})
 
     def discard_standbys(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, str]:
@@ -195,6 +197,17 @@ def test_standbys_come_after_every_first_step_and_go_when_the_run_ends(tmp_path:
     assert backend.events == [
         "start", "standbys for attempt 0", "start", "standbys for attempt 1", "discard",
     ]  # fmt: skip
+
+
+def test_a_resumed_worker_has_stepped_only_past_the_step_it_began_at(tmp_path: Path) -> None:
+    # The built-in loop reports its start step at once (a restored 150), before it traced and
+    # made its first step: standbys importing TensorFlow then would slow exactly that.
+    script = {0: [running(150, start_step=150), running(150, start_step=150),
+                  running(151, start_step=150), exited(0, 160)]}  # fmt: skip
+    backend = StandbyBackend(scripts={"a": script, "b": script})
+    assert run_supervised(tmp_path, backend, inventory(tmp_path)) is WorkerState.SUCCEEDED
+    assert backend.events == ["start", "standbys for attempt 0", "discard"]
+    assert backend.standby_polls == [3]  # after the poll that saw step 151, not the first
 
 
 def test_no_standby_when_no_restart_is_left_or_warm_restarts_are_off(tmp_path: Path) -> None:
