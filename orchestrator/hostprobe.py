@@ -23,7 +23,6 @@ import shutil
 import signal
 import socket
 import sys
-import threading
 import time
 
 PROXY_VARIABLES = (
@@ -207,35 +206,61 @@ def cmd_inspect(spec):
     return report
 
 
-def _attempt(address, port, timeout):
-    started = time.monotonic()
-    try:
-        with socket.create_connection((address, port), timeout=timeout):
-            pass
+UNREACHABLE = (errno.EHOSTUNREACH, errno.ENETUNREACH)
+
+
+def _outcome(code, detail, seconds):
+    """A connect's end as the controller reads it: ok, refused, unreachable, error."""
+    if code == 0:
         outcome = {"status": "ok"}
-    except socket.timeout:  # noqa: UP041 - hosts may run Python < 3.10, where it differs
-        outcome = {"status": "timeout"}
-    except ConnectionRefusedError:
+    elif code == errno.ECONNREFUSED:
         outcome = {"status": "refused"}
-    except OSError as exc:
-        unreachable = (errno.EHOSTUNREACH, errno.ENETUNREACH)
-        status = "unreachable" if exc.errno in unreachable else "error"
-        outcome = {"status": status, "detail": exc.strerror or str(exc)}
-    outcome["seconds"] = round(time.monotonic() - started, 3)
+    else:
+        status = "unreachable" if code in UNREACHABLE else "error"
+        outcome = {"status": status, "detail": detail or os.strerror(code)}
+    outcome["seconds"] = round(seconds, 3)
     return outcome
 
 
 def cmd_connect(spec):
+    """Connect to every peer at once: non-blocking sockets on one selector, so a 64-host check
+    (63 peers per host, 4,032 connects) starts no thread per peer."""
+    import selectors
+
+    timeout = spec["timeout"]
     results = {}
-
-    def probe(peer):
-        results[peer["name"]] = _attempt(peer["address"], peer["port"], spec["timeout"])
-
-    threads = [threading.Thread(target=probe, args=(peer,)) for peer in spec["peers"]]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    pending = selectors.DefaultSelector()
+    started = time.monotonic()
+    for peer in spec["peers"]:
+        name = peer["name"]
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(
+                peer["address"], peer["port"], type=socket.SOCK_STREAM
+            )[0]
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:  # a name that does not resolve
+            results[name] = _outcome(exc.errno or errno.EINVAL, exc.strerror or str(exc),
+                                     time.monotonic() - started)  # fmt: skip
+            continue
+        sock.setblocking(False)
+        code = sock.connect_ex(address)
+        if code in (errno.EINPROGRESS, errno.EAGAIN):
+            pending.register(sock, selectors.EVENT_WRITE, name)
+            continue
+        results[name] = _outcome(code, None, time.monotonic() - started)
+        sock.close()
+    deadline = started + timeout
+    while pending.get_map() and time.monotonic() < deadline:
+        for key, _ in pending.select(max(0.0, deadline - time.monotonic())):
+            sock = key.fileobj
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            results[key.data] = _outcome(code, None, time.monotonic() - started)
+            pending.unregister(sock)
+            sock.close()
+    for key in list(pending.get_map().values()):
+        results[key.data] = {"status": "timeout", "seconds": round(timeout, 3)}
+        key.fileobj.close()
+    pending.close()
     token = spec.get("token")
     return {"peers": results, "token_visible": os.path.exists(token) if token else None}
 

@@ -1,12 +1,15 @@
 """What keeps the control plane cheap at many hosts (issue 18): one agent process per machine for
 every call, a start-up allowance for a new session, hostprobe's version lookup without
-importlib.metadata, and `down` waking the supervisor instead of waiting for its next poll."""
+importlib.metadata, `down` waking the supervisor instead of waiting for its next poll, and the
+connect round on one selector."""
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import json
 import os
+import socket
 import stat
 import sys
 import threading
@@ -17,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from orchestrator import hostbackend
+from orchestrator import hostbackend, hostprobe
 from orchestrator.hostagent import host_program
 from orchestrator.hostbackend import HostBackend
 from orchestrator.inventory import load_inventory
@@ -174,3 +177,29 @@ def stopped_probe() -> dict[str, Any]:
         "exit": {"returncode": -15, "error": None, "log_tail": [], "started_at": 0.0,
                  "finished_at": 1.0},
     }  # fmt: skip
+
+
+def test_the_connect_round_names_each_peers_outcome(tmp_path: Path) -> None:
+    # One selector for every peer (a 64-host check makes 4,032 connects): real loopback sockets.
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(8)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    peers = [
+        {"name": "up", "address": "127.0.0.1", "port": listening.getsockname()[1]},
+        {"name": "down", "address": "127.0.0.1", "port": closed_port},
+        {"name": "nameless", "address": "no-such-host.invalid", "port": 1},
+    ]
+    try:
+        answer = hostprobe.cmd_connect({"peers": peers, "timeout": 3})
+    finally:
+        listening.close()
+    results = answer["peers"]
+    assert [results[n]["status"] for n in ("up", "down", "nameless")] == ["ok", "refused", "error"]
+    assert results["nameless"]["detail"]  # the resolver's words
+    assert all(0 <= r["seconds"] < 3 for r in results.values())
+    assert hostprobe._outcome(errno.EHOSTUNREACH, None, 0.01)["status"] == "unreachable"
