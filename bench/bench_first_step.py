@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.bench_launch import BATCH, by_hand, env, free_ports, tf_configs, wait_logs, worker_argv
+from orchestrator.supervise import SupervisorLock
 
 STEPS = 120  # wait_logs needs a logged rate after step 50
 STRATEGY = "import tensorflow as tf; tf.distribute.MultiWorkerMirroredStrategy()"
@@ -88,13 +89,11 @@ def up() -> tuple[float, float]:
         attempt = next((root / "work" / "bench" / "runs").iterdir()) / "attempt-0"
         logs = [attempt / "w0" / "worker.log", attempt / "w1" / "worker.log"]
         first = wait_logs(logs, started, STEPS).first_step_s
-        for _ in range(100):  # let the detached supervisor see the end before the files go
-            status = subprocess.run(
-                [sys.executable, "-m", "orchestrator", "status", "--json"],
-                cwd=root, env=env(), capture_output=True, text=True, check=False,
-            )  # fmt: skip
-            if '"state": "succeeded"' in status.stdout:
-                break
+        # Let the detached supervisor see the end and let go (it discards the standbys it
+        # started after the first step) before the files go.
+        lock = SupervisorLock(next((root / ".orchestrate" / "runs").glob("*.lock")))
+        deadline = time.monotonic() + 60
+        while lock.held_elsewhere() and time.monotonic() < deadline:
             time.sleep(0.1)
         return returned, first
 

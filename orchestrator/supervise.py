@@ -523,7 +523,8 @@ def _supervisor_stopped(store: RunStore, run_id: str, request: StopRequest,
     while time.monotonic() < deadline:
         answer = _read_answer(path, request)
         if answer is not None and "outcome" in answer:
-            lock.wait(LET_GO_TIMEOUT)  # its standbys are discarded once it lets go
+            if lock.wait(LET_GO_TIMEOUT):  # its standbys are discarded once it lets go
+                lock.release()
             return StopReport.from_json(answer)
         if answer is not None and not taken:
             taken = True
