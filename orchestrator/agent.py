@@ -220,8 +220,7 @@ def runnable_argv(argv):
 
 def standby_refusal(standby, argv, env):
     """Why this standby may not serve a launch of `argv` with `env` (import_env's), or None.
-    `standby`: its spec.json fields with `alive` (its supervisor runs) and `ready` (its child
-    imported TensorFlow and waits). Pure."""
+    `standby`: its spec.json fields with `alive` (its supervisor runs). Pure."""
     if standby is None:
         return "no standby"
     if not standby.get("alive"):
@@ -242,11 +241,7 @@ def _standby_state(sdir):
     if spec is None:
         return None
     pid = _read_int(os.path.join(sdir, "pid"))
-    child = _read_int(os.path.join(sdir, "worker.pid"))
-    ready = _read_json(os.path.join(sdir, "ready")) or {}
-    alive = bool(pid) and _is_our_supervisor(pid, sdir)
-    ready = alive and bool(child) and ready.get("pid") == child
-    return dict(spec, pid=pid, alive=alive, ready=ready)
+    return dict(spec, pid=pid, alive=bool(pid) and _is_our_supervisor(pid, sdir))
 
 
 def _kill_standby(sdir, wait=5.0):

@@ -13,6 +13,7 @@ from typing import Any
 from orchestrator.backend import Backend
 from orchestrator.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.errors import HostErrors, OrchestrateError
+from orchestrator.fanout import GroupResult
 from orchestrator.hostprep import prepare_hosts
 from orchestrator.inventory import Inventory
 from orchestrator.plan import WorkerSpec, job_dir_of_run, new_run_id, plan_workers
@@ -128,11 +129,10 @@ def first_standbys(
     if not (inventory.job.warm and backend.keeps_standbys):
         yield
         return
-    secrets = secret_values(inventory.job.secret_env, os.environ, doing="starting the workers")
     workdirs = backend.workdirs(inventory.hosts).raise_if_failed("reaching the hosts")
-    specs = plan_workers(inventory, run_id, dict(workdirs), 0, secrets)
-    backend.start_standbys(specs, linger)  # a slot without one starts cold
-    try:
+    specs, _ = _slot_standbys(inventory, run_id, dict(workdirs), 0, backend=backend,
+                              linger=linger, environ=os.environ)  # fmt: skip
+    try:  # a slot without a standby starts cold
         yield
     except BaseException:
         with suppress(OrchestrateError):
@@ -149,12 +149,26 @@ def start_standbys(
     """A standby for each worker slot of the record's current attempt, with the environment the
     next attempt's worker would get (job.secret_env's values read now, as a launch does); what
     happened per worker, failures included (a slot without a standby just starts cold)."""
-    inventory = record.inventory
-    secrets = secret_values(inventory.job.secret_env, environ, doing="starting the standbys")
     workdirs = {w.name: posixpath.dirname(job_dir_of_run(w.run_dir)) for w in record.workers}
-    specs = plan_workers(inventory, record.run_id, workdirs, record.attempt, secrets)
-    answers = backend.start_standbys(specs, linger)
+    _, answers = _slot_standbys(record.inventory, record.run_id, workdirs, record.attempt,
+                                backend=backend, linger=linger, environ=environ)  # fmt: skip
     return {**answers.ok, **{name: f"error: {e.message}" for name, e in answers.failed.items()}}
+
+
+def _slot_standbys(
+    inventory: Inventory,
+    run_id: str,
+    workdirs: Mapping[str, str],
+    attempt: int,
+    *,
+    backend: Backend,
+    linger: float,
+    environ: Mapping[str, str],
+) -> tuple[list[WorkerSpec], GroupResult[str, str]]:
+    """Start a standby per slot of `attempt`, with the environment its worker would get."""
+    secrets = secret_values(inventory.job.secret_env, environ, doing="starting the standbys")
+    specs = plan_workers(inventory, run_id, dict(workdirs), attempt, secrets)
+    return specs, backend.start_standbys(specs, linger)
 
 
 def stop_run(

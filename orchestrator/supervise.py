@@ -383,6 +383,15 @@ class FileLock:
             os.close(self._fd)
             self._fd = None
 
+    def wait_released(self, timeout: float) -> bool:
+        """Whether the holder let go within `timeout` seconds (the lock is not kept)."""
+        deadline = time.monotonic() + timeout
+        while self.held_elsewhere():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def wait(self, timeout: float) -> bool:
         """Acquire, waiting up to `timeout` seconds for the holder to let go."""
         deadline = time.monotonic() + timeout
@@ -502,9 +511,7 @@ def stop_everything(store: RunStore, backend: Backend, run_id: str | None,
     report = stop_run(record, backend, grace)
     # Touched again: the supervisor, waiting for its next poll, polls now and lets go.
     store.stop_flag(record.run_id).touch()
-    deadline = time.monotonic() + grace + 15
-    while lock.held_elsewhere() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    lock.wait_released(grace + 15)
     newer = store.load(record.run_id)
     if newer.attempt != record.attempt:
         report = stop_run(newer, backend, grace)
@@ -523,8 +530,7 @@ def _supervisor_stopped(store: RunStore, run_id: str, request: StopRequest,
     while time.monotonic() < deadline:
         answer = _read_answer(path, request)
         if answer is not None and "outcome" in answer:
-            if lock.wait(LET_GO_TIMEOUT):  # its standbys are discarded once it lets go
-                lock.release()
+            lock.wait_released(LET_GO_TIMEOUT)  # its standbys are discarded once it lets go
             return StopReport.from_json(answer)
         if answer is not None and not taken:
             taken = True
@@ -655,15 +661,16 @@ class Supervisor:
         slow the attempt's own start), a standby per slot, for the next attempt, while a
         restart is left."""
         job = self.record.inventory.job
+        spent = len(failed_restarts(self.record.restarts))  # as _recover counts them
         if (
             not job.warm
             or self._standbys_for == self.record.attempt
-            or len(self.record.restarts) >= job.max_restarts
+            or spent >= job.max_restarts
             or not all(w.state is WorkerState.RUNNING and w.stepped for w in status.workers)
         ):  # fmt: skip
             return
         self._standbys_for = self.record.attempt
-        linger = backoff(job, len(self.record.restarts)) + STANDBY_SLACK
+        linger = backoff(job, spent) + STANDBY_SLACK  # past the backoff _recover will wait
         try:
             answers = start_standbys(self.record, self.backend, linger)
         except OrchestrateError as error:  # a secret gone from the environment: cold restarts
