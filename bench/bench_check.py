@@ -54,8 +54,10 @@ from bench.bench_fanout import (
     timed,
 )
 from orchestrator.hostbackend import HostBackend
-from orchestrator.inventory import Host, Inventory, load_inventory
-from orchestrator.preflight import PreflightReport, Status, run_preflight
+from orchestrator.inventory import load_inventory
+from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.preflight import PreflightReport, Status
+from orchestrator.preflight import run_preflight
 from orchestrator.runner import LineSession
 from tests.cluster.inventories import host_entries, write_inventory
 from tests.cluster.netns import NamespaceCluster, unavailable_reason

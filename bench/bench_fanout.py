@@ -43,8 +43,8 @@ from pathlib import Path
 from orchestrator.fanout import fan_out
 from orchestrator.hostagent import agent_source
 from orchestrator.hostbackend import HostBackend
-from orchestrator.inventory import Host
 from orchestrator.kinds.ssh import SshSettings
+from orchestrator.model.inventory import Host
 from orchestrator.runner import CommandResult
 from tests.cluster.netns import BRIDGE_ADDRESS, SUBNET, NamespaceCluster, unavailable_reason
 

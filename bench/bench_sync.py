@@ -32,10 +32,10 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator.codesync import SyncSpec, sync_hosts
+from orchestrator.codesync import sync_hosts
 from orchestrator.hostbackend import HostBackend, expand_uploads
-from orchestrator.inventory import Host
 from orchestrator.kinds.ssh import SshSettings
+from orchestrator.model.inventory import Host, SyncSpec
 from tests.cluster.netns import NamespaceCluster, cleanup_leftovers, unavailable_reason
 
 FILES = 1000

@@ -13,14 +13,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from orchestrator.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
 from orchestrator.fanout import GroupResult
+from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
 from orchestrator.runner import LineSession
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Host, Inventory
-    from orchestrator.plan import WorkerSpec
-    from orchestrator.preflight import PreflightReport
+    from orchestrator.model.inventory import Host, Inventory
+    from orchestrator.model.preflight import PreflightReport
+    from orchestrator.model.workers import WorkerSpec
     from orchestrator.runstore import RunRecord, WorkerRecord
 
 

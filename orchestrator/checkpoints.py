@@ -19,12 +19,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.answers import CheckpointListing
 from orchestrator.backend import Backend
 from orchestrator.contract import CHECKPOINT_COMPANIONS
 from orchestrator.fanout import fan_out
-from orchestrator.inventory import Host
-from orchestrator.plan import WorkerSpec
+from orchestrator.model.answers import CheckpointListing
+from orchestrator.model.inventory import Host
+from orchestrator.model.workers import WorkerSpec
 
 
 @dataclass(frozen=True)

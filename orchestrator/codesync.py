@@ -11,7 +11,6 @@ would remove the checkpoints and run directories that live beside it.
 
 from __future__ import annotations
 
-import posixpath
 import re
 import shlex
 import shutil
@@ -24,28 +23,18 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import HostError, MissingTool
 from orchestrator.fanout import GroupResult, fan_out
+from orchestrator.kinds import kind_of
+from orchestrator.model.inventory import SyncSpec
+from orchestrator.model.workers import sync_dir
 from orchestrator.paths import controller_path
 from orchestrator.values import boolean, describe, string
 from orchestrator.yamlsource import LineList, LineMap
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Host
+    from orchestrator.model.inventory import Host
 
-SYNC_DIR = "code"  # under the job directory
-DEFAULT_EXCLUDES = (".git",)
 SYNC_TIMEOUT = 1800.0
 SYNC_KEYS = ("source", "exclude", "git")
-
-
-@dataclass(frozen=True)
-class SyncSpec:
-    source: str  # an absolute directory on this machine
-    exclude: tuple[str, ...] = ()  # rsync --exclude patterns, besides .git
-    git: bool = False  # also mirror .git
-
-    @property
-    def excludes(self) -> tuple[str, ...]:
-        return (*(() if self.git else DEFAULT_EXCLUDES), *self.exclude)
 
 
 @dataclass(frozen=True)
@@ -112,10 +101,6 @@ def parse_sync(value: Any, line: int | None, report: Any, base: Path) -> SyncSpe
     return SyncSpec(str(path), tuple(excludes), bool(git))
 
 
-def sync_dir(job_directory: str) -> str:
-    return posixpath.join(job_directory, SYNC_DIR)
-
-
 def rsync_argv(spec: SyncSpec, shell: Sequence[str], target: str, destination: str) -> list[str]:
     """The rsync command line for one host. Pure."""
     return [
@@ -154,8 +139,8 @@ def sync_hosts(spec: SyncSpec, hosts: Sequence[Host], job_dirs: dict[str, str]) 
     job directory); each host's failure is its own."""
     targets: dict[tuple[str, str], Host] = {}
     for host in hosts:
-        transport = host.kind.sync_transport(host)
-        if transport is not None and not host.kind.shares_files_with_controller:
+        transport = kind_of(host).sync_transport(host)
+        if transport is not None and not kind_of(host).shares_files_with_controller:
             targets.setdefault((transport.target, sync_dir(job_dirs[host.name])), host)
     if not targets:
         return SyncReport()
@@ -169,7 +154,7 @@ def sync_hosts(spec: SyncSpec, hosts: Sequence[Host], job_dirs: dict[str, str]) 
 
 
 def _sync_one(spec: SyncSpec, host: Host, job_dirs: dict[str, str]) -> SyncStats:
-    transport = host.kind.sync_transport(host)
+    transport = kind_of(host).sync_transport(host)
     assert transport is not None
     argv = rsync_argv(spec, transport.shell, transport.target, sync_dir(job_dirs[host.name]))
     started = time.monotonic()

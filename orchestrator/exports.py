@@ -16,7 +16,8 @@ from pathlib import Path
 
 from orchestrator.backend import Backend
 from orchestrator.errors import RunStateError
-from orchestrator.plan import export_dir, job_dir_of_run
+from orchestrator.kinds import kind_of
+from orchestrator.model.workers import export_dir, job_dir_of_run
 from orchestrator.runstore import RunRecord, WorkerRecord
 
 
@@ -41,7 +42,7 @@ def no_export(chief: WorkerRecord, source: str) -> RunStateError:
 
 
 def export_is_remote(record: RunRecord) -> bool:
-    return not record.workers[0].host.kind.shares_files_with_controller
+    return not kind_of(record.workers[0].host).shares_files_with_controller
 
 
 def local_export(record: RunRecord) -> Path:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from orchestrator.inventory import Host, Inventory
+from orchestrator.kinds import kind_of
+from orchestrator.model.inventory import Host, Inventory
 
 FORMATS = ("iptables", "nftables", "ufw", "firewalld")
 
@@ -104,7 +105,7 @@ def host_rules(inventory: Inventory, fmt: str, controller: str | None = None) ->
             commands.append(_rule(fmt, source, host.port, positions[family]))
         commands.append("# ... and from nowhere else (an ACCEPT policy would let anyone in)")
         commands += _drops(fmt, host.port, addresses)
-        login_port = host.kind.login_port(host)
+        login_port = kind_of(host).login_port(host)
         if controller and login_port:
             commands.append("# SSH from the controller (skip if it is open already)")
             commands.append(_rule(fmt, controller, login_port))

@@ -12,7 +12,9 @@ from functools import cache
 from importlib import resources
 from typing import Any, TypeVar
 
-from orchestrator.answers import (
+from orchestrator.contract import CHECKPOINT_COMPANIONS
+from orchestrator.errors import HostError
+from orchestrator.model.answers import (
     CheckpointListing,
     FileListing,
     HostInfo,
@@ -22,8 +24,6 @@ from orchestrator.answers import (
     parse_stop,
     parsed,
 )
-from orchestrator.contract import CHECKPOINT_COMPANIONS
-from orchestrator.errors import HostError
 from orchestrator.runner import LineSession, Runner
 
 T = TypeVar("T")

@@ -15,17 +15,24 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe, parsed
-from orchestrator.answers import parse_probe as parse_probe_answer
 from orchestrator.backend import Backend
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult, fan_out, per_machine
 from orchestrator.hostagent import PROBE, HostAgent
-from orchestrator.inventory import Host, Inventory
+from orchestrator.kinds import kind_of
+from orchestrator.model.answers import (
+    CheckpointListing,
+    FileListing,
+    StopAnswer,
+    WorkerProbe,
+    parsed,
+)
+from orchestrator.model.answers import parse_probe as parse_probe_answer
+from orchestrator.model.inventory import Host, Inventory
 from orchestrator.runner import LineSession, Runner
 
 if TYPE_CHECKING:
-    from orchestrator.plan import WorkerSpec
+    from orchestrator.model.workers import WorkerSpec
     from orchestrator.runstore import WorkerRecord
 
 MachineKey = tuple[str, ...]
@@ -38,7 +45,7 @@ SESSION_START_TIMEOUT = 30.0
 
 
 def machine_key(host: Host) -> MachineKey:
-    return host.kind.machine_key(host)
+    return kind_of(host).machine_key(host)
 
 
 def session_key(host: Host) -> MachineKey:
@@ -69,7 +76,7 @@ class HostBackend(Backend):
         key = machine_key(host)
         with self._lock:
             if key not in self._runners:
-                self._runners[key] = host.kind.runner(host)
+                self._runners[key] = kind_of(host).runner(host)
             return self._runners[key]
 
     def _forget(self, key: MachineKey, session: LineSession | None) -> None:

@@ -14,8 +14,8 @@ from orchestrator.backend import Backend
 from orchestrator.codesync import sync_hosts
 from orchestrator.errors import HostError, HostErrors
 from orchestrator.hostsetup import run_setup
-from orchestrator.inventory import Host, Inventory
-from orchestrator.plan import job_dir
+from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.workers import job_dir
 
 Say = Callable[[str], None]
 

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import HostError
 from orchestrator.fanout import GroupResult, fan_out
+from orchestrator.kinds import kind_of
 from orchestrator.values import describe, string
 from orchestrator.yamlsource import LineList
 
 if TYPE_CHECKING:
     from orchestrator.backend import Backend
-    from orchestrator.inventory import Host
+    from orchestrator.model.inventory import Host
 
 MARKER = ".orchestrate-setup"
 TAIL_LINES = 10
@@ -108,7 +109,7 @@ def run_setup(
     Hosts sharing a machine and a job directory run it once. A failure is a result, by host."""
     firsts: dict[tuple[Any, ...], Host] = {}
     for host in hosts:
-        firsts.setdefault((*host.kind.machine_key(host), job_dirs[host.name]), host)
+        firsts.setdefault((*kind_of(host).machine_key(host), job_dirs[host.name]), host)
     by_name = {host.name: host for host in firsts.values()}
     digest = setup_hash(commands)
 

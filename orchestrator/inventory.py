@@ -9,15 +9,13 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from orchestrator import kinds
-from orchestrator.codesync import SyncSpec, parse_sync
+from orchestrator.codesync import parse_sync
 from orchestrator.contract import (
     EXPORT_FORMATS,
-    KERAS_DEFAULT,
     KERAS_SETTINGS,
     LEGACY_KERAS_ENV,
     RESERVED_ENV_PREFIXES,
@@ -26,9 +24,9 @@ from orchestrator.contract import (
 )
 from orchestrator.errors import InventoryError, Problem
 from orchestrator.hostsetup import parse_setup
-from orchestrator.kinds import Kind, NoSettings
+from orchestrator.model.inventory import DEFAULT_CONNECTION, DEFAULT_WORKDIR, Host, Inventory, Job
+from orchestrator.model.slurm import SlurmSpec
 from orchestrator.paths import controller_path, is_loopback
-from orchestrator.slurm.spec import SlurmSpec
 from orchestrator.values import (
     NAME_PATTERN,
     PORT,
@@ -46,115 +44,9 @@ from orchestrator.values import (
 )
 from orchestrator.yamlsource import LineList, LineMap, YamlSyntaxError, parse
 
-DEFAULT_WORKDIR = "~/orchestrate"
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 __all__ = ["Host", "Inventory", "Job", "is_loopback", "load_inventory"]
-
-
-@dataclass(frozen=True)
-class Host:
-    """One worker: where it runs, how to reach it, and its TensorFlow gRPC port."""
-
-    name: str
-    address: str
-    port: int
-    connection: str = kinds.DEFAULT_KIND
-    python: str = "python3"
-    workdir: str = DEFAULT_WORKDIR
-    # GPU settings, applied by the built-in loop before the strategy is created.
-    gpu_memory_growth: bool = False
-    gpu_memory_limit_mb: int | None = None
-    visible_gpus: tuple[int, ...] | None = None
-    logical_gpus: int | None = None
-    # The connection kind's own settings (orchestrator/kinds/): SSH user, port, key, ...
-    settings: Any = field(default_factory=NoSettings)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.settings, NoSettings):  # a kind's defaults when none were given
-            object.__setattr__(self, "settings", self.kind.settings({}))
-
-    @property
-    def kind(self) -> Kind:
-        return kinds.kind_of(self)
-
-    @property
-    def endpoint(self) -> str:
-        address = f"[{self.address}]" if ":" in self.address else self.address
-        return f"{address}:{self.port}"
-
-
-@dataclass(frozen=True)
-class Job:
-    """What every worker runs: the built-in loop with a user task, or a plain script."""
-
-    name: str
-    task: str | None = None
-    script: str | None = None
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    # Names only: the values come from the controller's environment at `up` (secretenv.py).
-    secret_env: tuple[str, ...] = ()
-    files: tuple[str, ...] = ()  # absolute paths on this machine, uploaded to each remote host
-    steps: int | None = None
-    checkpoint_dir: str = "checkpoints"
-    checkpoint_every: int = 100
-    max_to_keep: int = 3
-    batch_size: int = 64
-    log_every: int = 10
-    # Supervision: a worker whose step has not moved (or whose host has not answered) for
-    # stall_timeout seconds has failed; the cluster is restarted up to max_restarts times.
-    stall_timeout: int = 300
-    max_restarts: int = 3
-    restart_backoff: int = 5  # seconds before the first restart, doubling after each
-    # How long a restart waits (without spending a restart) while hosts cannot reach each
-    # other's TensorFlow port, before the run fails naming the blocked pairs.
-    partition_timeout: int = 600
-    # A standby per worker slot (TensorFlow imported, waiting) takes the slot's next attempt,
-    # so a restart skips the import (agent.py, worker/standby.py). Unset: on for the built-in
-    # loop (job.task), off for a script, which may set TensorFlow's variables itself before its
-    # import (TF_USE_LEGACY_KERAS, TF_CPP_MIN_LOG_LEVEL) or not import TensorFlow at all.
-    warm_restarts: bool | None = None
-    # Each worker's log is rotated past this size (one older file kept): a long run cannot
-    # fill a disk with it.
-    log_max_mb: int = 64
-    permanent_exit_codes: tuple[int, ...] = (2,)  # 2: the worker's usage errors never heal
-    strategy: Literal["multi-worker", "mirrored"] = "multi-worker"
-    profile_steps: tuple[int, int] | None = None  # chief traces steps [start, end] for TensorBoard
-    eval_every: int | None = None  # steps between evaluations (a task with an eval_dataset)
-    export: Literal["keras", "saved_model"] | None = None  # the model, at the end of a good run
-    # "legacy": tf.keras is Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1) on every worker.
-    keras: str = KERAS_DEFAULT
-    # Steps per tf.function call in the built-in loop; the intervals above must be multiples.
-    steps_per_call: int = 1
-    seed: int | None = None  # seeds the initial weights: runs with the same seed train alike
-
-    @property
-    def warm(self) -> bool:
-        """Whether restarts use standbys: warm_restarts, or unset, whether this is a task."""
-        return self.task is not None if self.warm_restarts is None else self.warm_restarts
-
-
-@dataclass(frozen=True)
-class Inventory:
-    path: str
-    base_dir: str
-    hosts: tuple[Host, ...]
-    job: Job
-    # Hosts that replace a host found dead when the cluster is restarted (in order).
-    spares: tuple[Host, ...] = ()
-    # With no spare left, a restart may go on without dead hosts down to this many workers
-    # (TF_CONFIG rebuilt for the survivors). None: every host is needed.
-    min_hosts: int | None = None
-    setup: tuple[str, ...] = ()  # shell commands run once per host before a start (hostsetup)
-    sync: SyncSpec | None = None  # a directory mirrored to every host before each start
-    # The `slurm:` block when Slurm places the workers (then `hosts` are its tasks).
-    slurm: SlurmSpec | None = None
-
-    @property
-    def host_source(self) -> str:
-        """Which top-level block listed the workers: 'hosts' or 'slurm'."""
-        return "slurm" if self.slurm is not None else "hosts"
 
 
 def _task(value: Any) -> Checked:
@@ -482,7 +374,7 @@ def _parse_host(
         ok = False
     if not ok:
         return None
-    kind = kinds.get(values.get("connection", kinds.DEFAULT_KIND))
+    kind = kinds.get(values.get("connection", DEFAULT_CONNECTION))
     for key in [k for k in kinds.all_keys() if k not in kind.keys]:
         if key in entry:
             report.add(_line(entry, key), f"{where}.{key}",

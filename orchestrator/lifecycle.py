@@ -15,8 +15,9 @@ from orchestrator.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.errors import HostErrors, OrchestrateError
 from orchestrator.fanout import GroupResult
 from orchestrator.hostprep import prepare_hosts
-from orchestrator.inventory import Inventory
-from orchestrator.plan import WorkerSpec, job_dir_of_run, new_run_id, plan_workers
+from orchestrator.model.inventory import Inventory
+from orchestrator.model.workers import WorkerSpec, job_dir_of_run
+from orchestrator.plan import new_run_id, plan_workers
 from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
 from orchestrator.secretenv import secret_values
 

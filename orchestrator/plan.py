@@ -18,15 +18,11 @@ from __future__ import annotations
 import posixpath
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import PurePath
-from typing import Any
 
-from orchestrator.codesync import sync_dir
 from orchestrator.contract import (
     CHECKPOINT_DIR_ENV,
-    EXPORT_DIR_NAME,
     KERAS_LEGACY,
     LEGACY_KERAS_ENV,
     PROGRESS_FILE,
@@ -34,98 +30,23 @@ from orchestrator.contract import (
     RUN_DIR_ENV,
     RUN_ID_ENV,
     WORKER_ENV,
-    WORKER_LOG,
 )
-from orchestrator.inventory import Host, Inventory, Job
+from orchestrator.kinds import kind_of
+from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.workers import (
+    WorkerSpec,
+    checkpoint_dir,
+    export_dir,
+    job_dir,
+    job_dir_of_run,
+    sync_dir,
+)
 from orchestrator.tfconfig import tf_config
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    index: int
-    host: Host
-    run_dir: str
-    checkpoint_dir: str
-    cwd: str
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    tf_config: dict[str, Any]
-    log_max_bytes: int = 0  # 0: no cap
-    uploads: tuple[tuple[str, str], ...] = ()  # (path here, path on the host) before the start
-    # job.secret_env's values: sent in the launch request, never written to a file on the host.
-    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
-    warm: bool = True  # job.warm_restarts: the launch may hand the attempt to the slot's standby
-
-    @property
-    def name(self) -> str:
-        return self.host.name
-
-    @property
-    def log_path(self) -> str:
-        return posixpath.join(self.run_dir, WORKER_LOG)
-
-    @property
-    def private_dirs(self) -> tuple[str, ...]:
-        """{job}/runs and each directory below it down to the run directory: created 0700."""
-        return private_dirs(self.run_dir)
-
-    def launch_request(self) -> dict[str, Any]:
-        """What the host agent's `launch` verb reads (on its standard input). The agent writes
-        all but `secret_env` into spec.json; `secret_env` goes to the supervisor's environment."""
-        return {
-            "run_dir": self.run_dir,
-            "private_dirs": list(self.private_dirs),
-            "cwd": self.cwd,
-            "argv": list(self.argv),
-            "env": self.env,
-            "secret_env": dict(self.secrets),
-            "tf_config": self.tf_config,
-            "log_max_bytes": self.log_max_bytes,
-            "warm": self.warm,
-        }
-
-    def standby_request(self, linger: float) -> dict[str, Any]:
-        """What the agent's `standby` verb reads: a standby for this worker's slot, started with
-        the environment this worker has (its secrets too), backing this attempt, gone `linger`
-        seconds after the attempt ended unless the next one claimed it."""
-        return {
-            "backs": self.run_dir,
-            "python": self.argv[0],
-            "cwd": self.cwd,
-            "env": self.env,
-            "secret_env": dict(self.secrets),
-            "linger": linger,
-        }
 
 
 def new_run_id(now: datetime | None = None) -> str:
     stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{secrets.token_hex(2)}"
-
-
-def job_dir(job: Job, workdir: str) -> str:
-    return posixpath.join(workdir, job.name)
-
-
-def checkpoint_dir(job: Job, job_directory: str) -> str:
-    return posixpath.join(job_directory, job.checkpoint_dir)  # an absolute path wins in join
-
-
-def export_dir(job_directory: str) -> str:
-    return posixpath.join(job_directory, EXPORT_DIR_NAME)
-
-
-def private_dirs(run_dir: str) -> tuple[str, ...]:
-    """{job}/runs/{run_id}/attempt-{n}/{name} -> ({job}/runs, ..., run_dir), outermost first."""
-    chain = [run_dir]
-    for _ in range(3):
-        chain.append(posixpath.dirname(chain[-1]))
-    return tuple(reversed(chain))
-
-
-def job_dir_of_run(run_dir: str) -> str:
-    """{job_dir}/runs/{run_id}/attempt-{n}/{name} -> {job_dir}: the layout above, backwards."""
-    return posixpath.dirname(posixpath.dirname(posixpath.dirname(posixpath.dirname(run_dir))))
 
 
 def eval_export_flags(job: Job, job_directory: str) -> tuple[str, ...]:
@@ -158,7 +79,7 @@ def uploads(
     """A remote host gets the script and the job's files in its run directory; a worker that
     sees this machine's files uses them where they are, and a script inside the `sync:`
     directory (`synced`, its path on the host) is already there."""
-    if host.kind.shares_files_with_controller:
+    if kind_of(host).shares_files_with_controller:
         return ()
     local = ([job.script] if job.script and synced is None else []) + list(job.files)
     return tuple((path, posixpath.join(run_dir, posixpath.basename(path))) for path in local)
@@ -188,7 +109,7 @@ def worker_argv(
     python = host.python
     if job.script is not None:
         script = job.script
-        if not host.kind.shares_files_with_controller:
+        if not kind_of(host).shares_files_with_controller:
             script = synced or posixpath.join(run_dir, posixpath.basename(job.script))
         return (python, script, *job.args)
     assert job.task is not None and job.steps is not None
@@ -239,7 +160,7 @@ def plan_workers(
         # Workers that see this machine's files start where the inventory is, so a task module
         # beside it imports; elsewhere in the synced code, if there is any.
         cwd = run_dir if inventory.sync is None else sync_dir(directory)
-        if host.kind.shares_files_with_controller:
+        if kind_of(host).shares_files_with_controller:
             cwd = inventory.base_dir
         script = inventory.job.script
         synced = synced_path(inventory, script, directory) if script else None

@@ -16,11 +16,9 @@ import posixpath
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.answers import Connections, Inspection, PeerProbe, parsed
 from orchestrator.backend import Backend
 from orchestrator.contract import (
     KERAS_LEGACY,
@@ -32,39 +30,16 @@ from orchestrator.contract import (
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult, fan_out
 from orchestrator.hostagent import request
-from orchestrator.inventory import Host, Inventory, is_loopback
-from orchestrator.plan import checkpoint_dir, job_dir
+from orchestrator.kinds import kind_of
+from orchestrator.model.answers import Connections, Inspection, PeerProbe, parsed
+from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.preflight import Finding, PreflightReport, Status
+from orchestrator.model.workers import checkpoint_dir, job_dir
+from orchestrator.paths import is_loopback
 from orchestrator.runner import LineSession
 
 DEFAULT_PROBE_TIMEOUT = 3.0
 DEFAULT_MIN_FREE_BYTES = 1 << 30
-
-
-class Status(str, Enum):
-    OK = "ok"
-    WARN = "warn"
-    FAIL = "fail"
-
-
-@dataclass(frozen=True)
-class Finding:
-    host: str
-    check: str
-    status: Status
-    detail: str
-    hint: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "status": self.status.value}
-
-
-@dataclass(frozen=True)
-class PreflightReport:
-    findings: tuple[Finding, ...]
-
-    @property
-    def blocking(self) -> list[Finding]:
-        return [f for f in self.findings if f.status is Status.FAIL]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +73,7 @@ def software_findings(inventory: Inventory, reports: Mapping[str, Inspection]) -
     needs_worker = inventory.job.task is not None
     versions = {name: tensorflow_version(r.packages) for name, r in reports.items()}
     distinct = sorted({v for v in versions.values() if v})
-    login = {host.name: host.kind.login_check for host in inventory.hosts}
+    login = {host.name: kind_of(host).login_check for host in inventory.hosts}
     for name, report in reports.items():
         if login[name]:
             findings.append(Finding(name, str(login[name]), Status.OK, "connected and logged in"))
@@ -340,7 +315,7 @@ def outsiders(inventory: Inventory, route_source: Callable[[str], str | None]) -
     members = {host.address for host in inventory.hosts}
     found = {}
     for host in inventory.hosts:
-        if is_loopback(host.address) or host.kind.shares_files_with_controller:
+        if is_loopback(host.address) or kind_of(host).shares_files_with_controller:
             continue
         source = route_source(host.address)
         if source is not None and source not in members and not is_loopback(source):
@@ -437,7 +412,7 @@ def _directories(inventory: Inventory, host: Host) -> list[str]:
 
 def _shared_token(inventory: Inventory) -> str | None:
     """An absolute checkpoint_dir on several machines suggests a shared disk: verify it."""
-    machines = {host.kind.machine_key(host) for host in inventory.hosts}
+    machines = {kind_of(host).machine_key(host) for host in inventory.hosts}
     if not posixpath.isabs(inventory.job.checkpoint_dir) or len(machines) < 2:
         return None
     name = f".orchestrate-shared-check-{secrets.token_hex(4)}"
@@ -529,7 +504,8 @@ def _host_findings(
 def _failure_finding(host: Host, error: HostError) -> Finding:
     # A host that could not be reached fails its kind's login check; a reached host whose
     # program failed fails Python's.
-    check = (host.kind.login_check or "connect") if isinstance(error, ConnectError) else "python"
+    login = kind_of(host).login_check or "connect"
+    check = login if isinstance(error, ConnectError) else "python"
     return Finding(host.name, check, Status.FAIL, error.message.split(": ", 1)[-1], error.hint)
 
 

@@ -6,7 +6,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.firewall import HostRules
-from orchestrator.preflight import PreflightReport, Status
+from orchestrator.model.preflight import PreflightReport, Status
 from orchestrator.state import WorkerState
 from orchestrator.status import RunStatus, WorkerStatus
 

@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator import kinds
-from orchestrator.codesync import SyncSpec
 from orchestrator.errors import RunStateError
-from orchestrator.inventory import Host, Inventory, Job
-from orchestrator.slurm.spec import LoginNode, SlurmSpec
+from orchestrator.model.inventory import DEFAULT_CONNECTION, Host, Inventory, Job, SyncSpec
+from orchestrator.model.slurm import LoginNode, SlurmSpec
 
 DEFAULT_STATE_DIR = ".orchestrate"
 
@@ -133,10 +132,9 @@ def _host(data: dict[str, Any]) -> Host:
     fields: dict[str, Any] = {
         k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "settings"
     }
-    settings = kinds.get(fields.get("connection", kinds.DEFAULT_KIND)).settings_from_json(
-        data.get("settings")
-    )
-    return Host(**fields, settings=settings)
+    kind = kinds.get(fields.get("connection", DEFAULT_CONNECTION))
+    raw = data.get("settings")  # None: a host made without settings, the kind's defaults
+    return Host(**fields, settings=None if raw is None else kind.settings_from_json(raw))
 
 
 def _inventory(data: dict[str, Any]) -> Inventory:
@@ -163,7 +161,7 @@ def _slurm(data: dict[str, Any] | None) -> SlurmSpec | None:
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
     login = fields.get("login")
     if login is not None:  # the SSH kind's settings, as a host's are read back
-        ssh = kinds.get(kinds.DEFAULT_KIND).settings_from_json(login.get("settings"))
+        ssh = kinds.get(DEFAULT_CONNECTION).settings_from_json(login.get("settings"))
         fields["login"] = LoginNode(login["address"], login.get("python", "python3"), ssh)
     return SlurmSpec(**fields)
 

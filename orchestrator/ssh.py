@@ -22,8 +22,8 @@ import invoke
 import paramiko
 
 from orchestrator.errors import ConnectError, HostError
-from orchestrator.inventory import Host
-from orchestrator.kinds.ssh import SshSettings
+from orchestrator.kinds.ssh import SshSettings, ssh_settings
+from orchestrator.model.inventory import Host
 from orchestrator.runner import CommandResult, LineSession, Runner
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -49,7 +49,7 @@ class SshRunner(Runner):
     def __init__(self, host: Host) -> None:
         super().__init__(host.name)
         self.host = host
-        self.settings: SshSettings = host.settings
+        self.settings: SshSettings = ssh_settings(host)
         self._sftp: bool | None = None  # whether the host offers SFTP, once asked
         # Threads of one fan-out share the connection of workers on one machine (a Slurm login
         # node): two opening it at once both authenticate on one transport, and one fails.

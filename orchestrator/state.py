@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from orchestrator.answers import WorkerProbe
 from orchestrator.contract import EXIT_PREEMPTED
+from orchestrator.model.answers import WorkerProbe
 
 
 class WorkerState(str, Enum):

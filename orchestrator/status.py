@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestrator.answers import WorkerProbe
 from orchestrator.backend import Backend
 from orchestrator.failures import classify_exit, explain
+from orchestrator.model.answers import WorkerProbe
 from orchestrator.runstore import Restart, RunRecord, WorkerRecord
 from orchestrator.state import WorkerState, classify, overall
 

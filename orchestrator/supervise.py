@@ -48,9 +48,10 @@ from orchestrator.failures import (
     explain,
     permanent_reason,
 )
-from orchestrator.inventory import Host, Inventory, Job
+from orchestrator.kinds import kind_of
 from orchestrator.lifecycle import StopReport, launch_attempt, start_standbys, stop_run
 from orchestrator.logs import last_lines
+from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.preflight import run_preflight
 from orchestrator.runstore import Restart, RunRecord, RunStore, StopRequest, private_dir
 from orchestrator.state import ACTIVE, WorkerState
@@ -731,7 +732,7 @@ class Supervisor:
         the run resumes from here."""
         chief = self.record.workers[0]
         step = status.workers[0].checkpoint_step
-        if chief.host.kind.shares_files_with_controller or step is None:
+        if kind_of(chief.host).shares_files_with_controller or step is None:
             return
         if self.backend.shared_checkpoints:  # a shared filesystem keeps them (Slurm)
             return
@@ -763,12 +764,12 @@ class Supervisor:
         that may be one, check the hosts' TensorFlow ports from each other first, and wait
         with backoff (no restart spent) until they reach each other or partition_timeout."""
         hosts = self.record.inventory.hosts
-        if failure.kind in LOCAL_KINDS or len({h.kind.machine_key(h) for h in hosts}) < 2:
+        if failure.kind in LOCAL_KINDS or len({kind_of(h).machine_key(h) for h in hosts}) < 2:
             return
         job = self.record.inventory.job
         deadline = time.monotonic() + job.partition_timeout
         wait = 2.0
-        network = {"reachable", "connect"} | {h.kind.login_check for h in hosts} - {None}
+        network = {"reachable", "connect"} | {kind_of(h).login_check for h in hosts} - {None}
         while True:
             blocked = [
                 finding

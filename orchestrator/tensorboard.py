@@ -11,6 +11,7 @@ import posixpath
 from pathlib import Path
 
 from orchestrator.backend import Backend
+from orchestrator.kinds import kind_of
 from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
 
 
@@ -20,7 +21,7 @@ def chief_event_dir(chief: WorkerRecord) -> str:
 
 
 def events_are_remote(record: RunRecord) -> bool:
-    return not record.workers[0].host.kind.shares_files_with_controller
+    return not kind_of(record.workers[0].host).shares_files_with_controller
 
 
 def local_event_dir(record: RunRecord, store: RunStore) -> Path:

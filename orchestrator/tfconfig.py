@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.inventory import Inventory
+from orchestrator.model.inventory import Inventory
 
 
 def cluster_spec(inventory: Inventory) -> dict[str, list[str]]:

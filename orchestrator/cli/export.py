@@ -10,12 +10,13 @@ import yaml
 
 from orchestrator.cli.app import cli, errors
 from orchestrator.errors import ExportRefused
-from orchestrator.inventory import Inventory, load_inventory
+from orchestrator.inventory import load_inventory
+from orchestrator.model.inventory import Inventory
+from orchestrator.model.slurm import SlurmSpec
 from orchestrator.plan import plan_workers
 from orchestrator.slurm.launcher import JOB_ID_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER
 from orchestrator.slurm.script import batch_script
 from orchestrator.slurm.source import slurm_workers
-from orchestrator.slurm.spec import SlurmSpec
 
 FORMATS = ("sbatch", "tfjob")
 

@@ -11,11 +11,13 @@ from rich.table import Table
 from orchestrator.backend import Backend, open_backend
 from orchestrator.cli.app import cli, console, errors
 from orchestrator.hostprep import prepare_hosts
-from orchestrator.inventory import Host, Inventory, load_inventory
+from orchestrator.inventory import load_inventory
+from orchestrator.kinds import kind_of
+from orchestrator.model.inventory import Host, Inventory
 
 
 def _row(host: Host, role: str) -> dict[str, object]:
-    details = host.kind.login_details(host)
+    details = kind_of(host).login_details(host)
     return {
         "name": host.name,
         "role": role,

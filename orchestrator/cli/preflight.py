@@ -19,13 +19,14 @@ from orchestrator.errors import (
     PreflightFailed,
 )
 from orchestrator.firewall import FORMATS, controller_address, host_rules, reaches
-from orchestrator.inventory import Inventory, load_inventory
+from orchestrator.inventory import load_inventory
+from orchestrator.kinds import kind_of
+from orchestrator.model.inventory import Inventory
+from orchestrator.model.preflight import PreflightReport, Status
 from orchestrator.preflight import (
     DEFAULT_MIN_FREE_BYTES,
     DEFAULT_PROBE_TIMEOUT,
     ExposureProbe,
-    PreflightReport,
-    Status,
     run_preflight,
 )
 from orchestrator.render import (
@@ -151,7 +152,7 @@ def firewall(inventory: Path, fmt: str, controller: str | None) -> None:
     this machine. Nothing is applied: review them and run each block on its host.
     """
     spec = load_inventory(inventory)
-    remote = [h for h in spec.hosts if h.kind.login_port(h)]
+    remote = [h for h in spec.hosts if kind_of(h).login_port(h)]
     if controller is None and remote:
         controller = controller_address(remote[0].address)
     click.echo(firewall_script(host_rules(spec, fmt, controller), fmt))

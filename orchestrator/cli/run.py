@@ -35,8 +35,9 @@ from orchestrator.cli.preflight import (
     show_findings,
 )
 from orchestrator.errors import MissingTool, PartialFailure, RunStateError
-from orchestrator.inventory import Inventory, load_inventory
+from orchestrator.inventory import load_inventory
 from orchestrator.lifecycle import DEFAULT_GRACE, StopReport, first_standbys, start_run
+from orchestrator.model.inventory import Inventory
 from orchestrator.plan import new_run_id
 from orchestrator.render import problems, progress_line, status_table
 from orchestrator.runstore import RunRecord, RunStore

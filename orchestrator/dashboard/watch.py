@@ -26,7 +26,7 @@ from orchestrator.dashboard import model
 from orchestrator.dashboard.model import HISTORY_FILE
 from orchestrator.dashboard.snapshot import read_snapshot
 from orchestrator.errors import HostError, OrchestrateError
-from orchestrator.inventory import Inventory
+from orchestrator.model.inventory import Inventory
 from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
 from orchestrator.status import collect_status
 

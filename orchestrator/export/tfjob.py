@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract import CHECKPOINT_DIR_ENV, EXIT_PREEMPTED
-from orchestrator.inventory import Host, Inventory
+from orchestrator.model.inventory import Host, Inventory
 from orchestrator.plan import worker_argv
 
 API_VERSION = "kubeflow.org/v1"

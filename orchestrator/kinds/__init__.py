@@ -10,9 +10,8 @@ from orchestrator.kinds.local import LocalKind
 from orchestrator.kinds.ssh import SshKind
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Host
+    from orchestrator.model.inventory import Host
 
-DEFAULT_KIND = "ssh"
 _KINDS: dict[str, Kind] = {}
 
 
@@ -54,5 +53,5 @@ register(LocalKind())
 register(SshKind())
 
 __all__ = [
-    "DEFAULT_KIND", "Kind", "NoSettings", "get", "kind_of", "names", "register", "unregister",
+    "Kind", "NoSettings", "get", "kind_of", "names", "register", "unregister",
 ]  # fmt: skip

@@ -10,7 +10,7 @@ from orchestrator.kinds.base import Kind, ReportProblem
 from orchestrator.paths import controller_path, is_loopback
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Host
+    from orchestrator.model.inventory import Host
     from orchestrator.runner import Runner
 
 

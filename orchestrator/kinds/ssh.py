@@ -21,7 +21,7 @@ from orchestrator.paths import controller_path
 from orchestrator.values import PORT, Checker, choice, integer, string
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Host
+    from orchestrator.model.inventory import Host
     from orchestrator.runner import Runner
 
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
@@ -42,6 +42,12 @@ class SshSettings:
     def target(self) -> str | None:
         """The name SSH connects to and looks up in the ssh config, when not the address."""
         return self.ssh_host
+
+
+def ssh_settings(host: Host) -> SshSettings:
+    """The host's SSH settings; the defaults for a host made without any (in code, not read
+    from an inventory)."""
+    return host.settings if isinstance(host.settings, SshSettings) else SshSettings()
 
 
 class SshKind(Kind):
@@ -88,7 +94,7 @@ class SshKind(Kind):
         return SshSettings(**{key: values[key] for key in known if key in values})
 
     def machine_key(self, host: Host) -> tuple[str, ...]:
-        ssh: SshSettings = host.settings
+        ssh = ssh_settings(host)
         return ("ssh", host.address, str(ssh.ssh_port or ""), ssh.ssh_user or "")
 
     def runner(self, host: Host) -> Runner:
@@ -97,7 +103,7 @@ class SshKind(Kind):
         return SshRunner(host)
 
     def login_port(self, host: Host) -> int | None:
-        return host.settings.ssh_port or _config_port(host) or 22
+        return ssh_settings(host).ssh_port or _config_port(host) or 22
 
     def login_details(self, host: Host) -> dict[str, Any]:
         try:
@@ -106,7 +112,9 @@ class SshKind(Kind):
             return {}
 
     def sync_transport(self, host: Host) -> SyncTransport:
-        return SyncTransport(shell=openssh_argv(host), target=host.settings.target or host.address)
+        return SyncTransport(
+            shell=openssh_argv(host), target=ssh_settings(host).target or host.address
+        )
 
 
 def config_path(settings: SshSettings) -> str | None:
@@ -132,7 +140,7 @@ def ssh_config_entry(path: str, name: str) -> dict[str, Any]:
 
 def resolved(host: Host) -> dict[str, Any]:
     """The SSH user, port, key and jump host that really apply, for `orchestrate hosts`."""
-    settings: SshSettings = host.settings
+    settings = ssh_settings(host)
     path = config_path(settings)
     entry = ssh_config_entry(path, settings.target or host.address) if path else {}
     keys = entry.get("identityfile") or []
@@ -148,11 +156,12 @@ def resolved(host: Host) -> dict[str, Any]:
 
 
 def _config_port(host: Host) -> int | None:
-    path = config_path(host.settings)
+    settings = ssh_settings(host)
+    path = config_path(settings)
     if path is None:
         return None
     try:
-        port = ssh_config_entry(path, host.settings.target or host.address).get("port")
+        port = ssh_config_entry(path, settings.target or host.address).get("port")
     except ValueError:
         return None
     return int(port) if port else None
@@ -165,7 +174,7 @@ def openssh_argv(host: Host) -> list[str]:
     A ProxyJump of the ssh config becomes an explicit ProxyCommand with the same host-key
     options: OpenSSH would pass only `-F` on to the jump connection, not the `-o` options.
     """
-    settings: SshSettings = host.settings
+    settings = ssh_settings(host)
     path = config_path(settings)
     common = _common_options(settings, path)
     argv = ["ssh", *common]
@@ -201,4 +210,6 @@ def _hop_args(hop: str) -> list[str]:
     return [*(["-l", user] if user else []), *(["-p", port] if port else []), host]
 
 
-__all__ = ["ReportProblem", "SshKind", "SshSettings", "openssh_argv", "resolved"]
+__all__ = [
+    "ReportProblem", "SshKind", "SshSettings", "openssh_argv", "resolved", "ssh_settings",
+]  # fmt: skip

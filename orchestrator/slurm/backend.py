@@ -22,22 +22,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import kinds
-from orchestrator.answers import CheckpointListing, ExitRecord, FileListing, StopAnswer, WorkerProbe
 from orchestrator.backend import Backend
 from orchestrator.errors import HostError
 from orchestrator.fanout import GroupResult
 from orchestrator.hostbackend import HostBackend, expand_uploads
-from orchestrator.inventory import Host
+from orchestrator.model.answers import (
+    CheckpointListing,
+    ExitRecord,
+    FileListing,
+    StopAnswer,
+    WorkerProbe,
+)
+from orchestrator.model.inventory import DEFAULT_CONNECTION, Host
+from orchestrator.model.slurm import SlurmSpec
 from orchestrator.runner import LineSession, LocalRunner, Runner
 from orchestrator.slurm.commands import SLURM, JobState, Slurm
 from orchestrator.slurm.script import batch_script, exports_all
-from orchestrator.slurm.spec import SlurmSpec
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Inventory, Job
-    from orchestrator.plan import WorkerSpec
-    from orchestrator.preflight import PreflightReport
+    from orchestrator.model.inventory import Inventory, Job
+    from orchestrator.model.preflight import PreflightReport
+    from orchestrator.model.workers import WorkerSpec
     from orchestrator.runstore import RunRecord, WorkerRecord
 
 JOB_ID_FILE = "slurm-job-id"
@@ -55,7 +60,7 @@ def login_host(spec: SlurmSpec) -> Host | None:
     if login is None:
         return None
     return Host(name=login.name, address=login.address, port=spec.port,
-                connection=kinds.DEFAULT_KIND, python=login.python, workdir=spec.workdir,
+                connection=DEFAULT_CONNECTION, python=login.python, workdir=spec.workdir,
                 settings=login.settings)  # fmt: skip
 
 

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 
 from orchestrator.contract import TF_PACKAGES
 from orchestrator.errors import ConnectError, HostError
-from orchestrator.plan import checkpoint_dir, job_dir
-from orchestrator.preflight import Finding, PreflightReport, Status
+from orchestrator.model.preflight import Finding, PreflightReport, Status
+from orchestrator.model.workers import checkpoint_dir, job_dir
 from orchestrator.slurm.commands import SLURM, Slurm, parse_node_states, usable
 
 if TYPE_CHECKING:
     from orchestrator.hostbackend import HostBackend
-    from orchestrator.inventory import Host, Inventory
+    from orchestrator.model.inventory import Host, Inventory
 
 # Run by every task of the preflight step: versions, then the shared-directory answers.
 NODE_PROBE = """

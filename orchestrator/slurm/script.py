@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.model.slurm import SlurmSpec
 from orchestrator.slurm import launcher
-from orchestrator.slurm.spec import SlurmSpec
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Job
-    from orchestrator.plan import WorkerSpec
+    from orchestrator.model.inventory import Job
+    from orchestrator.model.workers import WorkerSpec
 
 LAUNCHER_SOURCE = Path(launcher.__file__).read_text(encoding="utf-8")
 PLAN_END = "ORCHESTRATE_PLAN_END"

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import kinds
+from orchestrator.model.inventory import DEFAULT_CONNECTION
+from orchestrator.model.slurm import DEFAULT_PORT, LoginNode, SlurmSpec
 from orchestrator.paths import controller_path
-from orchestrator.slurm.spec import DEFAULT_PORT, LoginNode, SlurmSpec
 from orchestrator.values import PORT, POSITIVE, Checked, Checker, describe, integer, string
 from orchestrator.yamlsource import LineList, LineMap
 
@@ -182,7 +183,7 @@ def slurm_workers(spec: SlurmSpec, base: Path) -> list[Placed]:
     """One worker per node. They are reached through the login node, which sees the shared
     filesystem (this machine, or `login:` over SSH); Slurm decides later which node each one
     runs on."""
-    from orchestrator.inventory import Host
+    from orchestrator.model.inventory import Host
 
     placed: list[Placed] = []
     for index in range(spec.nodes):
@@ -203,5 +204,5 @@ def slurm_workers(spec: SlurmSpec, base: Path) -> list[Placed]:
 # with it, over SSH: the default connection kind, whose keys `login:` takes.
 _LOCAL = next(kinds.get(name) for name in kinds.names()
               if kinds.get(name).shares_files_with_controller)  # fmt: skip
-_SSH = kinds.get(kinds.DEFAULT_KIND)
+_SSH = kinds.get(DEFAULT_CONNECTION)
 __all__ = ["DEFAULT_PORT", "parse_slurm", "slurm_workers"]

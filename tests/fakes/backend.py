@@ -12,17 +12,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.answers import (
-    CheckpointListing,
-    FileListing,
-    StopAnswer,
-    WorkerProbe,
-)
 from orchestrator.backend import Backend
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult
-from orchestrator.inventory import Host
-from orchestrator.plan import WorkerSpec
+from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
+from orchestrator.model.inventory import Host
+from orchestrator.model.workers import WorkerSpec
 from orchestrator.runner import LineSession
 from orchestrator.runstore import WorkerRecord
 

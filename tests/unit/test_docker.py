@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.inventory import Inventory, load_inventory
+from orchestrator.inventory import load_inventory
+from orchestrator.model.inventory import Inventory
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"

@@ -22,11 +22,14 @@ from orchestrator.failures import (
     early_exit,
     explain,
 )
-from orchestrator.inventory import Host, Inventory, Job, load_inventory, load_inventory_text
+from orchestrator.inventory import load_inventory, load_inventory_text
+from orchestrator.kinds import kind_of
 from orchestrator.lifecycle import start_run
 from orchestrator.localjob import free_ports, local_inventory
+from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.preflight import Status
 from orchestrator.plan import plan_workers
-from orchestrator.preflight import Status, run_preflight
+from orchestrator.preflight import run_preflight
 from orchestrator.render import problems
 from orchestrator.runstore import RunStore
 from orchestrator.state import WorkerState
@@ -200,7 +203,7 @@ def test_local_inventory_is_a_valid_inventory_on_distinct_free_ports(tmp_path: P
     assert [h.name for h in inventory.hosts] == ["worker-0", "worker-1", "worker-2"]
     assert inventory.job.script == str(script) and inventory.job.name == "my-train"
     assert inventory.job.args == ("--epochs", "3", "a b") and inventory.job.keras == "legacy"
-    assert all(h.kind.shares_files_with_controller for h in inventory.hosts)
+    assert all(kind_of(h).shares_files_with_controller for h in inventory.hosts)
 
 
 def test_chief_and_write_dir(tmp_path: Path) -> None:

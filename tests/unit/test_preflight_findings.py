@@ -7,9 +7,10 @@ from typing import Any
 
 from orchestrator import __version__
 from orchestrator.firewall import host_rules
-from orchestrator.inventory import Host, Inventory, Job
 from orchestrator.kinds.ssh import SshSettings
-from orchestrator.preflight import Status, run_preflight
+from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.preflight import Status
+from orchestrator.preflight import run_preflight
 from tests.fakes.backend import FakeBackend
 
 GOOD_DIR = {"path": "/w", "writable": True, "checked": "/w", "free_bytes": 50 << 30}

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrator.answers import WorkerProbe, parse_probe, parse_stop
 from orchestrator.errors import HostError, HostErrors, InventoryError
 from orchestrator.fanout import fan_out, per_machine
-from orchestrator.inventory import Host, Inventory, Job, load_inventory
+from orchestrator.inventory import load_inventory
 from orchestrator.kinds.ssh import SshSettings
+from orchestrator.model.answers import WorkerProbe, parse_probe, parse_stop
+from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.render import status_table
 from orchestrator.runstore import Restart, RunRecord, RunStore, WorkerRecord
 from orchestrator.status import worker_status

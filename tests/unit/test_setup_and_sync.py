@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.codesync import SyncSpec, parse_stats, rsync_argv
+from orchestrator.codesync import parse_stats, rsync_argv
 from orchestrator.errors import HostErrors, InventoryError
 from orchestrator.hostbackend import HostBackend
 from orchestrator.hostprep import prepare_hosts
 from orchestrator.hostsetup import MARKER, setup_hash
-from orchestrator.inventory import Inventory, load_inventory
+from orchestrator.inventory import load_inventory
+from orchestrator.model.inventory import Inventory, SyncSpec
 from orchestrator.plan import plan_workers
 
 

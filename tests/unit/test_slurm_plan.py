@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.answers import ExitRecord, WorkerProbe
 from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.errors import InventoryError
 from orchestrator.inventory import load_inventory
+from orchestrator.kinds import kind_of
+from orchestrator.model.answers import ExitRecord, WorkerProbe
 from orchestrator.plan import plan_workers
 from orchestrator.runstore import RunRecord, RunStore
 from orchestrator.slurm import launcher
@@ -108,8 +109,8 @@ def test_a_login_node_takes_the_ssh_kinds_keys_and_ssh_config(tmp_path: Path) ->
     assert login.settings.ssh_host_key_policy == "accept-new" and login.python == "python3"
     # The tasks stand for the login node: what reaches their "host" reaches it.
     task = inventory.hosts[0]
-    assert task.kind.name == "ssh" and task.settings.target == "hpc"
-    assert task.kind.login_details(task)["ssh_port"] == 2222  # ~/.ssh/config as for a host
+    assert kind_of(task).name == "ssh" and task.settings.target == "hpc"
+    assert kind_of(task).login_details(task)["ssh_port"] == 2222  # ~/.ssh/config as for a host
     from orchestrator.slurm.backend import login_host
 
     host = login_host(inventory.slurm)
@@ -119,7 +120,7 @@ def test_a_login_node_takes_the_ssh_kinds_keys_and_ssh_config(tmp_path: Path) ->
     assert store.load("r1").inventory == inventory
     # Without login: the tasks' files are this machine's, as before.
     local = load_inventory(write(tmp_path, "slurm:\n  nodes: 1\n" + JOB))
-    assert local.hosts[0].kind.shares_files_with_controller
+    assert kind_of(local.hosts[0]).shares_files_with_controller
 
 
 def test_bad_login_keys_name_the_line_and_a_guess(tmp_path: Path) -> None:

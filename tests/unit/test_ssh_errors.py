@@ -10,8 +10,8 @@ import socket
 
 import paramiko
 
-from orchestrator.inventory import Host
 from orchestrator.kinds.ssh import SshSettings
+from orchestrator.model.inventory import Host
 from orchestrator.ssh import SshRunner
 
 

@@ -13,9 +13,11 @@ import pytest
 from orchestrator import agent, contract
 from orchestrator.errors import InventoryError, RunStateError
 from orchestrator.fanout import GroupResult
-from orchestrator.inventory import Host, Inventory, Job, load_inventory
+from orchestrator.inventory import load_inventory
 from orchestrator.lifecycle import first_standbys, start_run
-from orchestrator.plan import WorkerSpec, plan_workers
+from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.workers import WorkerSpec
+from orchestrator.plan import plan_workers
 from orchestrator.runstore import RunStore, WorkerRecord
 from orchestrator.state import WorkerState
 from orchestrator.supervise import Supervisor

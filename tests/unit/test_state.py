@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.answers import WorkerProbe
+from orchestrator.model.answers import WorkerProbe
 from orchestrator.state import WorkerState as S
 from orchestrator.state import classify, overall
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import InventoryError
-from orchestrator.inventory import Job, load_inventory
+from orchestrator.inventory import load_inventory
+from orchestrator.model.inventory import Job
 from orchestrator.plan import plan_workers
 from tests.unit.test_tfconfig_and_plan import inventory
 from worker import cli

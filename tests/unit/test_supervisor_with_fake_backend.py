@@ -13,8 +13,8 @@ import pytest
 
 from orchestrator.errors import JobFailed
 from orchestrator.failures import Failure, FailureKind
-from orchestrator.inventory import Host, Inventory, Job
 from orchestrator.lifecycle import start_run
+from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.runstore import RunStore
 from orchestrator.state import WorkerState
 from orchestrator.status import collect_status

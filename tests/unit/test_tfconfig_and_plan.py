@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.plan import plan_workers
 from orchestrator.tfconfig import tf_config
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrator.answers import WorkerProbe
-from orchestrator.inventory import Host
+from orchestrator.model.answers import WorkerProbe
+from orchestrator.model.inventory import Host
 from orchestrator.render import status_table
 from orchestrator.runstore import WorkerRecord
 from orchestrator.status import RunStatus, worker_status

@@ -1,0 +1,132 @@
+"""An inventory as plain data: its hosts, its job, and how its workers are placed.
+
+Frozen dataclasses with no behaviour beyond derived values: config/ makes them from the file,
+the run records (records.py) keep them, every other layer reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from orchestrator.contract import KERAS_DEFAULT
+from orchestrator.model.slurm import SlurmSpec
+
+DEFAULT_WORKDIR = "~/orchestrate"
+# A host entry without `connection:` is reached over SSH.
+DEFAULT_CONNECTION = "ssh"
+
+
+DEFAULT_SYNC_EXCLUDES = (".git",)
+
+
+@dataclass(frozen=True)
+class SyncSpec:
+    """`sync:`: a directory of this machine mirrored into every host's job directory."""
+
+    source: str  # an absolute directory on this machine
+    exclude: tuple[str, ...] = ()  # rsync --exclude patterns, besides .git
+    git: bool = False  # also mirror .git
+
+    @property
+    def excludes(self) -> tuple[str, ...]:
+        return (*(() if self.git else DEFAULT_SYNC_EXCLUDES), *self.exclude)
+
+
+@dataclass(frozen=True)
+class Host:
+    """One worker: where it runs, how to reach it, and its TensorFlow gRPC port."""
+
+    name: str
+    address: str
+    port: int
+    connection: str = DEFAULT_CONNECTION
+    python: str = "python3"
+    workdir: str = DEFAULT_WORKDIR
+    # GPU settings, applied by the built-in loop before the strategy is created.
+    gpu_memory_growth: bool = False
+    gpu_memory_limit_mb: int | None = None
+    visible_gpus: tuple[int, ...] | None = None
+    logical_gpus: int | None = None
+    # The connection kind's own settings (orchestrator/machines/kinds/): SSH user, port, key,
+    # ... None: that kind's defaults (a host made by hand rather than read from an inventory).
+    settings: Any = None
+
+    @property
+    def endpoint(self) -> str:
+        address = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{address}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every worker runs: the built-in loop with a user task, or a plain script."""
+
+    name: str
+    task: str | None = None
+    script: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    # Names only: the values come from the controller's environment at `up` (secretenv.py).
+    secret_env: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()  # absolute paths on this machine, uploaded to each remote host
+    steps: int | None = None
+    checkpoint_dir: str = "checkpoints"
+    checkpoint_every: int = 100
+    max_to_keep: int = 3
+    batch_size: int = 64
+    log_every: int = 10
+    # Supervision: a worker whose step has not moved (or whose host has not answered) for
+    # stall_timeout seconds has failed; the cluster is restarted up to max_restarts times.
+    stall_timeout: int = 300
+    max_restarts: int = 3
+    restart_backoff: int = 5  # seconds before the first restart, doubling after each
+    # How long a restart waits (without spending a restart) while hosts cannot reach each
+    # other's TensorFlow port, before the run fails naming the blocked pairs.
+    partition_timeout: int = 600
+    # A standby per worker slot (TensorFlow imported, waiting) takes the slot's next attempt,
+    # so a restart skips the import (agent.py, worker/standby.py). Unset: on for the built-in
+    # loop (job.task), off for a script, which may set TensorFlow's variables itself before its
+    # import (TF_USE_LEGACY_KERAS, TF_CPP_MIN_LOG_LEVEL) or not import TensorFlow at all.
+    warm_restarts: bool | None = None
+    # Each worker's log is rotated past this size (one older file kept): a long run cannot
+    # fill a disk with it.
+    log_max_mb: int = 64
+    permanent_exit_codes: tuple[int, ...] = (2,)  # 2: the worker's usage errors never heal
+    strategy: Literal["multi-worker", "mirrored"] = "multi-worker"
+    profile_steps: tuple[int, int] | None = None  # chief traces steps [start, end] for TensorBoard
+    eval_every: int | None = None  # steps between evaluations (a task with an eval_dataset)
+    export: Literal["keras", "saved_model"] | None = None  # the model, at the end of a good run
+    # "legacy": tf.keras is Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1) on every worker.
+    keras: str = KERAS_DEFAULT
+    # Steps per tf.function call in the built-in loop; the intervals above must be multiples.
+    steps_per_call: int = 1
+    seed: int | None = None  # seeds the initial weights: runs with the same seed train alike
+
+    @property
+    def warm(self) -> bool:
+        """Whether restarts use standbys: warm_restarts, or unset, whether this is a task."""
+        return self.task is not None if self.warm_restarts is None else self.warm_restarts
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: str
+    base_dir: str
+    hosts: tuple[Host, ...]
+    job: Job
+    # Hosts that replace a host found dead when the cluster is restarted (in order).
+    spares: tuple[Host, ...] = ()
+    # With no spare left, a restart may go on without dead hosts down to this many workers
+    # (TF_CONFIG rebuilt for the survivors). None: every host is needed.
+    min_hosts: int | None = None
+    setup: tuple[str, ...] = ()  # shell commands run once per host before a start (hostsetup)
+    sync: SyncSpec | None = None  # a directory mirrored to every host before each start
+    # The `slurm:` block when Slurm places the workers (then `hosts` are its tasks).
+    slurm: SlurmSpec | None = None
+
+    @property
+    def host_source(self) -> str:
+        """Which top-level block listed the workers: 'hosts' or 'slurm'."""
+        return "slurm" if self.slurm is not None else "hosts"

@@ -1,0 +1,34 @@
+"""What a preflight check found: one finding per host and check, and the report of them all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Status(str, Enum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Finding:
+    host: str
+    check: str
+    status: Status
+    detail: str
+    hint: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "status": self.status.value}
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    findings: tuple[Finding, ...]
+
+    @property
+    def blocking(self) -> list[Finding]:
+        return [f for f in self.findings if f.status is Status.FAIL]

@@ -1,0 +1,113 @@
+"""A worker's spec (what one attempt of one worker gets) and the layout of a job on a host.
+
+Layout on every host (paths are the host's):
+  {workdir}/{job}/checkpoints/          the chief's checkpoints (job.checkpoint_dir, if relative)
+  {workdir}/{job}/tensorboard/          the chief's TensorBoard events, next to the checkpoints
+  {workdir}/{job}/export/               the chief's exported model (job.export), after a good run
+  {workdir}/{job}/runs/{run_id}/attempt-{n}/{name}/
+                                        one attempt of one worker: log, progress, exit, TF_CONFIG
+  {workdir}/{job}/code/                 the `sync:` directory's mirror, the workers' cwd
+  {workdir}/{job}/.orchestrate-setup    the hash of the `setup:` commands that last succeeded
+
+runs/ and everything under it are private (directories 0700, files 0600): a spec carries the
+job's environment. The checkpoint, TensorBoard and export directories keep the user's umask.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.contract import EXPORT_DIR_NAME, WORKER_LOG
+from orchestrator.model.inventory import Host, Job
+
+SYNC_DIR = "code"  # under the job directory: the `sync:` directory's mirror
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    index: int
+    host: Host
+    run_dir: str
+    checkpoint_dir: str
+    cwd: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    tf_config: dict[str, Any]
+    log_max_bytes: int = 0  # 0: no cap
+    uploads: tuple[tuple[str, str], ...] = ()  # (path here, path on the host) before the start
+    # job.secret_env's values: sent in the launch request, never written to a file on the host.
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    warm: bool = True  # job.warm_restarts: the launch may hand the attempt to the slot's standby
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    @property
+    def log_path(self) -> str:
+        return posixpath.join(self.run_dir, WORKER_LOG)
+
+    @property
+    def private_dirs(self) -> tuple[str, ...]:
+        """{job}/runs and each directory below it down to the run directory: created 0700."""
+        return private_dirs(self.run_dir)
+
+    def launch_request(self) -> dict[str, Any]:
+        """What the host agent's `launch` verb reads (on its standard input). The agent writes
+        all but `secret_env` into spec.json; `secret_env` goes to the supervisor's environment."""
+        return {
+            "run_dir": self.run_dir,
+            "private_dirs": list(self.private_dirs),
+            "cwd": self.cwd,
+            "argv": list(self.argv),
+            "env": self.env,
+            "secret_env": dict(self.secrets),
+            "tf_config": self.tf_config,
+            "log_max_bytes": self.log_max_bytes,
+            "warm": self.warm,
+        }
+
+    def standby_request(self, linger: float) -> dict[str, Any]:
+        """What the agent's `standby` verb reads: a standby for this worker's slot, started with
+        the environment this worker has (its secrets too), backing this attempt, gone `linger`
+        seconds after the attempt ended unless the next one claimed it."""
+        return {
+            "backs": self.run_dir,
+            "python": self.argv[0],
+            "cwd": self.cwd,
+            "env": self.env,
+            "secret_env": dict(self.secrets),
+            "linger": linger,
+        }
+
+
+def job_dir(job: Job, workdir: str) -> str:
+    return posixpath.join(workdir, job.name)
+
+
+def checkpoint_dir(job: Job, job_directory: str) -> str:
+    return posixpath.join(job_directory, job.checkpoint_dir)  # an absolute path wins in join
+
+
+def export_dir(job_directory: str) -> str:
+    return posixpath.join(job_directory, EXPORT_DIR_NAME)
+
+
+def private_dirs(run_dir: str) -> tuple[str, ...]:
+    """{job}/runs/{run_id}/attempt-{n}/{name} -> ({job}/runs, ..., run_dir), outermost first."""
+    chain = [run_dir]
+    for _ in range(3):
+        chain.append(posixpath.dirname(chain[-1]))
+    return tuple(reversed(chain))
+
+
+def job_dir_of_run(run_dir: str) -> str:
+    """{job_dir}/runs/{run_id}/attempt-{n}/{name} -> {job_dir}: the layout above, backwards."""
+    return posixpath.dirname(posixpath.dirname(posixpath.dirname(posixpath.dirname(run_dir))))
+
+
+def sync_dir(job_directory: str) -> str:
+    return posixpath.join(job_directory, SYNC_DIR)
