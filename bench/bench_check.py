@@ -55,10 +55,10 @@ from bench.bench_fanout import (
 )
 from orchestrator.hostbackend import HostBackend
 from orchestrator.inventory import load_inventory
+from orchestrator.machines.runner import LineSession
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.preflight import PreflightReport, Status
 from orchestrator.preflight import run_preflight
-from orchestrator.runner import LineSession
 from tests.cluster.inventories import host_entries, write_inventory
 from tests.cluster.netns import NamespaceCluster, unavailable_reason
 from tests.conftest import clean_env
@@ -284,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + " (inspect includes opening the SSH connections)"
     )
     print(
-        f"once per orchestrate process, not in {INPROCESS}: import orchestrator.ssh "
+        f"once per orchestrate process, not in {INPROCESS}: import orchestrator.machines.ssh "
         f"{import_cost_s():.3f} s"
     )
     rc_s = login_shells_s(sizes[-1], as_sshd=True)

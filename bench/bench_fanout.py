@@ -41,11 +41,11 @@ from functools import partial
 from pathlib import Path
 
 from orchestrator.fanout import fan_out
-from orchestrator.hostagent import agent_source
 from orchestrator.hostbackend import HostBackend
-from orchestrator.kinds.ssh import SshSettings
+from orchestrator.machines.agent import agent_source
+from orchestrator.machines.kinds.ssh import SshSettings
+from orchestrator.machines.runner import CommandResult
 from orchestrator.model.inventory import Host
-from orchestrator.runner import CommandResult
 from tests.cluster.netns import BRIDGE_ADDRESS, SUBNET, NamespaceCluster, unavailable_reason
 
 SIZES = (1, 4, 16)
@@ -232,7 +232,7 @@ def import_cost_s() -> float:
         return timed(lambda: subprocess.run([sys.executable, "-c", code], check=True))
 
     bare = min(run("pass") for _ in range(3))
-    return min(run("import orchestrator.ssh") for _ in range(3)) - bare
+    return min(run("import orchestrator.machines.ssh") for _ in range(3)) - bare
 
 
 def login_shells_s(n: int, *, as_sshd: bool) -> float:
@@ -302,7 +302,7 @@ def notes(n: int) -> list[str]:
     """Costs outside the table that explain it: measured after the cluster is gone."""
     rc_s, bare_s = login_shells_s(n, as_sshd=True), login_shells_s(n, as_sshd=False)
     return [
-        f"once per orchestrate process, not in the table: import orchestrator.ssh "
+        f"once per orchestrate process, not in the table: import orchestrator.machines.ssh "
         f"{import_cost_s():.3f} s",
         f"{n} remote login shells at once, as sshd starts them: {rc_s:.3f} s "
         f"({bare_s:.3f} s without SSH_CLIENT, i.e. without ~/.bashrc); every method pays this",

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from orchestrator.codesync import sync_hosts
 from orchestrator.hostbackend import HostBackend, expand_uploads
-from orchestrator.kinds.ssh import SshSettings
+from orchestrator.machines.kinds.ssh import SshSettings
 from orchestrator.model.inventory import Host, SyncSpec
 from tests.cluster.netns import NamespaceCluster, cleanup_leftovers, unavailable_reason
 

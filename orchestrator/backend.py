@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.fanout import GroupResult
+from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
-from orchestrator.runner import LineSession
 
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Host, Inventory

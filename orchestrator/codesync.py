@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import HostError, MissingTool
 from orchestrator.fanout import GroupResult, fan_out
-from orchestrator.kinds import kind_of
+from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import SyncSpec
 from orchestrator.model.workers import sync_dir
 from orchestrator.paths import controller_path

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from orchestrator.backend import Backend
 from orchestrator.errors import RunStateError
-from orchestrator.kinds import kind_of
+from orchestrator.machines.kinds import kind_of
 from orchestrator.model.workers import export_dir, job_dir_of_run
 from orchestrator.runstore import RunRecord, WorkerRecord
 

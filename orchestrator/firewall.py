@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from orchestrator.kinds import kind_of
+from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory
 
 FORMATS = ("iptables", "nftables", "ufw", "firewalld")

@@ -1,114 +1,25 @@
 """The Backend for workers on hosts the controller reaches through a Runner (local, SSH, ...).
 
-One runner per machine (workers that share a machine share a connection), made by the host's
-connection kind; the stdlib-only agent (agent.py) does the work on the host. Every agent call
-(probes, launches, stops, listings) goes through one session kept open per machine, so neither
-repeated polls nor the several steps of a start pay a login shell and a Python start each: at
-64 hosts each such round cost as much as reaching the hosts at all.
+Every operation on a machine is Machines' (one runner and one agent session per machine); this
+class adds what makes those machines a cluster's hosts: starting an attempt's workers.
 """
 
 from __future__ import annotations
 
-import posixpath
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from orchestrator.backend import Backend
-from orchestrator.errors import ConnectError, HostError
-from orchestrator.fanout import GroupResult, fan_out, per_machine
-from orchestrator.hostagent import PROBE, HostAgent
-from orchestrator.kinds import kind_of
-from orchestrator.model.answers import (
-    CheckpointListing,
-    FileListing,
-    StopAnswer,
-    WorkerProbe,
-    parsed,
-)
-from orchestrator.model.answers import parse_probe as parse_probe_answer
-from orchestrator.model.inventory import Host, Inventory
-from orchestrator.runner import LineSession, Runner
+from orchestrator.fanout import GroupResult, fan_out
+from orchestrator.machines.pool import Machines, expand_uploads
 
 if TYPE_CHECKING:
+    from orchestrator.model.inventory import Inventory
     from orchestrator.model.workers import WorkerSpec
-    from orchestrator.runstore import WorkerRecord
-
-MachineKey = tuple[str, ...]
-PROBE_TIMEOUT = 5.0  # seconds a host may take to answer a poll before it counts as silent
-# A new session's first answer also waits for the login shell and Python to start, which takes
-# seconds on a loaded host or behind a slow ~/.bashrc. Counting that against PROBE_TIMEOUT
-# made the first poll of 64 namespace hosts fail, and every failed poll opened another 64
-# sessions on top of the ones still starting.
-SESSION_START_TIMEOUT = 30.0
 
 
-def machine_key(host: Host) -> MachineKey:
-    return kind_of(host).machine_key(host)
-
-
-def session_key(host: Host) -> MachineKey:
-    """One agent session per machine and interpreter: the agent runs under the host's own
-    `python:` (a wrapper that sets up the environment, a slow-starting venv), as a command per
-    host did before sessions were shared."""
-    return (*machine_key(host), host.python)
-
-
-class HostBackend(Backend):
+class HostBackend(Machines, Backend):
     keeps_standbys = True
-
-    def __init__(self) -> None:
-        self._runners: dict[MachineKey, Runner] = {}
-        self._lock = threading.Lock()  # fan-out threads ask for runners at the same time
-        self._sessions: dict[MachineKey, LineSession] = {}
-        self._busy: dict[MachineKey, threading.Lock] = {}  # one request at a time per session
-
-    # --- connections ---------------------------------------------------------------------------
-    def agent(self, host: Host) -> HostAgent:
-        return HostAgent(
-            self.runner(host),
-            host.python,
-            lambda verb, wait, fields: self._ask(host, verb, wait, fields),
-        )
-
-    def runner(self, host: Host) -> Runner:
-        key = machine_key(host)
-        with self._lock:
-            if key not in self._runners:
-                self._runners[key] = kind_of(host).runner(host)
-            return self._runners[key]
-
-    def _forget(self, key: MachineKey, session: LineSession | None) -> None:
-        """Drop a machine's connection after it stopped answering: the next call connects
-        afresh (a new TCP connection works at once when the network is back, where the old
-        one may sit in retransmission backoff). Closed in the background: closing a
-        connection to a silent host can block."""
-        with self._lock:
-            runner = self._runners.pop(key, None)
-        closers: list[Callable[[], None]] = []
-        if session is not None:
-            closers.append(session.close)
-        if runner is not None:
-            closers.append(runner.close)
-        threading.Thread(target=_close_quietly, args=(closers,), daemon=True).start()
-
-    def close(self) -> None:
-        # All machines at once, without waiting for each agent to exit (it does at end of
-        # input): one after the other, waiting, closing 64 hosts took seconds.
-        sessions, runners = dict(self._sessions), dict(self._runners)
-        self._sessions.clear()
-        self._runners.clear()
-        fan_out(sessions, lambda key: sessions[key].drop())
-        fan_out(runners, lambda key: runners[key].close())
-
-    # --- an attempt's workers ------------------------------------------------------------------
-    def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
-        def resolve(group: list[Host]) -> dict[str, str]:
-            home = self.agent(group[0]).info().home
-            return {host.name: _absolute(host.workdir, home) for host in group}
-
-        return per_machine(hosts, lambda h: h.name, machine_key, resolve)
 
     def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
         by_name = {spec.name: spec for spec in specs}
@@ -125,154 +36,5 @@ class HostBackend(Backend):
 
         return fan_out(by_name, launch)
 
-    def probe(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, WorkerProbe]:
-        def ask(group: list[WorkerRecord]) -> dict[str, WorkerProbe]:
-            probes = self._probe_machine(group[0].host, [w.run_dir for w in group])
-            return {w.name: probes[w.run_dir] for w in group if w.run_dir in probes}
-
-        return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), ask)
-
-    def _probe_machine(self, host: Host, run_dirs: list[str]) -> dict[str, WorkerProbe]:
-        answer = self._ask(host, "probe", PROBE_TIMEOUT, {"run_dirs": run_dirs})
-        return parsed(host.name, parse_probe_answer, answer)
-
-    def _ask(self, host: Host, verb: str, wait: float, fields: dict[str, Any]) -> dict[str, Any]:
-        """One request through the machine's open agent session, answered within `wait` (a
-        session opened now: at least SESSION_START_TIMEOUT, its program has to start first).
-        A session that fails is dropped and the host reported as not answering: retrying at
-        once would freeze the live view for the length of a network outage. The next call
-        opens a fresh session. An {"error": ...} answer keeps the session."""
-        key = session_key(host)
-        with self._lock:
-            busy = self._busy.setdefault(key, threading.Lock())
-        with busy:
-            session = self._sessions.pop(key, None)
-            if session is None:
-                wait = max(wait, SESSION_START_TIMEOUT)
-            try:
-                session = session or HostAgent(self.runner(host), host.python).session()
-                answer = session.request({"verb": verb, **fields}, timeout=wait)
-            except HostError:
-                self._forget(machine_key(host), session)
-                raise
-            self._sessions[key] = session
-        if "error" in answer:
-            raise HostError(host.name, f"the agent could not {verb}: {answer['error']}")
-        return answer
-
-    def stop(self, workers: Sequence[WorkerRecord], grace: float) -> GroupResult[str, StopAnswer]:
-        def stop(group: list[WorkerRecord]) -> dict[str, StopAnswer]:
-            answers = self.agent(group[0].host).stop([w.run_dir for w in group], grace)
-            return {w.name: answers.get(w.run_dir, StopAnswer("not running")) for w in group}
-
-        return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), stop)
-
-    def start_standbys(self, specs: Sequence[WorkerSpec], linger: float) -> GroupResult[str, str]:
-        def start(group: list[WorkerSpec]) -> dict[str, str]:
-            answers = self.agent(group[0].host).standby([s.standby_request(linger) for s in group])
-            return {s.name: answers[s.run_dir] for s in group if s.run_dir in answers}
-
-        return per_machine(specs, lambda s: s.name, lambda s: machine_key(s.host), start)
-
-    def discard_standbys(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, str]:
-        def discard(group: list[WorkerRecord]) -> dict[str, str]:
-            answers = self.agent(group[0].host).discard_standbys([w.run_dir for w in group])
-            return {w.name: answers[w.run_dir] for w in group if w.run_dir in answers}
-
-        return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), discard)
-
-    def log_lines(self, worker: WorkerRecord, lines: int) -> list[str]:
-        result = self.runner(worker.host).run(_tail_argv(worker.log_path, lines, follow=False))
-        if not result.ok and "No such file" not in result.stderr:
-            raise HostError(worker.name, f"cannot read {worker.log_path}: {result.tail(2)}")
-        return result.stdout.splitlines()
-
-    def follow_log(self, worker: WorkerRecord, lines: int) -> Iterator[str]:
-        return self.runner(worker.host).stream(_tail_argv(worker.log_path, lines, follow=True))
-
-    # --- files on a host -----------------------------------------------------------------------
-    def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
-        return self.agent(host).checkpoint(directory)
-
-    def adopt_checkpoint(
-        self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
-    ) -> None:
-        self.agent(host).adopt_checkpoint(directory, name, list(checkpoints))
-
-    def list_files(self, host: Host, directory: str) -> FileListing:
-        return self.agent(host).files(directory)
-
-    def read_text(self, host: Host, path: str) -> str | None:
-        result = self.runner(host).run(["cat", path], timeout=20)
-        return result.stdout if result.ok else None
-
-    def download(self, host: Host, remote: str, local: str) -> None:
-        self.runner(host).get(remote, local)
-
-    def upload(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
-        if not files:
-            return
-        self._make_dirs(host, files, [])
-        self._put(host, files)
-
-    def _make_dirs(self, host: Host, files: Sequence[tuple[str, str]], private: list[str]) -> None:
-        directories = sorted({posixpath.dirname(remote) for _, remote in files})
-        self.agent(host).make_dirs(directories, private)
-
-    def _put(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
-        runner = self.runner(host)
-        for local, remote in files:
-            runner.put(local, remote)
-
-    def stream(self, host: Host, argv: Sequence[str]) -> Iterator[str]:
-        return self.runner(host).stream(argv)
-
-    # --- reaching hosts ------------------------------------------------------------------------
-    def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
-        answers = fan_out(hosts, lambda host: self.agent(host).info())
-        return {
-            host.name: error.message
-            for host, error in answers.failed.items()
-            if isinstance(error, ConnectError)
-        }
-
     def serves(self, inventory: Inventory) -> bool:
         return inventory.slurm is None  # hosts of any connection kind: one runner per machine
-
-    def preflight_session(self, host: Host) -> LineSession:
-        return self.agent(host).session(PROBE)
-
-
-def _close_quietly(closers: list[Callable[[], None]]) -> None:
-    for close in closers:
-        try:
-            close()
-        except Exception:
-            continue
-
-
-def _absolute(path: str, home: str) -> str:
-    if path == "~" or path.startswith("~/"):
-        return home + path[1:]
-    return path if path.startswith("/") else f"{home}/{path}"
-
-
-def _tail_argv(log_path: str, lines: int, follow: bool) -> list[str]:
-    # -F keeps following across the log being created late or rotated.
-    return ["tail", "-n", str(lines), *(["-F"] if follow else []), log_path]
-
-
-def expand_uploads(uploads: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Directories become the files under them (caches left out)."""
-    files: list[tuple[str, str]] = []
-    for local, remote in uploads:
-        source = Path(local)
-        if source.is_dir():
-            files.extend(
-                (str(path), posixpath.join(remote, path.relative_to(source).as_posix()))
-                for path in sorted(source.rglob("*"))
-                if path.is_file() and "__pycache__" not in path.parts
-            )
-        else:
-            files.append((local, remote))
-    return files

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import HostError
 from orchestrator.fanout import GroupResult, fan_out
-from orchestrator.kinds import kind_of
+from orchestrator.machines.kinds import kind_of
 from orchestrator.values import describe, string
 from orchestrator.yamlsource import LineList
 

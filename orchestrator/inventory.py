@@ -12,7 +12,6 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator import kinds
 from orchestrator.codesync import parse_sync
 from orchestrator.contract import (
     EXPORT_FORMATS,
@@ -24,6 +23,7 @@ from orchestrator.contract import (
 )
 from orchestrator.errors import InventoryError, Problem
 from orchestrator.hostsetup import parse_setup
+from orchestrator.machines import kinds
 from orchestrator.model.inventory import DEFAULT_CONNECTION, DEFAULT_WORKDIR, Host, Inventory, Job
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.paths import controller_path, is_loopback

@@ -31,7 +31,7 @@ from orchestrator.contract import (
     RUN_ID_ENV,
     WORKER_ENV,
 )
-from orchestrator.kinds import kind_of
+from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.workers import (
     WorkerSpec,

@@ -29,14 +29,14 @@ from orchestrator.contract import (
 )
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult, fan_out
-from orchestrator.hostagent import request
-from orchestrator.kinds import kind_of
+from orchestrator.machines.agent import request
+from orchestrator.machines.kinds import kind_of
+from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import Connections, Inspection, PeerProbe, parsed
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.preflight import Finding, PreflightReport, Status
 from orchestrator.model.workers import checkpoint_dir, job_dir
 from orchestrator.paths import is_loopback
-from orchestrator.runner import LineSession
 
 DEFAULT_PROBE_TIMEOUT = 3.0
 DEFAULT_MIN_FREE_BYTES = 1 << 30

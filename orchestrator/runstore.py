@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from orchestrator import kinds
 from orchestrator.errors import RunStateError
+from orchestrator.machines import kinds
 from orchestrator.model.inventory import DEFAULT_CONNECTION, Host, Inventory, Job, SyncSpec
 from orchestrator.model.slurm import LoginNode, SlurmSpec
 

@@ -48,9 +48,9 @@ from orchestrator.failures import (
     explain,
     permanent_reason,
 )
-from orchestrator.kinds import kind_of
 from orchestrator.lifecycle import StopReport, launch_attempt, start_standbys, stop_run
 from orchestrator.logs import last_lines
+from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.preflight import run_preflight
 from orchestrator.runstore import Restart, RunRecord, RunStore, StopRequest, private_dir

@@ -11,7 +11,7 @@ import posixpath
 from pathlib import Path
 
 from orchestrator.backend import Backend
-from orchestrator.kinds import kind_of
+from orchestrator.machines.kinds import kind_of
 from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
 
 

@@ -12,7 +12,7 @@ from orchestrator.backend import Backend, open_backend
 from orchestrator.cli.app import cli, console, errors
 from orchestrator.hostprep import prepare_hosts
 from orchestrator.inventory import load_inventory
-from orchestrator.kinds import kind_of
+from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory
 
 

@@ -20,7 +20,7 @@ from orchestrator.errors import (
 )
 from orchestrator.firewall import FORMATS, controller_address, host_rules, reaches
 from orchestrator.inventory import load_inventory
-from orchestrator.kinds import kind_of
+from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.preflight import PreflightReport, Status
 from orchestrator.preflight import (

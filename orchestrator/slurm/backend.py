@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.backend import Backend
 from orchestrator.errors import HostError
 from orchestrator.fanout import GroupResult
-from orchestrator.hostbackend import HostBackend, expand_uploads
+from orchestrator.machines.pool import Machines, expand_uploads
+from orchestrator.machines.runner import LineSession, LocalRunner, Runner
 from orchestrator.model.answers import (
     CheckpointListing,
     ExitRecord,
@@ -35,7 +36,6 @@ from orchestrator.model.answers import (
 )
 from orchestrator.model.inventory import DEFAULT_CONNECTION, Host
 from orchestrator.model.slurm import SlurmSpec
-from orchestrator.runner import LineSession, LocalRunner, Runner
 from orchestrator.slurm.commands import SLURM, JobState, Slurm
 from orchestrator.slurm.script import batch_script, exports_all
 
@@ -71,7 +71,7 @@ class SlurmBackend(Backend):
     def __init__(self, spec: SlurmSpec, job: Job, runner: Runner | None = None) -> None:
         self.spec = spec
         self.job = job
-        self.files = HostBackend()  # the shared filesystem, as the login node sees it
+        self.files = Machines()  # the shared filesystem, as the login node sees it
         self.login = login_host(spec)
         login = self.login
         if runner is None and login is not None:

@@ -28,7 +28,7 @@ from orchestrator.model.workers import checkpoint_dir, job_dir
 from orchestrator.slurm.commands import SLURM, Slurm, parse_node_states, usable
 
 if TYPE_CHECKING:
-    from orchestrator.hostbackend import HostBackend
+    from orchestrator.machines.pool import Machines
     from orchestrator.model.inventory import Host, Inventory
 
 # Run by every task of the preflight step: versions, then the shared-directory answers.
@@ -57,7 +57,7 @@ print(json.dumps({"node": node, "python": sys.version.split()[0], "tensorflow": 
 
 
 def slurm_preflight(
-    inventory: Inventory, slurm: Slurm, files: HostBackend, timeout: float,
+    inventory: Inventory, slurm: Slurm, files: Machines, timeout: float,
     login: Host | None = None,
 ) -> PreflightReport:  # fmt: skip
     """`login`: the login node when it is not this machine (slurm.login)."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator.errors import HostError
-from orchestrator.runner import CommandResult, Runner
+from orchestrator.machines.runner import CommandResult, Runner
 
 SLURM = "slurm"  # the name errors carry: the scheduler, not one host
 # Job states in which the job's tasks may still run (squeue's long names).
@@ -80,7 +80,7 @@ def usable(state: str) -> bool:
 class Slurm:
     def __init__(self, runner: Runner | Callable[[], Runner]) -> None:
         # A callable: the login node's connection, asked for at each command, so a connection
-        # that was dropped after a silent poll is replaced (hostbackend._forget).
+        # that was dropped after a silent poll is replaced (machines.pool, Machines._forget).
         self._runner = runner
 
     @property

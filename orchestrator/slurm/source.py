@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import kinds
+from orchestrator.machines import kinds
 from orchestrator.model.inventory import DEFAULT_CONNECTION
 from orchestrator.model.slurm import DEFAULT_PORT, LoginNode, SlurmSpec
 from orchestrator.paths import controller_path

@@ -15,10 +15,10 @@ from typing import Any
 from orchestrator.backend import Backend
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult
+from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
 from orchestrator.model.inventory import Host
 from orchestrator.model.workers import WorkerSpec
-from orchestrator.runner import LineSession
 from orchestrator.runstore import WorkerRecord
 
 # A worker's script: attempt number -> the states its probes return in turn (the last repeats).

@@ -13,11 +13,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator import agent as agent_program
-from orchestrator.hostagent import HostAgent
 from orchestrator.inventory import load_inventory
+from orchestrator.machines.agent import HostAgent
+from orchestrator.machines.remote import agent as agent_program
+from orchestrator.machines.runner import LocalRunner
 from orchestrator.plan import plan_workers
-from orchestrator.runner import LocalRunner
 from tests.conftest import REPO, Cli, clean_env, free_ports, run_processes, wait_for
 from tests.scripts import STEPPER
 

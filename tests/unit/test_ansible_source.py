@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.errors import InventoryError
 from orchestrator.inventory import load_inventory
-from orchestrator.kinds.ssh import openssh_argv
+from orchestrator.machines.kinds.ssh import openssh_argv
 from orchestrator.tfconfig import tf_config
 from tests.conftest import Cli
 

@@ -20,11 +20,12 @@ from typing import Any
 import psutil
 import pytest
 
-from orchestrator import hostbackend, hostprobe
-from orchestrator.hostagent import host_program
 from orchestrator.hostbackend import HostBackend
 from orchestrator.inventory import load_inventory
 from orchestrator.lifecycle import start_run, stop_run
+from orchestrator.machines import pool
+from orchestrator.machines.agent import host_program
+from orchestrator.machines.remote import hostprobe
 from orchestrator.runstore import RunStore
 from orchestrator.state import WorkerState
 from orchestrator.status import collect_status
@@ -113,7 +114,7 @@ def test_a_session_slow_to_start_still_answers_its_first_probe(
     slow = tmp_path / "slow-python"
     slow.write_text(f'#!/bin/sh\nsleep 1.5\nexec {sys.executable} "$@"\n')
     slow.chmod(0o755)
-    monkeypatch.setattr(hostbackend, "PROBE_TIMEOUT", 0.5)
+    monkeypatch.setattr(pool, "PROBE_TIMEOUT", 0.5)
     inventory = load_inventory(write_local_inventory(tmp_path, python=str(slow)))
     with HostBackend() as backend:
         record = start_run(inventory, RunStore(tmp_path / "state"), backend)

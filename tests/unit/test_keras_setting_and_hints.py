@@ -23,9 +23,9 @@ from orchestrator.failures import (
     explain,
 )
 from orchestrator.inventory import load_inventory, load_inventory_text
-from orchestrator.kinds import kind_of
 from orchestrator.lifecycle import start_run
 from orchestrator.localjob import free_ports, local_inventory
+from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.preflight import Status
 from orchestrator.plan import plan_workers

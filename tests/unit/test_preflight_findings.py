@@ -7,7 +7,7 @@ from typing import Any
 
 from orchestrator import __version__
 from orchestrator.firewall import host_rules
-from orchestrator.kinds.ssh import SshSettings
+from orchestrator.machines.kinds.ssh import SshSettings
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.preflight import Status
 from orchestrator.preflight import run_preflight

@@ -14,7 +14,7 @@ from rich.console import Console
 from orchestrator.errors import HostError, HostErrors, InventoryError
 from orchestrator.fanout import fan_out, per_machine
 from orchestrator.inventory import load_inventory
-from orchestrator.kinds.ssh import SshSettings
+from orchestrator.machines.kinds.ssh import SshSettings
 from orchestrator.model.answers import WorkerProbe, parse_probe, parse_stop
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.render import status_table

@@ -20,13 +20,13 @@ import pytest
 from orchestrator.errors import InventoryError, SecretMissing
 from orchestrator.export.tfjob import problems, tfjob
 from orchestrator.firewall import FORMATS, host_rules
-from orchestrator.hostagent import HostAgent
 from orchestrator.inventory import load_inventory
+from orchestrator.machines.agent import HostAgent
+from orchestrator.machines.runner import LocalRunner
 from orchestrator.model.preflight import Status
 from orchestrator.model.workers import private_dirs
 from orchestrator.plan import plan_workers
 from orchestrator.preflight import ExposureProbe, run_preflight
-from orchestrator.runner import LocalRunner
 from orchestrator.runstore import RunStore
 from orchestrator.secretenv import REDACTED, looks_secret, scrub, secret_values, shown_env
 from orchestrator.slurm import launcher

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.errors import InventoryError
 from orchestrator.inventory import load_inventory
-from orchestrator.kinds import kind_of
+from orchestrator.machines.kinds import kind_of
 from orchestrator.model.answers import ExitRecord, WorkerProbe
 from orchestrator.plan import plan_workers
 from orchestrator.runstore import RunRecord, RunStore

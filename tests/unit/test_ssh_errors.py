@@ -10,9 +10,9 @@ import socket
 
 import paramiko
 
-from orchestrator.kinds.ssh import SshSettings
+from orchestrator.machines.kinds.ssh import SshSettings
+from orchestrator.machines.ssh import SshRunner
 from orchestrator.model.inventory import Host
-from orchestrator.ssh import SshRunner
 
 
 def runner() -> SshRunner:

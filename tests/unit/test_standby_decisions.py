@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import agent, contract
+from orchestrator import contract
 from orchestrator.errors import InventoryError, RunStateError
 from orchestrator.fanout import GroupResult
 from orchestrator.inventory import load_inventory
 from orchestrator.lifecycle import first_standbys, start_run
+from orchestrator.machines.remote import agent
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.workers import WorkerSpec
 from orchestrator.plan import plan_workers

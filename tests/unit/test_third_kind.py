@@ -21,14 +21,14 @@ from typing import Any, ClassVar
 import pytest
 from click.testing import CliRunner
 
-from orchestrator import kinds
 from orchestrator.backend import open_backend
 from orchestrator.cli import cli
 from orchestrator.inventory import load_inventory
-from orchestrator.kinds.base import Kind
 from orchestrator.lifecycle import start_run
+from orchestrator.machines import kinds
+from orchestrator.machines.kinds.base import Kind
+from orchestrator.machines.runner import CommandResult, LineSession, LocalRunner, Runner
 from orchestrator.model.inventory import Host
-from orchestrator.runner import CommandResult, LineSession, LocalRunner, Runner
 from orchestrator.runstore import RunStore
 from orchestrator.values import Checker, string
 from tests.conftest import free_ports, wait_for

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import InventoryError
-from orchestrator.kinds.base import Kind, NoSettings
-from orchestrator.kinds.local import LocalKind
-from orchestrator.kinds.ssh import SshKind
+from orchestrator.machines.kinds.base import Kind, NoSettings
+from orchestrator.machines.kinds.local import LocalKind
+from orchestrator.machines.kinds.ssh import SshKind
 
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Host

@@ -22,9 +22,9 @@ import invoke
 import paramiko
 
 from orchestrator.errors import ConnectError, HostError
-from orchestrator.kinds.ssh import SshSettings, ssh_settings
+from orchestrator.machines.kinds.ssh import SshSettings, ssh_settings
+from orchestrator.machines.runner import CommandResult, LineSession, Runner
 from orchestrator.model.inventory import Host
-from orchestrator.runner import CommandResult, LineSession, Runner
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 COPY_CHUNK = 1 << 16

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from orchestrator.values import Checker
 
 if TYPE_CHECKING:
+    from orchestrator.machines.runner import Runner
     from orchestrator.model.inventory import Host
-    from orchestrator.runner import Runner
 
 ReportProblem = Callable[[str, str], None]  # (key, message)
 

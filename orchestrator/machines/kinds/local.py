@@ -6,12 +6,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from orchestrator.kinds.base import Kind, ReportProblem
+from orchestrator.machines.kinds.base import Kind, ReportProblem
 from orchestrator.paths import controller_path, is_loopback
 
 if TYPE_CHECKING:
+    from orchestrator.machines.runner import Runner
     from orchestrator.model.inventory import Host
-    from orchestrator.runner import Runner
 
 
 class LocalKind(Kind):
@@ -33,6 +33,6 @@ class LocalKind(Kind):
         return ("local",)
 
     def runner(self, host: Host) -> Runner:
-        from orchestrator.runner import LocalRunner
+        from orchestrator.machines.runner import LocalRunner
 
         return LocalRunner("localhost")

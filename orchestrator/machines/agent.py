@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from orchestrator.contract import CHECKPOINT_COMPANIONS
 from orchestrator.errors import HostError
+from orchestrator.machines.runner import LineSession, Runner
 from orchestrator.model.answers import (
     CheckpointListing,
     FileListing,
@@ -24,7 +25,6 @@ from orchestrator.model.answers import (
     parse_stop,
     parsed,
 )
-from orchestrator.runner import LineSession, Runner
 
 T = TypeVar("T")
 AGENT = "agent.py"
@@ -34,7 +34,9 @@ PROBE = "hostprobe.py"
 @cache
 def host_program(name: str) -> str:
     """The source of a stdlib-only program that runs on hosts (agent.py, hostprobe.py)."""
-    return resources.files("orchestrator").joinpath(name).read_text(encoding="utf-8")
+    return (
+        resources.files("orchestrator.machines.remote").joinpath(name).read_text(encoding="utf-8")
+    )
 
 
 def agent_source() -> str:

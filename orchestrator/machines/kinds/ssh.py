@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from orchestrator.kinds.base import Kind, ReportProblem, SyncTransport
+from orchestrator.machines.kinds.base import Kind, ReportProblem, SyncTransport
 from orchestrator.paths import controller_path
 from orchestrator.values import PORT, Checker, choice, integer, string
 
 if TYPE_CHECKING:
+    from orchestrator.machines.runner import Runner
     from orchestrator.model.inventory import Host
-    from orchestrator.runner import Runner
 
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
 
@@ -98,7 +98,9 @@ class SshKind(Kind):
         return ("ssh", host.address, str(ssh.ssh_port or ""), ssh.ssh_user or "")
 
     def runner(self, host: Host) -> Runner:
-        from orchestrator.ssh import SshRunner  # Fabric/paramiko load only when a host needs them
+        from orchestrator.machines.ssh import (
+            SshRunner,  # Fabric/paramiko load only when a host needs them
+        )
 
         return SshRunner(host)
 

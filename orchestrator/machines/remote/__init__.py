@@ -1,0 +1,1 @@
+"""The stdlib-only programs sent to a host as `python -c SOURCE` (never imported here)."""
