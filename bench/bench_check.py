@@ -53,12 +53,12 @@ from bench.bench_fanout import (
     ssh_parallel,
     timed,
 )
-from orchestrator.hostbackend import HostBackend
+from orchestrator.backends.hosts.backend import HostBackend
+from orchestrator.backends.hosts.preflight import run_preflight
 from orchestrator.inventory import load_inventory
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.preflight import PreflightReport, Status
-from orchestrator.preflight import run_preflight
 from tests.cluster.inventories import host_entries, write_inventory
 from tests.cluster.netns import NamespaceCluster, unavailable_reason
 from tests.conftest import clean_env

@@ -62,7 +62,7 @@ from bench.bench_fanout import (
     ssh_parallel,
     timed,
 )
-from orchestrator.hostbackend import HostBackend
+from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.runstore import RunStore
 from orchestrator.state import WorkerState
 from orchestrator.status import collect_status

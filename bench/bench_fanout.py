@@ -40,8 +40,8 @@ from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
+from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.fanout import fan_out
-from orchestrator.hostbackend import HostBackend
 from orchestrator.machines.agent import agent_source
 from orchestrator.machines.kinds.ssh import SshSettings
 from orchestrator.machines.runner import CommandResult

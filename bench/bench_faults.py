@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.hostbackend import HostBackend
+from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.inventory import load_inventory
 from orchestrator.lifecycle import start_run, stop_run
 from orchestrator.runstore import RunStore

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator.codesync import sync_hosts
-from orchestrator.hostbackend import HostBackend, expand_uploads
+from orchestrator.backends.hosts.backend import HostBackend, expand_uploads
+from orchestrator.backends.hosts.sync import sync_hosts
 from orchestrator.machines.kinds.ssh import SshSettings
 from orchestrator.model.inventory import Host, SyncSpec
 from tests.cluster.netns import NamespaceCluster, cleanup_leftovers, unavailable_reason

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.backend import Backend
+from orchestrator.backends.base import Backend
 from orchestrator.contract import CHECKPOINT_COMPANIONS
 from orchestrator.fanout import fan_out
 from orchestrator.model.answers import CheckpointListing

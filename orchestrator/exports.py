@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.backend import Backend
+from orchestrator.backends.base import Backend
 from orchestrator.errors import RunStateError
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.workers import export_dir, job_dir_of_run

@@ -12,7 +12,8 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.codesync import parse_sync
+from orchestrator.backends.hosts.setup import parse_setup
+from orchestrator.backends.hosts.sync import parse_sync
 from orchestrator.contract import (
     EXPORT_FORMATS,
     KERAS_SETTINGS,
@@ -22,7 +23,6 @@ from orchestrator.contract import (
     task_problem,
 )
 from orchestrator.errors import InventoryError, Problem
-from orchestrator.hostsetup import parse_setup
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import DEFAULT_CONNECTION, DEFAULT_WORKDIR, Host, Inventory, Job
 from orchestrator.model.slurm import SlurmSpec
@@ -565,7 +565,7 @@ def _hosts_source(
 def _slurm_source(
     document: LineMap, _defaults: LineMap, report: _Report, base: Path
 ) -> tuple[list[Placed], SlurmSpec | None]:
-    from orchestrator.slurm.source import parse_slurm, slurm_workers
+    from orchestrator.config.sources.slurm import parse_slurm, slurm_workers
 
     spec = parse_slurm(document, report, base)
     return (slurm_workers(spec, base) if spec else []), spec

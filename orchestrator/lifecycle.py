@@ -10,11 +10,10 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestrator.backend import Backend
+from orchestrator.backends.base import Backend
 from orchestrator.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.errors import HostErrors, OrchestrateError
 from orchestrator.fanout import GroupResult
-from orchestrator.hostprep import prepare_hosts
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.workers import WorkerSpec, job_dir_of_run
 from orchestrator.plan import new_run_id, plan_workers
@@ -58,8 +57,8 @@ def launch_attempt(
     secrets = secret_values(inventory.job.secret_env, environ, doing="starting the workers")
     workdirs = backend.workdirs(inventory.hosts).raise_if_failed("reaching the hosts")
     if not prepared:
-        prepare_hosts(inventory, backend, dict(workdirs), say, force_setup=force_setup,
-                      spares=record.attempt == 0)  # fmt: skip
+        backend.prepare(inventory, workdirs, say, force_setup=force_setup,
+                        spares=record.attempt == 0)  # fmt: skip
     specs = plan_workers(inventory, record.run_id, dict(workdirs), record.attempt, secrets)
     spread = spread_latest_checkpoint(specs, backend, Mirror(store.mirror_path(record.run_id)))
     if spread.name:

@@ -6,7 +6,7 @@ import queue
 import threading
 from collections.abc import Iterator, Sequence
 
-from orchestrator.backend import Backend
+from orchestrator.backends.base import Backend
 from orchestrator.errors import HostError, RunStateError
 from orchestrator.fanout import fan_out
 from orchestrator.runstore import RunRecord, WorkerRecord

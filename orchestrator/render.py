@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.firewall import HostRules
+from orchestrator.backends.hosts.firewall import HostRules
 from orchestrator.model.preflight import PreflightReport, Status
 from orchestrator.state import WorkerState
 from orchestrator.status import RunStatus, WorkerStatus

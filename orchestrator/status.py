@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestrator.backend import Backend
+from orchestrator.backends.base import Backend
 from orchestrator.failures import classify_exit, explain
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.runstore import Restart, RunRecord, WorkerRecord

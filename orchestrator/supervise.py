@@ -30,7 +30,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.backend import Backend, open_backend
+from orchestrator.backends.base import Backend
+from orchestrator.backends.registry import open_backend
 from orchestrator.checkpoints import Mirror
 from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.dashboard.snapshot import write_snapshot
@@ -52,7 +53,6 @@ from orchestrator.lifecycle import StopReport, launch_attempt, start_standbys, s
 from orchestrator.logs import last_lines
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory, Job
-from orchestrator.preflight import run_preflight
 from orchestrator.runstore import Restart, RunRecord, RunStore, StopRequest, private_dir
 from orchestrator.state import ACTIVE, WorkerState
 from orchestrator.status import RunStatus, WorkerStatus, collect_status
@@ -773,7 +773,7 @@ class Supervisor:
         while True:
             blocked = [
                 finding
-                for finding in run_preflight(self.record.inventory, self.backend).blocking
+                for finding in self.backend.preflight(self.record.inventory).blocking
                 if finding.check in network
             ]
             if not blocked:

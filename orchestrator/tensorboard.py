@@ -10,7 +10,7 @@ from __future__ import annotations
 import posixpath
 from pathlib import Path
 
-from orchestrator.backend import Backend
+from orchestrator.backends.base import Backend
 from orchestrator.machines.kinds import kind_of
 from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
 

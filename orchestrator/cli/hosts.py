@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from orchestrator.backend import Backend, open_backend
+from orchestrator.backends.base import Backend
+from orchestrator.backends.registry import open_backend
 from orchestrator.cli.app import cli, console, errors
-from orchestrator.hostprep import prepare_hosts
 from orchestrator.inventory import load_inventory
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory
@@ -76,7 +76,7 @@ def prepare_before_checks(spec: Inventory, backend: Backend, force_setup: bool) 
     steps = [name for name, wanted in (("sync", spec.sync), ("setup", spec.setup)) if wanted]
     errors.print(f"preparing {len(spec.hosts)} host(s): {' and '.join(steps)}")
     workdirs = backend.workdirs(spec.hosts).raise_if_failed("reaching the hosts")
-    prepare_hosts(spec, backend, dict(workdirs), _say, force_setup=force_setup, spares=True)
+    backend.prepare(spec, workdirs, _say, force_setup=force_setup, spares=True)
     return True
 
 

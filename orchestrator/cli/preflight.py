@@ -9,7 +9,9 @@ from pathlib import Path
 
 import click
 
-from orchestrator.backend import Backend, open_backend
+from orchestrator.backends.base import Backend
+from orchestrator.backends.hosts.firewall import FORMATS, controller_address, host_rules
+from orchestrator.backends.registry import open_backend
 from orchestrator.cli.app import (
     Context,
     cli,
@@ -18,16 +20,14 @@ from orchestrator.cli.app import (
 from orchestrator.errors import (
     PreflightFailed,
 )
-from orchestrator.firewall import FORMATS, controller_address, host_rules, reaches
 from orchestrator.inventory import load_inventory
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Inventory
-from orchestrator.model.preflight import PreflightReport, Status
-from orchestrator.preflight import (
+from orchestrator.model.preflight import (
     DEFAULT_MIN_FREE_BYTES,
     DEFAULT_PROBE_TIMEOUT,
-    ExposureProbe,
-    run_preflight,
+    PreflightReport,
+    Status,
 )
 from orchestrator.render import (
     finding_hints,
@@ -55,12 +55,11 @@ def run_checks(
     spec: Inventory, backend: Backend, probe_timeout: float, min_free_gb: float
 ) -> PreflightReport:
     with errors.status("preflight: checking every host and every port between them"):
-        report = run_preflight(
+        report = backend.preflight(
             spec,
-            backend,
             probe_timeout=probe_timeout,
             min_free_bytes=int(min_free_gb * 2**30),
-            exposure=ExposureProbe(controller_address, reaches),
+            exposure=True,
         )
     _record(report, spec)
     return report

@@ -14,7 +14,8 @@ import click
 from rich.console import Group
 from rich.live import Live
 
-from orchestrator.backend import Backend, open_backend
+from orchestrator.backends.base import Backend
+from orchestrator.backends.registry import open_backend
 from orchestrator.cli.app import (
     Context,
     StoppedWatching,

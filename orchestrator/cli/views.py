@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from orchestrator.backend import open_backend
+from orchestrator.backends.registry import open_backend
 from orchestrator.cli.app import (
     Context,
     cli,

@@ -21,7 +21,8 @@ from typing import Any
 
 import psutil
 
-from orchestrator.backend import Backend, open_backend
+from orchestrator.backends.base import Backend
+from orchestrator.backends.registry import open_backend
 from orchestrator.dashboard import model
 from orchestrator.dashboard.model import HISTORY_FILE
 from orchestrator.dashboard.snapshot import read_snapshot

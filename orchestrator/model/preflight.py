@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+DEFAULT_PROBE_TIMEOUT = 3.0  # seconds each port probe between two hosts may take
+DEFAULT_MIN_FREE_BYTES = 1 << 30  # free space wanted under the workdir and checkpoints
+
 
 class Status(str, Enum):
     OK = "ok"

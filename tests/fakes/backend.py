@@ -1,7 +1,7 @@
 """A Backend whose workers are scripts: each probe of a worker returns its next scripted state.
 
-Like httpx's MockTransport, it implements the real interface (orchestrator.backend.Backend), so
-the supervisor, status, lifecycle and preflight run unchanged on top of it, without processes,
+Like httpx's MockTransport, it implements the real interface (backends.base.Backend), so the
+supervisor, status, lifecycle and preflight run unchanged on top of it, without processes,
 sockets or sleeps.
 """
 
@@ -12,12 +12,18 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.backend import Backend
+from orchestrator.backends.base import Backend
+from orchestrator.backends.hosts.preflight import run_preflight
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.preflight import (
+    DEFAULT_MIN_FREE_BYTES,
+    DEFAULT_PROBE_TIMEOUT,
+    PreflightReport,
+)
 from orchestrator.model.workers import WorkerSpec
 from orchestrator.runstore import WorkerRecord
 
@@ -45,13 +51,25 @@ class FakeBackend(Backend):
     scripts: dict[str, Script] = field(default_factory=dict)  # worker name -> its script
     dead_hosts: dict[str, str] = field(default_factory=dict)  # host name -> why unreachable
     # Preflight: host name -> verb -> the hostprobe answer (JSON shape).
-    preflight: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    answers: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     attempt: int = -1
     started: list[list[str]] = field(default_factory=list)  # worker names of each start
     stops: list[list[str]] = field(default_factory=list)
     graces: list[float] = field(default_factory=list)  # the grace of each stop
     probes: int = 0
     _polls: dict[str, int] = field(default_factory=dict)
+
+    def preflight(
+        self,
+        inventory: Inventory,
+        *,
+        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
+        min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
+        exposure: bool = False,
+    ) -> PreflightReport:
+        """The hosts backend's own rounds, over the scripted hostprobe answers."""
+        return run_preflight(inventory, self, probe_timeout=probe_timeout,
+                             min_free_bytes=min_free_bytes)  # fmt: skip
 
     def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
         ok = {h.name: f"/home/fake/{h.name}" for h in hosts if h.name not in self.dead_hosts}
@@ -116,7 +134,7 @@ class FakeBackend(Backend):
     def preflight_session(self, host: Host) -> LineSession:
         if host.name in self.dead_hosts:
             raise ConnectError(host.name, self.dead_hosts[host.name])
-        scripted = self.preflight.get(host.name)
+        scripted = self.answers.get(host.name)
         return scripted_session(
             host.name,
             lambda request: scripted[request["verb"]] if scripted else healthy(request),

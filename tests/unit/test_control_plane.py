@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from orchestrator.hostbackend import HostBackend
+from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.inventory import load_inventory
 from orchestrator.lifecycle import start_run, stop_run
 from orchestrator.machines import pool

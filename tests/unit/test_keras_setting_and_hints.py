@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.backends.hosts.preflight import run_preflight
 from orchestrator.contract import KERAS_MARKER_FILE, LEGACY_KERAS_ENV, tf_keras_requirement
 from orchestrator.errors import InventoryError, JobFailed
 from orchestrator.failures import (
@@ -29,7 +30,6 @@ from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.preflight import Status
 from orchestrator.plan import plan_workers
-from orchestrator.preflight import run_preflight
 from orchestrator.render import problems
 from orchestrator.runstore import RunStore
 from orchestrator.state import WorkerState

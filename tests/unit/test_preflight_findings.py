@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.firewall import host_rules
+from orchestrator.backends.hosts.firewall import host_rules
+from orchestrator.backends.hosts.preflight import run_preflight
 from orchestrator.machines.kinds.ssh import SshSettings
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.preflight import Status
-from orchestrator.preflight import run_preflight
 from tests.fakes.backend import FakeBackend
 
 GOOD_DIR = {"path": "/w", "writable": True, "checked": "/w", "free_bytes": 50 << 30}
@@ -46,7 +46,7 @@ def backend_with(inspections: dict[str, dict[str, Any]], peers: dict[str, dict[s
         }
         for name in "abc"
     }
-    return FakeBackend(preflight=preflight, dead_hosts=dead or {})
+    return FakeBackend(answers=preflight, dead_hosts=dead or {})
 
 
 def findings(report: Any) -> dict[tuple[str, str], tuple[Status, str]]:

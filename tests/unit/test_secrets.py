@@ -17,20 +17,20 @@ from typing import Any
 
 import pytest
 
+from orchestrator.backends.hosts.firewall import FORMATS, host_rules
+from orchestrator.backends.hosts.preflight import ExposureProbe, run_preflight
+from orchestrator.backends.slurm import launcher
+from orchestrator.backends.slurm.script import batch_script
 from orchestrator.errors import InventoryError, SecretMissing
 from orchestrator.export.tfjob import problems, tfjob
-from orchestrator.firewall import FORMATS, host_rules
 from orchestrator.inventory import load_inventory
 from orchestrator.machines.agent import HostAgent
 from orchestrator.machines.runner import LocalRunner
 from orchestrator.model.preflight import Status
 from orchestrator.model.workers import private_dirs
 from orchestrator.plan import plan_workers
-from orchestrator.preflight import ExposureProbe, run_preflight
 from orchestrator.runstore import RunStore
 from orchestrator.secretenv import REDACTED, looks_secret, scrub, secret_values, shown_env
-from orchestrator.slurm import launcher
-from orchestrator.slurm.script import batch_script
 from tests.unit.test_preflight_findings import all_ok_peers, backend_with, cluster, findings
 
 HOSTS = "defaults: {port: 20000}\nhosts:\n  - {name: a, address: 10.9.0.1}\n"

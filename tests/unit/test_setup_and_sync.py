@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.codesync import parse_stats, rsync_argv
+from orchestrator.backends.hosts.backend import HostBackend
+from orchestrator.backends.hosts.prep import prepare_hosts
+from orchestrator.backends.hosts.setup import MARKER, setup_hash
+from orchestrator.backends.hosts.sync import parse_stats, rsync_argv
 from orchestrator.errors import HostErrors, InventoryError
-from orchestrator.hostbackend import HostBackend
-from orchestrator.hostprep import prepare_hosts
-from orchestrator.hostsetup import MARKER, setup_hash
 from orchestrator.inventory import load_inventory
 from orchestrator.model.inventory import Inventory, SyncSpec
 from orchestrator.plan import plan_workers

@@ -10,6 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.slurm import launcher
+from orchestrator.backends.slurm.backend import task_probe
+from orchestrator.backends.slurm.commands import (
+    JobState,
+    job_state,
+    parse_sbatch,
+    parse_scontrol_job,
+    usable,
+)
+from orchestrator.backends.slurm.script import batch_script
 from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.errors import InventoryError
 from orchestrator.inventory import load_inventory
@@ -17,16 +27,6 @@ from orchestrator.machines.kinds import kind_of
 from orchestrator.model.answers import ExitRecord, WorkerProbe
 from orchestrator.plan import plan_workers
 from orchestrator.runstore import RunRecord, RunStore
-from orchestrator.slurm import launcher
-from orchestrator.slurm.backend import task_probe
-from orchestrator.slurm.commands import (
-    JobState,
-    job_state,
-    parse_sbatch,
-    parse_scontrol_job,
-    usable,
-)
-from orchestrator.slurm.script import batch_script
 from orchestrator.state import WorkerState, classify
 
 JOB = "job:\n  task: worker.examples.shapes:task\n  steps: 10\n"
@@ -111,7 +111,7 @@ def test_a_login_node_takes_the_ssh_kinds_keys_and_ssh_config(tmp_path: Path) ->
     task = inventory.hosts[0]
     assert kind_of(task).name == "ssh" and task.settings.target == "hpc"
     assert kind_of(task).login_details(task)["ssh_port"] == 2222  # ~/.ssh/config as for a host
-    from orchestrator.slurm.backend import login_host
+    from orchestrator.backends.slurm.backend import login_host
 
     host = login_host(inventory.slurm)
     assert host is not None and (host.name, host.address) == ("login node hpc", "192.0.2.7")
@@ -266,7 +266,7 @@ def test_the_exported_script_of_a_login_inventory_is_the_one_to_submit_there(
 def test_a_login_node_that_refuses_is_named_by_every_view(tmp_path: Path) -> None:
     import socket
 
-    from orchestrator.backend import open_backend
+    from orchestrator.backends.registry import open_backend
     from orchestrator.errors import ConnectError
     from orchestrator.runstore import WorkerRecord
     from orchestrator.status import collect_status
@@ -287,4 +287,4 @@ def test_a_login_node_that_refuses_is_named_by_every_view(tmp_path: Path) -> Non
         assert status.scheduler is not None and status.scheduler["state"] == "UNKNOWN"
         assert "login node 127.0.0.1" in status.scheduler["reason"]
         with pytest.raises(ConnectError, match=r"login node 127\.0\.0\.1"):
-            backend.own_preflight(inventory, 5.0, 0)
+            backend.preflight(inventory, probe_timeout=5.0, min_free_bytes=0)

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.backend import open_backend
+from orchestrator.backends.registry import open_backend
 from orchestrator.cli import cli
 from orchestrator.inventory import load_inventory
 from orchestrator.lifecycle import start_run

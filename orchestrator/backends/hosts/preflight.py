@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.backend import Backend
+from orchestrator.backends.base import Backend
 from orchestrator.contract import (
     KERAS_LEGACY,
     TF_KERAS_PACKAGE,
@@ -34,13 +34,15 @@ from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import Connections, Inspection, PeerProbe, parsed
 from orchestrator.model.inventory import Host, Inventory
-from orchestrator.model.preflight import Finding, PreflightReport, Status
+from orchestrator.model.preflight import (
+    DEFAULT_MIN_FREE_BYTES,
+    DEFAULT_PROBE_TIMEOUT,
+    Finding,
+    PreflightReport,
+    Status,
+)
 from orchestrator.model.workers import checkpoint_dir, job_dir
 from orchestrator.paths import is_loopback
-
-DEFAULT_PROBE_TIMEOUT = 3.0
-DEFAULT_MIN_FREE_BYTES = 1 << 30
-
 
 # ---------------------------------------------------------------------------------------------
 # Pure checks
@@ -351,9 +353,6 @@ def run_preflight(
 ) -> PreflightReport:
     """`exposure`: how this machine finds its address towards a host and tries a port (the CLI
     passes the real ones; without it the exposure check is skipped)."""
-    own = backend.own_preflight(inventory, probe_timeout, min_free_bytes)
-    if own is not None:  # a scheduler checks its own way (its nodes are not known yet)
-        return own
     early = address_findings(inventory)
     if early:
         return PreflightReport(tuple(early))  # rejected before any connection

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from orchestrator.backend import Backend
-from orchestrator.codesync import sync_hosts
+from orchestrator.backends.base import Backend
+from orchestrator.backends.hosts.setup import run_setup
+from orchestrator.backends.hosts.sync import sync_hosts
 from orchestrator.errors import HostError, HostErrors
-from orchestrator.hostsetup import run_setup
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.workers import job_dir
 

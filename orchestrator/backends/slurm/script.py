@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.backends.slurm import launcher
 from orchestrator.model.slurm import SlurmSpec
-from orchestrator.slurm import launcher
 
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Job

@@ -25,7 +25,7 @@ from orchestrator.values import describe, string
 from orchestrator.yamlsource import LineList
 
 if TYPE_CHECKING:
-    from orchestrator.backend import Backend
+    from orchestrator.backends.base import Backend
     from orchestrator.model.inventory import Host
 
 MARKER = ".orchestrate-setup"

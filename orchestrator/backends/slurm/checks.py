@@ -21,11 +21,11 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from orchestrator.backends.slurm.commands import SLURM, Slurm, parse_node_states, usable
 from orchestrator.contract import TF_PACKAGES
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.model.preflight import Finding, PreflightReport, Status
 from orchestrator.model.workers import checkpoint_dir, job_dir
-from orchestrator.slurm.commands import SLURM, Slurm, parse_node_states, usable
 
 if TYPE_CHECKING:
     from orchestrator.machines.pool import Machines

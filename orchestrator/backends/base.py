@@ -2,20 +2,22 @@
 
 In the spirit of torch elastic's agent (start workers, monitor them, stop them): `up`, `status`,
 `tail`, `down`, `check`, `supervise` and `tensorboard` are written once against `Backend`.
-Hosts reached through a Runner (local processes, SSH) are one implementation (hostbackend.py),
-whose connection kinds live in orchestrator/kinds/; a scheduler can be another that needs no
-host agent forking processes. Answers are typed (answers.py) and per worker, in GroupResults.
+Hosts reached through a Runner (local processes, SSH) are one implementation (hosts/), whose
+connection kinds live in orchestrator/machines/kinds/; Slurm is another (slurm/), which needs no
+host agent forking processes. registry.py picks one for an inventory. Answers are typed
+(model/answers.py) and per worker, in GroupResults.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.fanout import GroupResult
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
+from orchestrator.model.preflight import DEFAULT_MIN_FREE_BYTES, DEFAULT_PROBE_TIMEOUT
 
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Host, Inventory
@@ -99,6 +101,32 @@ class Backend(ABC):
     def upload(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
         """Copy (path here, path there) pairs to the host, creating the directories."""
 
+    # --- before a start ------------------------------------------------------------------------
+    @abstractmethod
+    def preflight(
+        self,
+        inventory: Inventory,
+        *,
+        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
+        min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
+        exposure: bool = False,
+    ) -> PreflightReport:
+        """Every reason the inventory's cluster would hang, found before anything starts (hosts:
+        versions, free space, every port from every host; a scheduler: its own checks).
+        `exposure`: also try the workers' ports from this machine (`check` and `up` do)."""
+
+    def prepare(  # noqa: B027 - optional: most backends' machines come prepared
+        self,
+        inventory: Inventory,
+        workdirs: Mapping[str, str],
+        say: Callable[[str], None],
+        *,
+        force_setup: bool = False,
+        spares: bool = False,
+    ) -> None:
+        """Make the machines ready for a start (hosts: `sync:`, then `setup:`; `spares`: the
+        spares too). Nothing to do for a backend whose machines come prepared."""
+
     # --- reaching hosts ------------------------------------------------------------------------
     @abstractmethod
     def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
@@ -123,12 +151,6 @@ class Backend(ABC):
         """The scheduler's view of the run's current attempt, for status."""
         return None
 
-    def own_preflight(
-        self, inventory: Inventory, probe_timeout: float, min_free_bytes: int
-    ) -> PreflightReport | None:
-        """The backend's own preflight checks; None: the host rounds of preflight.py."""
-        return None
-
     def serves(self, inventory: Inventory) -> bool:
         """Whether this backend can also answer for `inventory`'s workers (an earlier run's),
         so that its open connections serve both instead of a second backend's."""
@@ -142,15 +164,3 @@ class Backend(ABC):
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def open_backend(inventory: Inventory | None = None) -> Backend:
-    """The backend for the inventory's (or run record's) host source: hosts of any connection
-    kind of orchestrator/kinds, or the nodes of a Slurm cluster."""
-    if inventory is not None and inventory.slurm is not None:
-        from orchestrator.slurm.backend import SlurmBackend
-
-        return SlurmBackend(inventory.slurm, inventory.job)
-    from orchestrator.hostbackend import HostBackend
-
-    return HostBackend()

@@ -22,7 +22,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.backend import Backend
+from orchestrator.backends.base import Backend
+from orchestrator.backends.slurm.commands import SLURM, JobState, Slurm
+from orchestrator.backends.slurm.script import batch_script, exports_all
 from orchestrator.errors import HostError
 from orchestrator.fanout import GroupResult
 from orchestrator.machines.pool import Machines, expand_uploads
@@ -35,9 +37,8 @@ from orchestrator.model.answers import (
     WorkerProbe,
 )
 from orchestrator.model.inventory import DEFAULT_CONNECTION, Host
+from orchestrator.model.preflight import DEFAULT_MIN_FREE_BYTES, DEFAULT_PROBE_TIMEOUT
 from orchestrator.model.slurm import SlurmSpec
-from orchestrator.slurm.commands import SLURM, JobState, Slurm
-from orchestrator.slurm.script import batch_script, exports_all
 
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Inventory, Job
@@ -234,12 +235,18 @@ class SlurmBackend(Backend):
         return {}  # Slurm places every attempt on nodes that answer; there is no host to lose
 
     def preflight_session(self, host: Host) -> LineSession:
-        raise HostError(SLURM, "Slurm runs have their own preflight (orchestrator/slurm/checks)")
+        raise HostError(SLURM, "Slurm runs have their own preflight (backends/slurm/checks.py)")
 
-    def own_preflight(
-        self, inventory: Inventory, probe_timeout: float, min_free_bytes: int
-    ) -> PreflightReport | None:
-        from orchestrator.slurm.checks import slurm_preflight
+    def preflight(
+        self,
+        inventory: Inventory,
+        *,
+        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
+        min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
+        exposure: bool = False,
+    ) -> PreflightReport:
+        """Slurm's own checks (checks.py): its nodes are not known before the job runs."""
+        from orchestrator.backends.slurm.checks import slurm_preflight
 
         return slurm_preflight(inventory, self.slurm, self.files, probe_timeout, self.login)
 

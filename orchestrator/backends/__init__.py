@@ -1,0 +1,2 @@
+"""Where workers live: the Backend interface (base), the one registry that names the
+implementations, and one folder per implementation (hosts/, slurm/)."""

@@ -1,0 +1,72 @@
+"""The Backend for workers on hosts the controller reaches through a Runner (local, SSH, ...).
+
+Every operation on a machine is Machines' (one runner and one agent session per machine); this
+class adds what makes those machines a cluster's hosts: the preflight rounds (preflight.py),
+sync and setup before a start (prep.py), and starting an attempt's workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from orchestrator.backends.base import Backend
+from orchestrator.backends.hosts.firewall import controller_address, reaches
+from orchestrator.backends.hosts.preflight import ExposureProbe, run_preflight
+from orchestrator.backends.hosts.prep import prepare_hosts
+from orchestrator.fanout import GroupResult, fan_out
+from orchestrator.machines.pool import Machines, expand_uploads
+from orchestrator.model.preflight import (
+    DEFAULT_MIN_FREE_BYTES,
+    DEFAULT_PROBE_TIMEOUT,
+    PreflightReport,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.model.inventory import Inventory
+    from orchestrator.model.workers import WorkerSpec
+
+
+class HostBackend(Machines, Backend):
+    keeps_standbys = True
+
+    def preflight(
+        self,
+        inventory: Inventory,
+        *,
+        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
+        min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
+        exposure: bool = False,
+    ) -> PreflightReport:
+        probe = ExposureProbe(controller_address, reaches) if exposure else None
+        return run_preflight(inventory, self, probe_timeout=probe_timeout,
+                             min_free_bytes=min_free_bytes, exposure=probe)  # fmt: skip
+
+    def prepare(
+        self,
+        inventory: Inventory,
+        workdirs: Mapping[str, str],
+        say: Callable[[str], None],
+        *,
+        force_setup: bool = False,
+        spares: bool = False,
+    ) -> None:
+        prepare_hosts(inventory, self, dict(workdirs), say, force_setup=force_setup, spares=spares)
+
+    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
+        by_name = {spec.name: spec for spec in specs}
+
+        def launch(name: str) -> int:
+            spec = by_name[name]
+            # Into a private run directory from the first byte on; the directories, the files
+            # (SFTP, no shell) and the launch all go over the machine's one open session.
+            files = expand_uploads(spec.uploads)
+            if files:
+                self._make_dirs(spec.host, files, list(spec.private_dirs))
+                self._put(spec.host, files)
+            return self.agent(spec.host).launch(spec.launch_request())
+
+        return fan_out(by_name, launch)
+
+    def serves(self, inventory: Inventory) -> bool:
+        return inventory.slurm is None  # hosts of any connection kind: one runner per machine

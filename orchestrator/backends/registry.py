@@ -1,0 +1,23 @@
+"""The one module that names the backends: which one serves an inventory, and which writes an
+export format. Everything above asks here and then speaks only to backends.base.Backend."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from orchestrator.backends.base import Backend
+
+if TYPE_CHECKING:
+    from orchestrator.model.inventory import Inventory
+
+
+def open_backend(inventory: Inventory | None = None) -> Backend:
+    """The backend for the inventory's (or run record's) host source: hosts of any connection
+    kind of orchestrator/machines/kinds, or the nodes of a Slurm cluster."""
+    if inventory is not None and inventory.slurm is not None:
+        from orchestrator.backends.slurm.backend import SlurmBackend
+
+        return SlurmBackend(inventory.slurm, inventory.job)
+    from orchestrator.backends.hosts.backend import HostBackend
+
+    return HostBackend()
