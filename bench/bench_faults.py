@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from orchestrator.backends.hosts.backend import HostBackend
-from orchestrator.inventory import load_inventory
+from orchestrator.config.loader import load_inventory
 from orchestrator.lifecycle import start_run, stop_run
 from orchestrator.runstore import RunStore
 from orchestrator.status import collect_status

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 from orchestrator.backends.hosts.backend import HostBackend
-from orchestrator.inventory import load_inventory
+from orchestrator.config.loader import load_inventory
 from orchestrator.lifecycle import start_run, stop_run
 from orchestrator.runstore import RunStore
 from orchestrator.supervise import Supervisor

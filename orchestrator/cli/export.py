@@ -11,9 +11,9 @@ import yaml
 from orchestrator.backends.slurm.launcher import JOB_ID_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER
 from orchestrator.backends.slurm.script import batch_script
 from orchestrator.cli.app import cli, errors
+from orchestrator.config.loader import load_inventory
 from orchestrator.config.sources.slurm import slurm_workers
 from orchestrator.errors import ExportRefused
-from orchestrator.inventory import load_inventory
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.plan import plan_workers

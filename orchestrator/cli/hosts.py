@@ -11,7 +11,7 @@ from rich.table import Table
 from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import open_backend
 from orchestrator.cli.app import cli, console, errors
-from orchestrator.inventory import load_inventory
+from orchestrator.config.loader import load_inventory
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory
 

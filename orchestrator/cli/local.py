@@ -8,10 +8,10 @@ import click
 
 from orchestrator.cli.app import Context, cli, errors, pass_context
 from orchestrator.cli.run import start_and_supervise
+from orchestrator.config.loader import load_inventory, load_inventory_text
+from orchestrator.config.local import free_ports, job_name, local_inventory
 from orchestrator.contract import KERAS_DEFAULT, KERAS_SETTINGS
 from orchestrator.errors import InventoryError, Problem
-from orchestrator.inventory import load_inventory, load_inventory_text
-from orchestrator.localjob import free_ports, job_name, local_inventory
 
 
 @cli.command()

@@ -17,10 +17,10 @@ from orchestrator.cli.app import (
     cli,
     errors,
 )
+from orchestrator.config.loader import load_inventory
 from orchestrator.errors import (
     PreflightFailed,
 )
-from orchestrator.inventory import load_inventory
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.preflight import (

@@ -35,8 +35,8 @@ from orchestrator.cli.preflight import (
     run_checks,
     show_findings,
 )
+from orchestrator.config.loader import load_inventory
 from orchestrator.errors import MissingTool, PartialFailure, RunStateError
-from orchestrator.inventory import load_inventory
 from orchestrator.lifecycle import DEFAULT_GRACE, StopReport, first_standbys, start_run
 from orchestrator.model.inventory import Inventory
 from orchestrator.plan import new_run_id

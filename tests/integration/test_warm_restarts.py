@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.inventory import load_inventory
+from orchestrator.config.loader import load_inventory
 from orchestrator.machines.agent import HostAgent
 from orchestrator.machines.remote import agent as agent_program
 from orchestrator.machines.runner import LocalRunner

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.config.loader import load_inventory
 from orchestrator.errors import InventoryError
-from orchestrator.inventory import load_inventory
 from orchestrator.machines.kinds.ssh import openssh_argv
 from orchestrator.tfconfig import tf_config
 from tests.conftest import Cli
@@ -131,7 +131,7 @@ def test_ansibles_own_parse_error_is_shown_with_the_file(project: Path):
 def test_without_ansible_core_the_error_names_the_extra(project: Path):
     code = (
         "import sys; sys.modules['ansible'] = None\n"  # what `import ansible` meets when absent
-        "from orchestrator.inventory import load_inventory\n"
+        "from orchestrator.config.loader import load_inventory\n"
         "from orchestrator.errors import InventoryError\n"
         f"try: load_inventory({str(project / 'inv.yaml')!r})\n"
         "except InventoryError as e: print(e.message)\n"

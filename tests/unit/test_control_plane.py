@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from orchestrator.backends.hosts.backend import HostBackend
-from orchestrator.inventory import load_inventory
+from orchestrator.config.loader import load_inventory
 from orchestrator.lifecycle import start_run, stop_run
 from orchestrator.machines import pool
 from orchestrator.machines.agent import host_program

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.inventory import load_inventory
+from orchestrator.config.loader import load_inventory
 from orchestrator.model.inventory import Inventory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -305,7 +305,7 @@ def test_build_context_holds_what_is_copied_and_never_the_private_key() -> None:
         for source in sources:
             assert (REPO / source).exists(), source
             assert in_build_context(source), f"COPY {source} is excluded from the context"
-    assert in_build_context("orchestrator/inventory.py")
+    assert in_build_context("orchestrator/config/loader.py")
     assert in_build_context("worker/examples/shapes.py")
     for path in (
         "docker/client_key",

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.config.loader import load_inventory
 from orchestrator.errors import InventoryError
-from orchestrator.inventory import load_inventory
 
 GOOD = """\
 defaults:

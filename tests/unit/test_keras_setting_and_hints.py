@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.hosts.preflight import run_preflight
+from orchestrator.config.loader import load_inventory, load_inventory_text
+from orchestrator.config.local import free_ports, local_inventory
 from orchestrator.contract import KERAS_MARKER_FILE, LEGACY_KERAS_ENV, tf_keras_requirement
 from orchestrator.errors import InventoryError, JobFailed
 from orchestrator.failures import (
@@ -23,9 +25,7 @@ from orchestrator.failures import (
     early_exit,
     explain,
 )
-from orchestrator.inventory import load_inventory, load_inventory_text
 from orchestrator.lifecycle import start_run
-from orchestrator.localjob import free_ports, local_inventory
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.preflight import Status

@@ -21,9 +21,9 @@ from orchestrator.backends.hosts.firewall import FORMATS, host_rules
 from orchestrator.backends.hosts.preflight import ExposureProbe, run_preflight
 from orchestrator.backends.slurm import launcher
 from orchestrator.backends.slurm.script import batch_script
+from orchestrator.config.loader import load_inventory
 from orchestrator.errors import InventoryError, SecretMissing
 from orchestrator.export.tfjob import problems, tfjob
-from orchestrator.inventory import load_inventory
 from orchestrator.machines.agent import HostAgent
 from orchestrator.machines.runner import LocalRunner
 from orchestrator.model.preflight import Status

@@ -13,8 +13,8 @@ from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.backends.hosts.prep import prepare_hosts
 from orchestrator.backends.hosts.setup import MARKER, setup_hash
 from orchestrator.backends.hosts.sync import parse_stats, rsync_argv
+from orchestrator.config.loader import load_inventory
 from orchestrator.errors import HostErrors, InventoryError
-from orchestrator.inventory import load_inventory
 from orchestrator.model.inventory import Inventory, SyncSpec
 from orchestrator.plan import plan_workers
 

@@ -20,9 +20,9 @@ from orchestrator.backends.slurm.commands import (
     usable,
 )
 from orchestrator.backends.slurm.script import batch_script
+from orchestrator.config.loader import load_inventory
 from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.errors import InventoryError
-from orchestrator.inventory import load_inventory
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.answers import ExitRecord, WorkerProbe
 from orchestrator.plan import plan_workers

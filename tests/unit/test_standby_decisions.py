@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator import contract
+from orchestrator.config.loader import load_inventory
 from orchestrator.errors import InventoryError, RunStateError
 from orchestrator.fanout import GroupResult
-from orchestrator.inventory import load_inventory
 from orchestrator.lifecycle import first_standbys, start_run
 from orchestrator.machines.remote import agent
 from orchestrator.model.inventory import Host, Inventory, Job

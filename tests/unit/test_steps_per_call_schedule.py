@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from orchestrator.config.loader import load_inventory
 from orchestrator.errors import InventoryError
-from orchestrator.inventory import load_inventory
 from orchestrator.model.inventory import Job
 from orchestrator.plan import plan_workers
 from tests.unit.test_tfconfig_and_plan import inventory

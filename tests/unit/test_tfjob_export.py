@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
+from orchestrator.config.loader import load_inventory
 from orchestrator.contract import EXIT_PREEMPTED, EXIT_USAGE
 from orchestrator.export.tfjob import EXIT_WRAPPER, operator_retries, problems, schema, tfjob
-from orchestrator.inventory import load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO.parent / "shared" / "specs" / "kubeflow.org_tfjobs.yaml"

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from orchestrator.backends.registry import open_backend
 from orchestrator.cli import cli
-from orchestrator.inventory import load_inventory
+from orchestrator.config.loader import load_inventory
 from orchestrator.lifecycle import start_run
 from orchestrator.machines import kinds
 from orchestrator.machines.kinds.base import Kind

@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import HostError
 from orchestrator.fanout import GroupResult, fan_out
 from orchestrator.machines.kinds import kind_of
-from orchestrator.values import describe, string
-from orchestrator.yamlsource import LineList
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
@@ -49,22 +47,6 @@ class SetupOutcome:
     ran: bool  # False: the recorded hash matched, nothing ran
     exit_code: int = 0
     tail: tuple[str, ...] = ()
-
-
-def parse_setup(value: Any, line: int | None, report: Any) -> tuple[str, ...]:
-    """`setup:` is a list of shell commands (strings)."""
-    if not isinstance(value, LineList) or not value:
-        report.add(line, "setup", f"expected a non-empty list of shell commands, got "
-                   f"{describe(value)}")  # fmt: skip
-        return ()
-    commands = []
-    for index, item in enumerate(value):
-        command, problem = string(item)
-        if problem:
-            report.add(value.item_lines[index], f"setup[{index}]", problem)
-        else:
-            commands.append(command)
-    return tuple(commands)
 
 
 def setup_hash(commands: Sequence[str]) -> str:

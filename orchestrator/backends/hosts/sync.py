@@ -18,23 +18,18 @@ import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import HostError, MissingTool
 from orchestrator.fanout import GroupResult, fan_out
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import SyncSpec
 from orchestrator.model.workers import sync_dir
-from orchestrator.paths import controller_path
-from orchestrator.values import boolean, describe, string
-from orchestrator.yamlsource import LineList, LineMap
 
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Host
 
 SYNC_TIMEOUT = 1800.0
-SYNC_KEYS = ("source", "exclude", "git")
 
 
 @dataclass(frozen=True)
@@ -63,42 +58,6 @@ class SyncReport:
         changed = f"{files} file(s) changed" + (f", {deleted} deleted" if deleted else "")
         return (f"{changed}, {_size(sent)} sent to {len(ok)} host(s) "
                 f"in {slowest:.1f} s")  # fmt: skip
-
-
-def parse_sync(value: Any, line: int | None, report: Any, base: Path) -> SyncSpec | None:
-    """`sync: DIR` or `sync: {source: DIR, exclude: [...], git: false}` (paths relative to the
-    inventory file). `report` is the inventory's problem collector."""
-    block = LineMap() if not isinstance(value, LineMap) else value
-    if isinstance(value, str):
-        block["source"] = value
-    elif not isinstance(value, LineMap):
-        report.add(line, "sync", f"expected a directory or a mapping, got {describe(value)}")
-        return None
-    report.unknown_keys(block, SYNC_KEYS, "sync")
-    source, problem = string(block.get("source"))
-    if problem:
-        report.add(block.key_lines.get("source", line), "sync.source", f"{problem}; the "
-                   "directory to mirror to every host")  # fmt: skip
-        return None
-    path = controller_path(source, base)
-    if not path.is_dir():
-        report.add(block.key_lines.get("source", line), "sync.source", f"no such directory: {path}")
-        return None
-    excludes: list[str] = []
-    raw = block.get("exclude", LineList())
-    if not isinstance(raw, LineList):
-        report.add(block.key_lines.get("exclude"), "sync.exclude", "expected a list of patterns")
-    else:
-        for index, item in enumerate(raw):
-            pattern, problem = string(item)
-            if problem:
-                report.add(raw.item_lines[index], f"sync.exclude[{index}]", problem)
-            else:
-                excludes.append(pattern)
-    git, problem = boolean(block.get("git", False))
-    if problem:
-        report.add(block.key_lines.get("git"), "sync.git", problem)
-    return SyncSpec(str(path), tuple(excludes), bool(git))
 
 
 def rsync_argv(spec: SyncSpec, shell: Sequence[str], target: str, destination: str) -> list[str]:

@@ -26,17 +26,16 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from orchestrator.config.report import Report, line_of
+from orchestrator.config.sources.hosts import Placed
 from orchestrator.machines import kinds
-from orchestrator.model.inventory import DEFAULT_CONNECTION
+from orchestrator.model.inventory import DEFAULT_CONNECTION, Host
 from orchestrator.model.slurm import DEFAULT_PORT, LoginNode, SlurmSpec
 from orchestrator.paths import controller_path
 from orchestrator.values import PORT, POSITIVE, Checked, Checker, describe, integer, string
 from orchestrator.yamlsource import LineList, LineMap
-
-if TYPE_CHECKING:
-    from orchestrator.inventory import Placed, _Report
 
 # Slurm's --time formats.
 TIME_PATTERN = re.compile(r"^(\d+(:\d{2}){0,2}|\d+-\d+(:\d{2}){0,2})$")
@@ -92,12 +91,11 @@ SLURM_KEYS: dict[str, Checker] = {
 }
 
 
-def parse_slurm(document: LineMap, report: _Report, base: Path) -> SlurmSpec | None:
-    from orchestrator.inventory import _line
+def parse_slurm(document: LineMap, report: Report, base: Path) -> SlurmSpec | None:
 
     block = document.get("slurm")
     if not isinstance(block, LineMap):
-        report.add(_line(document, "slurm"), "slurm",
+        report.add(line_of(document, "slurm"), "slurm",
                    f"expected a mapping with at least 'nodes', got {describe(block)}")  # fmt: skip
         return None
     report.unknown_keys(block, SLURM_KEYS, "slurm")
@@ -111,19 +109,18 @@ def parse_slurm(document: LineMap, report: _Report, base: Path) -> SlurmSpec | N
         values["login"] = _login(block, report, base)
     for key in ("defaults", "spares"):
         if key in document:
-            report.add(_line(document, key), key,
+            report.add(line_of(document, key), key,
                        "applies to 'hosts:'; with 'slurm:' Slurm chooses the nodes")  # fmt: skip
     if len(report.problems) > before:
         return None
     return SlurmSpec(**values)
 
 
-def _sbatch_args(block: LineMap, report: _Report) -> tuple[str, ...]:
-    from orchestrator.inventory import _line
+def _sbatch_args(block: LineMap, report: Report) -> tuple[str, ...]:
 
     raw = block["sbatch_args"]
     if not isinstance(raw, LineList):
-        report.add(_line(block, "sbatch_args"), "slurm.sbatch_args",
+        report.add(line_of(block, "sbatch_args"), "slurm.sbatch_args",
                    "expected a list of strings, e.g. ['--qos=high']")  # fmt: skip
         return ()
     args = []
@@ -147,14 +144,13 @@ def _sbatch_args(block: LineMap, report: _Report) -> tuple[str, ...]:
     return tuple(args)
 
 
-def _login(block: LineMap, report: _Report, base: Path) -> LoginNode | None:
+def _login(block: LineMap, report: Report, base: Path) -> LoginNode | None:
     """`slurm.login:`, read with the SSH kind's own keys, checkers and ssh-config resolution,
     so `ssh_user: x` means here what it means on a host."""
-    from orchestrator.inventory import _line
 
     raw = block["login"]
     if not isinstance(raw, LineMap):
-        report.add(_line(block, "login"), "slurm.login",
+        report.add(line_of(block, "login"), "slurm.login",
                    f"expected a mapping with at least 'address', got {describe(raw)}")  # fmt: skip
         return None
     keys: dict[str, Checker] = {"address": string, "python": string, **_SSH.keys}
@@ -168,7 +164,7 @@ def _login(block: LineMap, report: _Report, base: Path) -> LoginNode | None:
         return None
 
     def problem(key: str, message: str) -> None:
-        report.add(_line(raw, key), f"slurm.login.{key}", message)
+        report.add(line_of(raw, key), f"slurm.login.{key}", message)
 
     _SSH.prepare(values, problem, base)
     if len(report.problems) > before:
@@ -183,7 +179,6 @@ def slurm_workers(spec: SlurmSpec, base: Path) -> list[Placed]:
     """One worker per node. They are reached through the login node, which sees the shared
     filesystem (this machine, or `login:` over SSH); Slurm decides later which node each one
     runs on."""
-    from orchestrator.model.inventory import Host
 
     placed: list[Placed] = []
     for index in range(spec.nodes):
@@ -202,6 +197,15 @@ def slurm_workers(spec: SlurmSpec, base: Path) -> list[Placed]:
 
 # Without `login:` the files of a Slurm run are read where `orchestrate` runs (the login node);
 # with it, over SSH: the default connection kind, whose keys `login:` takes.
+
+
+def slurm_source(
+    document: LineMap, _defaults: LineMap, report: Report, base: Path
+) -> tuple[list[Placed], SlurmSpec | None]:
+    spec = parse_slurm(document, report, base)
+    return (slurm_workers(spec, base) if spec else []), spec
+
+
 _LOCAL = next(kinds.get(name) for name in kinds.names()
               if kinds.get(name).shares_files_with_controller)  # fmt: skip
 _SSH = kinds.get(DEFAULT_CONNECTION)

@@ -6,30 +6,36 @@ key path and what was expected.
 
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.backends.hosts.setup import parse_setup
-from orchestrator.backends.hosts.sync import parse_sync
+from orchestrator.config.report import Report, line_of
+from orchestrator.config.setup import parse_setup
+from orchestrator.config.sources.ansible import parse_ansible
+from orchestrator.config.sources.hosts import (
+    PER_HOST_ONLY,
+    Placed,
+    host_keys,
+    hosts_source,
+    parse_hosts,
+)
+from orchestrator.config.sources.slurm import slurm_source
+from orchestrator.config.sync import parse_sync
 from orchestrator.contract import (
     EXPORT_FORMATS,
     KERAS_SETTINGS,
     LEGACY_KERAS_ENV,
     RESERVED_ENV_PREFIXES,
-    device_setting_problems,
     task_problem,
 )
-from orchestrator.errors import InventoryError, Problem
-from orchestrator.machines import kinds
-from orchestrator.model.inventory import DEFAULT_CONNECTION, DEFAULT_WORKDIR, Host, Inventory, Job
+from orchestrator.errors import InventoryError
+from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.paths import controller_path, is_loopback
 from orchestrator.values import (
     NAME_PATTERN,
-    PORT,
     POSITIVE,
     Checked,
     Checker,
@@ -53,24 +59,6 @@ def _task(value: Any) -> Checked:
     problem = task_problem(value)
     return (None, problem) if problem else (value, None)
 
-
-def _connection(value: Any) -> Checked:
-    return choice(*kinds.names())(value)
-
-
-HOST_KEYS: dict[str, Checker] = {
-    "name": name,
-    "address": string,
-    "port": PORT,
-    "connection": _connection,
-    "python": string,
-    "workdir": string,
-    "gpu_memory_growth": boolean,
-    "gpu_memory_limit_mb": integer(1),
-    "visible_gpus": integers(0),
-    "logical_gpus": integer(1),
-}
-PER_HOST_ONLY = ("name", "address")
 
 JOB_KEYS: dict[str, Checker] = {
     "name": name,
@@ -105,72 +93,22 @@ JOB_KEYS: dict[str, Checker] = {
 # Keys parsed by their own functions below (lists and mappings, checked per item).
 LIST_JOB_KEYS = ("args", "env", "secret_env", "files", "permanent_exit_codes")
 
-Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
 # A host source turns its top-level block into the workers, in TF_CONFIG order, and the
 # scheduler's settings if a scheduler places them. An inventory takes exactly one; spares (and
 # later min_hosts) apply to whatever it produced.
-HostSource = Callable[[LineMap, LineMap, "_Report", Path], tuple[list[Placed], Any]]
-HOST_SOURCES: dict[str, HostSource] = {}
+HostSource = Callable[[LineMap, LineMap, Report, Path], tuple[list[Placed], Any]]
+HOST_SOURCES: dict[str, HostSource] = {
+    "hosts": hosts_source,
+    "slurm": slurm_source,
+    "ansible": parse_ansible,
+}
 TOP_KEYS: tuple[str, ...] = ("defaults", "spares", "min_hosts", "setup", "sync", "job")
-
-
-def _host_keys() -> dict[str, Checker]:
-    """The common keys and every registered kind's own keys."""
-    return {**HOST_KEYS, **kinds.all_keys()}  # type: ignore[dict-item]
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-class _Report:
-    """Collects problems of one file."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.problems: list[Problem] = []
-
-    def add(self, line: int | None, key: str, message: str) -> None:
-        self.problems.append(Problem(self.path, line, key, message))
-
-    def checked(self, mapping: LineMap, checkers: dict[str, Checker], where: str,
-                skip: Collection[str] = ()) -> dict[str, Any]:  # fmt: skip
-        """The values of `mapping` that pass their checker; a problem for each that does not."""
-        values: dict[str, Any] = {}
-        for key, check in checkers.items():
-            if key not in mapping or key in skip:
-                continue
-            value, problem = check(mapping[key])
-            if problem:
-                self.add(_line(mapping, key), _join(where, key), problem)
-            else:
-                values[key] = value
-        return values
-
-    def unknown_keys(self, mapping: LineMap, known: tuple[str, ...] | dict[str, Any], where: str):
-        for key in mapping:
-            if key in known:
-                continue
-            guess = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f"did you mean '{guess[0]}'?" if guess else f"known keys: {', '.join(known)}"
-            self.add(mapping.key_lines.get(key), _join(where, key), f"unknown key; {hint}")
-        for key, line in mapping.duplicate_keys:
-            self.add(line, _join(where, key), "repeated key; each key may appear once")
-
-
-def _join(where: str, key: Any) -> str:
-    return f"{where}.{key}" if where else str(key)
-
-
-def _line(mapping: Any, key: Any) -> int | None:
-    if isinstance(mapping, LineMap):
-        return mapping.key_lines.get(key, mapping.line)
-    return None
 
 
 def load_inventory(path: str | Path) -> Inventory:
     """Read, validate and resolve an inventory file; raises InventoryError listing every problem."""
     source = Path(path)
-    report = _Report(str(path))
+    report = Report(str(path))
     try:
         text = source.read_text(encoding="utf-8")
     except OSError as exc:
@@ -187,7 +125,7 @@ def load_inventory(path: str | Path) -> Inventory:
 def load_inventory_text(text: str, label: str, base_dir: Path, stem: str) -> Inventory:
     """An inventory held in memory (`orchestrate local`'s), read as if it were the file `label`
     in `base_dir`: relative paths resolve there, and local workers start there."""
-    report = _Report(label)
+    report = Report(label)
     try:
         document = parse(text)
     except YamlSyntaxError as exc:
@@ -199,7 +137,7 @@ def load_inventory_text(text: str, label: str, base_dir: Path, stem: str) -> Inv
     return inventory
 
 
-def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -> Inventory | None:
+def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) -> Inventory | None:
     if not isinstance(document, LineMap):
         report.add(
             None, "", f"expected a mapping with 'hosts:' and 'job:', got {describe(document)}"
@@ -208,27 +146,27 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
     report.unknown_keys(document, (*HOST_SOURCES, *TOP_KEYS), "")
     defaults = document.get("defaults") or LineMap()  # an empty `defaults:` is None in YAML
     if not isinstance(defaults, LineMap):
-        report.add(_line(document, "defaults"), "defaults", "expected a mapping of host keys")
+        report.add(line_of(document, "defaults"), "defaults", "expected a mapping of host keys")
         defaults = LineMap()
-    report.unknown_keys(defaults, _host_keys(), "defaults")
+    report.unknown_keys(defaults, host_keys(), "defaults")
     for key in PER_HOST_ONLY:
         if key in defaults:
-            report.add(_line(defaults, key), f"defaults.{key}", "must be set on each host")
+            report.add(line_of(defaults, key), f"defaults.{key}", "must be set on each host")
     placed, scheduler = _workers(document, defaults, report, base_dir)
-    spares = _parse_hosts(document, defaults, report, base_dir, key="spares")
+    spares = parse_hosts(document, defaults, report, base_dir, key="spares")
     _check_unique_hosts(placed + spares, report)
     hosts = [host for _, _, host in placed]
     job = _parse_job(document, report, stem, base_dir)
     if job is not None:
         _check_job_fits_hosts(job, hosts, document, report)
     min_hosts = _parse_min_hosts(document, len(hosts), report)
-    setup = parse_setup(document["setup"], _line(document, "setup"), report) \
+    setup = parse_setup(document["setup"], line_of(document, "setup"), report) \
         if "setup" in document else ()  # fmt: skip
-    sync = parse_sync(document["sync"], _line(document, "sync"), report, base_dir) \
+    sync = parse_sync(document["sync"], line_of(document, "sync"), report, base_dir) \
         if "sync" in document else None  # fmt: skip
     for key in ("setup", "sync"):
         if key in document and isinstance(scheduler, SlurmSpec):
-            report.add(_line(document, key), key, "applies to hosts reached over SSH (hosts: "
+            report.add(line_of(document, key), key, "applies to hosts reached over SSH (hosts: "
                        "or ansible:); on Slurm, prepare the nodes' shared environment")  # fmt: skip
     if job is None or report.problems:
         return None
@@ -245,29 +183,29 @@ def parse_inventory(document: Any, report: _Report, base_dir: Path, stem: str) -
     )
 
 
-def _parse_min_hosts(document: LineMap, count: int, report: _Report) -> int | None:
+def _parse_min_hosts(document: LineMap, count: int, report: Report) -> int | None:
     if "min_hosts" not in document:
         return None
     value, problem = integer(1, max(count, 1))(document["min_hosts"])
     if problem:
-        report.add(_line(document, "min_hosts"), "min_hosts",
+        report.add(line_of(document, "min_hosts"), "min_hosts",
                    f"{problem} (the number of workers a restart may go on with)")  # fmt: skip
         return None
     return int(value)
 
 
-def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report: _Report) -> None:
+def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report: Report) -> None:
     block = document["job"]
     if job.strategy == "mirrored" and len(hosts) > 1:
         report.add(
-            _line(block, "strategy"),
+            line_of(block, "strategy"),
             "job.strategy",
             f"mirrored runs on one host, but {len(hosts)} hosts are listed; "
             "use multi-worker for several hosts",
         )
     if job.profile_steps and job.profile_steps[0] >= job.profile_steps[1]:
         report.add(
-            _line(block, "profile_steps"),
+            line_of(block, "profile_steps"),
             "job.profile_steps",
             f"expected [start, end] with start < end, got {list(job.profile_steps)}",
         )
@@ -283,10 +221,10 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
                 )
         for key in ("strategy", "profile_steps", "eval_every", "export", "steps_per_call", "seed"):
             if key in block:
-                report.add(_line(block, key), f"job.{key}", "applies to job.task only")
+                report.add(line_of(block, key), f"job.{key}", "applies to job.task only")
 
 
-def _check_steps_per_call(job: Job, block: LineMap, report: _Report) -> None:
+def _check_steps_per_call(job: Job, block: LineMap, report: Report) -> None:
     """The worker refuses the same (worker.config.check_steps_per_call); said here with lines."""
     k = job.steps_per_call
     for key in ("log_every", "checkpoint_every", "eval_every"):
@@ -294,7 +232,7 @@ def _check_steps_per_call(job: Job, block: LineMap, report: _Report) -> None:
         if k > 1 and every is not None and every % k:
             where = key if key in block else "steps_per_call"
             report.add(
-                _line(block, where),
+                line_of(block, where),
                 f"job.{key}",
                 f"{every} must be a multiple of steps_per_call ({k}): the worker sees the "
                 f"steps only at the end of each call of {k} steps"
@@ -303,12 +241,12 @@ def _check_steps_per_call(job: Job, block: LineMap, report: _Report) -> None:
 
 
 def _workers(
-    document: LineMap, defaults: LineMap, report: _Report, base: Path
+    document: LineMap, defaults: LineMap, report: Report, base: Path
 ) -> tuple[list[Placed], Any]:
     present = [key for key in HOST_SOURCES if key in document]
     if len(present) > 1:
         report.add(
-            _line(document, present[1]),
+            line_of(document, present[1]),
             present[1],
             f"set exactly one of {', '.join(HOST_SOURCES)}: each lists the workers",
         )
@@ -320,85 +258,7 @@ def _workers(
     return HOST_SOURCES[present[0]](document, defaults, report, base)
 
 
-def _parse_hosts(
-    document: LineMap, defaults: LineMap, report: _Report, base: Path, key: str = "hosts"
-) -> list[Placed]:
-    """The `hosts:` list (required, non-empty) or the `spares:` list (optional)."""
-    entries = document.get(key)
-    if key not in document:
-        return []
-    if not isinstance(entries, LineList) or (key == "hosts" and not entries):
-        report.add(_line(document, key), key, f"expected a non-empty list of {key}")
-        return []
-    placed: list[Placed] = []
-    for index, entry in enumerate(entries):
-        where = f"{key}[{index}]"
-        if not isinstance(entry, LineMap):
-            report.add(entries.item_lines[index], where, f"expected a mapping, got {entry!r}")
-            continue
-        report.unknown_keys(entry, _host_keys(), where)
-        host = _parse_host(entry, defaults, report, where, base)
-        if host is not None:
-            placed.append((where, entries.item_lines[index], host))
-    return placed
-
-
-def _parse_host(
-    entry: LineMap, defaults: LineMap, report: _Report, where: str, base: Path
-) -> Host | None:
-    values: dict[str, Any] = {}
-    ok = True
-    for key, check in _host_keys().items():
-        source, prefix = (entry, where) if key in entry else (defaults, "defaults")
-        if key not in source:
-            continue
-        value, problem = check(source[key])
-        if problem:
-            report.add(_line(source, key), f"{prefix}.{key}", problem)
-            ok = False
-        else:
-            values[key] = value
-    for key in ("name", "address", "port"):
-        if key not in values and key not in entry and key not in defaults:
-            report.add(
-                entry.line, f"{where}.{key}", "missing; every host needs name, address, port"
-            )
-            ok = False
-    problems = device_setting_problems(
-        bool(values.get("gpu_memory_growth")),
-        values.get("gpu_memory_limit_mb"),
-        values.get("logical_gpus"),
-    )
-    for key, message in problems:
-        report.add(_line(entry if key in entry else defaults, key), f"{where}.{key}", message)
-        ok = False
-    if not ok:
-        return None
-    kind = kinds.get(values.get("connection", DEFAULT_CONNECTION))
-    for key in [k for k in kinds.all_keys() if k not in kind.keys]:
-        if key in entry:
-            report.add(_line(entry, key), f"{where}.{key}",
-                       f"applies to another connection kind, not to {kind.name}")  # fmt: skip
-            ok = False
-        values.pop(key, None)  # from defaults shared with hosts of another kind
-    values.setdefault("workdir", DEFAULT_WORKDIR)
-
-    def report_problem(key: str, message: str) -> None:
-        report.add(_line(entry if key in entry else defaults, key), f"{where}.{key}", message)
-
-    before = len(report.problems)
-    kind.prepare(values, report_problem, base)
-    if len(report.problems) > before or not ok:
-        return None
-    for key in kind.controller_paths:
-        if key in values:
-            values[key] = str(controller_path(values[key], base))
-    settings = kind.settings(values)
-    common = {key: value for key, value in values.items() if key in HOST_KEYS}
-    return Host(**common, settings=settings)
-
-
-def _check_unique_hosts(placed: list[Placed], report: _Report) -> None:
+def _check_unique_hosts(placed: list[Placed], report: Report) -> None:
     seen_names: dict[str, str] = {}
     seen_endpoints: dict[tuple[str, int], str] = {}
     for where, line, host in placed:
@@ -422,20 +282,20 @@ def _check_unique_hosts(placed: list[Placed], report: _Report) -> None:
         seen_endpoints.setdefault(endpoint, where)
 
 
-def _parse_job(document: LineMap, report: _Report, stem: str, base: Path) -> Job | None:
+def _parse_job(document: LineMap, report: Report, stem: str, base: Path) -> Job | None:
     block = document.get("job")
     if "job" not in document:
         report.add(document.line, "job", "missing; say what to run with job.task or job.script")
         return None
     if not isinstance(block, LineMap):
-        report.add(_line(document, "job"), "job", "expected a mapping")
+        report.add(line_of(document, "job"), "job", "expected a mapping")
         return None
     report.unknown_keys(block, JOB_KEYS, "job")
     values = report.checked(block, JOB_KEYS, "job", skip=LIST_JOB_KEYS)
     if "script" in values:
         script = controller_path(values["script"], base)
         if not script.is_file():
-            report.add(_line(block, "script"), "job.script", f"no such file: {script}")
+            report.add(line_of(block, "script"), "job.script", f"no such file: {script}")
         values["script"] = str(script)
     values["args"] = _parse_args(block, report)
     values["files"] = _parse_files(block, report, base)
@@ -456,10 +316,10 @@ def _parse_job(document: LineMap, report: _Report, stem: str, base: Path) -> Job
     return Job(**values)
 
 
-def _parse_args(block: LineMap, report: _Report) -> tuple[str, ...]:
+def _parse_args(block: LineMap, report: Report) -> tuple[str, ...]:
     raw = block.get("args", LineList())
     if not isinstance(raw, LineList):
-        report.add(_line(block, "args"), "job.args", "expected a list of strings")
+        report.add(line_of(block, "args"), "job.args", "expected a list of strings")
         return ()
     args = []
     for index, item in enumerate(raw):
@@ -471,10 +331,10 @@ def _parse_args(block: LineMap, report: _Report) -> tuple[str, ...]:
     return tuple(args)
 
 
-def _parse_exit_codes(block: LineMap, report: _Report) -> tuple[int, ...]:
+def _parse_exit_codes(block: LineMap, report: Report) -> tuple[int, ...]:
     raw = block["permanent_exit_codes"]
     if not isinstance(raw, LineList):
-        report.add(_line(block, "permanent_exit_codes"), "job.permanent_exit_codes",
+        report.add(line_of(block, "permanent_exit_codes"), "job.permanent_exit_codes",
                    "expected a list of exit codes")  # fmt: skip
         return ()
     codes = []
@@ -487,10 +347,10 @@ def _parse_exit_codes(block: LineMap, report: _Report) -> tuple[int, ...]:
     return tuple(codes)
 
 
-def _parse_files(block: LineMap, report: _Report, base: Path) -> tuple[str, ...]:
+def _parse_files(block: LineMap, report: Report, base: Path) -> tuple[str, ...]:
     raw = block.get("files", LineList())
     if not isinstance(raw, LineList):
-        report.add(_line(block, "files"), "job.files", "expected a list of paths")
+        report.add(line_of(block, "files"), "job.files", "expected a list of paths")
         return ()
     files = []
     for index, item in enumerate(raw):
@@ -505,37 +365,37 @@ def _parse_files(block: LineMap, report: _Report, base: Path) -> tuple[str, ...]
     return tuple(files)
 
 
-def _parse_env(block: LineMap, report: _Report) -> dict[str, str]:
+def _parse_env(block: LineMap, report: Report) -> dict[str, str]:
     raw = block.get("env", LineMap())
     if not isinstance(raw, LineMap):
-        report.add(_line(block, "env"), "job.env", "expected a mapping of NAME: value")
+        report.add(line_of(block, "env"), "job.env", "expected a mapping of NAME: value")
         return {}
     env = {}
     for key, item in raw.items():
         where = f"job.env.{key}"
         if not isinstance(key, str) or not ENV_NAME_PATTERN.match(key):
-            report.add(_line(raw, key), where, "expected an environment variable name")
+            report.add(line_of(raw, key), where, "expected an environment variable name")
             continue
         if key.startswith(RESERVED_ENV_PREFIXES):
-            report.add(_line(raw, key), where, "is set by orchestrate for each worker")
+            report.add(line_of(raw, key), where, "is set by orchestrate for each worker")
             continue
         if key == LEGACY_KERAS_ENV:
-            report.add(_line(raw, key), where,
+            report.add(line_of(raw, key), where,
                        "set 'job.keras: legacy' instead: orchestrate then sets it on every "
                        "worker and checks that tf_keras is installed")  # fmt: skip
             continue
         value, problem = scalar_string(item)
         if problem:
-            report.add(_line(raw, key), where, problem)
+            report.add(line_of(raw, key), where, problem)
         else:
             env[key] = value
     return env
 
 
-def _parse_secret_env(block: LineMap, report: _Report, env: Mapping[str, str]) -> tuple[str, ...]:
+def _parse_secret_env(block: LineMap, report: Report, env: Mapping[str, str]) -> tuple[str, ...]:
     raw = block.get("secret_env", LineList())
     if not isinstance(raw, LineList):
-        report.add(_line(block, "secret_env"), "job.secret_env",
+        report.add(line_of(block, "secret_env"), "job.secret_env",
                    "expected a list of environment variable names")  # fmt: skip
         return ()
     names: list[str] = []
@@ -554,26 +414,3 @@ def _parse_secret_env(block: LineMap, report: _Report, env: Mapping[str, str]) -
         else:
             names.append(item)
     return tuple(names)
-
-
-def _hosts_source(
-    document: LineMap, defaults: LineMap, report: _Report, base: Path
-) -> tuple[list[Placed], None]:
-    return _parse_hosts(document, defaults, report, base), None
-
-
-def _slurm_source(
-    document: LineMap, _defaults: LineMap, report: _Report, base: Path
-) -> tuple[list[Placed], SlurmSpec | None]:
-    from orchestrator.config.sources.slurm import parse_slurm, slurm_workers
-
-    spec = parse_slurm(document, report, base)
-    return (slurm_workers(spec, base) if spec else []), spec
-
-
-HOST_SOURCES["hosts"] = _hosts_source
-HOST_SOURCES["slurm"] = _slurm_source
-# The `ansible:` source reuses this module's host parsing, so it registers after it exists.
-from orchestrator import ansiblesource  # noqa: E402
-
-HOST_SOURCES["ansible"] = ansiblesource.parse_ansible

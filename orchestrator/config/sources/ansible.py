@@ -23,14 +23,13 @@ import contextlib
 import io
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from orchestrator.config.report import Report
+from orchestrator.config.sources.hosts import Placed, host_keys, parse_host
 from orchestrator.paths import controller_path
 from orchestrator.values import string
 from orchestrator.yamlsource import LineMap
-
-if TYPE_CHECKING:
-    from orchestrator.inventory import Placed, _Report
 
 EXTRA = "orchestrate[ansible]"
 ANSIBLE_KEYS = ("inventory", "group", "port_var")
@@ -57,16 +56,15 @@ class MissingGroup(Exception):
 
 
 def parse_ansible(
-    document: LineMap, defaults: LineMap, report: _Report, base: Path
+    document: LineMap, defaults: LineMap, report: Report, base: Path
 ) -> tuple[list[Placed], None]:
     """The host source's entry point (inventory.HOST_SOURCES): the workers, no scheduler."""
     return _ansible_hosts(document, defaults, report, base), None
 
 
 def _ansible_hosts(
-    document: LineMap, defaults: LineMap, report: _Report, base: Path
+    document: LineMap, defaults: LineMap, report: Report, base: Path
 ) -> list[Placed]:
-    from orchestrator.inventory import _host_keys, _parse_host  # this source is its plug-in
 
     block = document["ansible"]
     line = document.key_lines.get("ansible")
@@ -108,7 +106,7 @@ def _ansible_hosts(
                    f"group {values['group']!r} of {path} has no hosts")  # fmt: skip
         return []
     placed: list[Placed] = []
-    known = _host_keys()
+    known = host_keys()
     for name, variables in found:
         where = f"ansible[{name}]"
         entry = host_entry(name, variables, values["port_var"], known)
@@ -118,7 +116,7 @@ def _ansible_hosts(
                        f"{values['port_var']!r} in the Ansible inventory, or 'port' under "
                        "defaults:")  # fmt: skip
             continue
-        host = _parse_host(entry, defaults, report, where, base)
+        host = parse_host(entry, defaults, report, where, base)
         if host is not None:
             placed.append((where, where_line, host))
     return placed

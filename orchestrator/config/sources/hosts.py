@@ -1,0 +1,135 @@
+"""The `hosts:` host source: a list of host entries (and `spares:`, read the same way), each
+checked against the common host keys and its connection kind's own keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.report import Report, line_of
+from orchestrator.contract import device_setting_problems
+from orchestrator.machines import kinds
+from orchestrator.model.inventory import DEFAULT_CONNECTION, DEFAULT_WORKDIR, Host
+from orchestrator.paths import controller_path
+from orchestrator.values import (
+    PORT,
+    Checked,
+    Checker,
+    boolean,
+    choice,
+    integer,
+    integers,
+    name,
+    string,
+)
+from orchestrator.yamlsource import LineList, LineMap
+
+Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
+
+
+def _connection(value: Any) -> Checked:
+    return choice(*kinds.names())(value)
+
+
+HOST_KEYS: dict[str, Checker] = {
+    "name": name,
+    "address": string,
+    "port": PORT,
+    "connection": _connection,
+    "python": string,
+    "workdir": string,
+    "gpu_memory_growth": boolean,
+    "gpu_memory_limit_mb": integer(1),
+    "visible_gpus": integers(0),
+    "logical_gpus": integer(1),
+}
+PER_HOST_ONLY = ("name", "address")
+
+
+def host_keys() -> dict[str, Checker]:
+    """The common keys and every registered kind's own keys."""
+    return {**HOST_KEYS, **kinds.all_keys()}  # type: ignore[dict-item]
+
+
+def parse_hosts(
+    document: LineMap, defaults: LineMap, report: Report, base: Path, key: str = "hosts"
+) -> list[Placed]:
+    """The `hosts:` list (required, non-empty) or the `spares:` list (optional)."""
+    entries = document.get(key)
+    if key not in document:
+        return []
+    if not isinstance(entries, LineList) or (key == "hosts" and not entries):
+        report.add(line_of(document, key), key, f"expected a non-empty list of {key}")
+        return []
+    placed: list[Placed] = []
+    for index, entry in enumerate(entries):
+        where = f"{key}[{index}]"
+        if not isinstance(entry, LineMap):
+            report.add(entries.item_lines[index], where, f"expected a mapping, got {entry!r}")
+            continue
+        report.unknown_keys(entry, host_keys(), where)
+        host = parse_host(entry, defaults, report, where, base)
+        if host is not None:
+            placed.append((where, entries.item_lines[index], host))
+    return placed
+
+
+def parse_host(
+    entry: LineMap, defaults: LineMap, report: Report, where: str, base: Path
+) -> Host | None:
+    values: dict[str, Any] = {}
+    ok = True
+    for key, check in host_keys().items():
+        source, prefix = (entry, where) if key in entry else (defaults, "defaults")
+        if key not in source:
+            continue
+        value, problem = check(source[key])
+        if problem:
+            report.add(line_of(source, key), f"{prefix}.{key}", problem)
+            ok = False
+        else:
+            values[key] = value
+    for key in ("name", "address", "port"):
+        if key not in values and key not in entry and key not in defaults:
+            report.add(
+                entry.line, f"{where}.{key}", "missing; every host needs name, address, port"
+            )
+            ok = False
+    problems = device_setting_problems(
+        bool(values.get("gpu_memory_growth")),
+        values.get("gpu_memory_limit_mb"),
+        values.get("logical_gpus"),
+    )
+    for key, message in problems:
+        report.add(line_of(entry if key in entry else defaults, key), f"{where}.{key}", message)
+        ok = False
+    if not ok:
+        return None
+    kind = kinds.get(values.get("connection", DEFAULT_CONNECTION))
+    for key in [k for k in kinds.all_keys() if k not in kind.keys]:
+        if key in entry:
+            report.add(line_of(entry, key), f"{where}.{key}",
+                       f"applies to another connection kind, not to {kind.name}")  # fmt: skip
+            ok = False
+        values.pop(key, None)  # from defaults shared with hosts of another kind
+    values.setdefault("workdir", DEFAULT_WORKDIR)
+
+    def report_problem(key: str, message: str) -> None:
+        report.add(line_of(entry if key in entry else defaults, key), f"{where}.{key}", message)
+
+    before = len(report.problems)
+    kind.prepare(values, report_problem, base)
+    if len(report.problems) > before or not ok:
+        return None
+    for key in kind.controller_paths:
+        if key in values:
+            values[key] = str(controller_path(values[key], base))
+    settings = kind.settings(values)
+    common = {key: value for key, value in values.items() if key in HOST_KEYS}
+    return Host(**common, settings=settings)
+
+
+def hosts_source(
+    document: LineMap, defaults: LineMap, report: Report, base: Path
+) -> tuple[list[Placed], None]:
+    return parse_hosts(document, defaults, report, base), None

@@ -1,0 +1,50 @@
+"""`sync:`: a directory of this machine mirrored to every host (backends/hosts/sync.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.report import Report
+from orchestrator.model.inventory import SyncSpec
+from orchestrator.paths import controller_path
+from orchestrator.values import boolean, describe, string
+from orchestrator.yamlsource import LineList, LineMap
+
+SYNC_KEYS = ("source", "exclude", "git")
+
+
+def parse_sync(value: Any, line: int | None, report: Report, base: Path) -> SyncSpec | None:
+    """`sync: DIR` or `sync: {source: DIR, exclude: [...], git: false}` (paths relative to the
+    inventory file)."""
+    block = LineMap() if not isinstance(value, LineMap) else value
+    if isinstance(value, str):
+        block["source"] = value
+    elif not isinstance(value, LineMap):
+        report.add(line, "sync", f"expected a directory or a mapping, got {describe(value)}")
+        return None
+    report.unknown_keys(block, SYNC_KEYS, "sync")
+    source, problem = string(block.get("source"))
+    if problem:
+        report.add(block.key_lines.get("source", line), "sync.source", f"{problem}; the "
+                   "directory to mirror to every host")  # fmt: skip
+        return None
+    path = controller_path(source, base)
+    if not path.is_dir():
+        report.add(block.key_lines.get("source", line), "sync.source", f"no such directory: {path}")
+        return None
+    excludes: list[str] = []
+    raw = block.get("exclude", LineList())
+    if not isinstance(raw, LineList):
+        report.add(block.key_lines.get("exclude"), "sync.exclude", "expected a list of patterns")
+    else:
+        for index, item in enumerate(raw):
+            pattern, problem = string(item)
+            if problem:
+                report.add(raw.item_lines[index], f"sync.exclude[{index}]", problem)
+            else:
+                excludes.append(pattern)
+    git, problem = boolean(block.get("git", False))
+    if problem:
+        report.add(block.key_lines.get("git"), "sync.git", problem)
+    return SyncSpec(str(path), tuple(excludes), bool(git))
