@@ -17,8 +17,8 @@ from pathlib import Path
 from orchestrator.backends.base import Backend
 from orchestrator.errors import RunStateError
 from orchestrator.machines.kinds import kind_of
+from orchestrator.model.records import RunRecord, WorkerRecord
 from orchestrator.model.workers import export_dir, job_dir_of_run
-from orchestrator.runstore import RunRecord, WorkerRecord
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from orchestrator.backends.base import Backend
 from orchestrator.errors import HostError, RunStateError
 from orchestrator.fanout import fan_out
-from orchestrator.runstore import RunRecord, WorkerRecord
+from orchestrator.model.records import RunRecord, WorkerRecord
 
 
 def select_workers(record: RunRecord, names: Sequence[str]) -> list[WorkerRecord]:

@@ -28,27 +28,15 @@ import json
 import os
 import time
 from contextlib import suppress
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from orchestrator.backends.registry import host_settings
 from orchestrator.errors import RunStateError
-from orchestrator.machines import kinds
-from orchestrator.model.inventory import DEFAULT_CONNECTION, Host, Inventory, Job, SyncSpec
-from orchestrator.model.slurm import LoginNode, SlurmSpec
+from orchestrator.model.records import RunRecord
 
 DEFAULT_STATE_DIR = ".orchestrate"
-
-
-@dataclass(frozen=True)
-class WorkerRecord:
-    name: str
-    index: int
-    host: Host
-    run_dir: str
-    log_path: str
-    checkpoint_dir: str
-    pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -58,118 +46,6 @@ class StopRequest:
 
     id: str
     grace: float
-
-
-@dataclass(frozen=True)
-class Restart:
-    """Why the cluster was restarted: the first worker that failed, how, and at which step."""
-
-    at: float
-    attempt: int  # the attempt that failed
-    worker: str
-    reason: str
-    step: int | None
-    kind: str = "crashed"  # failures.FailureKind's value
-
-    @property
-    def signature(self) -> tuple[str, str, int | None]:
-        return (self.worker, self.kind, self.step)
-
-    def describe(self) -> str:
-        step = f" at step {self.step}" if self.step is not None else ""
-        return f"{self.worker}{step}: {self.reason}"
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    run_id: str
-    inventory: Inventory
-    created_at: float
-    attempt: int = 0
-    workers: tuple[WorkerRecord, ...] = field(default_factory=tuple)
-    restarts: tuple[Restart, ...] = ()
-    outcome: str | None = None  # why supervision gave up, when it did
-    # False from before the first worker of the attempt is started until the last one is: a
-    # record left False by a dead launcher is a half-launched attempt, stopped and started afresh.
-    launched: bool = True
-    # Hosts left out of the cluster because they did not answer (min_hosts); tried again at
-    # each restart and put back when they answer.
-    dropped: tuple[Host, ...] = ()
-    # Whether `down` asked the run to stop (its stop flag exists); read from the state directory
-    # by RunStore.load, never written into the record.
-    stop_requested: bool = field(default=False, compare=False)
-    # A scheduler's job id for each attempt, in order (Slurm: one batch job per attempt).
-    scheduler_jobs: tuple[str, ...] = ()
-
-    @property
-    def job_name(self) -> str:
-        return self.inventory.job.name
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("stop_requested")
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunRecord:
-        workers = tuple(
-            WorkerRecord(**{**worker, "host": _host(worker["host"])}) for worker in data["workers"]
-        )
-        return cls(
-            **{
-                **data,
-                "inventory": _inventory(data["inventory"]),
-                "workers": workers,
-                "restarts": tuple(Restart(**r) for r in data.get("restarts", ())),
-                "dropped": tuple(_host(h) for h in data.get("dropped", ())),
-                "scheduler_jobs": tuple(data.get("scheduler_jobs", ())),
-            }
-        )
-
-
-def _host(data: dict[str, Any]) -> Host:
-    # JSON turns tuples into lists; the frozen dataclasses want them back (and hashable).
-    fields: dict[str, Any] = {
-        k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "settings"
-    }
-    kind = kinds.get(fields.get("connection", DEFAULT_CONNECTION))
-    raw = data.get("settings")  # None: a host made without settings, the kind's defaults
-    return Host(**fields, settings=None if raw is None else kind.settings_from_json(raw))
-
-
-def _inventory(data: dict[str, Any]) -> Inventory:
-    # JSON turns tuples into lists; the frozen dataclasses want them back.
-    job: dict[str, Any] = {
-        k: tuple(v) if isinstance(v, list) else v for k, v in data["job"].items()
-    }
-    return Inventory(
-        path=data["path"],
-        base_dir=data["base_dir"],
-        hosts=tuple(_host(h) for h in data["hosts"]),
-        job=Job(**job),
-        spares=tuple(_host(h) for h in data.get("spares", ())),
-        min_hosts=data.get("min_hosts"),
-        setup=tuple(data.get("setup", ())),
-        sync=_sync(data.get("sync")),
-        slurm=_slurm(data.get("slurm")),
-    )
-
-
-def _slurm(data: dict[str, Any] | None) -> SlurmSpec | None:
-    if data is None:  # a record of a run on hosts (or from before Slurm was a host source)
-        return None
-    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    login = fields.get("login")
-    if login is not None:  # the SSH kind's settings, as a host's are read back
-        ssh = kinds.get(DEFAULT_CONNECTION).settings_from_json(login.get("settings"))
-        fields["login"] = LoginNode(login["address"], login.get("python", "python3"), ssh)
-    return SlurmSpec(**fields)
-
-
-def _sync(data: dict[str, Any] | None) -> SyncSpec | None:
-    if data is None:
-        return None
-    return SyncSpec(data["source"], tuple(data.get("exclude", ())), bool(data.get("git")))
 
 
 class RunStore:
@@ -287,7 +163,8 @@ class RunStore:
             ) from exc
         except (OSError, ValueError, TypeError) as exc:
             raise RunStateError(f"the record of run '{run_id}' is unreadable: {exc}") from exc
-        return replace(RunRecord.from_json(data), stop_requested=self.stop_flag(run_id).exists())
+        record = RunRecord.from_json(data, host_settings)
+        return replace(record, stop_requested=self.stop_flag(run_id).exists())
 
     def exists(self, run_id: str) -> bool:
         return self._run_path(run_id).exists()

@@ -9,7 +9,7 @@ from typing import Any
 from orchestrator.backends.base import Backend
 from orchestrator.failures import classify_exit, explain
 from orchestrator.model.answers import WorkerProbe
-from orchestrator.runstore import Restart, RunRecord, WorkerRecord
+from orchestrator.model.records import Restart, RunRecord, WorkerRecord
 from orchestrator.state import WorkerState, classify, overall
 
 

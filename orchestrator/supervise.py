@@ -53,7 +53,8 @@ from orchestrator.lifecycle import StopReport, launch_attempt, start_standbys, s
 from orchestrator.logs import last_lines
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory, Job
-from orchestrator.runstore import Restart, RunRecord, RunStore, StopRequest, private_dir
+from orchestrator.model.records import Restart, RunRecord
+from orchestrator.runstore import RunStore, StopRequest, private_dir
 from orchestrator.state import ACTIVE, WorkerState
 from orchestrator.status import RunStatus, WorkerStatus, collect_status
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from orchestrator.backends.base import Backend
 from orchestrator.machines.kinds import kind_of
-from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
+from orchestrator.model.records import RunRecord, WorkerRecord
+from orchestrator.runstore import RunStore
 
 
 def chief_event_dir(chief: WorkerRecord) -> str:

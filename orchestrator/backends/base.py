@@ -22,8 +22,8 @@ from orchestrator.model.preflight import DEFAULT_MIN_FREE_BYTES, DEFAULT_PROBE_T
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Host, Inventory
     from orchestrator.model.preflight import PreflightReport
+    from orchestrator.model.records import RunRecord, WorkerRecord
     from orchestrator.model.workers import WorkerSpec
-    from orchestrator.runstore import RunRecord, WorkerRecord
 
 
 class Backend(ABC):

@@ -1,11 +1,14 @@
-"""The one module that names the backends: which one serves an inventory, and which writes an
-export format. Everything above asks here and then speaks only to backends.base.Backend."""
+"""The one module that names the backends: which one serves an inventory, which writes an
+export format, how a connection kind's settings are read back. Everything above asks here and
+then speaks only to backends.base.Backend."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends.base import Backend
+from orchestrator.machines import kinds
 
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Inventory
@@ -21,3 +24,9 @@ def open_backend(inventory: Inventory | None = None) -> Backend:
     from orchestrator.backends.hosts.backend import HostBackend
 
     return HostBackend()
+
+
+def host_settings(connection: str, data: Mapping[str, Any]) -> Any:
+    """A host's settings read back from a run record, as its connection kind's own type
+    (model.records.SettingsReader)."""
+    return kinds.get(connection).settings_from_json(data)

@@ -39,9 +39,10 @@ from orchestrator.config.loader import load_inventory
 from orchestrator.errors import MissingTool, PartialFailure, RunStateError
 from orchestrator.lifecycle import DEFAULT_GRACE, StopReport, first_standbys, start_run
 from orchestrator.model.inventory import Inventory
+from orchestrator.model.records import RunRecord
 from orchestrator.plan import new_run_id
 from orchestrator.render import problems, progress_line, status_table
-from orchestrator.runstore import RunRecord, RunStore
+from orchestrator.runstore import RunStore
 from orchestrator.secretenv import missing_secrets, secret_values, shown_env
 from orchestrator.state import WorkerState
 from orchestrator.status import RunStatus, collect_status

@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator.contract import HISTORY_FILE
 from orchestrator.dashboard.charts import Marker, Series, line_chart
-from orchestrator.runstore import RunRecord
+from orchestrator.model.records import RunRecord
 
 __all__ = ["HISTORY_FILE"]  # watch.py reads the worker's history file by this name
 LOG_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red")  # the order `tail` uses

@@ -28,7 +28,8 @@ from orchestrator.dashboard.model import HISTORY_FILE
 from orchestrator.dashboard.snapshot import read_snapshot
 from orchestrator.errors import HostError, OrchestrateError
 from orchestrator.model.inventory import Inventory
-from orchestrator.runstore import RunRecord, RunStore, WorkerRecord
+from orchestrator.model.records import RunRecord, WorkerRecord
+from orchestrator.runstore import RunStore
 from orchestrator.status import collect_status
 
 LOG_BACKLOG = 300  # lines kept per run for a viewer that connects late

@@ -32,8 +32,8 @@ from orchestrator.model.answers import parse_probe as parse_probe_answer
 from orchestrator.model.inventory import Host
 
 if TYPE_CHECKING:
+    from orchestrator.model.records import WorkerRecord
     from orchestrator.model.workers import WorkerSpec
-    from orchestrator.runstore import WorkerRecord
 
 MachineKey = tuple[str, ...]
 M = TypeVar("M", bound="Machines")

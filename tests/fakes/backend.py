@@ -24,8 +24,8 @@ from orchestrator.model.preflight import (
     DEFAULT_PROBE_TIMEOUT,
     PreflightReport,
 )
+from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import WorkerSpec
-from orchestrator.runstore import WorkerRecord
 
 # A worker's script: attempt number -> the states its probes return in turn (the last repeats).
 Script = Mapping[int, Sequence[Mapping[str, Any]]]

@@ -9,7 +9,7 @@ from orchestrator.dashboard.charts import Marker, Series, line_chart, nice_ticks
 from orchestrator.dashboard.server import needs_token
 from orchestrator.dashboard.watch import attempt_dir
 from orchestrator.model.inventory import Host, Inventory, Job
-from orchestrator.runstore import Restart, RunRecord
+from orchestrator.model.records import Restart, RunRecord
 from worker import progress
 
 

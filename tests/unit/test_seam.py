@@ -17,8 +17,9 @@ from orchestrator.fanout import fan_out, per_machine
 from orchestrator.machines.kinds.ssh import SshSettings
 from orchestrator.model.answers import WorkerProbe, parse_probe, parse_stop
 from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.records import Restart, RunRecord, WorkerRecord
 from orchestrator.render import status_table
-from orchestrator.runstore import Restart, RunRecord, RunStore, WorkerRecord
+from orchestrator.runstore import RunStore
 from orchestrator.status import worker_status
 
 REPO = Path(__file__).resolve().parents[2]

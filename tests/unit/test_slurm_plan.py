@@ -25,8 +25,9 @@ from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.errors import InventoryError
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.answers import ExitRecord, WorkerProbe
+from orchestrator.model.records import RunRecord
 from orchestrator.plan import plan_workers
-from orchestrator.runstore import RunRecord, RunStore
+from orchestrator.runstore import RunStore
 from orchestrator.state import WorkerState, classify
 
 JOB = "job:\n  task: worker.examples.shapes:task\n  steps: 10\n"
@@ -268,7 +269,7 @@ def test_a_login_node_that_refuses_is_named_by_every_view(tmp_path: Path) -> Non
 
     from orchestrator.backends.registry import open_backend
     from orchestrator.errors import ConnectError
-    from orchestrator.runstore import WorkerRecord
+    from orchestrator.model.records import WorkerRecord
     from orchestrator.status import collect_status
 
     with socket.socket() as closed:  # a port on loopback that nothing listens on

@@ -17,9 +17,10 @@ from orchestrator.fanout import GroupResult
 from orchestrator.lifecycle import first_standbys, start_run
 from orchestrator.machines.remote import agent
 from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import WorkerSpec
 from orchestrator.plan import plan_workers
-from orchestrator.runstore import RunStore, WorkerRecord
+from orchestrator.runstore import RunStore
 from orchestrator.state import WorkerState
 from orchestrator.supervise import Supervisor
 from tests.fakes.backend import FakeBackend, exited, running

@@ -15,8 +15,8 @@ from rich.console import Console
 
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.inventory import Host
+from orchestrator.model.records import WorkerRecord
 from orchestrator.render import status_table
-from orchestrator.runstore import WorkerRecord
 from orchestrator.status import RunStatus, worker_status
 from worker import cli
 from worker.export import _swap_in, keras_major

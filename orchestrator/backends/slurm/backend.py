@@ -43,8 +43,8 @@ from orchestrator.model.slurm import SlurmSpec
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Inventory, Job
     from orchestrator.model.preflight import PreflightReport
+    from orchestrator.model.records import RunRecord, WorkerRecord
     from orchestrator.model.workers import WorkerSpec
-    from orchestrator.runstore import RunRecord, WorkerRecord
 
 JOB_ID_FILE = "slurm-job-id"
 SCRIPT_FILE = "batch.sh"

@@ -1,0 +1,148 @@
+"""The record of a run, as the state directory keeps it (engine/runstore.py writes and reads
+the files): the inventory as it was at `up`, the current attempt's workers, every restart.
+
+Decoding lives here with the types; the one thing it cannot know, which settings type a
+connection kind has, is passed in (`SettingsReader`, from the backends' registry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.model.inventory import DEFAULT_CONNECTION, Host, Inventory, Job, SyncSpec
+from orchestrator.model.slurm import LoginNode, SlurmSpec
+
+# (connection kind, its settings as JSON) -> the kind's settings object
+SettingsReader = Callable[[str, Mapping[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    name: str
+    index: int
+    host: Host
+    run_dir: str
+    log_path: str
+    checkpoint_dir: str
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Why the cluster was restarted: the first worker that failed, how, and at which step."""
+
+    at: float
+    attempt: int  # the attempt that failed
+    worker: str
+    reason: str
+    step: int | None
+    kind: str = "crashed"  # failures.FailureKind's value
+
+    @property
+    def signature(self) -> tuple[str, str, int | None]:
+        return (self.worker, self.kind, self.step)
+
+    def describe(self) -> str:
+        step = f" at step {self.step}" if self.step is not None else ""
+        return f"{self.worker}{step}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    inventory: Inventory
+    created_at: float
+    attempt: int = 0
+    workers: tuple[WorkerRecord, ...] = field(default_factory=tuple)
+    restarts: tuple[Restart, ...] = ()
+    outcome: str | None = None  # why supervision gave up, when it did
+    # False from before the first worker of the attempt is started until the last one is: a
+    # record left False by a dead launcher is a half-launched attempt, stopped and started afresh.
+    launched: bool = True
+    # Hosts left out of the cluster because they did not answer (min_hosts); tried again at
+    # each restart and put back when they answer.
+    dropped: tuple[Host, ...] = ()
+    # Whether `down` asked the run to stop (its stop flag exists); read from the state directory
+    # by RunStore.load, never written into the record.
+    stop_requested: bool = field(default=False, compare=False)
+    # A scheduler's job id for each attempt, in order (Slurm: one batch job per attempt).
+    scheduler_jobs: tuple[str, ...] = ()
+
+    @property
+    def job_name(self) -> str:
+        return self.inventory.job.name
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("stop_requested")
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], settings: SettingsReader) -> RunRecord:
+        """`settings` turns a host's settings as JSON back into its connection kind's type."""
+
+        def host(fields: dict[str, Any]) -> Host:
+            return _host(fields, settings)
+
+        workers = tuple(
+            WorkerRecord(**{**worker, "host": host(worker["host"])}) for worker in data["workers"]
+        )
+        return cls(
+            **{
+                **data,
+                "inventory": _inventory(data["inventory"], host, settings),
+                "workers": workers,
+                "restarts": tuple(Restart(**r) for r in data.get("restarts", ())),
+                "dropped": tuple(host(h) for h in data.get("dropped", ())),
+                "scheduler_jobs": tuple(data.get("scheduler_jobs", ())),
+            }
+        )
+
+
+def _host(data: dict[str, Any], settings: SettingsReader) -> Host:
+    # JSON turns tuples into lists; the frozen dataclasses want them back (and hashable).
+    fields: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "settings"
+    }
+    connection = fields.get("connection", DEFAULT_CONNECTION)
+    raw = data.get("settings")  # None: a host made without settings, the kind's defaults
+    return Host(**fields, settings=None if raw is None else settings(connection, raw))
+
+
+def _inventory(
+    data: dict[str, Any], host: Callable[[dict[str, Any]], Host], settings: SettingsReader
+) -> Inventory:
+    # JSON turns tuples into lists; the frozen dataclasses want them back.
+    job: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in data["job"].items()
+    }
+    return Inventory(
+        path=data["path"],
+        base_dir=data["base_dir"],
+        hosts=tuple(host(h) for h in data["hosts"]),
+        job=Job(**job),
+        spares=tuple(host(h) for h in data.get("spares", ())),
+        min_hosts=data.get("min_hosts"),
+        setup=tuple(data.get("setup", ())),
+        sync=_sync(data.get("sync")),
+        slurm=_slurm(data.get("slurm"), settings),
+    )
+
+
+def _slurm(data: dict[str, Any] | None, settings: SettingsReader) -> SlurmSpec | None:
+    if data is None:  # a record of a run on hosts (or from before Slurm was a host source)
+        return None
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    login = fields.get("login")
+    if login is not None:  # the SSH kind's settings, as a host's are read back
+        ssh = settings(DEFAULT_CONNECTION, login.get("settings") or {})
+        fields["login"] = LoginNode(login["address"], login.get("python", "python3"), ssh)
+    return SlurmSpec(**fields)
+
+
+def _sync(data: dict[str, Any] | None) -> SyncSpec | None:
+    if data is None:
+        return None
+    return SyncSpec(data["source"], tuple(data.get("exclude", ())), bool(data.get("git")))
