@@ -63,9 +63,9 @@ from bench.bench_fanout import (
     timed,
 )
 from orchestrator.backends.hosts.backend import HostBackend
-from orchestrator.runstore import RunStore
-from orchestrator.state import WorkerState
-from orchestrator.status import collect_status
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.state import WorkerState
+from orchestrator.engine.status import collect_status
 from tests.cluster.inventories import host_entries, write_inventory
 from tests.cluster.netns import NamespaceCluster, namespace_pids, unavailable_reason
 from tests.conftest import clean_env

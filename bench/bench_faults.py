@@ -30,10 +30,10 @@ from pathlib import Path
 
 from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.config.loader import load_inventory
-from orchestrator.lifecycle import start_run, stop_run
-from orchestrator.runstore import RunStore
-from orchestrator.status import collect_status
-from orchestrator.supervise import Supervisor
+from orchestrator.engine.lifecycle import start_run, stop_run
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.status import collect_status
+from orchestrator.engine.supervise import Supervisor
 from tests.conftest import free_ports
 
 SCRIPT = """\

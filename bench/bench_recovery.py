@@ -55,8 +55,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench.bench_launch import env, free_ports, tf_configs
+from orchestrator.engine.supervise import TASK_SURVIVOR_GRACE
 from orchestrator.model.inventory import Job
-from orchestrator.supervise import TASK_SURVIVOR_GRACE
 from tests.conftest import wait_for
 
 TASK = "worker.examples.shapes:task"

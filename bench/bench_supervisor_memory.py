@@ -24,9 +24,9 @@ import psutil
 
 from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.config.loader import load_inventory
-from orchestrator.lifecycle import start_run, stop_run
-from orchestrator.runstore import RunStore
-from orchestrator.supervise import Supervisor
+from orchestrator.engine.lifecycle import start_run, stop_run
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.supervise import Supervisor
 from tests.cluster.inventories import write_inventory
 from tests.cluster.netns import NamespaceCluster, cleanup_leftovers
 

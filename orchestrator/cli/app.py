@@ -9,10 +9,10 @@ from rich.console import Console
 from rich.text import Text
 
 from orchestrator import __version__
+from orchestrator.engine.runstore import DEFAULT_STATE_DIR, RunStore
 from orchestrator.errors import (
     OrchestrateError,
 )
-from orchestrator.runstore import DEFAULT_STATE_DIR, RunStore
 
 # Piped output is read by people too (CI logs, `| less`): give tables room instead of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)

@@ -14,8 +14,8 @@ import time
 import click
 
 from orchestrator.cli.app import Context, cli, errors, pass_context, run_option
+from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import MissingTool
-from orchestrator.runstore import RunStore
 
 DEFAULT_PORT = 6100
 FINISHED = ("succeeded", "failed", "stopped")

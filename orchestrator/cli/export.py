@@ -13,10 +13,10 @@ from orchestrator.backends.slurm.script import batch_script
 from orchestrator.cli.app import cli, errors
 from orchestrator.config.loader import load_inventory
 from orchestrator.config.sources.slurm import slurm_workers
+from orchestrator.engine.plan import plan_workers
 from orchestrator.errors import ExportRefused
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.slurm import SlurmSpec
-from orchestrator.plan import plan_workers
 
 FORMATS = ("sbatch", "tfjob")
 

@@ -17,6 +17,7 @@ from orchestrator.cli.app import (
     cli,
     errors,
 )
+from orchestrator.cli.render import finding_hints, findings_table, firewall_script
 from orchestrator.config.loader import load_inventory
 from orchestrator.errors import (
     PreflightFailed,
@@ -28,11 +29,6 @@ from orchestrator.model.preflight import (
     DEFAULT_PROBE_TIMEOUT,
     PreflightReport,
     Status,
-)
-from orchestrator.render import (
-    finding_hints,
-    findings_table,
-    firewall_script,
 )
 
 probe_timeout_option = click.option(

@@ -35,18 +35,15 @@ from orchestrator.cli.preflight import (
     run_checks,
     show_findings,
 )
+from orchestrator.cli.render import problems, progress_line, status_table
 from orchestrator.config.loader import load_inventory
-from orchestrator.errors import MissingTool, PartialFailure, RunStateError
-from orchestrator.lifecycle import DEFAULT_GRACE, StopReport, first_standbys, start_run
-from orchestrator.model.inventory import Inventory
-from orchestrator.model.records import RunRecord
-from orchestrator.plan import new_run_id
-from orchestrator.render import problems, progress_line, status_table
-from orchestrator.runstore import RunStore
-from orchestrator.secretenv import missing_secrets, secret_values, shown_env
-from orchestrator.state import WorkerState
-from orchestrator.status import RunStatus, collect_status
-from orchestrator.supervise import (
+from orchestrator.engine.lifecycle import DEFAULT_GRACE, StopReport, first_standbys, start_run
+from orchestrator.engine.plan import new_run_id
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_env
+from orchestrator.engine.state import WorkerState
+from orchestrator.engine.status import RunStatus, collect_status
+from orchestrator.engine.supervise import (
     STANDBY_SLACK,
     Supervisor,
     SupervisorLock,
@@ -58,6 +55,9 @@ from orchestrator.supervise import (
     stop_everything,
     watch,
 )
+from orchestrator.errors import MissingTool, PartialFailure, RunStateError
+from orchestrator.model.inventory import Inventory
+from orchestrator.model.records import RunRecord
 
 PLAIN_REPORT_EVERY = 15.0  # seconds between progress lines when the output is not a terminal
 

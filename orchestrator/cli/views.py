@@ -20,16 +20,13 @@ from orchestrator.cli.app import (
     pass_context,
     run_option,
 )
+from orchestrator.cli.render import problems, status_table
+from orchestrator.engine.exports import export_is_remote, local_export, pull_export
+from orchestrator.engine.logs import follow, last_lines, select_workers
+from orchestrator.engine.state import WorkerState
+from orchestrator.engine.status import collect_status
+from orchestrator.engine.tensorboard import events_are_remote, local_event_dir, pull_events
 from orchestrator.errors import MissingTool, PartialFailure
-from orchestrator.exports import export_is_remote, local_export, pull_export
-from orchestrator.logs import follow, last_lines, select_workers
-from orchestrator.render import (
-    problems,
-    status_table,
-)
-from orchestrator.state import WorkerState
-from orchestrator.status import collect_status
-from orchestrator.tensorboard import events_are_remote, local_event_dir, pull_events
 
 
 @cli.command()

@@ -112,7 +112,7 @@ def create_app(hub: Hub, token: str | None = None) -> ASGIApp:
     async def runs(request: Request) -> Response:
         def summaries() -> list[dict[str, Any]]:
             from orchestrator.dashboard.model import run_summary
-            from orchestrator.dashboard.snapshot import read_snapshot
+            from orchestrator.engine.snapshot import read_snapshot
 
             current = hub.store.current_id()
             return [

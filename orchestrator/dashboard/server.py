@@ -11,8 +11,8 @@ import uvicorn
 
 from orchestrator.dashboard.app import create_app
 from orchestrator.dashboard.watch import Hub
+from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import MissingTool
-from orchestrator.runstore import RunStore
 
 
 def is_loopback(host: str) -> bool:

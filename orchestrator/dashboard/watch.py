@@ -25,12 +25,12 @@ from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import open_backend
 from orchestrator.dashboard import model
 from orchestrator.dashboard.model import HISTORY_FILE
-from orchestrator.dashboard.snapshot import read_snapshot
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.snapshot import read_snapshot
+from orchestrator.engine.status import collect_status
 from orchestrator.errors import HostError, OrchestrateError
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import RunRecord, WorkerRecord
-from orchestrator.runstore import RunStore
-from orchestrator.status import collect_status
 
 LOG_BACKLOG = 300  # lines kept per run for a viewer that connects late
 HISTORY_EVERY = 3.0  # seconds between reads of the chief's progress history

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.contract import CHECKPOINT_DIR_ENV, EXIT_PREEMPTED
+from orchestrator.engine.plan import worker_argv
 from orchestrator.model.inventory import Host, Inventory
-from orchestrator.plan import worker_argv
 
 API_VERSION = "kubeflow.org/v1"
 CONTAINER = "tensorflow"  # the operator finds the TensorFlow container by this name

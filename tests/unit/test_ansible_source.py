@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.loader import load_inventory
+from orchestrator.engine.tfconfig import tf_config
 from orchestrator.errors import InventoryError
 from orchestrator.machines.kinds.ssh import openssh_argv
-from orchestrator.tfconfig import tf_config
 from tests.conftest import Cli
 
 INI = """\

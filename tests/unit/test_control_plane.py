@@ -22,14 +22,14 @@ import pytest
 
 from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.config.loader import load_inventory
-from orchestrator.lifecycle import start_run, stop_run
+from orchestrator.engine.lifecycle import start_run, stop_run
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.state import WorkerState
+from orchestrator.engine.status import collect_status
+from orchestrator.engine.supervise import Supervisor, SupervisorLock, stop_everything
 from orchestrator.machines import pool
 from orchestrator.machines.agent import host_program
 from orchestrator.machines.remote import hostprobe
-from orchestrator.runstore import RunStore
-from orchestrator.state import WorkerState
-from orchestrator.status import collect_status
-from orchestrator.supervise import Supervisor, SupervisorLock, stop_everything
 from tests.fakes.backend import FakeBackend, running
 
 AGENT_MARK = '"""The host-side agent'

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.hosts.preflight import run_preflight
+from orchestrator.cli.render import problems
 from orchestrator.config.loader import load_inventory, load_inventory_text
 from orchestrator.config.local import free_ports, local_inventory
 from orchestrator.contract import KERAS_MARKER_FILE, LEGACY_KERAS_ENV, tf_keras_requirement
-from orchestrator.errors import InventoryError, JobFailed
-from orchestrator.failures import (
+from orchestrator.engine.failures import (
     DETERMINISTIC,
     HINTS,
     Failure,
@@ -25,16 +25,16 @@ from orchestrator.failures import (
     early_exit,
     explain,
 )
-from orchestrator.lifecycle import start_run
+from orchestrator.engine.lifecycle import start_run
+from orchestrator.engine.plan import plan_workers
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.state import WorkerState
+from orchestrator.engine.status import collect_status
+from orchestrator.engine.supervise import Supervisor
+from orchestrator.errors import InventoryError, JobFailed
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.preflight import Status
-from orchestrator.plan import plan_workers
-from orchestrator.render import problems
-from orchestrator.runstore import RunStore
-from orchestrator.state import WorkerState
-from orchestrator.status import collect_status
-from orchestrator.supervise import Supervisor
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.unit.test_preflight_findings import all_ok_peers, backend_with, cluster, inspection
 from worker import helpers

@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from orchestrator.cli.render import status_table
 from orchestrator.config.loader import load_inventory
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.status import worker_status
 from orchestrator.errors import HostError, HostErrors, InventoryError
 from orchestrator.fanout import fan_out, per_machine
 from orchestrator.machines.kinds.ssh import SshSettings
 from orchestrator.model.answers import WorkerProbe, parse_probe, parse_stop
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import Restart, RunRecord, WorkerRecord
-from orchestrator.render import status_table
-from orchestrator.runstore import RunStore
-from orchestrator.status import worker_status
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -132,8 +132,8 @@ def test_status_table_renders_every_column() -> None:
     probe = WorkerProbe.parse({"exists": True, "pid": 3, "alive": True, "worker_pid": 4,
                                "progress": {"step": 7, "target_steps": 10, "loss": 0.25}},
                               now=0.0)  # fmt: skip
-    from orchestrator.state import WorkerState
-    from orchestrator.status import RunStatus
+    from orchestrator.engine.state import WorkerState
+    from orchestrator.engine.status import RunStatus
 
     status = RunStatus("run1", "demo", WorkerState.RUNNING, (worker_status(worker, probe),))
     console = Console(width=160, record=True)
@@ -157,7 +157,7 @@ def test_no_module_outside_the_kinds_compares_a_connection_name() -> None:
 
 
 def test_the_controller_imports_no_tensorflow() -> None:
-    code = ("import sys, orchestrator.cli, orchestrator.supervise, "
+    code = ("import sys, orchestrator.cli, orchestrator.engine.supervise, "
             "orchestrator.backends.hosts.preflight; "
             "print('tensorflow' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -22,13 +22,13 @@ from orchestrator.backends.slurm.commands import (
 from orchestrator.backends.slurm.script import batch_script
 from orchestrator.config.loader import load_inventory
 from orchestrator.contract import EXIT_PREEMPTED
+from orchestrator.engine.plan import plan_workers
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.state import WorkerState, classify
 from orchestrator.errors import InventoryError
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.answers import ExitRecord, WorkerProbe
 from orchestrator.model.records import RunRecord
-from orchestrator.plan import plan_workers
-from orchestrator.runstore import RunStore
-from orchestrator.state import WorkerState, classify
 
 JOB = "job:\n  task: worker.examples.shapes:task\n  steps: 10\n"
 
@@ -268,9 +268,9 @@ def test_a_login_node_that_refuses_is_named_by_every_view(tmp_path: Path) -> Non
     import socket
 
     from orchestrator.backends.registry import open_backend
+    from orchestrator.engine.status import collect_status
     from orchestrator.errors import ConnectError
     from orchestrator.model.records import WorkerRecord
-    from orchestrator.status import collect_status
 
     with socket.socket() as closed:  # a port on loopback that nothing listens on
         closed.bind(("127.0.0.1", 0))

@@ -12,17 +12,17 @@ import pytest
 
 from orchestrator import contract
 from orchestrator.config.loader import load_inventory
+from orchestrator.engine.lifecycle import first_standbys, start_run
+from orchestrator.engine.plan import plan_workers
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.state import WorkerState
+from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import InventoryError, RunStateError
 from orchestrator.fanout import GroupResult
-from orchestrator.lifecycle import first_standbys, start_run
 from orchestrator.machines.remote import agent
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import WorkerSpec
-from orchestrator.plan import plan_workers
-from orchestrator.runstore import RunStore
-from orchestrator.state import WorkerState
-from orchestrator.supervise import Supervisor
 from tests.fakes.backend import FakeBackend, exited, running
 
 PYTHON = "/opt/venv/bin/python"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from orchestrator.engine.state import WorkerState as S
+from orchestrator.engine.state import classify, overall
 from orchestrator.model.answers import WorkerProbe
-from orchestrator.state import WorkerState as S
-from orchestrator.state import classify, overall
 
 
 def probe(**fields: object) -> WorkerProbe:

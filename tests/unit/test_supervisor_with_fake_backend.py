@@ -11,14 +11,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import JobFailed
-from orchestrator.failures import Failure, FailureKind
-from orchestrator.lifecycle import start_run
-from orchestrator.model.inventory import Host, Inventory, Job
-from orchestrator.runstore import RunStore
-from orchestrator.state import WorkerState
-from orchestrator.status import collect_status
-from orchestrator.supervise import (
+from orchestrator.engine.failures import Failure, FailureKind
+from orchestrator.engine.lifecycle import start_run
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.state import WorkerState
+from orchestrator.engine.status import collect_status
+from orchestrator.engine.supervise import (
     SCRIPT_SURVIVOR_GRACE,
     STOP_GRACE,
     TASK_SURVIVOR_GRACE,
@@ -29,6 +27,8 @@ from orchestrator.supervise import (
     first_failure,
     survivors_grace,
 )
+from orchestrator.errors import JobFailed
+from orchestrator.model.inventory import Host, Inventory, Job
 from tests.fakes.backend import FakeBackend, exited, running
 
 
@@ -188,7 +188,7 @@ def test_unreachable_host_shows_unknown_and_stalls_after_the_timeout(tmp_path: P
     ],
 )  # fmt: skip
 def test_every_failure_kind_is_classified(code: int, tail: list[str], kind: FailureKind) -> None:
-    from orchestrator.failures import classify_exit
+    from orchestrator.engine.failures import classify_exit
 
     assert classify_exit(code, tail) is kind
 

@@ -24,12 +24,12 @@ from click.testing import CliRunner
 from orchestrator.backends.registry import open_backend
 from orchestrator.cli import cli
 from orchestrator.config.loader import load_inventory
-from orchestrator.lifecycle import start_run
+from orchestrator.engine.lifecycle import start_run
+from orchestrator.engine.runstore import RunStore
 from orchestrator.machines import kinds
 from orchestrator.machines.kinds.base import Kind
 from orchestrator.machines.runner import CommandResult, LineSession, LocalRunner, Runner
 from orchestrator.model.inventory import Host
-from orchestrator.runstore import RunStore
 from orchestrator.values import Checker, string
 from tests.conftest import free_ports, wait_for
 

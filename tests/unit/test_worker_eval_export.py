@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from orchestrator.cli.render import status_table
+from orchestrator.engine.status import RunStatus, worker_status
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.inventory import Host
 from orchestrator.model.records import WorkerRecord
-from orchestrator.render import status_table
-from orchestrator.status import RunStatus, worker_status
 from worker import cli
 from worker.export import _swap_in, keras_major
 from worker.restore import CheckpointNotFound, available_checkpoints, checkpoint_path

@@ -9,8 +9,8 @@ import os
 import time
 from typing import Any
 
-from orchestrator.runstore import RunStore
-from orchestrator.status import RunStatus
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.status import RunStatus
 
 
 def write_snapshot(store: RunStore, status: RunStatus) -> None:

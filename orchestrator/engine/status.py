@@ -7,10 +7,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.backends.base import Backend
-from orchestrator.failures import classify_exit, explain
+from orchestrator.engine.failures import classify_exit, explain
+from orchestrator.engine.state import WorkerState, classify, overall
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.records import Restart, RunRecord, WorkerRecord
-from orchestrator.state import WorkerState, classify, overall
 
 
 @dataclass(frozen=True)

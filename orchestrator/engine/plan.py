@@ -31,6 +31,7 @@ from orchestrator.contract import (
     RUN_ID_ENV,
     WORKER_ENV,
 )
+from orchestrator.engine.tfconfig import tf_config
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.workers import (
@@ -41,7 +42,6 @@ from orchestrator.model.workers import (
     job_dir_of_run,
     sync_dir,
 )
-from orchestrator.tfconfig import tf_config
 
 
 def new_run_id(now: datetime | None = None) -> str:

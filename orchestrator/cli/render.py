@@ -6,9 +6,9 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.backends.hosts.firewall import HostRules
+from orchestrator.engine.state import WorkerState
+from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.preflight import PreflightReport, Status
-from orchestrator.state import WorkerState
-from orchestrator.status import RunStatus, WorkerStatus
 
 STATE_STYLES = {
     WorkerState.PENDING: "dim",

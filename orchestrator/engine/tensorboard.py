@@ -11,9 +11,9 @@ import posixpath
 from pathlib import Path
 
 from orchestrator.backends.base import Backend
+from orchestrator.engine.runstore import RunStore
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.records import RunRecord, WorkerRecord
-from orchestrator.runstore import RunStore
 
 
 def chief_event_dir(chief: WorkerRecord) -> str:

@@ -32,16 +32,9 @@ from typing import Any
 
 from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import open_backend
-from orchestrator.checkpoints import Mirror
 from orchestrator.contract import EXIT_PREEMPTED
-from orchestrator.dashboard.snapshot import write_snapshot
-from orchestrator.errors import (
-    HostErrors,
-    JobFailed,
-    OrchestrateError,
-    RunStateError,
-)
-from orchestrator.failures import (
+from orchestrator.engine.checkpoints import Mirror
+from orchestrator.engine.failures import (
     Failure,
     FailureKind,
     classify_exit,
@@ -49,14 +42,21 @@ from orchestrator.failures import (
     explain,
     permanent_reason,
 )
-from orchestrator.lifecycle import StopReport, launch_attempt, start_standbys, stop_run
-from orchestrator.logs import last_lines
+from orchestrator.engine.lifecycle import StopReport, launch_attempt, start_standbys, stop_run
+from orchestrator.engine.logs import last_lines
+from orchestrator.engine.runstore import RunStore, StopRequest, private_dir
+from orchestrator.engine.snapshot import write_snapshot
+from orchestrator.engine.state import ACTIVE, WorkerState
+from orchestrator.engine.status import RunStatus, WorkerStatus, collect_status
+from orchestrator.errors import (
+    HostErrors,
+    JobFailed,
+    OrchestrateError,
+    RunStateError,
+)
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import Restart, RunRecord
-from orchestrator.runstore import RunStore, StopRequest, private_dir
-from orchestrator.state import ACTIVE, WorkerState
-from orchestrator.status import RunStatus, WorkerStatus, collect_status
 
 MAX_BACKOFF = 300
 WAKE_CHECK = 0.1  # seconds between looks at the stop flag while the supervisor waits

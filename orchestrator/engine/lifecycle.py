@@ -11,15 +11,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.backends.base import Backend
-from orchestrator.checkpoints import Mirror, spread_latest_checkpoint
+from orchestrator.engine.checkpoints import Mirror, spread_latest_checkpoint
+from orchestrator.engine.plan import new_run_id, plan_workers
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.secretenv import secret_values
 from orchestrator.errors import HostErrors, OrchestrateError
 from orchestrator.fanout import GroupResult
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import RunRecord, WorkerRecord
 from orchestrator.model.workers import WorkerSpec, job_dir_of_run
-from orchestrator.plan import new_run_id, plan_workers
-from orchestrator.runstore import RunStore
-from orchestrator.secretenv import secret_values
 
 DEFAULT_GRACE = 10.0
 
