@@ -26,6 +26,12 @@ if TYPE_CHECKING:
     from orchestrator.model.workers import WorkerSpec
 
 
+# The engine's plan_workers (inventory, run id, workdirs -> one spec per worker), passed to a
+# backend that plans workers of its own (an export): a backend never imports the engine.
+Planner = Callable[["Inventory", str, dict[str, str]], list["WorkerSpec"]]
+ExportWriter = Callable[["Inventory", Planner], str]
+
+
 class Backend(ABC):
     # A preempted attempt (every worker saved and exited 75) is resubmitted by the supervisor
     # instead of ending the run: a scheduler preempts and gives the nodes back later.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.backends.base import Backend
+from orchestrator.backends.base import Backend, ExportWriter
 from orchestrator.machines import kinds
 
 if TYPE_CHECKING:
@@ -24,6 +24,19 @@ def open_backend(inventory: Inventory | None = None) -> Backend:
     from orchestrator.backends.hosts.backend import HostBackend
 
     return HostBackend()
+
+
+# Export formats a backend writes itself (`orchestrate export --format NAME`).
+BACKEND_FORMATS = ("sbatch",)
+
+
+def export_writer(name: str) -> ExportWriter:
+    """The writer of one of BACKEND_FORMATS: the inventory and the engine's planner -> text."""
+    if name == "sbatch":
+        from orchestrator.backends.slurm.export import sbatch_script
+
+        return sbatch_script
+    raise ValueError(f"no backend writes {name!r}; known: {', '.join(BACKEND_FORMATS)}")
 
 
 def host_settings(connection: str, data: Mapping[str, Any]) -> Any:

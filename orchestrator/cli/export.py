@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import click
 import yaml
 
-from orchestrator.backends.slurm.launcher import JOB_ID_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER
-from orchestrator.backends.slurm.script import batch_script
+from orchestrator.backends.registry import BACKEND_FORMATS, export_writer
 from orchestrator.cli.app import cli, errors
 from orchestrator.config.loader import load_inventory
-from orchestrator.config.sources.slurm import slurm_workers
 from orchestrator.engine.plan import plan_workers
 from orchestrator.errors import ExportRefused
-from orchestrator.model.inventory import Inventory
-from orchestrator.model.slurm import SlurmSpec
 
-FORMATS = ("sbatch", "tfjob")
+FORMATS = (*BACKEND_FORMATS, "tfjob")
 
 
 @cli.command()
@@ -77,8 +72,8 @@ def export(  # noqa: PLR0917 - click passes every option by position
     that runs sbatch (its default --export=ALL passes them on).
     """
     spec = load_inventory(inventory)
-    if fmt == "sbatch":
-        click.echo(sbatch_export(spec), nl=False)
+    if fmt in BACKEND_FORMATS:
+        click.echo(export_writer(fmt)(spec, plan_workers), nl=False)
         return
     from orchestrator.export.tfjob import problems, tfjob
 
@@ -103,18 +98,3 @@ def export(  # noqa: PLR0917 - click passes every option by position
                      "lost when a pod is replaced; a restart then starts from step 0",
                      markup=False, highlight=False)  # fmt: skip
     click.echo(yaml.safe_dump(manifest, sort_keys=False), nl=False)
-
-
-def sbatch_export(inventory: Inventory) -> str:
-    spec = inventory.slurm or SlurmSpec(nodes=len(inventory.hosts), port=inventory.hosts[0].port)
-    # Submitted by hand on the cluster (a login node's `sbatch FILE`, or `ssh LOGIN sbatch <
-    # FILE`): the tasks start where it was submitted and find the files there, login: or not.
-    spec = replace(spec, login=None)
-    if inventory.slurm is None or inventory.slurm.login is not None:  # tasks, from the nodes
-        workers = slurm_workers(spec, Path(inventory.base_dir))
-        inventory = replace(inventory, hosts=tuple(host for _, _, host in workers))
-    # Each submission names its run after its job id; the tasks start where it was submitted.
-    workdirs = {host.name: spec.workdir for host in inventory.hosts}
-    specs = [replace(s, cwd=SUBMIT_DIR_PLACEHOLDER)
-             for s in plan_workers(inventory, f"slurm-{JOB_ID_PLACEHOLDER}", workdirs)]  # fmt: skip
-    return batch_script(spec, inventory.job, specs)

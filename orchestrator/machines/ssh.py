@@ -22,7 +22,7 @@ import invoke
 import paramiko
 
 from orchestrator.errors import ConnectError, HostError
-from orchestrator.machines.kinds.ssh import SshSettings, ssh_settings
+from orchestrator.machines.kinds.sshsettings import SshSettings, ssh_settings
 from orchestrator.machines.runner import CommandResult, LineSession, Runner
 from orchestrator.model.inventory import Host
 

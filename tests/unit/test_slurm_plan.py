@@ -254,7 +254,12 @@ def test_a_tasks_state_comes_from_its_files_and_its_job() -> None:
 def test_the_exported_script_of_a_login_inventory_is_the_one_to_submit_there(
     tmp_path: Path,
 ) -> None:
-    from orchestrator.cli.export import sbatch_export
+    from orchestrator.backends.slurm.export import sbatch_script
+    from orchestrator.engine.plan import plan_workers
+    from orchestrator.model.inventory import Inventory
+
+    def sbatch_export(inventory: Inventory) -> str:
+        return sbatch_script(inventory, plan_workers)
 
     (tmp_path / "ssh_config").write_text(LOGIN_CONFIG)
     plain = load_inventory(write(tmp_path, "slurm:\n  nodes: 2\n" + JOB))

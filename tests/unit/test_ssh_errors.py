@@ -10,7 +10,7 @@ import socket
 
 import paramiko
 
-from orchestrator.machines.kinds.ssh import SshSettings
+from orchestrator.machines.kinds.sshsettings import SshSettings
 from orchestrator.machines.ssh import SshRunner
 from orchestrator.model.inventory import Host
 

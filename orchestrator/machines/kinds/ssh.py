@@ -12,11 +12,11 @@ from __future__ import annotations
 import functools
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.machines.kinds.base import Kind, ReportProblem, SyncTransport
+from orchestrator.machines.kinds.sshsettings import SshSettings, ssh_settings
 from orchestrator.paths import controller_path
 from orchestrator.values import PORT, Checker, choice, integer, string
 
@@ -25,29 +25,6 @@ if TYPE_CHECKING:
     from orchestrator.model.inventory import Host
 
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
-
-
-@dataclass(frozen=True)
-class SshSettings:
-    ssh_user: str | None = None
-    ssh_port: int | None = None
-    ssh_key: str | None = None
-    ssh_known_hosts: str | None = None
-    ssh_host_key_policy: Literal["strict", "accept-new"] = "strict"
-    ssh_connect_timeout: float = 10.0
-    ssh_config: str | None = None  # an OpenSSH client config file instead of ~/.ssh/config
-    ssh_host: str | None = None  # the ssh config alias the inventory named (address: its HostName)
-
-    @property
-    def target(self) -> str | None:
-        """The name SSH connects to and looks up in the ssh config, when not the address."""
-        return self.ssh_host
-
-
-def ssh_settings(host: Host) -> SshSettings:
-    """The host's SSH settings; the defaults for a host made without any (in code, not read
-    from an inventory)."""
-    return host.settings if isinstance(host.settings, SshSettings) else SshSettings()
 
 
 class SshKind(Kind):
@@ -212,6 +189,4 @@ def _hop_args(hop: str) -> list[str]:
     return [*(["-l", user] if user else []), *(["-p", port] if port else []), host]
 
 
-__all__ = [
-    "ReportProblem", "SshKind", "SshSettings", "openssh_argv", "resolved", "ssh_settings",
-]  # fmt: skip
+__all__ = ["ReportProblem", "SshKind", "openssh_argv", "resolved"]
