@@ -43,8 +43,8 @@ from pathlib import Path
 from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.fanout import fan_out
 from orchestrator.machines.agent import agent_source
-from orchestrator.machines.kinds.sshsettings import SshSettings
 from orchestrator.machines.runner import CommandResult
+from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.inventory import Host
 from tests.cluster.netns import BRIDGE_ADDRESS, SUBNET, NamespaceCluster, unavailable_reason
 

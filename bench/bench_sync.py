@@ -34,7 +34,7 @@ from pathlib import Path
 
 from orchestrator.backends.hosts.backend import HostBackend, expand_uploads
 from orchestrator.backends.hosts.sync import sync_hosts
-from orchestrator.machines.kinds.sshsettings import SshSettings
+from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.inventory import Host, SyncSpec
 from tests.cluster.netns import NamespaceCluster, cleanup_leftovers, unavailable_reason
 

@@ -15,6 +15,7 @@ python3 -m venv .venv
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+.venv/bin/lint-imports
 # pytest exits 5 when it collects nothing; under `set -e` that fails the run instead of passing.
 .venv/bin/python -m pytest "$@"
 if [ "$(id -u)" = 0 ]; then

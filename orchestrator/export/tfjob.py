@@ -102,7 +102,7 @@ def tfjob(
         "ports": [{"name": PORT_NAME, "containerPort": PORT}],
         "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}],
     }
-    gpus = gpu_count(inventory)
+    gpus = inventory.gpus_per_worker
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
     volume: dict[str, Any] = (
@@ -128,13 +128,6 @@ def tfjob(
             },
         },
     }
-
-
-def gpu_count(inventory: Inventory) -> int | None:
-    if inventory.slurm is not None:
-        return inventory.slurm.gpus_per_node
-    counts = [len(h.visible_gpus) for h in inventory.hosts if h.visible_gpus]
-    return max(counts) if counts else None
 
 
 @cache

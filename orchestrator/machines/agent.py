@@ -57,7 +57,7 @@ Ask = Callable[[str, float, dict[str, Any]], dict[str, Any]]  # verb, timeout, f
 
 class HostAgent:
     """The agent's verbs, typed. `ask` sends one request: by default through a session of its
-    own (a Python start per call); HostBackend passes one that uses the machine's kept session."""
+    own (a Python start per call); Machines passes one that uses the machine's kept session."""
 
     def __init__(self, runner: Runner, python: str, ask: Ask | None = None) -> None:
         self.runner = runner

@@ -22,8 +22,8 @@ import invoke
 import paramiko
 
 from orchestrator.errors import ConnectError, HostError
-from orchestrator.machines.kinds.sshsettings import SshSettings, ssh_settings
 from orchestrator.machines.runner import CommandResult, LineSession, Runner
+from orchestrator.machines.sshsettings import SshSettings, ssh_settings
 from orchestrator.model.inventory import Host
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"

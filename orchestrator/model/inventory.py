@@ -127,6 +127,15 @@ class Inventory:
     slurm: SlurmSpec | None = None
 
     @property
+    def gpus_per_worker(self) -> int | None:
+        """The GPUs one worker asks for: Slurm's gpus_per_node, else the most visible_gpus of a
+        host; None when no GPU is named."""
+        if self.slurm is not None:
+            return self.slurm.gpus_per_node
+        counts = [len(h.visible_gpus) for h in self.hosts if h.visible_gpus]
+        return max(counts) if counts else None
+
+    @property
     def host_source(self) -> str:
         """Which top-level block listed the workers: 'hosts' or 'slurm'."""
         return "slurm" if self.slurm is not None else "hosts"

@@ -8,7 +8,7 @@ from typing import Any
 from orchestrator import __version__
 from orchestrator.backends.hosts.firewall import host_rules
 from orchestrator.backends.hosts.preflight import run_preflight
-from orchestrator.machines.kinds.sshsettings import SshSettings
+from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.preflight import Status
 from tests.fakes.backend import FakeBackend

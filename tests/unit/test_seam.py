@@ -17,7 +17,7 @@ from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.status import worker_status
 from orchestrator.errors import HostError, HostErrors, InventoryError
 from orchestrator.fanout import fan_out, per_machine
-from orchestrator.machines.kinds.sshsettings import SshSettings
+from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.answers import WorkerProbe, parse_probe, parse_stop
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import Restart, RunRecord, WorkerRecord

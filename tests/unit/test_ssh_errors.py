@@ -10,8 +10,8 @@ import socket
 
 import paramiko
 
-from orchestrator.machines.kinds.sshsettings import SshSettings
 from orchestrator.machines.ssh import SshRunner
+from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.inventory import Host
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.machines.kinds.base import Kind, ReportProblem, SyncTransport
-from orchestrator.machines.kinds.sshsettings import SshSettings, ssh_settings
+from orchestrator.machines.sshsettings import SshSettings, ssh_settings
 from orchestrator.paths import controller_path
 from orchestrator.values import PORT, Checker, choice, integer, string
 

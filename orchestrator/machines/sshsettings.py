@@ -1,5 +1,5 @@
 """The SSH kind's settings of a host: plain data, shared by the kind (kinds/ssh.py) and the
-Fabric runner (machines/ssh.py) without either importing the other."""
+Fabric runner (ssh.py) without either importing the other."""
 
 from __future__ import annotations
 
