@@ -1,0 +1,31 @@
+"""docs/design.md's map of the folders is the tree: every module of orchestrator/ is listed in
+its folder's row, and every listed module exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ROW = re.compile(r"^\| `(orchestrator/[a-z/]*)` \| .* \| ([a-z_, ]+) \|$")
+
+
+def listed() -> dict[str, set[str]]:
+    text = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
+    section = text.split("## Map", 1)[1].split("\n## ", 1)[0]
+    rows = (ROW.match(line) for line in section.splitlines())
+    return {m[1]: {name.strip() for name in m[2].split(",")} for m in rows if m}
+
+
+def in_tree() -> dict[str, set[str]]:
+    folders: dict[str, set[str]] = {}
+    for path in (REPO / "orchestrator").rglob("*.py"):
+        folder = path.parent.relative_to(REPO).as_posix() + "/"
+        folders.setdefault(folder, set())
+        if path.name not in ("__init__.py", "__main__.py"):
+            folders[folder].add(path.stem)
+    return folders
+
+
+def test_the_design_map_lists_every_module_of_every_folder() -> None:
+    assert listed() == in_tree()
