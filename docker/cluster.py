@@ -25,12 +25,17 @@ at a time.
      argument: by default those this machine added to its own trust store.
   4. docker/client_key (docker/make-client-key.sh), the network, then one container per service;
      a container already running the same image and settings is kept (its label says which).
-  5. waits until every sshd answers, then prints the orchestrate commands.
+  5. waits until every sshd answers, then keeps the inventory's known_hosts (docker/known_hosts)
+     in step: an entry for a container's address that holds another key than the one the
+     container has now (read with `docker exec`; a new volume made a new one) is replaced. An
+     address not recorded yet is left to orchestrate's accept-new policy. Then it prints the
+     orchestrate commands.
 
 `down`: removes the containers and the network, stops the dockerd that `up` started (by its pid;
 one it did not start is left alone), deletes a leftover docker0, and checks that nothing is left.
 The images stay (the next `up` builds in seconds) unless --images; the volumes (host keys, work
-directories) stay unless --volumes.
+directories) stay unless --volumes, which also removes the cluster's addresses from the
+inventory's known_hosts (their host keys are gone with the volumes).
 
 Exit status: 0 done, 1 a step failed (the message says which and what to do), 2 bad usage.
 """
@@ -38,8 +43,10 @@ Exit status: 0 done, 1 a step failed (the message says which and what to do), 2 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import hashlib
+import hmac
 import ipaddress
 import json
 import os
@@ -50,7 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +71,7 @@ COMPOSE_FILE = DOCKER_DIR / "compose.yaml"
 DOCKERFILE = DOCKER_DIR / "Dockerfile"
 STAND_IN_DOCKERFILE = DOCKER_DIR / "stand-in-base.Dockerfile"
 MAKE_CLIENT_KEY = DOCKER_DIR / "make-client-key.sh"
+INVENTORY_FILE = DOCKER_DIR / "inventory.yaml"
 STATE_DIR = Path(os.environ.get("ORCHESTRATE_DOCKER_STATE", "/run/orchestrate-docker"))
 LOCAL_CA_DIR = Path("/usr/local/share/ca-certificates")
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
@@ -78,6 +86,9 @@ DOCKERD_FLAGS = ("--iptables=false", "--ip-forward=false", "--ip-masq=false", "-
 DOCKERD_START_TIMEOUT_S = 60.0
 DOCKERD_STOP_TIMEOUT_S = 30.0
 SSHD_TIMEOUT_S = 60.0
+# Where entrypoint.sh keeps the container's host key (its SSHD_HOST_KEY_DIR default; on a volume).
+HOST_KEY_DIR = "/etc/ssh/host-keys"
+HOST_KEY_FILE = "ssh_host_ed25519_key.pub"
 
 # The compose keys this script turns into `docker run` options; any other key is an error.
 SERVICE_KEYS = {"build", "image", "init", "environment", "hostname", "networks", "volumes"}
@@ -239,6 +250,137 @@ def config_hash(service: Service, image_id: str) -> str:
     """Identifies a container's settings and image: `up` keeps a container whose label matches."""
     text = json.dumps([service.run_args(""), service.image, image_id])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- known_hosts
+
+
+@dataclass(frozen=True)
+class KnownHost:
+    """Where the inventory records one host's key: its known_hosts file and the name in it."""
+
+    host: str  # the inventory's host name, which is the compose service's
+    file: Path
+    name: str  # the address, or [address]:port off port 22 (OpenSSH's and paramiko's form)
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def known_hosts_of(document: dict[str, Any], base: Path) -> list[KnownHost]:
+    """inventory.yaml's hosts that name an ssh_known_hosts (itself or in defaults); relative paths
+    are relative to the inventory's directory, as orchestrate reads them."""
+    defaults = document.get("defaults") or {}
+    found: list[KnownHost] = []
+    for host in document.get("hosts") or []:
+        settings = {**defaults, **host}
+        if not settings.get("ssh_known_hosts"):
+            continue  # ~/.ssh/known_hosts: the user's own file, not this script's to edit
+        path = Path(str(settings["ssh_known_hosts"])).expanduser()
+        name = known_hosts_name(str(settings["address"]), int(settings.get("ssh_port", 22)))
+        file = path if path.is_absolute() else base / path
+        found.append(KnownHost(str(host["name"]), file, name))
+    return found
+
+
+def fingerprint(key: str) -> str:
+    """`TYPE BASE64` as OpenSSH shows it: the type and SHA256: with the unpadded base64 of the
+    SHA-256 of the key blob."""
+    kind, blob = key.split()[:2]
+    digest = hashlib.sha256(base64.b64decode(blob)).digest()
+    return f"{kind} SHA256:{base64.b64encode(digest).decode().rstrip('=')}"
+
+
+def _hashed_match(pattern: str, name: str) -> bool:
+    """Whether a hashed known_hosts name (`|1|salt|hash`, HashKnownHosts) is `name`."""
+    parts = pattern.split("|")
+    if len(parts) != 4 or parts[1] != "1":
+        return False
+    try:
+        salt, recorded = base64.b64decode(parts[2]), base64.b64decode(parts[3])
+    except ValueError:
+        return False
+    return hmac.compare_digest(hmac.new(salt, name.encode(), "sha1").digest(), recorded)
+
+
+def _entry(line: str) -> tuple[list[str], str] | None:
+    """A key line's host patterns and its `TYPE BASE64`; None for comments, blank lines, marker
+    lines (@cert-authority, @revoked) and anything else this script leaves as it is."""
+    fields = line.split()
+    if len(fields) < 3 or fields[0].startswith(("#", "@")):
+        return None
+    return fields[0].split(","), f"{fields[1]} {fields[2]}"
+
+
+def _matches(patterns: list[str], name: str) -> bool:
+    return any(p == name or (p.startswith("|") and _hashed_match(p, name)) for p in patterns)
+
+
+def update_known_hosts(
+    text: str, wanted: Mapping[str, str | None]
+) -> tuple[str, dict[str, tuple[str, list[str]]]]:
+    """known_hosts text with the entries of `wanted`'s names in step: name -> the `TYPE BASE64`
+    the host has now, or None for a host whose key is gone. Returns the new text and, per name,
+    what was done ("removed", "replaced", "unchanged" or "absent": not recorded, left to
+    accept-new) with the keys that were recorded. Other lines and other names on a shared line
+    stay as they are; a replaced entry takes the place of the name's first line."""
+    lines = text.splitlines(keepends=True)
+    recorded: dict[str, list[str]] = {name: [] for name in wanted}
+    for line in lines:
+        entry = _entry(line)
+        if entry is None:
+            continue
+        for name, keys in recorded.items():
+            if _matches(entry[0], name):
+                keys.append(entry[1])
+    done: dict[str, tuple[str, list[str]]] = {}
+    for name, key in wanted.items():
+        if not recorded[name]:
+            done[name] = ("absent", [])
+        elif key is None:
+            done[name] = ("removed", recorded[name])
+        elif set(recorded[name]) == {key}:
+            done[name] = ("unchanged", recorded[name])
+        else:
+            done[name] = ("replaced", recorded[name])
+    dropped = {name for name, (action, _) in done.items() if action in ("removed", "replaced")}
+    out: list[str] = []
+    placed: set[str] = set()
+    for line in lines:
+        entry = _entry(line)
+        ours = {name for name in dropped if entry and _matches(entry[0], name)}
+        if not entry or not ours:
+            out.append(line)
+            continue
+        patterns, key = entry
+        rest = [p for p in patterns if not any(_matches([p], name) for name in ours)]
+        if rest:  # other hosts share the line: keep it for them
+            fields = line.split(maxsplit=1)
+            out.append(",".join(rest) + " " + fields[1])
+        for name in sorted(ours - placed, key=list(wanted).index):
+            if done[name][0] == "replaced":
+                out.append(f"{name} {wanted[name]}\n")
+                placed.add(name)
+    if out and not out[-1].endswith("\n"):
+        out[-1] += "\n"
+    return "".join(out), done
+
+
+def write_keeping_mode(path: Path, text: str) -> None:
+    """Replace the file's text atomically, keeping its mode and owner (orchestrate, run as the
+    user who ran sudo, appends to it)."""
+    path = path.resolve()
+    stat = path.stat()
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text)
+        os.chmod(temporary, stat.st_mode & 0o7777)
+        with contextlib.suppress(PermissionError):
+            os.chown(temporary, stat.st_uid, stat.st_gid)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- the machine
@@ -579,6 +721,61 @@ def wait_for_sshd(cluster: Cluster) -> None:
         time.sleep(0.3)
 
 
+def container_host_key(service: Service) -> str | None:
+    """The `TYPE BASE64` of the host key the container's sshd offers (entrypoint.sh created it)."""
+    directory = service.environment.get("SSHD_HOST_KEY_DIR", HOST_KEY_DIR)
+    result = docker("exec", service.container, "cat", f"{directory}/{HOST_KEY_FILE}", check=False)
+    fields = result.stdout.split()
+    return " ".join(fields[:2]) if result.returncode == 0 and len(fields) >= 2 else None
+
+
+def sync_known_hosts(cluster: Cluster, *, keys_gone: bool) -> None:
+    """Keep the inventory's known_hosts (docker/known_hosts) in step with the containers' host
+    keys: after `up`, replace an entry that holds another key than its container's; with
+    keys_gone (`down --volumes` removed the host-key volumes), remove the cluster's entries."""
+    try:
+        targets = known_hosts_of(yaml.safe_load(INVENTORY_FILE.read_text()), INVENTORY_FILE.parent)
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+        log(f"known_hosts left as it is: cannot read {INVENTORY_FILE}: {exc}")
+        return
+    services = {service.name: service for service in cluster.services}
+    wanted: dict[Path, dict[str, str | None]] = {}
+    for target in targets:
+        if target.host not in services:
+            continue
+        key = None if keys_gone else container_host_key(services[target.host])
+        if key is None and not keys_gone:
+            log(f"{target.name}: cannot read {services[target.host].container}'s host key")
+            continue
+        wanted.setdefault(target.file, {})[target.name] = key
+    for file, keys in wanted.items():
+        shown = os.path.relpath(file)
+        if not file.exists():
+            if not keys_gone:
+                log(f"{shown}: not there yet (orchestrate records the host keys at first contact)")
+            continue
+        before = file.read_text()
+        text, done = update_known_hosts(before, keys)
+        if text != before:
+            write_keeping_mode(file, text)
+        by_action: dict[str, list[str]] = {}
+        for name, (action, recorded) in done.items():
+            by_action.setdefault(action, []).append(name)
+            if action == "replaced":
+                old = ", ".join(fingerprint(key) for key in recorded)
+                log(
+                    f"{shown}: {name} has a new host key: replaced the recorded {old} with"
+                    f" {fingerprint(str(keys[name]))}"
+                )
+        if by_action.get("removed"):
+            log(f"{shown}: removed {', '.join(by_action['removed'])} (their host keys are gone)")
+        if by_action.get("unchanged"):
+            log(f"{shown}: {', '.join(by_action['unchanged'])}: the recorded host keys are right")
+        if by_action.get("absent"):
+            what = "nothing to remove" if keys_gone else "orchestrate records them at first contact"
+            log(f"{shown}: {', '.join(by_action['absent'])} not recorded ({what})")
+
+
 def make_client_key() -> None:
     """docker/client_key(.pub); under sudo, owned by the user who ran it: orchestrate, run as that
     user, reads the private key."""
@@ -599,7 +796,8 @@ def up(cluster: Cluster, ca_files: Sequence[Path] | None, stand_in: bool) -> Non
     for service in cluster.services:
         ensure_container(cluster, service, built)
     wait_for_sshd(cluster)
-    inventory = os.path.relpath(DOCKER_DIR / "inventory.yaml")
+    sync_known_hosts(cluster, keys_gone=False)
+    inventory = os.path.relpath(INVENTORY_FILE)
     hosts = ", ".join(f"{s.name} {s.address}" for s in cluster.services)
     print(f"cluster up: {hosts}\nnext: orchestrate check {inventory}", flush=True)
 
@@ -636,7 +834,8 @@ def down(cluster: Cluster, volumes: bool, images: bool) -> None:
             present = [v for v in cluster.volumes if volume_exists(v)]
             if present:
                 docker("volume", "rm", *present)
-                log(f"removed {len(present)} volume(s); delete docker/known_hosts too")
+                log(f"removed {len(present)} volume(s)")
+            sync_known_hosts(cluster, keys_gone=True)
         if images:
             # Ours: the worker image (old builds too) and the stand-ins, never a real base image.
             for label in (f"{LABEL}={cluster.project}", STAND_IN_LABEL):

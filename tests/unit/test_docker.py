@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import json
+import os
 import re
 import shlex
 import shutil
@@ -472,3 +473,197 @@ def test_config_hash_changes_with_the_image_and_the_settings() -> None:
     assert module.config_hash(first, "sha256:a") == module.config_hash(first, "sha256:a")
     assert module.config_hash(first, "sha256:a") != module.config_hash(first, "sha256:b")
     assert module.config_hash(first, "sha256:a") != module.config_hash(second, "sha256:a")
+
+
+# --------------------------------------------------------------------------- known_hosts
+
+
+def public_key_line() -> str:
+    """A fresh `ssh-ed25519 BASE64`, like the one entrypoint.sh creates in each container."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return (
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+
+
+def hashed(name: str, salt: bytes = b"0123456789abcdefghij") -> str:
+    """`name` as HashKnownHosts writes it: |1|base64(salt)|base64(HMAC-SHA1(salt, name))."""
+    import base64
+    import hmac
+
+    digest = hmac.new(salt, name.encode(), "sha1").digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+
+
+def test_known_hosts_of_the_inventory_are_its_addresses_in_docker_known_hosts() -> None:
+    module = cluster_module()
+    document = yaml.safe_load((DOCKER / "inventory.yaml").read_text())
+    found = module.known_hosts_of(document, DOCKER)
+    assert [(k.host, k.file, k.name) for k in found] == [
+        (host["name"], DOCKER / "known_hosts", host["address"]) for host in document["hosts"]
+    ]
+    assert module.INVENTORY_FILE == DOCKER / "inventory.yaml"
+    # The containers keep entrypoint.sh's default SSHD_HOST_KEY_DIR, where cluster.py reads keys.
+    for service in module.load_cluster(DOCKER / "compose.yaml").services:
+        assert "SSHD_HOST_KEY_DIR" not in service.environment
+    assert f"SSHD_HOST_KEY_DIR:-{module.HOST_KEY_DIR}}}" in (DOCKER / "entrypoint.sh").read_text()
+    # Another port is recorded as [address]:port; a host on ~/.ssh/known_hosts is not touched.
+    document["hosts"][1]["ssh_port"] = 2222
+    document["hosts"][2]["ssh_known_hosts"] = "/elsewhere/known_hosts"
+    del document["defaults"]["ssh_known_hosts"]
+    found = module.known_hosts_of(document, DOCKER)
+    assert [(k.host, str(k.file), k.name) for k in found] == [
+        ("worker-2", "/elsewhere/known_hosts", "172.28.0.12")
+    ]
+    document["defaults"]["ssh_known_hosts"] = "./kh"
+    assert module.known_hosts_of(document, DOCKER)[1].name == "[172.28.0.11]:2222"
+    assert module.known_hosts_of(document, DOCKER)[0].file == DOCKER / "kh"
+
+
+def test_fingerprint_is_openssh_sha256_form() -> None:
+    import base64
+
+    import paramiko
+
+    from orchestrator.machines.ssh import fingerprint
+
+    line = public_key_line()
+    key = paramiko.Ed25519Key(data=base64.b64decode(line.split()[1]))
+    assert cluster_module().fingerprint(line + " comment@host") == fingerprint(key)
+    assert cluster_module().fingerprint(line).startswith("ssh-ed25519 SHA256:")
+    if shutil.which("ssh-keygen"):
+        listed = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", "-"], input=line,
+                                capture_output=True, text=True, check=True)  # fmt: skip
+        assert cluster_module().fingerprint(line) == f"ssh-ed25519 {listed.stdout.split()[1]}"
+
+
+def test_update_known_hosts_replaces_removes_and_leaves_the_rest() -> None:
+    module = cluster_module()
+    old0, new0, old1, key2, other = (public_key_line() for _ in range(5))
+    text = (
+        "# my hosts\n"
+        f"gpu-a.example {other}\n"
+        f"172.28.0.10 {old0}\n"
+        f"{hashed('172.28.0.11')} {old1}\n"
+        f"@cert-authority 172.28.0.12 {other}\n"
+        f"172.28.0.12,shared.example {key2}\n"
+        f"[172.28.0.10]:2222 {other}\n"
+        "\n"
+        f"172.28.0.100 {other}"  # no newline at the end; .100 is not .10
+    )
+    wanted = {"172.28.0.10": new0, "172.28.0.11": new0, "172.28.0.12": key2, "10.9.9.9": key2}
+    updated, done = module.update_known_hosts(text, wanted)
+    assert done == {
+        "172.28.0.10": ("replaced", [old0]),
+        "172.28.0.11": ("replaced", [old1]),
+        "172.28.0.12": ("unchanged", [key2]),
+        "10.9.9.9": ("absent", []),
+    }
+    assert updated == (
+        "# my hosts\n"
+        f"gpu-a.example {other}\n"
+        f"172.28.0.10 {new0}\n"
+        f"172.28.0.11 {new0}\n"
+        f"@cert-authority 172.28.0.12 {other}\n"
+        f"172.28.0.12,shared.example {key2}\n"
+        f"[172.28.0.10]:2222 {other}\n"
+        "\n"
+        f"172.28.0.100 {other}\n"
+    )
+    assert module.update_known_hosts(updated, wanted)[0] == updated  # in step: nothing to do
+    # The volumes are gone: every entry of those names goes, a shared line keeps the others.
+    wanted_gone = dict.fromkeys(["172.28.0.10", "172.28.0.11", "172.28.0.12", "10.9.9.9"])
+    removed, done = module.update_known_hosts(text, wanted_gone)
+    assert [action for action, _ in done.values()] == ["removed", "removed", "removed", "absent"]
+    assert removed == (
+        "# my hosts\n"
+        f"gpu-a.example {other}\n"
+        f"@cert-authority 172.28.0.12 {other}\n"
+        f"shared.example {key2}\n"
+        f"[172.28.0.10]:2222 {other}\n"
+        "\n"
+        f"172.28.0.100 {other}\n"
+    )
+    # Two keys recorded for one name, one of them right: the stale one goes.
+    two = f"172.28.0.10 {old0}\n172.28.0.10 {new0}\n"
+    assert module.update_known_hosts(two, {"172.28.0.10": new0}) == (
+        f"172.28.0.10 {new0}\n",
+        {"172.28.0.10": ("replaced", [old0, new0])},
+    )
+    # A line shared with another host: that host keeps its entry.
+    shared = f"other.example,172.28.0.10 {old0}\n"
+    assert module.update_known_hosts(shared, {"172.28.0.10": new0})[0] == (
+        f"other.example {old0}\n172.28.0.10 {new0}\n"
+    )
+    assert module.update_known_hosts("", {"172.28.0.10": None}) == (
+        "",
+        {"172.28.0.10": ("absent", [])},
+    )
+
+
+def test_write_keeping_mode(tmp_path: Path) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text("old\n")
+    path.chmod(0o640)
+    cluster_module().write_keeping_mode(path, "new\n")
+    assert path.read_text() == "new\n"
+    assert path.stat().st_mode & 0o7777 == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == ["known_hosts"]
+
+
+def test_sync_known_hosts_after_up_and_after_down_volumes(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    module = cluster_module()
+    cluster = module.load_cluster(DOCKER / "compose.yaml")
+    document = yaml.safe_load((DOCKER / "inventory.yaml").read_text())
+    inventory_file = tmp_path / "inventory.yaml"
+    inventory_file.write_text(yaml.safe_dump(document))
+    monkeypatch.setattr(module, "INVENTORY_FILE", inventory_file)
+    addresses = [host["address"] for host in document["hosts"]]
+    keys = {service.name: public_key_line() for service in cluster.services}
+    read: list[str] = []
+
+    def host_key(service: Any) -> str:
+        read.append(service.container)
+        return keys[service.name]
+
+    monkeypatch.setattr(module, "container_host_key", host_key)
+    # No known_hosts yet: nothing is created (orchestrate's accept-new records the keys).
+    module.sync_known_hosts(cluster, keys_gone=False)
+    assert not (tmp_path / "known_hosts").exists()
+    assert "not there yet" in capsys.readouterr().err
+    stale = public_key_line()
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(
+        f"elsewhere.example {stale}\n{addresses[0]} {stale}\n{addresses[1]} {keys['worker-1']}\n"
+    )
+    known_hosts.chmod(0o600)
+    module.sync_known_hosts(cluster, keys_gone=False)
+    assert read[-3:] == [service.container for service in cluster.services]
+    assert known_hosts.read_text() == (
+        f"elsewhere.example {stale}\n{addresses[0]} {keys['worker-0']}\n"
+        f"{addresses[1]} {keys['worker-1']}\n"
+    )
+    assert known_hosts.stat().st_mode & 0o777 == 0o600
+    err = capsys.readouterr().err
+    shown = os.path.relpath(known_hosts)
+    assert (
+        f"cluster: {shown}: {addresses[0]} has a new host key: replaced the recorded"
+        f" {module.fingerprint(stale)} with {module.fingerprint(keys['worker-0'])}"
+    ) in err
+    assert f"cluster: {shown}: {addresses[1]}: the recorded host keys are right" in err
+    assert f"{addresses[2]} not recorded (orchestrate records them at first contact)" in err
+    # down --volumes: the cluster's entries go, the rest stays; no container is asked.
+    read.clear()
+    module.sync_known_hosts(cluster, keys_gone=True)
+    assert read == []
+    assert known_hosts.read_text() == f"elsewhere.example {stale}\n"
+    assert known_hosts.stat().st_mode & 0o777 == 0o600
+    err = capsys.readouterr().err
+    assert f"cluster: {shown}: removed {addresses[0]}, {addresses[1]} (their host keys are" in err
