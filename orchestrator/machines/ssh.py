@@ -7,8 +7,10 @@ paramiko and sockets become HostError with a hint.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
+import hashlib
 import shlex
 import socket
 import threading
@@ -43,6 +45,13 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
         # Append rather than rewrite: the user's file may hold hashed or commented entries.
         with self.known_hosts.open("a", encoding="utf-8") as handle:
             handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """A host key as OpenSSH shows it (ssh-keygen -l): its type and SHA256: with the unpadded
+    base64 of the SHA-256 of the key blob."""
+    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    return f"{key.get_name()} SHA256:{digest}"
 
 
 class SshRunner(Runner):
@@ -151,8 +160,8 @@ class SshRunner(Runner):
             return ConnectError(
                 self.host_name,
                 f"the host key of {address} has CHANGED since it was recorded in "
-                f"{self.known_hosts} (expected {exc.expected_key.get_name()}, got "
-                f"{exc.key.get_name()}); this can be a reinstalled host or an attack",
+                f"{self.known_hosts} (recorded {fingerprint(exc.expected_key)}, offered "
+                f"{fingerprint(exc.key)}); this can be a reinstalled host or an attack",
                 hint="if the host was reinstalled, remove the old key with "
                 f"'ssh-keygen -f {self.known_hosts} -R {self._known_hosts_name()}' "
                 "and connect again",

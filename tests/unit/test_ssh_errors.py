@@ -5,12 +5,19 @@ name resolution is tested here because a real lookup would leave the machine."""
 
 from __future__ import annotations
 
+import base64
 import errno
+import hashlib
+import shutil
 import socket
+import subprocess
 
 import paramiko
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from orchestrator.machines.ssh import SshRunner
+from orchestrator.machines.ssh import SshRunner, fingerprint
 from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.inventory import Host
 
@@ -45,3 +52,46 @@ def test_host_keys_are_never_auto_added() -> None:
     # Fabric's own default is AutoAddPolicy; the runner must replace it.
     policy = runner().connection.client._policy
     assert isinstance(policy, paramiko.RejectPolicy)
+
+
+def ed25519_public_line() -> str:
+    """A fresh Ed25519 public key as a known_hosts / .pub line: `ssh-ed25519 BASE64`."""
+    return (
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+
+
+def openssh_fingerprint(line: str) -> str:
+    """What `ssh-keygen -l` prints for the key, computed here from the line's blob."""
+    digest = hashlib.sha256(base64.b64decode(line.split()[1])).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def test_changed_host_key_shows_both_fingerprints() -> None:
+    recorded_line, offered_line = ed25519_public_line(), ed25519_public_line()
+    recorded = paramiko.Ed25519Key(data=base64.b64decode(recorded_line.split()[1]))
+    offered = paramiko.Ed25519Key(data=base64.b64decode(offered_line.split()[1]))
+    exc = paramiko.BadHostKeyException("gpu-a.example", offered, recorded)
+    error = runner()._connect_error(exc)
+    old, new = openssh_fingerprint(recorded_line), openssh_fingerprint(offered_line)
+    assert old != new and "=" not in old + new
+    assert "gpu-a: the host key of gpu-a.example has CHANGED" in error.message
+    assert f"(recorded ssh-ed25519 {old}, offered ssh-ed25519 {new})" in error.message
+    assert "ssh-keygen" in (error.hint or "") and "-R gpu-a.example" in (error.hint or "")
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen (openssh-client)")
+def test_fingerprint_is_the_one_ssh_keygen_prints() -> None:
+    line = ed25519_public_line()
+    key = paramiko.Ed25519Key(data=base64.b64decode(line.split()[1]))
+    listed = subprocess.run(
+        ["ssh-keygen", "-l", "-E", "sha256", "-f", "-"],
+        input=line + "\n",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert fingerprint(key) == f"ssh-ed25519 {listed[1]}"
