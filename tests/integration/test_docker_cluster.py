@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -364,10 +365,14 @@ def test_up_again_keeps_the_running_containers(docker_cluster: DockerCluster) ->
 
 def write_inventory(cli: Cli) -> Path:
     """docker/inventory.yaml with the key made by cluster.sh, a known_hosts of the test's own,
-    and a shorter job."""
+    and a shorter job with a name of this run's own: the work volumes may keep the checkpoints
+    of earlier jobs (docker/README.md's `orchestrate up docker/inventory.yaml`, an earlier run
+    of this test), and a job of the same name would resume from them."""
     inventory = yaml.safe_load((DOCKER_DIR / "inventory.yaml").read_text())
     inventory["defaults"]["ssh_key"] = str(DOCKER_DIR / "client_key")
     inventory["defaults"]["ssh_known_hosts"] = str(cli.cwd / "known_hosts")
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    inventory["job"]["name"] = f"{inventory['job']['name']}-test-{started}-{secrets.token_hex(3)}"
     inventory["job"].update(
         steps=STEPS,
         checkpoint_every=CHECKPOINT_EVERY,
