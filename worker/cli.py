@@ -45,6 +45,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # The order of the calls is the order of --help.
     parser = _Parser(
         prog="python -m worker",
         description="Run one worker for a TrainingTask: MultiWorkerMirroredStrategy with "
@@ -57,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="function returning a worker.task.TrainingTask",
     )
     parser.add_argument("--steps", required=True, type=int, help="train until this global step")
+    _add_checkpoint_flags(parser)
+    _add_loop_flags(parser)
+    _add_strategy_and_trace_flags(parser)
+    _add_eval_flags(parser)
+    _add_device_flags(parser)
+    return parser
+
+
+def _add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
@@ -76,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="M",
         help="checkpoints the chief keeps",
     )
+
+
+def _add_loop_flags(parser: argparse.ArgumentParser) -> None:
+    """How the training loop steps: batch, logging, preemption checks, seed, steps per call."""
     parser.add_argument(
         "--batch-size",
         type=int,
@@ -113,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="run K steps inside one tf.function call (same numerics, less Python per step); "
         "L, the checkpoint interval and the eval interval must be multiples of K",
     )
+
+
+def _add_strategy_and_trace_flags(parser: argparse.ArgumentParser) -> None:
+    """The TensorBoard directory, the strategy and profiling (kept together for --help's order)."""
     parser.add_argument(
         "--tensorboard-dir",
         metavar="DIR",
@@ -132,9 +150,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar=("START", "END"),
         help="the chief traces steps START..END (graph and profiler) into the TensorBoard dir",
     )
-    _add_eval_flags(parser)
-    _add_device_flags(parser)
-    return parser
 
 
 def _add_eval_flags(parser: argparse.ArgumentParser) -> None:
