@@ -157,6 +157,39 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     """Checks the parsed flags against each other and the environment, and fills in defaults."""
     if task_problem(args.task):
         raise ConfigError(f"--task must look like MODULE:FUNCTION, got {args.task!r}")
+    check_every, eval_every, steps_per_call = _checked_intervals(args)
+    export_format = _checked_export_format(getattr(args, "export", None))
+    strategy = getattr(args, "strategy", STRATEGY_MULTI_WORKER)
+    cluster = _checked_cluster(strategy, env, args.batch_size)
+    dirs = _directories(args, env, cluster.task_index)
+    return WorkerConfig(
+        task=args.task,
+        steps=args.steps,
+        checkpoint_dir=dirs.checkpoint_dir,
+        tensorboard_dir=dirs.tensorboard_dir,
+        checkpoint_every=args.checkpoint_every,
+        max_to_keep=args.max_to_keep,
+        batch_size=args.batch_size,
+        log_every=args.log_every,
+        preemption_check_every=round_up(check_every, steps_per_call),
+        progress_file=_abspath(env.get(PROGRESS_FILE_ENV)),
+        temp_checkpoint_dir=dirs.temp_checkpoint_dir,
+        cluster=cluster,
+        strategy=strategy,
+        profile_steps=check_profile_steps(getattr(args, "profile_steps", None)),
+        devices=device_settings_from_args(args),
+        eval_every=eval_every,
+        export_format=export_format,
+        export_dir=dirs.export_dir,
+        temp_export_dir=dirs.temp_export_dir,
+        steps_per_call=steps_per_call,
+        seed=getattr(args, "seed", None),
+    )
+
+
+def _checked_intervals(args: argparse.Namespace) -> tuple[int, int | None, int]:
+    """Every step count checked positive, the intervals against steps_per_call; returns the
+    three whose flags may be absent: (preemption_check_every, eval_every, steps_per_call)."""
     check_every = getattr(args, "preemption_check_every", DEFAULT_PREEMPTION_CHECK_EVERY)
     for flag in ("steps", "checkpoint_every", "max_to_keep", "batch_size", "log_every"):
         _require_positive(flag, getattr(args, flag))
@@ -171,20 +204,42 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
         {"log_every": args.log_every, "checkpoint_every": args.checkpoint_every,
          "eval_every": eval_every},
     )  # fmt: skip
-    export_format = getattr(args, "export", None)
+    return check_every, eval_every, steps_per_call
+
+
+def _checked_export_format(export_format: str | None) -> str | None:
     if export_format is not None and export_format not in EXPORT_FORMATS:
         raise ConfigError(
             f"--export must be one of {', '.join(EXPORT_FORMATS)}, got {export_format!r}"
         )
-    strategy = getattr(args, "strategy", STRATEGY_MULTI_WORKER)
+    return export_format
+
+
+def _checked_cluster(strategy: str, env: Mapping[str, str], batch_size: int) -> ClusterInfo:
+    """TF_CONFIG's cluster under the strategy, checked to split the global batch evenly."""
     cluster = cluster_for_strategy(strategy, parse_tf_config(env.get(TF_CONFIG_ENV)))
     # Every worker takes the same share of the global batch; TensorFlow would fail later and less
     # clearly (get_per_replica_batch_size) if the split is uneven.
-    if args.batch_size % cluster.num_workers:
+    if batch_size % cluster.num_workers:
         raise ConfigError(
-            f"--batch-size {args.batch_size} is the global batch size and must be divisible by "
+            f"--batch-size {batch_size} is the global batch size and must be divisible by "
             f"the number of workers ({cluster.num_workers})"
         )
+    return cluster
+
+
+@dataclass(frozen=True)
+class _Directories:
+    """Where a worker writes, all absolute; the temporary ones only under a run directory."""
+
+    checkpoint_dir: str
+    tensorboard_dir: str
+    export_dir: str
+    temp_checkpoint_dir: str | None
+    temp_export_dir: str | None
+
+
+def _directories(args: argparse.Namespace, env: Mapping[str, str], task_index: int) -> _Directories:
     run_dir = _abspath(env.get(RUN_DIR_ENV))
     checkpoint_dir = _abspath(args.checkpoint_dir) or _default_checkpoint_dir(run_dir)
     tensorboard_dir = _abspath(args.tensorboard_dir) or os.path.join(
@@ -196,31 +251,9 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     temp_dir = temp_export_dir = None
     if run_dir is not None:
         # One subdirectory per task index, in case several workers share a run directory.
-        temp_dir = os.path.join(run_dir, "tmp-checkpoints", f"worker-{cluster.task_index}")
+        temp_dir = os.path.join(run_dir, "tmp-checkpoints", f"worker-{task_index}")
         temp_export_dir = os.path.join(run_dir, "tmp-export")  # mkdtemp names inside it
-    return WorkerConfig(
-        task=args.task,
-        steps=args.steps,
-        checkpoint_dir=checkpoint_dir,
-        tensorboard_dir=tensorboard_dir,
-        checkpoint_every=args.checkpoint_every,
-        max_to_keep=args.max_to_keep,
-        batch_size=args.batch_size,
-        log_every=args.log_every,
-        preemption_check_every=round_up(check_every, steps_per_call),
-        progress_file=_abspath(env.get(PROGRESS_FILE_ENV)),
-        temp_checkpoint_dir=temp_dir,
-        cluster=cluster,
-        strategy=strategy,
-        profile_steps=check_profile_steps(getattr(args, "profile_steps", None)),
-        devices=device_settings_from_args(args),
-        eval_every=eval_every,
-        export_format=export_format,
-        export_dir=export_dir,
-        temp_export_dir=temp_export_dir,
-        steps_per_call=steps_per_call,
-        seed=getattr(args, "seed", None),
-    )
+    return _Directories(checkpoint_dir, tensorboard_dir, export_dir, temp_dir, temp_export_dir)
 
 
 def check_steps_per_call(steps_per_call: int, intervals: Mapping[str, int | None]) -> None:
