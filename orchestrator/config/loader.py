@@ -317,52 +317,25 @@ def _parse_job(document: LineMap, report: Report, stem: str, base: Path) -> Job 
 
 
 def _parse_args(block: LineMap, report: Report) -> tuple[str, ...]:
-    raw = block.get("args", LineList())
-    if not isinstance(raw, LineList):
-        report.add(line_of(block, "args"), "job.args", "expected a list of strings")
-        return ()
-    args = []
-    for index, item in enumerate(raw):
-        value, problem = scalar_string(item)
-        if problem:
-            report.add(raw.item_lines[index], f"job.args[{index}]", problem)
-        else:
-            args.append(value)
-    return tuple(args)
+    return report.checked_list(block.get("args", LineList()), line_of(block, "args"), "job.args",
+                               scalar_string, not_a_list="expected a list of strings")  # fmt: skip
 
 
 def _parse_exit_codes(block: LineMap, report: Report) -> tuple[int, ...]:
-    raw = block["permanent_exit_codes"]
-    if not isinstance(raw, LineList):
-        report.add(line_of(block, "permanent_exit_codes"), "job.permanent_exit_codes",
-                   "expected a list of exit codes")  # fmt: skip
-        return ()
-    codes = []
-    for index, item in enumerate(raw):
-        value, problem = JOB_KEYS["permanent_exit_codes"](item)
-        if problem:
-            report.add(raw.item_lines[index], f"job.permanent_exit_codes[{index}]", problem)
-        else:
-            codes.append(value)
-    return tuple(codes)
+    return report.checked_list(block["permanent_exit_codes"],
+                               line_of(block, "permanent_exit_codes"), "job.permanent_exit_codes",
+                               JOB_KEYS["permanent_exit_codes"],
+                               not_a_list="expected a list of exit codes")  # fmt: skip
 
 
 def _parse_files(block: LineMap, report: Report, base: Path) -> tuple[str, ...]:
-    raw = block.get("files", LineList())
-    if not isinstance(raw, LineList):
-        report.add(line_of(block, "files"), "job.files", "expected a list of paths")
-        return ()
-    files = []
-    for index, item in enumerate(raw):
-        value, problem = string(item)
-        path = controller_path(value, base) if value else None
-        if path is not None and not path.exists():
-            problem = f"no such file or directory: {path}"
-        if problem:
-            report.add(raw.item_lines[index], f"job.files[{index}]", problem)
-        else:
-            files.append(str(path))
-    return tuple(files)
+    def exists(value: str) -> Checked:
+        path = controller_path(value, base)
+        return (str(path), None) if path.exists() else (None, f"no such file or directory: {path}")
+
+    return report.checked_list(block.get("files", LineList()), line_of(block, "files"),
+                               "job.files", string, not_a_list="expected a list of paths",
+                               extra=exists)  # fmt: skip
 
 
 def _parse_env(block: LineMap, report: Report) -> dict[str, str]:
@@ -392,25 +365,28 @@ def _parse_env(block: LineMap, report: Report) -> dict[str, str]:
     return env
 
 
+def _env_name(item: Any) -> Checked:
+    if isinstance(item, str) and ENV_NAME_PATTERN.match(item):
+        return item, None
+    return None, ("expected an environment variable name (its value is taken from the "
+                  "environment of 'orchestrate up')")  # fmt: skip
+
+
 def _parse_secret_env(block: LineMap, report: Report, env: Mapping[str, str]) -> tuple[str, ...]:
-    raw = block.get("secret_env", LineList())
-    if not isinstance(raw, LineList):
-        report.add(line_of(block, "secret_env"), "job.secret_env",
-                   "expected a list of environment variable names")  # fmt: skip
-        return ()
-    names: list[str] = []
-    for index, item in enumerate(raw):
-        where, line = f"job.secret_env[{index}]", raw.item_lines[index]
-        if not isinstance(item, str) or not ENV_NAME_PATTERN.match(item):
-            report.add(line, where, "expected an environment variable name (its value is "
-                       "taken from the environment of 'orchestrate up')")  # fmt: skip
-        elif item.startswith(RESERVED_ENV_PREFIXES):
-            report.add(line, where, "is set by orchestrate for each worker")
-        elif item in env:
-            report.add(line, where, f"{item} is also in job.env; a secret's value must not be "
-                       "written in the inventory")  # fmt: skip
-        elif item in names:
-            report.add(line, where, f"{item} is listed twice")
-        else:
-            names.append(item)
-    return tuple(names)
+    names: set[str] = set()  # those kept so far: each passed every check below
+
+    def allowed(item: str) -> Checked:
+        if item.startswith(RESERVED_ENV_PREFIXES):
+            return None, "is set by orchestrate for each worker"
+        if item in env:
+            return None, (f"{item} is also in job.env; a secret's value must not be written in "
+                          "the inventory")  # fmt: skip
+        if item in names:
+            return None, f"{item} is listed twice"
+        names.add(item)
+        return item, None
+
+    return report.checked_list(block.get("secret_env", LineList()), line_of(block, "secret_env"),
+                               "job.secret_env", _env_name,
+                               not_a_list="expected a list of environment variable names",
+                               extra=allowed)  # fmt: skip

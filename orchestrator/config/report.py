@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator.errors import Problem
 from orchestrator.values import Checker
-from orchestrator.yamlsource import LineMap
+from orchestrator.yamlsource import LineList, LineMap
 
 
 class Report:
@@ -35,6 +35,27 @@ class Report:
             else:
                 values[key] = value
         return values
+
+    def checked_list(self, raw: Any, line: int | None, where: str, check: Checker, *,
+                     not_a_list: str, extra: Checker | None = None,
+                     non_empty: bool = False) -> tuple[Any, ...]:  # fmt: skip
+        """The items of the YAML list `raw` (at `line`, key `where`) that pass `check` and then
+        `extra` (whose value replaces the item's: a resolved path); a problem for each item that
+        does not, at its own line and `where[index]`. Anything but a list (or an empty one, with
+        `non_empty`) is one problem, `not_a_list`, and no items."""
+        if not isinstance(raw, LineList) or (non_empty and not raw):
+            self.add(line, where, not_a_list)
+            return ()
+        items = []
+        for index, item in enumerate(raw):
+            value, problem = check(item)
+            if not problem and extra is not None:
+                value, problem = extra(value)
+            if problem:
+                self.add(raw.item_lines[index], f"{where}[{index}]", problem)
+            else:
+                items.append(value)
+        return tuple(items)
 
     def unknown_keys(self, mapping: LineMap, known: tuple[str, ...] | dict[str, Any], where: str):
         for key in mapping:

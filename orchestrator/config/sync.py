@@ -33,18 +33,10 @@ def parse_sync(value: Any, line: int | None, report: Report, base: Path) -> Sync
     if not path.is_dir():
         report.add(block.key_lines.get("source", line), "sync.source", f"no such directory: {path}")
         return None
-    excludes: list[str] = []
     raw = block.get("exclude", LineList())
-    if not isinstance(raw, LineList):
-        report.add(block.key_lines.get("exclude"), "sync.exclude", "expected a list of patterns")
-    else:
-        for index, item in enumerate(raw):
-            pattern, problem = string(item)
-            if problem:
-                report.add(raw.item_lines[index], f"sync.exclude[{index}]", problem)
-            else:
-                excludes.append(pattern)
+    excludes = report.checked_list(raw, block.key_lines.get("exclude"), "sync.exclude", string,
+                                   not_a_list="expected a list of patterns")  # fmt: skip
     git, problem = boolean(block.get("git", False))
     if problem:
         report.add(block.key_lines.get("git"), "sync.git", problem)
-    return SyncSpec(str(path), tuple(excludes), bool(git))
+    return SyncSpec(str(path), excludes, bool(git))

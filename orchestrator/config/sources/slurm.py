@@ -35,7 +35,7 @@ from orchestrator.model.inventory import DEFAULT_CONNECTION, Host
 from orchestrator.model.slurm import DEFAULT_PORT, LoginNode, SlurmSpec
 from orchestrator.paths import controller_path
 from orchestrator.values import PORT, POSITIVE, Checked, Checker, describe, integer, string
-from orchestrator.yamlsource import LineList, LineMap
+from orchestrator.yamlsource import LineMap
 
 # Slurm's --time formats.
 TIME_PATTERN = re.compile(r"^(\d+(:\d{2}){0,2}|\d+-\d+(:\d{2}){0,2})$")
@@ -116,32 +116,25 @@ def parse_slurm(document: LineMap, report: Report, base: Path) -> SlurmSpec | No
     return SlurmSpec(**values)
 
 
-def _sbatch_args(block: LineMap, report: Report) -> tuple[str, ...]:
+def _sbatch_option(value: str) -> Checked:
+    if not value.startswith("-") or "\n" in value:
+        return None, f"expected one sbatch option such as '--qos=high', got {value!r}"
+    option = value.split("=", 1)[0]
+    if option in OWNED_OPTIONS:
+        key = OWNED_OPTIONS[option]
+        return None, (
+            f"{option} is set from slurm.{key}; set that key instead"
+            if key
+            else f"{option} is set by orchestrate (one job per attempt, its own logs)"
+        )
+    return value, None
 
-    raw = block["sbatch_args"]
-    if not isinstance(raw, LineList):
-        report.add(line_of(block, "sbatch_args"), "slurm.sbatch_args",
-                   "expected a list of strings, e.g. ['--qos=high']")  # fmt: skip
-        return ()
-    args = []
-    for index, item in enumerate(raw):
-        where, line = f"slurm.sbatch_args[{index}]", raw.item_lines[index]
-        value, problem = string(item)
-        if problem is None and (not value.startswith("-") or "\n" in value):
-            problem = f"expected one sbatch option such as '--qos=high', got {item!r}"
-        option = (value or "").split("=", 1)[0]
-        if problem is None and option in OWNED_OPTIONS:
-            key = OWNED_OPTIONS[option]
-            problem = (
-                f"{option} is set from slurm.{key}; set that key instead"
-                if key
-                else f"{option} is set by orchestrate (one job per attempt, its own logs)"
-            )
-        if problem:
-            report.add(line, where, problem)
-        else:
-            args.append(value)
-    return tuple(args)
+
+def _sbatch_args(block: LineMap, report: Report) -> tuple[str, ...]:
+    return report.checked_list(block["sbatch_args"], line_of(block, "sbatch_args"),
+                               "slurm.sbatch_args", string,
+                               not_a_list="expected a list of strings, e.g. ['--qos=high']",
+                               extra=_sbatch_option)  # fmt: skip
 
 
 def _login(block: LineMap, report: Report, base: Path) -> LoginNode | None:
