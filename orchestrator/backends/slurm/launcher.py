@@ -27,6 +27,12 @@ import socket
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
+
+# Annotations naming a generic are strings, never evaluated: the node's python3 may be older than
+# the controller's (this file has no __future__ import and runs on Python 3.6 too).
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 PLAN_ENV = "ORCHESTRATE_SLURM_PLAN"
 JOB_ID_PLACEHOLDER = "{SLURM_JOB_ID}"
@@ -147,47 +153,53 @@ def _record_exit(run_dir, returncode, started, error):
     )
 
 
-def main():
-    plan = json.loads(os.environ.pop(PLAN_ENV))
-    index = int(os.environ["SLURM_PROCID"])
-    job_id = os.environ.get("SLURM_JOB_ID", "")
-    nodes = expand_nodelist(
-        os.environ.get("SLURM_STEP_NODELIST") or os.environ["SLURM_JOB_NODELIST"]
-    )
+def _filler(job_id: str, submit_dir: str) -> "Callable[[str], str]":
+    """Fills in a plan value: Slurm's job id and submit directory, a leading "~/" the home."""
 
-    submit_dir = os.environ.get("SLURM_SUBMIT_DIR", os.getcwd())
-
-    def fill(text):
+    def fill(text: str) -> str:
         text = text.replace(JOB_ID_PLACEHOLDER, job_id).replace(SUBMIT_DIR_PLACEHOLDER, submit_dir)
         return os.path.expanduser(text) if text.startswith("~/") else text
 
-    task = plan["tasks"][index]
+    return fill
+
+
+def _prepare_run_dir(task: dict, fill: "Callable[[str], str]") -> str:
+    """The task's private directories and run directory, made; node and pid written there."""
     run_dir = os.path.expanduser(fill(task["run_dir"]))
     _make_private_dirs([os.path.expanduser(fill(d)) for d in task.get("private_dirs", [])])
     os.makedirs(run_dir, exist_ok=True)
     _write(os.path.join(run_dir, "node"), socket.gethostname())
     _write(os.path.join(run_dir, "pid"), str(os.getpid()))
-    config = tf_config(nodes, plan["port"], index)
-    _write_json(os.path.join(run_dir, "tf_config.json"), config)
+    return run_dir
+
+
+def _worker_env(task: dict, fill: "Callable[[str], str]", config: dict) -> "dict[str, str]":
     env = dict(os.environ)
     env.update({key: fill(value) for key, value in task["env"].items()})
     env["TF_CONFIG"] = json.dumps(config)
-    started = time.time()
-    missing = [name for name in plan.get("secret_env", []) if name not in os.environ]
-    if missing:
-        error = (
-            f"job.secret_env: {', '.join(missing)} not in the job's environment; export "
-            "them where you run sbatch (and keep sbatch's --export=ALL)"
-        )
-        print(f"task {index}: {error}", flush=True)
-        _record_exit(run_dir, 2, started, error)
-        return 2
+    return env
+
+
+def _refuse_missing_secrets(index: int, run_dir: str, started: float, missing: "list[str]") -> int:
+    error = (
+        f"job.secret_env: {', '.join(missing)} not in the job's environment; export "
+        "them where you run sbatch (and keep sbatch's --export=ALL)"
+    )
+    print(f"task {index}: {error}", flush=True)
+    _record_exit(run_dir, 2, started, error)
+    return 2
+
+
+def _start_worker(
+    task: dict, fill: "Callable[[str], str]", env: "dict[str, str]", run_dir: str, started: float
+) -> "subprocess.Popen[bytes] | None":
+    """The worker, writing to worker.log; None, with exit.json written, when it cannot start."""
     log_fd = os.open(
         os.path.join(run_dir, "worker.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
     )
     log = open(log_fd, "ab")  # noqa: SIM115 - the child owns it
     try:
-        child = subprocess.Popen(
+        return subprocess.Popen(
             [fill(a) for a in task["argv"]],
             cwd=os.path.expanduser(fill(task["cwd"])),
             env=env,
@@ -197,18 +209,24 @@ def main():
         )
     except OSError as exc:
         _record_exit(run_dir, 127, started, f"cannot start {task['argv'][0]}: {exc}")
-        return 127
-    _write(os.path.join(run_dir, "worker.pid"), str(child.pid))
+        return None
 
-    def forward(signum, _frame):
+
+def _wait_forwarding_signals(child: "subprocess.Popen[bytes]") -> int:
+    """The worker's return code; until then SIGTERM, SIGINT and SIGUSR1 are passed on to it."""
+
+    def forward(signum: int, _frame: object) -> None:
         # Preemption or `orchestrate down`: the worker saves a checkpoint and exits 75.
         if child.poll() is None:
             child.send_signal(signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(signum, forward)
-    returncode = child.wait()
-    _record_exit(run_dir, returncode, started, None)
+    return child.wait()
+
+
+def _srun_exit(index: int, returncode: int) -> int:
+    """Says how the worker exited, and picks the launcher's own exit code for srun."""
     print(f"task {index} on {socket.gethostname()}: worker exited {returncode}", flush=True)
     if returncode == EXIT_PREEMPTED:
         # Not a bad exit for srun: the peers are saving at the same step and exit 75 too. Were
@@ -218,6 +236,32 @@ def main():
         return 0
     # A signal's death reads to srun as 128+N, so --kill-on-bad-exit ends the other tasks.
     return returncode if returncode >= 0 else 128 - returncode
+
+
+def main():
+    plan = json.loads(os.environ.pop(PLAN_ENV))
+    index = int(os.environ["SLURM_PROCID"])
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    nodes = expand_nodelist(
+        os.environ.get("SLURM_STEP_NODELIST") or os.environ["SLURM_JOB_NODELIST"]
+    )
+    fill = _filler(job_id, os.environ.get("SLURM_SUBMIT_DIR", os.getcwd()))
+    task = plan["tasks"][index]
+    run_dir = _prepare_run_dir(task, fill)
+    config = tf_config(nodes, plan["port"], index)
+    _write_json(os.path.join(run_dir, "tf_config.json"), config)
+    env = _worker_env(task, fill, config)
+    started = time.time()
+    missing = [name for name in plan.get("secret_env", []) if name not in os.environ]
+    if missing:
+        return _refuse_missing_secrets(index, run_dir, started, missing)
+    child = _start_worker(task, fill, env, run_dir, started)
+    if child is None:
+        return 127
+    _write(os.path.join(run_dir, "worker.pid"), str(child.pid))
+    returncode = _wait_forwarding_signals(child)
+    _record_exit(run_dir, returncode, started, None)
+    return _srun_exit(index, returncode)
 
 
 if __name__ == "__main__":
