@@ -12,23 +12,34 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from orchestrator.fanout import GroupResult
-from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
 from orchestrator.model.preflight import DEFAULT_MIN_FREE_BYTES, DEFAULT_PROBE_TIMEOUT
+from orchestrator.model.workers import Started
 
 if TYPE_CHECKING:
-    from orchestrator.model.inventory import Host, Inventory
-    from orchestrator.model.preflight import PreflightReport
-    from orchestrator.model.records import RunRecord, WorkerRecord
+    from orchestrator.model.inventory import Host, Inventory, LoginDetails
+    from orchestrator.model.preflight import Finding, PreflightReport
+    from orchestrator.model.records import RunRecord, SchedulerState, WorkerRecord
     from orchestrator.model.workers import WorkerSpec
 
 
-# The engine's plan_workers (inventory, run id, workdirs -> one spec per worker), passed to a
-# backend that plans workers of its own (an export): a backend never imports the engine.
-Planner = Callable[["Inventory", str, dict[str, str]], list["WorkerSpec"]]
+class Planner(Protocol):
+    """The engine's plan_workers, passed to a backend that plans workers of its own (an
+    export): a backend never imports the engine."""
+
+    def __call__(
+        self,
+        inventory: Inventory,
+        run_id: str,
+        workdirs: dict[str, str],
+        *,
+        reads_in_place: Callable[[Host], bool],
+    ) -> list[WorkerSpec]: ...
+
+
 ExportWriter = Callable[["Inventory", Planner], str]
 
 
@@ -49,8 +60,9 @@ class Backend(ABC):
         """Each host's workdir as an absolute path on that host, by host name."""
 
     @abstractmethod
-    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
-        """Upload what each worker needs and start it detached; its pid, by worker name."""
+    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, Started]:
+        """Upload what each worker needs and start it detached; by worker name, its pid on its
+        host or the scheduler's job it is a task of."""
 
     @abstractmethod
     def probe(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, WorkerProbe]:
@@ -133,27 +145,30 @@ class Backend(ABC):
         """Make the machines ready for a start (hosts: `sync:`, then `setup:`; `spares`: the
         spares too). Nothing to do for a backend whose machines come prepared."""
 
+    def network_problems(self, inventory: Inventory) -> list[Finding]:
+        """Between two attempts: the blocking findings that say the workers' machines cannot
+        reach each other now (a partition), so that a restart waits instead of failing the same
+        way. None where no partition can be checked (one machine; a scheduler's unknown nodes)."""
+        return []
+
     # --- reaching hosts ------------------------------------------------------------------------
     @abstractmethod
     def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
         """The hosts that cannot be reached at all (not merely failing a command), with why."""
 
     @abstractmethod
-    def preflight_session(self, host: Host) -> LineSession:
-        """A hostprobe session on the host (preflight.py's rounds)."""
+    def reads_in_place(self, host: Host) -> bool:
+        """Whether the worker on `host` sees this machine's files: nothing is uploaded, it
+        starts in the inventory's directory, and its checkpoints, event files and export are
+        read where they are (never mirrored or pulled)."""
 
-    def stream(self, host: Host, argv: Sequence[str]) -> Iterator[str]:
-        """Run a command on the host's machine, yielding its output lines (`setup:`)."""
-        from orchestrator.errors import HostError
-
-        raise HostError(host.name, "this backend cannot run commands on its hosts")
-
-    # --- what a scheduler adds (hosts have none of it) -----------------------------------------
-    def submitted_job(self) -> str | None:
-        """The scheduler's job id of the attempt the last start() submitted."""
+    def login_details(self, host: Host) -> LoginDetails | None:
+        """How the host's machine is reached, as resolved (`orchestrate hosts`); None when
+        nothing logs in to it."""
         return None
 
-    def scheduler_state(self, record: RunRecord) -> dict[str, Any] | None:
+    # --- what a scheduler adds (hosts have none of it) -----------------------------------------
+    def scheduler_state(self, record: RunRecord) -> SchedulerState | None:
         """The scheduler's view of the run's current attempt, for status."""
         return None
 

@@ -12,24 +12,23 @@ from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import open_backend
 from orchestrator.cli.app import cli, console, errors
 from orchestrator.config.loader import load_inventory
-from orchestrator.machines.kinds import kind_of
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import Host, Inventory, LoginDetails
 
 
-def _row(host: Host, role: str) -> dict[str, object]:
-    details = kind_of(host).login_details(host)
+def _row(host: Host, role: str, backend: Backend) -> dict[str, object]:
+    details = backend.login_details(host) or LoginDetails()
     return {
         "name": host.name,
         "role": role,
         "connection": host.connection,
         "address": host.address,
         "port": host.port,
-        "ssh_alias": details.get("alias"),
-        "ssh_hostname": details.get("hostname"),
-        "ssh_user": details.get("user"),
-        "ssh_port": details.get("ssh_port"),
-        "ssh_key": details.get("key"),
-        "jump": details.get("jump"),
+        "ssh_alias": details.alias,
+        "ssh_hostname": details.hostname,
+        "ssh_user": details.user,
+        "ssh_port": details.port,
+        "ssh_key": details.key,
+        "jump": details.jump,
         "python": host.python,
         "workdir": host.workdir,
     }
@@ -44,7 +43,9 @@ def hosts(inventory: Path, as_json: bool) -> None:
     come from 'hosts:' or from an Ansible inventory ('ansible:'), after ~/.ssh/config (or
     'ssh_config') aliases. Connects to nothing."""
     spec = load_inventory(inventory)
-    rows = [_row(h, "worker") for h in spec.hosts] + [_row(h, "spare") for h in spec.spares]
+    with open_backend(spec) as backend:  # connects to nothing: login details are resolved here
+        rows = [_row(h, "worker", backend) for h in spec.hosts]
+        rows += [_row(h, "spare", backend) for h in spec.spares]
     if as_json:
         for row in rows:
             console.print(json.dumps(row), markup=False, highlight=False, soft_wrap=True)

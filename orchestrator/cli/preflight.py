@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from orchestrator.backends.base import Backend
-from orchestrator.backends.hosts.firewall import FORMATS, controller_address, host_rules
+from orchestrator.backends.hosts.firewall import FORMATS, controller_towards, host_rules
 from orchestrator.backends.registry import open_backend
 from orchestrator.cli.app import (
     Context,
@@ -22,7 +22,6 @@ from orchestrator.config.loader import load_inventory
 from orchestrator.errors import (
     PreflightFailed,
 )
-from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.preflight import (
     DEFAULT_MIN_FREE_BYTES,
@@ -147,7 +146,5 @@ def firewall(inventory: Path, fmt: str, controller: str | None) -> None:
     this machine. Nothing is applied: review them and run each block on its host.
     """
     spec = load_inventory(inventory)
-    remote = [h for h in spec.hosts if kind_of(h).login_port(h)]
-    if controller is None and remote:
-        controller = controller_address(remote[0].address)
+    controller = controller or controller_towards(spec)
     click.echo(firewall_script(host_rules(spec, fmt, controller), fmt))

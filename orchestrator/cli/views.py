@@ -112,8 +112,8 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
             hint="pip install tensorboard (or 'orchestrate[worker]')",
         )
     record = context.store.load(run_id)
-    logdir = local_event_dir(record, context.store)
     with open_backend(record.inventory) as backend:
+        logdir = local_event_dir(record, context.store, backend)
         pulled = pull_events(record, backend, logdir)
         if pulled:
             errors.print(f"pulled {pulled} event file(s) from {record.workers[0].name}")
@@ -131,7 +131,7 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
                       "run_id": record.run_id}  # fmt: skip
             context.store.write_file(context.store.tensorboard_path(), json.dumps(served))
             while server.poll() is None:
-                time.sleep(refresh if events_are_remote(record) else 1.0)
+                time.sleep(refresh if events_are_remote(record, backend) else 1.0)
                 pull_events(record, backend, logdir)
         except KeyboardInterrupt:
             server.terminate()
@@ -167,12 +167,12 @@ def pull_export_command(context: Context, target: Path | None, run_id: str | Non
     """
     record = context.store.load(run_id)
     chief = record.workers[0]
-    if not export_is_remote(record) and target is None:
-        source = local_export(record)
-        errors.print(f"{chief.name} shares this machine's files: its export is read in place")
-        click.echo(str(source))
-        return
     with open_backend(record.inventory) as backend:
+        if not export_is_remote(record, backend) and target is None:
+            source = local_export(record)
+            errors.print(f"{chief.name} shares this machine's files: its export is read in place")
+            click.echo(str(source))
+            return
         pulled = pull_export(record, backend, target or context.store.export_dir(record.job_name))
     errors.print(
         f"copied {pulled.files} file(s) ({pulled.size_bytes / 2**20:.1f} MiB) of "

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from orchestrator.backends.base import Backend
 from orchestrator.errors import RunStateError
-from orchestrator.machines.kinds import kind_of
 from orchestrator.model.records import RunRecord, WorkerRecord
 from orchestrator.model.workers import export_dir, job_dir_of_run
 
@@ -41,8 +40,8 @@ def no_export(chief: WorkerRecord, source: str) -> RunStateError:
     )
 
 
-def export_is_remote(record: RunRecord) -> bool:
-    return not kind_of(record.workers[0].host).shares_files_with_controller
+def export_is_remote(record: RunRecord, backend: Backend) -> bool:
+    return not backend.reads_in_place(record.workers[0].host)
 
 
 def local_export(record: RunRecord) -> Path:

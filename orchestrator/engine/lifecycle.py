@@ -19,7 +19,7 @@ from orchestrator.errors import HostErrors, OrchestrateError
 from orchestrator.fanout import GroupResult
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import RunRecord, WorkerRecord
-from orchestrator.model.workers import WorkerSpec, job_dir_of_run
+from orchestrator.model.workers import Started, WorkerSpec, job_dir_of_run
 
 DEFAULT_GRACE = 10.0
 
@@ -60,7 +60,8 @@ def launch_attempt(
     if not prepared:
         backend.prepare(inventory, workdirs, say, force_setup=force_setup,
                         spares=record.attempt == 0)  # fmt: skip
-    specs = plan_workers(inventory, record.run_id, dict(workdirs), record.attempt, secrets)
+    specs = plan_workers(inventory, record.run_id, dict(workdirs), record.attempt, secrets,
+                         reads_in_place=backend.reads_in_place)  # fmt: skip
     spread = spread_latest_checkpoint(specs, backend, Mirror(store.mirror_path(record.run_id)))
     if spread.name:
         copied = f"copied to {', '.join(spread.copied_to)}" if spread.copied_to else "on every host"
@@ -70,23 +71,26 @@ def launch_attempt(
     record = replace(record, workers=tuple(_record(spec) for spec in specs), launched=False)
     store.save(record)  # before launching: a half-started run can still be found and stopped
     started = backend.start(specs)
-    if (job := backend.submitted_job()) is not None:
+    for job in dict.fromkeys(s.job_id for s in started.ok.values() if s.job_id is not None):
         record = replace(record, scheduler_jobs=(*record.scheduler_jobs, job))
         say(f"submitted batch job {job}")
     for spec in specs:
         if spec.name in started.ok:
             say(f"started {spec.name} ({spec.host.endpoint})")
-    record = replace(
-        record,
-        workers=tuple(replace(w, pid=started.ok.get(w.name)) for w in record.workers),
-        launched=True,
-    )
+    record = replace(record, workers=tuple(_started(w, started.ok) for w in record.workers),
+                     launched=True)  # fmt: skip
     store.save(record)
     if started.failed:
         # The started workers would wait forever for the missing peers.
         stop_run(record, backend, grace=2.0)
         raise HostErrors(list(started.failed.values()), "starting the workers")
     return record
+
+
+def _started(worker: WorkerRecord, started: Mapping[str, Started]) -> WorkerRecord:
+    """The worker with what its start said (nothing, for one that did not start)."""
+    answer = started.get(worker.name, Started())
+    return replace(worker, pid=answer.pid, job_id=answer.job_id)
 
 
 def _record(spec: WorkerSpec) -> WorkerRecord:
@@ -168,7 +172,8 @@ def _slot_standbys(
 ) -> tuple[list[WorkerSpec], GroupResult[str, str]]:
     """Start a standby per slot of `attempt`, with the environment its worker would get."""
     secrets = secret_values(inventory.job.secret_env, environ, doing="starting the standbys")
-    specs = plan_workers(inventory, run_id, dict(workdirs), attempt, secrets)
+    specs = plan_workers(inventory, run_id, dict(workdirs), attempt, secrets,
+                         reads_in_place=backend.reads_in_place)  # fmt: skip
     return specs, backend.start_standbys(specs, linger)
 
 

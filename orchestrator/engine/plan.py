@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import posixpath
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import PurePath
 
@@ -32,7 +32,6 @@ from orchestrator.contract import (
     WORKER_ENV,
 )
 from orchestrator.engine.tfconfig import tf_config
-from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.workers import (
     WorkerSpec,
@@ -74,12 +73,12 @@ def synced_path(inventory: Inventory, path: str, job_directory: str) -> str | No
 
 
 def uploads(
-    job: Job, host: Host, run_dir: str, synced: str | None = None
+    job: Job, run_dir: str, synced: str | None = None, *, in_place: bool = False
 ) -> tuple[tuple[str, str], ...]:
     """A remote host gets the script and the job's files in its run directory; a worker that
-    sees this machine's files uses them where they are, and a script inside the `sync:`
-    directory (`synced`, its path on the host) is already there."""
-    if kind_of(host).shares_files_with_controller:
+    sees this machine's files (`in_place`) uses them where they are, and a script inside the
+    `sync:` directory (`synced`, its path on the host) is already there."""
+    if in_place:
         return ()
     local = ([job.script] if job.script and synced is None else []) + list(job.files)
     return tuple((path, posixpath.join(run_dir, posixpath.basename(path))) for path in local)
@@ -104,12 +103,19 @@ def device_flags(job: Job, host: Host) -> tuple[str, ...]:
 
 
 def worker_argv(
-    job: Job, host: Host, run_dir: str, checkpoints: str, synced: str | None = None
+    job: Job,
+    host: Host,
+    run_dir: str,
+    checkpoints: str,
+    synced: str | None = None,
+    *,
+    in_place: bool = False,
 ) -> tuple[str, ...]:
+    """`in_place`: the worker sees this machine's files (Backend.reads_in_place)."""
     python = host.python
     if job.script is not None:
         script = job.script
-        if not kind_of(host).shares_files_with_controller:
+        if not in_place:
             script = synced or posixpath.join(run_dir, posixpath.basename(job.script))
         return (python, script, *job.args)
     assert job.task is not None and job.steps is not None
@@ -134,10 +140,13 @@ def plan_workers(
     workdirs: dict[str, str],
     attempt: int = 0,
     secrets: Mapping[str, str] | None = None,
+    *,
+    reads_in_place: Callable[[Host], bool],
 ) -> list[WorkerSpec]:
     """One spec per host entry; `workdirs` maps host name to its absolute workdir on that host.
     Each attempt of a run (a restart after a failure) gets fresh run directories. `secrets`: the
-    values of job.secret_env (secretenv.secret_values), for the workers' environment only."""
+    values of job.secret_env (secretenv.secret_values), for the workers' environment only.
+    `reads_in_place`: the backend's answer whether a host's worker sees this machine's files."""
     specs = []
     for index, host in enumerate(inventory.hosts):
         directory = job_dir(inventory.job, workdirs[host.name])
@@ -159,8 +168,9 @@ def plan_workers(
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.visible_gpus))
         # Workers that see this machine's files start where the inventory is, so a task module
         # beside it imports; elsewhere in the synced code, if there is any.
+        in_place = reads_in_place(host)
         cwd = run_dir if inventory.sync is None else sync_dir(directory)
-        if kind_of(host).shares_files_with_controller:
+        if in_place:
             cwd = inventory.base_dir
         script = inventory.job.script
         synced = synced_path(inventory, script, directory) if script else None
@@ -171,11 +181,13 @@ def plan_workers(
                 run_dir=run_dir,
                 checkpoint_dir=checkpoints,
                 cwd=cwd,
-                argv=worker_argv(inventory.job, host, run_dir, checkpoints, synced),
+                argv=worker_argv(
+                    inventory.job, host, run_dir, checkpoints, synced, in_place=in_place
+                ),
                 env=env,
                 tf_config=tf_config(inventory, index),
                 log_max_bytes=inventory.job.log_max_mb << 20,
-                uploads=uploads(inventory.job, host, run_dir, synced),
+                uploads=uploads(inventory.job, run_dir, synced, in_place=in_place),
                 secrets=dict(secrets or {}),
                 warm=inventory.job.warm,
             )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -10,7 +9,7 @@ from orchestrator.backends.base import Backend
 from orchestrator.engine.failures import classify_exit, explain
 from orchestrator.engine.state import WorkerState, classify, overall
 from orchestrator.model.answers import WorkerProbe
-from orchestrator.model.records import Restart, RunRecord, WorkerRecord
+from orchestrator.model.records import Restart, RunRecord, SchedulerState, WorkerRecord
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ class RunStatus:
     attempt: int = 0
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None
-    scheduler: Mapping[str, Any] | None = None  # a scheduler's view of the attempt (Slurm job)
+    scheduler: SchedulerState | None = None  # a scheduler's view of the attempt (Slurm job)
 
     def to_json(self) -> dict[str, Any]:
         last = self.restarts[-1] if self.restarts else None
@@ -79,7 +78,7 @@ class RunStatus:
             "restarts": len(self.restarts),
             "last_restart": last.__dict__ if last else None,
             "outcome": self.outcome,
-            "scheduler": dict(self.scheduler) if self.scheduler else None,
+            "scheduler": self.scheduler.to_json() if self.scheduler else None,
             "workers": [w.to_json() for w in self.workers],
         }
 

@@ -54,7 +54,6 @@ from orchestrator.errors import (
     OrchestrateError,
     RunStateError,
 )
-from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import Restart, RunRecord
 
@@ -733,7 +732,7 @@ class Supervisor:
         the run resumes from here."""
         chief = self.record.workers[0]
         step = status.workers[0].checkpoint_step
-        if kind_of(chief.host).shares_files_with_controller or step is None:
+        if self.backend.reads_in_place(chief.host) or step is None:
             return
         if self.backend.shared_checkpoints:  # a shared filesystem keeps them (Slurm)
             return
@@ -764,19 +763,13 @@ class Supervisor:
         """A partition between hosts would fail every restart the same way: after a failure
         that may be one, check the hosts' TensorFlow ports from each other first, and wait
         with backoff (no restart spent) until they reach each other or partition_timeout."""
-        hosts = self.record.inventory.hosts
-        if failure.kind in LOCAL_KINDS or len({kind_of(h).machine_key(h) for h in hosts}) < 2:
+        if failure.kind in LOCAL_KINDS:
             return
         job = self.record.inventory.job
         deadline = time.monotonic() + job.partition_timeout
         wait = 2.0
-        network = {"reachable", "connect"} | {kind_of(h).login_check for h in hosts} - {None}
         while True:
-            blocked = [
-                finding
-                for finding in self.backend.preflight(self.record.inventory).blocking
-                if finding.check in network
-            ]
+            blocked = self.backend.network_problems(self.record.inventory)
             if not blocked:
                 return
             details = "; ".join(f"{f.host}: {f.detail}" for f in blocked)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from orchestrator.backends.base import Backend
 from orchestrator.engine.runstore import RunStore
-from orchestrator.machines.kinds import kind_of
 from orchestrator.model.records import RunRecord, WorkerRecord
 
 
@@ -21,19 +20,19 @@ def chief_event_dir(chief: WorkerRecord) -> str:
     return posixpath.join(posixpath.dirname(chief.checkpoint_dir.rstrip("/")), "tensorboard")
 
 
-def events_are_remote(record: RunRecord) -> bool:
-    return not kind_of(record.workers[0].host).shares_files_with_controller
+def events_are_remote(record: RunRecord, backend: Backend) -> bool:
+    return not backend.reads_in_place(record.workers[0].host)
 
 
-def local_event_dir(record: RunRecord, store: RunStore) -> Path:
-    if not events_are_remote(record):
+def local_event_dir(record: RunRecord, store: RunStore, backend: Backend) -> Path:
+    if not events_are_remote(record, backend):
         return Path(chief_event_dir(record.workers[0]))
     return store.event_dir(record.job_name)
 
 
 def pull_events(record: RunRecord, backend: Backend, target: Path) -> int:
     """Copy the remote chief's new or changed event files into `target`; how many were copied."""
-    if not events_are_remote(record):
+    if not events_are_remote(record, backend):
         return 0
     chief = record.workers[0]
     listing = backend.list_files(chief.host, chief_event_dir(chief))

@@ -4,14 +4,13 @@ Fabric runner (ssh.py) without either importing the other."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import Host, KindSettings
 
 
 @dataclass(frozen=True)
-class SshSettings:
+class SshSettings(KindSettings):
     ssh_user: str | None = None
     ssh_port: int | None = None
     ssh_key: str | None = None

@@ -8,12 +8,36 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from orchestrator.contract import KERAS_DEFAULT
 from orchestrator.model.slurm import SlurmSpec
 
 DEFAULT_WORKDIR = "~/orchestrate"
+
+
+class KindSettings:
+    """The base of every connection kind's own settings (frozen dataclasses of machines/kinds)."""
+
+
+@dataclass(frozen=True)
+class NoSettings(KindSettings):
+    """The settings of a kind that has none."""
+
+
+@dataclass(frozen=True)
+class LoginDetails:
+    """How a host's machine is reached, as resolved from its settings and the ssh config, for
+    `orchestrate hosts`."""
+
+    user: str | None = None
+    port: int | None = None
+    key: str | None = None
+    jump: str | None = None
+    alias: str | None = None  # the ssh config Host the inventory named
+    hostname: str | None = None  # where SSH connects
+
+
 # A host entry without `connection:` is reached over SSH.
 DEFAULT_CONNECTION = "ssh"
 
@@ -51,7 +75,7 @@ class Host:
     logical_gpus: int | None = None
     # The connection kind's own settings (orchestrator/machines/kinds/): SSH user, port, key,
     # ... None: that kind's defaults (a host made by hand rather than read from an inventory).
-    settings: Any = None
+    settings: KindSettings | None = None
 
     @property
     def endpoint(self) -> str:

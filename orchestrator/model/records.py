@@ -26,7 +26,8 @@ class WorkerRecord:
     run_dir: str
     log_path: str
     checkpoint_dir: str
-    pid: int | None = None
+    pid: int | None = None  # the worker's supervisor on its host, once started there
+    job_id: str | None = None  # the scheduler's job the worker is a task of (Slurm)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,31 @@ class Restart:
     def describe(self) -> str:
         step = f" at step {self.step}" if self.step is not None else ""
         return f"{self.worker}{step}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class SchedulerState:
+    """A scheduler's view of a run's current attempt, for status (Slurm: its batch job)."""
+
+    scheduler: str
+    state: str  # the scheduler's word (RUNNING, PENDING, ...); UNKNOWN when it cannot be asked
+    jobs: tuple[str, ...] = ()  # every attempt's job id, in order
+    login: str | None = None  # the machine the scheduler is asked through, when not this one
+    job_id: str | None = None  # the current attempt's job, once the scheduler knows it
+    reason: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    nodes: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        where = {"scheduler": self.scheduler, "jobs": list(self.jobs),
+                 **({"login": self.login} if self.login else {})}  # fmt: skip
+        if self.job_id is None:  # not submitted yet, or the scheduler could not be asked
+            reason = {"reason": self.reason} if self.reason else {}
+            return {**where, "state": self.state, **reason}
+        return {**where, "job_id": self.job_id, "state": self.state, "reason": self.reason,
+                "exit_code": self.exit_code, "signal": self.signal,
+                "nodes": self.nodes}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -86,8 +112,10 @@ class RunRecord:
         def host(fields: dict[str, Any]) -> Host:
             return _host(fields, settings)
 
+        scheduled = data["inventory"].get("slurm") is not None
         workers = tuple(
-            WorkerRecord(**{**worker, "host": host(worker["host"])}) for worker in data["workers"]
+            WorkerRecord(**{**_job_id_of_old(worker, scheduled), "host": host(worker["host"])})
+            for worker in data["workers"]
         )
         return cls(
             **{
@@ -99,6 +127,13 @@ class RunRecord:
                 "scheduler_jobs": tuple(data.get("scheduler_jobs", ())),
             }
         )
+
+
+def _job_id_of_old(worker: dict[str, Any], scheduled: bool) -> dict[str, Any]:
+    """Records written before `job_id` existed kept a scheduler's job id in `pid`."""
+    if scheduled and "job_id" not in worker and worker.get("pid") is not None:
+        return {**worker, "pid": None, "job_id": str(worker["pid"])}
+    return worker
 
 
 def _host(data: dict[str, Any], settings: SettingsReader) -> Host:

@@ -27,6 +27,15 @@ SYNC_DIR = "code"  # under the job directory: the `sync:` directory's mirror
 
 
 @dataclass(frozen=True)
+class Started:
+    """What a backend's start says of one worker: its supervisor's pid on its host, or the
+    scheduler's job it is a task of."""
+
+    pid: int | None = None
+    job_id: str | None = None
+
+
+@dataclass(frozen=True)
 class WorkerSpec:
     index: int
     host: Host

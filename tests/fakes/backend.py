@@ -13,19 +13,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.backends.base import Backend
-from orchestrator.backends.hosts.preflight import run_preflight
+from orchestrator.backends.hosts.preflight import partition_findings, run_preflight
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult
+from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.preflight import (
     DEFAULT_MIN_FREE_BYTES,
     DEFAULT_PROBE_TIMEOUT,
+    Finding,
     PreflightReport,
 )
 from orchestrator.model.records import WorkerRecord
-from orchestrator.model.workers import WorkerSpec
+from orchestrator.model.workers import Started, WorkerSpec
 
 # A worker's script: attempt number -> the states its probes return in turn (the last repeats).
 Script = Mapping[int, Sequence[Mapping[str, Any]]]
@@ -77,11 +79,17 @@ class FakeBackend(Backend):
                   if any(h.name == n for h in hosts)}  # fmt: skip
         return GroupResult(ok, failed)
 
-    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
+    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, Started]:
         self.attempt += 1
         self._polls.clear()
         self.started.append([spec.name for spec in specs])
-        return GroupResult({spec.name: 1000 + spec.index for spec in specs})
+        return GroupResult({spec.name: Started(pid=1000 + spec.index) for spec in specs})
+
+    def network_problems(self, inventory: Inventory) -> list[Finding]:
+        return partition_findings(inventory, self.preflight)
+
+    def reads_in_place(self, host: Host) -> bool:
+        return kind_of(host).shares_files_with_controller
 
     def probe(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, WorkerProbe]:
         self.probes += 1
@@ -131,7 +139,7 @@ class FakeBackend(Backend):
     def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
         return {h.name: self.dead_hosts[h.name] for h in hosts if h.name in self.dead_hosts}
 
-    def preflight_session(self, host: Host) -> LineSession:
+    def preflight_session(self, host: Host) -> LineSession:  # run_preflight's ProbeSessions
         if host.name in self.dead_hosts:
             raise ConnectError(host.name, self.dead_hosts[host.name])
         scripted = self.answers.get(host.name)

@@ -26,7 +26,6 @@ from orchestrator.engine.failures import (
     explain,
 )
 from orchestrator.engine.lifecycle import start_run
-from orchestrator.engine.plan import plan_workers
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import collect_status
@@ -36,6 +35,7 @@ from orchestrator.machines.kinds import kind_of
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.preflight import Status
 from tests.fakes.backend import FakeBackend, exited, running
+from tests.fakes.planning import plan_workers
 from tests.unit.test_preflight_findings import all_ok_peers, backend_with, cluster, inspection
 from worker import helpers
 from worker.config import ConfigError

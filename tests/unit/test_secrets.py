@@ -22,7 +22,6 @@ from orchestrator.backends.hosts.preflight import ExposureProbe, run_preflight
 from orchestrator.backends.slurm import launcher
 from orchestrator.backends.slurm.script import batch_script
 from orchestrator.config.loader import load_inventory
-from orchestrator.engine.plan import plan_workers
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import REDACTED, looks_secret, scrub, secret_values, shown_env
 from orchestrator.errors import InventoryError, SecretMissing
@@ -31,6 +30,7 @@ from orchestrator.machines.agent import HostAgent
 from orchestrator.machines.runner import LocalRunner
 from orchestrator.model.preflight import Status
 from orchestrator.model.workers import private_dirs
+from tests.fakes.planning import plan_workers
 from tests.unit.test_preflight_findings import all_ok_peers, backend_with, cluster, findings
 
 HOSTS = "defaults: {port: 20000}\nhosts:\n  - {name: a, address: 10.9.0.1}\n"

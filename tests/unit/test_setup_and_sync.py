@@ -15,9 +15,9 @@ from orchestrator.backends.hosts.setup import MARKER, setup_hash
 from orchestrator.backends.hosts.sync import parse_stats, rsync_argv
 from orchestrator.backends.registry import host_settings
 from orchestrator.config.loader import load_inventory
-from orchestrator.engine.plan import plan_workers
 from orchestrator.errors import HostErrors, InventoryError
 from orchestrator.model.inventory import Inventory, SyncSpec
+from tests.fakes.planning import plan_workers
 
 
 def local_inventory(root: Path, setup: list[str], hosts: int = 2) -> Inventory:

@@ -22,13 +22,13 @@ from orchestrator.backends.slurm.commands import (
 from orchestrator.backends.slurm.script import batch_script
 from orchestrator.config.loader import load_inventory
 from orchestrator.contract import EXIT_PREEMPTED
-from orchestrator.engine.plan import plan_workers
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState, classify
 from orchestrator.errors import InventoryError
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.answers import ExitRecord, WorkerProbe
 from orchestrator.model.records import RunRecord
+from tests.fakes.planning import plan_workers
 
 JOB = "job:\n  task: worker.examples.shapes:task\n  steps: 10\n"
 
@@ -111,7 +111,7 @@ def test_a_login_node_takes_the_ssh_kinds_keys_and_ssh_config(tmp_path: Path) ->
     # The tasks stand for the login node: what reaches their "host" reaches it.
     task = inventory.hosts[0]
     assert kind_of(task).name == "ssh" and task.settings.target == "hpc"
-    assert kind_of(task).login_details(task)["ssh_port"] == 2222  # ~/.ssh/config as for a host
+    assert kind_of(task).login_details(task).port == 2222  # ~/.ssh/config as for a host
     from orchestrator.backends.slurm.backend import login_host
 
     host = login_host(inventory.slurm)
@@ -290,7 +290,7 @@ def test_a_login_node_that_refuses_is_named_by_every_view(tmp_path: Path) -> Non
         assert [w.state for w in status.workers] == [WorkerState.UNKNOWN] * 2
         assert all("login node 127.0.0.1: connection refused" in (w.reason or "")
                    for w in status.workers)  # fmt: skip
-        assert status.scheduler is not None and status.scheduler["state"] == "UNKNOWN"
-        assert "login node 127.0.0.1" in status.scheduler["reason"]
+        assert status.scheduler is not None and status.scheduler.state == "UNKNOWN"
+        assert "login node 127.0.0.1" in (status.scheduler.reason or "")
         with pytest.raises(ConnectError, match=r"login node 127\.0\.0\.1"):
             backend.preflight(inventory, probe_timeout=5.0, min_free_bytes=0)

@@ -13,7 +13,6 @@ import pytest
 from orchestrator import contract
 from orchestrator.config.loader import load_inventory
 from orchestrator.engine.lifecycle import first_standbys, start_run
-from orchestrator.engine.plan import plan_workers
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.supervise import Supervisor
@@ -24,6 +23,7 @@ from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import WorkerSpec
 from tests.fakes.backend import FakeBackend, exited, running
+from tests.fakes.planning import plan_workers
 
 PYTHON = "/opt/venv/bin/python"
 ARGV = [PYTHON, "-m", "worker", "--task", "m:f", "--steps", "10"]

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from orchestrator.config.loader import load_inventory
-from orchestrator.engine.plan import plan_workers
 from orchestrator.errors import InventoryError
 from orchestrator.model.inventory import Job
+from tests.fakes.planning import plan_workers
 from tests.unit.test_tfconfig_and_plan import inventory
 from worker import cli
 from worker.config import ConfigError, WorkerConfig, round_up

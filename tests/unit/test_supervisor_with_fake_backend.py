@@ -29,6 +29,7 @@ from orchestrator.engine.supervise import (
 )
 from orchestrator.errors import JobFailed
 from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.preflight import Finding, PreflightReport, Status
 from tests.fakes.backend import FakeBackend, exited, running
 
 
@@ -334,3 +335,43 @@ def test_a_stop_answer_is_taken_only_for_its_own_request(tmp_path: Path) -> None
     assert _read_answer(path, first) == answer
     store.stop_flag("r2").touch()  # a flag that carries nothing (an older down): no request
     assert store.stop_request("r2") is None
+
+
+def test_the_supervisor_checks_and_prepares_through_the_backend_interface_only(
+    tmp_path: Path,
+) -> None:
+    """Between attempts the supervisor asks Backend.network_problems (here: the hosts'
+    partition rule over Backend.preflight) and every attempt calls Backend.prepare; it never
+    reaches past the interface for a host's sessions or commands."""
+    partition = Finding("b", "connect", Status.FAIL, "a cannot reach b:20000 (timed out)")
+
+    class Interface(FakeBackend):
+        def __init__(self, **fields: Any) -> None:
+            super().__init__(**fields)
+            self.checked: list[str] = []
+            self.prepared: list[tuple[tuple[str, ...], bool]] = []
+
+        def preflight(self, inventory: Inventory, **options: Any) -> PreflightReport:
+            self.checked.append(inventory.job.name)
+            return PreflightReport((partition,) if len(self.checked) == 1 else ())
+
+        def prepare(self, inventory: Inventory, workdirs: Mapping[str, str], say: Any,
+                    *, force_setup: bool = False, spares: bool = False) -> None:  # fmt: skip
+            self.prepared.append((tuple(sorted(workdirs)), spares))
+
+        def preflight_session(self, host: Host) -> Any:
+            raise AssertionError("the supervisor opened a host's probe session itself")
+
+    backend = Interface(scripts={
+        "a": {0: [running(1), exited(1, 2, tail=["Collective ops is aborted"])],
+              1: [running(3), exited(0, 5)]},
+        "b": {0: [running(1), exited(1, 2, tail=["Collective ops is aborted"])],
+              1: [running(3), exited(0, 5)]},
+    })  # fmt: skip
+    _store, outcome = supervise(tmp_path, backend, inventory(tmp_path))
+    final, messages = outcome  # type: ignore[misc]
+    assert final.state is WorkerState.SUCCEEDED
+    assert backend.checked == ["demo", "demo"]  # the partition seen, then gone
+    assert any("restart waits for the network: b: a cannot reach b" in m for m in messages)
+    # Every attempt prepared its hosts through the backend; only the first with the spares.
+    assert backend.prepared == [(("a", "b"), True), (("a", "b"), False)]

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.engine.plan import plan_workers
 from orchestrator.engine.tfconfig import tf_config
 from orchestrator.model.inventory import Host, Inventory, Job
+from tests.fakes.planning import plan_workers
 
 
 def inventory(job: Job | None = None) -> Inventory:

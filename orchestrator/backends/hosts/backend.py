@@ -12,18 +12,25 @@ from typing import TYPE_CHECKING
 
 from orchestrator.backends.base import Backend
 from orchestrator.backends.hosts.firewall import controller_address, reaches
-from orchestrator.backends.hosts.preflight import ExposureProbe, run_preflight
+from orchestrator.backends.hosts.preflight import (
+    ExposureProbe,
+    partition_findings,
+    run_preflight,
+)
 from orchestrator.backends.hosts.prep import prepare_hosts
 from orchestrator.fanout import GroupResult, fan_out
+from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.pool import Machines, expand_uploads
 from orchestrator.model.preflight import (
     DEFAULT_MIN_FREE_BYTES,
     DEFAULT_PROBE_TIMEOUT,
+    Finding,
     PreflightReport,
 )
+from orchestrator.model.workers import Started
 
 if TYPE_CHECKING:
-    from orchestrator.model.inventory import Inventory
+    from orchestrator.model.inventory import Host, Inventory, LoginDetails
     from orchestrator.model.workers import WorkerSpec
 
 
@@ -53,10 +60,10 @@ class HostBackend(Machines, Backend):
     ) -> None:
         prepare_hosts(inventory, self, dict(workdirs), say, force_setup=force_setup, spares=spares)
 
-    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
+    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, Started]:
         by_name = {spec.name: spec for spec in specs}
 
-        def launch(name: str) -> int:
+        def launch(name: str) -> Started:
             spec = by_name[name]
             # Into a private run directory from the first byte on; the directories, the files
             # (SFTP, no shell) and the launch all go over the machine's one open session.
@@ -64,9 +71,18 @@ class HostBackend(Machines, Backend):
             if files:
                 self._make_dirs(spec.host, files, list(spec.private_dirs))
                 self._put(spec.host, files)
-            return self.agent(spec.host).launch(spec.launch_request())
+            return Started(pid=self.agent(spec.host).launch(spec.launch_request()))
 
         return fan_out(by_name, launch)
+
+    def reads_in_place(self, host: Host) -> bool:
+        return kind_of(host).shares_files_with_controller
+
+    def login_details(self, host: Host) -> LoginDetails | None:
+        return kind_of(host).login_details(host)
+
+    def network_problems(self, inventory: Inventory) -> list[Finding]:
+        return partition_findings(inventory, self.preflight)
 
     def serves(self, inventory: Inventory) -> bool:
         return inventory.slurm is None  # hosts of any connection kind: one runner per machine

@@ -125,6 +125,13 @@ def reaches(address: str, port: int, timeout: float) -> bool:
         return False
 
 
+def controller_towards(inventory: Inventory) -> str | None:
+    """This machine's address as the first host it logs in to sees it (for the SSH rule); None
+    when it logs in to none."""
+    remote = [h for h in inventory.hosts if kind_of(h).login_port(h)]
+    return controller_address(remote[0].address) if remote else None
+
+
 def controller_address(target: str) -> str | None:
     """The source address this machine uses towards `target`. A UDP connect sends no packet:
     it only asks the kernel's routing table."""

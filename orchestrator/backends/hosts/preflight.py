@@ -16,10 +16,9 @@ import posixpath
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from orchestrator import __version__
-from orchestrator.backends.base import Backend
 from orchestrator.contract import (
     KERAS_LEGACY,
     TF_KERAS_PACKAGE,
@@ -343,9 +342,27 @@ def shared_directory_finding(host: Host, visible: bool | None, directory: str) -
 # The rounds
 
 
+def partition_findings(
+    inventory: Inventory, preflight: Callable[[Inventory], PreflightReport]
+) -> list[Finding]:
+    """The blocking findings of a fresh check that say the hosts cannot reach each other (their
+    ports, or logging in); none without a check when every worker is on one machine."""
+    hosts = inventory.hosts
+    if len({kind_of(h).machine_key(h) for h in hosts}) < 2:
+        return []  # workers of one machine cannot be cut off from each other
+    network = {"reachable", "connect"} | {kind_of(h).login_check for h in hosts} - {None}
+    return [f for f in preflight(inventory).blocking if f.check in network]
+
+
+class ProbeSessions(Protocol):
+    """Where the rounds get one hostprobe session per host (Machines, or a test's fake)."""
+
+    def preflight_session(self, host: Host) -> LineSession: ...
+
+
 def run_preflight(
     inventory: Inventory,
-    backend: Backend,
+    machines: ProbeSessions,
     *,
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
     min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
@@ -362,7 +379,7 @@ def run_preflight(
     sessions: dict[str, LineSession] = {}
 
     def inspect(host: Host) -> Inspection:
-        session = sessions[host.name] = backend.preflight_session(host)
+        session = sessions[host.name] = machines.preflight_session(host)
         answer = request(
             session,
             "inspect",

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from orchestrator.backends.base import Backend
 from orchestrator.backends.hosts.setup import run_setup
 from orchestrator.backends.hosts.sync import sync_hosts
 from orchestrator.errors import HostError, HostErrors
+from orchestrator.machines.pool import Machines
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.workers import job_dir
 
@@ -22,7 +22,7 @@ Say = Callable[[str], None]
 
 def prepare_hosts(
     inventory: Inventory,
-    backend: Backend,
+    machines: Machines,
     workdirs: dict[str, str],
     say: Say,
     *,
@@ -35,7 +35,7 @@ def prepare_hosts(
         return
     hosts = list(inventory.hosts)
     if spares and inventory.spares:
-        found = backend.workdirs(inventory.spares)
+        found = machines.workdirs(inventory.spares)
         for name, error in found.failed.items():
             say(f"spare {name} not prepared: {error.message}")
         workdirs = {**workdirs, **found.ok}
@@ -50,7 +50,7 @@ def prepare_hosts(
             say(f"synced {inventory.sync.source}: {report.summary()}")
         hosts = [host for host in hosts if host.name not in failed]
     if inventory.setup:
-        failed.update(_setup(inventory, hosts, job_dirs, backend, say, force=force_setup))
+        failed.update(_setup(inventory, hosts, job_dirs, machines, say, force=force_setup))
     for name in [name for name in failed if name not in required]:
         say(f"spare {name} not prepared: {failed.pop(name).message}")
     if failed:
@@ -61,7 +61,7 @@ def _setup(
     inventory: Inventory,
     hosts: Sequence[Host],
     job_dirs: dict[str, str],
-    backend: Backend,
+    machines: Machines,
     say: Say,
     *,
     force: bool,
@@ -71,7 +71,7 @@ def _setup(
         inventory.setup,
         hosts,
         job_dirs,
-        backend,
+        machines,
         lambda name, line: say(f"{name:<{width}} | {line}"),
         force=force,
     )

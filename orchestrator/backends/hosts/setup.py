@@ -23,7 +23,7 @@ from orchestrator.fanout import GroupResult, fan_out
 from orchestrator.machines.kinds import kind_of
 
 if TYPE_CHECKING:
-    from orchestrator.backends.base import Backend
+    from orchestrator.machines.pool import Machines
     from orchestrator.model.inventory import Host
 
 MARKER = ".orchestrate-setup"
@@ -82,7 +82,7 @@ def run_setup(
     commands: Sequence[str],
     hosts: Sequence[Host],
     job_dirs: dict[str, str],
-    backend: Backend,
+    machines: Machines,
     on_line: LineSink,
     *,
     force: bool = False,
@@ -99,21 +99,21 @@ def run_setup(
         host = by_name[name]
         job_directory = job_dirs[name]
         if not force:
-            recorded = backend.read_text(host, posixpath.join(job_directory, MARKER))
+            recorded = machines.read_text(host, posixpath.join(job_directory, MARKER))
             if recorded is not None and recorded.strip() == digest:
                 return SetupOutcome(ran=False)
-        return _run_one(commands, host, job_directory, backend, on_line)
+        return _run_one(commands, host, job_directory, machines, on_line)
 
     return fan_out(by_name, one)
 
 
 def _run_one(
-    commands: Sequence[str], host: Host, job_directory: str, backend: Backend, on_line: LineSink
+    commands: Sequence[str], host: Host, job_directory: str, machines: Machines, on_line: LineSink
 ) -> SetupOutcome:
     sentinel = f"@@orchestrate-setup-{secrets.token_hex(8)}"
     tail: list[str] = []
     code: int | None = None
-    for line in backend.stream(host, setup_argv(commands, job_directory, sentinel)):
+    for line in machines.stream(host, setup_argv(commands, job_directory, sentinel)):
         if line.startswith(sentinel):
             code = int(line.split()[-1])
             break

@@ -20,15 +20,16 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.backends.base import Backend
 from orchestrator.backends.slurm.commands import SLURM, JobState, Slurm
 from orchestrator.backends.slurm.script import batch_script, exports_all
 from orchestrator.errors import HostError
 from orchestrator.fanout import GroupResult
+from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.pool import Machines, expand_uploads
-from orchestrator.machines.runner import LineSession, LocalRunner, Runner
+from orchestrator.machines.runner import LocalRunner, Runner
 from orchestrator.model.answers import (
     CheckpointListing,
     ExitRecord,
@@ -38,10 +39,12 @@ from orchestrator.model.answers import (
 )
 from orchestrator.model.inventory import DEFAULT_CONNECTION, Host
 from orchestrator.model.preflight import DEFAULT_MIN_FREE_BYTES, DEFAULT_PROBE_TIMEOUT
+from orchestrator.model.records import SchedulerState
 from orchestrator.model.slurm import SlurmSpec
+from orchestrator.model.workers import Started
 
 if TYPE_CHECKING:
-    from orchestrator.model.inventory import Inventory, Job
+    from orchestrator.model.inventory import Inventory, Job, LoginDetails
     from orchestrator.model.preflight import PreflightReport
     from orchestrator.model.records import RunRecord, WorkerRecord
     from orchestrator.model.workers import WorkerSpec
@@ -79,7 +82,6 @@ class SlurmBackend(Backend):
             self.slurm = Slurm(lambda: self.files.runner(login))  # one connection for all
         else:
             self.slurm = Slurm(runner or LocalRunner(SLURM))
-        self._submitted: str | None = None
 
     def close(self) -> None:
         self.files.close()
@@ -104,7 +106,7 @@ class SlurmBackend(Backend):
         workdir = found.ok[self.login.name]  # slurm.workdir, resolved on the login node
         return GroupResult(ok={host.name: workdir for host in hosts})
 
-    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
+    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, Started]:
         directory = attempt_dir(specs[0].run_dir)
         script = batch_script(self.spec, self.job, specs,
                               output=posixpath.join(directory, "slurm-%j.out"))  # fmt: skip
@@ -119,11 +121,7 @@ class SlurmBackend(Backend):
         export_all = bool(self.job.secret_env) and exports_all(self.spec)
         job_id = self.slurm.submit(posixpath.join(directory, SCRIPT_FILE), export_all)
         self._write(chief, posixpath.join(directory, JOB_ID_FILE), job_id + "\n")
-        self._submitted = job_id
-        return GroupResult(ok={spec.name: int(job_id) for spec in specs})
-
-    def submitted_job(self) -> str | None:
-        return self._submitted
+        return GroupResult(ok={spec.name: Started(job_id=job_id) for spec in specs})
 
     def _write(self, host: Host, path: str, text: str) -> None:
         with tempfile.NamedTemporaryFile("w", suffix=".tmp", delete=False) as handle:
@@ -198,16 +196,20 @@ class SlurmBackend(Backend):
     def follow_log(self, worker: WorkerRecord, lines: int) -> Iterator[str]:
         return self.files.follow_log(self._seen(worker), lines)
 
-    def scheduler_state(self, record: RunRecord) -> dict[str, Any] | None:
+    def scheduler_state(self, record: RunRecord) -> SchedulerState | None:
         if not record.workers:
             return None
-        where = {"scheduler": "slurm", "jobs": list(record.scheduler_jobs),
-                 **({"login": self.login.name} if self.login else {})}  # fmt: skip
+        where = SchedulerState("slurm", "NOT SUBMITTED", jobs=record.scheduler_jobs,
+                               login=self.login.name if self.login else None)  # fmt: skip
         try:
             state = self._states(record.workers[:1])[record.workers[0].name]
         except HostError as error:  # the workers show as unknown; say why here too
-            return {**where, "state": "UNKNOWN", "reason": error.message}
-        return {**where, **(state.to_json() if state else {"state": "NOT SUBMITTED"})}
+            return replace(where, state="UNKNOWN", reason=error.message)
+        if state is None:
+            return where
+        return replace(where, job_id=state.job_id, state=state.state, reason=state.reason,
+                       exit_code=state.exit_code, signal=state.signal,
+                       nodes=state.nodes)  # fmt: skip
 
     # --- files on the shared filesystem --------------------------------------------------------
     def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
@@ -234,8 +236,11 @@ class SlurmBackend(Backend):
     def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
         return {}  # Slurm places every attempt on nodes that answer; there is no host to lose
 
-    def preflight_session(self, host: Host) -> LineSession:
-        raise HostError(SLURM, "Slurm runs have their own preflight (backends/slurm/checks.py)")
+    def reads_in_place(self, host: Host) -> bool:
+        return self.login is None  # the files are on this machine when it is the login node
+
+    def login_details(self, host: Host) -> LoginDetails | None:
+        return kind_of(host).login_details(host)  # a task's host stands for the login node
 
     def preflight(
         self,

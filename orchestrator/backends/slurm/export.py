@@ -10,7 +10,8 @@ from orchestrator.backends.base import Planner
 from orchestrator.backends.slurm.launcher import JOB_ID_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER
 from orchestrator.backends.slurm.script import batch_script
 from orchestrator.config.sources.slurm import slurm_workers
-from orchestrator.model.inventory import Inventory
+from orchestrator.machines import kinds
+from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.slurm import SlurmSpec
 
 
@@ -27,5 +28,11 @@ def sbatch_script(inventory: Inventory, plan: Planner) -> str:
     # Each submission names its run after its job id; the tasks start where it was submitted.
     workdirs = {host.name: spec.workdir for host in inventory.hosts}
     specs = [replace(s, cwd=SUBMIT_DIR_PLACEHOLDER)
-             for s in plan(inventory, f"slurm-{JOB_ID_PLACEHOLDER}", workdirs)]  # fmt: skip
+             for s in plan(inventory, f"slurm-{JOB_ID_PLACEHOLDER}", workdirs,
+                           reads_in_place=_from_the_nodes)]  # fmt: skip
     return batch_script(spec, inventory.job, specs)
+
+
+def _from_the_nodes(host: Host) -> bool:
+    """The tasks read their files where the script was submitted (a task's host is local)."""
+    return kinds.kind_of(host).shares_files_with_controller

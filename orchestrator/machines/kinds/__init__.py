@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import InventoryError
-from orchestrator.machines.kinds.base import Kind, NoSettings
+from orchestrator.machines.kinds.base import Kind
 from orchestrator.machines.kinds.local import LocalKind
 from orchestrator.machines.kinds.ssh import SshKind
 
@@ -53,5 +53,5 @@ register(LocalKind())
 register(SshKind())
 
 __all__ = [
-    "Kind", "NoSettings", "get", "kind_of", "names", "register", "unregister",
+    "Kind", "get", "kind_of", "names", "register", "unregister",
 ]  # fmt: skip

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from orchestrator.model.inventory import LoginDetails, NoSettings
 from orchestrator.values import Checker
 
 if TYPE_CHECKING:
@@ -21,11 +22,6 @@ if TYPE_CHECKING:
     from orchestrator.model.inventory import Host
 
 ReportProblem = Callable[[str, str], None]  # (key, message)
-
-
-@dataclass(frozen=True)
-class NoSettings:
-    """The settings of a kind that has none."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +36,7 @@ class Kind(ABC):
     name: ClassVar[str]
     # Host keys only this kind reads, with their checkers; their values make `settings_type`.
     keys: ClassVar[Mapping[str, Checker]] = {}
-    settings_type: ClassVar[type[Any]] = NoSettings
+    settings_type: ClassVar[type[Any]] = NoSettings  # a KindSettings dataclass
     # Keys whose values are paths on this machine, resolved against the inventory's directory.
     controller_paths: ClassVar[tuple[str, ...]] = ()
     default_python: ClassVar[str] = "python3"
@@ -77,10 +73,10 @@ class Kind(ABC):
         """The port the controller logs in through, for the firewall rules; None if none."""
         return None
 
-    def login_details(self, host: Host) -> dict[str, Any]:
+    def login_details(self, host: Host) -> LoginDetails | None:
         """How the machine is reached, as resolved (user, port, key, jump host), for
-        `orchestrate hosts`; empty for a kind that does not log in."""
-        return {}
+        `orchestrate hosts`; None for a kind that does not log in."""
+        return None
 
     def sync_transport(self, host: Host) -> SyncTransport | None:
         """How `sync:` mirrors a directory to the machine; None when it cannot (or need not)."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.machines.kinds.base import Kind, ReportProblem, SyncTransport
 from orchestrator.machines.sshsettings import SshSettings, ssh_settings
+from orchestrator.model.inventory import LoginDetails
 from orchestrator.paths import controller_path
 from orchestrator.values import PORT, Checker, choice, integer, string
 
@@ -84,11 +85,11 @@ class SshKind(Kind):
     def login_port(self, host: Host) -> int | None:
         return ssh_settings(host).ssh_port or _config_port(host) or 22
 
-    def login_details(self, host: Host) -> dict[str, Any]:
+    def login_details(self, host: Host) -> LoginDetails | None:
         try:
             return resolved(host)
         except ValueError:  # an unreadable ssh config: the inventory check reported it
-            return {}
+            return None
 
     def sync_transport(self, host: Host) -> SyncTransport:
         return SyncTransport(
@@ -117,21 +118,21 @@ def ssh_config_entry(path: str, name: str) -> dict[str, Any]:
     return dict(_parsed_config(path, Path(path).stat().st_mtime).lookup(name))
 
 
-def resolved(host: Host) -> dict[str, Any]:
+def resolved(host: Host) -> LoginDetails:
     """The SSH user, port, key and jump host that really apply, for `orchestrate hosts`."""
     settings = ssh_settings(host)
     path = config_path(settings)
     entry = ssh_config_entry(path, settings.target or host.address) if path else {}
     keys = entry.get("identityfile") or []
-    return {
-        "user": settings.ssh_user or entry.get("user"),
-        "ssh_port": settings.ssh_port or int(entry.get("port", 22)),
-        "key": settings.ssh_key or (keys[0] if keys else None),
-        "jump": entry.get("proxyjump"),
-        "alias": settings.ssh_host,
+    return LoginDetails(
+        user=settings.ssh_user or entry.get("user"),
+        port=settings.ssh_port or int(entry.get("port", 22)),
+        key=settings.ssh_key or (keys[0] if keys else None),
+        jump=entry.get("proxyjump"),
+        alias=settings.ssh_host,
         # Where SSH connects: not the address for a Slurm task, which stands for its login node.
-        "hostname": entry.get("hostname") or settings.target or host.address,
-    }
+        hostname=entry.get("hostname") or settings.target or host.address,
+    )
 
 
 def _config_port(host: Host) -> int | None:
