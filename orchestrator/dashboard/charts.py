@@ -9,6 +9,7 @@ from html import escape
 
 WIDTH, HEIGHT = 560, 220
 LEFT, RIGHT, TOP, BOTTOM = 56, 14, 26, 30
+_PLOT_W, _PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 # One colour per attempt, so a restart shows where one curve stops and the next starts.
 ATTEMPT_COLOURS = ("#38bdf8", "#a78bfa", "#34d399", "#fbbf24", "#f472b6", "#fb923c")
 
@@ -69,48 +70,79 @@ def line_chart(
     values = [p[1] for p in points]
     x_ticks = nice_ticks(min(steps), max(steps))
     y_ticks = nice_ticks(min(0.0, *values), max(values))  # from 0: the scale stays honest
-    x_low, x_high = x_ticks[0], x_ticks[-1]
-    y_low, y_high = y_ticks[0], y_ticks[-1]
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    scale = _Scale(x_ticks[0], x_ticks[-1], y_ticks[0], y_ticks[-1])
+    parts = [
+        head,
+        *_y_grid(scale, y_ticks),
+        *_x_labels(scale, x_ticks),
+        *_marker_lines(scale, markers),
+        *_attempt_lines(scale, series),
+        f'<text x="{WIDTH - RIGHT}" y="16" text-anchor="end" class="axis">over step</text>',
+        "</svg>",
+    ]
+    return "".join(parts)
 
-    def x(step: float) -> float:
-        return LEFT + (step - x_low) / ((x_high - x_low) or 1) * plot_w
 
-    def y(value: float) -> float:
-        return TOP + plot_h - (value - y_low) / ((y_high - y_low) or 1) * plot_h
+@dataclass(frozen=True)
+class _Scale:
+    """Steps and values to SVG coordinates: the first and last ticks span the plot area."""
 
-    parts = [head]
-    for tick in y_ticks:
-        parts.append(
-            f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" '
-            f'class="grid"/><text x="{LEFT - 6}" y="{y(tick) + 4:.1f}" text-anchor="end" '
-            f'class="tick">{_label(tick)}</text>'
-        )
-    for tick in x_ticks:
-        parts.append(
-            f'<text x="{x(tick):.1f}" y="{HEIGHT - 10}" text-anchor="middle" '
-            f'class="tick">{_label(tick)}</text>'
-        )
+    x_low: float
+    x_high: float
+    y_low: float
+    y_high: float
+
+    def x(self, step: float) -> float:
+        return LEFT + (step - self.x_low) / ((self.x_high - self.x_low) or 1) * _PLOT_W
+
+    def y(self, value: float) -> float:
+        return TOP + _PLOT_H - (value - self.y_low) / ((self.y_high - self.y_low) or 1) * _PLOT_H
+
+
+def _y_grid(scale: _Scale, ticks: Sequence[float]) -> list[str]:
+    """A horizontal grid line per value tick, labelled on the left."""
+    return [
+        f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{scale.y(tick):.1f}" '
+        f'y2="{scale.y(tick):.1f}" class="grid"/><text x="{LEFT - 6}" '
+        f'y="{scale.y(tick) + 4:.1f}" text-anchor="end" class="tick">{_label(tick)}</text>'
+        for tick in ticks
+    ]
+
+
+def _x_labels(scale: _Scale, ticks: Sequence[float]) -> list[str]:
+    return [
+        f'<text x="{scale.x(tick):.1f}" y="{HEIGHT - 10}" text-anchor="middle" '
+        f'class="tick">{_label(tick)}</text>'
+        for tick in ticks
+    ]
+
+
+def _marker_lines(scale: _Scale, markers: Sequence[Marker]) -> list[str]:
+    parts = []
     for marker in markers:
-        mx = x(marker.step)
+        mx = scale.x(marker.step)
         parts.append(
-            f'<line x1="{mx:.1f}" x2="{mx:.1f}" y1="{TOP}" y2="{TOP + plot_h}" class="marker"/>'
+            f'<line x1="{mx:.1f}" x2="{mx:.1f}" y1="{TOP}" y2="{TOP + _PLOT_H}" class="marker"/>'
             f'<text x="{mx + 4:.1f}" y="{TOP + 12}" class="marker-label">'
             f"{escape(marker.label)}</text>"
         )
+    return parts
+
+
+def _attempt_lines(scale: _Scale, series: Sequence[Series]) -> list[str]:
+    """A polyline per attempt in the attempt's colour, and a dot on its latest point."""
+    parts = []
     for line in series:
         if not line.points:
             continue
         colour = ATTEMPT_COLOURS[line.attempt % len(ATTEMPT_COLOURS)]
-        coords = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in line.points)
+        coords = " ".join(f"{scale.x(s):.1f},{scale.y(v):.1f}" for s, v in line.points)
         parts.append(
             f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2" '
             f'stroke-linejoin="round" data-attempt="{line.attempt}"/>'
         )
         last_s, last_v = line.points[-1]
-        parts.append(f'<circle cx="{x(last_s):.1f}" cy="{y(last_v):.1f}" r="3" fill="{colour}"/>')
-    parts.append(
-        f'<text x="{WIDTH - RIGHT}" y="16" text-anchor="end" class="axis">over step</text>'
-    )
-    parts.append("</svg>")
-    return "".join(parts)
+        parts.append(
+            f'<circle cx="{scale.x(last_s):.1f}" cy="{scale.y(last_v):.1f}" r="3" fill="{colour}"/>'
+        )
+    return parts
