@@ -25,7 +25,7 @@ from typing import Any
 
 from orchestrator.contract import CHECKPOINT_DIR_ENV, EXIT_PREEMPTED
 from orchestrator.engine.plan import worker_argv
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import Host, Inventory, Job
 
 API_VERSION = "kubeflow.org/v1"
 CONTAINER = "tensorflow"  # the operator finds the TensorFlow container by this name
@@ -77,34 +77,10 @@ def tfjob(
     """`secret`: the Kubernetes Secret holding job.secret_env's values, one key per variable
     name; the manifest refers to it (secretKeyRef) and never carries a value."""
     job = inventory.job
-    first = inventory.hosts[0]
     leaf = posixpath.basename(job.checkpoint_dir.rstrip("/"))
     # On a claim that may hold several jobs, each job has its own directory.
     checkpoints = posixpath.join(CHECKPOINT_MOUNT, *([job.name] if pvc else []), leaf)
-    # The container's worker: the image's python, no host-specific GPU indices (the pod gets its
-    # own GPUs, numbered from 0), a script in the image's working directory.
-    container_host: Host = replace(first, python="python", visible_gpus=None)
-    job_for_image = replace(job, script=posixpath.basename(job.script)) if job.script else job
-    argv = list(worker_argv(job_for_image, container_host, ".", checkpoints))
-    permanent = " ".join(str(code) for code in job.permanent_exit_codes)
-    env = {**job.env, "PYTHONUNBUFFERED": "1", CHECKPOINT_DIR_ENV: checkpoints,
-           "ORCHESTRATE_PERMANENT_EXIT_CODES": permanent}  # fmt: skip
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": image or "",
-        "command": ["/bin/sh", "-c", EXIT_WRAPPER, "orchestrate-worker"],
-        "args": argv,
-        "env": [{"name": key, "value": value} for key, value in env.items()]
-        + [
-            {"name": key, "valueFrom": {"secretKeyRef": {"name": secret or "", "key": key}}}
-            for key in job.secret_env
-        ],
-        "ports": [{"name": PORT_NAME, "containerPort": PORT}],
-        "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}],
-    }
-    gpus = inventory.gpus_per_worker
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    container = _container(inventory, image, checkpoints, secret)
     volume: dict[str, Any] = (
         {"name": "checkpoints", "persistentVolumeClaim": {"claimName": pvc}}
         if pvc
@@ -128,6 +104,45 @@ def tfjob(
             },
         },
     }
+
+
+def _container(
+    inventory: Inventory, image: str | None, checkpoints: str, secret: str | None
+) -> dict[str, Any]:
+    """The TensorFlow container: the worker under EXIT_WRAPPER, the checkpoint volume mounted."""
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image or "",
+        "command": ["/bin/sh", "-c", EXIT_WRAPPER, "orchestrate-worker"],
+        "args": _container_argv(inventory, checkpoints),
+        "env": _container_env(inventory.job, checkpoints, secret),
+        "ports": [{"name": PORT_NAME, "containerPort": PORT}],
+        "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}],
+    }
+    gpus = inventory.gpus_per_worker
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    return container
+
+
+def _container_argv(inventory: Inventory, checkpoints: str) -> list[str]:
+    # The container's worker: the image's python, no host-specific GPU indices (the pod gets its
+    # own GPUs, numbered from 0), a script in the image's working directory.
+    job = inventory.job
+    container_host: Host = replace(inventory.hosts[0], python="python", visible_gpus=None)
+    job_for_image = replace(job, script=posixpath.basename(job.script)) if job.script else job
+    return list(worker_argv(job_for_image, container_host, ".", checkpoints))
+
+
+def _container_env(job: Job, checkpoints: str, secret: str | None) -> list[dict[str, Any]]:
+    """The job's variables and the wrapper's by value; job.secret_env's from the Secret."""
+    permanent = " ".join(str(code) for code in job.permanent_exit_codes)
+    env = {**job.env, "PYTHONUNBUFFERED": "1", CHECKPOINT_DIR_ENV: checkpoints,
+           "ORCHESTRATE_PERMANENT_EXIT_CODES": permanent}  # fmt: skip
+    return [{"name": key, "value": value} for key, value in env.items()] + [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": secret or "", "key": key}}}
+        for key in job.secret_env
+    ]
 
 
 @cache
@@ -194,12 +209,6 @@ def _secret_ref_problems(replicas: dict[str, Any]) -> list[str]:
                         f"(a DNS-1123 subdomain), not {ref.get('name')!r}"
                     )
     return found
-
-
-def preemption_retried(manifest: dict[str, Any], exported_code: int) -> bool:
-    """Whether the Worker replicas' restart policy retries a container that exited so."""
-    policy = manifest["spec"]["tfReplicaSpecs"]["Worker"]["restartPolicy"]
-    return operator_retries(policy, exported_code)
 
 
 __all__ = ["EXIT_PREEMPTED", "operator_retries", "problems", "tfjob"]
