@@ -37,24 +37,22 @@ from orchestrator.cli.preflight import (
 )
 from orchestrator.cli.render import problems, progress_line, status_table
 from orchestrator.config.loader import load_inventory
+from orchestrator.engine.control import stop_everything, watch
 from orchestrator.engine.lifecycle import DEFAULT_GRACE, StopReport, first_standbys, start_run
-from orchestrator.engine.plan import new_run_id
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_env
-from orchestrator.engine.state import WorkerState
-from orchestrator.engine.status import RunStatus, collect_status
-from orchestrator.engine.supervise import (
-    STANDBY_SLACK,
-    Supervisor,
+from orchestrator.engine.locks import (
     SupervisorLock,
-    conclude,
     exclusive_start,
     interrupted_launch,
     refuse_if_active,
     relaunch,
-    stop_everything,
-    watch,
 )
+from orchestrator.engine.plan import new_run_id
+from orchestrator.engine.policy import conclude
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_env
+from orchestrator.engine.state import WorkerState
+from orchestrator.engine.status import RunStatus, collect_status
+from orchestrator.engine.supervise import STANDBY_SLACK, Supervisor
 from orchestrator.errors import MissingTool, PartialFailure, RunStateError
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import RunRecord

@@ -22,11 +22,13 @@ import pytest
 
 from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.config.loader import load_inventory
+from orchestrator.engine.control import stop_everything
 from orchestrator.engine.lifecycle import start_run, stop_run
+from orchestrator.engine.locks import SupervisorLock
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import collect_status
-from orchestrator.engine.supervise import Supervisor, SupervisorLock, stop_everything
+from orchestrator.engine.supervise import Supervisor
 from orchestrator.machines import pool
 from orchestrator.machines.agent import host_program
 from orchestrator.machines.remote import hostprobe

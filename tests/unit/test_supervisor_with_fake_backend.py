@@ -11,22 +11,22 @@ from typing import Any
 
 import pytest
 
+from orchestrator.engine.control import _read_answer
 from orchestrator.engine.failures import Failure, FailureKind
 from orchestrator.engine.lifecycle import start_run
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.state import WorkerState
-from orchestrator.engine.status import collect_status
-from orchestrator.engine.supervise import (
+from orchestrator.engine.policy import (
     SCRIPT_SURVIVOR_GRACE,
     STOP_GRACE,
     TASK_SURVIVOR_GRACE,
     StallWatch,
-    Supervisor,
-    _read_answer,
     conclude,
     first_failure,
     survivors_grace,
 )
+from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.state import WorkerState
+from orchestrator.engine.status import collect_status
+from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import JobFailed
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.preflight import Finding, PreflightReport, Status

@@ -1,0 +1,250 @@
+"""The supervisor's failure policy, as pure decisions: which worker failed first and how (a
+stall, an exit, a preemption), how long its survivors may take to stop, whether a failure ends
+the run or is worth a restart, the backoff, and the words that conclude a run.
+
+A failure with the signature of the previous one (same worker, same kind, same step), a
+deterministic kind, or an exit code the job marks permanent ends the run at once instead of
+looping (failures.py decides). A preemption (every worker saved and exited 75) spends no
+restart: where the backend resubmits preempted attempts (Slurm) the next attempt is submitted
+at once, however often, and counts for neither max_restarts nor "the same failure twice".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.contract import EXIT_PREEMPTED
+from orchestrator.engine.failures import (
+    Failure,
+    FailureKind,
+    classify_exit,
+    explain,
+    permanent_reason,
+)
+from orchestrator.engine.state import WorkerState
+from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.errors import (
+    JobFailed,
+)
+from orchestrator.model.inventory import Job
+from orchestrator.model.records import Restart, RunRecord
+
+MAX_BACKOFF = 300
+
+
+STOP_GRACE = 5.0  # SIGTERM -> SIGKILL for workers that may still be saving (a preemption's peers)
+
+
+# The survivors of a worker that died, stalled or became unreachable cannot save: under
+# MultiWorkerMirroredStrategy a save needs every worker. The built-in loop's only answer to a
+# SIGTERM is a vote in its next collective, which the dead peer never joins, and a survivor
+# blocked in a collective does not even run its handler (measured, issue 18: it sat out the full
+# 5 s in 16 of 20 recoveries). So a task job's survivors are killed at once: a chief's checkpoint
+# write cut short leaves the previous checkpoint (its state file is replaced last). A script's
+# survivors get a second, for its own cleanup.
+TASK_SURVIVOR_GRACE = 0.0
+
+
+SCRIPT_SURVIVOR_GRACE = 1.0
+
+
+# States in which a worker must show news within stall_timeout: a new step, an answer, a start.
+WATCHED = (WorkerState.PENDING, WorkerState.STARTING, WorkerState.RUNNING, WorkerState.UNKNOWN)
+
+
+@dataclass
+class StallWatch:
+    """When each worker's step last moved and when its host last answered."""
+
+    timeout: float
+    _since: dict[str, tuple[object, float]] = field(default_factory=dict)
+
+    def check(self, status: RunStatus, now: float) -> Failure | None:
+        for worker in status.workers:
+            if worker.queued:  # waiting for nodes is no stall: its clock starts when it runs
+                self._since.pop(worker.name, None)
+                continue
+            if worker.state not in WATCHED or _reached_target(worker):
+                continue
+            # A new step, or the host answering again after silence, restarts the clock.
+            mark = (worker.state is WorkerState.UNKNOWN, worker.step)
+            previous = self._since.get(worker.name)
+            if previous is None or previous[0] != mark:
+                self._since[worker.name] = (mark, now)
+                continue
+            if now - previous[1] >= self.timeout:
+                return Failure(worker.name, _stall_kind(worker), self._reason(worker), worker.step)
+        return None
+
+    def _reason(self, worker: WorkerStatus) -> str:
+        if worker.state is WorkerState.UNKNOWN:
+            return f"its host did not answer for {self.timeout:g} s ({worker.reason})"
+        if worker.state is WorkerState.PENDING:
+            return f"it did not start within {self.timeout:g} s (its run directory is missing)"
+        where = f"at step {worker.step}" if worker.step is not None else "before its first step"
+        return f"stalled: no progress for {self.timeout:g} s {where}"
+
+    def reset(self) -> None:
+        self._since.clear()
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def _reached_target(worker: WorkerStatus) -> bool:
+    """A worker that reported its final step is finishing, not stalled (saving, tearing down)."""
+    return (
+        worker.state is WorkerState.RUNNING
+        and worker.target_steps is not None
+        and worker.step is not None
+        and worker.step >= worker.target_steps
+    )
+
+
+def _stall_kind(worker: WorkerStatus) -> FailureKind:
+    if worker.state is WorkerState.UNKNOWN:
+        return FailureKind.UNREACHABLE
+    if worker.state is WorkerState.PENDING:
+        return FailureKind.NOT_STARTED
+    return FailureKind.STALLED
+
+
+def first_failure(status: RunStatus) -> Failure | None:
+    """The worker that failed first (earliest exit): the others usually fail because of it.
+
+    A worker whose collective was aborted (peer lost) is a symptom: when another failed worker
+    shows a cause of its own (killed, vanished without an exit record, an error), that one is
+    reported even if its exit was recorded later or not at all."""
+    failed = sorted(
+        (w for w in status.workers if w.state is WorkerState.FAILED),
+        key=lambda w: (w.finished_at or float("inf"), w.index),
+    )
+    failures = [
+        Failure(w.name, _exit_kind(w), w.reason or "failed", w.step, w.exit_code) for w in failed
+    ]
+    causes = [f for f in failures if f.kind is not FailureKind.PEER_LOST] or failures
+    return causes[0] if causes else None
+
+
+def _exit_kind(worker: WorkerStatus) -> FailureKind:
+    if worker.exit_code is None:
+        return FailureKind.VANISHED
+    return classify_exit(worker.exit_code, worker.log_tail)
+
+
+def preemption(status: RunStatus) -> Failure | None:
+    """A run whose workers all saved and exited 75 (SIGTERM from a scheduler): a failure to
+    recover from where the backend resubmits preempted attempts."""
+    if not status.workers or any(w.exit_code != EXIT_PREEMPTED for w in status.workers):
+        return None
+    chief = status.workers[0]
+    return Failure(chief.name, FailureKind.PREEMPTED, "preempted: saved a checkpoint and exited",
+                   chief.checkpoint_step, EXIT_PREEMPTED)  # fmt: skip
+
+
+def survivors_grace(failure: Failure, job: Job) -> float:
+    """Seconds between SIGTERM and SIGKILL for the rest of the attempt that `failure` ended: a
+    preemption's peers are saving the checkpoint they agreed on; anyone else's peers cannot."""
+    if failure.kind is FailureKind.PREEMPTED:
+        return STOP_GRACE
+    return TASK_SURVIVOR_GRACE if job.task else SCRIPT_SURVIVOR_GRACE
+
+
+def failed_restarts(restarts: tuple[Restart, ...]) -> tuple[Restart, ...]:
+    """The restarts that spent max_restarts: all but those after a preemption."""
+    return tuple(r for r in restarts if r.kind != FailureKind.PREEMPTED.value)
+
+
+def give_up_reason(failure: Failure, restarts: tuple[Restart, ...], job: Job) -> str | None:
+    """Why the run ends instead of restarting, or None. A preemption is resubmitted always
+    (unless the job marks 75 permanent); other failures spend the restarts, and the same one
+    twice in a row (preemptions in between not counted) ends the run."""
+    if failure.kind is FailureKind.PREEMPTED:
+        return permanent_reason(failure, None, job.permanent_exit_codes)
+    failures = failed_restarts(restarts)
+    if len(failures) >= job.max_restarts:
+        permanent = permanent_reason(failure, None, job.permanent_exit_codes)
+        return permanent or f"it used all {job.max_restarts} restarts"
+    previous = failures[-1].signature if failures else None
+    return permanent_reason(failure, previous, job.permanent_exit_codes)
+
+
+# Failures whose cause is on the worker's own host: a restart need not check the network first.
+# After any other (peers lost, stalls, unknown crashes) it checks that the hosts reach each other.
+HOST_LOCAL_FAILURES = frozenset({
+    FailureKind.KILLED, FailureKind.PREEMPTED, FailureKind.EARLY_EXIT, FailureKind.USAGE,
+    FailureKind.IMPORT_ERROR, FailureKind.KERAS_API, FailureKind.OUT_OF_MEMORY,
+    FailureKind.DISK_FULL,
+})  # fmt: skip
+
+
+def backoff(job: Job, restarts_so_far: int) -> float:
+    return float(min(MAX_BACKOFF, job.restart_backoff * 2**restarts_so_far))
+
+
+def conclude(final: RunStatus, record: RunRecord) -> str:
+    """The line that reports a successful run; JobFailed saying why for any other ending."""
+    if final.state is WorkerState.SUCCEEDED:
+        steps = max((w.step or 0) for w in final.workers)
+        restarts = f" after {len(record.restarts)} restart(s)" if record.restarts else ""
+        chief = final.workers[0]
+        evaluated = ""
+        if chief.val_accuracy is not None:  # the final evaluation, over the whole eval split
+            evaluated = f"; val_loss {chief.val_loss:.4g} val_accuracy {chief.val_accuracy:.3f}"
+        return (
+            f"job {final.job} succeeded at step {steps}{restarts}{evaluated}; "
+            f"checkpoints in {record.workers[0].checkpoint_dir}"
+        )
+    if any(w.reason and "preempted" in w.reason for w in final.workers):
+        step = max((w.checkpoint_step or 0) for w in final.workers)
+        raise JobFailed(
+            f"the run was preempted and saved a checkpoint at step {step}",
+            hint="run 'orchestrate up' with the same inventory again to resume",
+        )
+    if record.outcome:
+        raise JobFailed(record.outcome, hint="'orchestrate tail' shows every worker's log")
+    if final.state is WorkerState.STOPPED:
+        raise JobFailed(
+            "the run was stopped by 'orchestrate down'",
+            hint="'orchestrate up' with the same inventory resumes from the latest checkpoint",
+        )
+    raise JobFailed(failure_report(final), hint="'orchestrate tail' shows every worker's log")
+
+
+def failure_report(status: RunStatus) -> str:
+    """Which worker failed first, how, at what step, and the last lines of its log."""
+    failure = first_failure(status)
+    if failure is None:
+        return f"run {status.run_id} ended {status.state.value}"
+    worker = next(w for w in status.workers if w.name == failure.worker)
+    lines = [
+        f"worker {worker.name} (index {worker.index}) failed at step {worker.step or 0}: "
+        f"{worker.reason}"
+    ]
+    advice = explain(failure.kind, worker.log_tail)
+    if advice:
+        lines.append(f"what to do: {advice}")
+    if worker.log_tail:
+        lines.append(f"last lines of {worker.name}'s log:")
+        lines.extend(f"  {line}" for line in worker.log_tail[-10:])
+    return "\n".join(lines)
+
+
+def give_up_message(failure: Failure, log_tail: tuple[str, ...], why: str, restarts: int) -> str:
+    step = f"at step {failure.step}" if failure.step is not None else "before its first step"
+    lines = [
+        f"the run failed for good after {restarts} restart(s) because {why}.",
+        f"the worker that failed first: {failure.worker} {step}: {failure.reason}",
+    ]
+    advice = explain(failure.kind, log_tail)
+    if advice:
+        lines.append(f"what to do: {advice}")
+    if log_tail:
+        lines.append(f"last lines of {failure.worker}'s log:")
+        lines.extend(f"  {line}" for line in log_tail)
+    return "\n".join(lines)
