@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -29,6 +30,10 @@ class Context:
 pass_context = click.make_pass_decorator(Context)
 run_option = click.option(
     "--run", "run_id", metavar="RUN_ID", help="Act on this run instead of the latest one."
+)
+# The inventory file a command reads; `inventory` names the Inventory loaded from it.
+inventory_argument = click.argument(
+    "inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False, path_type=Path)
 )
 
 

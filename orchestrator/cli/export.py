@@ -17,7 +17,9 @@ FORMATS = (*BACKEND_FORMATS, "tfjob")
 
 
 @cli.command()
-@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False, path_type=Path)
+)
 @click.option(
     "--format",
     "fmt",
@@ -48,7 +50,7 @@ FORMATS = (*BACKEND_FORMATS, "tfjob")
               default="ExitCode", show_default=True,
               help="tfjob: the Worker replicas' policy (see below).")  # fmt: skip
 def export(  # noqa: PLR0917 - click passes every option by position
-    inventory: Path, fmt: str, image: str | None, namespace: str | None, pvc: str | None,
+    inventory_file: Path, fmt: str, image: str | None, namespace: str | None, pvc: str | None,
            name: str | None, secret: str | None, restart_policy: str) -> None:  # fmt: skip
     """Print INVENTORY's job for a scheduler, to submit it yourself.
 
@@ -71,20 +73,20 @@ def export(  # noqa: PLR0917 - click passes every option by position
     Secrets: the sbatch script never holds job.secret_env's values; export them in the shell
     that runs sbatch (its default --export=ALL passes them on).
     """
-    spec = load_inventory(inventory)
+    inventory = load_inventory(inventory_file)
     if fmt in BACKEND_FORMATS:
-        click.echo(export_writer(fmt)(spec, plan_workers), nl=False)
+        click.echo(export_writer(fmt)(inventory, plan_workers), nl=False)
         return
     from orchestrator.export.tfjob import problems, tfjob
 
-    if spec.job.secret_env and not secret:
+    if inventory.job.secret_env and not secret:
         raise ExportRefused(
-            f"job.secret_env ({', '.join(spec.job.secret_env)}) needs a Kubernetes Secret to "
+            f"job.secret_env ({', '.join(inventory.job.secret_env)}) needs a Kubernetes Secret to "
             "refer to: the manifest never carries their values",
-            hint="give --secret NAME, a Secret with one key per variable name "
-            f"(kubectl create secret generic NAME --from-literal={spec.job.secret_env[0]}=...)",
+            hint="give --secret NAME, a Secret with one key per variable name (kubectl create "
+            f"secret generic NAME --from-literal={inventory.job.secret_env[0]}=...)",
         )
-    manifest = tfjob(spec, image, name=name, namespace=namespace, pvc=pvc,
+    manifest = tfjob(inventory, image, name=name, namespace=namespace, pvc=pvc,
                      restart_policy=restart_policy, secret=secret)  # fmt: skip
     found = problems(manifest)
     if found:

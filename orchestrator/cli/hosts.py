@@ -35,22 +35,26 @@ def _row(host: Host, role: str, backend: Backend) -> dict[str, object]:
 
 
 @cli.command()
-@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False, path_type=Path)
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host instead.")
-def hosts(inventory: Path, as_json: bool) -> None:
+def hosts(inventory_file: Path, as_json: bool) -> None:
     """Print the workers of INVENTORY as resolved, in TF_CONFIG order (the first is the chief):
     name, address, TensorFlow port, SSH user, port, key and jump host, and python, whether they
     come from 'hosts:' or from an Ansible inventory ('ansible:'), after ~/.ssh/config (or
     'ssh_config') aliases. Connects to nothing."""
-    spec = load_inventory(inventory)
-    with open_backend(spec) as backend:  # connects to nothing: login details are resolved here
-        rows = [_row(h, "worker", backend) for h in spec.hosts]
-        rows += [_row(h, "spare", backend) for h in spec.spares]
+    inventory = load_inventory(inventory_file)
+    with open_backend(inventory) as backend:  # connects to nothing: login details are resolved here
+        rows = [_row(h, "worker", backend) for h in inventory.hosts]
+        rows += [_row(h, "spare", backend) for h in inventory.spares]
     if as_json:
         for row in rows:
             console.print(json.dumps(row), markup=False, highlight=False, soft_wrap=True)
         return
-    table = Table(title=f"{len(spec.hosts)} worker(s) of {inventory}", title_justify="left")
+    table = Table(
+        title=f"{len(inventory.hosts)} worker(s) of {inventory_file}", title_justify="left"
+    )
     columns = ("name", "role", "address", "port", "ssh", "ssh_key", "jump", "python", "workdir")
     for column in columns:
         table.add_column(column)
@@ -70,31 +74,35 @@ def _say(message: str) -> None:
     errors.print(f"  {message}", markup=False, highlight=False)
 
 
-def prepare_before_checks(spec: Inventory, backend: Backend, force_setup: bool) -> bool:
+def prepare_before_checks(inventory: Inventory, backend: Backend, force_setup: bool) -> bool:
     """`up`: sync and set up before the preflight checks; False when there is nothing to do."""
-    if not spec.setup and spec.sync is None:
+    if not inventory.setup and inventory.sync is None:
         return False
-    steps = [name for name, wanted in (("sync", spec.sync), ("setup", spec.setup)) if wanted]
-    errors.print(f"preparing {len(spec.hosts)} host(s): {' and '.join(steps)}")
-    workdirs = backend.workdirs(spec.hosts).raise_if_failed("reaching the hosts")
-    backend.prepare(spec, workdirs, _say, force_setup=force_setup, spares=True)
+    steps = [
+        name for name, wanted in (("sync", inventory.sync), ("setup", inventory.setup)) if wanted
+    ]
+    errors.print(f"preparing {len(inventory.hosts)} host(s): {' and '.join(steps)}")
+    workdirs = backend.workdirs(inventory.hosts).raise_if_failed("reaching the hosts")
+    backend.prepare(inventory, workdirs, _say, force_setup=force_setup, spares=True)
     return True
 
 
 @cli.command()
-@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False, path_type=Path)
+)
 @click.option("--force", is_flag=True, help="Run the setup commands even where they ran already.")
-def setup(inventory: Path, force: bool) -> None:
+def setup(inventory_file: Path, force: bool) -> None:
     """Mirror 'sync:' to every host and run the 'setup:' commands where they have not run yet
     (or changed since), on every host and spare at once; starts nothing.
 
     'orchestrate up' does the same before it starts the workers. Setup output is prefixed with
     the host's name. Exit status 3 when a host could not be reached or a command failed there.
     """
-    spec = load_inventory(inventory)
-    if not spec.setup and spec.sync is None:
-        errors.print(f"{inventory} has neither 'setup:' nor 'sync:'; nothing to do")
+    inventory = load_inventory(inventory_file)
+    if not inventory.setup and inventory.sync is None:
+        errors.print(f"{inventory_file} has neither 'setup:' nor 'sync:'; nothing to do")
         return
-    with open_backend(spec) as backend:
-        prepare_before_checks(spec, backend, force)
+    with open_backend(inventory) as backend:
+        prepare_before_checks(inventory, backend, force)
     errors.print("hosts ready")

@@ -72,11 +72,11 @@ def local(  # noqa: PLR0917 - click passes every option by position
     if save_to is not None:
         save_to.write_text(text, encoding="utf-8")
         errors.print(f"wrote the inventory to {save_to}", markup=False, highlight=False)
-        spec = load_inventory(save_to)
+        inventory = load_inventory(save_to)
         source = str(save_to)
     else:
         errors.print(text.rstrip(), markup=False, highlight=False)
         source = f"'orchestrate local {script.name}' (save it with --save FILE)"
-        spec = load_inventory_text(text, "<orchestrate local>", Path.cwd(), job_name(script))
-    start_and_supervise(context, spec, source, detach=detach, skip_checks=skip_checks,
+        inventory = load_inventory_text(text, "<orchestrate local>", Path.cwd(), job_name(script))
+    start_and_supervise(context, inventory, source, detach=detach, skip_checks=skip_checks,
                         probe_timeout=3.0, min_free_gb=1.0, interval=interval)  # fmt: skip

@@ -12,11 +12,7 @@ import click
 from orchestrator.backends.base import Backend
 from orchestrator.backends.hosts.firewall import FORMATS, controller_towards, host_rules
 from orchestrator.backends.registry import open_backend
-from orchestrator.cli.app import (
-    Context,
-    cli,
-    errors,
-)
+from orchestrator.cli.app import Context, cli, errors
 from orchestrator.cli.render import finding_hints, findings_table, firewall_script
 from orchestrator.config.loader import load_inventory
 from orchestrator.errors import (
@@ -47,26 +43,26 @@ min_free_option = click.option(
 
 
 def run_checks(
-    spec: Inventory, backend: Backend, probe_timeout: float, min_free_gb: float
+    inventory: Inventory, backend: Backend, probe_timeout: float, min_free_gb: float
 ) -> PreflightReport:
     with errors.status("preflight: checking every host and every port between them"):
         report = backend.preflight(
-            spec,
+            inventory,
             probe_timeout=probe_timeout,
             min_free_bytes=int(min_free_gb * 2**30),
             exposure=True,
         )
-    _record(report, spec)
+    _record(report, inventory)
     return report
 
 
-def _record(report: PreflightReport, spec: Inventory) -> None:
+def _record(report: PreflightReport, inventory: Inventory) -> None:
     """The last findings, for the dashboard; a state directory that cannot be written to
     must not stop a check."""
     context = click.get_current_context().find_object(Context)
     if context is None:
         return
-    document = {"checked_at": time.time(), "inventory": spec.path,
+    document = {"checked_at": time.time(), "inventory": inventory.path,
                 "findings": [f.to_json() for f in report.findings]}  # fmt: skip
     with contextlib.suppress(OSError):
         context.store.write_file(context.store.preflight_path(), json.dumps(document))
@@ -92,11 +88,13 @@ def blocking_error(report: PreflightReport) -> PreflightFailed:
 
 
 @cli.command()
-@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False, path_type=Path)
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per finding.")
 @probe_timeout_option
 @min_free_option
-def check(inventory: Path, as_json: bool, probe_timeout: float, min_free_gb: float) -> None:
+def check(inventory_file: Path, as_json: bool, probe_timeout: float, min_free_gb: float) -> None:
     """Find every reason the cluster would fail or hang, on every host at once, before starting.
 
     \b
@@ -109,20 +107,22 @@ def check(inventory: Path, as_json: bool, probe_timeout: float, min_free_gb: flo
     process behind.
     Exit status 5 when something blocks the run.
     """
-    spec = load_inventory(inventory)
-    with open_backend(spec) as backend:
-        report = run_checks(spec, backend, probe_timeout, min_free_gb)
+    inventory = load_inventory(inventory_file)
+    with open_backend(inventory) as backend:
+        report = run_checks(inventory, backend, probe_timeout, min_free_gb)
     if as_json:
         click.echo(json.dumps([f.to_json() for f in report.findings], indent=2))
     else:
         show_findings(report, only_problems=False)
     if report.blocking:
         raise blocking_error(report)
-    errors.print(f"[green]preflight passed[/] on {len(spec.hosts)} host(s)")
+    errors.print(f"[green]preflight passed[/] on {len(inventory.hosts)} host(s)")
 
 
 @cli.command()
-@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False, path_type=Path)
+)
 @click.option(
     "--format",
     "fmt",
@@ -137,7 +137,7 @@ def check(inventory: Path, as_json: bool, probe_timeout: float, min_free_gb: flo
     help="This machine's address as the hosts see it, for the SSH rule "
     "(default: the source address of the route to the first SSH host).",
 )
-def firewall(inventory: Path, fmt: str, controller: str | None) -> None:
+def firewall(inventory_file: Path, fmt: str, controller: str | None) -> None:
     """Print, per host, the commands that open its TensorFlow port to the other cluster hosts only.
 
     The TensorFlow gRPC port is unauthenticated: anyone who can reach it can join or disturb the
@@ -145,6 +145,6 @@ def firewall(inventory: Path, fmt: str, controller: str | None) -> None:
     a host whose INPUT policy is ACCEPT the accepts alone would close nothing), plus SSH from
     this machine. Nothing is applied: review them and run each block on its host.
     """
-    spec = load_inventory(inventory)
-    controller = controller or controller_towards(spec)
-    click.echo(firewall_script(host_rules(spec, fmt, controller), fmt))
+    inventory = load_inventory(inventory_file)
+    controller = controller or controller_towards(inventory)
+    click.echo(firewall_script(host_rules(inventory, fmt, controller), fmt))

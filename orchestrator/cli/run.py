@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -61,7 +61,9 @@ PLAIN_REPORT_EVERY = 15.0  # seconds between progress lines when the output is n
 
 
 @cli.command()
-@click.argument("inventory", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False, path_type=Path)
+)
 @click.option("--detach", "-d", is_flag=True, help="Return once every worker has started.")
 @click.option("--skip-checks", is_flag=True, help="Start without the preflight checks.")
 @probe_timeout_option
@@ -87,7 +89,7 @@ PLAIN_REPORT_EVERY = 15.0  # seconds between progress lines when the output is n
 @pass_context
 def up(  # noqa: PLR0917 - click passes every option by position
     context: Context,
-    inventory: Path,
+    inventory_file: Path,
     detach: bool,
     skip_checks: bool,
     probe_timeout: float,
@@ -106,8 +108,9 @@ def up(  # noqa: PLR0917 - click passes every option by position
     invalid inventory, 3 when a host could not be reached, 4 when a run of the state directory is
     still active, 5 when a preflight check failed.
     """
-    spec = load_inventory(inventory)
-    start_and_supervise(context, spec, str(inventory), detach=detach, skip_checks=skip_checks,
+    inventory = load_inventory(inventory_file)
+    start_and_supervise(context, inventory, str(inventory_file), detach=detach,
+                        skip_checks=skip_checks,
                         probe_timeout=probe_timeout, min_free_gb=min_free_gb, interval=interval,
                         with_dashboard=with_dashboard, dashboard_port=dashboard_port,
                         force_setup=force_setup)  # fmt: skip
@@ -115,7 +118,7 @@ def up(  # noqa: PLR0917 - click passes every option by position
 
 def start_and_supervise(
     context: Context,
-    spec: Inventory,
+    inventory: Inventory,
     source: str,
     *,
     detach: bool,
@@ -128,32 +131,25 @@ def start_and_supervise(
     force_setup: bool = False,
 ) -> None:
     """What `up` does with a loaded inventory (`orchestrate local` builds its own)."""
-    secrets = secret_values(spec.job.secret_env, os.environ, doing="'up'")  # before anything
-    with open_backend(spec) as backend:
+    secrets = secret_values(inventory.job.secret_env, os.environ, doing="'up'")  # before anything
+    with open_backend(inventory) as backend:
         # Exclusive from the check for an active run through the launch, then released: a
         # second `up` waits for it, then finds this run active and refuses.
         with exclusive_start(context.store, _say):
             refuse_if_active(context.store, backend, _say)
             # Setup may install what the checks look for (the python, TensorFlow): it goes first.
-            prepared = prepare_before_checks(spec, backend, force_setup)
+            prepared = prepare_before_checks(inventory, backend, force_setup)
             run_id = new_run_id()
             # TensorFlow's import in the first workers overlaps the checks and the launch.
-            with first_standbys(spec, run_id, backend, linger=STANDBY_SLACK):
+            with first_standbys(inventory, run_id, backend, linger=STANDBY_SLACK):
                 if not skip_checks:
-                    report = run_checks(spec, backend, probe_timeout, min_free_gb)
+                    report = run_checks(inventory, backend, probe_timeout, min_free_gb)
                     show_findings(report, only_problems=True)
                     if report.blocking:
                         raise blocking_error(report)
-                errors.print(
-                    f"starting job [bold]{spec.job.name}[/] on {len(spec.hosts)} worker(s) "
-                    f"from {source}"
-                )
-                shown = shown_env({**spec.job.env, **secrets}, spec.job.secret_env)
-                if shown:
-                    errors.print("  environment: " + " ".join(f"{k}={v}" for k, v in
-                                 shown.items()), markup=False, highlight=False)  # fmt: skip
+                _announce(inventory, source, secrets)
                 record = start_run(
-                    spec,
+                    inventory,
                     context.store,
                     backend,
                     say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
@@ -163,12 +159,7 @@ def start_and_supervise(
                 )
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
         if with_dashboard:
-            try:
-                url = spawn_dashboard(context.store, record.run_id, dashboard_port)
-                errors.print(f"dashboard: {url}", markup=False, highlight=False)
-            except MissingTool as error:  # the workers run already: supervise them anyway
-                errors.print(f"warning: {error.message}; the run goes on without a dashboard "
-                             f"({error.hint})", markup=False, highlight=False)  # fmt: skip
+            _start_dashboard(context, record.run_id, dashboard_port)
         if detach:
             pid = _spawn_supervisor(context.store, record.run_id)
             errors.print(
@@ -177,6 +168,25 @@ def start_and_supervise(
             )
             return
         _supervise_here(context.store, backend, record, interval)
+
+
+def _announce(inventory: Inventory, source: str, secrets: Mapping[str, str]) -> None:
+    """What is about to start, and with which environment (secrets redacted)."""
+    errors.print(f"starting job [bold]{inventory.job.name}[/] on {len(inventory.hosts)} "
+                 f"worker(s) from {source}")  # fmt: skip
+    shown = shown_env({**inventory.job.env, **secrets}, inventory.job.secret_env)
+    if shown:
+        errors.print("  environment: " + " ".join(f"{k}={v}" for k, v in shown.items()),
+                     markup=False, highlight=False)  # fmt: skip
+
+
+def _start_dashboard(context: Context, run_id: str, port: int) -> None:
+    try:
+        url = spawn_dashboard(context.store, run_id, port)
+        errors.print(f"dashboard: {url}", markup=False, highlight=False)
+    except MissingTool as error:  # the workers run already: supervise them anyway
+        errors.print(f"warning: {error.message}; the run goes on without a dashboard "
+                     f"({error.hint})", markup=False, highlight=False)  # fmt: skip
 
 
 def _say(message: str) -> None:

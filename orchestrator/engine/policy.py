@@ -89,7 +89,7 @@ class StallWatch:
         self._since.clear()
 
 
-def _mtime(path: Path) -> int | None:
+def file_mtime(path: Path) -> int | None:
     try:
         return path.stat().st_mtime_ns
     except OSError:

@@ -32,13 +32,13 @@ from orchestrator.engine.logs import last_lines
 from orchestrator.engine.policy import (
     HOST_LOCAL_FAILURES,
     StallWatch,
-    _mtime,
     backoff,
     failed_restarts,
+    file_mtime,
     first_failure,
+    give_up_message,
     give_up_reason,
     preemption,
-    give_up_message,
     survivors_grace,
 )
 from orchestrator.engine.replan import plan_cluster
@@ -147,11 +147,11 @@ class Supervisor:
         once it has stopped the workers; the supervisor then polls at once, sees the run
         stopped and lets go, instead of keeping `down` waiting up to a whole interval."""
         flag = self.store.stop_flag(self.record.run_id)
-        seen = _mtime(flag)
+        seen = file_mtime(flag)
         deadline = time.monotonic() + self.interval
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, WAKE_CHECK))
-            if _mtime(flag) != seen:
+            if file_mtime(flag) != seen:
                 return
 
     def _start_standbys(self, status: RunStatus) -> None:
