@@ -146,16 +146,13 @@ class SshRunner(Runner):
     def _connect_error(
         self, exc: Exception, address: str | None = None, target: str | None = None
     ) -> ConnectError:
-        timeout = self.settings.ssh_connect_timeout
+        """What a failed connection means, with what to do about it."""
         address = address or self.host.address
         target = target or self.target
-        if isinstance(exc, socket.gaierror):
-            return ConnectError(
-                self.host_name,
-                f"cannot resolve {address!r}: {exc.strerror}",
-                hint="check the host's address in the inventory (a Host alias of your ssh "
-                "config?), the ssh config file, and this machine's DNS",
-            )
+        return self._trust_error(exc, address, target) or self._network_error(exc, address, target)
+
+    def _trust_error(self, exc: Exception, address: str, target: str) -> ConnectError | None:
+        """Host keys and authentication: SSH reached the host and one side refused the other."""
         if isinstance(exc, paramiko.BadHostKeyException):
             return ConnectError(
                 self.host_name,
@@ -182,6 +179,17 @@ class SshRunner(Runner):
                 f"{address} >> {self.known_hosts}', or set "
                 "'ssh_host_key_policy: accept-new' to record keys of new hosts on first contact",
             )
+        return None
+
+    def _network_error(self, exc: Exception, address: str, target: str) -> ConnectError:
+        """Everything before SSH itself: names, routes, refused and silent ports."""
+        if isinstance(exc, socket.gaierror):
+            return ConnectError(
+                self.host_name,
+                f"cannot resolve {address!r}: {exc.strerror}",
+                hint="check the host's address in the inventory (a Host alias of your ssh "
+                "config?), the ssh config file, and this machine's DNS",
+            )
         if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
             codes = {getattr(e, "errno", None) for e in exc.errors.values()}
             if errno.ECONNREFUSED in codes:
@@ -194,7 +202,7 @@ class SshRunner(Runner):
         if isinstance(exc, (TimeoutError, socket.timeout)):
             return ConnectError(
                 self.host_name,
-                f"no answer from {target} within {timeout:g} s",
+                f"no answer from {target} within {self.settings.ssh_connect_timeout:g} s",
                 hint="the host is down, or a firewall drops SSH packets",
             )
         if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
