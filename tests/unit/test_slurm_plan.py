@@ -27,7 +27,7 @@ from orchestrator.engine.state import WorkerState, classify
 from orchestrator.errors import InventoryError
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.answers import ExitRecord, WorkerProbe
-from orchestrator.model.records import RunRecord
+from orchestrator.model.records import RunRecord, WorkerRecord
 from tests.fakes.planning import plan_workers
 
 JOB = "job:\n  task: worker.examples.shapes:task\n  steps: 10\n"
@@ -92,6 +92,33 @@ def test_the_run_record_remembers_the_host_source(tmp_path: Path) -> None:
     loaded = store.load("r1")
     assert loaded.inventory == inventory and loaded.inventory.host_source == "slurm"
     assert loaded.scheduler_jobs == ("41", "42")
+
+
+def test_a_tasks_job_id_is_its_own_field_and_older_records_that_kept_it_in_pid_still_load(
+    tmp_path: Path,
+) -> None:
+    inventory = load_inventory(write(tmp_path, "slurm:\n  nodes: 2\n" + JOB))
+    workers = tuple(WorkerRecord(h.name, i, h, f"/r/{h.name}", f"/r/{h.name}/worker.log", "/c",
+                                 job_id="41") for i, h in enumerate(inventory.hosts))  # fmt: skip
+    store = RunStore(tmp_path / "state")
+    store.save(RunRecord("new", inventory, 1.0, workers=workers, scheduler_jobs=("41",)))
+    assert [(w.pid, w.job_id) for w in store.load("new").workers] == [(None, "41")] * 2
+    # What orchestrate wrote before job_id existed: the job id in pid.
+    old = store.load("new").to_json()
+    for worker in old["workers"]:
+        worker.pop("job_id")
+        worker["pid"] = 41
+    (tmp_path / "state" / "runs" / "old.json").write_text(json.dumps({**old, "run_id": "old"}))
+    assert [(w.pid, w.job_id) for w in store.load("old").workers] == [(None, "41")] * 2
+    # A hosts run's pid stays a pid.
+    hosts = load_inventory(write(tmp_path, "hosts:\n  - {name: a, address: 10.0.0.1, port: 1}\n"
+                                 + JOB))  # fmt: skip
+    record = RunRecord("h", hosts, 1.0, workers=(WorkerRecord("a", 0, hosts.hosts[0], "/r",
+                                                              "/r/l", "/c", pid=7),))  # fmt: skip
+    data = record.to_json()
+    data["workers"][0].pop("job_id")
+    (tmp_path / "state" / "runs" / "h.json").write_text(json.dumps(data))
+    assert [(w.pid, w.job_id) for w in store.load("h").workers] == [(7, None)]
 
 
 LOGIN_CONFIG = "Host hpc\n    HostName 192.0.2.7\n    User me\n    Port 2222\n"
