@@ -1,16 +1,6 @@
 """What each worker gets: its run directory, command line, environment and TF_CONFIG. Pure.
 
-Layout on every host (paths are the host's):
-  {workdir}/{job}/checkpoints/          the chief's checkpoints (job.checkpoint_dir, if relative)
-  {workdir}/{job}/tensorboard/          the chief's TensorBoard events, next to the checkpoints
-  {workdir}/{job}/export/               the chief's exported model (job.export), after a good run
-  {workdir}/{job}/runs/{run_id}/attempt-{n}/{name}/
-                                        one attempt of one worker: log, progress, exit, TF_CONFIG
-  {workdir}/{job}/code/                 the `sync:` directory's mirror, the workers' cwd
-  {workdir}/{job}/.orchestrate-setup    the hash of the `setup:` commands that last succeeded
-
-runs/ and everything under it are private (directories 0700, files 0600): a spec carries the
-job's environment. The checkpoint, TensorBoard and export directories keep the user's umask.
+The layout of a job on a host (its directories, what is private) is model/workers.py's.
 """
 
 from __future__ import annotations
