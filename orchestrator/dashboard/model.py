@@ -9,6 +9,9 @@ from typing import Any
 
 from orchestrator.contract import HISTORY_FILE
 from orchestrator.dashboard.charts import Marker, Series, line_chart
+from orchestrator.engine.snapshot import Snapshot
+from orchestrator.engine.state import WorkerState
+from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.records import RunRecord
 
 __all__ = ["HISTORY_FILE"]  # watch.py reads the worker's history file by this name
@@ -21,14 +24,14 @@ def eta_seconds(step: int | None, target: int | None, rate: float | None) -> flo
     return (target - step) / rate
 
 
-def worker_view(worker: Mapping[str, Any]) -> dict[str, Any]:
+def worker_view(worker: WorkerStatus) -> dict[str, Any]:
     """A worker of `status --json` plus what the page derives: progress fraction and ETA."""
-    step, target = worker.get("step"), worker.get("target_steps")
+    step, target = worker.step, worker.target_steps
     fraction = min(1.0, step / target) if step is not None and target else None
     return {
-        **worker,
+        **worker.to_json(),
         "progress": fraction,
-        "eta_seconds": eta_seconds(step, target, worker.get("steps_per_sec")),
+        "eta_seconds": eta_seconds(step, target, worker.steps_per_sec),
     }
 
 
@@ -37,17 +40,20 @@ def log_prefix(name: str, width: int) -> str:
     return f"{name:<{width}} |"
 
 
-def root_cause(record: RunRecord, status: Mapping[str, Any]) -> str | None:
-    """Why the run failed: the supervisor's verdict, or else the worker that failed first."""
+def root_cause(record: RunRecord, status: RunStatus) -> str | None:
+    """The page's "root cause": one line saying why the run failed, or None.
+
+    The supervisor's verdict when it gave up (the record's `outcome`, shown whatever the state);
+    else, while the run's state is failed, the failed worker that ended first (earliest
+    `finished_at`; one with no end time counts as the last), as "name at step N: reason"."""
     if record.outcome:
         return record.outcome
-    failed = [w for w in status.get("workers", ()) if w.get("state") == "failed"]
-    if not failed or status.get("state") != "failed":
+    failed = [w for w in status.workers if w.state is WorkerState.FAILED]
+    if not failed or status.state is not WorkerState.FAILED:
         return None
-    first = min(failed, key=lambda w: w.get("finished_at") or float("inf"))
-    step = first.get("step")
-    where = f" at step {step}" if step is not None else ""
-    return f"{first['name']}{where}: {first.get('reason') or 'failed'}"
+    first = min(failed, key=lambda w: w.finished_at or float("inf"))
+    where = f" at step {first.step}" if first.step is not None else ""
+    return f"{first.name}{where}: {first.reason or 'failed'}"
 
 
 def timeline(record: RunRecord) -> list[dict[str, Any]]:
@@ -103,17 +109,17 @@ def charts(record: RunRecord, history: Mapping[int, Sequence[Mapping[str, Any]]]
 
 
 def run_summary(
-    record: RunRecord, snapshot: Mapping[str, Any] | None, current: str | None
+    record: RunRecord, snapshot: Snapshot | None, current: str | None
 ) -> dict[str, Any]:
-    """One line of the earlier-runs list: its outcome as last recorded."""
-    status = (snapshot or {}).get("status") or {}
+    """One line of the earlier-runs list: its outcome as last recorded (the state as its last
+    snapshot says; None without one)."""
     return {
         "run_id": record.run_id,
         "job": record.job_name,
         "created_at": record.created_at,
         "workers": len(record.workers),
         "restarts": len(record.restarts),
-        "state": status.get("state"),
+        "state": snapshot.status.state.value if snapshot else None,
         "outcome": record.outcome,
         "current": record.run_id == current,
     }

@@ -26,8 +26,8 @@ from orchestrator.backends.registry import open_backend
 from orchestrator.dashboard import model
 from orchestrator.dashboard.model import HISTORY_FILE
 from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.snapshot import read_snapshot
-from orchestrator.engine.status import collect_status
+from orchestrator.engine.snapshot import Snapshot, read_snapshot
+from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.errors import HostError, OrchestrateError
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import RunRecord, WorkerRecord
@@ -183,15 +183,15 @@ class RunWatch:
             "run_id": record.run_id,
             "job": record.job_name,
             "source": source,
-            "status": status,
-            "workers": [model.worker_view(w) for w in status.get("workers", ())],
+            "status": status.to_json(),
+            "workers": [model.worker_view(w) for w in status.workers],
             "timeline": model.timeline(record),
             "root_cause": model.root_cause(record, status),
             "charts": model.charts(record, self._history),
             "preflight": self._read_json(self.store.preflight_path()),
             "tensorboard": self._tensorboard(),
             "runs": [
-                {**run, "state": status.get("state")} if run["run_id"] == record.run_id else run
+                {**run, "state": status.state.value} if run["run_id"] == record.run_id else run
                 for run in self._earlier_runs()
             ],
             "latest_run_id": self.store.current_id(),
@@ -199,7 +199,7 @@ class RunWatch:
             "polled_at": time.time(),
         }
         self._set(document)
-        return status.get("state") in ("succeeded", "failed", "stopped")
+        return status.state.finished
 
     def _set(self, document: dict[str, Any]) -> None:
         serialized = json.dumps(document)
@@ -209,12 +209,12 @@ class RunWatch:
         self.ready.set()
         self._publish("dashboard", serialized)
 
-    def _status(self, record: RunRecord, backend: Backend) -> tuple[dict[str, Any], str]:
+    def _status(self, record: RunRecord, backend: Backend) -> tuple[RunStatus, str]:
         snapshot = read_snapshot(self.store, record.run_id)
         if snapshot is not None and _fresh(snapshot, self.interval):
-            return snapshot["status"], "supervisor"
+            return snapshot.status, "supervisor"
         self.polls += 1
-        return collect_status(record, backend).to_json(), "dashboard"
+        return collect_status(record, backend), "dashboard"
 
     def _follow_logs(self, record: RunRecord) -> None:
         key = (record.attempt, tuple((w.name, w.log_path) for w in record.workers))
@@ -295,10 +295,10 @@ def _offer(queue: asyncio.Queue[tuple[str, str]], item: tuple[str, str]) -> None
         queue.put_nowait(item)
 
 
-def _fresh(snapshot: dict[str, Any], interval: float) -> bool:
+def _fresh(snapshot: Snapshot, interval: float) -> bool:
     """Written recently by a process that still lives: a live supervisor polls for us."""
-    age = time.time() - float(snapshot.get("written_at") or 0)
-    return age < max(3 * interval, 5.0) and psutil.pid_exists(int(snapshot.get("pid") or -1))
+    age = time.time() - snapshot.written_at
+    return age < max(3 * interval, 5.0) and psutil.pid_exists(snapshot.pid or -1)
 
 
 class Hub:

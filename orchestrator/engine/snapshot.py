@@ -7,10 +7,19 @@ import contextlib
 import json
 import os
 import time
-from typing import Any
+from dataclasses import dataclass
 
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.status import RunStatus
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A run's status as its supervisor last wrote it, with when and by which process."""
+
+    written_at: float  # time.time() of the write; 0.0 when the file does not say
+    pid: int | None  # the supervisor that wrote it
+    status: RunStatus
 
 
 def write_snapshot(store: RunStore, status: RunStatus) -> None:
@@ -20,10 +29,25 @@ def write_snapshot(store: RunStore, status: RunStatus) -> None:
         store.write_file(store.snapshot_path(status.run_id), json.dumps(document))
 
 
-def read_snapshot(store: RunStore, run_id: str) -> dict[str, Any] | None:
-    """The latest snapshot of the run (None when there is none or it is being replaced)."""
+def read_snapshot(store: RunStore, run_id: str) -> Snapshot | None:
+    """The latest snapshot of the run (None when there is none, it is being replaced, or it
+    holds no status RunStatus.from_json can read)."""
     try:
         document = json.loads(store.snapshot_path(run_id).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return document if isinstance(document, dict) and "status" in document else None
+    if not isinstance(document, dict):
+        return None
+    status = RunStatus.from_json(document.get("status"))
+    if status is None:
+        return None
+    written_at, pid = document.get("written_at"), document.get("pid")
+    return Snapshot(
+        written_at=_seconds(written_at),
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        status=status,
+    )
+
+
+def _seconds(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0

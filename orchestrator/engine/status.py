@@ -56,6 +56,46 @@ class WorkerStatus:
         data["state"] = self.state.value
         return data
 
+    @classmethod
+    def from_json(cls, data: object) -> WorkerStatus | None:
+        """to_json read back (a snapshot's worker: log_tail is not in it). A key an older
+        orchestrate did not write takes its default, a value of the wrong type reads as absent;
+        None without a name, index, host and known state."""
+        if not isinstance(data, dict):
+            return None
+        name, host = _text(data.get("name")), _text(data.get("host"))
+        index, state = _int(data.get("index")), _state(data.get("state"))
+        if name is None or index is None or host is None or state is None:
+            return None
+        return cls(
+            name=name,
+            index=index,
+            host=host,
+            state=state,
+            reason=_text(data.get("reason")),
+            pid=_int(data.get("pid")),
+            step=_int(data.get("step")),
+            target_steps=_int(data.get("target_steps")),
+            loss=_number(data.get("loss")),
+            accuracy=_number(data.get("accuracy")),
+            checkpoint_step=_int(data.get("checkpoint_step")),
+            steps_per_sec=_number(data.get("steps_per_sec")),
+            val_loss=_number(data.get("val_loss")),
+            val_accuracy=_number(data.get("val_accuracy")),
+            uptime=_number(data.get("uptime")),
+            cpu_percent=_number(data.get("cpu_percent")),
+            rss_bytes=_int(data.get("rss_bytes")),
+            exit_code=_int(data.get("exit_code")),
+            finished_at=_number(data.get("finished_at")),
+            devices=_texts(data.get("devices")),
+            log_tail=(),
+            note=_text(data.get("note")),
+            failure_kind=_text(data.get("failure_kind")),
+            hint=_text(data.get("hint")),
+            queued=data.get("queued") is True,
+            start_step=_int(data.get("start_step")),
+        )
+
 
 @dataclass(frozen=True)
 class RunStatus:
@@ -81,6 +121,33 @@ class RunStatus:
             "scheduler": self.scheduler.to_json() if self.scheduler else None,
             "workers": [w.to_json() for w in self.workers],
         }
+
+    @classmethod
+    def from_json(cls, data: object) -> RunStatus | None:
+        """to_json read back (the supervisor's snapshot), leniently as WorkerStatus.from_json:
+        None without a run id, job and known state; a worker that cannot be read is left out.
+
+        to_json keeps how many restarts there were and the last one, not the earlier ones: they
+        read back as the last one again, so the count and the last restart (all that a status
+        says of them; the run record has every one) come out of to_json as they went in."""
+        if not isinstance(data, dict):
+            return None
+        run_id, job = _text(data.get("run_id")), _text(data.get("job"))
+        state = _state(data.get("state"))
+        if run_id is None or job is None or state is None:
+            return None
+        workers = data.get("workers")
+        read = (WorkerStatus.from_json(w) for w in (workers if isinstance(workers, list) else ()))
+        return cls(
+            run_id=run_id,
+            job=job,
+            state=state,
+            workers=tuple(w for w in read if w is not None),
+            attempt=_int(data.get("attempt")) or 0,
+            restarts=_restarts(data.get("restarts"), data.get("last_restart")),
+            outcome=_text(data.get("outcome")),
+            scheduler=_scheduler(data.get("scheduler")),
+        )
 
 
 def worker_status(
@@ -160,4 +227,69 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         scheduler=backend.scheduler_state(record),
         state=overall(s.state for s in statuses),
         workers=tuple(statuses),
+    )
+
+
+# Decoding of to_json's documents, lenient as model/answers.py: a wrong type reads as absent.
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value: object) -> float | None:
+    """A number as it was written: an int stays one, so the document reads back the same."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _texts(value: object) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list | tuple) else ()
+
+
+def _state(value: object) -> WorkerState | None:
+    try:
+        return WorkerState(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def _restarts(count: object, last: object) -> tuple[Restart, ...]:
+    number, restart = _int(count), _restart(last)
+    if number is None or number < 1 or restart is None:
+        return ()
+    return (restart,) * number
+
+
+def _restart(data: object) -> Restart | None:
+    """A Restart's __dict__ read back; one written before restarts had a kind takes the default."""
+    if not isinstance(data, dict):
+        return None
+    at, attempt = _number(data.get("at")), _int(data.get("attempt"))
+    worker, reason = _text(data.get("worker")), _text(data.get("reason"))
+    if at is None or attempt is None or worker is None or reason is None:
+        return None
+    kind = _text(data.get("kind"))
+    step = _int(data.get("step"))
+    return Restart(
+        at, attempt, worker, reason, step, **({"kind": kind} if kind is not None else {})
+    )
+
+
+def _scheduler(data: object) -> SchedulerState | None:
+    """SchedulerState.to_json read back (both of its shapes: before and after a job id)."""
+    if not isinstance(data, dict):
+        return None
+    scheduler, state = _text(data.get("scheduler")), _text(data.get("state"))
+    if scheduler is None or state is None:
+        return None
+    return SchedulerState(
+        scheduler=scheduler,
+        state=state,
+        jobs=_texts(data.get("jobs")),
+        login=_text(data.get("login")),
+        job_id=_text(data.get("job_id")),
+        reason=_text(data.get("reason")),
+        exit_code=_int(data.get("exit_code")),
+        signal=_int(data.get("signal")),
+        nodes=_text(data.get("nodes")),
     )

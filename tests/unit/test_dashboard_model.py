@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from orchestrator.dashboard import model
 from orchestrator.dashboard.charts import Marker, Series, line_chart, nice_ticks
 from orchestrator.dashboard.server import needs_token
 from orchestrator.dashboard.watch import attempt_dir
+from orchestrator.engine.state import WorkerState
+from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import Restart, RunRecord
 from worker import progress
@@ -23,26 +27,36 @@ def record(**fields: object) -> RunRecord:
     return RunRecord(run_id="r1", inventory=inventory, created_at=0.0, **fields)  # type: ignore[arg-type]
 
 
+def worker(name: str = "a", state: str = "running", **fields: object) -> WorkerStatus:
+    """A worker's status: what is not given unset (None; no devices, no log)."""
+    declared = dataclasses.fields(WorkerStatus)
+    unset = {f.name: None for f in declared if f.default is dataclasses.MISSING}
+    given = {"name": name, "index": 0, "host": "localhost", "state": WorkerState(state)}
+    return WorkerStatus(**{**unset, "devices": (), "log_tail": (), **given, **fields})  # type: ignore[arg-type]
+
+
+def status(state: str, *workers: WorkerStatus) -> RunStatus:
+    return RunStatus(run_id="r1", job="demo", state=WorkerState(state), workers=workers)
+
+
 def test_eta_from_rate_and_remaining_steps() -> None:
     assert model.eta_seconds(100, 300, 4.0) == 50.0
     assert model.eta_seconds(300, 300, 4.0) is None
     assert model.eta_seconds(None, 300, 4.0) is None
     assert model.eta_seconds(10, 300, None) is None
-    view = model.worker_view({"step": 150, "target_steps": 300, "steps_per_sec": 10.0})
+    view = model.worker_view(worker(step=150, target_steps=300, steps_per_sec=10.0))
     assert view["progress"] == 0.5 and view["eta_seconds"] == 15.0
 
 
 def test_root_cause_prefers_the_supervisors_verdict() -> None:
-    failed = {
-        "state": "failed",
-        "workers": [
-            {"name": "b", "state": "failed", "step": 7, "reason": "exit 1", "finished_at": 2.0},
-            {"name": "a", "state": "failed", "step": 5, "reason": "killed", "finished_at": 1.0},
-        ],
-    }
+    failed = status(
+        "failed",
+        worker("b", "failed", step=7, reason="exit 1", finished_at=2.0),
+        worker("a", "failed", step=5, reason="killed", finished_at=1.0),
+    )
     assert model.root_cause(record(), failed) == "a at step 5: killed"
     assert model.root_cause(record(outcome="gave up: x"), failed) == "gave up: x"
-    assert model.root_cause(record(), {"state": "running", "workers": []}) is None
+    assert model.root_cause(record(), status("running")) is None
 
 
 def test_history_skips_a_half_written_line() -> None:
