@@ -29,7 +29,9 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from orchestrator.dashboard.model import run_summary
 from orchestrator.dashboard.watch import Hub, RunWatch
+from orchestrator.engine.snapshot import read_snapshot
 
 KEEPALIVE = 15.0
 STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
@@ -64,21 +66,50 @@ class TokenGate:
 
 
 def create_app(hub: Hub, token: str | None = None) -> ASGIApp:
-    def missing(run_id: str, html: bool = False) -> Response:
-        message = f"no run '{run_id}' in {hub.store.root.resolve()}"
-        if html:
-            return HTMLResponse(f"<h1>404</h1><p>{message}</p>", status_code=404)
-        return JSONResponse({"error": message}, status_code=404)
+    app: ASGIApp = Starlette(routes=_Handlers(hub, token).routes())
+    return TokenGate(app, token) if token else app
 
-    def no_run() -> Response:
-        return JSONResponse(
-            {"error": f"no run yet in {hub.store.root.resolve()}: start one with 'orchestrate up'"},
-            status_code=404,
-        )
 
-    def page(run_id: str | None, follow: bool, request: Request) -> Response:
-        query = f"?token={token}" if token else ""
-        settings = json.dumps({"run": run_id, "follow": follow, "token": token})
+class _Handlers:
+    """The routes' handlers over one hub; `token` is the one the page carries in its links."""
+
+    def __init__(self, hub: Hub, token: str | None) -> None:
+        self.hub = hub
+        self.token = token
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/", self.index),
+            Route("/runs/{run_id}", self.run_page),
+            Route("/static/{name}", self.static),
+            Route("/api/runs", self.runs),
+            Route("/api/status", self.status),
+            Route("/api/runs/{run_id}/status", self.status),
+            Route("/api/runs/{run_id}/dashboard", self.dashboard),
+            Route("/api/runs/{run_id}/logs", self.logs),
+            Route("/api/runs/{run_id}/events", self.events),
+        ]
+
+    # -- the page and its files ---------------------------------------------------------------
+
+    async def index(self, request: Request) -> Response:
+        return self._page(self.hub.default_run(), self.hub.pinned is None)
+
+    async def run_page(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        if not self.hub.exists(run_id):
+            return self._missing(run_id, html=True)
+        return self._page(run_id, False)
+
+    async def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in STATIC:
+            return JSONResponse({"error": f"no file {name}"}, status_code=404)
+        return Response(_asset(name), media_type=STATIC[name])
+
+    def _page(self, run_id: str | None, follow: bool) -> Response:
+        query = f"?token={self.token}" if self.token else ""
+        settings = json.dumps({"run": run_id, "follow": follow, "token": self.token})
         html = (
             _asset("index.html")
             .replace("{{query}}", query)
@@ -86,63 +117,32 @@ def create_app(hub: Hub, token: str | None = None) -> ASGIApp:
         )
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
-    async def index(request: Request) -> Response:
-        return page(hub.default_run(), hub.pinned is None, request)
+    # -- JSON and events ----------------------------------------------------------------------
 
-    async def run_page(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
-        if not hub.exists(run_id):
-            return missing(run_id, html=True)
-        return page(run_id, False, request)
+    async def runs(self, request: Request) -> Response:
+        return JSONResponse({"runs": await to_thread.run_sync(self._summaries)})
 
-    async def static(request: Request) -> Response:
-        name = request.path_params["name"]
-        if name not in STATIC:
-            return JSONResponse({"error": f"no file {name}"}, status_code=404)
-        return Response(_asset(name), media_type=STATIC[name])
-
-    def watched(request: Request) -> RunWatch | Response:
-        run_id = request.path_params.get("run_id") or hub.default_run()
-        if run_id is None:
-            return no_run()
-        if not hub.exists(run_id):
-            return missing(run_id)
-        return hub.watch(run_id)
-
-    async def runs(request: Request) -> Response:
-        def summaries() -> list[dict[str, Any]]:
-            from orchestrator.dashboard.model import run_summary
-            from orchestrator.engine.snapshot import read_snapshot
-
-            current = hub.store.current_id()
-            return [
-                run_summary(hub.store.load(r), read_snapshot(hub.store, r), current)
-                for r in reversed(hub.store.run_ids())
-            ]
-
-        return JSONResponse({"runs": await to_thread.run_sync(summaries)})
-
-    async def status(request: Request) -> Response:
-        watch = watched(request)
+    async def status(self, request: Request) -> Response:
+        watch = self._watched(request)
         if isinstance(watch, Response):
             return watch
         document = await to_thread.run_sync(watch.document)
         return JSONResponse(document.get("status") or {"error": document.get("error")})
 
-    async def dashboard(request: Request) -> Response:
-        watch = watched(request)
+    async def dashboard(self, request: Request) -> Response:
+        watch = self._watched(request)
         if isinstance(watch, Response):
             return watch
         return JSONResponse(await to_thread.run_sync(watch.document))
 
-    async def logs(request: Request) -> Response:
-        watch = watched(request)
+    async def logs(self, request: Request) -> Response:
+        watch = self._watched(request)
         if isinstance(watch, Response):
             return watch
         return JSONResponse({"lines": await to_thread.run_sync(watch.log_lines)})
 
-    async def events(request: Request) -> Response:
-        watch = watched(request)
+    async def events(self, request: Request) -> Response:
+        watch = self._watched(request)
         if isinstance(watch, Response):
             return watch
         return StreamingResponse(
@@ -151,19 +151,36 @@ def create_app(hub: Hub, token: str | None = None) -> ASGIApp:
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    routes = [
-        Route("/", index),
-        Route("/runs/{run_id}", run_page),
-        Route("/static/{name}", static),
-        Route("/api/runs", runs),
-        Route("/api/status", status),
-        Route("/api/runs/{run_id}/status", status),
-        Route("/api/runs/{run_id}/dashboard", dashboard),
-        Route("/api/runs/{run_id}/logs", logs),
-        Route("/api/runs/{run_id}/events", events),
-    ]
-    app: ASGIApp = Starlette(routes=routes)
-    return TokenGate(app, token) if token else app
+    def _summaries(self) -> list[dict[str, Any]]:
+        store = self.hub.store
+        current = store.current_id()
+        return [
+            run_summary(store.load(r), read_snapshot(store, r), current)
+            for r in reversed(store.run_ids())
+        ]
+
+    def _watched(self, request: Request) -> RunWatch | Response:
+        """The watch of the request's run (else the page's), or the 404 that says why not."""
+        run_id = request.path_params.get("run_id") or self.hub.default_run()
+        if run_id is None:
+            return self._no_run()
+        if not self.hub.exists(run_id):
+            return self._missing(run_id)
+        return self.hub.watch(run_id)
+
+    # -- 404s ---------------------------------------------------------------------------------
+
+    def _missing(self, run_id: str, html: bool = False) -> Response:
+        message = f"no run '{run_id}' in {self.hub.store.root.resolve()}"
+        if html:
+            return HTMLResponse(f"<h1>404</h1><p>{message}</p>", status_code=404)
+        return JSONResponse({"error": message}, status_code=404)
+
+    def _no_run(self) -> Response:
+        where = self.hub.store.root.resolve()
+        return JSONResponse(
+            {"error": f"no run yet in {where}: start one with 'orchestrate up'"}, status_code=404
+        )
 
 
 async def _stream(watch: RunWatch) -> AsyncIterator[str]:
