@@ -12,8 +12,9 @@ from orchestrator.cli.app import cli, errors
 from orchestrator.config.loader import load_inventory
 from orchestrator.engine.plan import plan_workers
 from orchestrator.errors import ExportRefused
+from orchestrator.model.inventory import Inventory
 
-FORMATS = (*BACKEND_FORMATS, "tfjob")
+FORMATS = (*BACKEND_FORMATS, "tfjob", "trainjob")
 
 
 @cli.command()
@@ -25,33 +26,43 @@ FORMATS = (*BACKEND_FORMATS, "tfjob")
     "fmt",
     type=click.Choice(FORMATS),
     required=True,
-    help="sbatch: the batch script 'up' submits; tfjob: a Kubeflow TFJob manifest.",
+    help="sbatch: the batch script 'up' submits; tfjob: a Kubeflow TFJob manifest; trainjob: a "
+    "Kubeflow Trainer v2 TrainJob with its TrainingRuntime.",
 )
 @click.option(
     "--image",
     metavar="IMAGE",
-    help="tfjob: the container image (TensorFlow and the worker package, or your script, inside).",
+    help="tfjob, trainjob: the container image (TensorFlow and the worker package, or your "
+    "script, inside).",
 )
-@click.option("--namespace", metavar="NS", help="tfjob: the Kubernetes namespace.")
+@click.option("--namespace", metavar="NS", help="tfjob, trainjob: the Kubernetes namespace.")
 @click.option(
     "--pvc",
     metavar="NAME",
-    help="tfjob: a PersistentVolumeClaim for the checkpoints "
+    help="tfjob, trainjob: a PersistentVolumeClaim for the checkpoints "
     "(mounted at /checkpoints), so they survive pod restarts.",
 )
-@click.option("--name", metavar="NAME", help="tfjob: the TFJob's name [default: job.name].")
+@click.option(
+    "--name",
+    metavar="NAME",
+    help="tfjob, trainjob: the TFJob's (TrainJob's) name [default: job.name].",
+)
 @click.option(
     "--secret",
     metavar="NAME",
-    help="tfjob: the Kubernetes Secret with job.secret_env's values (one key per variable "
-    "name), referenced with secretKeyRef; required when the job has secret_env.",
+    help="tfjob, trainjob: the Kubernetes Secret with job.secret_env's values (one key per "
+    "variable name), referenced with secretKeyRef; required when the job has secret_env.",
 )
 @click.option("--restart-policy", type=click.Choice(["ExitCode", "OnFailure"]),
               default="ExitCode", show_default=True,
               help="tfjob: the Worker replicas' policy (see below).")  # fmt: skip
+@click.option("--workdir", metavar="DIR", default="/workspace", show_default=True,
+              help="trainjob: where job.script is in the image; the pods' working "
+              "directory.")  # fmt: skip
 def export(  # noqa: PLR0917 - click passes every option by position
     inventory_file: Path, fmt: str, image: str | None, namespace: str | None, pvc: str | None,
-           name: str | None, secret: str | None, restart_policy: str) -> None:  # fmt: skip
+           name: str | None, secret: str | None, restart_policy: str,
+           workdir: str) -> None:  # fmt: skip
     """Print INVENTORY's job for a scheduler, to submit it yourself.
 
     \b
@@ -69,6 +80,15 @@ def export(  # noqa: PLR0917 - click passes every option by position
                       job.secret_env becomes secretKeyRef entries to the Secret --secret
                       names (create it with 'kubectl create secret generic NAME
                       --from-literal=VAR=...'); no value is ever in the manifest.
+    --format trainjob two trainer.kubeflow.org/v1alpha1 documents for Kubeflow Trainer v2
+                      (kubectl apply -f both): a TrainingRuntime (plain mlPolicy, numNodes =
+                      the workers; its 'node' job runs the image under a small launcher that
+                      writes each pod's TF_CONFIG from JOB_COMPLETION_INDEX and the pods'
+                      names, port 2222) and the TrainJob using it. maxRestarts =
+                      job.max_restarts restarts of all the pods; the permanent exit codes
+                      fail the job (podFailurePolicy); job.script must be in the image
+                      under --workdir; job.files needs --pvc. Validated against Trainer
+                      v2.3.0's CRD schemas, CEL rules and webhook rules; exit 2 if refused.
 
     Secrets: the sbatch script never holds job.secret_env's values; export them in the shell
     that runs sbatch (its default --export=ALL passes them on).
@@ -76,6 +96,10 @@ def export(  # noqa: PLR0917 - click passes every option by position
     inventory = load_inventory(inventory_file)
     if fmt in BACKEND_FORMATS:
         click.echo(export_writer(fmt)(inventory, plan_workers), nl=False)
+        return
+    if fmt == "trainjob":
+        _export_trainjob(inventory, image, namespace=namespace, pvc=pvc, name=name,
+                         secret=secret, workdir=workdir)  # fmt: skip
         return
     from orchestrator.export.tfjob import problems, tfjob
 
@@ -100,3 +124,40 @@ def export(  # noqa: PLR0917 - click passes every option by position
                      "lost when a pod is replaced; a restart then starts from step 0",
                      markup=False, highlight=False)  # fmt: skip
     click.echo(yaml.safe_dump(manifest, sort_keys=False), nl=False)
+
+
+def _export_trainjob(
+    inventory: Inventory,
+    image: str | None,
+    *,
+    namespace: str | None,
+    pvc: str | None,
+    name: str | None,
+    secret: str | None,
+    workdir: str,
+) -> None:
+    from orchestrator.export.trainjob import dump, files_dir, problems, refusals, trainjob
+
+    refused = refusals(inventory, pvc, secret)
+    if refused:
+        raise ExportRefused("the job cannot be exported as a TrainJob:\n"
+                            + "\n".join(f"  {line}" for line in refused))  # fmt: skip
+    documents = trainjob(inventory, image, name=name, namespace=namespace, pvc=pvc,
+                         secret=secret, workdir=workdir)  # fmt: skip
+    found = problems(documents)
+    if found:
+        raise ExportRefused(
+            "the TrainingRuntime or TrainJob would be rejected:\n"
+            + "\n".join(f"  {line}" for line in found),
+            hint="give --image IMAGE, and --name NAME (lower-case letters, digits, '-'; short "
+            "enough for the pods' names) when job.name does not fit",
+        )
+    if not pvc:
+        errors.print("warning: without --pvc the checkpoints live in the pod (emptyDir) and are "
+                     "lost when a pod is replaced; a restart then starts from step 0",
+                     markup=False, highlight=False)  # fmt: skip
+    elif inventory.job.files:
+        errors.print(f"note: copy job.files to {inventory.job.name}/files/ on claim {pvc} "
+                     f"(mounted at {files_dir(inventory)}) before applying",
+                     markup=False, highlight=False)  # fmt: skip
+    click.echo(dump(documents), nl=False)

@@ -1,0 +1,92 @@
+"""The launcher each pod of an exported TrainJob starts: it writes the pod's TF_CONFIG and runs
+the worker under it, passing SIGTERM on (the worker saves a checkpoint) and its exit code out.
+
+STANDARD LIBRARY ONLY: its source is the `node` container's command (`python -c SOURCE ARGV...`)
+in the TrainingRuntime that trainjob.py writes, so the image needs nothing of orchestrate but the
+worker package (for a task job). The worker list comes from the export, in the environment
+(ORCHESTRATE_TF_WORKERS, JSON: JobSet's stable pod host names `{name}-node-0-{i}.{name}:{port}`,
+which exist because the TrainJob's JobSet has that name); the pod reads only the index the
+Indexed Job gives it, JOB_COMPLETION_INDEX. Index 0 is the chief.
+
+ORCHESTRATE_JOBSET_NAME (the downward API: the pod's jobset.sigs.k8s.io/jobset-name label), when
+set, must be the name the list was computed for: a TrainJob submitted under another name would
+otherwise wait forever for peers that do not exist; it exits 2 (permanent) naming both.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+WORKERS_ENV = "ORCHESTRATE_TF_WORKERS"
+JOBSET_NAME_ENV = "ORCHESTRATE_JOBSET_NAME"
+INDEX_ENV = "JOB_COMPLETION_INDEX"
+EXIT_USAGE = 2  # contract.EXIT_USAGE (this file imports nothing of orchestrate)
+
+
+def tf_config(workers, index):
+    return {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}}
+
+
+def jobset_of(worker):
+    """'shapes-node-0-1.shapes:2222' -> 'shapes': the subdomain is the JobSet's name."""
+    host = worker.rsplit(":", 1)[0]
+    return host.split(".", 1)[1] if "." in host else ""
+
+
+def problem(workers, index_text, jobset_name):
+    """Why this pod cannot be given a TF_CONFIG, or None."""
+    if not index_text or not index_text.isdigit():
+        return f"{INDEX_ENV} is {index_text!r}: the runtime's Job must be Indexed"
+    if int(index_text) >= len(workers):
+        return f"{INDEX_ENV}={index_text} but the export has {len(workers)} workers"
+    expected = jobset_of(workers[0])
+    if jobset_name and expected and jobset_name != expected:
+        return (
+            f"this TrainJob is named {jobset_name!r} but its runtime's worker list was exported "
+            f"for {expected!r}: export again with --name {jobset_name}"
+        )
+    return None
+
+
+def run(argv, env):
+    """The worker's exit code (128+N for a death by signal N); until it exits, SIGTERM and
+    SIGINT are passed on (pod deletion, preemption: the built-in loop saves and exits 75)."""
+    child = subprocess.Popen(argv, env=env)
+
+    def forward(signum, _frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, forward)
+    returncode = child.wait()
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def main():
+    workers = json.loads(os.environ.pop(WORKERS_ENV, "[]"))
+    index_text = os.environ.get(INDEX_ENV, "")
+    found = problem(workers, index_text, os.environ.get(JOBSET_NAME_ENV, ""))
+    if found is None and not sys.argv[1:]:
+        found = "no worker command (the container's args)"
+    if found is not None:
+        print(f"orchestrate launcher: {found}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    index = int(index_text)
+    config = tf_config(workers, index)
+    env = dict(os.environ)
+    env["TF_CONFIG"] = json.dumps(config)
+    role = " (chief)" if index == 0 else ""
+    said = f"worker {index} of {len(workers)}{role}, TF_CONFIG {env['TF_CONFIG']}"
+    print(f"orchestrate launcher: {said}", flush=True)
+    try:
+        return run(sys.argv[1:], env)
+    except OSError as exc:
+        print(f"orchestrate launcher: cannot start {sys.argv[1]}: {exc}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())
