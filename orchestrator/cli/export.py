@@ -139,6 +139,9 @@ def _export_trainjob(
     from orchestrator.export.trainjob import dump, files_dir, problems, refusals, trainjob
 
     refused = refusals(inventory, pvc, secret)
+    if not image:
+        refused.insert(0, "--image IMAGE is required: the container image the pods run "
+                       "(TensorFlow and the worker package, or your script, inside)")  # fmt: skip
     if refused:
         raise ExportRefused("the job cannot be exported as a TrainJob:\n"
                             + "\n".join(f"  {line}" for line in refused))  # fmt: skip

@@ -266,7 +266,11 @@ def problems(documents: Sequence[dict[str, Any]]) -> list[str]:
         found += [f"{kind} {error}" for error in _list_type_errors(document, schema(kind), "")]
         if document.get("apiVersion") != API_VERSION:
             found.append(f"{kind}: apiVersion must be {API_VERSION}")
-        found += [f"{kind} {error}" for error in _metadata_errors(document.get("metadata") or {})]
+    if found:  # the rules below read the documents as typed by the schemas
+        return found
+    for document in documents:
+        metadata = document.get("metadata") or {}
+        found += [f"{document['kind']} {error}" for error in _metadata_errors(metadata)]
     found += [f"TrainJob {error}" for error in _trainjob_rules(train_job, runtime)]
     found += [f"TrainingRuntime {error}" for error in _runtime_rules(runtime)]
     name = str((train_job.get("metadata") or {}).get("name", ""))
@@ -287,11 +291,15 @@ def _schema_errors(document: dict[str, Any], crd_schema: dict[str, Any]) -> list
 
 
 def _list_type_errors(value: Any, node: dict[str, Any], where: str) -> Iterator[str]:
-    """x-kubernetes-list-type set and map: the API server refuses duplicate items or keys."""
+    """x-kubernetes-list-type set and map: the API server refuses duplicate items or keys. And
+    fields the schema does not know, which kubectl's strict field validation refuses (the API
+    server would otherwise drop them: a misspelt key would silently do nothing)."""
     if isinstance(value, dict) and isinstance(node.get("properties"), dict):
         for key, item in value.items():
             if key in node["properties"]:
                 yield from _list_type_errors(item, node["properties"][key], f"{where}.{key}")
+            elif not node.get("x-kubernetes-preserve-unknown-fields"):
+                yield f"{where.lstrip('.')}: unknown field {key!r}"
     elif isinstance(value, dict) and isinstance(node.get("additionalProperties"), dict):
         for key, item in value.items():
             yield from _list_type_errors(item, node["additionalProperties"], f"{where}.{key}")
