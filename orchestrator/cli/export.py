@@ -101,6 +101,20 @@ def export(  # noqa: PLR0917 - click passes every option by position
         _export_trainjob(inventory, image, namespace=namespace, pvc=pvc, name=name,
                          secret=secret, workdir=workdir)  # fmt: skip
         return
+    _export_tfjob(inventory, image, namespace=namespace, pvc=pvc, name=name, secret=secret,
+                  restart_policy=restart_policy)  # fmt: skip
+
+
+def _export_tfjob(
+    inventory: Inventory,
+    image: str | None,
+    *,
+    namespace: str | None,
+    pvc: str | None,
+    name: str | None,
+    secret: str | None,
+    restart_policy: str,
+) -> None:
     from orchestrator.export.tfjob import problems, tfjob
 
     if inventory.job.secret_env and not secret:
@@ -120,10 +134,14 @@ def export(  # noqa: PLR0917 - click passes every option by position
             "job.name is not a DNS-1035 label",
         )
     if not pvc:
-        errors.print("warning: without --pvc the checkpoints live in the pod (emptyDir) and are "
-                     "lost when a pod is replaced; a restart then starts from step 0",
-                     markup=False, highlight=False)  # fmt: skip
+        _warn_no_pvc()
     click.echo(yaml.safe_dump(manifest, sort_keys=False), nl=False)
+
+
+def _warn_no_pvc() -> None:
+    errors.print("warning: without --pvc the checkpoints live in the pod (emptyDir) and are "
+                 "lost when a pod is replaced; a restart then starts from step 0",
+                 markup=False, highlight=False)  # fmt: skip
 
 
 def _export_trainjob(
@@ -156,9 +174,7 @@ def _export_trainjob(
             "enough for the pods' names) when job.name does not fit",
         )
     if not pvc:
-        errors.print("warning: without --pvc the checkpoints live in the pod (emptyDir) and are "
-                     "lost when a pod is replaced; a restart then starts from step 0",
-                     markup=False, highlight=False)  # fmt: skip
+        _warn_no_pvc()
     elif inventory.job.files:
         errors.print(f"note: copy job.files to {inventory.job.name}/files/ on claim {pvc} "
                      f"(mounted at {files_dir(inventory)}) before applying",

@@ -39,7 +39,7 @@ from typing import Any
 from orchestrator.contract import CHECKPOINT_DIR_ENV, KERAS_LEGACY, LEGACY_KERAS_ENV
 from orchestrator.engine.plan import worker_argv
 from orchestrator.export import trainjob_launcher
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import Host, Inventory, Job
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = f"{API_GROUP}/v1alpha1"
@@ -132,13 +132,28 @@ def trainjob(
         else {"name": "checkpoints", "emptyDir": {}}
     )
     workers = worker_hosts(name, len(inventory.hosts))
+    container = _container(inventory, image, checkpoints, secret=secret, workdir=workdir,
+                           workers=workers)  # fmt: skip
+    job_spec = _job_spec(job, container, volume)
+    labels = {"app": "orchestrate", "trainer.kubeflow.org/framework": "tensorflow"}
+    metadata: dict[str, Any] = {"name": name, "labels": labels}
+    if namespace:
+        metadata["namespace"] = namespace
+    runtime = _runtime(metadata, len(inventory.hosts), job.max_restarts, job_spec)
+    train_job = {
+        "apiVersion": API_VERSION,
+        "kind": "TrainJob",
+        "metadata": dict(metadata, labels={"app": "orchestrate"}),
+        "spec": {"runtimeRef": {"apiGroup": API_GROUP, "kind": "TrainingRuntime", "name": name}},
+    }
+    return [runtime, train_job]
+
+
+def _job_spec(job: Job, container: dict[str, Any], volume: dict[str, Any]) -> dict[str, Any]:
+    """The Indexed Job of the `node` replicated job: one pod per worker, never retried alone."""
     pod_spec = {
         "restartPolicy": "Never",  # a failed worker fails its Job; JobSet restarts them all
-        "containers": [
-            _container(
-                inventory, image, checkpoints, secret=secret, workdir=workdir, workers=workers
-            )
-        ],
+        "containers": [container],
         "volumes": [volume],
     }
     job_spec: dict[str, Any] = {
@@ -152,20 +167,23 @@ def trainjob(
             "onExitCodes": {"containerName": NODE, "operator": "In",
                             "values": sorted(set(job.permanent_exit_codes))},
         }]}  # fmt: skip
-    labels = {"app": "orchestrate", "trainer.kubeflow.org/framework": "tensorflow"}
-    metadata: dict[str, Any] = {"name": name, "labels": labels}
-    if namespace:
-        metadata["namespace"] = namespace
-    runtime = {
+    return job_spec
+
+
+def _runtime(
+    metadata: dict[str, Any], nodes: int, max_restarts: int, job_spec: dict[str, Any]
+) -> dict[str, Any]:
+    """The TrainingRuntime: the plain policy (numNodes only) over one `node` replicated job."""
+    return {
         "apiVersion": API_VERSION,
         "kind": "TrainingRuntime",
         "metadata": metadata,
         "spec": {
-            "mlPolicy": {"numNodes": len(inventory.hosts)},
+            "mlPolicy": {"numNodes": nodes},
             "template": {"spec": {
                 "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
                 "failurePolicy": {
-                    "maxRestarts": job.max_restarts,
+                    "maxRestarts": max_restarts,
                     "rules": [{"name": PERMANENT_RULE, "action": "FailJobSet",
                                "onJobFailureReasons": ["PodFailurePolicy"]}],
                 },
@@ -180,13 +198,6 @@ def trainjob(
             }},
         },
     }  # fmt: skip
-    train_job = {
-        "apiVersion": API_VERSION,
-        "kind": "TrainJob",
-        "metadata": dict(metadata, labels={"app": "orchestrate"}),
-        "spec": {"runtimeRef": {"apiGroup": API_GROUP, "kind": "TrainingRuntime", "name": name}},
-    }
-    return [runtime, train_job]
 
 
 def _container(inventory: Inventory, image: str | None, checkpoints: str, *, secret: str | None,
