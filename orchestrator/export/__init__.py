@@ -1,2 +1,3 @@
-"""Exports of an inventory's job for schedulers the product does not drive itself: a Slurm batch
-script (the one `up` submits) and a Kubeflow TFJob manifest."""
+"""Exports of an inventory's job for Kubernetes, which the product does not drive itself: a
+Kubeflow TFJob (Training Operator v1) and a Kubeflow Trainer v2 TrainingRuntime with its TrainJob.
+(The Slurm batch script is the Slurm backend's own export: backends/slurm/export.py.)"""
