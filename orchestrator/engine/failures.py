@@ -17,22 +17,44 @@ from orchestrator.contract import EXIT_PREEMPTED, EXIT_USAGE
 
 
 class FailureKind(str, Enum):
-    KILLED = "killed"  # a signal, usually SIGKILL from a person or the OOM killer
-    PREEMPTED = "preempted"  # saved a checkpoint on SIGTERM and exited 75
-    STALLED = "stalled"  # no new step for stall_timeout
-    NOT_STARTED = "not started"  # its supervisor never came up
-    UNREACHABLE = "unreachable"  # its host stopped answering
-    VANISHED = "vanished"  # its process disappeared without an exit record
-    USAGE = "usage"  # the worker refused its flags, TF_CONFIG or task (exit 2)
-    IMPORT_ERROR = "import error"  # a module the script needs is missing on the host
-    KERAS_API = "keras api"  # Keras 2 code under Keras 3
+    KILLED = "killed"
+    PREEMPTED = "preempted"
+    STALLED = "stalled"
+    NOT_STARTED = "not started"
+    UNREACHABLE = "unreachable"
+    VANISHED = "vanished"
+    USAGE = "usage"
+    IMPORT_ERROR = "import error"
+    KERAS_API = "keras api"
     OUT_OF_MEMORY = "out of memory"
     DISK_FULL = "disk full"
-    PORT_BUSY = "port busy"  # the gRPC server could not bind its port
-    PEER_LOST = "peer lost"  # a collective failed because another worker went away
-    EARLY_EXIT = "early exit"  # exit 0 below the target step
-    LEFT_EARLY = "left early"  # exited 0 while its peers still waited for it in a collective
-    CRASHED = "crashed"  # any other non-zero exit
+    PORT_BUSY = "port busy"
+    PEER_LOST = "peer lost"
+    EARLY_EXIT = "early exit"
+    LEFT_EARLY = "left early"
+    CRASHED = "crashed"
+
+
+# What each kind means, for people: the manual's failure reference is generated from this and
+# HINTS (docs/hooks/reference.py), so a new kind arrives with its entry.
+MEANINGS: dict[FailureKind, str] = {
+    FailureKind.KILLED: "a signal, usually SIGKILL from a person or the OOM killer",
+    FailureKind.PREEMPTED: "saved a checkpoint on SIGTERM and exited 75",
+    FailureKind.STALLED: "no new step for stall_timeout",
+    FailureKind.NOT_STARTED: "its supervisor never came up",
+    FailureKind.UNREACHABLE: "its host stopped answering",
+    FailureKind.VANISHED: "its process disappeared without an exit record",
+    FailureKind.USAGE: "the worker refused its flags, TF_CONFIG or task (exit 2)",
+    FailureKind.IMPORT_ERROR: "a module the script needs is missing on the host",
+    FailureKind.KERAS_API: "Keras 2 code under Keras 3",
+    FailureKind.OUT_OF_MEMORY: "the worker ran out of memory (ResourceExhaustedError, MemoryError)",
+    FailureKind.DISK_FULL: "a write failed for lack of space (No space left on device, a quota)",
+    FailureKind.PORT_BUSY: "the gRPC server could not bind its port",
+    FailureKind.PEER_LOST: "a collective failed because another worker went away",
+    FailureKind.EARLY_EXIT: "exit 0 below the target step",
+    FailureKind.LEFT_EARLY: "exited 0 while its peers still waited for it in a collective",
+    FailureKind.CRASHED: "any other non-zero exit",
+}
 
 
 # Failures that a restart cannot heal: the same code on the same host fails the same way.
@@ -89,6 +111,21 @@ HINTS: dict[FailureKind, str] = {
     FailureKind.NOT_STARTED: "its host could not start the worker: 'orchestrate check INVENTORY'",
     FailureKind.UNREACHABLE: "its host stopped answering: check the machine and its network",
     FailureKind.USAGE: "the worker refused its flags, TF_CONFIG or task: fix what its log names",
+    FailureKind.PREEMPTED: (
+        "SIGTERM (a cloud VM or a scheduler taking its machine back, or 'orchestrate down') made "
+        "every worker save a checkpoint at one step: on hosts 'orchestrate up' resumes from it, "
+        "on Slurm the next job is submitted at once; a preemption spends no restart (list 75 in "
+        "job.permanent_exit_codes to end the run at one instead)"
+    ),
+    FailureKind.VANISHED: (
+        "its process disappeared without an exit record (killed with its supervisor, the host "
+        "rebooted, its run directory removed): 'dmesg' and the uptime of the host say which; "
+        "a restart starts it again from the latest checkpoint"
+    ),
+    FailureKind.CRASHED: (
+        "the worker exited non-zero: the last lines of its log ('orchestrate tail NAME') name "
+        "the error; once fixed, 'orchestrate up' resumes from the latest checkpoint"
+    ),
 }
 
 # Checked in order against the log tail: the first match names the kind.
