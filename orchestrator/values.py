@@ -6,7 +6,8 @@ Shared by the inventory and the connection kinds, which declare their own keys w
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.yamlsource import LineList, LineMap
@@ -15,6 +16,29 @@ Checked = tuple[Any, str | None]
 Checker = Callable[[Any], Checked]
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class Key:
+    """One inventory key of a block: what the loader checks it with, and what the manual's key
+    reference says of it (docs/hooks/reference.py writes that page from these entries). Each
+    block's table of known keys is derived from its entries, so a key the loader accepts is a
+    key the reference describes."""
+
+    name: str
+    type: str  # for people: "integer, 1 to 65535"
+    default: str  # for people: "required", "`ssh`", "" when unset means "none"
+    meaning: str
+    check: Checker | None = None  # None: the block's parser reads the key itself
+
+
+def checkers(keys: Iterable[Key]) -> dict[str, Checker]:
+    """A block's known keys with their checkers, in the entries' order."""
+    return {key.name: key.check for key in keys if key.check is not None}
+
+
+def key_names(keys: Iterable[Key]) -> tuple[str, ...]:
+    return tuple(key.name for key in keys)
 
 
 def describe(value: Any) -> str:

@@ -13,16 +13,17 @@ from typing import Any
 
 from orchestrator.config.report import Report, line_of
 from orchestrator.config.setup import parse_setup
-from orchestrator.config.sources.ansible import parse_ansible
+from orchestrator.config.sources.ansible import ANSIBLE_KEY_ENTRIES, parse_ansible
 from orchestrator.config.sources.hosts import (
+    HOST_KEY_ENTRIES,
     PER_HOST_ONLY,
     Placed,
     host_keys,
     hosts_source,
     parse_hosts,
 )
-from orchestrator.config.sources.slurm import slurm_source
-from orchestrator.config.sync import parse_sync
+from orchestrator.config.sources.slurm import LOGIN_KEY_ENTRIES, SLURM_KEY_ENTRIES, slurm_source
+from orchestrator.config.sync import SYNC_KEY_ENTRIES, parse_sync
 from orchestrator.contract import (
     EXPORT_FORMATS,
     KERAS_SETTINGS,
@@ -31,7 +32,8 @@ from orchestrator.contract import (
     task_problem,
 )
 from orchestrator.errors import InventoryError
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.machines import kinds
+from orchestrator.model.inventory import DEFAULT_CONNECTION, Host, Inventory, Job
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.paths import controller_path, is_loopback
 from orchestrator.values import (
@@ -39,11 +41,14 @@ from orchestrator.values import (
     POSITIVE,
     Checked,
     Checker,
+    Key,
     boolean,
+    checkers,
     choice,
     describe,
     integer,
     integers,
+    key_names,
     name,
     scalar_string,
     string,
@@ -60,35 +65,86 @@ def _task(value: Any) -> Checked:
     return (None, problem) if problem else (value, None)
 
 
-JOB_KEYS: dict[str, Checker] = {
-    "name": name,
-    "task": _task,
-    "script": string,
-    "args": scalar_string,  # checked per item
-    "env": scalar_string,  # checked per value
-    "secret_env": string,  # checked per item
-    "files": string,  # checked per item
-    "steps": POSITIVE,
-    "checkpoint_dir": string,
-    "checkpoint_every": POSITIVE,
-    "max_to_keep": POSITIVE,
-    "batch_size": POSITIVE,
-    "log_every": POSITIVE,
-    "stall_timeout": POSITIVE,
-    "max_restarts": integer(0),
-    "restart_backoff": integer(0, 3600),
-    "partition_timeout": integer(0, 86400),
-    "warm_restarts": boolean,
-    "log_max_mb": integer(1, 1 << 20),
-    "permanent_exit_codes": integer(1, 255),  # checked per item
-    "strategy": choice("multi-worker", "mirrored"),
-    "profile_steps": integers(1, length=2),
-    "eval_every": POSITIVE,
-    "export": choice(*EXPORT_FORMATS),
-    "keras": choice(*KERAS_SETTINGS),
-    "steps_per_call": POSITIVE,
-    "seed": integer(0),
-}
+# `job:`'s keys; the manual's key reference is written from these entries.
+JOB_KEY_ENTRIES: tuple[Key, ...] = (
+    Key("name", "name", "the file's name", "names the job's directory `{workdir}/{name}/`", name),
+    Key("task", "`module:function`", "",
+        "`module:function` returning a `worker.task.TrainingTask`, run by the built-in loop",
+        _task),
+    Key("script", "string (a path on this machine)", "",
+        "your own training script, started with `TF_CONFIG` set (exactly one of `task`, "
+        "`script`)", string),
+    Key("args", "list of strings", "`[]`",
+        "arguments for the script, or extra `python -m worker` flags for a task",
+        scalar_string),  # checked per item
+    Key("env", "mapping of names to strings", "`{}`",
+        "extra environment variables (`TF_CONFIG` and `ORCHESTRATE_*` are set by orchestrate)",
+        scalar_string),  # checked per value
+    Key("secret_env", "list of variable names", "`[]`",
+        "variables whose values `up` takes from its own environment: they reach the workers' "
+        "environment only, never the inventory, records, logs or status (see Security)",
+        string),  # checked per item
+    Key("files", "list of strings (paths on this machine)", "`[]`",
+        "files or directories uploaded next to the script on SSH hosts",
+        string),  # checked per item
+    Key("steps", "integer, at least 1", "required for `task`", "total training steps", POSITIVE),
+    Key("checkpoint_dir", "string", "`checkpoints`",
+        "relative to `{workdir}/{name}/`, or absolute (a shared disk)", string),
+    Key("checkpoint_every", "integer, at least 1", "`100`", "steps between checkpoints",
+        POSITIVE),
+    Key("max_to_keep", "integer, at least 1", "`3`", "checkpoints kept", POSITIVE),
+    Key("batch_size", "integer, at least 1", "`64`",
+        "global batch size, split across the workers", POSITIVE),
+    Key("log_every", "integer, at least 1", "`10`",
+        "steps between log lines and progress updates", POSITIVE),
+    Key("stall_timeout", "integer, at least 1 (seconds)", "`300`",
+        "seconds without a new step (or an answer from the host) before a worker counts as "
+        "failed; keep it above `log_every` times the time of a step, and above the time of one "
+        "evaluation", POSITIVE),
+    Key("max_restarts", "integer, at least 0", "`3`",
+        "restarts of the whole cluster before the run fails", integer(0)),
+    Key("restart_backoff", "integer, 0 to 3600 (seconds)", "`5`",
+        "seconds before the first restart, doubling after each", integer(0, 3600)),
+    Key("partition_timeout", "integer, 0 to 86400 (seconds)", "`600`",
+        "how long a restart waits, spending no restart, while the hosts cannot reach each "
+        "other's TensorFlow port; then the run fails naming the blocked pairs",
+        integer(0, 86400)),
+    Key("warm_restarts", "boolean", "`true` for `task:`, `false` for `script:`",
+        "keep, per worker slot, a standby Python that has imported TensorFlow, so a restart "
+        "skips the import; `false`: every attempt starts its workers afresh. Off for scripts "
+        "unless set: a script may set TensorFlow's variables (`TF_USE_LEGACY_KERAS`, "
+        "`TF_CPP_MIN_LOG_LEVEL`) itself before its import, which a standby has already done",
+        boolean),
+    Key("log_max_mb", "integer, 1 to 1048576", "`64`",
+        "each worker's `worker.log` is rotated past this size (one older `worker.log.1` kept), "
+        "so a long run cannot fill a disk with its log", integer(1, 1 << 20)),
+    Key("permanent_exit_codes", "list of integers, 1 to 255", "`[2]`",
+        "exit codes that end the run at once instead of restarting (2: the worker's usage "
+        "errors)", integer(1, 255)),  # checked per item
+    Key("strategy", "`multi-worker` or `mirrored`", "`multi-worker`",
+        "`mirrored`: MirroredStrategy over one host's devices (one host only)",
+        choice("multi-worker", "mirrored")),
+    Key("profile_steps", "list of two integers, at least 1", "",
+        "`[start, end]`: the chief records a graph trace and profile of those steps for "
+        "TensorBoard", integers(1, length=2)),
+    Key("eval_every", "integer, at least 1", "",
+        "steps between evaluations on the task's `eval_dataset` (it is always evaluated after "
+        "the last step); needs a task with one", POSITIVE),
+    Key("export", " or ".join(f"`{f}`" for f in EXPORT_FORMATS), "",
+        "at the end of a successful run the chief writes the model to "
+        "`{workdir}/{name}/export/`", choice(*EXPORT_FORMATS)),
+    Key("keras", " or ".join(f"`{k}`" for k in KERAS_SETTINGS), "`default`",
+        "`legacy`: every worker runs with `TF_USE_LEGACY_KERAS=1`, so `tf.keras` is Keras 2 "
+        "(tf_keras): model.fit under MultiWorkerMirroredStrategy, `reset_states`, tf.keras 2 "
+        "code; `default`: the Keras 3 that ships with TensorFlow", choice(*KERAS_SETTINGS)),
+    Key("steps_per_call", "integer, at least 1", "`1`",
+        "training steps run inside one `tf.function` call; `log_every`, `checkpoint_every` and "
+        "`eval_every` must be multiples of it", POSITIVE),
+    Key("seed", "integer, at least 0", "",
+        "seeds the initial weights (Python, NumPy, TensorFlow, Keras): two runs with the same "
+        "seed and settings train alike", integer(0)),
+)  # fmt: skip
+JOB_KEYS: dict[str, Checker] = checkers(JOB_KEY_ENTRIES)
 
 # Keys parsed by their own functions below (lists and mappings, checked per item).
 LIST_JOB_KEYS = ("args", "env", "secret_env", "files", "permanent_exit_codes")
@@ -102,7 +158,83 @@ HOST_SOURCES: dict[str, HostSource] = {
     "slurm": slurm_source,
     "ansible": parse_ansible,
 }
-TOP_KEYS: tuple[str, ...] = ("defaults", "spares", "min_hosts", "setup", "sync", "job")
+# The top level's keys besides the host sources (`hosts:`, `slurm:`, `ansible:`, exactly one).
+TOP_KEY_ENTRIES: tuple[Key, ...] = (
+    Key("defaults", "mapping of host keys", "`{}`",
+        "every key here applies to every host (and spare) unless the host sets it"),
+    Key("spares", "list of hosts", "`[]`",
+        "hosts in the same form as `hosts:`: when the supervisor restarts the cluster and a "
+        "host does not answer, the next spare takes its place"),
+    Key("min_hosts", "integer, at least 1", "every host",
+        "lets a restart go on without hosts that do not answer once no spare is left, down to "
+        "that many workers"),
+    Key("setup", "list of shell commands", "",
+        "run on every host and spare before the preflight checks, as one bash script per host; "
+        "skipped while unchanged"),
+    Key("sync", "a directory, or a mapping (`sync:` keys)", "",
+        "a directory of this machine mirrored to `{workdir}/{job}/code/` on every host before "
+        "every start"),
+    Key("job", "mapping (`job:` keys)", "required", "what every worker runs"),
+)  # fmt: skip
+HOST_SOURCE_ENTRIES: tuple[Key, ...] = (
+    Key("hosts", "list of hosts", "",
+        "the workers, in order: `hosts[0]` is the chief (task index 0)"),
+    Key("slurm", "mapping (`slurm:` keys)", "",
+        "Slurm places the workers: one per node of one batch job"),
+    Key("ansible", "mapping (`ansible:` keys)", "",
+        "the workers from an Ansible inventory, read by ansible-core"),
+)  # fmt: skip
+TOP_KEYS: tuple[str, ...] = key_names(TOP_KEY_ENTRIES)
+
+
+def key_reference() -> tuple[tuple[str, str, tuple[Key, ...]], ...]:
+    """The one registry of inventory keys: every block as (where, what it is, its entries).
+
+    Each block's known-key check is derived from the same entries (HOST_KEYS, JOB_KEYS, TOP_KEYS,
+    SLURM_KEYS, ANSIBLE_KEYS, SYNC_KEYS, a kind's keys), and the manual's key reference is
+    written from this (docs/hooks/reference.py), so the loader accepts exactly what it describes.
+    """
+    ssh = kinds.get(DEFAULT_CONNECTION)
+    blocks: list[tuple[str, str, tuple[Key, ...]]] = [
+        (
+            "top level",
+            "the inventory file's own keys: exactly one of `hosts:`, `slurm:`, "
+            "`ansible:` lists the workers",
+            (*HOST_SOURCE_ENTRIES, *TOP_KEY_ENTRIES),
+        ),
+        (
+            "hosts",
+            "every entry of `hosts:` and `spares:`, or `defaults:` for all of them, "
+            "whatever its connection kind",
+            HOST_KEY_ENTRIES,
+        ),
+    ]
+    for kind_name in kinds.names():
+        kind = kinds.get(kind_name)
+        if kind.keys or kind.key_entries:  # a kind's keys without entries fail the tests
+            blocks.append(
+                (
+                    f"connection: {kind.name}",
+                    f"host keys of `connection: {kind.name}` only",
+                    kind.key_entries,
+                )
+            )
+    blocks += [
+        ("job", "what every worker runs", JOB_KEY_ENTRIES),
+        ("sync", "`sync: DIR` is `sync: {source: DIR}`", SYNC_KEY_ENTRIES),
+        (
+            "ansible",
+            "an Ansible inventory instead of `hosts:` (the `ansible` extra)",
+            ANSIBLE_KEY_ENTRIES,
+        ),
+        ("slurm", "a Slurm cluster instead of `hosts:`", SLURM_KEY_ENTRIES),
+        (
+            "slurm.login",
+            "the login node Slurm is driven through, with the SSH keys of a host",
+            (*LOGIN_KEY_ENTRIES, *ssh.key_entries),
+        ),
+    ]
+    return tuple(blocks)  # fmt: skip
 
 
 def load_inventory(path: str | Path) -> Inventory:

@@ -8,10 +8,19 @@ from typing import Any
 from orchestrator.config.report import Report
 from orchestrator.model.inventory import SyncSpec
 from orchestrator.paths import controller_path
-from orchestrator.values import boolean, describe, string
+from orchestrator.values import Key, boolean, describe, key_names, string
 from orchestrator.yamlsource import LineList, LineMap
 
-SYNC_KEYS = ("source", "exclude", "git")
+# `sync:`'s keys (or `sync: DIR`, its source alone); the manual's key reference is written from
+# these entries.
+SYNC_KEY_ENTRIES: tuple[Key, ...] = (
+    Key("source", "string (a directory on this machine)", "required",
+        "mirrored to `{workdir}/{job}/code/` on every host (rsync over OpenSSH)"),
+    Key("exclude", "list of rsync patterns", "`[]`",
+        "left out of the mirror, and left alone on the hosts"),
+    Key("git", "boolean", "`false`", "`true` keeps `.git` in the mirror (left out by default)"),
+)  # fmt: skip
+SYNC_KEYS = key_names(SYNC_KEY_ENTRIES)
 
 
 def parse_sync(value: Any, line: int | None, report: Report, base: Path) -> SyncSpec | None:

@@ -23,14 +23,14 @@ from click.testing import CliRunner
 
 from orchestrator.backends.registry import open_backend
 from orchestrator.cli import cli
-from orchestrator.config.loader import load_inventory
+from orchestrator.config.loader import key_reference, load_inventory
 from orchestrator.engine.lifecycle import start_run
 from orchestrator.engine.runstore import RunStore
 from orchestrator.machines import kinds
 from orchestrator.machines.kinds.base import Kind
 from orchestrator.machines.runner import CommandResult, LineSession, LocalRunner, Runner
 from orchestrator.model.inventory import Host
-from orchestrator.values import Checker, string
+from orchestrator.values import Checker, Key, checkers, string
 from tests.conftest import free_ports, wait_for
 
 
@@ -73,7 +73,12 @@ class SandboxRunner(Runner):
 
 class SandboxKind(Kind):
     name: ClassVar[str] = "sandbox"
-    keys: ClassVar[dict[str, Checker]] = {"sandbox_root": string}
+    # Its keys, described for the manual's key reference (tests/unit/test_key_reference.py).
+    key_entries: ClassVar[tuple[Key, ...]] = (
+        Key("sandbox_root", "string", "required", "the directory that stands for the machine",
+            string),
+    )  # fmt: skip
+    keys: ClassVar[dict[str, Checker]] = checkers(key_entries)
     settings_type: ClassVar[type] = SandboxSettings
     controller_paths: ClassVar[tuple[str, ...]] = ("sandbox_root",)
     default_python: ClassVar[str] = sys.executable
@@ -176,3 +181,8 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_kind_registered_from_outside_is_in_the_key_reference(sandbox: Path) -> None:
+    blocks = {where: entries for where, _, entries in key_reference()}
+    assert [key.name for key in blocks["connection: sandbox"]] == ["sandbox_root"]

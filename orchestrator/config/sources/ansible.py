@@ -28,11 +28,21 @@ from typing import Any
 from orchestrator.config.report import Report
 from orchestrator.config.sources.hosts import Placed, host_keys, parse_host
 from orchestrator.paths import controller_path
-from orchestrator.values import string
+from orchestrator.values import Key, key_names, string
 from orchestrator.yamlsource import LineMap
 
 EXTRA = "orchestrate[ansible]"
-ANSIBLE_KEYS = ("inventory", "group", "port_var")
+# `ansible:`'s keys; the manual's key reference is written from these entries.
+ANSIBLE_KEY_ENTRIES: tuple[Key, ...] = (
+    Key("inventory", "string (a path on this machine)", "required",
+        "an INI or YAML file, or a directory, read by ansible-core; relative to the inventory"),
+    Key("group", "string", "`all`", "the group whose hosts are the workers, in Ansible's order, "
+        "chief first"),
+    Key("port_var", "string", "`tf_port`",
+        "the Ansible variable that holds each host's TensorFlow port; else `port` under "
+        "`defaults:`"),
+)  # fmt: skip
+ANSIBLE_KEYS = key_names(ANSIBLE_KEY_ENTRIES)
 DIRECT = {
     "ansible_port": "ssh_port",
     "ansible_user": "ssh_user",

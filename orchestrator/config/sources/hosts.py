@@ -15,7 +15,9 @@ from orchestrator.values import (
     PORT,
     Checked,
     Checker,
+    Key,
     boolean,
+    checkers,
     choice,
     integer,
     integers,
@@ -31,18 +33,35 @@ def _connection(value: Any) -> Checked:
     return choice(*kinds.names())(value)
 
 
-HOST_KEYS: dict[str, Checker] = {
-    "name": name,
-    "address": string,
-    "port": PORT,
-    "connection": _connection,
-    "python": string,
-    "workdir": string,
-    "gpu_memory_growth": boolean,
-    "gpu_memory_limit_mb": integer(1),
-    "visible_gpus": integers(0),
-    "logical_gpus": integer(1),
-}
+# The keys every host has, whatever its kind (in `defaults:` or per host); a kind adds its own
+# (machines/kinds/). The manual's key reference is written from these entries.
+HOST_KEY_ENTRIES: tuple[Key, ...] = (
+    Key("name", "name", "required",
+        "the worker's name: log prefix, run directory; letters, digits, `.`, `_`, `-`", name),
+    Key("address", "string", "required",
+        "how the other hosts and the controller reach it; `localhost`/`127.0.0.1` for `local`; "
+        "may be a `Host` alias of your ssh config", string),
+    Key("port", "integer, 1 to 65535", "required",
+        "TensorFlow gRPC port; no two hosts may share `address:port`", PORT),
+    Key("connection", "a connection kind: `ssh`, `local`", "`ssh`",
+        "`ssh`, or `local` to run the worker as a local process (the localhost simulation)",
+        _connection),
+    Key("python", "string", "`python3` (ssh), this Python (local)",
+        "the interpreter that runs the worker", string),
+    Key("workdir", "string", "`~/orchestrate`", "where the job's directory goes on that host",
+        string),
+    Key("gpu_memory_growth", "boolean", "`false`",
+        "allocate GPU memory as needed instead of all at once", boolean),
+    Key("gpu_memory_limit_mb", "integer, at least 1", "",
+        "one logical GPU of this many MB per visible GPU", integer(1)),
+    Key("visible_gpus", "list of integers, at least 0", "all",
+        "GPU indices the worker may use, e.g. `[0, 1]` (`CUDA_VISIBLE_DEVICES` for a script)",
+        integers(0)),
+    Key("logical_gpus", "integer, at least 1", "",
+        "split each visible GPU into K logical GPUs of `gpu_memory_limit_mb` each (multi-GPU "
+        "code on one card)", integer(1)),
+)  # fmt: skip
+HOST_KEYS: dict[str, Checker] = checkers(HOST_KEY_ENTRIES)
 PER_HOST_ONLY = ("name", "address")
 
 

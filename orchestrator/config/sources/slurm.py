@@ -34,7 +34,17 @@ from orchestrator.machines import kinds
 from orchestrator.model.inventory import DEFAULT_CONNECTION, Host
 from orchestrator.model.slurm import DEFAULT_PORT, LoginNode, SlurmSpec
 from orchestrator.paths import controller_path
-from orchestrator.values import PORT, POSITIVE, Checked, Checker, describe, integer, string
+from orchestrator.values import (
+    PORT,
+    POSITIVE,
+    Checked,
+    Checker,
+    Key,
+    checkers,
+    describe,
+    integer,
+    string,
+)
 from orchestrator.yamlsource import LineMap
 
 # Slurm's --time formats.
@@ -77,18 +87,36 @@ def _workdir(value: Any) -> Checked:
     return text, None
 
 
-SLURM_KEYS: dict[str, Checker] = {
-    "nodes": POSITIVE,
-    "partition": _slurm_name,
-    "account": _slurm_name,
-    "time": _time,
-    "port": PORT,
-    "python": string,
-    "workdir": _workdir,
-    "gpus_per_node": integer(1),
-    "sbatch_args": string,  # checked per item
-    "login": string,  # a mapping, checked by _login
-}
+# `slurm:`'s keys; the manual's key reference is written from these entries.
+SLURM_KEY_ENTRIES: tuple[Key, ...] = (
+    Key("nodes", "integer, at least 1", "required", "one worker (task) per node", POSITIVE),
+    Key("partition", "Slurm name", "", "sbatch's `--partition`", _slurm_name),
+    Key("account", "Slurm name", "", "sbatch's `--account`", _slurm_name),
+    Key("time", "Slurm time limit", "",
+        "sbatch's `--time` (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]])", _time),
+    Key("port", "integer, 1 to 65535", f"`{DEFAULT_PORT}`",
+        "the TensorFlow gRPC port on every node", PORT),
+    Key("python", "string", "`python3`", "the interpreter on the nodes", string),
+    Key("workdir", "absolute path (or `~/...`)", "`~/orchestrate`",
+        "must be on the filesystem every node (and the login node) sees", _workdir),
+    Key("gpus_per_node", "integer, at least 1", "", "sbatch's `--gpus-per-node`", integer(1)),
+    Key("sbatch_args", "list of sbatch options", "`[]`",
+        "verbatim `#SBATCH` lines, never through a shell (options orchestrate sets itself are "
+        "refused)", string),  # checked per item
+    Key("login", "mapping (`slurm.login:` keys)", "",
+        "drive Slurm from a laptop: every Slurm command and file of the run goes through this "
+        "login node over SSH", string),  # a mapping, checked by _login
+)  # fmt: skip
+SLURM_KEYS: dict[str, Checker] = checkers(SLURM_KEY_ENTRIES)
+
+# `slurm.login:`'s own keys; the SSH kind's keys (machines/kinds/ssh.py) follow them.
+LOGIN_KEY_ENTRIES: tuple[Key, ...] = (
+    Key("address", "string", "required",
+        "the login node: a name, an address, or a Host alias of `~/.ssh/config`", string),
+    Key("python", "string", "`python3`",
+        "on the login node, for orchestrate's small stdlib programs (the workers use "
+        "`slurm.python` on the nodes)", string),
+)  # fmt: skip
 
 
 def parse_slurm(document: LineMap, report: Report, base: Path) -> SlurmSpec | None:
@@ -146,7 +174,7 @@ def _login(block: LineMap, report: Report, base: Path) -> LoginNode | None:
         report.add(line_of(block, "login"), "slurm.login",
                    f"expected a mapping with at least 'address', got {describe(raw)}")  # fmt: skip
         return None
-    keys: dict[str, Checker] = {"address": string, "python": string, **_SSH.keys}
+    keys: dict[str, Checker] = {**checkers(LOGIN_KEY_ENTRIES), **_SSH.keys}
     report.unknown_keys(raw, keys, "slurm.login")
     before = len(report.problems)
     values = report.checked(raw, keys, "slurm.login")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.model.inventory import LoginDetails, NoSettings
-from orchestrator.values import Checker
+from orchestrator.values import Checker, Key
 
 if TYPE_CHECKING:
     from orchestrator.machines.runner import Runner
@@ -36,6 +36,9 @@ class Kind(ABC):
     name: ClassVar[str]
     # Host keys only this kind reads, with their checkers; their values make `settings_type`.
     keys: ClassVar[Mapping[str, Checker]] = {}
+    # The same keys with type, default and meaning, for the manual's key reference
+    # (values.checkers(key_entries) gives `keys`); a kind with keys describes every one here.
+    key_entries: ClassVar[tuple[Key, ...]] = ()
     settings_type: ClassVar[type[Any]] = NoSettings  # a KindSettings dataclass
     # Keys whose values are paths on this machine, resolved against the inventory's directory.
     controller_paths: ClassVar[tuple[str, ...]] = ()

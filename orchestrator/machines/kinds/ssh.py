@@ -19,7 +19,7 @@ from orchestrator.machines.kinds.base import Kind, ReportProblem, SyncTransport
 from orchestrator.machines.sshsettings import SshSettings, ssh_settings
 from orchestrator.model.inventory import LoginDetails
 from orchestrator.paths import controller_path
-from orchestrator.values import PORT, Checker, choice, integer, string
+from orchestrator.values import PORT, Checker, Key, checkers, choice, integer, string
 
 if TYPE_CHECKING:
     from orchestrator.machines.runner import Runner
@@ -27,18 +27,31 @@ if TYPE_CHECKING:
 
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
 
+# The SSH kind's own host keys (and `slurm.login:`'s). `ssh_host`, the alias SSH connects to when
+# `address` is a Host alias of the ssh config, is derived by prepare(), never read from the file.
+SSH_KEY_ENTRIES: tuple[Key, ...] = (
+    Key("ssh_user", "string", "from `~/.ssh/config`",
+        "the user to log in as", string),
+    Key("ssh_port", "integer, 1 to 65535", "from `~/.ssh/config`, else 22",
+        "the SSH port", PORT),
+    Key("ssh_key", "string (a path on this machine)", "from `~/.ssh/config`, default keys",
+        "the private key; an explicit key is the only one tried", string),
+    Key("ssh_known_hosts", "string (a path on this machine)", "`~/.ssh/known_hosts`",
+        "where host keys are checked", string),
+    Key("ssh_host_key_policy", "`strict` or `accept-new`", "`strict`",
+        "`strict`: an unknown key is an error; `accept-new`: record keys of new hosts. A changed "
+        "key is always an error", choice("strict", "accept-new")),
+    Key("ssh_connect_timeout", "integer, 1 to 600", "`10`",
+        "seconds to wait for the connection", integer(1, 600)),
+    Key("ssh_config", "string (a path on this machine)", "`~/.ssh/config`",
+        "another OpenSSH client config file to read instead (like `ssh -F`)", string),
+)  # fmt: skip
+
 
 class SshKind(Kind):
     name: ClassVar[str] = "ssh"
-    keys: ClassVar[Mapping[str, Checker]] = {
-        "ssh_user": string,
-        "ssh_port": PORT,
-        "ssh_key": string,
-        "ssh_known_hosts": string,
-        "ssh_host_key_policy": choice("strict", "accept-new"),
-        "ssh_connect_timeout": integer(1, 600),
-        "ssh_config": string,
-    }
+    key_entries: ClassVar[tuple[Key, ...]] = SSH_KEY_ENTRIES
+    keys: ClassVar[Mapping[str, Checker]] = checkers(SSH_KEY_ENTRIES)
     settings_type: ClassVar[type] = SshSettings
     controller_paths: ClassVar[tuple[str, ...]] = ("ssh_key", "ssh_known_hosts", "ssh_config")
     login_check: ClassVar[str | None] = "ssh"
