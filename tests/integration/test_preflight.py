@@ -21,7 +21,7 @@ from tests.conftest import Cli
 
 pytestmark = pytest.mark.netns
 
-CHECK_BOUND_S = 15  # stated in README: a check finishes within this, however many hosts block
+CHECK_BOUND_S = 15  # docs/supervision.md: a check finishes within this, however many hosts block
 JOB = {"name": "demo", "script": "train.py"}
 HOLD = (  # a process that holds port 20000 for a minute
     "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 20000)); s.listen(); "
