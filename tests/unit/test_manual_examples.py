@@ -1,5 +1,6 @@
 """Every YAML example of the manual (docs/*.md, and the READMEs it includes) is loaded and
-validated by the inventory loader, so an example cannot teach a key or a value the loader refuses.
+validated by the inventory loader, so an example cannot teach a key or a value the loader refuses;
+the shell completion the commands page shows is run.
 
 An example says what it is on its first line:
     # orchestrate: inventory                      a whole inventory
@@ -11,7 +12,10 @@ An example says what it is on its first line:
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +81,17 @@ def test_each_yaml_example_loads(
     inventory = base / "example.yaml"
     inventory.write_text(text)
     load_inventory(inventory)  # raises InventoryError listing every problem
+
+
+def test_shell_completion_works_as_the_commands_page_says() -> None:
+    page = (ROOT / "docs" / "commands.md").read_text()
+    assert "_ORCHESTRATE_COMPLETE=bash_source orchestrate" in page
+    env = {**os.environ, "_ORCHESTRATE_COMPLETE": "bash_source"}
+    run = [sys.executable, "-m", "orchestrator"]
+    source = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
+    assert "_orchestrate_completion" in source and "complete " in source
+    env.update(
+        _ORCHESTRATE_COMPLETE="bash_complete", COMP_WORDS="orchestrate down --", COMP_CWORD="2"
+    )
+    words = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
+    assert "plain,--grace" in words.splitlines()
