@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from orchestrator.fanout import GroupResult
 from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
-from orchestrator.model.preflight import DEFAULT_MIN_FREE_BYTES, DEFAULT_PROBE_TIMEOUT
+from orchestrator.model.preflight import CHECK, PreflightOptions
 from orchestrator.model.workers import Started
 
 if TYPE_CHECKING:
@@ -121,17 +121,9 @@ class Backend(ABC):
 
     # --- before a start ------------------------------------------------------------------------
     @abstractmethod
-    def preflight(
-        self,
-        inventory: Inventory,
-        *,
-        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
-        min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
-        exposure: bool = False,
-    ) -> PreflightReport:
+    def preflight(self, inventory: Inventory, options: PreflightOptions = CHECK) -> PreflightReport:
         """Every reason the inventory's cluster would hang, found before anything starts (hosts:
-        versions, free space, every port from every host; a scheduler: its own checks).
-        `exposure`: also try the workers' ports from this machine (`check` and `up` do)."""
+        versions, free space, every port from every host; a scheduler: its own checks)."""
 
     def prepare(  # noqa: B027 - optional: most backends' machines come prepared
         self,

@@ -22,6 +22,7 @@ from orchestrator.model.inventory import Inventory
 from orchestrator.model.preflight import (
     DEFAULT_MIN_FREE_BYTES,
     DEFAULT_PROBE_TIMEOUT,
+    PreflightOptions,
     PreflightReport,
     Status,
 )
@@ -46,12 +47,8 @@ def run_checks(
     inventory: Inventory, backend: Backend, probe_timeout: float, min_free_gb: float
 ) -> PreflightReport:
     with errors.status("preflight: checking every host and every port between them"):
-        report = backend.preflight(
-            inventory,
-            probe_timeout=probe_timeout,
-            min_free_bytes=int(min_free_gb * 2**30),
-            exposure=True,
-        )
+        options = PreflightOptions(probe_timeout, int(min_free_gb * 2**30), exposure=True)
+        report = backend.preflight(inventory, options)
     _record(report, inventory)
     return report
 

@@ -10,6 +10,19 @@ DEFAULT_PROBE_TIMEOUT = 3.0  # seconds each port probe between two hosts may tak
 DEFAULT_MIN_FREE_BYTES = 1 << 30  # free space wanted under the workdir and checkpoints
 
 
+@dataclass(frozen=True)
+class PreflightOptions:
+    """How a preflight check runs. `exposure`: also try the workers' ports from this machine
+    (`check` and `up` do; the supervisor's check between attempts does not)."""
+
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+    min_free_bytes: int = DEFAULT_MIN_FREE_BYTES
+    exposure: bool = False
+
+
+CHECK = PreflightOptions()  # the defaults
+
+
 class Status(str, Enum):
     OK = "ok"
     WARN = "warn"

@@ -20,12 +20,7 @@ from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
 from orchestrator.model.inventory import Host, Inventory
-from orchestrator.model.preflight import (
-    DEFAULT_MIN_FREE_BYTES,
-    DEFAULT_PROBE_TIMEOUT,
-    Finding,
-    PreflightReport,
-)
+from orchestrator.model.preflight import CHECK, Finding, PreflightOptions, PreflightReport
 from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec
 
@@ -61,17 +56,10 @@ class FakeBackend(Backend):
     probes: int = 0
     _polls: dict[str, int] = field(default_factory=dict)
 
-    def preflight(
-        self,
-        inventory: Inventory,
-        *,
-        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
-        min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
-        exposure: bool = False,
-    ) -> PreflightReport:
+    def preflight(self, inventory: Inventory, options: PreflightOptions = CHECK) -> PreflightReport:
         """The hosts backend's own rounds, over the scripted hostprobe answers."""
-        return run_preflight(inventory, self, probe_timeout=probe_timeout,
-                             min_free_bytes=min_free_bytes)  # fmt: skip
+        return run_preflight(inventory, self, probe_timeout=options.probe_timeout,
+                             min_free_bytes=options.min_free_bytes)  # fmt: skip
 
     def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
         ok = {h.name: f"/home/fake/{h.name}" for h in hosts if h.name not in self.dead_hosts}

@@ -27,6 +27,7 @@ from orchestrator.engine.state import WorkerState, classify
 from orchestrator.errors import InventoryError
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.answers import ExitRecord, WorkerProbe
+from orchestrator.model.preflight import PreflightOptions
 from orchestrator.model.records import RunRecord, WorkerRecord
 from tests.fakes.planning import plan_workers
 
@@ -320,4 +321,4 @@ def test_a_login_node_that_refuses_is_named_by_every_view(tmp_path: Path) -> Non
         assert status.scheduler is not None and status.scheduler.state == "UNKNOWN"
         assert "login node 127.0.0.1" in (status.scheduler.reason or "")
         with pytest.raises(ConnectError, match=r"login node 127\.0\.0\.1"):
-            backend.preflight(inventory, probe_timeout=5.0, min_free_bytes=0)
+            backend.preflight(inventory, PreflightOptions(probe_timeout=5.0, min_free_bytes=0))

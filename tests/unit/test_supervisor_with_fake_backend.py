@@ -351,7 +351,7 @@ def test_the_supervisor_checks_and_prepares_through_the_backend_interface_only(
             self.checked: list[str] = []
             self.prepared: list[tuple[tuple[str, ...], bool]] = []
 
-        def preflight(self, inventory: Inventory, **options: Any) -> PreflightReport:
+        def preflight(self, inventory: Inventory, options: Any = None) -> PreflightReport:
             self.checked.append(inventory.job.name)
             return PreflightReport((partition,) if len(self.checked) == 1 else ())
 

@@ -21,12 +21,7 @@ from orchestrator.backends.hosts.prep import prepare_hosts
 from orchestrator.fanout import GroupResult, fan_out
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.pool import Machines, expand_uploads
-from orchestrator.model.preflight import (
-    DEFAULT_MIN_FREE_BYTES,
-    DEFAULT_PROBE_TIMEOUT,
-    Finding,
-    PreflightReport,
-)
+from orchestrator.model.preflight import CHECK, Finding, PreflightOptions, PreflightReport
 from orchestrator.model.workers import Started
 
 if TYPE_CHECKING:
@@ -37,17 +32,10 @@ if TYPE_CHECKING:
 class HostBackend(Machines, Backend):
     keeps_standbys = True
 
-    def preflight(
-        self,
-        inventory: Inventory,
-        *,
-        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
-        min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
-        exposure: bool = False,
-    ) -> PreflightReport:
-        probe = ExposureProbe(controller_address, reaches) if exposure else None
-        return run_preflight(inventory, self, probe_timeout=probe_timeout,
-                             min_free_bytes=min_free_bytes, exposure=probe)  # fmt: skip
+    def preflight(self, inventory: Inventory, options: PreflightOptions = CHECK) -> PreflightReport:
+        probe = ExposureProbe(controller_address, reaches) if options.exposure else None
+        return run_preflight(inventory, self, probe_timeout=options.probe_timeout,
+                             min_free_bytes=options.min_free_bytes, exposure=probe)  # fmt: skip
 
     def prepare(
         self,

@@ -38,7 +38,7 @@ from orchestrator.model.answers import (
     WorkerProbe,
 )
 from orchestrator.model.inventory import DEFAULT_CONNECTION, Host
-from orchestrator.model.preflight import DEFAULT_MIN_FREE_BYTES, DEFAULT_PROBE_TIMEOUT
+from orchestrator.model.preflight import CHECK, PreflightOptions
 from orchestrator.model.records import SchedulerState
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.model.workers import Started
@@ -242,18 +242,12 @@ class SlurmBackend(Backend):
     def login_details(self, host: Host) -> LoginDetails | None:
         return kind_of(host).login_details(host)  # a task's host stands for the login node
 
-    def preflight(
-        self,
-        inventory: Inventory,
-        *,
-        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
-        min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
-        exposure: bool = False,
-    ) -> PreflightReport:
+    def preflight(self, inventory: Inventory, options: PreflightOptions = CHECK) -> PreflightReport:
         """Slurm's own checks (checks.py): its nodes are not known before the job runs."""
         from orchestrator.backends.slurm.checks import slurm_preflight
 
-        return slurm_preflight(inventory, self.slurm, self.files, probe_timeout, self.login)
+        return slurm_preflight(inventory, self.slurm, self.files, options.probe_timeout,
+                               self.login)  # fmt: skip
 
 
 def task_probe(files: WorkerProbe, job: JobState | None, node: str | None) -> WorkerProbe:
