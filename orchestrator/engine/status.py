@@ -9,6 +9,7 @@ from orchestrator.backends.base import Backend
 from orchestrator.engine.failures import classify_exit, explain
 from orchestrator.engine.state import WorkerState, classify, overall
 from orchestrator.model.answers import WorkerProbe
+from orchestrator.model.reading import integer, number_as_written, text, texts
 from orchestrator.model.records import Restart, RunRecord, SchedulerState, WorkerRecord
 
 
@@ -63,8 +64,8 @@ class WorkerStatus:
         None without a name, index, host and known state."""
         if not isinstance(data, dict):
             return None
-        name, host = _text(data.get("name")), _text(data.get("host"))
-        index, state = _int(data.get("index")), _state(data.get("state"))
+        name, host = text(data.get("name")), text(data.get("host"))
+        index, state = integer(data.get("index")), _state(data.get("state"))
         if name is None or index is None or host is None or state is None:
             return None
         return cls(
@@ -72,28 +73,28 @@ class WorkerStatus:
             index=index,
             host=host,
             state=state,
-            reason=_text(data.get("reason")),
-            pid=_int(data.get("pid")),
-            step=_int(data.get("step")),
-            target_steps=_int(data.get("target_steps")),
-            loss=_number(data.get("loss")),
-            accuracy=_number(data.get("accuracy")),
-            checkpoint_step=_int(data.get("checkpoint_step")),
-            steps_per_sec=_number(data.get("steps_per_sec")),
-            val_loss=_number(data.get("val_loss")),
-            val_accuracy=_number(data.get("val_accuracy")),
-            uptime=_number(data.get("uptime")),
-            cpu_percent=_number(data.get("cpu_percent")),
-            rss_bytes=_int(data.get("rss_bytes")),
-            exit_code=_int(data.get("exit_code")),
-            finished_at=_number(data.get("finished_at")),
-            devices=_texts(data.get("devices")),
+            reason=text(data.get("reason")),
+            pid=integer(data.get("pid")),
+            step=integer(data.get("step")),
+            target_steps=integer(data.get("target_steps")),
+            loss=number_as_written(data.get("loss")),
+            accuracy=number_as_written(data.get("accuracy")),
+            checkpoint_step=integer(data.get("checkpoint_step")),
+            steps_per_sec=number_as_written(data.get("steps_per_sec")),
+            val_loss=number_as_written(data.get("val_loss")),
+            val_accuracy=number_as_written(data.get("val_accuracy")),
+            uptime=number_as_written(data.get("uptime")),
+            cpu_percent=number_as_written(data.get("cpu_percent")),
+            rss_bytes=integer(data.get("rss_bytes")),
+            exit_code=integer(data.get("exit_code")),
+            finished_at=number_as_written(data.get("finished_at")),
+            devices=texts(data.get("devices")),
             log_tail=(),
-            note=_text(data.get("note")),
-            failure_kind=_text(data.get("failure_kind")),
-            hint=_text(data.get("hint")),
+            note=text(data.get("note")),
+            failure_kind=text(data.get("failure_kind")),
+            hint=text(data.get("hint")),
             queued=data.get("queued") is True,
-            start_step=_int(data.get("start_step")),
+            start_step=integer(data.get("start_step")),
         )
 
 
@@ -132,7 +133,7 @@ class RunStatus:
         says of them; the run record has every one) come out of to_json as they went in."""
         if not isinstance(data, dict):
             return None
-        run_id, job = _text(data.get("run_id")), _text(data.get("job"))
+        run_id, job = text(data.get("run_id")), text(data.get("job"))
         state = _state(data.get("state"))
         if run_id is None or job is None or state is None:
             return None
@@ -143,9 +144,9 @@ class RunStatus:
             job=job,
             state=state,
             workers=tuple(w for w in read if w is not None),
-            attempt=_int(data.get("attempt")) or 0,
+            attempt=integer(data.get("attempt")) or 0,
             restarts=_restarts(data.get("restarts"), data.get("last_restart")),
-            outcome=_text(data.get("outcome")),
+            outcome=text(data.get("outcome")),
             scheduler=_scheduler(data.get("scheduler")),
         )
 
@@ -189,16 +190,12 @@ def worker_status(
         finished_at=exit_record.finished_at if exit_record else None,
         devices=progress.devices if progress else (),
         log_tail=exit_record.log_tail if exit_record else (),
-        note=_text(progress.fields.get("note")) if progress else None,
+        note=text(progress.fields.get("note")) if progress else None,
         failure_kind=kind,
         hint=hint,
         queued=bool(probe and probe.queued is not None and exit_record is None),
         start_step=progress.start_step if progress else None,
     )
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
@@ -233,19 +230,6 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
 # Decoding of to_json's documents, lenient as model/answers.py: a wrong type reads as absent.
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _number(value: object) -> float | None:
-    """A number as it was written: an int stays one, so the document reads back the same."""
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _texts(value: object) -> tuple[str, ...]:
-    return tuple(str(v) for v in value) if isinstance(value, list | tuple) else ()
-
-
 def _state(value: object) -> WorkerState | None:
     try:
         return WorkerState(value) if isinstance(value, str) else None
@@ -254,7 +238,7 @@ def _state(value: object) -> WorkerState | None:
 
 
 def _restarts(count: object, last: object) -> tuple[Restart, ...]:
-    number, restart = _int(count), _restart(last)
+    number, restart = integer(count), _restart(last)
     if number is None or number < 1 or restart is None:
         return ()
     return (restart,) * number
@@ -264,12 +248,12 @@ def _restart(data: object) -> Restart | None:
     """A Restart's __dict__ read back; one written before restarts had a kind takes the default."""
     if not isinstance(data, dict):
         return None
-    at, attempt = _number(data.get("at")), _int(data.get("attempt"))
-    worker, reason = _text(data.get("worker")), _text(data.get("reason"))
+    at, attempt = number_as_written(data.get("at")), integer(data.get("attempt"))
+    worker, reason = text(data.get("worker")), text(data.get("reason"))
     if at is None or attempt is None or worker is None or reason is None:
         return None
-    kind = _text(data.get("kind"))
-    step = _int(data.get("step"))
+    kind = text(data.get("kind"))
+    step = integer(data.get("step"))
     return Restart(
         at, attempt, worker, reason, step, **({"kind": kind} if kind is not None else {})
     )
@@ -279,17 +263,17 @@ def _scheduler(data: object) -> SchedulerState | None:
     """SchedulerState.to_json read back (both of its shapes: before and after a job id)."""
     if not isinstance(data, dict):
         return None
-    scheduler, state = _text(data.get("scheduler")), _text(data.get("state"))
+    scheduler, state = text(data.get("scheduler")), text(data.get("state"))
     if scheduler is None or state is None:
         return None
     return SchedulerState(
         scheduler=scheduler,
         state=state,
-        jobs=_texts(data.get("jobs")),
-        login=_text(data.get("login")),
-        job_id=_text(data.get("job_id")),
-        reason=_text(data.get("reason")),
-        exit_code=_int(data.get("exit_code")),
-        signal=_int(data.get("signal")),
-        nodes=_text(data.get("nodes")),
+        jobs=texts(data.get("jobs")),
+        login=text(data.get("login")),
+        job_id=text(data.get("job_id")),
+        reason=text(data.get("reason")),
+        exit_code=integer(data.get("exit_code")),
+        signal=integer(data.get("signal")),
+        nodes=text(data.get("nodes")),
     )

@@ -12,26 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.errors import HostError
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _lines(value: Any) -> tuple[str, ...]:
-    return tuple(str(v) for v in value) if isinstance(value, list) else ()
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, dict) else {}
+from orchestrator.model.reading import integer, mapping, number, text, texts
 
 
 @dataclass(frozen=True)
@@ -66,16 +47,16 @@ class Progress:
         if not isinstance(data, dict):
             return None
         return cls(
-            step=_int(data.get("step")),
-            start_step=_int(data.get("start_step")),
-            target_steps=_int(data.get("target_steps")),
-            loss=_number(data.get("loss")),
-            accuracy=_number(data.get("accuracy")),
-            checkpoint_step=_int(data.get("checkpoint_step")),
-            steps_per_sec=_number(data.get("steps_per_sec")),
-            val_loss=_number(data.get("val_loss")),
-            val_accuracy=_number(data.get("val_accuracy")),
-            devices=_lines(data.get("devices")),
+            step=integer(data.get("step")),
+            start_step=integer(data.get("start_step")),
+            target_steps=integer(data.get("target_steps")),
+            loss=number(data.get("loss")),
+            accuracy=number(data.get("accuracy")),
+            checkpoint_step=integer(data.get("checkpoint_step")),
+            steps_per_sec=number(data.get("steps_per_sec")),
+            val_loss=number(data.get("val_loss")),
+            val_accuracy=number(data.get("val_accuracy")),
+            devices=texts(data.get("devices")),
             fields=dict(data),
         )
 
@@ -93,15 +74,15 @@ class ExitRecord:
 
     @classmethod
     def parse(cls, data: Any) -> ExitRecord | None:
-        if not isinstance(data, dict) or _int(data.get("returncode")) is None:
+        if not isinstance(data, dict) or integer(data.get("returncode")) is None:
             return None
         return cls(
             returncode=int(data["returncode"]),
-            signal=_text(data.get("signal")),
-            started_at=_number(data.get("started_at")),
-            finished_at=_number(data.get("finished_at")),
-            error=_text(data.get("error")),
-            log_tail=_lines(data.get("log_tail")),
+            signal=text(data.get("signal")),
+            started_at=number(data.get("started_at")),
+            finished_at=number(data.get("finished_at")),
+            error=text(data.get("error")),
+            log_tail=texts(data.get("log_tail")),
         )
 
 
@@ -116,9 +97,9 @@ class Usage:
         if not isinstance(data, dict):
             return None
         return cls(
-            _number(data.get("cpu_percent")),
-            _int(data.get("rss_bytes")),
-            _number(data.get("create_time")),
+            number(data.get("cpu_percent")),
+            integer(data.get("rss_bytes")),
+            number(data.get("create_time")),
         )
 
 
@@ -144,9 +125,9 @@ class WorkerProbe:
         return cls(
             now=now,
             exists=bool(data.get("exists")),
-            pid=_int(data.get("pid")),
+            pid=integer(data.get("pid")),
             alive=bool(data.get("alive")),
-            worker_pid=_int(data.get("worker_pid")),
+            worker_pid=integer(data.get("worker_pid")),
             progress=Progress.parse(data.get("progress")),
             exit=ExitRecord.parse(data.get("exit")),
             stop_requested=bool(data.get("stop_requested")),
@@ -156,7 +137,7 @@ class WorkerProbe:
 
 def parse_probe(data: Mapping[str, Any]) -> dict[str, WorkerProbe]:
     """The agent's probe answer: one WorkerProbe per run directory asked about."""
-    now = _number(data.get("now")) or 0.0
+    now = number(data.get("now")) or 0.0
     return {run_dir: WorkerProbe.parse(probe, now) for run_dir, probe in data["runs"].items()}
 
 
@@ -167,7 +148,7 @@ class StopAnswer:
 
 
 def parse_stop(data: Mapping[str, Any]) -> dict[str, StopAnswer]:
-    left = _mapping(data.get("left"))
+    left = mapping(data.get("left"))
     return {
         run_dir: StopAnswer(str(outcome), tuple(int(p) for p in left.get(run_dir, ())))
         for run_dir, outcome in data["outcome"].items()
@@ -185,9 +166,9 @@ class CheckpointListing:
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> CheckpointListing:
-        files = {str(k): int(v) for k, v in _mapping(data.get("files")).items()}
-        latest = _text(data.get("latest"))
-        listed = _lines(data.get("checkpoints")) or ((latest,) if latest else ())
+        files = {str(k): int(v) for k, v in mapping(data.get("files")).items()}
+        latest = text(data.get("latest"))
+        listed = texts(data.get("checkpoints")) or ((latest,) if latest else ())
         return cls(str(data["directory"]), latest, files, listed)
 
     @property
@@ -202,7 +183,7 @@ class FileListing:
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> FileListing:
-        files = {str(k): (int(v[0]), float(v[1])) for k, v in _mapping(data.get("files")).items()}
+        files = {str(k): (int(v[0]), float(v[1])) for k, v in mapping(data.get("files")).items()}
         return cls(str(data["root"]), files)
 
 
@@ -244,11 +225,11 @@ class Inspection:
         )  # fmt: skip
         return cls(
             python=str(data.get("python", "")),
-            packages={str(k): _text(v) for k, v in _mapping(data.get("packages")).items()},
-            env={str(k): str(v) for k, v in _mapping(data.get("env")).items()},
+            packages={str(k): text(v) for k, v in mapping(data.get("packages")).items()},
+            env={str(k): str(v) for k, v in mapping(data.get("env")).items()},
             directories=directories,
-            listener_pid=_int(data.get("listener_pid")),
-            port_error=_text(data.get("port_error")),
+            listener_pid=integer(data.get("listener_pid")),
+            port_error=text(data.get("port_error")),
             holder=_holder(holder) if isinstance(holder, dict) else None,
         )
 
@@ -257,8 +238,8 @@ def _holder(data: Mapping[str, Any]) -> PortHolder:
     return PortHolder(
         int(data["pid"]),
         str(data.get("command", "?")),
-        _text(data.get("orchestrate_run_id")),
-        _text(data.get("orchestrate_worker")),
+        text(data.get("orchestrate_run_id")),
+        text(data.get("orchestrate_worker")),
     )
 
 
@@ -278,8 +259,8 @@ class Connections:
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> Connections:
         peers = {
-            str(name): PeerProbe(str(p["status"]), _text(p.get("detail")))
-            for name, p in _mapping(data.get("peers")).items()
+            str(name): PeerProbe(str(p["status"]), text(p.get("detail")))
+            for name, p in mapping(data.get("peers")).items()
         }
         visible = data.get("token_visible")
         return cls(peers, visible if isinstance(visible, bool) else None)
