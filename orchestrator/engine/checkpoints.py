@@ -21,6 +21,7 @@ from pathlib import Path
 
 from orchestrator.backends.base import Backend
 from orchestrator.contract import CHECKPOINT_COMPANIONS
+from orchestrator.engine.runstore import atomic_write, current_umask
 from orchestrator.fanout import fan_out
 from orchestrator.model.answers import CheckpointListing
 from orchestrator.model.inventory import Host
@@ -81,9 +82,7 @@ class Mirror:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, text, 0o666 & ~current_umask())  # the mirror keeps the user's umask
 
 
 def spread_latest_checkpoint(

@@ -111,11 +111,12 @@ class SlurmBackend(Backend):
         script = batch_script(self.spec, self.job, specs,
                               output=posixpath.join(directory, "slurm-%j.out"))  # fmt: skip
         chief = self._at(specs[0].host)
-        # runs/ down to the attempt directory: private before the script (the job's env) lands.
-        self.files.runner(chief).make_dirs(specs[0].private_dirs[:-1], private=True)
+        # runs/ down to the attempt directory: private before the script (the job's env) lands,
+        # checked by the agent (this account's, no link, 0700) as on hosts, else exit 3.
+        self.files.agent(chief).make_dirs([], list(specs[0].private_dirs[:-1]))
         for spec in specs:  # a script and job.files, when the login node is another machine
             if spec.uploads:
-                self.files.runner(chief).make_dirs(spec.private_dirs, private=True)
+                self.files.agent(chief).make_dirs([], list(spec.private_dirs))
                 self.files.upload(chief, expand_uploads(spec.uploads))
         self._write(chief, posixpath.join(directory, SCRIPT_FILE), script)
         export_all = bool(self.job.secret_env) and exports_all(self.spec)

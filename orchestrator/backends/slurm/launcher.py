@@ -74,7 +74,7 @@ def expand_nodelist(nodelist):
     """Slurm's compressed host list, in order: 'n[1-2],g[07-08]' -> ['n1', 'n2', 'g07', 'g08']."""
     names = []
     for part in _split_top_level(nodelist.strip()):
-        match = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", part)
+        match = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", part)
         if match is None:
             names.append(part)
             continue
