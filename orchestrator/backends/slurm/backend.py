@@ -120,7 +120,12 @@ class SlurmBackend(Backend):
                 self.files.upload(chief, expand_uploads(spec.uploads))
         self._write(chief, posixpath.join(directory, SCRIPT_FILE), script)
         export_all = bool(self.job.secret_env) and exports_all(self.spec)
-        job_id = self.slurm.submit(posixpath.join(directory, SCRIPT_FILE), export_all)
+        # Through a login node, sbatch runs in its SSH session: the secrets go to sbatch's
+        # environment on the channel's standard input. Here they are in this environment.
+        secrets = dict(specs[0].secrets) if self.login else None
+        python = self.login.python if self.login else "python3"
+        job_id = self.slurm.submit(posixpath.join(directory, SCRIPT_FILE), export_all, secrets,
+                                   python)  # fmt: skip
         self._write(chief, posixpath.join(directory, JOB_ID_FILE), job_id + "\n")
         return GroupResult(ok={spec.name: Started(job_id=job_id) for spec in specs})
 
