@@ -343,11 +343,15 @@ def test_withenv_gives_the_command_values_from_stdin_and_never_argv(tmp_path: Pa
 
 
 class HostileHost(FakeBackend):
-    """A host whose agent answers with names that are paths out of where they are copied."""
+    """A host whose agent answers with names that are paths out of where they are copied.
 
-    def __init__(self, checkpoint_listing: CheckpointListing | None = None,
+    Its downloads write only inside `sandbox` (the test's directory), whatever the code under
+    test asks: a regression must fail the test, never overwrite a file of the machine."""
+
+    def __init__(self, sandbox: Path, checkpoint_listing: CheckpointListing | None = None,
                  file_listing: FileListing | None = None) -> None:  # fmt: skip
         super().__init__()
+        self.sandbox = sandbox.resolve()
         self.checkpoint_listing = checkpoint_listing
         self.file_listing = file_listing
         self.downloaded: list[str] = []
@@ -360,6 +364,8 @@ class HostileHost(FakeBackend):
 
     def download(self, host: Host, remote: str, local: str) -> None:
         self.downloaded.append(local)
+        if not Path(local).resolve().is_relative_to(self.sandbox):
+            raise AssertionError(f"asked to write {local}, outside the test's directory")
         Path(local).write_text("from the host")
 
 
@@ -370,7 +376,7 @@ HOST = Host(name="host1", address="10.0.0.1", port=20000)
     "listing",
     [
         CheckpointListing("/w/ck", "../../../escaped", {"../../../escaped.index": 1}),
-        CheckpointListing("/w/ck", "ckpt-1", {"ckpt-1.index": 1, "/etc/cron.d/x": 1}),
+        CheckpointListing("/w/ck", "ckpt-1", {"ckpt-1.index": 1, "/w/ck/ckpt-1.x": 1}),
         CheckpointListing("/w/ck", "ckpt-1", {"ckpt-1.index": 1}, ("ckpt-1", "../ckpt-0")),
     ],
 )
@@ -378,7 +384,7 @@ def test_a_hostile_checkpoint_name_is_refused_naming_the_host(
     tmp_path: Path, listing: CheckpointListing
 ) -> None:
     mirror = Mirror(tmp_path / "state" / "checkpoints" / "run1")
-    backend = HostileHost(checkpoint_listing=listing)
+    backend = HostileHost(tmp_path, checkpoint_listing=listing)
     with pytest.raises(HostError) as caught:
         mirror.update(HOST, "/w/ck", backend)
     assert caught.value.host == "host1" and "not a checkpoint's file name" in caught.value.message
@@ -389,25 +395,29 @@ def test_a_hostile_checkpoint_name_is_refused_naming_the_host(
 def test_a_hostile_checkpoint_name_is_not_spread_to_other_hosts(tmp_path: Path) -> None:
     inventory = load(tmp_path, HOSTS, GOOD_HOSTS)
     specs = plan_workers(inventory, "run1", {"w0": "/w"})
-    backend = HostileHost(checkpoint_listing=CheckpointListing("/w/ck", "../x", {"../x.index": 1}))
+    backend = HostileHost(
+        tmp_path, checkpoint_listing=CheckpointListing("/w/ck", "../x", {"../x.index": 1})
+    )
     with pytest.raises(HostError, match="not a checkpoint's file name"):
         spread_latest_checkpoint(specs, backend)
     assert backend.downloaded == []
 
 
-@pytest.mark.parametrize("name", ["../../outside.txt", "/etc/passwd", "sub/../../up.txt", "."])
+@pytest.mark.parametrize("name", ["../../outside.txt", "ABSOLUTE", "sub/../../up.txt", "."])
 def test_a_hostile_export_file_name_is_refused_naming_the_host(tmp_path: Path, name: str) -> None:
+    name = str(tmp_path / "absolute.txt") if name == "ABSOLUTE" else name  # inside the sandbox
     inventory = load(tmp_path, HOSTS, GOOD_HOSTS)
     run_dir = "/w/shapes/runs/r1/attempt-0/w0"
     chief = WorkerRecord("w0", 0, HOST, run_dir, run_dir + "/worker.log", "/w/shapes/ck")
     record = RunRecord("r1", inventory, 0.0, workers=(chief,))
     listing = FileListing("/w/shapes/export", {"model.keras": (1, 0.0), name: (1, 0.0)})
-    backend = HostileHost(file_listing=listing)
+    backend = HostileHost(tmp_path, file_listing=listing)
     target = tmp_path / "out" / "export"
     with pytest.raises(HostError) as caught:
         pull_export(record, backend, target)
     assert caught.value.host == "host1" and repr(name) in caught.value.message
-    assert not (tmp_path / "outside.txt").exists() and not (tmp_path / "up.txt").exists()
+    for escaped in ("outside.txt", "up.txt", "absolute.txt"):
+        assert not (tmp_path / escaped).exists()
     assert not target.exists() and list((tmp_path / "out").iterdir()) == []  # staging removed
 
 
@@ -415,6 +425,8 @@ def test_good_names_from_a_host_are_copied(tmp_path: Path) -> None:
     listing = CheckpointListing("/w/ck", "ckpt-2", {"ckpt-2.index": 1, "checkpoint": 1},
                                 ("ckpt-1", "ckpt-2"))  # fmt: skip
     mirror = Mirror(tmp_path / "mirror")
-    assert mirror.update(HOST, "/w/ck", HostileHost(checkpoint_listing=listing)) == "ckpt-2"
+    assert (
+        mirror.update(HOST, "/w/ck", HostileHost(tmp_path, checkpoint_listing=listing)) == "ckpt-2"
+    )
     assert (tmp_path / "mirror" / "ckpt-2" / "ckpt-2.index").read_text() == "from the host"
     assert textwrap.dedent((tmp_path / "mirror" / "latest").read_text()) == "ckpt-2"
