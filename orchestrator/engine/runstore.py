@@ -222,7 +222,7 @@ def _unsafe(path: Path, what: str, uid: int | None) -> HostError:
     owner = "" if uid is None else f", owned by {owner_name(uid)}"
     return HostError(
         THIS_MACHINE,
-        f"refusing {path}: it is {what}{owner}, not a private directory of this account "
+        f"refusing {path.absolute()}: it is {what}{owner}, not a private directory of this account "
         f"({owner_name(os.getuid())}); nothing was written there",
         hint="remove it (or have its owner remove it), or use a state directory only you can "
         "write to (--state-dir, ORCHESTRATE_STATE_DIR)",

