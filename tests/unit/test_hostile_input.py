@@ -148,8 +148,8 @@ def test_a_workdir_with_a_space_stays_one_sbatch_option(tmp_path: Path) -> None:
     script = batch_script(inventory.slurm, inventory.job, specs,
                           output="/shared/my runs/slurm-%j.out")  # fmt: skip
     lines = [line for line in script.splitlines() if line.startswith("#SBATCH")]
-    assert "#SBATCH --output=/shared/my\\ runs/slurm-%j.out" in lines
-    assert "#SBATCH --comment=a\\ \\#b" in lines  # an unescaped '#' starts sbatch's comment
+    assert '#SBATCH "--output=/shared/my runs/slurm-%j.out"' in lines
+    assert '#SBATCH "--comment=a \\#b"' in lines  # an unescaped '#' starts sbatch's comment
     with pytest.raises(ValueError, match="control character"):
         sbatch_quote("--output=/a\nb")
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 LAUNCHER_SOURCE = Path(launcher.__file__).read_text(encoding="utf-8")
 PLAN_END = "ORCHESTRATE_PLAN_END"
 LAUNCHER_END = "ORCHESTRATE_LAUNCHER_END"
-SBATCH_SPECIAL = re.compile(r"[\s\"'\\#]")
+SBATCH_SPECIAL = re.compile(r"[\"'\\#]")
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -73,13 +73,16 @@ def sbatch_options(spec: SlurmSpec, job: Job, output: str | None) -> list[str]:
 
 
 def sbatch_quote(option: str) -> str:
-    """One option as sbatch reads it from an `#SBATCH` line: a backslash before each space,
-    quote, backslash or '#' (which would end the option or start a comment there), so a
-    workdir with a space stays one --output. A control character never gets this far: the
-    inventory refuses them (values.string), and this refuses them again."""
+    """One option as sbatch reads it from an `#SBATCH` line: a backslash before each quote,
+    backslash or '#' (which would start a comment there), and double quotes around it when it
+    holds a space (a backslash does not keep a space in an option: measured, Slurm's parser
+    ends the option first), so a workdir with a space stays one --output. A control character
+    never gets this far: the inventory refuses them (values.string), and this refuses them
+    again."""
     if CONTROL.search(option):
         raise ValueError(f"an sbatch option holds a control character: {option!r}")
-    return SBATCH_SPECIAL.sub(r"\\\g<0>", option)
+    escaped = SBATCH_SPECIAL.sub(r"\\\g<0>", option)
+    return f'"{escaped}"' if any(c.isspace() for c in option) else escaped
 
 
 def _secret_comment(job: Job) -> list[str]:
