@@ -84,7 +84,8 @@ def test_loopback_names_with_the_port_are_answered(hub: Hub, host: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "host", ["evil.example:6100", "evil.example", "127.0.0.1:80", "127.0.0.1", "localhost.evil:6100"]
+    "host",
+    ["evil.example:6100", "evil.example", "127.0.0.1:80", "127.0.0.1", "localhost.evil:6100"],
 )
 def test_a_foreign_host_header_is_refused_on_loopback(hub: Hub, host: str) -> None:
     # DNS rebinding: a page of evil.example that now resolves to 127.0.0.1 is same-origin with
@@ -156,7 +157,8 @@ def test_scripts_send_a_bearer_token_and_get_json_401s(hub: Hub) -> None:
         assert anonymous.get(path).status_code == 401, path
         assert anonymous.get(path, headers={"authorization": "Bearer wrong"}).status_code == 401
     denied = anonymous.get("/api/runs")
-    assert denied.headers["content-type"] == "application/json" and "Bearer" in denied.json()["error"]
+    assert denied.headers["content-type"] == "application/json"
+    assert "Bearer" in denied.json()["error"]
     answer = anonymous.get("/api/runs", headers={"authorization": f"Bearer {TOKEN}"})
     assert answer.status_code == 200 and answer.json()["runs"][0]["run_id"] == RUN
     bad = anonymous.get("/?token=wrong")
@@ -258,8 +260,8 @@ def test_a_non_finite_value_is_a_gap_in_the_curve() -> None:
 def test_a_bad_tick_answers_with_an_error_instead_of_silence(store: RunStore) -> None:
     # A record without workers (odd, or hostile) breaks the page's build: the watch must still
     # answer, at once, and keep polling.
-    data = json.loads(store._run_path(RUN).read_text())  # noqa: SLF001 - a record gone odd
-    store.write_file(store._run_path(RUN), json.dumps({**data, "workers": []}))  # noqa: SLF001
+    path = store.root / "runs" / f"{RUN}.json"
+    store.write_file(path, json.dumps({**json.loads(path.read_text()), "workers": []}))
     watch = RunWatch(store, RUN, interval=0.2)
     try:
         started = time.monotonic()
@@ -284,10 +286,9 @@ def test_a_javascript_tensorboard_link_is_not_served(store: RunStore) -> None:
     )
     watch = RunWatch(store, RUN, interval=0.2)
     try:
-        assert watch._tensorboard() is None  # noqa: SLF001 - the one place the link is chosen
-        store.tensorboard_path().write_text(
-            json.dumps({"url": "http://127.0.0.1:6006/", "pid": os.getpid()})
-        )
-        assert watch._tensorboard() == {"url": "http://127.0.0.1:6006/", "pid": os.getpid()}  # noqa: SLF001
+        assert watch._tensorboard() is None  # the one place the link is chosen
+        served = {"url": "http://127.0.0.1:6006/", "pid": os.getpid()}
+        store.tensorboard_path().write_text(json.dumps(served))
+        assert watch._tensorboard() == served
     finally:
         watch.stop()
