@@ -17,7 +17,7 @@ import psutil
 
 from orchestrator.cli.app import Context, cli, errors, pass_context, run_option
 from orchestrator.engine.runstore import RunStore
-from orchestrator.errors import MissingTool
+from orchestrator.errors import MissingTool, RunStateError
 
 DEFAULT_PORT = 6100
 FINISHED = ("succeeded", "failed", "stopped")
@@ -85,7 +85,7 @@ def dashboard(  # noqa: PLR0917 - click passes every option by position
     _require_web_stack()
     if run_id is not None:
         context.store.load(run_id)  # an unknown run is an error now, not a blank page
-    from orchestrator.dashboard.auth import other_users, stored_token
+    from orchestrator.dashboard.auth import other_users
     from orchestrator.dashboard.server import Dashboard, may_go_without_token
 
     if no_token and not may_go_without_token(host):
@@ -94,7 +94,7 @@ def dashboard(  # noqa: PLR0917 - click passes every option by position
             f"{host} could read the runs. Leave --no-token out (the printed URL carries the "
             "token), or listen on 127.0.0.1"
         )
-    token = None if no_token else stored_token(context.store.dashboard_token_path())
+    token = None if no_token else _token(context.store)
     served = Dashboard(context.store, host, port, run_id, interval, token)
     click.echo(f"dashboard: {served.url}", nl=True)
     if no_token:
@@ -120,6 +120,19 @@ def dashboard(  # noqa: PLR0917 - click passes every option by position
         ).start()
     served.serve()
     errors.print("dashboard stopped")
+
+
+def _token(store: RunStore) -> str:
+    from orchestrator.dashboard.auth import stored_token
+
+    path = store.dashboard_token_path()
+    try:
+        return stored_token(path)
+    except OSError as exc:
+        raise RunStateError(
+            f"the dashboard cannot keep its token in {path}: {exc.strerror}",
+            hint="point --state-dir at a directory you can write (or, on loopback, --no-token)",
+        ) from exc
 
 
 def _exit_after_run(served: object, run_id: str, linger: float) -> None:
