@@ -34,7 +34,12 @@ from orchestrator.dashboard.auth import Guard
 from orchestrator.dashboard.watch import Hub, RunWatch, run_summaries
 
 KEEPALIVE = 15.0
-STATIC = {"app.js": "text/javascript", "style.css": "text/css", "favicon.svg": "image/svg+xml"}
+STATIC = {
+    "app.js": "text/javascript",
+    "style.css": "text/css",
+    "favicon.svg": "image/svg+xml",
+    "enter.js": "text/javascript",
+}
 
 
 def _asset(name: str) -> str:

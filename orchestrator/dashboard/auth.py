@@ -6,8 +6,10 @@
 - with a token (the default on every bind), a request carries it in the HttpOnly SameSite=Strict
   cookie `orchestrate-token-PORT` (browsers do not separate cookies by port) or, from scripts, as
   `Authorization: Bearer TOKEN`. The first visit brings it as `?token=`: it is exchanged for the
-  cookie and the browser is sent to the same URL without it. A page visit without it gets a form
-  that asks for the token; an API call a JSON 401.
+  cookie and the browser is sent to the same URL without it, by a 303; after a link from another
+  site by a page of ours that moves on itself (a redirect would stay cross-site, and the Strict
+  cookie unsent). A page visit without it gets a form that asks for the token; an API call a
+  JSON 401.
 - every answer carries a Content-Security-Policy (`default-src 'self'; frame-ancestors 'none'`),
   `X-Content-Type-Options: nosniff` and `Referrer-Policy: no-referrer`.
 
@@ -43,7 +45,7 @@ SECURITY_HEADERS = {
 }
 TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 LOGIN_PATH = "/login"
-PUBLIC = "/static/favicon.svg"  # the one file the login page needs
+PUBLIC = ("/static/favicon.svg", "/static/enter.js")  # what the pages before the cookie need
 FORM_LIMIT = 4096  # bytes of a login form's body: a token and a path
 
 
@@ -157,7 +159,7 @@ class Guard:
                 "(127.0.0.1, localhost or [::1] with its port); open the URL it printed",
                 status_code=403,
             )
-        if self.token is None or request.url.path == PUBLIC:
+        if self.token is None or request.url.path in PUBLIC:
             return None
         if request.url.path == LOGIN_PATH and request.method == "POST":
             return await self._login(request)
@@ -165,7 +167,10 @@ class Guard:
         if offered is not None:
             if not self._valid(offered):
                 return _login_page(_without_token(request), "That token is not this dashboard's.")
-            return self._admit(_without_token(request))  # the token leaves the address bar
+            # The token leaves the address bar; arriving by a link from another site, a
+            # redirect would still count as cross-site and the Strict cookie would not be sent.
+            cross_site = request.headers.get("sec-fetch-site") == "cross-site"
+            return self._admit(_without_token(request), by_page=cross_site)
         if self._valid(request.cookies.get(self.cookie, "")) or self._valid(_bearer(request)):
             return None
         if request.url.path.startswith("/api/") or request.method != "GET":
@@ -190,8 +195,20 @@ class Guard:
             return _login_page(target, "That token is not this dashboard's.")
         return self._admit(target)
 
-    def _admit(self, target: str) -> Response:
-        answer = RedirectResponse(target, status_code=303)
+    def _admit(self, target: str, by_page: bool = False) -> Response:
+        """The cookie, and on to `target`: by a 303, or (`by_page`) by a page of ours that
+        moves on itself, which makes the next request same-site."""
+        answer: Response
+        if by_page:
+            link = escape(target)
+            answer = HTMLResponse(
+                f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+                f'<meta http-equiv="refresh" content="2;url={link}"><title>orchestrate</title>'
+                f'</head><body><p><a id="next" href="{link}">Open the dashboard</a></p>'
+                '<script src="/static/enter.js"></script></body></html>'
+            )  # enter.js replaces this entry of the history: the tokened address goes
+        else:
+            answer = RedirectResponse(target, status_code=303)
         answer.set_cookie(self.cookie, self.token or "", httponly=True, samesite="strict", path="/")
         answer.headers["cache-control"] = "no-store"
         return answer

@@ -217,6 +217,18 @@ def test_hostile_strings_stay_text_and_the_token_form(cli: Cli, reaper: list[str
         )
         assert [e for e in errors if not e.startswith(asked)] == []  # the form's own 401 aside
 
+        # Arriving by a link from another site (here a file), the cookie works at once, and the
+        # tokened address is not left in the tab's history.
+        driver.delete_all_cookies()
+        link = cli.cwd / "link.html"
+        link.write_text(f'<a id="go" href="{served.url}">the dashboard</a>')
+        driver.get(link.as_uri())
+        before = driver.execute_script("return history.length")
+        driver.find_element("id", "go").click()
+        wait_for(lambda: text("#logs"), timeout=10, what="the page after a link from elsewhere")
+        assert driver.current_url == served.base + "/"
+        assert driver.execute_script("return history.length") == before + 1
+
         # A hostile URL: its 404 page shows the name as text and runs nothing.
         driver.get(served.base + "/runs/" + HOSTILE[0])
         assert "<img src=x" in text("body")

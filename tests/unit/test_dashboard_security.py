@@ -133,6 +133,16 @@ def test_the_first_visit_trades_the_token_for_a_cookie(hub: Hub) -> None:
     assert "?token" not in page.text and browser.get("/api/runs").status_code == 200
 
 
+def test_arriving_from_another_site_the_exchange_is_a_page_of_ours(hub: Hub) -> None:
+    # After a 303 the browser would still count the request as cross-site: no Strict cookie.
+    browser = client(hub)
+    answer = browser.get(f"/?token={TOKEN}", headers={"sec-fetch-site": "cross-site"})
+    assert answer.status_code == 200 and answer.headers["set-cookie"].startswith(cookie_name(PORT))
+    assert 'id="next" href="/"' in answer.text and '<script src="/static/enter.js">' in answer.text
+    assert TOKEN not in answer.text
+    assert client(hub).get("/static/enter.js").status_code == 200  # before any cookie
+
+
 def test_a_visit_without_the_token_gets_a_form_that_asks_for_it(hub: Hub) -> None:
     browser = client(hub)
     form = browser.get(f"/runs/{RUN}")
