@@ -16,6 +16,7 @@ import click
 import psutil
 
 from orchestrator.cli.app import Context, cli, errors, pass_context, run_option
+from orchestrator.engine.plan import RUN_ID_PATTERN
 from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import MissingTool, RunStateError
 
@@ -84,6 +85,10 @@ def dashboard(  # noqa: PLR0917 - click passes every option by position
     """
     _require_web_stack()
     if run_id is not None:
+        if not RUN_ID_PATTERN.fullmatch(run_id):  # not a file of runs/ such as x.status
+            raise RunStateError(
+                f"'{run_id}' is not a run id", hint="'orchestrate status --json' names the run"
+            )
         context.store.load(run_id)  # an unknown run is an error now, not a blank page
     from orchestrator.dashboard.auth import other_users
     from orchestrator.dashboard.server import Dashboard, may_go_without_token

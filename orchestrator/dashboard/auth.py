@@ -164,16 +164,14 @@ class Guard:
         if request.url.path == LOGIN_PATH and request.method == "POST":
             return await self._login(request)
         offered = request.query_params.get("token")
-        if offered is not None:
-            if not self._valid(offered):
-                return _login_page(_without_token(request), "That token is not this dashboard's.")
+        if offered is not None and self._valid(offered):
             # The token leaves the address bar; arriving by a link from another site, a
             # redirect would still count as cross-site and the Strict cookie would not be sent.
             cross_site = request.headers.get("sec-fetch-site") == "cross-site"
             return self._admit(_without_token(request), by_page=cross_site)
         if self._valid(request.cookies.get(self.cookie, "")) or self._valid(_bearer(request)):
             return None
-        if request.url.path.startswith("/api/") or request.method != "GET":
+        if request.url.path.startswith("/api/") or request.method != "GET":  # scripts
             return Response(
                 json.dumps({"error": "a valid token is required: send 'Authorization: Bearer "
                             "TOKEN' (the token is in .orchestrate/dashboard-token)"}),
@@ -181,7 +179,8 @@ class Guard:
                 media_type="application/json",
                 headers={"WWW-Authenticate": "Bearer"},
             )  # fmt: skip
-        return _login_page(_without_token(request), "")
+        wrong = "That token is not this dashboard's." if offered is not None else ""
+        return _login_page(_without_token(request), wrong)
 
     async def _login(self, request: Request) -> Response:
         body = b""

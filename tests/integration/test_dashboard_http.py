@@ -249,9 +249,11 @@ def check_off_loopback_and_no_token(cli: Cli, token: str) -> None:
 
 
 def test_named_run_that_does_not_exist_is_an_error(cli: Cli) -> None:
-    result = cli("dashboard", "--run", "nope", "--port", "0", timeout=30)
+    result = cli("dashboard", "--run", "20990101-000000-ffff", "--port", "0", timeout=30)
     assert result.returncode == 4
-    assert "no run 'nope'" in result.stderr and "Traceback" not in result.stderr
+    assert "no run '20990101-000000-ffff'" in result.stderr and "Traceback" not in result.stderr
+    result = cli("dashboard", "--run", "x.status", "--port", "0", timeout=30)
+    assert result.returncode == 4 and "'x.status' is not a run id" in result.stderr
 
 
 def test_busy_port_is_a_clear_error(cli: Cli) -> None:
