@@ -1,9 +1,10 @@
 """How long a run still needs: the one estimate `status`, `up`'s live view, the dashboard and the
 notifications show. Pure.
 
-A worker's ETA is its steps left over its latest rate (the steps/s its progress file reports);
-the run's is the longest of its workers' (the cluster finishes with its slowest worker). None
-where nothing can be said: no step, no target, no rate yet, or the target reached.
+A running worker's ETA is its steps left over its latest rate (the steps/s its progress file
+reports); the run's is the longest of its workers' (the cluster finishes with its slowest
+worker). None where nothing can be said: a worker not running (finished, failed, not started
+yet), no step, no target or no rate yet, or the target reached.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from orchestrator.engine.state import WorkerState
+
 
 class Progress(Protocol):
+    @property
+    def state(self) -> WorkerState: ...
     @property
     def step(self) -> int | None: ...
     @property
@@ -29,6 +34,8 @@ def eta_seconds(step: int | None, target: int | None, rate: float | None) -> flo
 
 
 def worker_eta(worker: Progress) -> float | None:
+    if worker.state is not WorkerState.RUNNING:
+        return None
     return eta_seconds(worker.step, worker.target_steps, worker.steps_per_sec)
 
 

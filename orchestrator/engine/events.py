@@ -90,7 +90,8 @@ def event_text(event: Mapping[str, Any]) -> str:
     if event.get("restarts") and name != "restarting":
         progress.append(f"{event['restarts']} restart(s)")
     if progress:
-        parts.append(", ".join(progress).capitalize())
+        line = ", ".join(progress)
+        parts.append(line[0].upper() + line[1:])
     if event.get("dashboard"):
         parts.append(f"Dashboard: {event['dashboard']}")
     return ". ".join(p.rstrip(".") for p in parts) + "."
@@ -128,8 +129,7 @@ def target_label(index: int, target: NotifyTarget) -> str:
     token, as Slack's do), a command by its program."""
     if target.url is not None:
         parts = urlsplit(target.url)
-        port = f":{parts.port}" if parts.port else ""
-        return f"notify[{index}] {parts.scheme}://{parts.hostname}{port}/..."
+        return f"notify[{index}] {parts.scheme}://{parts.netloc.rpartition('@')[2]}/..."
     return f"notify[{index}] command {target.command[0] if target.command else '?'}"
 
 

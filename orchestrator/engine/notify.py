@@ -2,9 +2,10 @@
 
 Each target has its own queue and daemon thread (a slow one delays no other, and none delays
 the supervisor): a webhook gets three tries (`timeout` seconds each, 1 s and 2 s apart; a 4xx
-answer other than 408/429 is not tried again), a command one run. A target that did not take an
-event is said once, with why, through the supervisor's `say` (its log when detached). At the
-end the supervisor waits a bounded time for what is still queued (`Notifier.close`).
+answer other than 408/429 and a refused certificate are not tried again), a command one run.
+A target that did not take an event is said once, with why, through the supervisor's `say`
+(its log when detached). At the end the supervisor waits a bounded time for what is still
+queued (`Notifier.close`).
 
 What is sent is engine/events.py's; each run's events are claimed once in the state directory
 (`RunStore.notified_path`), so a supervisor taking a run over does not repeat them.
@@ -138,7 +139,9 @@ def _post(target: NotifyTarget, payload: bytes, headers: Mapping[str, str]) -> s
             why += " (redirects are not followed)"
         raise NotDelivered(why, retry=error.code >= 500 or error.code in (408, 429)) from error
     except urllib.error.URLError as error:
-        raise NotDelivered(_reason(error.reason, target.timeout)) from error
+        # A certificate refused now is refused on the next try too.
+        again = not isinstance(error.reason, ssl.SSLCertVerificationError)
+        raise NotDelivered(_reason(error.reason, target.timeout), again) from error
     except (TimeoutError, OSError, ValueError) as error:  # a read that timed out, a reset
         raise NotDelivered(_reason(error, target.timeout)) from error
 
