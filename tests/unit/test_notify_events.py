@@ -310,6 +310,17 @@ def test_a_run_given_up_is_told_failed_once(tmp_path: Path) -> None:
     assert failed["hint"].startswith("a module the worker imports is missing")
 
 
+def test_a_preemption_that_ends_a_run_on_hosts_is_told_preempted(tmp_path: Path) -> None:
+    scripts = {name: {0: [running(4), exited(75, 6)]} for name in "ab"}
+    backend = FakeBackend(scripts=scripts)  # hosts: nothing resubmits, the run ends stopped
+    store = RunStore(tmp_path / "state")
+    record = start_run(fake_inventory(tmp_path, recording(tmp_path)), store, backend)
+    final = Supervisor(store, backend, record, interval=0).run()
+    assert final.state is WorkerState.STOPPED
+    assert [e["event"] for e in received(tmp_path)] == ["started", "preempted"]
+    assert "preempted" in received(tmp_path)[1]["root_cause"]
+
+
 def test_a_stall_is_told_then_the_restart_and_preemptions_as_such(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "state")
     backend = FakeBackend(scripts={"a": {0: [running(1)]}, "b": {0: [running(1)]}})
