@@ -221,16 +221,17 @@ class _Channel:
 
     def _loop(self) -> None:
         while (event := self.queue.get()) is not None:
+            why: str | None = None
             try:
                 self.send(event)
             except NotDelivered as failure:
-                if not self.abandoned:
-                    self.say(f"{self.label}: '{event['event']}' not delivered: {failure.why}")
+                why = failure.why
             except Exception as error:  # a notification never ends supervision
-                if not self.abandoned:
-                    self.say(f"{self.label}: '{event['event']}' not delivered: {error!r}")
-            with self.lock:
+                why = repr(error)
+            with self.lock:  # said here or by abandon(), never both
                 self.pending.remove(str(event["event"]))
+                if why is not None and not self.abandoned:
+                    self.say(f"{self.label}: '{event['event']}' not delivered: {why}")
 
     def close(self) -> None:
         with suppress(queue.Full):
