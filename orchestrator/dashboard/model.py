@@ -19,12 +19,6 @@ __all__ = ["HISTORY_FILE"]  # watch.py reads the worker's history file by this n
 LOG_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red")  # the order `tail` uses
 
 
-def eta_seconds(step: int | None, target: int | None, rate: float | None) -> float | None:
-    if step is None or not target or not rate or rate <= 0 or step >= target:
-        return None
-    return (target - step) / rate
-
-
 def worker_view(worker: WorkerStatus) -> dict[str, Any]:
     """A worker of `status --json` plus what the page derives: progress fraction and ETA."""
     step, target = worker.step, worker.target_steps
@@ -32,7 +26,7 @@ def worker_view(worker: WorkerStatus) -> dict[str, Any]:
     return {
         **worker.to_json(),
         "progress": fraction,
-        "eta_seconds": eta_seconds(step, target, worker.steps_per_sec),
+        "eta_seconds": worker.eta_seconds,  # engine/eta.py: the one estimate
     }
 
 
