@@ -327,16 +327,21 @@ def test_the_launcher_refuses_a_run_directory_another_user_made(tmp_path: Path) 
 # --- the login node's withenv program -------------------------------------------------------
 
 
-def test_withenv_gives_the_command_values_from_stdin_and_never_argv(tmp_path: Path) -> None:
+def test_withenv_gives_the_command_values_from_stdin_only(tmp_path: Path) -> None:
     secret = "s3cret-" + "9" * 8
-    probe = "import os, sys; print(os.environ['TRACKER_API_KEY'] == sys.argv[1]); print(sys.argv)"
-    request = {"argv": [sys.executable, "-c", probe, secret[::-1][::-1]],
-               "env": {"TRACKER_API_KEY": secret}, "timeout": 30}  # fmt: skip
+    probe = ("import hashlib, os; print(hashlib.sha256(os.environ['TRACKER_API_KEY']"
+             ".encode()).hexdigest()); "
+             "print(open(f'/proc/{os.getppid()}/cmdline').read())")  # fmt: skip
+    request = {"argv": [sys.executable, "-c", probe], "env": {"TRACKER_API_KEY": secret},
+               "timeout": 30}  # fmt: skip
     done = subprocess.run([sys.executable, "-c", (REMOTE / "withenv.py").read_text()],
                           input=json.dumps(request) + "\n", capture_output=True, text=True,
                           timeout=30, check=True)  # fmt: skip
     answer = json.loads(done.stdout)
-    assert answer["returncode"] == 0 and answer["stdout"].startswith("True"), answer
+    digest, parent_cmdline = answer["stdout"].split("\n", 1)
+    assert answer["returncode"] == 0 and digest == hashlib.sha256(secret.encode()).hexdigest()
+    assert "def run(request)" in parent_cmdline  # it did read withenv's own command line
+    assert secret not in parent_cmdline and secret not in done.stderr
 
 
 # --- names from a host's answer --------------------------------------------------------------
