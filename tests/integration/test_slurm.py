@@ -476,11 +476,15 @@ def test_a_printed_secret_is_in_no_slurm_artifact(orchestrate: Orchestrate) -> N
     assert restarts and restarts[0]["reason"].endswith("[redacted]"), restarts
     attempt = workdir / "secretive" / "runs" / json.loads(status)["run_id"] / "attempt-0"
     assert list(attempt.glob("slurm-*.out")), list(attempt.iterdir())  # --output, one path
-    log = (attempt / "task0" / "worker.log").read_text()
+    # The first task to fail ends the step (--kill-on-bad-exit): the other may be SIGTERMed
+    # before it prints, so what one task wrote is looked for in either.
+    logs = [(attempt / t / "worker.log").read_text() for t in ("task0", "task1")]
     digest = hashlib.sha256(secret.encode()).hexdigest()
-    assert f"secret sha256 {digest}" in log and "the key is [redacted]" in log  # it had it
-    exit_record = json.loads((attempt / "task1" / "exit.json").read_text())
-    assert exit_record["error"] == "refused by the tracker: [redacted]", exit_record
+    assert any(f"secret sha256 {digest}" in log and "the key is [redacted]" in log
+               for log in logs), logs  # fmt: skip
+    errors = [json.loads((attempt / t / "exit.json").read_text())["error"]
+              for t in ("task0", "task1") if (attempt / t / "exit.json").exists()]  # fmt: skip
+    assert "refused by the tracker: [redacted]" in errors, errors
     assert _files_containing(orchestrate.cwd, secret.encode()) == []
     assert _files_containing(orchestrate.cwd, digest.encode())  # the search finds what is there
     for text in (status, up.stdout, up.stderr):
