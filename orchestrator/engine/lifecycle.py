@@ -177,6 +177,15 @@ def _slot_standbys(
     return specs, backend.start_standbys(specs, linger)
 
 
+def end_standbys(record: RunRecord, backend: Backend, linger: float) -> GroupResult[str, str]:
+    """The run ended (succeeded, failed or stopped): its slots' standbys stay `linger` seconds
+    for the job's next `up` on the same hosts (job.linger), or go now (0). A run `down`
+    stopped discarded them already: that holds (the agent keeps a discarded run's marker)."""
+    if linger > 0 and record.inventory.job.warm and backend.keeps_standbys:
+        return backend.linger_standbys(record.workers, linger)
+    return backend.discard_standbys(record.workers)
+
+
 def stop_run(
     record: RunRecord, backend: Backend, grace: float = DEFAULT_GRACE, *, standbys: bool = True
 ) -> StopReport:
