@@ -575,7 +575,7 @@ def run_standby(sdir):
     import select
     import subprocess
 
-    spec = _read_json(os.path.join(sdir, "spec.json"))
+    spec = _read_standby_spec(sdir)
     ready = os.path.join(sdir, "ready")
     child = subprocess.Popen(
         [spec["python"], "-m", STANDBY_MODULE, ready], cwd=_expand(spec["cwd"]),
@@ -624,6 +624,20 @@ def run_standby(sdir):
         if ended_at is True:
             break
     leave()
+
+
+def _read_standby_spec(sdir):
+    """Its spec.json; or claimed.json: a launch right after the start (`up --skip-checks`) may
+    claim it before this process has read it; or, a moment later, a take's rewrite."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        for name in ("spec.json", "claimed.json"):
+            spec = _read_json(os.path.join(sdir, name))
+            if spec is not None:
+                return spec
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"no spec.json in {sdir}")
+        time.sleep(0.01)
 
 
 def _standby_done(spec, ended_at):
