@@ -82,6 +82,7 @@ def test_only_per_attempt_values_may_differ_between_a_standby_and_its_attempt() 
         agent.PER_ATTEMPT_ENV
     )
     assert contract.RUN_ID_ENV not in agent.PER_ATTEMPT_ENV  # the same for every attempt
+    assert contract.RUN_ID_ENV in agent.PER_RUN_ENV  # but not for the job's next run
     assert "SSH_CONNECTION" in agent.PER_CONNECTION_ENV
 
 
@@ -369,3 +370,9 @@ def test_a_run_that_ended_leaves_its_standbys_lingering_unless_linger_is_0(
         # those it has: a run too short for the first ask still leaves them), then released.
         asked = ["standbys for attempt 0"] * 2 if linger else []
         assert backend.events == ["start", *asked, last]
+
+
+def test_the_run_id_is_the_next_runs_own_outside_the_digest() -> None:
+    first = agent.import_env({}, {contract.RUN_ID_ENV: "r1", contract.WORKER_ENV: "a"}, {})
+    second = agent.import_env({}, {contract.RUN_ID_ENV: "r2", contract.WORKER_ENV: "a"}, {})
+    assert first == second == {contract.WORKER_ENV: "a"}

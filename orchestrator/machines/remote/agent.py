@@ -87,6 +87,9 @@ HANDOVER_WAIT = 5.0  # seconds a launch waits for a claimed standby to take the 
 # and a GPU lease may give the next run other devices.
 PER_ATTEMPT_ENV = ("TF_CONFIG", "ORCHESTRATE_RUN_DIR", "ORCHESTRATE_PROGRESS_FILE",
                    "CUDA_VISIBLE_DEVICES")  # fmt: skip
+# What differs between two runs of a job (a lingering standby serves the next run), read only
+# by orchestrate's worker, after the import.
+PER_RUN_ENV = ("ORCHESTRATE_RUN_ID",)
 # Set per SSH connection, never read by TensorFlow: a warm worker gets the launching agent's.
 PER_CONNECTION_ENV = ("SSH_CLIENT", "SSH_CONNECTION", "SSH_AUTH_SOCK", "XDG_SESSION_ID")
 
@@ -217,7 +220,7 @@ def import_env(base, spec_env, secrets):
     env = dict(base)
     env.update(spec_env)
     env.update(secrets)
-    skip = PER_ATTEMPT_ENV + PER_CONNECTION_ENV
+    skip = PER_ATTEMPT_ENV + PER_RUN_ENV + PER_CONNECTION_ENV
     return {key: value for key, value in env.items() if key not in skip}
 
 
