@@ -10,8 +10,9 @@ Layout on every host (paths are the host's):
   {workdir}/{job}/code/                 the `sync:` directory's mirror, the workers' cwd
   {workdir}/{job}/.orchestrate-setup    the hash of the `setup:` commands that last succeeded
 
-runs/, standby/ and everything under them are private (directories 0700, files 0600): a spec carries the
-job's environment. The checkpoint, TensorBoard and export directories keep the user's umask.
+runs/, standby/ and everything under them are private (directories 0700, files 0600): a spec
+carries the job's environment. The checkpoint, TensorBoard and export directories keep the
+user's umask.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@ where it lives, the job key, and when the supervisor asks for standbys and disca
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +29,8 @@ from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import WorkerSpec
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.fakes.planning import plan_workers
+
+REPO = Path(__file__).resolve().parents[2]
 
 PYTHON = "/opt/venv/bin/python"
 ARGV = [PYTHON, "-m", "worker", "--task", "m:f", "--steps", "10"]
@@ -376,3 +382,34 @@ def test_the_run_id_is_the_next_runs_own_outside_the_digest() -> None:
     first = agent.import_env({}, {contract.RUN_ID_ENV: "r1", contract.WORKER_ENV: "a"}, {})
     second = agent.import_env({}, {contract.RUN_ID_ENV: "r2", contract.WORKER_ENV: "a"}, {})
     assert first == second == {contract.WORKER_ENV: "a"}
+
+
+def test_a_package_installed_since_the_standbys_import_makes_it_stale(tmp_path: Path) -> None:
+    """worker.standby records its package directories' times when TensorFlow is imported; a
+    `pip install` since changes one: the standby neither serves a restart nor the next run."""
+    site = tmp_path / "venv" / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    ready = tmp_path / "ready"
+    ready.write_text(json.dumps({"package_dirs": {str(site): site.stat().st_mtime_ns}}))
+    assert agent._packages_changed(str(ready)) is None
+    (site / "newpkg").mkdir()
+    os.utime(site, ns=(site.stat().st_atime_ns, site.stat().st_mtime_ns + 1))
+    assert agent._packages_changed(str(ready)) == str(site)
+    stale = lingering(packages_changed=str(site))
+    action, why = verdict(stale)
+    assert action == "replace" and f"packages changed in {site}" in (why or "")
+    assert f"packages changed in {site}" in (agent.standby_refusal(stale, ARGV, ENV) or "")
+
+
+def test_a_standby_becomes_a_worker_with_the_attempts_gpus(tmp_path: Path) -> None:
+    """The hand-over's environment is the attempt's, set before the script runs (no TensorFlow
+    here: CUDA reads CUDA_VISIBLE_DEVICES when the strategy first uses a device, after this)."""
+    script = tmp_path / "show.py"
+    script.write_text("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])\n")
+    request = {"argv": [sys.executable, str(script)], "cwd": str(tmp_path),
+               "env": {**os.environ, "CUDA_VISIBLE_DEVICES": "1"}}  # fmt: skip
+    code = f"from worker.standby import become; become({request!r})"
+    shown = subprocess.run([sys.executable, "-c", code], env={**os.environ,
+                           "CUDA_VISIBLE_DEVICES": "0"}, cwd=REPO, capture_output=True,
+                           text=True, check=True, timeout=30)  # fmt: skip
+    assert shown.stdout.strip() == "1"

@@ -255,6 +255,8 @@ def standby_refusal(standby, argv, env):
         return f"the standby runs {standby.get('python')}, this attempt {argv[0]}"
     if standby.get("digest") != env_digest(standby.get("salt", ""), argv[0], env):
         return "the standby's environment differs from this attempt's"
+    if standby.get("packages_changed"):
+        return f"packages changed in {standby['packages_changed']} since the standby's import"
     return None
 
 
@@ -294,6 +296,9 @@ def standby_verdict(standby, backs, python, env, agent, *, now):
         return "replace", "the standby's environment differs from this run's"
     if standby.get("agent") != agent:
         return "replace", "another version of orchestrate started the standby"
+    if standby.get("packages_changed"):
+        return "replace", (f"packages changed in {standby['packages_changed']} since the "
+                           "standby's import")  # fmt: skip
     if standby.get("backs") == backs and until is None:
         return "keep", None
     return "take", None
@@ -324,7 +329,21 @@ def _standby_state(sdir):
     return dict(spec, pid=pid, alive=bool(pid) and _is_our_supervisor(pid, sdir),
                 backing_alive=_attempt_alive(spec.get("backs") or "/"),
                 worker_pid=_read_int(os.path.join(sdir, "worker.pid")),
-                ready=os.path.exists(os.path.join(sdir, "ready")))  # fmt: skip
+                ready=os.path.exists(os.path.join(sdir, "ready")),
+                packages_changed=_packages_changed(os.path.join(sdir, "ready")))  # fmt: skip
+
+
+def _packages_changed(ready):
+    """A package directory the standby imported from that changed since (worker.standby
+    records their modification times once TensorFlow is imported), or None."""
+    recorded = (_read_json(ready) or {}).get("package_dirs") or {}
+    for path, mtime in sorted(recorded.items()):
+        try:
+            if os.stat(path).st_mtime_ns != mtime:
+                return path
+        except OSError:
+            return path
+    return None
 
 
 def _agent_digest(source):
