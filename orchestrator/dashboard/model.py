@@ -4,6 +4,7 @@ worker's progress history and the state directory say. Pure: no hosts, no web fr
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -64,14 +65,17 @@ def timeline(record: RunRecord) -> list[dict[str, Any]]:
 
 
 def parse_history(text: str) -> list[dict[str, Any]]:
-    """Lines of progress-history.jsonl; a line being appended (half written) is skipped."""
+    """Lines of progress-history.jsonl; a line being appended (half written) is skipped, and so
+    is one without a finite step. A metric may be NaN or infinite (json reads NaN, Infinity):
+    the chart draws a gap there."""
     points = []
     for line in text.splitlines():
         try:
             point = json.loads(line)
         except ValueError:
             continue
-        if isinstance(point, dict) and isinstance(point.get("step"), int | float):
+        step = point.get("step") if isinstance(point, dict) else None
+        if isinstance(step, int | float) and not isinstance(step, bool) and math.isfinite(step):
             points.append(point)
     return points
 
@@ -105,6 +109,21 @@ def charts(record: RunRecord, history: Mapping[int, Sequence[Mapping[str, Any]]]
     return {
         "loss": line_chart("loss", curve(history, "loss"), markers, waiting),
         "steps_per_sec": line_chart("steps/s", curve(history, "steps_per_sec"), markers, waiting),
+    }
+
+
+def unreadable_summary(run_id: str, why: str, current: str | None) -> dict[str, Any]:
+    """The earlier-runs line of a run whose record cannot be read: named, with why."""
+    return {
+        "run_id": run_id,
+        "job": None,
+        "created_at": None,
+        "workers": None,
+        "restarts": None,
+        "state": None,
+        "outcome": None,
+        "current": run_id == current,
+        "unreadable": why,
     }
 
 

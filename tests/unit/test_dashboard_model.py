@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.dashboard import model
 from orchestrator.dashboard.charts import Marker, Series, line_chart, nice_ticks
-from orchestrator.dashboard.server import needs_token
+from orchestrator.dashboard.server import may_go_without_token
 from orchestrator.dashboard.watch import attempt_dir
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
@@ -97,5 +97,5 @@ def test_attempt_dir_of_another_attempt() -> None:
     [("127.0.0.1", False), ("localhost", False), ("::1", False), ("0.0.0.0", True),
      ("192.0.2.1", True), ("example.org", True)],
 )  # fmt: skip
-def test_only_loopback_goes_without_a_token(host: str, token: bool) -> None:
-    assert needs_token(host) is token
+def test_only_loopback_may_go_without_a_token(host: str, token: bool) -> None:
+    assert may_go_without_token(host) is not token
