@@ -18,6 +18,7 @@ import json, os, sys, time
 steps = int(os.environ.get("STEPS", "5"))
 print("tf_config", os.environ["TF_CONFIG"], flush=True)
 print("args", json.dumps(sys.argv[1:]), flush=True)
+print("target", os.environ.get("ORCHESTRATE_TARGET_STEPS"), flush=True)
 progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
 for step in range(1, steps + 1):
     with open(progress + ".tmp", "w") as f:
@@ -96,6 +97,23 @@ def test_failed_worker_fails_the_job_with_a_report(cli: Cli, reaper: list[str]) 
     }
     assert status["restarts"] == 1 and status["attempt"] == 1
     assert status["outcome"].startswith("gave up: beta at step 5: exit 1: boom: beta")
+
+
+def test_a_script_that_exits_0_below_its_steps_fails_as_stopped_short(
+    cli: Cli, reaper: list[str]
+) -> None:
+    # The false success of issue 28: steps: 300, the script reports step 5 and exits 0.
+    inventory = make_job(cli.cwd, steps=5)
+    inventory.write_text(inventory.read_text() + "  steps: 300\n")
+    result = cli("up", "inv.yaml")
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 1, result.stderr
+    assert "stopped at step 5 of 300" in result.stderr
+    assert "after 0 restart(s)" in result.stderr  # not retried: it would stop there again
+    status = cli.status()
+    assert [(w["state"], w["failure_kind"], w["target_steps"]) for w in status["workers"]] == [
+        ("failed", "stopped short", 300)] * 2  # fmt: skip
+    assert "target 300" in cli("tail", "-n", "50", check=True).stdout  # the script was told
 
 
 def test_inventory_values_reach_the_worker_verbatim(cli: Cli, reaper: list[str]) -> None:
