@@ -192,8 +192,10 @@ def test_a_script_that_never_creates_the_strategy_never_joined(cli: Cli) -> None
     inventory = script_inventory(cli, "no_strategy.py", max_restarts=3)
     result = cli("up", "--skip-checks", str(inventory), timeout=240)
     assert result.returncode == 1, result.stderr
-    assert "never joined the cluster: does the script create MultiWorkerMirroredStrategy " \
+    assert (
+        "never joined the cluster: does the script create MultiWorkerMirroredStrategy "
         "before any other TensorFlow op?" in result.stderr
+    )
     assert "after 0 restart(s)" in result.stderr
     status = cli.status()  # the first to exit is the cause; its peer may be stopped first
     assert "left early" in {w["failure_kind"] for w in status["workers"]}

@@ -6,6 +6,8 @@ library, which is what the watch looks for in /proc/PID/maps)."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import inspect
 import json
 import shutil
@@ -47,13 +49,23 @@ def test_the_port_of_a_multi_worker_task_only(copy: ModuleType) -> None:
     assert copy._cluster_port(json.dumps({"cluster": {}, "task": {}})) is None
 
 
+def _path_of(library: ctypes.CDLL) -> str:
+    """The file a loaded library came from, read from this process's own maps."""
+    name = Path(str(library._name)).name
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith(name) or f"/{name}" in line:
+            return line.split()[-1]
+    raise AssertionError(f"{name} is not mapped")
+
+
 def stand_in(tmp_path: Path, *, tensorflow: bool, listen: bool) -> tuple[list[str], int]:
     """A process that (maybe) maps a library named like TensorFlow's, (maybe) listens on a
     free port, then waits; and that port."""
     lib = tmp_path / "libtensorflow_framework.so.2"
-    libm = next(p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib/x86_64-linux-gnu/libm.so.6",
-                            "/lib64/libm.so.6") if Path(p).exists())  # fmt: skip
-    shutil.copyfile(libm, lib)
+    libm = ctypes.util.find_library("m")
+    assert libm is not None
+    found = ctypes.CDLL(libm)  # its path, as the dynamic loader resolves it
+    shutil.copyfile(_path_of(found), lib)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
