@@ -115,7 +115,8 @@ HINTS: dict[FailureKind, str] = {
     FailureKind.LEFT_EARLY: (
         "every worker must create the same tf.distribute.MultiWorkerMirroredStrategy first and "
         "run to the end together: a script that exits, or skips the strategy, on one worker "
-        "leaves its peers waiting for it in their collectives"
+        "leaves its peers waiting for it in their collectives; one that never creates it "
+        "trains alone and never joins the cluster"
     ),
     FailureKind.STOPPED_SHORT: (
         "the script exited 0 before the job's steps: (its target, in ORCHESTRATE_TARGET_STEPS "
