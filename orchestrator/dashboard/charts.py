@@ -10,8 +10,8 @@ from html import escape
 WIDTH, HEIGHT = 560, 220
 LEFT, RIGHT, TOP, BOTTOM = 56, 14, 26, 30
 _PLOT_W, _PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-# One colour per attempt, so a restart shows where one curve stops and the next starts.
 SPARSE = 24  # a series of at most this many points shows each of them
+# One colour per attempt, so a restart shows where one curve stops and the next starts.
 ATTEMPT_COLOURS = ("#38bdf8", "#a78bfa", "#34d399", "#fbbf24", "#f472b6", "#fb923c")
 
 
@@ -75,8 +75,9 @@ def _spacing(ticks: Sequence[float]) -> float:
 def line_chart(
     title: str, series: Sequence[Series], markers: Sequence[Marker] = (), empty: str = ""
 ) -> str:
-    """An SVG chart of value over step: one polyline per attempt, a dashed line per marker."""
-    points = [p for s in series for p in s.points]
+    """An SVG chart of value over step: one polyline per attempt, a dashed line per marker;
+    a point that is not finite (NaN, infinity) is a gap in its line."""
+    points = [p for s in series for p in s.points if _finite(p)]
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
         f'class="chart" role="img" aria-label="{escape(title)}">'
@@ -162,20 +163,39 @@ def _marker_lines(scale: _Scale, markers: Sequence[Marker]) -> list[str]:
     return parts
 
 
+def _finite(point: tuple[float, float]) -> bool:
+    return math.isfinite(point[0]) and math.isfinite(point[1])
+
+
+def _runs(points: Sequence[tuple[float, float]]) -> list[list[tuple[float, float]]]:
+    """The stretches of finite points between the non-finite ones."""
+    runs: list[list[tuple[float, float]]] = [[]]
+    for point in points:
+        if _finite(point):
+            runs[-1].append(point)
+        elif runs[-1]:
+            runs.append([])
+    return [run for run in runs if run]
+
+
 def _attempt_lines(scale: _Scale, series: Sequence[Series]) -> list[str]:
-    """A polyline per attempt in the attempt's colour, and a dot on its latest point."""
+    """A polyline per attempt in the attempt's colour (one per stretch between gaps), and a dot
+    on its latest point."""
     parts = []
     for line in series:
-        if not line.points:
+        stretches = _runs(line.points)
+        if not stretches:
             continue
         colour = ATTEMPT_COLOURS[line.attempt % len(ATTEMPT_COLOURS)]
-        coords = " ".join(f"{scale.x(s):.1f},{scale.y(v):.1f}" for s, v in line.points)
-        parts.append(
-            f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2" '
-            f'stroke-linejoin="round" data-attempt="{line.attempt}"/>'
-        )
+        for stretch in stretches:
+            coords = " ".join(f"{scale.x(s):.1f},{scale.y(v):.1f}" for s, v in stretch)
+            parts.append(
+                f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2" '
+                f'stroke-linejoin="round" data-attempt="{line.attempt}"/>'
+            )
         # A dot on the latest point; on every point of a sparse series (evaluations).
-        dotted = line.points if len(line.points) <= SPARSE else line.points[-1:]
+        finite = [point for stretch in stretches for point in stretch]
+        dotted = finite if len(finite) <= SPARSE else finite[-1:]
         parts.extend(
             f'<circle cx="{scale.x(s):.1f}" cy="{scale.y(v):.1f}" r="3" fill="{colour}"/>'
             for s, v in dotted
