@@ -242,7 +242,8 @@ def dashboard_view(
     timeout: float = 60,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run `orchestrate dashboard` in `cwd` on its current run and read its document over HTTP
-    until `ready(document)`, and its followed log lines; then stop it with Ctrl-C (SIGINT)."""
+    (with the token it printed) until `ready(document)`, and its followed log lines; then stop
+    it with Ctrl-C (SIGINT)."""
     import re
     from urllib.parse import parse_qs, urlsplit
 
@@ -258,11 +259,11 @@ def dashboard_view(
         found = re.search(r"dashboard: (http\S+)", line)
         assert found, line
         url = urlsplit(found.group(1))
-        params = {k: v[0] for k, v in parse_qs(url.query).items()}  # the token, if any
+        token = parse_qs(url.query).get("token", [None])[0]  # sent as scripts send it
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         run_id = (cwd / ".orchestrate" / "current").read_text().strip()
-        with httpx.Client(base_url=f"{url.scheme}://{url.netloc}", params=params,
+        with httpx.Client(base_url=f"{url.scheme}://{url.netloc}", headers=headers,
                           timeout=30) as client:  # fmt: skip
-            client.get(found.group(1))  # the page: whatever it sets (a cookie) is kept
             document = wait_for(
                 lambda: (
                     (d := client.get(f"/api/runs/{run_id}/dashboard").json()) and ready(d) and d
