@@ -19,6 +19,7 @@ environment); checkpoints/ and tensorboard/ keep the user's umask, to be shared 
 - `{state_dir}/runs/{run_id}.status.json`: the supervisor's latest status, rewritten at each poll
   (the dashboard serves it instead of probing the hosts a second time)
 - `{state_dir}/preflight.json`: the findings of the last preflight check
+- `{state_dir}/runs/{run_id}.notified`: the run's events already sent to `notify:` targets
 - `{state_dir}/tensorboard.json`: where `orchestrate tensorboard` serves, while it runs
 - `{state_dir}/dashboard-token`: the token every dashboard of this directory asks for (0600)
 """
@@ -110,6 +111,10 @@ class RunStore:
 
     def dashboard_log_path(self, run_id: str) -> Path:
         return self.root / "runs" / f"{run_id}.dashboard.log"
+
+    def notified_path(self, run_id: str) -> Path:
+        """The run's events told to its notify targets, one key a line (engine/notify.py)."""
+        return self.root / "runs" / f"{run_id}.notified"
 
     def preflight_path(self) -> Path:
         return self.root / "preflight.json"
