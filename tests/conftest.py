@@ -23,6 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 # to every `orchestrate` these tests start, and Ctrl-C (SIGINT), the way `tail -f` and
 # `tensorboard` are stopped, would do nothing. A handler, unlike SIG_IGN, is not inherited.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+# A run's standbys stay job.linger (default 300 s, ~560 MiB per slot) after it ended: in the
+# tests none stay unless an inventory sets `linger:` (tests/integration/test_linger.py), so
+# that a test's run leaves no process behind and the suite's memory stays flat.
+os.environ.setdefault("ORCHESTRATE_LINGER", "0")
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY")
 
 

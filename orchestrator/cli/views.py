@@ -20,7 +20,7 @@ from orchestrator.cli.app import (
     pass_context,
     run_option,
 )
-from orchestrator.cli.render import problems, status_table
+from orchestrator.cli.render import problems, standby_lines, status_table
 from orchestrator.engine.exports import export_is_remote, local_export, pull_export
 from orchestrator.engine.loggroups import WINDOW, Grouper, Line, label, merge
 from orchestrator.engine.logs import follow, follow_timed, last_lines, select_workers
@@ -43,10 +43,16 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
     record = context.store.load(run_id)
     with open_backend(record.inventory) as backend:
         result = collect_status(record, backend)
+        # The slots' standbys, from the hosts' own listing (a host not answering lists none).
+        standbys = {n: s for n, s in backend.standbys(record.workers).ok.items() if s}
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        data = result.to_json()
+        data["standbys"] = [s.to_json() for s in standbys.values()]
+        click.echo(json.dumps(data, indent=2))
     else:
         console.print(status_table(result))
+        for line in standby_lines(standbys):
+            console.print(line, style="dim", markup=False, highlight=False)
         for line in problems(result):
             console.print(line, style="red", markup=False, highlight=False)
     silent = [w.name for w in result.workers if w.state is WorkerState.UNKNOWN]

@@ -147,6 +147,49 @@ def parse_probe(data: Mapping[str, Any]) -> dict[str, WorkerProbe]:
 
 
 @dataclass(frozen=True)
+class StandbyInfo:
+    """A standby alive on a host (the agent's `standbys` listing): lingering after its run
+    ended, for the next run of the job, or waiting for a restart of its own run."""
+
+    name: str  # the worker slot
+    pid: int | None  # its supervisor (the process group)
+    worker_pid: int | None  # the Python that imported TensorFlow
+    run_id: str  # the run it backs (lingering: the run that left it)
+    lingering: bool
+    left_s: float | None  # lingering: seconds before it exits by itself
+    ready: bool  # TensorFlow imported
+    rss_bytes: int | None  # the supervisor's and the Python's resident memory
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> StandbyInfo:
+        return cls(
+            name=text(data.get("name")) or "?",
+            pid=integer(data.get("pid")),
+            worker_pid=integer(data.get("worker_pid")),
+            run_id=text(data.get("run_id")) or "?",
+            lingering=bool(data.get("lingering")),
+            left_s=number(data.get("left_s")),
+            ready=bool(data.get("ready")),
+            rss_bytes=integer(data.get("rss_bytes")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "pid": self.pid, "worker_pid": self.worker_pid,
+                "run_id": self.run_id, "lingering": self.lingering, "left_s": self.left_s,
+                "ready": self.ready, "rss_bytes": self.rss_bytes}  # fmt: skip
+
+
+def parse_standbys(data: Mapping[str, Any]) -> dict[str, list[StandbyInfo]]:
+    """The agent's `standbys` answer: per job directory asked about, the standbys alive."""
+    listing = mapping(data.get("standbys"))
+    return {
+        str(job): [StandbyInfo.parse(e) for e in entries if isinstance(e, dict)]
+        for job, entries in listing.items()
+        if isinstance(entries, list)
+    }
+
+
+@dataclass(frozen=True)
 class StopAnswer:
     outcome: str  # stopped | killed | not running
     left: tuple[int, ...] = ()  # pids still alive after SIGKILL
