@@ -19,9 +19,11 @@ from orchestrator.model.answers import (
     CheckpointListing,
     FileListing,
     HostInfo,
+    StackAnswer,
     StopAnswer,
     WorkerProbe,
     parse_probe,
+    parse_stacks,
     parse_stop,
     parsed,
 )
@@ -115,6 +117,26 @@ class HostAgent:
 
     def stop(self, run_dirs: list[str], grace: float) -> dict[str, StopAnswer]:
         return self._call("stop", parse_stop, timeout=grace + 30, run_dirs=run_dirs, grace=grace)
+
+    def stacks(
+        self,
+        run_dirs: list[str],
+        wait: float,
+        *,
+        native: bool = False,
+        send: bool = True,
+        offsets: dict[str, int] | None = None,
+    ) -> dict[str, StackAnswer]:
+        """Each worker's stacks (SIGUSR2, then its stacks.txt), within `wait` seconds; without
+        `send`, what was appended past `offsets` (stack_offsets') after a signal sent else."""
+        return self._call("stacks", parse_stacks, wait + 10, run_dirs=run_dirs, wait=wait,
+                          native=native, send=send, offsets=offsets or {})  # fmt: skip
+
+    def stack_offsets(self, run_dirs: list[str]) -> dict[str, int]:
+        def parse(answer: dict[str, Any]) -> dict[str, int]:
+            return {str(k): int(v) for k, v in answer["offsets"].items()}
+
+        return self._call("stacks", parse, 30, run_dirs=run_dirs, mark=True)
 
 
 def _string_map(key: str) -> Callable[[dict[str, Any]], dict[str, str]]:
