@@ -109,7 +109,7 @@ def device_setting_problems(
 # would die of SIGUSR2's default action (a wrapper shell, a worker started before this existed).
 STACKS_FILE = "stacks.txt"
 STACKS_PID_FILE = "stacks.pid"
-BOOT_MARKER = "# orchestrate boot"
+BOOT_MARKER = "# orchestrate boot"  # how a script's boot begins (the agent's standbys look)
 
 _kept: list[object] = []  # the open stacks file: faulthandler writes to its descriptor
 
@@ -138,12 +138,15 @@ def register_stack_dump(run_dir: str | None) -> bool:
 
 
 # `python -c SCRIPT_BOOT SCRIPT ARGS...` runs SCRIPT exactly as `python SCRIPT ARGS...` would
-# (sys.argv, sys.path[0], __main__, __file__, the cwd, exit codes and tracebacks' exits), after
-# registering the stack dump. Standard library only: a host may have nothing but Python.
+# (sys.argv, sys.path[0], __main__ with its __file__, the cwd, exit codes), after registering the
+# stack dump. Standard library only: a host may have nothing but Python. Not runpy.run_path: it
+# sets sys.argv[0] to the path it is given, so no path gives both argv[0] as typed and the
+# absolute __file__ that `python SCRIPT` gives; this does what the interpreter does instead.
 SCRIPT_BOOT = f"""{BOOT_MARKER}: SIGUSR2 writes every thread's Python stack to {STACKS_FILE}
 import sys
 def _orchestrate_boot():
-    import faulthandler, os, signal
+    import faulthandler, os, signal, types
+    from importlib.machinery import SourceFileLoader
     run_dir = os.environ.get({RUN_DIR_ENV!r})
     if run_dir and hasattr(signal, "SIGUSR2") and os.path.isdir(run_dir):
         try:
@@ -158,13 +161,24 @@ def _orchestrate_boot():
         except (OSError, ValueError, RuntimeError):
             pass
     script = sys.argv[1]
+    path = os.path.abspath(script)
+    try:
+        with open(path, "rb") as source:
+            code = compile(source.read(), path, "exec")
+    except OSError as exc:
+        sys.stderr.write(f"{{sys.executable}}: can't open file {{path!r}}: [Errno {{exc.errno}}] "
+                         f"{{exc.strerror}}\\n")
+        raise SystemExit(2)
     sys.argv = sys.argv[1:]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    return os.path.abspath(script)
-_orchestrate_script = _orchestrate_boot()
+    sys.path[0] = os.path.dirname(os.path.realpath(script))
+    main = types.ModuleType("__main__")
+    main.__file__, main.__cached__ = path, None
+    main.__loader__ = SourceFileLoader("__main__", path)
+    sys.modules["__main__"] = main
+    return code, main.__dict__
+_orchestrate_code, _orchestrate_globals = _orchestrate_boot()
 del _orchestrate_boot
-import runpy
-runpy.run_path(_orchestrate_script, run_name="__main__")
+exec(_orchestrate_code, _orchestrate_globals)
 """
 
 

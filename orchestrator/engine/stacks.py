@@ -135,13 +135,16 @@ def _known(frames: Sequence[Frame]) -> tuple[str, str] | None:
 
 
 def thread_place(thread: Thread) -> Place | None:
-    """Where a thread is: its innermost own frame, or the known wait of TensorFlow inside it."""
+    """Where a thread is: its innermost own frame, or the known wait of TensorFlow inside it
+    (an import is none: a module of TensorFlow being imported matches no wait)."""
     frames = thread.frames
     own = next((i for i, frame in enumerate(frames) if frame.ours), None)
     inner = frames[:own] if own is not None else frames
     libraries = [frame for frame in inner if not frame.stdlib]
-    known = _known(libraries)
     caller = f", from {frames[own].describe()}" if own is not None else ""
+    if any(frame.path.startswith("<frozen importlib") for frame in inner):
+        return Place("importing", f"is importing a module{caller}")  # its <module> frames too
+    known = _known(libraries)
     if known is not None:
         return Place(known[0], known[1] + caller)
     if libraries:
