@@ -129,7 +129,7 @@ class HostAgent:
     ) -> dict[str, StackAnswer]:
         """Each worker's stacks (SIGUSR2, then its stacks.txt), within `wait` seconds; without
         `send`, what was appended past `offsets` (stack_offsets') after a signal sent else."""
-        return self._call("stacks", parse_stacks, wait + 10, run_dirs=run_dirs, wait=wait,
+        return self._call("stacks", parse_stacks, wait + 2, run_dirs=run_dirs, wait=wait,
                           native=native, send=send, offsets=offsets or {})  # fmt: skip
 
     def stack_offsets(self, run_dirs: list[str]) -> dict[str, int]:

@@ -144,3 +144,44 @@ def test_a_stall_with_workers_that_cannot_answer_still_restarts(tmp_path: Path) 
     )
     kept = store.stacks_dir(store.load().run_id) / "attempt-0"
     assert (kept / "b.txt").read_text().startswith("# no stacks: it wrote no stacks")
+
+
+def test_the_dashboard_serves_the_kept_stacks_of_each_restart_as_escaped_text(
+    tmp_path: Path,
+) -> None:
+    import warnings
+
+    from orchestrator.dashboard.app import create_app
+    from orchestrator.dashboard.model import timeline
+    from orchestrator.dashboard.watch import Hub
+    from orchestrator.engine.hangs import kept
+
+    backend = FakeBackend(
+        scripts={"a": {0: [running(3)], 1: [exited(0, 5)]}, "b": {0: [running(3)],
+                 1: [exited(0, 5)]}},
+        stack_texts={"a": recorded("script-compiled-step.txt"),
+                     "b": "Thread 0x1 (most recent call first):\n  File \"<script>x.py\", line 1"
+                          " in f\n"},
+    )  # fmt: skip
+    hosts = (Host("a", "10.0.0.1", 20000), Host("b", "10.0.0.2", 20000))
+    job = Job("demo", script="t.py", restart_backoff=0, stall_timeout=0.2)
+    store, _ = supervise(
+        tmp_path, backend, Inventory(str(tmp_path / "i"), str(tmp_path), hosts, job)
+    )
+    record = store.load()
+    names = {n: sorted(files) for n, files in kept(store, record.run_id).items()}
+    assert timeline(record, names)[0]["stacks"] == ["a", "b"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+        client = TestClient(create_app(Hub(store, 1.0)))
+    base = f"/api/runs/{record.run_id}/stacks"
+    answer = client.get(f"{base}/0/b")
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert "<script>x.py" in answer.text  # text/plain, never rendered as HTML
+    assert client.get(f"{base}/0/a").text.startswith("Current thread")
+    for missing in (f"{base}/1/a", f"{base}/0/c", f"{base}/x/a", f"{base}/0/..%2Fa",
+                    "/api/runs/nope/stacks/0/a"):  # fmt: skip
+        assert client.get(missing).status_code == 404, missing
