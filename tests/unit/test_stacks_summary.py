@@ -42,7 +42,9 @@ def test_known_tensorflow_waits_are_said_in_words() -> None:
     assert get_next.words == ("waits for its input pipeline (iterator get_next), from main "
                               "(record.py:16)")  # fmt: skip
     collective = worker_place(parse(recorded("eager-collective.txt")))
-    assert collective is not None and collective.kind == "collective", collective
+    # Eager strategy.reduce: the main thread waits on a pool thread that runs the all-reduce.
+    assert collective is not None and collective.waits
+    assert collective.words == "waits in a collective (all-reduce), from main (record.py:30)"
 
 
 def test_a_py_function_blocking_inside_the_pipeline_is_user_code_inside_tensorflow() -> None:
