@@ -195,7 +195,9 @@ def summarise(stacks: Mapping[str, str | None], silent: Mapping[str, str] | None
             places[name] = place
     elsewhere = [name for name, place in places.items() if not place.waits]
     waiting = [name for name, place in places.items() if place.waits]
-    blamed = elsewhere[0] if len(elsewhere) == 1 and (waiting or len(places) == 1) else None
+    # Only where another worker is seen waiting: a worker alone elsewhere, beside peers that
+    # could not answer (stopped, no handler), may be no more than the one still working.
+    blamed = elsewhere[0] if len(elsewhere) == 1 and waiting else None
     ordered = dict(sorted(places.items(), key=lambda item: item[0] != blamed))
     return Summary(ordered, unanswered, blamed)
 

@@ -182,11 +182,12 @@ class Supervisor:
     def _recover(self, failure: Failure) -> None:
         job = self.record.inventory.job
         restarts = self.record.restarts
+        detected = time.time()
         if failure.kind is FailureKind.STALLED:  # where every worker is, before they are stopped
             failure, kept = at_stall(self.store, self.record, self.backend, failure)
             if kept is not None:
                 self.say(f"stacks of every worker at the stall: {kept}")
-        restart = Restart(time.time(), self.record.attempt, failure.worker, failure.reason,
+        restart = Restart(detected, self.record.attempt, failure.worker, failure.reason,
                           failure.step, failure.kind.value)  # fmt: skip
         tail = self._log_tail(failure.worker)
         stop_run(self.record, self.backend, grace=survivors_grace(failure, job), standbys=False)

@@ -73,6 +73,9 @@ def test_a_worker_that_cannot_answer_is_named_and_never_blamed() -> None:
     text = summary.describe()
     assert "c did not answer (its host did not answer)" in text
     assert "b did not answer (no Python stack in its answer)" in text
+    # Alone in user code beside a silent peer (say, a SIGSTOPped one) it is no culprit.
+    alone = summarise({"a": recorded("script-user-wait.txt")}, {"b": "it is stopped"})
+    assert alone.blamed is None
 
 
 def test_an_import_is_no_wait_in_tensorflow() -> None:

@@ -956,7 +956,17 @@ def _stack_pid(path):
         return None, "its worker registered no stack dump (still starting, or not a Python worker)"
     if not _in_group(pid, pgid):
         return None, "the process that registered its stack dump is gone"
+    if _process_state(pid) in ("T", "t"):  # it would write them only once continued
+        return None, "it is stopped (SIGSTOP or a debugger): it cannot write its stacks"
     return pid, None
+
+
+def _process_state(pid):
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _py_spy(pid, wait):
