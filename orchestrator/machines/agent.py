@@ -30,6 +30,7 @@ from orchestrator.model.answers import (
 
 T = TypeVar("T")
 AGENT = "agent.py"
+STACKS_ANSWER_MARGIN = 0.5  # seconds of a stacks request left for the answer's way back
 PROBE = "hostprobe.py"
 
 
@@ -127,9 +128,13 @@ class HostAgent:
         send: bool = True,
         offsets: dict[str, int] | None = None,
     ) -> dict[str, StackAnswer]:
-        """Each worker's stacks (SIGUSR2, then its stacks.txt), within `wait` seconds; without
-        `send`, what was appended past `offsets` (stack_offsets') after a signal sent else."""
-        return self._call("stacks", parse_stacks, wait + 2, run_dirs=run_dirs, wait=wait,
+        """Each worker's stacks (SIGUSR2, then its stacks.txt), the answer within `wait`
+        seconds (the agent waits for the dumps a little less, to answer in time); without
+        `send`, what was appended past `offsets` (stack_offsets') after a signal sent else.
+        `native` (py-spy) may take longer: its own few seconds."""
+        waits = max(wait - STACKS_ANSWER_MARGIN, 0.5)
+        timeout = max(wait, waits + 0.2) + (10.0 if native else 0.0)
+        return self._call("stacks", parse_stacks, timeout, run_dirs=run_dirs, wait=waits,
                           native=native, send=send, offsets=offsets or {})  # fmt: skip
 
     def stack_offsets(self, run_dirs: list[str]) -> dict[str, int]:
