@@ -18,6 +18,7 @@ from orchestrator.fanout import GroupResult
 from orchestrator.model.answers import (
     CheckpointListing,
     FileListing,
+    StackAnswer,
     StandbyInfo,
     StopAnswer,
     WorkerProbe,
@@ -85,6 +86,15 @@ class Backend(ABC):
     @abstractmethod
     def follow_log(self, worker: WorkerRecord, lines: int) -> Iterator[str]:
         """The last lines, then new ones as they come, until the caller stops iterating."""
+
+    @abstractmethod
+    def stacks(
+        self, workers: Sequence[WorkerRecord], wait: float, native: bool = False
+    ) -> GroupResult[str, StackAnswer]:
+        """Every thread's Python stack of each running worker, as its faulthandler wrote them
+        on SIGUSR2, all within `wait` seconds; by worker name. A worker that cannot answer
+        (not running, no handler, silent) is a StackAnswer with its `error`. `native`: py-spy's
+        dump too, where it is installed and allowed (else why not)."""
 
     # --- standbys: warm restarts (a backend without them starts every attempt cold) ------------
     def start_standbys(self, specs: Sequence[WorkerSpec], linger: float) -> GroupResult[str, str]:

@@ -27,6 +27,7 @@ from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import open_backend
 from orchestrator.dashboard import model
 from orchestrator.dashboard.model import HISTORY_FILE
+from orchestrator.engine.hangs import kept as kept_stacks
 from orchestrator.engine.plan import RUN_ID_PATTERN
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.snapshot import Snapshot, read_snapshot
@@ -197,7 +198,13 @@ class RunWatch:
             "source": source,
             "status": status.to_json(),
             "workers": [model.worker_view(w) for w in status.workers],
-            "timeline": model.timeline(record),
+            "timeline": model.timeline(
+                record,
+                {
+                    attempt: sorted(files)
+                    for attempt, files in kept_stacks(self.store, record.run_id).items()
+                },
+            ),
             "root_cause": model.root_cause(record, status),
             "charts": model.charts(record, self._history),
             "preflight": self._read_json(self.store.preflight_path()),

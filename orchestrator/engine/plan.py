@@ -22,6 +22,7 @@ from orchestrator.contract import (
     RUN_ID_ENV,
     TARGET_STEPS_ENV,
     WORKER_ENV,
+    booted,
 )
 from orchestrator.engine.tfconfig import tf_config
 from orchestrator.model.inventory import Host, Inventory, Job
@@ -171,6 +172,9 @@ def plan_workers(
             cwd = inventory.base_dir
         script = inventory.job.script
         synced = synced_path(inventory, script, directory) if script else None
+        argv = worker_argv(inventory.job, host, run_dir, checkpoints, synced, in_place=in_place)
+        if script is not None:  # the same script, with its stacks on SIGUSR2 (contract)
+            argv = booted(argv)
         specs.append(
             WorkerSpec(
                 index=index,
@@ -178,9 +182,7 @@ def plan_workers(
                 run_dir=run_dir,
                 checkpoint_dir=checkpoints,
                 cwd=cwd,
-                argv=worker_argv(
-                    inventory.job, host, run_dir, checkpoints, synced, in_place=in_place
-                ),
+                argv=argv,
                 env=env,
                 tf_config=tf_config(inventory, index),
                 log_max_bytes=inventory.job.log_max_mb << 20,

@@ -28,6 +28,7 @@ from orchestrator.engine.failures import (
     early_exit,
     explain,
 )
+from orchestrator.engine.hangs import at_stall
 from orchestrator.engine.lifecycle import end_standbys, launch_attempt, start_standbys, stop_run
 from orchestrator.engine.logs import last_lines
 from orchestrator.engine.notify import RunEvents
@@ -197,7 +198,12 @@ class Supervisor:
     def _recover(self, failure: Failure) -> None:
         job = self.record.inventory.job
         restarts = self.record.restarts
-        restart = Restart(time.time(), self.record.attempt, failure.worker, failure.reason,
+        detected = time.time()
+        if failure.kind is FailureKind.STALLED:  # where every worker is, before they are stopped
+            failure, kept = at_stall(self.store, self.record, self.backend, failure)
+            if kept is not None:
+                self.say(f"stacks of every worker at the stall: {kept}")
+        restart = Restart(detected, self.record.attempt, failure.worker, failure.reason,
                           failure.step, failure.kind.value)  # fmt: skip
         tail = self._log_tail(failure.worker)
         stop_run(self.record, self.backend, grace=survivors_grace(failure, job), standbys=False)

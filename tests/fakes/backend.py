@@ -18,7 +18,13 @@ from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession
-from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
+from orchestrator.model.answers import (
+    CheckpointListing,
+    FileListing,
+    StackAnswer,
+    StopAnswer,
+    WorkerProbe,
+)
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.preflight import CHECK, Finding, PreflightOptions, PreflightReport
 from orchestrator.model.records import WorkerRecord
@@ -54,6 +60,9 @@ class FakeBackend(Backend):
     stops: list[list[str]] = field(default_factory=list)
     graces: list[float] = field(default_factory=list)  # the grace of each stop
     probes: int = 0
+    # Worker name -> the stacks its faulthandler writes (absent: it cannot answer).
+    stack_texts: dict[str, str] = field(default_factory=dict)
+    stack_requests: list[tuple[list[str], float]] = field(default_factory=list)
     _polls: dict[str, int] = field(default_factory=dict)
 
     def preflight(self, inventory: Inventory, options: PreflightOptions = CHECK) -> PreflightReport:
@@ -97,6 +106,16 @@ class FakeBackend(Backend):
         self.stops.append([w.name for w in workers])
         self.graces.append(grace)
         return GroupResult({w.name: StopAnswer("stopped") for w in workers})
+
+    def stacks(
+        self, workers: Sequence[WorkerRecord], wait: float, native: bool = False
+    ) -> GroupResult[str, StackAnswer]:
+        self.stack_requests.append(([w.name for w in workers], wait))
+        return GroupResult({
+            w.name: StackAnswer(self.stack_texts[w.name]) if w.name in self.stack_texts
+            else StackAnswer(error=f"it wrote no stacks within {wait:g} s")
+            for w in workers
+        })  # fmt: skip
 
     def log_lines(self, worker: WorkerRecord, lines: int) -> list[str]:
         return [f"{worker.name} log line"]

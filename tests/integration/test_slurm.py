@@ -202,6 +202,9 @@ def test_status_while_running_then_down_leaves_nothing(orchestrate: Orchestrate)
     assert job["state"] == "RUNNING" and job["nodes"] == "n[1-2]", job
     assert {w["host"] for w in status["workers"]} == {"n1", "n2"}
     assert run_processes(status["run_id"])
+    # Every task's stacks, now: scancel --signal=USR2, read back through the shared disk.
+    _both_stacks(orchestrate, seen=("train.py",))
+    assert orchestrate.status()["state"] == "running"  # SIGUSR2 ended nothing
 
     down = orchestrate("down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
@@ -210,6 +213,14 @@ def test_status_while_running_then_down_leaves_nothing(orchestrate: Orchestrate)
     wait_for(lambda: not run_processes(status["run_id"]), 20, "every process of the run to end")
     final = orchestrate.status()
     assert [w["state"] for w in final["workers"]] == ["stopped", "stopped"]
+
+
+def _both_stacks(orchestrate: Orchestrate, *options: str, seen: tuple[str, ...]) -> None:
+    """`orchestrate stacks` on a running two-task job: both tasks' Python stacks, with `seen`."""
+    stacks = orchestrate("stacks", *options, timeout=60)
+    assert stacks.returncode == 0, stacks.stdout + stacks.stderr
+    for text in ("task0", "task1", "most recent call first", *seen):
+        assert text in stacks.stdout, stacks.stdout
 
 
 def _start_long_run(orchestrate: Orchestrate, steps: int) -> dict[str, Any]:
@@ -342,7 +353,7 @@ def _first_lines(
     return seen + source.read() + other.read()  # what it said on the way out too
 
 
-def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> None:
+def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> None:  # noqa: PLR0915
     local = subprocess.run(["sinfo"], env=laptop.env, capture_output=True, text=True, check=False)
     assert local.returncode != 0, "Slurm must not work here, or nothing proves the SSH path"
     started = time.monotonic()
@@ -400,6 +411,8 @@ def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> No
                             lambda out: out.count("task0 |") > 2 and "task1 |" in out)  # fmt: skip
     assert "tick" in followed, followed
     assert run_processes(status["run_id"])
+    # A script behind the boot, through the login node: its stacks, and no py-spy from here.
+    _both_stacks(laptop, "--native", seen=("stepper.py", "py-spy would have to run on the task"))
 
     down = laptop("down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr

@@ -15,6 +15,7 @@ are never in the plan or the script: sbatch exports them from the submitting env
 a leading "~/" is the node's home.
 
 Files in a task's run directory: node, pid, worker.pid, worker.log, progress.json (the worker's),
+stacks.txt and stacks.pid (the worker's stack dumps on SIGUSR2, which this launcher passes on),
 exit.json ({"returncode", "signal", "started_at", "finished_at", "error", "log_tail", and
 "joined" for a task of a multi-worker job that loaded TensorFlow: whether it listened on its
 port, JoinWatch).
@@ -336,8 +337,9 @@ def _start_worker(
         return None
 
 
-def _wait_forwarding_signals(child: "subprocess.Popen[bytes]") -> int:
-    """The worker's return code; until then SIGTERM, SIGINT and SIGUSR1 are passed on to it."""
+def _wait_forwarding_signals(child: "subprocess.Popen[bytes]", run_dir: str) -> int:
+    """The worker's return code; until then SIGTERM, SIGINT and SIGUSR1 are passed on to it,
+    and SIGUSR2 (`orchestrate stacks`) to the process that registered its stack dump."""
 
     def forward(signum: int, _frame: object) -> None:
         # Preemption or `orchestrate down`: the worker saves a checkpoint and exits 75.
@@ -346,7 +348,25 @@ def _wait_forwarding_signals(child: "subprocess.Popen[bytes]") -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(signum, forward)
+    signal.signal(signal.SIGUSR2, lambda _signum, _frame: _forward_stacks(child, run_dir))
     return child.wait()
+
+
+def _forward_stacks(child: "subprocess.Popen[bytes]", run_dir: str) -> None:
+    """SIGUSR2 to the worker's registered pid (stacks.pid, contract.STACKS_PID_FILE), only if
+    it is the worker or its child: a process without the handler would die of SIGUSR2."""
+    try:
+        with open(os.path.join(run_dir, "stacks.pid"), encoding="utf-8") as handle:
+            pid = int(handle.read().strip())
+        if child.poll() is None and (pid == child.pid or _parent_of(pid) == child.pid):
+            os.kill(pid, signal.SIGUSR2)
+    except (OSError, ValueError):
+        return
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
 
 
 def _srun_exit(index: int, returncode: int) -> int:
@@ -384,7 +404,7 @@ def main():
         return 127
     _write(os.path.join(run_dir, "worker.pid"), str(child.pid))
     watch = JoinWatch(child.pid, config)
-    returncode = _wait_forwarding_signals(child)
+    returncode = _wait_forwarding_signals(child, run_dir)
     _record_exit(run_dir, returncode, started, None, watch.joined())
     return _srun_exit(index, returncode)
 

@@ -98,6 +98,19 @@ function renderSummary(doc) {
     el("div", { class: "stat" }, [el("div", { class: "k", text: k }), el("div", { class: "v", text: v })])));
 }
 
+// The stacks kept at the stall that ended this restart's attempt: one link per worker.
+function stackLinks(run, restart) {
+  const names = Array.isArray(restart.stacks) ? restart.stacks : [];
+  if (!names.length) return [];
+  const part = (value) => encodeURIComponent(String(value));
+  const links = names.map((name) => el("a", {
+    class: "stacks", target: "_blank", rel: "noopener",
+    href: `/api/runs/${part(run)}/stacks/${part(restart.attempt)}/${part(name)}`, text: name,
+  }));
+  return [el("span", { class: "stacks", text: " · stacks: " }),
+    ...links.flatMap((link, i) => (i ? [document.createTextNode(" "), link] : [link]))];
+}
+
 function renderTimeline(doc) {
   const cause = $("root-cause");
   cause.textContent = doc.root_cause ? `root cause: ${doc.root_cause}` : "";
@@ -105,6 +118,7 @@ function renderTimeline(doc) {
   const items = doc.timeline.map((r) => el("li", { class: "restart" }, [
     el("span", { class: "when", text: new Date(r.at * 1000).toLocaleTimeString() }),
     el("span", { text: `restart ${r.number} (attempt ${r.attempt} failed): ${r.text}` }),
+    ...stackLinks(doc.run_id, r),
   ]));
   $("timeline").replaceChildren(...(items.length ? items
     : [el("li", { class: "empty", text: "no restarts" })]));

@@ -33,6 +33,12 @@ Verbs and their fields:
                               the run ended: its slots' standbys stay `seconds` for the next
                               run of the job (job.linger), which takes them
   standbys job_dirs           the standbys alive in each job directory, with their memory
+  stacks run_dirs wait [send offsets mark native]
+                              every thread's Python stack of each worker: SIGUSR2 to the
+                              process that registered faulthandler (stacks.pid), then what it
+                              appended to stacks.txt (a file of its own: a dump never mixes
+                              with worker.log); `mark` answers the files' sizes, for a
+                              scheduler that delivers the signal itself; `native`: py-spy's
 The supervisor itself is started as `agent.py supervise RUN_DIR` (internal; no job values), a
 standby's as `agent.py standby STANDBY_DIR`.
 
@@ -60,6 +66,7 @@ Files in a run directory:
   spec.json  tf_config.json  agent.py  pid (supervisor = process group)  worker.pid
   worker.log  progress.json (written by the worker)  exit.json  stop_requested
 A standby's directory ({job}/standby/{name}, one per job and slot, 0700 like runs/):
+  stacks.txt stacks.pid (the worker's stack dumps on SIGUSR2, and the pid that registered it)
   spec.json (claimed.json once claimed)  agent.py  pid  worker.pid  handover (a fifo)
   ready (written by the child once TensorFlow is imported)  standby.log
 A run's discard marker: {job}/runs/{run_id}/standbys_discarded (none of its may start or stay).
@@ -79,6 +86,7 @@ LOG_TAIL_LINES = 20
 STANDBY_DIR_NAME = "standby"
 DISCARDED_MARKER = "standbys_discarded"  # in {job}/runs/{run_id}
 STANDBY_MODULE = "worker.standby"
+BOOT_MARKER = "# orchestrate boot"  # contract.BOOT_MARKER: a script's stacks boot begins so
 HANDOVER_WAIT = 5.0  # seconds a launch waits for a claimed standby to take the attempt
 # What differs between two attempts of one slot and is read only after TensorFlow's import:
 # not part of the environment a standby must share with the attempt it serves. The names are
@@ -231,10 +239,14 @@ def env_digest(salt, python, env):
 
 
 def runnable_argv(argv):
-    """What a standby can run of a worker command line: `PYTHON -m MODULE ARGS...` or `PYTHON
-    SCRIPT ARGS...` (no interpreter options, which would have applied before the import)."""
+    """What a standby can run of a worker command line: `PYTHON -m MODULE ARGS...`, `PYTHON
+    SCRIPT ARGS...` or a script behind orchestrate's stacks boot (`PYTHON -c BOOT SCRIPT ARGS`,
+    contract.SCRIPT_BOOT); no other interpreter options, which would have applied before the
+    import."""
     if len(argv) >= 3 and argv[1] == "-m":
         return ("module", argv[2], list(argv[3:]))
+    if len(argv) >= 4 and argv[1] == "-c" and argv[2].startswith(BOOT_MARKER):
+        return ("script", argv[3], list(argv[4:]))
     if len(argv) >= 2 and not argv[1].startswith("-"):
         return ("script", argv[1], list(argv[2:]))
     return None
@@ -1292,6 +1304,112 @@ def cmd_make_dirs(request):
     return {"made": True}
 
 
+# --- stacks on request (issue 26) --------------------------------------------------------------
+STACKS_FILE = "stacks.txt"  # contract.STACKS_FILE: the worker's faulthandler appends here
+STACKS_PID_FILE = "stacks.pid"  # contract.STACKS_PID_FILE: the process that registered it
+STACKS_SETTLE = 0.15  # seconds a dump must stop growing before it counts as complete
+
+
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _stack_pid(path):
+    """The pid that registered the stack dump in this run directory, if it is one of the run's
+    live processes (pid reuse, another user's process: never signalled); or why not."""
+    pgid = _read_int(os.path.join(path, "pid"))
+    if not pgid or not _is_our_supervisor(pgid, path):
+        return None, "its worker is not running"
+    pid = _read_int(os.path.join(path, STACKS_PID_FILE))
+    if not pid:
+        return None, "its worker registered no stack dump (still starting, or not a Python worker)"
+    if not _in_group(pid, pgid):
+        return None, "the process that registered its stack dump is gone"
+    if _process_state(pid) in ("T", "t"):  # it would write them only once continued
+        return None, "it is stopped (SIGSTOP or a debugger): it cannot write its stacks"
+    return pid, None
+
+
+def _process_state(pid):
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _py_spy(pid, wait):
+    import shutil
+    import subprocess
+
+    tool = shutil.which("py-spy")
+    if tool is None:
+        return "py-spy is not installed on this host (pip install py-spy for native frames)"
+    try:
+        done = subprocess.run([tool, "dump", "--native", "--pid", str(pid)], check=False,
+                              capture_output=True, text=True, timeout=max(wait, 1.0))  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"py-spy could not run: {exc}"
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return f"py-spy is not allowed here ({detail[0]}; ptrace may need CAP_SYS_PTRACE)"
+    return done.stdout
+
+
+def cmd_stacks(request):
+    """Every thread's Python stack of each run directory's worker: SIGUSR2 to the process that
+    registered faulthandler (`send`, the default), then what it appended to stacks.txt, read
+    once it stopped growing. Without `send` nothing is signalled (a scheduler delivered the
+    signal): `offsets` are the sizes before it, from a request with `mark`. Per run directory
+    {"stacks": TEXT} (and "native" with `native`, py-spy's), or {"error": WHY}: all within
+    `wait` seconds together."""
+    run_dirs = request["run_dirs"]
+    files = {r: os.path.join(_expand(r), STACKS_FILE) for r in run_dirs}
+    if request.get("mark"):
+        return {"offsets": {r: _size(f) for r, f in files.items()}}
+    wait = float(request.get("wait", 5.0))
+    deadline = time.monotonic() + wait
+    offsets = request.get("offsets") or {}
+    answers, pending, pids = {}, {}, {}
+    for run_dir in run_dirs:
+        offset = int(offsets.get(run_dir, _size(files[run_dir])))
+        if request.get("send", True):
+            pid, why = _stack_pid(_expand(run_dir))
+            if why is not None:
+                answers[run_dir] = {"error": why}
+                continue
+            try:
+                os.kill(pid, signal.SIGUSR2)
+            except OSError as exc:
+                answers[run_dir] = {"error": f"cannot signal pid {pid}: {exc.strerror}"}
+                continue
+            pids[run_dir] = pid
+        pending[run_dir] = [offset, -1, 0.0]  # offset, size seen, since when unchanged
+    while pending and time.monotonic() < deadline:
+        now = time.monotonic()
+        for run_dir, seen in list(pending.items()):
+            size = _size(files[run_dir])
+            if size != seen[1]:
+                seen[1], seen[2] = size, now
+            elif size > seen[0] and now - seen[2] >= STACKS_SETTLE:
+                with open(files[run_dir], "rb") as handle:
+                    handle.seek(seen[0])
+                    text = handle.read(size - seen[0]).decode("utf-8", "replace")
+                answers[run_dir] = {"stacks": text}
+                del pending[run_dir]
+        time.sleep(0.02)
+    for run_dir in pending:
+        answers[run_dir] = {"error": f"it wrote no stacks within {wait:g} s"}
+    if request.get("native"):
+        for run_dir, pid in pids.items():
+            native = _py_spy(pid, max(deadline - time.monotonic(), 2.0))
+            answers[run_dir]["native"] = native
+    return {"stacks": answers}
+
+
 VERBS = {
     "files": cmd_files,
     "make-dirs": cmd_make_dirs,
@@ -1305,6 +1423,7 @@ VERBS = {
     "discard-standbys": cmd_discard_standbys,
     "linger-standbys": cmd_linger_standbys,
     "standbys": cmd_standbys,
+    "stacks": cmd_stacks,
 }
 
 
