@@ -27,7 +27,12 @@ from orchestrator.engine.failures import (
     early_exit,
     explain,
 )
-from orchestrator.engine.lifecycle import launch_attempt, start_standbys, stop_run
+from orchestrator.engine.lifecycle import (
+    launch_attempt,
+    release_leases,
+    start_standbys,
+    stop_run,
+)
 from orchestrator.engine.logs import last_lines
 from orchestrator.engine.policy import (
     HOST_LOCAL_FAILURES,
@@ -86,10 +91,15 @@ class Supervisor:
         """Supervise until the run succeeds, is stopped, or fails for good (JobFailed). However
         it ends, no standby of the run stays behind."""
         try:
-            return self._run()
+            status = self._run()
+        except JobFailed:
+            release_leases(self.record.inventory, self.record.run_id, self.backend)
+            raise
         finally:
             with suppress(OrchestrateError):  # a host not answering: its standbys linger out
                 self.backend.discard_standbys(self.record.workers)
+        release_leases(self.record.inventory, self.record.run_id, self.backend)  # it ended
+        return status
 
     def _run(self) -> RunStatus:
         while True:

@@ -29,6 +29,7 @@ from orchestrator.model.answers import (
 T = TypeVar("T")
 AGENT = "agent.py"
 PROBE = "hostprobe.py"
+LEASES = "leases.py"
 
 
 @cache
@@ -112,6 +113,15 @@ class HostAgent:
     def discard_standbys(self, run_dirs: list[str]) -> dict[str, str]:
         return self._call("discard-standbys", _string_map("outcome"), timeout=30,
                           run_dirs=run_dirs)  # fmt: skip
+
+    def leases(self, verb: str, timeout: float = 60.0, **fields: Any) -> dict[str, Any]:
+        """One request to the lease program (leases.py: acquire, release, list), in a session
+        of its own: the locks it takes pass to a keeper that outlives the session."""
+        session = self.session(LEASES)
+        try:
+            return request(session, verb, timeout, **fields)
+        finally:
+            session.close()
 
     def stop(self, run_dirs: list[str], grace: float) -> dict[str, StopAnswer]:
         return self._call("stop", parse_stop, timeout=grace + 30, run_dirs=run_dirs, grace=grace)
