@@ -306,3 +306,18 @@ def test_a_lease_lost_to_another_job_fails_the_restart_naming_it(tmp_path: Path)
         start_run(inventory, RunStore(tmp_path / "other"), backend)
     assert clash.value.exit_code == 4 and clash.value.clashes[0].holder == bob
     stop_run(record, backend)
+
+
+def test_firewall_opens_the_whole_range_of_an_auto_port(tmp_path: Path) -> None:
+    from orchestrator.backends.hosts.firewall import host_rules
+
+    inventory = load_inventory(write(tmp_path, "port: auto, port_range: 23000-23009", hosts=1))
+    expected = {
+        "iptables": "iptables -I INPUT 1 -p tcp -s 127.0.0.1 --dport 23000:23009 -j ACCEPT",
+        "ufw": "ufw deny proto tcp to any port 23000:23009",
+        "nftables": "nft add rule inet filter input tcp dport 23000-23009 drop",
+        "firewalld": 'port port="23000-23009" protocol="tcp" accept',
+    }
+    for fmt, line in expected.items():
+        (rules,) = host_rules(inventory, fmt)
+        assert any(line in command for command in rules.commands), (fmt, rules.commands)
