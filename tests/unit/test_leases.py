@@ -321,3 +321,32 @@ def test_firewall_opens_the_whole_range_of_an_auto_port(tmp_path: Path) -> None:
     for fmt, line in expected.items():
         (rules,) = host_rules(inventory, fmt)
         assert any(line in command for command in rules.commands), (fmt, rules.commands)
+
+
+def test_the_dashboard_lists_the_jobs_holding_leases_on_its_runs_hosts(tmp_path: Path) -> None:
+    from orchestrator.dashboard.watch import RunWatch
+
+    backend = FakeBackend()
+    store = RunStore(tmp_path / "state")
+    record = start_run(auto_inventory(tmp_path), store, backend)
+    bob = Holder("bob", "<img src=x onerror=alert(1)>", RUN, "laptop", 5.0, 1001)
+    backend.held[("a", "gpu", 1)] = bob
+    watch = RunWatch.__new__(RunWatch)  # its document builder only, no polling thread
+    watch._leases, watch._leases_at = None, 0.0
+    listing = watch._lease_listing(record, backend)
+    assert listing is not None
+    jobs = {job["user"]: job for job in listing["jobs"]}
+    assert jobs["bob"]["hosts"] == {"a": {"ports": [], "gpus": [1], "shared_gpus": False}}
+    assert jobs["me"]["run_id"] == record.run_id
+    plain = replace_hosts(record, port=20000)
+    assert watch._lease_listing(plain, backend) is None  # a run without leases asks nothing
+    js = (Path(__file__).parents[2] / "orchestrator/dashboard/static/app.js").read_text()
+    section = js[js.index("function renderLeases") : js.index("function render(doc)")]
+    assert "innerHTML" not in section  # other users' records reach the page as text only
+
+
+def replace_hosts(record: Any, **changes: Any) -> Any:
+    from dataclasses import replace
+
+    hosts = tuple(replace(h, port_range=None, gpus=None, **changes) for h in record.inventory.hosts)
+    return replace(record, inventory=replace(record.inventory, hosts=hosts))
