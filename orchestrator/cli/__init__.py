@@ -9,6 +9,7 @@ from orchestrator.cli import (  # noqa: F401 - they register commands
     hosts,
     jobs,
     local,
+    notify,
     preflight,
     run,
     views,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.notify import NOTIFY_KEY_ENTRIES, parse_notify
 from orchestrator.config.report import Report, line_of
 from orchestrator.config.setup import parse_setup
 from orchestrator.config.sources.ansible import ANSIBLE_KEY_ENTRIES, parse_ansible
@@ -175,6 +176,9 @@ TOP_KEY_ENTRIES: tuple[Key, ...] = (
         "a directory of this machine mirrored to `{workdir}/{job}/code/` on every host before "
         "every start"),
     Key("job", "mapping (`job:` keys)", "required", "what every worker runs"),
+    Key("notify", "list of targets (`notify:` keys)", "`[]`",
+        "webhooks and commands told when the run starts, restarts, stalls, is preempted, "
+        "succeeds, fails or is stopped (see Notifications)"),
 )  # fmt: skip
 HOST_SOURCE_ENTRIES: tuple[Key, ...] = (
     Key("hosts", "list of hosts", "",
@@ -222,6 +226,7 @@ def key_reference() -> tuple[tuple[str, str, tuple[Key, ...]], ...]:
     blocks += [
         ("job", "what every worker runs", JOB_KEY_ENTRIES),
         ("sync", "`sync: DIR` is `sync: {source: DIR}`", SYNC_KEY_ENTRIES),
+        ("notify", "each entry of `notify:`: a webhook or a command", NOTIFY_KEY_ENTRIES),
         (
             "ansible",
             "an Ansible inventory instead of `hosts:` (the `ansible` extra)",
@@ -296,6 +301,8 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
         if "setup" in document else ()  # fmt: skip
     sync = parse_sync(document["sync"], line_of(document, "sync"), report, base_dir) \
         if "sync" in document else None  # fmt: skip
+    notify = parse_notify(document["notify"], line_of(document, "notify"), report, base_dir) \
+        if "notify" in document else ()  # fmt: skip
     for key in ("setup", "sync"):
         if key in document and isinstance(scheduler, SlurmSpec):
             report.add(line_of(document, key), key, "applies to hosts reached over SSH (hosts: "
@@ -312,6 +319,7 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
         setup=setup,
         sync=sync,
         slurm=scheduler if isinstance(scheduler, SlurmSpec) else None,
+        notify=notify,
     )
 
 

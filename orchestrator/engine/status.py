@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.backends.base import Backend
+from orchestrator.engine.eta import run_eta, worker_eta
 from orchestrator.engine.failures import classify_exit, explain
 from orchestrator.engine.state import WorkerState, classify, overall
 from orchestrator.model.answers import WorkerProbe
@@ -51,6 +52,10 @@ class WorkerStatus:
         if self.step is None:
             return False
         return self.start_step is None or self.step > self.start_step
+
+    @property
+    def eta_seconds(self) -> float | None:
+        return worker_eta(self)
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "log_tail"}
@@ -109,12 +114,18 @@ class RunStatus:
     outcome: str | None = None
     scheduler: SchedulerState | None = None  # a scheduler's view of the attempt (Slurm job)
 
+    @property
+    def eta_seconds(self) -> float | None:
+        """The run's ETA: its slowest worker's (eta.py, as the dashboard shows it)."""
+        return run_eta(self.workers)
+
     def to_json(self) -> dict[str, Any]:
         last = self.restarts[-1] if self.restarts else None
         return {
             "run_id": self.run_id,
             "job": self.job,
             "state": self.state.value,
+            "eta_seconds": self.eta_seconds,
             "attempt": self.attempt,
             "restarts": len(self.restarts),
             "last_restart": last.__dict__ if last else None,

@@ -34,6 +34,7 @@ from orchestrator.engine.lifecycle import (
     stop_run,
 )
 from orchestrator.engine.logs import last_lines
+from orchestrator.engine.notify import RunEvents
 from orchestrator.engine.policy import (
     HOST_LOCAL_FAILURES,
     StallWatch,
@@ -86,18 +87,21 @@ class Supervisor:
         self._mirrored_step = -1
         self._standbys_for = -1  # the attempt whose slots last got standbys
         self._answered = ""  # the id of the last stop request this supervisor carried out
+        self.events = RunEvents(store, record, say)  # notify: targets, told in the background
 
     def run(self) -> RunStatus:
         """Supervise until the run succeeds, is stopped, or fails for good (JobFailed). However
         it ends, no standby of the run stays behind."""
         try:
             status = self._run()
-        except JobFailed:
+        except JobFailed as error:
             release_leases(self.record.inventory, self.record.run_id, self.backend)
+            self.events.failed(error)  # unless _recover told it already
             raise
         finally:
             with suppress(OrchestrateError):  # a host not answering: its standbys linger out
                 self.backend.discard_standbys(self.record.workers)
+            self.events.close()  # a bounded wait for the notifications still queued
         release_leases(self.record.inventory, self.record.run_id, self.backend)  # it ended
         return status
 
@@ -106,6 +110,7 @@ class Supervisor:
             if not self.store.exists(self.record.run_id):
                 raise RunStateError(f"the record of run {self.record.run_id} was removed")
             status = collect_status(self.record, self.backend)
+            self.events.seen(status)
             self.show(status)
             write_snapshot(self.store, status)  # the dashboard serves this; no second probe
             stopping = self.store.stop_flag(self.record.run_id).exists()
@@ -115,6 +120,7 @@ class Supervisor:
                     self._recover(preempted)
                     continue
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
+                self.events.ended(status, stopping)
                 return status
             if stopping:
                 # `down` is stopping the run: what ends now is no failure to recover from.
@@ -196,6 +202,7 @@ class Supervisor:
         tail = self._log_tail(failure.worker)
         stop_run(self.record, self.backend, grace=survivors_grace(failure, job), standbys=False)
         why = give_up_reason(failure, restarts, job)
+        self.events.failure(failure, restart, why, explain(failure.kind, tail))
         if why:
             outcome = f"gave up: {restart.describe()}; {why}"
             advice = explain(failure.kind, tail)
