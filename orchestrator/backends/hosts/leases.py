@@ -164,11 +164,14 @@ def listing(
     leases: list[Lease] = []
     ignored: list[Ignored] = []
     for key, answer in answers.ok.items():
-        name = groups[key][0].name
+        name = "+".join(h.name for h in groups[key])  # the inventory's names of the machine
         holders = answer.get("holders")
         leases += [Lease.parse(name, h) for h in holders if isinstance(h, dict)] \
             if isinstance(holders, list) else []  # fmt: skip
         found = answer.get("ignored")
         ignored += [Ignored.parse(name, i) for i in found] if isinstance(found, list) else []
-    failed = {groups[key][0].name: error.message for key, error in answers.failed.items()}
+    failed = {
+        "+".join(h.name for h in groups[key]): error.message
+        for key, error in answers.failed.items()
+    }
     return LeaseListing(by_run(leases), tuple(ignored), failed)
