@@ -88,7 +88,10 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
     Key("files", "list of strings (paths on this machine)", "`[]`",
         "files or directories uploaded next to the script on SSH hosts",
         string),  # checked per item
-    Key("steps", "integer, at least 1", "required for `task`", "total training steps", POSITIVE),
+    Key("steps", "integer, at least 1", "required for `task`",
+        "total training steps; for a `script` its target (`ORCHESTRATE_TARGET_STEPS`, "
+        "`worker.target_steps()`): a worker that exits 0 below it fails as stopped short",
+        POSITIVE),
     Key("checkpoint_dir", "string", "`checkpoints`",
         "relative to `{workdir}/{name}/`, or absolute (a shared disk)", string),
     Key("checkpoint_every", "integer, at least 1", "`100`", "steps between checkpoints",

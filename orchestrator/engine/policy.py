@@ -134,6 +134,11 @@ def first_failure(status: RunStatus) -> Failure | None:
 def _exit_kind(worker: WorkerStatus) -> FailureKind:
     if worker.exit_code is None:
         return FailureKind.VANISHED
+    if worker.failure_kind is not None:  # what status decided (an exit 0 that failed)
+        try:
+            return FailureKind(worker.failure_kind)
+        except ValueError:
+            pass  # a kind this orchestrate does not know: read the exit again
     return classify_exit(worker.exit_code, worker.log_tail)
 
 

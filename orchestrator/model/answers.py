@@ -71,6 +71,10 @@ class ExitRecord:
     finished_at: float | None = None
     error: str | None = None  # usually the last line of the log
     log_tail: tuple[str, ...] = ()
+    # Whether the worker listened on its TensorFlow port (joined the cluster) before it ended:
+    # recorded for a worker of a multi-worker cluster that loaded TensorFlow, where /proc tells;
+    # None otherwise (one worker, no TensorFlow loaded, no /proc, an older agent).
+    joined: bool | None = None
 
     @classmethod
     def parse(cls, data: Any) -> ExitRecord | None:
@@ -83,6 +87,7 @@ class ExitRecord:
             finished_at=number(data.get("finished_at")),
             error=text(data.get("error")),
             log_tail=texts(data.get("log_tail")),
+            joined=data["joined"] if isinstance(data.get("joined"), bool) else None,
         )
 
 
