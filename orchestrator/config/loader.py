@@ -421,6 +421,8 @@ def _check_unique_hosts(placed: list[Placed], report: Report) -> None:
         seen_names.setdefault(host.name, where)
         address = "127.0.0.1" if is_loopback(host.address) else host.address
         endpoint = (address, host.port)
+        if host.port_range is not None:
+            continue  # port: auto: the host's lease gives every worker its own
         if endpoint in seen_endpoints:
             report.add(
                 line,

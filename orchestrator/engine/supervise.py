@@ -29,7 +29,13 @@ from orchestrator.engine.failures import (
     explain,
 )
 from orchestrator.engine.hangs import at_stall
-from orchestrator.engine.lifecycle import end_standbys, launch_attempt, start_standbys, stop_run
+from orchestrator.engine.lifecycle import (
+    end_standbys,
+    launch_attempt,
+    release_leases,
+    start_standbys,
+    stop_run,
+)
 from orchestrator.engine.logs import last_lines
 from orchestrator.engine.notify import RunEvents
 from orchestrator.engine.policy import (
@@ -96,15 +102,17 @@ class Supervisor:
         try:
             status = self._run()
             ended = True
-            return status
         except JobFailed as error:
             ended = True
+            release_leases(self.record.inventory, self.record.run_id, self.backend)
             self.events.failed(error)  # unless _recover told it already
             raise
         finally:
             with suppress(OrchestrateError):  # a host not answering: its standbys linger out
                 end_standbys(self.record, self.backend, self.linger if ended else 0)
             self.events.close()  # a bounded wait for the notifications still queued
+        release_leases(self.record.inventory, self.record.run_id, self.backend)  # it ended
+        return status
 
     def _run(self) -> RunStatus:
         while True:

@@ -34,6 +34,7 @@ T = TypeVar("T")
 AGENT = "agent.py"
 STACKS_ANSWER_MARGIN = 0.5  # seconds of a stacks request left for the answer's way back
 PROBE = "hostprobe.py"
+LEASES = "leases.py"
 
 
 @cache
@@ -126,6 +127,15 @@ class HostAgent:
     def standbys(self, job_dirs: list[str]) -> dict[str, list[StandbyInfo]]:
         """The standbys alive in each job directory (lingering or waiting for a restart)."""
         return self._call("standbys", parse_standbys, timeout=30, job_dirs=job_dirs)
+
+    def leases(self, verb: str, timeout: float = 60.0, **fields: Any) -> dict[str, Any]:
+        """One request to the lease program (leases.py: acquire, release, list), in a session
+        of its own: the locks it takes pass to a keeper that outlives the session."""
+        session = self.session(LEASES)
+        try:
+            return request(session, verb, timeout, **fields)
+        finally:
+            session.close()
 
     def stop(self, run_dirs: list[str], grace: float) -> dict[str, StopAnswer]:
         return self._call("stop", parse_stop, timeout=grace + 30, run_dirs=run_dirs, grace=grace)

@@ -150,6 +150,31 @@ function renderRuns(doc) {
   ])));
 }
 
+// Every job holding leases on the run's hosts, any user's: their records are other users'
+// input, shown through textContent only.
+function renderLeases(doc) {
+  const leases = doc.leases;
+  $("leases-card").classList.toggle("hidden", !leases);
+  if (!leases) return;
+  const jobs = Array.isArray(leases.jobs) ? leases.jobs : [];
+  const rows = jobs.map((j) => {
+    const hosts = Object.entries(j.hosts || {});
+    const ports = hosts.map(([h, l]) => `${h}: ${(l.ports || []).join(",") || "-"}`).join("; ");
+    const gpus = hosts.filter(([, l]) => (l.gpus || []).length)
+      .map(([h, l]) => `${h}: ${l.gpus.join(",")}`).join("; ");
+    return el("tr", { class: j.run_id === doc.run_id ? "current" : "" }, [
+      el("td", { text: text(j.user) }), el("td", { text: text(j.job) }),
+      el("td", { text: text(j.run_id) }), el("td", { text: hosts.map(([h]) => h).join(", ") }),
+      el("td", { text: ports || "-" }), el("td", { text: gpus || "-" }),
+      el("td", { text: clock(j.since) }),
+    ]);
+  });
+  $("leases").tBodies[0].replaceChildren(...rows);
+  const ignored = Array.isArray(leases.ignored) ? leases.ignored : [];
+  $("leases-ignored").textContent = ignored.map((i) =>
+    `ignored ${i.host}: ${i.file}: ${i.reason}`).join("\n");
+}
+
 function render(doc) {
   if (doc.error) {
     $("run-title").textContent = doc.error;
@@ -175,6 +200,7 @@ function render(doc) {
   $("chart-val-accuracy").innerHTML = doc.charts.val_accuracy;
   renderTimeline(doc);
   renderPreflight(doc);
+  renderLeases(doc);
   renderRuns(doc);
 }
 
