@@ -23,10 +23,26 @@ import sys
 import time
 
 
+def package_dirs() -> dict[str, int]:
+    """The package directories on sys.path with their modification times: installing or
+    removing a package changes its directory's, so the agent can tell that what this process
+    imported is no longer what a fresh interpreter would import (a lingering standby)."""
+    found = {}
+    for entry in sys.path[1:]:
+        if os.path.basename(entry) in ("site-packages", "dist-packages"):
+            try:
+                found[entry] = os.stat(entry).st_mtime_ns
+            except OSError:
+                continue
+    return found
+
+
 def _write_ready(path: str, imported_in: float) -> None:
     tmp = f"{path}.tmp"
+    record = {"pid": os.getpid(), "at": time.time(), "import_seconds": imported_in,
+              "package_dirs": package_dirs()}  # fmt: skip
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
-        json.dump({"pid": os.getpid(), "at": time.time(), "import_seconds": imported_in}, handle)
+        json.dump(record, handle)
     os.replace(tmp, path)
 
 

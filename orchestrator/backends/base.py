@@ -16,7 +16,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from orchestrator.fanout import GroupResult
-from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
+from orchestrator.model.answers import (
+    CheckpointListing,
+    FileListing,
+    StandbyInfo,
+    StopAnswer,
+    WorkerProbe,
+)
 from orchestrator.model.preflight import CHECK, PreflightOptions
 from orchestrator.model.workers import Started
 
@@ -98,6 +104,18 @@ class Backend(ABC):
 
     def discard_standbys(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, str]:
         """Stop these workers' slots' standbys for good (the run ended)."""
+        return GroupResult()
+
+    def linger_standbys(
+        self, workers: Sequence[WorkerRecord], seconds: float
+    ) -> GroupResult[str, str]:
+        """The run ended: its slots' standbys stay `seconds` (job.linger), for the next run of
+        the job on the same hosts to take; by worker name, "lingering" or "none"."""
+        return GroupResult()
+
+    def standbys(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, StandbyInfo | None]:
+        """The standby alive now for each worker's slot (lingering after its run, or waiting for
+        a restart), with its memory; None where there is none."""
         return GroupResult()
 
     # --- files on a host -----------------------------------------------------------------------

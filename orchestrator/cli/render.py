@@ -8,6 +8,7 @@ from rich.text import Text
 from orchestrator.backends.hosts.firewall import HostRules
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.model.answers import StandbyInfo
 from orchestrator.model.preflight import PreflightReport, Status
 
 STATE_STYLES = {
@@ -91,6 +92,23 @@ def status_table(status: RunStatus) -> Table:
             devices(w.devices),
         )
     return table
+
+
+def standby_lines(standbys: dict[str, StandbyInfo]) -> list[str]:
+    """The slots' standbys (not workers): lingering after the run for the job's next `up`, or
+    waiting for a restart; their pids and memory."""
+    lines = []
+    for name, standby in standbys.items():
+        if standby.lingering:
+            what = f"lingering {duration(standby.left_s)} more for the next 'up' of the job"
+            if standby.run_id:
+                what += f" (left by run {standby.run_id})"
+        else:
+            what = f"waiting for a restart of run {standby.run_id}"
+        ready = "" if standby.ready else ", importing TensorFlow"
+        lines.append(f"standby {name}: {what}, pid {standby.worker_pid or standby.pid}"
+                     f"{ready}, {size(standby.rss_bytes)}")  # fmt: skip
+    return lines
 
 
 def problems(status: RunStatus) -> list[str]:

@@ -48,7 +48,7 @@ from orchestrator.engine.locks import (
 )
 from orchestrator.engine.notify import RunEvents, missing_notify_secrets
 from orchestrator.engine.plan import new_run_id
-from orchestrator.engine.policy import conclude
+from orchestrator.engine.policy import conclude, linger_seconds
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_env
 from orchestrator.engine.state import WorkerState
@@ -133,6 +133,7 @@ def start_and_supervise(
 ) -> None:
     """What `up` does with a loaded inventory (`orchestrate local` builds its own)."""
     secrets = secret_values(inventory.job.secret_env, os.environ, doing="'up'")  # before anything
+    linger_seconds(inventory.job, os.environ)  # a bad $ORCHESTRATE_LINGER: refused before too
     missing_notify_secrets(inventory.notify, os.environ, doing="'up'")
     with open_backend(inventory) as backend:
         # Exclusive from the check for an active run through the launch, then released: a

@@ -22,6 +22,8 @@ from orchestrator.model.records import RunRecord, WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec, job_dir_of_run
 
 DEFAULT_GRACE = 10.0
+# A standby's own linger until the run's end releases it (end_standbys sets its `until` next).
+STANDBY_START_LINGER = 120.0
 
 
 def start_run(
@@ -175,6 +177,24 @@ def _slot_standbys(
     specs = plan_workers(inventory, run_id, dict(workdirs), attempt, secrets,
                          reads_in_place=backend.reads_in_place)  # fmt: skip
     return specs, backend.start_standbys(specs, linger)
+
+
+def end_standbys(
+    record: RunRecord,
+    backend: Backend,
+    linger: float,
+    environ: Mapping[str, str] = os.environ,
+) -> GroupResult[str, str]:
+    """The run ended (succeeded, failed or stopped): its slots' standbys stay `linger` seconds
+    for the job's next `up` on the same hosts (job.linger), or go now (0). A slot without one
+    (a run too short for the supervisor to start them) gets one now, importing while the user
+    reads the result. A run `down` stopped discarded them already: that holds (the agent
+    keeps a discarded run's marker and starts none for it)."""
+    if linger > 0 and record.inventory.job.warm and backend.keeps_standbys:
+        with suppress(OrchestrateError):  # a secret gone from the environment: the ones there
+            start_standbys(record, backend, STANDBY_START_LINGER, environ)
+        return backend.linger_standbys(record.workers, linger)
+    return backend.discard_standbys(record.workers)
 
 
 def stop_run(

@@ -20,6 +20,7 @@ from orchestrator.contract import (
     PROGRESS_FILE_ENV,
     RUN_DIR_ENV,
     RUN_ID_ENV,
+    TARGET_STEPS_ENV,
     WORKER_ENV,
 )
 from orchestrator.engine.tfconfig import tf_config
@@ -158,6 +159,8 @@ def plan_workers(
         }
         if inventory.job.keras == KERAS_LEGACY:
             env[LEGACY_KERAS_ENV] = "1"  # tf.keras is Keras 2 (tf_keras), in scripts and tasks
+        if inventory.job.script is not None and inventory.job.steps is not None:
+            env[TARGET_STEPS_ENV] = str(inventory.job.steps)  # the script's target (steps:)
         if inventory.job.script is not None and host.visible_gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.visible_gpus))
         # Workers that see this machine's files start where the inventory is, so a task module

@@ -19,9 +19,11 @@ from orchestrator.model.answers import (
     CheckpointListing,
     FileListing,
     HostInfo,
+    StandbyInfo,
     StopAnswer,
     WorkerProbe,
     parse_probe,
+    parse_standbys,
     parse_stop,
     parsed,
 )
@@ -112,6 +114,15 @@ class HostAgent:
     def discard_standbys(self, run_dirs: list[str]) -> dict[str, str]:
         return self._call("discard-standbys", _string_map("outcome"), timeout=30,
                           run_dirs=run_dirs)  # fmt: skip
+
+    def linger_standbys(self, run_dirs: list[str], seconds: float) -> dict[str, str]:
+        """The run ended: its slots' standbys stay `seconds` for the job's next run."""
+        return self._call("linger-standbys", _string_map("outcome"), timeout=30,
+                          run_dirs=run_dirs, seconds=seconds)  # fmt: skip
+
+    def standbys(self, job_dirs: list[str]) -> dict[str, list[StandbyInfo]]:
+        """The standbys alive in each job directory (lingering or waiting for a restart)."""
+        return self._call("standbys", parse_standbys, timeout=30, job_dirs=job_dirs)
 
     def stop(self, run_dirs: list[str], grace: float) -> dict[str, StopAnswer]:
         return self._call("stop", parse_stop, timeout=grace + 30, run_dirs=run_dirs, grace=grace)

@@ -71,6 +71,10 @@ class ExitRecord:
     finished_at: float | None = None
     error: str | None = None  # usually the last line of the log
     log_tail: tuple[str, ...] = ()
+    # Whether the worker listened on its TensorFlow port (joined the cluster) before it ended:
+    # recorded for a worker of a multi-worker cluster that loaded TensorFlow, where /proc tells;
+    # None otherwise (one worker, no TensorFlow loaded, no /proc, an older agent).
+    joined: bool | None = None
 
     @classmethod
     def parse(cls, data: Any) -> ExitRecord | None:
@@ -83,6 +87,7 @@ class ExitRecord:
             finished_at=number(data.get("finished_at")),
             error=text(data.get("error")),
             log_tail=texts(data.get("log_tail")),
+            joined=data["joined"] if isinstance(data.get("joined"), bool) else None,
         )
 
 
@@ -139,6 +144,49 @@ def parse_probe(data: Mapping[str, Any]) -> dict[str, WorkerProbe]:
     """The agent's probe answer: one WorkerProbe per run directory asked about."""
     now = number(data.get("now")) or 0.0
     return {run_dir: WorkerProbe.parse(probe, now) for run_dir, probe in data["runs"].items()}
+
+
+@dataclass(frozen=True)
+class StandbyInfo:
+    """A standby alive on a host (the agent's `standbys` listing): lingering after its run
+    ended, for the next run of the job, or waiting for a restart of its own run."""
+
+    name: str  # the worker slot
+    pid: int | None  # its supervisor (the process group)
+    worker_pid: int | None  # the Python that imported TensorFlow
+    run_id: str  # the run it backs (lingering: the run that left it)
+    lingering: bool
+    left_s: float | None  # lingering: seconds before it exits by itself
+    ready: bool  # TensorFlow imported
+    rss_bytes: int | None  # the supervisor's and the Python's resident memory
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> StandbyInfo:
+        return cls(
+            name=text(data.get("name")) or "?",
+            pid=integer(data.get("pid")),
+            worker_pid=integer(data.get("worker_pid")),
+            run_id=text(data.get("run_id")) or "?",
+            lingering=bool(data.get("lingering")),
+            left_s=number(data.get("left_s")),
+            ready=bool(data.get("ready")),
+            rss_bytes=integer(data.get("rss_bytes")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "pid": self.pid, "worker_pid": self.worker_pid,
+                "run_id": self.run_id, "lingering": self.lingering, "left_s": self.left_s,
+                "ready": self.ready, "rss_bytes": self.rss_bytes}  # fmt: skip
+
+
+def parse_standbys(data: Mapping[str, Any]) -> dict[str, list[StandbyInfo]]:
+    """The agent's `standbys` answer: per job directory asked about, the standbys alive."""
+    listing = mapping(data.get("standbys"))
+    return {
+        str(job): [StandbyInfo.parse(e) for e in entries if isinstance(e, dict)]
+        for job, entries in listing.items()
+        if isinstance(entries, list)
+    }
 
 
 @dataclass(frozen=True)

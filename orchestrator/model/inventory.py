@@ -135,6 +135,9 @@ class Job:
     # loop (job.task), off for a script, which may set TensorFlow's variables itself before its
     # import (TF_USE_LEGACY_KERAS, TF_CPP_MIN_LOG_LEVEL) or not import TensorFlow at all.
     warm_restarts: bool | None = None
+    # Seconds a run's standbys stay after it ended (succeeded, failed or stopped), for the next
+    # `up` of the job to take (hosts only). None: ORCHESTRATE_LINGER's value, else 300.
+    linger: int | None = None
     # Each worker's log is rotated past this size (one older file kept): a long run cannot
     # fill a disk with it.
     log_max_mb: int = 64

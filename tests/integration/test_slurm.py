@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.slurm import LOGIN_ALIAS, PARTITION, SlurmCluster, unavailable_reason
-from tests.conftest import clean_env
+from tests.conftest import clean_env, dashboard_view
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
 REPO = Path(__file__).resolve().parents[2]
@@ -175,6 +175,17 @@ def test_trains_on_two_nodes_then_resumes_from_the_checkpoint(orchestrate: Orche
     log = (history / "attempt-0" / "task0" / "worker.log").read_text()
     assert "step 100" in log and "step 10/" not in log.replace("step 100/", "")
     assert len(status["scheduler"]["jobs"]) == 1
+    # The launcher saw each task listen on its port: both joined the cluster (issue 28).
+    exits = sorted(history.glob("attempt-*/task*/exit.json"))
+    assert [json.loads(path.read_text()).get("joined") for path in exits] == [True, True]
+    # The dashboard of a Slurm run: the chief's curves (the final evaluation's too) and both
+    # tasks' logs, read on the shared disk through the backend.
+    document, lines = dashboard_view(
+        orchestrate.cwd, lambda d: "<polyline" in d["charts"]["val_loss"], env=orchestrate.env
+    )
+    assert [w["state"] for w in document["workers"]] == ["succeeded", "succeeded"]
+    assert "<polyline" in document["charts"]["loss"]
+    assert {line["worker"] for line in lines} == {"task0", "task1"}
 
 
 def test_status_while_running_then_down_leaves_nothing(orchestrate: Orchestrate) -> None:

@@ -233,7 +233,7 @@ def ready_standbys(cli: Cli) -> list[int] | None:
     pids = []
     for worker in cli.record()["workers"]:
         run_dir = Path(worker["run_dir"])
-        standby = run_dir.parent.parent / "standby" / run_dir.name
+        standby = run_dir.parents[3] / "standby" / run_dir.name  # {job}/standby/{name}
         if not (standby / "ready").exists():
             return None
         pids.append(int((standby / "worker.pid").read_text()))

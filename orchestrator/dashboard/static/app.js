@@ -157,6 +157,8 @@ function render(doc) {
   renderWorkers(doc);
   $("chart-loss").innerHTML = doc.charts.loss;
   $("chart-rate").innerHTML = doc.charts.steps_per_sec;
+  $("chart-val-loss").innerHTML = doc.charts.val_loss;
+  $("chart-val-accuracy").innerHTML = doc.charts.val_accuracy;
   renderTimeline(doc);
   renderPreflight(doc);
   renderRuns(doc);
