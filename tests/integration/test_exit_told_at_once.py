@@ -25,8 +25,8 @@ def test_sigkilled_worker_is_seen_long_before_the_next_poll(cli: Cli, reaper: li
     finally:
         up.kill()
     reaper.append(cli.record()["run_id"])
-    assert up.returncode == 0, err
-    assert "killed by SIGKILL; restarting the cluster (1/3)" in out
-    assert "succeeded at step 60 after 1 restart(s)" in err
+    assert up.returncode == 0, (out, err)
+    assert "killed by SIGKILL; restarting the cluster (1/3)" in out, (out, err)
+    assert "succeeded at step 60 after 1 restart(s)" in err, (out, err)
     seen_after = cli.status()["last_restart"]["at"] - killed_at
     assert 0 <= seen_after < INTERVAL / 6, seen_after
