@@ -74,6 +74,9 @@ def train_fn(config):
     from ray.train.tensorflow.keras import ReportCheckpointCallback
 
     from worker.examples import shapes
+    from worker.kerasflavor import keras as chosen_keras
+
+    keras = chosen_keras()  # tf_keras: Ray set TF_USE_LEGACY_KERAS=1
 
     rank = train.get_context().get_world_rank()
     log = open(os.path.join(OUT, f"rank{rank}.log"), "a", buffering=1)
@@ -82,7 +85,7 @@ def train_fn(config):
     with strategy.scope():
         model = shapes.build_model()  # Keras 2 here: Ray set TF_USE_LEGACY_KERAS=1
         model.compile(optimizer=shapes.build_optimizer(),
-                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
     epoch = 0
     checkpoint = train.get_checkpoint()
@@ -94,7 +97,7 @@ def train_fn(config):
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     data = shapes.build_dataset().shuffle(4096, seed=1).repeat().batch(64).with_options(options)
 
-    class Steps(tf.keras.callbacks.Callback):
+    class Steps(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
             self.first = True
@@ -118,7 +121,7 @@ def train_fn(config):
 
 
 if __name__ == "__main__":
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=True)
+    ray.init(num_cpus=os.cpu_count())  # the dashboard needs ray[default]: not with ray[train]
     trainer = TensorflowTrainer(
         train_fn,
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
@@ -283,6 +286,8 @@ def ray_trial(root: Path, python: Path) -> Sample:
     environment = {**bench_env(), "RAY_USAGE_STATS_ENABLED": "0"}
 
     def firsts(count: int) -> bool:
+        if driver.poll() is not None:
+            raise TimeoutError(f"job.py exited {driver.returncode}")
         return all(text(log).count("first step done") >= count for log in logs)
 
     started = time.monotonic()
@@ -323,7 +328,7 @@ def main() -> None:
     python = ensure_ray(args.ray_venv)
     results: dict[str, list[Sample]] = {"orchestrate": [], "ray": []}
     for repeat in range(args.repeats):
-        order = ("orchestrate", "ray") if repeat % 2 == 0 else ("ray", "orchestrate")
+        order = ("ray", "orchestrate") if repeat % 2 == 0 else ("orchestrate", "ray")
         for method in order:
             with tempfile.TemporaryDirectory(prefix=f"bench-vsray-{method}-") as scratch:
                 load = list(os.getloadavg())
