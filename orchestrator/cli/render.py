@@ -9,6 +9,7 @@ from orchestrator.backends.hosts.firewall import HostRules
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.answers import StandbyInfo
+from orchestrator.model.leases import LeaseListing, clock
 from orchestrator.model.preflight import PreflightReport, Status
 
 STATE_STYLES = {
@@ -176,3 +177,22 @@ def firewall_script(rules: list[HostRules], fmt: str) -> str:
         lines.append(f"## {entry.host.name} ({entry.host.address})")
         lines.extend(entry.commands)
     return "\n".join(lines)
+
+
+def jobs_table(listing: LeaseListing) -> Table:
+    """`orchestrate jobs`: one row per run holding leases. Every cell is plain Text: the
+    records come from other users of the hosts."""
+    table = Table(title="jobs holding leases", title_justify="left", expand=False)
+    for column in ("user", "job", "run", "controller", "hosts", "ports", "GPUs", "since"):
+        table.add_column(column)
+    for job in listing.jobs:
+        holder = job.holder
+        gpus = "; ".join(f"{host}: {','.join(map(str, ids))}" for host, ids in job.gpus.items())
+        table.add_row(
+            *(Text(value) for value in (
+                holder.user, holder.job, holder.run_id, holder.controller,
+                ", ".join(job.hosts), ",".join(map(str, job.ports)) or "-", gpus or "-",
+                clock(holder.since),
+            ))
+        )  # fmt: skip
+    return table

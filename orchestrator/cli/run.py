@@ -38,7 +38,13 @@ from orchestrator.cli.preflight import (
 from orchestrator.cli.render import problems, progress_line, status_table
 from orchestrator.config.loader import load_inventory
 from orchestrator.engine.control import stop_everything, watch
-from orchestrator.engine.lifecycle import DEFAULT_GRACE, StopReport, first_standbys, start_run
+from orchestrator.engine.lifecycle import (
+    DEFAULT_GRACE,
+    StopReport,
+    first_standbys,
+    held_leases,
+    start_run,
+)
 from orchestrator.engine.locks import (
     SupervisorLock,
     exclusive_start,
@@ -143,16 +149,18 @@ def start_and_supervise(
             # Setup may install what the checks look for (the python, TensorFlow): it goes first.
             prepared = prepare_before_checks(inventory, backend, force_setup)
             run_id = new_run_id()
-            # TensorFlow's import in the first workers overlaps the checks and the launch.
-            with first_standbys(inventory, run_id, backend, linger=STANDBY_SLACK):
+            # The run's leases (port: auto, gpus: N) first: the checks check the leased ports.
+            with held_leases(inventory, run_id, backend, _say) as leased, \
+                    first_standbys(leased, run_id, backend, linger=STANDBY_SLACK):  # fmt: skip
+                # TensorFlow's import in the first workers overlaps the checks and the launch.
                 if not skip_checks:
-                    report = run_checks(inventory, backend, probe_timeout, min_free_gb)
+                    report = run_checks(leased, backend, probe_timeout, min_free_gb)
                     show_findings(report, only_problems=True)
                     if report.blocking:
                         raise blocking_error(report)
-                _announce(inventory, source, secrets)
+                _announce(leased, source, secrets)
                 record = start_run(
-                    inventory,
+                    leased,
                     context.store,
                     backend,
                     say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),

@@ -22,8 +22,10 @@ from orchestrator.cli.app import (
 )
 from orchestrator.cli.render import problems, standby_lines, status_table
 from orchestrator.engine.exports import export_is_remote, local_export, pull_export
+from orchestrator.engine.hangs import collect
 from orchestrator.engine.loggroups import WINDOW, Grouper, Line, label, merge
 from orchestrator.engine.logs import follow, follow_timed, last_lines, select_workers
+from orchestrator.engine.stacks import grouped
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import collect_status
 from orchestrator.engine.tensorboard import events_are_remote, local_event_dir, pull_events
@@ -129,6 +131,47 @@ def tail_command(  # noqa: PLR0917 - click passes every option by position
                         echo(grouped)
         except KeyboardInterrupt:
             return  # the normal way to end `tail -f`
+
+
+@cli.command(name="stacks")
+@click.option("--worker", "-w", "names", multiple=True, metavar="WORKER",
+              help="Only this worker (repeat for more).")  # fmt: skip
+@click.option(
+    "--native",
+    is_flag=True,
+    help="Add native frames, with py-spy where it is installed on the host.",
+)
+@click.option("--wait", default=5.0, show_default=True, help="Seconds to wait for the answers.")
+@run_option
+@pass_context
+def stacks_command(
+    context: Context, names: tuple[str, ...], native: bool, wait: float, run_id: str | None
+) -> None:
+    """Print every thread's Python stack of each running worker, now (SIGUSR2 to the worker,
+    which writes them with faulthandler). Identical stacks of several workers are shown once.
+    The last line says where each worker is and which one the others wait for.
+
+    Exit status 3 when a worker could not answer (it is named, with why).
+    """
+    record = context.store.load(run_id)
+    workers = select_workers(record, names)
+    with open_backend(record.inventory) as backend:
+        found = collect(backend, workers, wait, native)
+    for members, text in grouped(found.texts):
+        same = " (identical stacks)" if len(members) > 1 else ""
+        click.secho(f"== {', '.join(members)}{same}", bold=True)
+        click.echo(text.rstrip("\n") + "\n")
+    for name, native_text in found.native.items():
+        click.secho(f"== {name}: native frames (py-spy)", bold=True)
+        click.echo(native_text.rstrip("\n") + "\n")
+    for name, why in found.silent.items():
+        click.secho(f"== {name}: no stacks: {why}", fg="red")
+    click.echo(found.summary().describe())
+    if found.silent:
+        raise PartialFailure(
+            f"{', '.join(found.silent)} did not answer with stacks",
+            hint="a worker answers while it runs; 'orchestrate status' shows which do",
+        )
 
 
 @cli.command()

@@ -421,6 +421,8 @@ def _check_unique_hosts(placed: list[Placed], report: Report) -> None:
         seen_names.setdefault(host.name, where)
         address = "127.0.0.1" if is_loopback(host.address) else host.address
         endpoint = (address, host.port)
+        if host.port_range is not None:
+            continue  # port: auto: the host's lease gives every worker its own
         if endpoint in seen_endpoints:
             report.add(
                 line,
@@ -452,7 +454,7 @@ def _parse_job(document: LineMap, report: Report, stem: str, base: Path) -> Job 
         values["permanent_exit_codes"] = _parse_exit_codes(block, report)
     values["env"] = _parse_env(block, report)
     values["secret_env"] = _parse_secret_env(block, report, values["env"])
-    values.setdefault("name", stem if NAME_PATTERN.match(stem) else "job")
+    values.setdefault("name", stem if NAME_PATTERN.fullmatch(stem) else "job")
     if ("task" in block) == ("script" in block):
         report.add(
             block.line,
@@ -495,7 +497,7 @@ def _parse_env(block: LineMap, report: Report) -> dict[str, str]:
     env = {}
     for key, item in raw.items():
         where = f"job.env.{key}"
-        if not isinstance(key, str) or not ENV_NAME_PATTERN.match(key):
+        if not isinstance(key, str) or not ENV_NAME_PATTERN.fullmatch(key):
             report.add(line_of(raw, key), where, "expected an environment variable name")
             continue
         if key.startswith(RESERVED_ENV_PREFIXES):
@@ -515,7 +517,7 @@ def _parse_env(block: LineMap, report: Report) -> dict[str, str]:
 
 
 def _env_name(item: Any) -> Checked:
-    if isinstance(item, str) and ENV_NAME_PATTERN.match(item):
+    if isinstance(item, str) and ENV_NAME_PATTERN.fullmatch(item):
         return item, None
     return None, ("expected an environment variable name (its value is taken from the "
                   "environment of 'orchestrate up')")  # fmt: skip

@@ -51,11 +51,17 @@ def root_cause(record: RunRecord, status: RunStatus) -> str | None:
     return f"{first.name}{where}: {first.reason or 'failed'}"
 
 
-def timeline(record: RunRecord) -> list[dict[str, Any]]:
+def timeline(
+    record: RunRecord, stacks: Mapping[int, Sequence[str]] | None = None
+) -> list[dict[str, Any]]:
+    """Each restart, with the workers whose stacks were kept at its stall (`stacks`: by the
+    attempt that stalled, engine.hangs.kept's names)."""
+    kept = stacks or {}
     return [
-        {**restart.__dict__, "number": number, "text": restart.describe()}
+        {**restart.__dict__, "number": number, "text": restart.describe(),
+         "stacks": list(kept.get(restart.attempt, ()))}
         for number, restart in enumerate(record.restarts, start=1)
-    ]
+    ]  # fmt: skip
 
 
 def parse_history(text: str) -> list[dict[str, Any]]:

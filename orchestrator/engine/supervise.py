@@ -28,7 +28,14 @@ from orchestrator.engine.failures import (
     early_exit,
     explain,
 )
-from orchestrator.engine.lifecycle import end_standbys, launch_attempt, start_standbys, stop_run
+from orchestrator.engine.hangs import at_stall
+from orchestrator.engine.lifecycle import (
+    end_standbys,
+    launch_attempt,
+    release_leases,
+    start_standbys,
+    stop_run,
+)
 from orchestrator.engine.logs import last_lines
 from orchestrator.engine.notify import RunEvents
 from orchestrator.engine.policy import (
@@ -95,15 +102,17 @@ class Supervisor:
         try:
             status = self._run()
             ended = True
-            return status
         except JobFailed as error:
             ended = True
+            release_leases(self.record.inventory, self.record.run_id, self.backend)
             self.events.failed(error)  # unless _recover told it already
             raise
         finally:
             with suppress(OrchestrateError):  # a host not answering: its standbys linger out
                 end_standbys(self.record, self.backend, self.linger if ended else 0)
             self.events.close()  # a bounded wait for the notifications still queued
+        release_leases(self.record.inventory, self.record.run_id, self.backend)  # it ended
+        return status
 
     def _run(self) -> RunStatus:
         while True:
@@ -200,7 +209,12 @@ class Supervisor:
     def _recover(self, failure: Failure) -> None:
         job = self.record.inventory.job
         restarts = self.record.restarts
-        restart = Restart(time.time(), self.record.attempt, failure.worker, failure.reason,
+        detected = time.time()
+        if failure.kind is FailureKind.STALLED:  # where every worker is, before they are stopped
+            failure, kept = at_stall(self.store, self.record, self.backend, failure)
+            if kept is not None:
+                self.say(f"stacks of every worker at the stall: {kept}")
+        restart = Restart(detected, self.record.attempt, failure.worker, failure.reason,
                           failure.step, failure.kind.value)  # fmt: skip
         tail = self._log_tail(failure.worker)
         stop_run(self.record, self.backend, grace=survivors_grace(failure, job), standbys=False)

@@ -25,6 +25,7 @@ from orchestrator.machines.runner import LineSession, Runner
 from orchestrator.model.answers import (
     CheckpointListing,
     FileListing,
+    StackAnswer,
     StandbyInfo,
     StopAnswer,
     WorkerProbe,
@@ -192,6 +193,16 @@ class Machines:
             return {w.name: answers.get(w.run_dir, StopAnswer("not running")) for w in group}
 
         return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), stop)
+
+    def stacks(
+        self, workers: Sequence[WorkerRecord], wait: float, native: bool = False
+    ) -> GroupResult[str, StackAnswer]:
+        def ask(group: list[WorkerRecord]) -> dict[str, StackAnswer]:
+            answers = self.agent(group[0].host).stacks([w.run_dir for w in group], wait,
+                                                       native=native)  # fmt: skip
+            return {w.name: answers.get(w.run_dir, StackAnswer()) for w in group}
+
+        return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), ask)
 
     def start_standbys(self, specs: Sequence[WorkerSpec], linger: float) -> GroupResult[str, str]:
         def start(group: list[WorkerSpec]) -> dict[str, str]:

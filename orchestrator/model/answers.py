@@ -204,6 +204,29 @@ def parse_stop(data: Mapping[str, Any]) -> dict[str, StopAnswer]:
 
 
 @dataclass(frozen=True)
+class StackAnswer:
+    """One worker's answer to a stack request: every thread's Python stack as faulthandler
+    wrote it, or why there is none (`error`: it could not answer); `native`: py-spy's dump,
+    or why there is none, when native frames were asked for."""
+
+    stacks: str | None = None
+    error: str | None = None
+    native: str | None = None
+
+
+def parse_stacks(data: Mapping[str, Any]) -> dict[str, StackAnswer]:
+    answers = {}
+    for run_dir, value in mapping(data.get("stacks")).items():
+        entry = mapping(value)
+        stacks, error = text(entry.get("stacks")), text(entry.get("error"))
+        if stacks is None:
+            error = error or "it did not answer"
+        answers[run_dir] = StackAnswer(stacks, None if stacks is not None else error,
+                                       text(entry.get("native")))  # fmt: skip
+    return answers
+
+
+@dataclass(frozen=True)
 class CheckpointListing:
     """The latest TensorFlow checkpoint of a directory: its name and files with sizes."""
 

@@ -8,11 +8,14 @@ Run these under `flock /tmp/orchestrate-slurm.lock` (one cluster on 10.232.0.0/2
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -202,6 +205,9 @@ def test_status_while_running_then_down_leaves_nothing(orchestrate: Orchestrate)
     assert job["state"] == "RUNNING" and job["nodes"] == "n[1-2]", job
     assert {w["host"] for w in status["workers"]} == {"n1", "n2"}
     assert run_processes(status["run_id"])
+    # Every task's stacks, now: scancel --signal=USR2, read back through the shared disk.
+    _both_stacks(orchestrate, seen=("train.py",))
+    assert orchestrate.status()["state"] == "running"  # SIGUSR2 ended nothing
 
     down = orchestrate("down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
@@ -210,6 +216,14 @@ def test_status_while_running_then_down_leaves_nothing(orchestrate: Orchestrate)
     wait_for(lambda: not run_processes(status["run_id"]), 20, "every process of the run to end")
     final = orchestrate.status()
     assert [w["state"] for w in final["workers"]] == ["stopped", "stopped"]
+
+
+def _both_stacks(orchestrate: Orchestrate, *options: str, seen: tuple[str, ...]) -> None:
+    """`orchestrate stacks` on a running two-task job: both tasks' Python stacks, with `seen`."""
+    stacks = orchestrate("stacks", *options, timeout=60)
+    assert stacks.returncode == 0, stacks.stdout + stacks.stderr
+    for text in ("task0", "task1", "most recent call first", *seen):
+        assert text in stacks.stdout, stacks.stdout
 
 
 def _start_long_run(orchestrate: Orchestrate, steps: int) -> dict[str, Any]:
@@ -342,7 +356,7 @@ def _first_lines(
     return seen + source.read() + other.read()  # what it said on the way out too
 
 
-def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> None:
+def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> None:  # noqa: PLR0915
     local = subprocess.run(["sinfo"], env=laptop.env, capture_output=True, text=True, check=False)
     assert local.returncode != 0, "Slurm must not work here, or nothing proves the SSH path"
     started = time.monotonic()
@@ -400,6 +414,8 @@ def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> No
                             lambda out: out.count("task0 |") > 2 and "task1 |" in out)  # fmt: skip
     assert "tick" in followed, followed
     assert run_processes(status["run_id"])
+    # A script behind the boot, through the login node: its stacks, and no py-spy from here.
+    _both_stacks(laptop, "--native", seen=("stepper.py", "py-spy would have to run on the task"))
 
     down = laptop("down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
@@ -417,3 +433,111 @@ def test_an_unreachable_login_node_is_named_exit_3(laptop: Orchestrate) -> None:
         assert result.returncode == 3, result.stdout + result.stderr
         assert "login node 10.232.0.99" in _flat(result.stderr), result.stderr
         assert "Traceback" not in result.stderr
+
+
+SECRET_NAME = "TRACKER_API_KEY"
+# A task that reads its secret, prints it, and (with FAIL) ends with it in its last line: the
+# line that becomes the exit record's error, the worker's reason and a restart's reason.
+SECRET_TASK = """\
+import hashlib, os, sys
+secret = os.environ.get("TRACKER_API_KEY", "")
+print("secret sha256", hashlib.sha256(secret.encode()).hexdigest(), flush=True)
+print("the key is", secret, flush=True)
+sys.exit("refused by the tracker: " + secret if os.environ.get("FAIL") else 0)
+"""
+
+
+def _secret_job(where: Orchestrate, **env: str) -> list[str]:
+    script = where.cwd / "secret_task.py"
+    script.write_text(SECRET_TASK)
+    return ["  name: secretive", f"  script: {script}", f"  secret_env: [{SECRET_NAME}]",
+            f"  env: {json.dumps(env)}", "  max_restarts: 1"]  # fmt: skip
+
+
+def _files_containing(root: Path, needle: bytes) -> list[Path]:
+    return [p for p in root.rglob("*")
+            if p.is_file() and not p.is_symlink() and needle in p.read_bytes()]  # fmt: skip
+
+
+class _Cmdlines(threading.Thread):
+    """Every process's command line on the machine (the nodes and the login node share its
+    process table), as any user sees them in `ps`, until stopped."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.seen: set[bytes] = set()
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    try:
+                        self.seen.add((entry / "cmdline").read_bytes())
+                    except OSError:
+                        continue
+            time.sleep(0.002)
+
+    def stop(self) -> bytes:
+        self._done.set()
+        self.join(10)
+        return b"\n".join(self.seen)
+
+
+def test_a_printed_secret_is_in_no_slurm_artifact(orchestrate: Orchestrate) -> None:
+    """Issue 25: the launcher redacts a secret a script prints, as the host agent does; and a
+    workdir with a space stays one --output for sbatch."""
+    secret = f"sk-{secrets.token_hex(12)}"
+    orchestrate.env[SECRET_NAME] = secret
+    workdir = orchestrate.cwd / "shared space"
+    inventory = orchestrate.inventory(steps=0, job=_secret_job(orchestrate, FAIL="1"),
+                                      workdir=str(workdir))  # fmt: skip
+    up = orchestrate("up", "--skip-checks", str(inventory))
+    assert up.returncode == 1, up.stdout + up.stderr
+    status = orchestrate("status", "--json").stdout
+    record = orchestrate.cwd / ".orchestrate" / "runs" / f"{json.loads(status)['run_id']}.json"
+    restarts = json.loads(record.read_text())["restarts"]
+    assert restarts and restarts[0]["reason"].endswith("[redacted]"), restarts
+    attempt = workdir / "secretive" / "runs" / json.loads(status)["run_id"] / "attempt-0"
+    assert list(attempt.glob("slurm-*.out")), list(attempt.iterdir())  # --output, one path
+    # The first task to fail ends the step (--kill-on-bad-exit): the other may be SIGTERMed
+    # before it prints, or before it starts, so what one task wrote is looked for in either.
+    logs = [(attempt / t / "worker.log").read_text() for t in ("task0", "task1")
+            if (attempt / t / "worker.log").exists()]  # fmt: skip
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    assert any(f"secret sha256 {digest}" in log and "the key is [redacted]" in log
+               for log in logs), logs  # fmt: skip
+    errors = [json.loads((attempt / t / "exit.json").read_text())["error"]
+              for t in ("task0", "task1") if (attempt / t / "exit.json").exists()]  # fmt: skip
+    assert "refused by the tracker: [redacted]" in errors, errors
+    assert _files_containing(orchestrate.cwd, secret.encode()) == []
+    assert _files_containing(orchestrate.cwd, digest.encode())  # the search finds what is there
+    for text in (status, up.stdout, up.stderr):
+        assert secret not in text
+
+
+def test_a_laptop_run_hands_its_secret_to_the_tasks_through_the_login_node(
+    laptop: Orchestrate,
+) -> None:
+    """Issue 25: with slurm.login, secret_env travels on the SSH channel's standard input into
+    sbatch's environment there: never a command line, never a file on the login node."""
+    secret = f"sk-{secrets.token_hex(12)}"
+    laptop.env[SECRET_NAME] = secret
+    inventory = laptop.inventory(steps=0, job=_secret_job(laptop))
+    sampler = _Cmdlines()
+    sampler.start()
+    try:
+        up = laptop("up", "--skip-checks", str(inventory))
+    finally:
+        seen = sampler.stop()
+    assert up.returncode == 0, up.stdout + up.stderr
+    run_id = laptop.status()["run_id"]
+    attempt = laptop.cwd / "shared" / "secretive" / "runs" / run_id / "attempt-0"
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    for task in ("task0", "task1"):  # each task read the laptop's value
+        log = (attempt / task / "worker.log").read_text()
+        assert f"secret sha256 {digest}" in log and "the key is [redacted]" in log, log
+    assert secret.encode() not in seen  # no command line held it, on any node or the login node
+    assert b"def expand_nodelist" in seen  # it did look: the launcher's own command line
+    assert _files_containing(laptop.cwd, secret.encode()) == []
+    assert _files_containing(laptop.cluster.login_dir, secret.encode()) == []

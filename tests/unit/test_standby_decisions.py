@@ -16,6 +16,7 @@ import pytest
 
 from orchestrator import contract
 from orchestrator.config.loader import load_inventory
+from orchestrator.contract import BOOT_MARKER, booted
 from orchestrator.engine.lifecycle import first_standbys, start_run
 from orchestrator.engine.policy import linger_seconds
 from orchestrator.engine.runstore import RunStore
@@ -104,6 +105,12 @@ def test_the_command_lines_a_standby_runs() -> None:
     )  # fmt: skip
     assert agent.runnable_argv([PYTHON, "-u", "train.py"]) is None
     assert agent.runnable_argv([PYTHON]) is None
+    # A script behind the stacks boot (what plan_workers gives a script job) is a script.
+    assert agent.runnable_argv(list(booted((PYTHON, "/job/train.py", "--lr", "1")))) == (
+        "script", "/job/train.py", ["--lr", "1"],
+    )  # fmt: skip
+    assert agent.runnable_argv([PYTHON, "-c", "print(1)", "x.py"]) is None  # other code: no
+    assert agent.BOOT_MARKER == BOOT_MARKER  # the agent is sent alone: its own copy
 
 
 def inventory(tmp_path: Path, **job: object) -> Inventory:

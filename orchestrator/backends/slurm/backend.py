@@ -34,6 +34,7 @@ from orchestrator.model.answers import (
     CheckpointListing,
     ExitRecord,
     FileListing,
+    StackAnswer,
     StopAnswer,
     WorkerProbe,
 )
@@ -111,15 +112,21 @@ class SlurmBackend(Backend):
         script = batch_script(self.spec, self.job, specs,
                               output=posixpath.join(directory, "slurm-%j.out"))  # fmt: skip
         chief = self._at(specs[0].host)
-        # runs/ down to the attempt directory: private before the script (the job's env) lands.
-        self.files.runner(chief).make_dirs(specs[0].private_dirs[:-1], private=True)
+        # runs/ down to the attempt directory: private before the script (the job's env) lands,
+        # checked by the agent (this account's, no link, 0700) as on hosts, else exit 3.
+        self.files.agent(chief).make_dirs([], list(specs[0].private_dirs[:-1]))
         for spec in specs:  # a script and job.files, when the login node is another machine
             if spec.uploads:
-                self.files.runner(chief).make_dirs(spec.private_dirs, private=True)
+                self.files.agent(chief).make_dirs([], list(spec.private_dirs))
                 self.files.upload(chief, expand_uploads(spec.uploads))
         self._write(chief, posixpath.join(directory, SCRIPT_FILE), script)
         export_all = bool(self.job.secret_env) and exports_all(self.spec)
-        job_id = self.slurm.submit(posixpath.join(directory, SCRIPT_FILE), export_all)
+        # Through a login node, sbatch runs in its SSH session: the secrets go to sbatch's
+        # environment on the channel's standard input. Here they are in this environment.
+        secrets = dict(specs[0].secrets) if self.login else None
+        python = self.login.python if self.login else "python3"
+        job_id = self.slurm.submit(posixpath.join(directory, SCRIPT_FILE), export_all, secrets,
+                                   python)  # fmt: skip
         self._write(chief, posixpath.join(directory, JOB_ID_FILE), job_id + "\n")
         return GroupResult(ok={spec.name: Started(job_id=job_id) for spec in specs})
 
@@ -189,6 +196,35 @@ class SlurmBackend(Backend):
         while time.monotonic() < deadline and self.slurm.state(job).active:
             time.sleep(0.3)
         return StopAnswer("killed")
+
+    def stacks(
+        self, workers: Sequence[WorkerRecord], wait: float, native: bool = False
+    ) -> GroupResult[str, StackAnswer]:
+        """`scancel --signal=USR2` reaches every task (the launcher passes it on to the worker
+        too); the dumps are read from the shared filesystem through the login node, past the
+        sizes its files had before the signal."""
+        deadline = time.monotonic() + wait
+        try:
+            states = self._states(workers)
+        except HostError as error:
+            return GroupResult(failed={w.name: error for w in workers})
+        running = [w for w in workers if (s := states[w.name]) is not None and s.state == "RUNNING"]
+        answers = {w.name: StackAnswer(error="its Slurm job is not running") for w in workers
+                   if w not in running}  # fmt: skip
+        if running:
+            agent = self.files.agent(self._at(running[0].host))
+            run_dirs = [w.run_dir for w in running]
+            offsets = agent.stack_offsets(run_dirs)
+            for job in {states[w.name].job_id for w in running if states[w.name]}:  # type: ignore[union-attr]
+                self.slurm.signal(job, "USR2")
+            left = max(deadline - time.monotonic(), 0.5)
+            found = agent.stacks(run_dirs, left, send=False, offsets=offsets)
+            why_not = ("py-spy would have to run on the task's node; orchestrate reaches only "
+                       "the login node on Slurm") if native else None  # fmt: skip
+            for worker in running:
+                answer = found.get(worker.run_dir, StackAnswer(error="it did not answer"))
+                answers[worker.name] = replace(answer, native=why_not)
+        return GroupResult(ok=answers)
 
     def log_lines(self, worker: WorkerRecord, lines: int) -> list[str]:
         return self.files.log_lines(self._seen(worker), lines)

@@ -33,6 +33,12 @@ Verbs and their fields:
                               the run ended: its slots' standbys stay `seconds` for the next
                               run of the job (job.linger), which takes them
   standbys job_dirs           the standbys alive in each job directory, with their memory
+  stacks run_dirs wait [send offsets mark native]
+                              every thread's Python stack of each worker: SIGUSR2 to the
+                              process that registered faulthandler (stacks.pid), then what it
+                              appended to stacks.txt (a file of its own: a dump never mixes
+                              with worker.log); `mark` answers the files' sizes, for a
+                              scheduler that delivers the signal itself; `native`: py-spy's
   watch run_dirs timeout      answer as soon as one of these workers (the controller saw them
                               running) ends: its exit record is written or its supervisor is
                               gone (at once if one has already), or after timeout: the
@@ -64,6 +70,7 @@ Files in a run directory:
   spec.json  tf_config.json  agent.py  pid (supervisor = process group)  worker.pid
   worker.log  progress.json (written by the worker)  exit.json  stop_requested
 A standby's directory ({job}/standby/{name}, one per job and slot, 0700 like runs/):
+  stacks.txt stacks.pid (the worker's stack dumps on SIGUSR2, and the pid that registered it)
   spec.json (claimed.json once claimed)  agent.py  pid  worker.pid  handover (a fifo)
   ready (written by the child once TensorFlow is imported)  standby.log
 A run's discard marker: {job}/runs/{run_id}/standbys_discarded (none of its may start or stay).
@@ -83,6 +90,7 @@ LOG_TAIL_LINES = 20
 STANDBY_DIR_NAME = "standby"
 DISCARDED_MARKER = "standbys_discarded"  # in {job}/runs/{run_id}
 STANDBY_MODULE = "worker.standby"
+BOOT_MARKER = "# orchestrate boot"  # contract.BOOT_MARKER: a script's stacks boot begins so
 HANDOVER_WAIT = 5.0  # seconds a launch waits for a claimed standby to take the attempt
 # What differs between two attempts of one slot and is read only after TensorFlow's import:
 # not part of the environment a standby must share with the attempt it serves. The names are
@@ -105,8 +113,8 @@ def _private_open(path, flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
 
 def _write_json(path, data):
     # Atomic: a reader never sees half a file, even if this process is killed mid-write.
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with _private_open(tmp) as handle:
+    fd, tmp = _temp_beside(path)
+    with open(fd, "w", encoding="utf-8") as handle:
         json.dump(data, handle)
     os.replace(tmp, path)
 
@@ -120,10 +128,83 @@ def _make_private_dirs(directories):
     # The parents keep the user's umask (the job directory holds the shareable checkpoints).
     for path in map(_expand, directories):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-        if os.stat(path).st_uid == os.getuid():
-            os.chmod(path, 0o700)
+        _private_dir(path)
+
+
+# --- private directories and temporary files (issue 25) ---------------------------------------
+
+
+def _owner(uid):
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _private_dir(path):
+    """`path` made, or found, as a directory of this account that only it can enter (0700,
+    tightened when looser); anything else is refused before a file is written into it: another
+    user's directory (pre-created in a shared workdir, it could hold their spec.json and
+    agent.py), a symbolic link, or not a directory. Checked on the opened directory itself
+    (O_NOFOLLOW), so what is checked is what is tightened."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise RuntimeError(
+                f"refusing {path}: it is a symbolic link (to {os.readlink(path)}), not a "
+                f"private directory; owner {_owner(os.lstat(path).st_uid)}; remove it"
+            ) from None
+        raise RuntimeError(f"refusing {path}: not a usable directory ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid():
+            raise RuntimeError(
+                f"refusing {path}: it belongs to {_owner(info.st_uid)}, not to this account "
+                f"({_owner(os.getuid())}); another user made it, so nothing of the run is "
+                "written there: remove it, or choose a workdir only you can write to"
+            )
+        if info.st_mode & 0o777 != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return path
+
+
+def _run_chain(run_dir):
+    """{job}/runs/{run_id}/attempt-{n}/{name} -> [{job}/runs, ..., run_dir]: the directories
+    a run's files are private behind (model/workers.private_dirs, for a request without them)."""
+    chain = [run_dir]
+    for _ in range(3):
+        chain.insert(0, os.path.dirname(chain[0]))
+    return chain
+
+
+def _private_chain_made(directories):
+    """Whether the directories are (now) this account's private ones; False, with nothing
+    written, where one is refused (another user's, a link)."""
+    try:
+        _make_private_dirs(directories)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _temp_beside(path, mode=0o600):
+    """A new temporary file in `path`'s directory, for an atomic replace of `path`: an
+    unpredictable name, created O_EXCL|O_NOFOLLOW (mkstemp), so no file or link planted
+    there is opened. Returns (fd, name)."""
+    import tempfile
+
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f"{name}.tmp.", dir=directory or ".")
+    if mode != 0o600:
+        os.fchmod(fd, mode)
+    return fd, tmp
 
 
 def _read_json(path):
@@ -235,10 +316,14 @@ def env_digest(salt, python, env):
 
 
 def runnable_argv(argv):
-    """What a standby can run of a worker command line: `PYTHON -m MODULE ARGS...` or `PYTHON
-    SCRIPT ARGS...` (no interpreter options, which would have applied before the import)."""
+    """What a standby can run of a worker command line: `PYTHON -m MODULE ARGS...`, `PYTHON
+    SCRIPT ARGS...` or a script behind orchestrate's stacks boot (`PYTHON -c BOOT SCRIPT ARGS`,
+    contract.SCRIPT_BOOT); no other interpreter options, which would have applied before the
+    import."""
     if len(argv) >= 3 and argv[1] == "-m":
         return ("module", argv[2], list(argv[3:]))
+    if len(argv) >= 4 and argv[1] == "-c" and argv[2].startswith(BOOT_MARKER):
+        return ("script", argv[3], list(argv[4:]))
     if len(argv) >= 2 and not argv[1].startswith("-"):
         return ("script", argv[1], list(argv[2:]))
     return None
@@ -579,7 +664,9 @@ def cmd_discard_standbys(request):
     for run_dir in request["run_dirs"]:
         path = _expand(run_dir)
         run = run_of(path)
-        if os.path.isdir(run):
+        # The marker only behind this account's private {job}/runs/{run_id}: nothing is
+        # written into a runs/ another user made or linked (issue 25).
+        if os.path.isdir(run) and _private_chain_made([os.path.dirname(run), run]):
             _write_text(os.path.join(run, DISCARDED_MARKER), str(time.time()))
         sdir = standby_dir(path)
         state = _standby_state(sdir)
@@ -1193,9 +1280,9 @@ def cmd_stop(request):
             _signal_group(pid, signal.SIGTERM)
             # A stopped (SIGSTOP) process would hold SIGTERM pending until the grace runs out.
             _signal_group(pid, signal.SIGCONT)
-        elif pid is None:
-            # Never started: a launch still on its way is refused when it arrives.
-            _make_private_dirs([path])
+        elif pid is None and _private_chain_made(_run_chain(path)):
+            # Never started: a launch still on its way is refused when it arrives. (Where
+            # {job}/runs is not safely ours, a launch is refused anyway: nothing written.)
             _write_text(os.path.join(path, "stop_requested"), str(time.time()))
 
     def still_alive(alive):
@@ -1270,8 +1357,10 @@ def cmd_adopt_checkpoint(request):
     directory, name = _expand(request["directory"]), request["name"]
     names = [n for n in request.get("checkpoints", [name]) if n != name] + [name]
     state = os.path.join(directory, "checkpoint")
-    tmp = f"{state}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
+    umask = os.umask(0)
+    os.umask(umask)  # the state file keeps the user's umask, like the checkpoints beside it
+    fd, tmp = _temp_beside(state, 0o666 & ~umask)
+    with open(fd, "w", encoding="utf-8") as handle:
         # Relative paths: TensorFlow resolves them against this directory on this host.
         handle.write(f'model_checkpoint_path: "{name}"\n')
         handle.writelines(f'all_model_checkpoint_paths: "{n}"\n' for n in names)
@@ -1292,10 +1381,116 @@ def cmd_files(request):
 
 
 def cmd_make_dirs(request):
+    _make_private_dirs(request.get("private_dirs", []))  # first: checked before any is used
     for path in request.get("directories", []):
         os.makedirs(_expand(path), exist_ok=True)
-    _make_private_dirs(request.get("private_dirs", []))
     return {"made": True}
+
+
+# --- stacks on request (issue 26) --------------------------------------------------------------
+STACKS_FILE = "stacks.txt"  # contract.STACKS_FILE: the worker's faulthandler appends here
+STACKS_PID_FILE = "stacks.pid"  # contract.STACKS_PID_FILE: the process that registered it
+STACKS_SETTLE = 0.15  # seconds a dump must stop growing before it counts as complete
+
+
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _stack_pid(path):
+    """The pid that registered the stack dump in this run directory, if it is one of the run's
+    live processes (pid reuse, another user's process: never signalled); or why not."""
+    pgid = _read_int(os.path.join(path, "pid"))
+    if not pgid or not _is_our_supervisor(pgid, path):
+        return None, "its worker is not running"
+    pid = _read_int(os.path.join(path, STACKS_PID_FILE))
+    if not pid:
+        return None, "its worker registered no stack dump (still starting, or not a Python worker)"
+    if not _in_group(pid, pgid):
+        return None, "the process that registered its stack dump is gone"
+    if _process_state(pid) in ("T", "t"):  # it would write them only once continued
+        return None, "it is stopped (SIGSTOP or a debugger): it cannot write its stacks"
+    return pid, None
+
+
+def _process_state(pid):
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _py_spy(pid, wait):
+    import shutil
+    import subprocess
+
+    tool = shutil.which("py-spy")
+    if tool is None:
+        return "py-spy is not installed on this host (pip install py-spy for native frames)"
+    try:
+        done = subprocess.run([tool, "dump", "--native", "--pid", str(pid)], check=False,
+                              capture_output=True, text=True, timeout=max(wait, 1.0))  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"py-spy could not run: {exc}"
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return f"py-spy is not allowed here ({detail[0]}; ptrace may need CAP_SYS_PTRACE)"
+    return done.stdout
+
+
+def cmd_stacks(request):
+    """Every thread's Python stack of each run directory's worker: SIGUSR2 to the process that
+    registered faulthandler (`send`, the default), then what it appended to stacks.txt, read
+    once it stopped growing. Without `send` nothing is signalled (a scheduler delivered the
+    signal): `offsets` are the sizes before it, from a request with `mark`. Per run directory
+    {"stacks": TEXT} (and "native" with `native`, py-spy's), or {"error": WHY}: all within
+    `wait` seconds together."""
+    run_dirs = request["run_dirs"]
+    files = {r: os.path.join(_expand(r), STACKS_FILE) for r in run_dirs}
+    if request.get("mark"):
+        return {"offsets": {r: _size(f) for r, f in files.items()}}
+    wait = float(request.get("wait", 5.0))
+    deadline = time.monotonic() + wait
+    offsets = request.get("offsets") or {}
+    answers, pending, pids = {}, {}, {}
+    for run_dir in run_dirs:
+        offset = int(offsets.get(run_dir, _size(files[run_dir])))
+        if request.get("send", True):
+            pid, why = _stack_pid(_expand(run_dir))
+            if why is not None:
+                answers[run_dir] = {"error": why}
+                continue
+            try:
+                os.kill(pid, signal.SIGUSR2)
+            except OSError as exc:
+                answers[run_dir] = {"error": f"cannot signal pid {pid}: {exc.strerror}"}
+                continue
+            pids[run_dir] = pid
+        pending[run_dir] = [offset, -1, 0.0]  # offset, size seen, since when unchanged
+    while pending and time.monotonic() < deadline:
+        now = time.monotonic()
+        for run_dir, seen in list(pending.items()):
+            size = _size(files[run_dir])
+            if size != seen[1]:
+                seen[1], seen[2] = size, now
+            elif size > seen[0] and now - seen[2] >= STACKS_SETTLE:
+                with open(files[run_dir], "rb") as handle:
+                    handle.seek(seen[0])
+                    text = handle.read(size - seen[0]).decode("utf-8", "replace")
+                answers[run_dir] = {"stacks": text}
+                del pending[run_dir]
+        time.sleep(0.02)
+    for run_dir in pending:
+        answers[run_dir] = {"error": f"it wrote no stacks within {wait:g} s"}
+    if request.get("native"):
+        for run_dir, pid in pids.items():
+            native = _py_spy(pid, max(deadline - time.monotonic(), 2.0))
+            answers[run_dir]["native"] = native
+    return {"stacks": answers}
 
 
 # --- watch: an exit told the moment it happens ------------------------------------------------
@@ -1368,6 +1563,7 @@ VERBS = {
     "discard-standbys": cmd_discard_standbys,
     "linger-standbys": cmd_linger_standbys,
     "standbys": cmd_standbys,
+    "stacks": cmd_stacks,
     "watch": cmd_watch,
 }
 
