@@ -191,6 +191,7 @@ def plan_workers(
                 uploads=uploads(inventory.job, run_dir, synced, in_place=in_place),
                 secrets=dict(secrets or {}),
                 warm=inventory.job.warm,
+                withheld_env=inventory.controller_only_env,
             )
         )
     return specs

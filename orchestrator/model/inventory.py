@@ -201,3 +201,9 @@ class Inventory:
     def host_source(self) -> str:
         """Which top-level block listed the workers: 'hosts' or 'slurm'."""
         return "slurm" if self.slurm is not None else "hosts"
+
+    @property
+    def controller_only_env(self) -> tuple[str, ...]:
+        """Variables of the controller's environment that no worker may inherit: the notify
+        targets' signing secrets (a local worker otherwise starts with the whole of it)."""
+        return tuple(sorted({t.secret_env for t in self.notify if t.secret_env}))

@@ -52,6 +52,9 @@ class WorkerSpec:
     # job.secret_env's values: sent in the launch request, never written to a file on the host.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     warm: bool = True  # job.warm_restarts: the launch may hand the attempt to the slot's standby
+    # Inventory.controller_only_env: names the agent drops from the environment it passes on
+    # (on a local host that is the controller's own, signing secrets included).
+    withheld_env: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -79,6 +82,7 @@ class WorkerSpec:
             "tf_config": self.tf_config,
             "log_max_bytes": self.log_max_bytes,
             "warm": self.warm,
+            "withhold_env": list(self.withheld_env),
         }
 
     def standby_request(self, linger: float) -> dict[str, Any]:
@@ -92,6 +96,7 @@ class WorkerSpec:
             "env": self.env,
             "secret_env": dict(self.secrets),
             "linger": linger,
+            "withhold_env": list(self.withheld_env),
         }
 
 

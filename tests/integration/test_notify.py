@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -209,6 +210,11 @@ def test_a_restarted_run_is_told_to_every_target_and_failing_ones_change_nothing
     try:
         status = cli.status_when(lambda s: s["state"] == "running", timeout=30)
         beta = next(w["pid"] for w in status["workers"] if w["name"] == "beta")
+        # The signing secret stays the controller's: a local worker (started from this very
+        # environment) and its supervisor do not inherit it.
+        alpha = psutil.Process(next(w["pid"] for w in status["workers"] if w["name"] == "alpha"))
+        for process in (alpha, *alpha.children(recursive=True)):
+            assert "HOOK_SECRET" not in process.environ(), process
         os.kill(beta, signal.SIGKILL)
         out, err = up.communicate(timeout=120)
     finally:

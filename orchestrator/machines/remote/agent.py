@@ -237,8 +237,17 @@ def cmd_info(_request):
     }
 
 
+def _withhold(spec):
+    """Drop the controller-only variables (notify's signing secrets) from this agent's own
+    environment, which every supervisor, standby and worker it starts inherits: on a local host
+    that environment is the controller's. Names the job sets itself (env, secret_env) stay."""
+    for name in spec.pop("withhold_env", None) or ():
+        os.environ.pop(name, None)
+
+
 def cmd_launch(request):
     spec = dict(request["spec"])
+    _withhold(spec)
     secrets = spec.pop("secret_env", None) or {}
     spec["secret_names"] = sorted(secrets)  # names only, to scrub their values from exit.json
     run_dir = _expand(spec["run_dir"])
@@ -601,6 +610,7 @@ def cmd_standby(request):
 
 def _start_standby(backs, spec):
     spec = dict(spec)
+    _withhold(spec)
     secrets = spec.pop("secret_env", None) or {}
     source = spec.pop("agent_source")
     sdir = standby_dir(backs)
