@@ -4,7 +4,9 @@ Each fault is injected into a running two-worker script job (a step every 20 ms,
 and a "checkpoint" after every step) supervised in this process by the real Supervisor, with the
 job's defaults except restart_backoff 0 and the stall_timeout given. Detection is the time from
 the fault to the supervisor announcing the restart; "resumed" is the time until both workers of
-the next attempt report a step again. Faults:
+the next attempt report a step again. Detection splits into "seen" (the fault to the supervisor
+starting to stop the survivors: the exit told by the host, or the next poll) and the survivors'
+stop. Faults:
 
   sigkill    SIGKILL to worker 1's process
   sigstop    SIGSTOP to worker 1 (frozen: only the stall watch sees it)
@@ -55,7 +57,20 @@ class Done(Exception):
     pass
 
 
-def one(fault: str, stall_timeout: int, interval: float) -> tuple[float, float]:
+class MarkingBackend(HostBackend):
+    """The real backend; the first stop after the fault marks when the supervisor saw it."""
+
+    def __init__(self, marks: dict[str, float]) -> None:
+        super().__init__()
+        self.marks = marks
+
+    def stop(self, workers, grace):  # type: ignore[no-untyped-def]
+        if "fault" in self.marks and "seen" not in self.marks:
+            self.marks["seen"] = time.monotonic()
+        return super().stop(workers, grace)
+
+
+def one(fault: str, stall_timeout: int, interval: float) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory(prefix="bench-faults-") as scratch:
         root = Path(scratch)
         (root / "t.py").write_text(SCRIPT)
@@ -73,7 +88,7 @@ def one(fault: str, stall_timeout: int, interval: float) -> tuple[float, float]:
         )
         store = RunStore(root / "state")
         marks: dict[str, float] = {}
-        with HostBackend() as backend:
+        with MarkingBackend(marks) as backend:
             record = start_run(load_inventory(root / "inv.yaml"), store, backend)
 
             def show(status: object) -> None:
@@ -109,7 +124,8 @@ def one(fault: str, stall_timeout: int, interval: float) -> tuple[float, float]:
                 pass
             finally:
                 stop_run(store.load(record.run_id), backend, grace=2)
-        return marks["restart"] - marks["fault"], marks["resumed"] - marks["fault"]
+        seen = marks.get("seen", marks["restart"]) - marks["fault"]
+        return seen, marks["restart"] - marks["fault"], marks["resumed"] - marks["fault"]
 
 
 def main() -> None:
@@ -117,14 +133,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--stall-timeout", type=int, default=5)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--faults", default="sigkill,sigstop,exit0")
     args = parser.parse_args()
-    print(f"{'fault':<9} {'detected s (median, min-max)':<30} {'resumed s (median)':>20}")
-    for fault in ("sigkill", "sigstop", "exit0"):
+    print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the start")
+    print(f"{'fault':<9} {'detected s (median, min-max)':<30} {'seen s':>8} {'stop s':>8} "
+          f"{'resumed s (median)':>20}")  # fmt: skip
+    for fault in args.faults.split(","):
         samples = [one(fault, args.stall_timeout, args.interval) for _ in range(args.repeats)]
-        detect = [s[0] for s in samples]
-        resume = [s[1] for s in samples]
-        spread = f"{statistics.median(detect):.2f} ({min(detect):.2f}-{max(detect):.2f})"
-        print(f"{fault:<9} {spread:<30} {statistics.median(resume):>20.2f}", flush=True)
+        seen = statistics.median(s[0] for s in samples)
+        detect = [s[1] for s in samples]
+        stop = statistics.median(s[1] - s[0] for s in samples)
+        resume = [s[2] for s in samples]
+        spread = f"{statistics.median(detect):.3f} ({min(detect):.3f}-{max(detect):.3f})"
+        print(f"{fault:<9} {spread:<30} {seen:>8.3f} {stop:>8.3f} "
+              f"{statistics.median(resume):>20.2f}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ host agent forking processes. registry.py picks one for an inventory. Answers ar
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -86,6 +87,14 @@ class Backend(ABC):
     @abstractmethod
     def probe(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, WorkerProbe]:
         """What each worker's run directory says now, by worker name."""
+
+    def wait_for_change(self, workers: Sequence[WorkerRecord], timeout: float) -> bool:
+        """Wait at most `timeout` seconds between two probes; True as soon as one of `workers`
+        that ran ended (then the caller probes at once). A backend whose machines can tell it
+        (hosts: the agent session's `watch`) answers the moment a worker exits; by default
+        this is the poll's sleep, and a failure is seen at the next probe."""
+        time.sleep(timeout)
+        return False
 
     @abstractmethod
     def stop(self, workers: Sequence[WorkerRecord], grace: float) -> GroupResult[str, StopAnswer]:

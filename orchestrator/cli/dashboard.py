@@ -13,7 +13,6 @@ import threading
 import time
 
 import click
-import psutil
 
 from orchestrator.cli.app import Context, cli, errors, pass_context, run_option
 from orchestrator.engine.plan import RUN_ID_PATTERN
@@ -103,6 +102,8 @@ def dashboard(  # noqa: PLR0917 - click passes every option by position
     served = Dashboard(context.store, host, port, run_id, interval, token)
     click.echo(f"dashboard: {served.url}", nl=True)
     if no_token:
+        import psutil  # here: every other command starts without it (issue 31)
+
         others = other_users((u.name for u in psutil.users()), getpass.getuser())
         if others:
             errors.print(

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import os
 import queue
-import ssl
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -110,16 +107,22 @@ def deliver(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer, not followed: a signed body goes where the inventory says only."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
 def _post(target: NotifyTarget, payload: bytes, headers: Mapping[str, str]) -> str:
+    # Imported here: urllib.request (http.client, email, ssl) would cost every command's start
+    # that never sends a webhook (issue 31).
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    class NoRedirects(urllib.request.HTTPRedirectHandler):
+        """A redirect is an answer, not followed: a signed body goes where the inventory says
+        only."""
+
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
     assert target.url is not None
-    handlers: list[urllib.request.BaseHandler] = [_NoRedirects()]
+    handlers: list[urllib.request.BaseHandler] = [NoRedirects()]
     if target.url.startswith("https://"):
         # Certificates and host names are checked; ca_file replaces the system's CAs.
         context = ssl.create_default_context(cafile=target.ca_file)
@@ -147,6 +150,8 @@ def _post(target: NotifyTarget, payload: bytes, headers: Mapping[str, str]) -> s
 
 
 def _reason(error: object, timeout: int) -> str:
+    import ssl
+
     if isinstance(error, TimeoutError):
         return f"no answer within {timeout} s"
     if isinstance(error, ssl.SSLCertVerificationError):

@@ -168,14 +168,17 @@ class Supervisor:
         return True
 
     def _pause(self) -> None:
-        """Wait one interval, or less: `down` touches the stop flag when it starts and again
-        once it has stopped the workers; the supervisor then polls at once, sees the run
-        stopped and lets go, instead of keeping `down` waiting up to a whole interval."""
+        """Wait one interval, or less: a worker that exits ends the wait at once where the
+        backend is told (Backend.wait_for_change); `down` touches the stop flag when it starts
+        and again once it has stopped the workers; the supervisor then polls at once, sees the
+        run stopped and lets go, instead of keeping `down` waiting up to a whole interval."""
         flag = self.store.stop_flag(self.record.run_id)
         seen = file_mtime(flag)
         deadline = time.monotonic() + self.interval
         while (left := deadline - time.monotonic()) > 0:
-            time.sleep(min(left, WAKE_CHECK))
+            # The backend's wait: a worker's exit told by its machine ends it at once.
+            if self.backend.wait_for_change(self.record.workers, min(left, WAKE_CHECK)):
+                return
             if file_mtime(flag) != seen:
                 return
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import posixpath
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -65,6 +66,7 @@ class Machines:
         self._lock = threading.Lock()  # fan-out threads ask for runners at the same time
         self._sessions: dict[MachineKey, LineSession] = {}
         self._busy: dict[MachineKey, threading.Lock] = {}  # one request at a time per session
+        self._running: set[tuple[MachineKey, str]] = set()  # run dirs the last probe saw running
 
     # --- connections ---------------------------------------------------------------------------
     def agent(self, host: Host) -> HostAgent:
@@ -125,9 +127,41 @@ class Machines:
 
         return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), ask)
 
+    def wait_for_change(self, workers: Sequence[WorkerRecord], timeout: float) -> bool:
+        """The wait between two probes, ended by the first machine whose agent tells of a
+        worker's exit (its `watch`). The workers watched are those the last probe saw running,
+        so that one ending between that probe and this wait is told at once too. Only machines
+        with a session open already are asked: a pause never opens a connection (the next probe
+        does, with its own timeout); with none to ask this is a sleep. A machine that fails to
+        answer ends the wait too: the probe that follows says what became of it."""
+        groups: dict[MachineKey, list[WorkerRecord]] = {}
+        for worker in workers:
+            key = session_key(worker.host)
+            if key in self._sessions and (key, worker.run_dir) in self._running:
+                groups.setdefault(key, []).append(worker)
+        if not groups:
+            time.sleep(timeout)
+            return False
+
+        def watch(key: MachineKey) -> bool:
+            group = groups[key]
+            fields = {"run_dirs": [w.run_dir for w in group], "timeout": timeout}
+            return bool(self._ask(group[0].host, "watch", timeout + PROBE_TIMEOUT, fields)
+                        .get("changed"))  # fmt: skip
+
+        answers = fan_out(groups, watch)
+        return bool(answers.failed) or any(answers.ok.values())
+
     def _probe_machine(self, host: Host, run_dirs: list[str]) -> dict[str, WorkerProbe]:
         answer = self._ask(host, "probe", PROBE_TIMEOUT, {"run_dirs": run_dirs})
-        return parsed(host.name, parse_probe_answer, answer)
+        probes = parsed(host.name, parse_probe_answer, answer)
+        key = session_key(host)
+        for run_dir, probe in probes.items():  # what wait_for_change watches
+            if probe.alive and probe.exit is None:
+                self._running.add((key, run_dir))
+            else:
+                self._running.discard((key, run_dir))
+        return probes
 
     def _ask(self, host: Host, verb: str, wait: float, fields: dict[str, Any]) -> dict[str, Any]:
         """One request through the machine's open agent session, answered within `wait` (a

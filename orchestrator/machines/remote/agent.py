@@ -39,6 +39,10 @@ Verbs and their fields:
                               appended to stacks.txt (a file of its own: a dump never mixes
                               with worker.log); `mark` answers the files' sizes, for a
                               scheduler that delivers the signal itself; `native`: py-spy's
+  watch run_dirs timeout      answer as soon as one of these workers (the controller saw them
+                              running) ends: its exit record is written or its supervisor is
+                              gone (at once if one has already), or after timeout: the
+                              controller's wait between two polls, told of an exit at once
 The supervisor itself is started as `agent.py supervise RUN_DIR` (internal; no job values), a
 standby's as `agent.py standby STANDBY_DIR`.
 
@@ -1296,10 +1300,12 @@ def cmd_stop(request):
 
     alive = dict(groups)
     deadline = time.monotonic() + grace
+    nap = 0.005  # most workers end within milliseconds of SIGTERM: look again soon, then less
     while alive and time.monotonic() < deadline:
         alive = still_alive(alive)
         if alive:
-            time.sleep(0.1)
+            time.sleep(nap)
+            nap = min(nap * 2, 0.1)
     outcome = {run_dir: "not running" for run_dir in run_dirs}
     for run_dir in groups:
         outcome[run_dir] = "killed" if run_dir in alive else "stopped"
@@ -1497,6 +1503,63 @@ def cmd_stacks(request):
     return {"stacks": answers}
 
 
+# --- watch: an exit told the moment it happens ------------------------------------------------
+WATCH_TICK = 0.25  # seconds between looks at the files (a backstop where a pidfd sees the exit)
+WATCH_TICK_NO_PIDFD = 0.02  # where os.pidfd_open is missing (not Linux >= 5.3, Python < 3.9)
+EXIT_RECORD_WAIT = 2.0  # seconds from a worker's exit to its supervisor's exit record, at most
+
+
+def _running(path):
+    pid = _read_int(os.path.join(path, "pid"))
+    return (not os.path.exists(os.path.join(path, "exit.json"))
+            and bool(pid) and _is_our_supervisor(pid, path))  # fmt: skip
+
+
+def _pidfd(pid):
+    try:
+        return os.pidfd_open(pid) if pid else None
+    except (AttributeError, OSError):  # no pidfds here, or the process is gone already
+        return None
+
+
+def cmd_watch(request):
+    """Wait until one of the run directories (whose workers the controller saw running) ends,
+    at most `timeout`; at once if one has ended already.
+    A pidfd per worker and supervisor wakes this at its exit (the supervisor is the worker's
+    parent and writes exit.json right after its waitpid); the files are looked at every tick
+    too, for what no pidfd covers."""
+    import select
+
+    deadline = time.monotonic() + min(float(request.get("timeout") or 0), 60.0)
+    running = list(map(_expand, request["run_dirs"]))  # the ones the controller saw running
+    if not all(map(_running, running)):
+        return {"changed": True}  # ended since the controller last looked
+    fds = []
+    for path in running:
+        for name in ("worker.pid", "pid"):
+            fd = _pidfd(_read_int(os.path.join(path, name)))
+            if fd is not None:
+                fds.append(fd)
+    tick = WATCH_TICK if fds else WATCH_TICK_NO_PIDFD
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            if fds and select.select(fds, [], [], min(left, tick))[0]:
+                break  # a process ended: its exit record follows within moments
+            if not fds:
+                time.sleep(min(left, tick))
+            if any(not _running(path) for path in running):
+                return {"changed": True}
+        else:
+            return {"changed": False}
+        settle = time.monotonic() + EXIT_RECORD_WAIT
+        while time.monotonic() < settle and all(_running(path) for path in running):
+            time.sleep(0.002)
+        return {"changed": True}
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 VERBS = {
     "files": cmd_files,
     "make-dirs": cmd_make_dirs,
@@ -1511,6 +1574,7 @@ VERBS = {
     "linger-standbys": cmd_linger_standbys,
     "standbys": cmd_standbys,
     "stacks": cmd_stacks,
+    "watch": cmd_watch,
 }
 
 
