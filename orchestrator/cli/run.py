@@ -116,6 +116,15 @@ def up(  # noqa: PLR0917 - click passes every option by position
                         force_setup=force_setup)  # fmt: skip
 
 
+def _checks(
+    inventory: Inventory, backend: Backend, probe_timeout: float, min_free_gb: float, *, perf: bool
+) -> None:
+    report = run_checks(inventory, backend, probe_timeout, min_free_gb, perf=perf)
+    show_findings(report, only_problems=True)
+    if report.blocking:
+        raise blocking_error(report)
+
+
 def start_and_supervise(
     context: Context,
     inventory: Inventory,
@@ -140,13 +149,13 @@ def start_and_supervise(
             # Setup may install what the checks look for (the python, TensorFlow): it goes first.
             prepared = prepare_before_checks(inventory, backend, force_setup)
             run_id = new_run_id()
+            measured = not skip_checks and inventory.perf_check
+            if measured:  # the standbys' TensorFlow import would slow the compute probes
+                _checks(inventory, backend, probe_timeout, min_free_gb, perf=True)
             # TensorFlow's import in the first workers overlaps the checks and the launch.
             with first_standbys(inventory, run_id, backend, linger=STANDBY_SLACK):
-                if not skip_checks:
-                    report = run_checks(inventory, backend, probe_timeout, min_free_gb)
-                    show_findings(report, only_problems=True)
-                    if report.blocking:
-                        raise blocking_error(report)
+                if not skip_checks and not measured:
+                    _checks(inventory, backend, probe_timeout, min_free_gb, perf=False)
                 _announce(inventory, source, secrets)
                 record = start_run(
                     inventory,

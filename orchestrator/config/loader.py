@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.preflight import PREFLIGHT_KEY_ENTRIES, parse_preflight
 from orchestrator.config.report import Report, line_of
 from orchestrator.config.setup import parse_setup
 from orchestrator.config.sources.ansible import ANSIBLE_KEY_ENTRIES, parse_ansible
@@ -175,6 +176,8 @@ TOP_KEY_ENTRIES: tuple[Key, ...] = (
         "a directory of this machine mirrored to `{workdir}/{job}/code/` on every host before "
         "every start"),
     Key("job", "mapping (`job:` keys)", "required", "what every worker runs"),
+    Key("preflight", "mapping (`preflight:` keys)", "",
+        "what `up`'s preflight check does besides its usual checks"),
 )  # fmt: skip
 HOST_SOURCE_ENTRIES: tuple[Key, ...] = (
     Key("hosts", "list of hosts", "",
@@ -222,6 +225,7 @@ def key_reference() -> tuple[tuple[str, str, tuple[Key, ...]], ...]:
     blocks += [
         ("job", "what every worker runs", JOB_KEY_ENTRIES),
         ("sync", "`sync: DIR` is `sync: {source: DIR}`", SYNC_KEY_ENTRIES),
+        ("preflight", "what `up`'s preflight check adds", PREFLIGHT_KEY_ENTRIES),
         (
             "ansible",
             "an Ansible inventory instead of `hosts:` (the `ansible` extra)",
@@ -300,6 +304,7 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
         if key in document and isinstance(scheduler, SlurmSpec):
             report.add(line_of(document, key), key, "applies to hosts reached over SSH (hosts: "
                        "or ansible:); on Slurm, prepare the nodes' shared environment")  # fmt: skip
+    perf = parse_preflight(document.get("preflight"), line_of(document, "preflight"), report)
     if job is None or report.problems:
         return None
     return Inventory(
@@ -312,6 +317,7 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
         setup=setup,
         sync=sync,
         slurm=scheduler if isinstance(scheduler, SlurmSpec) else None,
+        perf_check=perf,
     )
 
 

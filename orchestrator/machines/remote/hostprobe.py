@@ -13,6 +13,13 @@ listener it started, so a controller that dies mid-check leaves nothing behind. 
                       attempt ended (ok, timed out, refused, unreachable); whether a file is visible
   cleanup SPEC_JSON   stop the temporary listener (and wait until its port is released), remove
                       the shared-directory token file
+
+`check --perf` adds three (the performance round; bounded in time and bytes):
+  compute SPEC_JSON   start a matmul child of the host's python (NumPy, or TensorFlow on a GPU
+                      when asked for and present); then, one request per window, its GFLOP/s
+  sink SPEC_JSON      listen on an ephemeral port in a thread; each connection is read to its end
+                      and answered with what arrived and how fast
+  send SPEC_JSON      send to a peer's sink for at most `seconds` or `max_bytes`; the sink's figures
 """
 
 import errno
@@ -193,6 +200,7 @@ def cmd_inspect(spec):
     report["listener_pid"] = pid
     report["port_error"] = os.strerror(error) if error else None
     report["holder"] = _holder(spec["port"]) if error == errno.EADDRINUSE else None
+    report["boot_id"] = _boot_id()
     token = spec.get("token")
     if token:
         try:
@@ -286,7 +294,221 @@ def cmd_cleanup(spec):
     return {"listener_left": bool(pid) and _alive(pid)}
 
 
-VERBS = {"inspect": cmd_inspect, "connect": cmd_connect, "cleanup": cmd_cleanup}
+# ---------------------------------------------------------------------------------------------
+# The performance round (`check --perf`)
+
+
+def _boot_id():
+    """One value per booted machine: hosts that share it share CPUs, GPUs and network cards."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+# Run by the host's python as a long-lived child (it inherits the probe's cgroup, nice level and
+# limits): it prepares the matmul, says so in one JSON line, then answers each line on stdin (a
+# window's length in seconds) with the GFLOP/s of back-to-back matmuls over that window. The
+# controller asks hosts of one machine in turn, window by window, and keeps each host's best:
+# a hiccup of a busy machine lands on one window of one host, while a lasting slowness (slower
+# hardware, a CPU quota, a throttled GPU) is in all of its windows. One BLAS thread on a CPU:
+# a core's speed, not how many cores happen to be idle at that moment.
+COMPUTE_CHILD = r"""
+import json, os, sys, time
+spec = json.loads(sys.argv[1])
+def say(answer):
+    sys.stdout.write(json.dumps(answer) + "\n"); sys.stdout.flush()
+ready = {"probe": None, "device": "cpu"}
+matmul = sync = None
+if spec.get("gpu"):
+    try:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        import tensorflow as tf
+        gpus = tf.config.list_physical_devices("GPU")
+    except Exception as exc:
+        gpus, ready["detail"] = [], "TensorFlow: %s" % exc
+    if gpus:
+        n = spec["gpu_size"]
+        with tf.device("/GPU:0"):
+            a = tf.random.uniform((n, n)); b = tf.random.uniform((n, n))
+        out = []
+        def matmul():
+            with tf.device("/GPU:0"):
+                out[:] = [tf.linalg.matmul(a, b)]
+        def sync():
+            if out: out[0][0, 0].numpy()
+        ready.update(probe="tensorflow", device="gpu")
+    elif "detail" not in ready:
+        ready["detail"] = "TensorFlow sees no GPU"
+if matmul is None:
+    try:
+        import numpy
+    except Exception:
+        ready["detail"] = ready.get("detail") or "NumPy is not installed"
+    else:
+        n = spec["cpu_size"]
+        a = numpy.random.rand(n, n).astype(numpy.float32)
+        b = numpy.random.rand(n, n).astype(numpy.float32)
+        matmul, sync = (lambda: a @ b), (lambda: None)
+        ready.update(probe="numpy", device="cpu", detail=None)
+if matmul is not None:
+    matmul(); sync()  # warm up: the first call allocates (and TensorFlow compiles)
+say(ready)
+for line in sys.stdin:
+    window, count, started = float(line), 0, time.perf_counter()
+    while time.perf_counter() - started < window:
+        matmul(); count += 1
+    sync()
+    say({"gflops": count * 2.0 * n ** 3 / (time.perf_counter() - started) / 1e9})
+"""
+ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+COMPUTERS: dict = {}  # "child": the compute child, "ready": its first answer
+
+
+def _read_line(stream, timeout):
+    if not select.select([stream], [], [], timeout)[0]:
+        return None
+    return stream.readline()
+
+
+def _stop_computer():
+    child = COMPUTERS.pop("child", None)
+    COMPUTERS.pop("ready", None)
+    if child is not None:
+        child.kill()
+        child.wait()
+
+
+def cmd_compute(spec):
+    """`{"start": {...}}` starts the compute child and answers what it measures with (or why
+    nothing); `{"window": SECONDS}` measures one window; `{"stop": true}` ends the child."""
+    import subprocess
+
+    if spec.get("stop"):
+        _stop_computer()
+        return {}
+    if spec.get("start"):
+        _stop_computer()
+        env = dict(os.environ, **dict.fromkeys(ONE_THREAD, "1"))
+        child = subprocess.Popen(
+            [sys.executable, "-c", COMPUTE_CHILD, json.dumps(spec["start"])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True, env=env,
+        )  # fmt: skip
+        COMPUTERS["child"] = child
+        line = _read_line(child.stdout, spec["timeout"])
+        try:
+            ready = json.loads(line) if line else None
+        except ValueError:
+            ready = None
+        if not isinstance(ready, dict):
+            why = f"exited {child.wait()}" if line == "" else "no answer in time"
+            _stop_computer()
+            return {"probe": None, "gflops": None, "detail": f"the compute probe {why}"}
+        COMPUTERS["ready"] = ready
+        if ready.get("probe") is None:
+            _stop_computer()
+        return ready
+    child = COMPUTERS.get("child")
+    if child is None:
+        return {"gflops": None, "detail": "no compute probe running"}
+    try:
+        child.stdin.write(f"{spec['window']}\n")
+        child.stdin.flush()
+        line = _read_line(child.stdout, spec["window"] + spec["timeout"])
+        return {**COMPUTERS["ready"], **json.loads(line)}
+    except (OSError, ValueError, TypeError):
+        _stop_computer()
+        return {"gflops": None, "detail": "the compute probe stopped answering"}
+
+
+RATE_WINDOW = 0.05  # seconds: the sink's rate is its best window this long (or the whole transfer)
+
+
+def _drain(conn, timeout):
+    """Read one transfer to its end; answer bytes, seconds and the best windowed rate."""
+    conn.settimeout(timeout)
+    total, first, last = 0, None, None
+    window_start, window_bytes, best = None, 0, 0.0
+    try:
+        while True:
+            chunk = conn.recv(1 << 20)
+            now = time.monotonic()
+            if not chunk:
+                break
+            if first is None:
+                first = window_start = now  # the clock starts at the first byte
+            else:
+                window_bytes += len(chunk)  # bytes that arrived after the window started
+            total += len(chunk)
+            last = now
+            if now - window_start >= RATE_WINDOW:
+                best = max(best, window_bytes / (now - window_start))
+                window_start, window_bytes = now, 0
+        seconds = (last - first) if first is not None else 0.0
+        rate = max(best, (total / seconds) if seconds > 0 else 0.0)
+        answer = {"bytes": total, "seconds": round(seconds, 4), "rate": rate}
+        conn.sendall((json.dumps(answer) + "\n").encode())
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
+def _sink_loop(server, timeout):
+    import threading
+
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return  # closed at end of input
+        threading.Thread(target=_drain, args=(conn, timeout), daemon=True).start()
+
+
+SINKS: list = []  # the sinks' listening sockets, closed at end of input
+
+
+def cmd_sink(spec):
+    import threading
+
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("0.0.0.0", 0))  # an ephemeral port: the workers' port is not touched
+    server.listen(16)
+    SINKS.append(server)
+    threading.Thread(target=_sink_loop, args=(server, spec["timeout"]), daemon=True).start()
+    return {"port": server.getsockname()[1]}
+
+
+def cmd_send(spec):
+    """Send zeros to a peer's sink for `seconds` or `max_bytes`, whichever comes first."""
+    chunk = bytes(1 << 18)
+    sent, deadline = 0, time.monotonic() + spec["seconds"]
+    try:
+        with socket.create_connection((spec["address"], spec["port"]), spec["timeout"]) as sock:
+            sock.settimeout(spec["timeout"])
+            while sent < spec["max_bytes"] and time.monotonic() < deadline:
+                sock.sendall(chunk)
+                sent += len(chunk)
+            sock.shutdown(socket.SHUT_WR)
+            reply = b""
+            while not reply.endswith(b"\n"):
+                data = sock.recv(4096)
+                if not data:
+                    break
+                reply += data
+    except OSError as exc:
+        return {"status": "error", "detail": exc.strerror or str(exc), "sent": sent}
+    try:
+        answer = json.loads(reply)
+    except ValueError:
+        return {"status": "error", "detail": "the peer's sink gave no figures", "sent": sent}
+    return {"status": "ok", "sent": sent, **answer}
+
+
+VERBS = {"inspect": cmd_inspect, "connect": cmd_connect, "cleanup": cmd_cleanup,
+         "compute": cmd_compute, "sink": cmd_sink, "send": cmd_send}  # fmt: skip
 
 
 def serve(lines, out):
@@ -302,6 +524,9 @@ def serve(lines, out):
         out.flush()
     for pid in listeners:  # end of input: the controller is done, or gone
         cmd_cleanup({"listener_pid": pid})
+    for server in SINKS:
+        server.close()
+    _stop_computer()
 
 
 if __name__ == "__main__":
