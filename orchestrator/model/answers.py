@@ -276,12 +276,14 @@ class ComputeProbe:
     device: str  # "cpu" or "gpu": figures are compared among hosts of one device only
     gflops: float | None
     detail: str | None = None
+    cpu_limit: float | None = None  # the CPUs the host's cgroups allow the probe, if limited
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> ComputeProbe:
         gflops = number(data.get("gflops"))
         return cls(text(data.get("probe")), text(data.get("device")) or "cpu",
-                   gflops if gflops and gflops > 0 else None, text(data.get("detail")))  # fmt: skip
+                   gflops if gflops and gflops > 0 else None, text(data.get("detail")),
+                   number(data.get("cpu_limit")))  # fmt: skip
 
 
 @dataclass(frozen=True)

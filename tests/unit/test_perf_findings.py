@@ -72,7 +72,7 @@ def test_a_slow_host_is_named_with_its_figure_and_ratio() -> None:
     assert found["gpu-c"].status is Status.WARN
     assert f"gpu-c: {found['gpu-c'].detail}" == "gpu-c: matmul 41 GFLOP/s, 0.35x the others"
     assert found["gpu-c"].figures == {"gflops": 41.0, "ratio": 0.35, "probe": "numpy",
-                                      "device": "cpu"}  # fmt: skip
+                                      "device": "cpu", "cpu_limit": None}  # fmt: skip
     assert found["gpu-a"].status is Status.OK
     assert found["gpu-a"].detail == "numpy matmul 118 GFLOP/s (cpu), 1.49x the others"
     assert found["gpu-d"].status is Status.OK

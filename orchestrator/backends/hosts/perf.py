@@ -31,12 +31,12 @@ from orchestrator.model.preflight import Finding, Status
 
 COMPUTE_RATIO = 0.7  # a host below this much of the others' median compute is named
 LINK_RATIO = 0.5  # a link below this much of the other links' median throughput is named
-COMPUTE_WINDOWS = 12  # the compute probe: a host's best of this many windows ...
+COMPUTE_WINDOWS = 8  # the compute probe: a host's best of this many windows ...
 COMPUTE_WINDOW_SECONDS = 0.1  # ... each one CFS quota period (100 ms) at least
 CPU_MATRIX = 1024  # float32 matmul sizes: large enough to keep BLAS or a GPU busy
 GPU_MATRIX = 8192
 COMPUTE_TIMEOUT = 90.0  # seconds, TensorFlow's import on a GPU host included
-LINK_BURSTS = 8  # each link carries this many bursts (its best counts) ...
+LINK_BURSTS = 6  # each link carries this many bursts (its best counts) ...
 LINK_SECONDS = 0.15  # ... of at most this long ...
 LINK_BYTES = 32 << 20  # ... or this many bytes
 LINK_TIMEOUT = 5.0  # seconds to connect to a sink, and for each read and write
@@ -134,6 +134,7 @@ def compute_findings(probes: Mapping[str, ComputeProbe]) -> list[Finding]:
             "ratio": round(ratios[name], 2),
             "probe": probe.probe,
             "device": probe.device,
+            "cpu_limit": probe.cpu_limit,
         }
         peers = len(by_device[probe.device]) - 1
         what = f"{probe.probe} matmul {probe.gflops:.0f} GFLOP/s ({probe.device})"
@@ -276,7 +277,7 @@ def measure_compute(perf: PerfPlan, sessions: Mapping[str, LineSession]) -> dict
         probe = probes[name]
         gflops = best.get(name)
         detail = None if gflops else "the compute probe gave no figure"
-        probes[name] = ComputeProbe(probe.probe, probe.device, gflops, detail)
+        probes[name] = ComputeProbe(probe.probe, probe.device, gflops, detail, probe.cpu_limit)
     return probes
 
 

@@ -310,10 +310,12 @@ def _boot_id():
 # Run by the host's python as a long-lived child (it inherits the probe's cgroup, nice level and
 # limits): it prepares the matmul, says so in one JSON line, then answers each line on stdin (a
 # window's length in seconds) with the GFLOP/s of back-to-back matmuls over that window. The
-# controller asks hosts of one machine in turn, window by window, and keeps each host's best:
-# a hiccup of a busy machine lands on one window of one host, while a lasting slowness (slower
-# hardware, a CPU quota, a throttled GPU) is in all of its windows. One BLAS thread on a CPU:
-# a core's speed, not how many cores happen to be idle at that moment.
+# controller asks hosts of one machine in turn, window by window, and keeps each host's best.
+# On a CPU the figure is the matmul's speed per second the thread actually ran (/proc's
+# schedstat), times the share of a CPU its cgroups' quota allows: the load of other processes,
+# which comes and goes on a shared machine, is no verdict on the host, while a slower or
+# throttled CPU and a CPU quota are. One BLAS thread: a core's speed, not how many cores happen
+# to be idle at that moment. On a GPU it is the wall-clock speed.
 COMPUTE_CHILD = r"""
 import json, os, sys, time
 spec = json.loads(sys.argv[1])
@@ -354,13 +356,56 @@ if matmul is None:
         ready.update(probe="numpy", device="cpu", detail=None)
 if matmul is not None:
     matmul(); sync()  # warm up: the first call allocates (and TensorFlow compiles)
+def ran():  # seconds this thread has run on a CPU (None without schedstat)
+    try:
+        with open("/proc/thread-self/schedstat") as handle:
+            return int(handle.read().split()[0]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+def read(path):
+    try:
+        with open(path) as handle:
+            return handle.read().split()
+    except OSError:
+        return None
+def cpu_limit():  # the CPUs this process's cgroups allow (a CFS quota), None: no limit
+    try:
+        with open("/proc/self/cgroup") as handle:
+            lines = [line.rstrip("\n").split(":", 2) for line in handle]
+    except OSError:
+        return None
+    v1 = [path for _, names, path in lines if "cpu" in names.split(",")]
+    v2 = [path for hier, _, path in lines if hier == "0"]
+    limits, path = [], (v1 or v2 or ["/"])[0].rstrip("/")
+    while True:
+        if v1:
+            quota = read("/sys/fs/cgroup/cpu%s/cpu.cfs_quota_us" % path)
+            period = read("/sys/fs/cgroup/cpu%s/cpu.cfs_period_us" % path)
+            if quota and period and int(quota[0]) > 0:
+                limits.append(int(quota[0]) / int(period[0]))
+        else:
+            both = read("/sys/fs/cgroup%s/cpu.max" % path)
+            if both and both[0] != "max":
+                limits.append(int(both[0]) / int(both[1]))
+        if not path:
+            break
+        path = path.rsplit("/", 1)[0]
+    return min(limits) if limits else None
+limit = cpu_limit()
+ready["cpu_limit"] = limit
 say(ready)
 for line in sys.stdin:
-    window, count, started = float(line), 0, time.perf_counter()
+    window, count = float(line), 0
+    ran_before, started = ran(), time.perf_counter()
     while time.perf_counter() - started < window:
         matmul(); count += 1
     sync()
-    say({"gflops": count * 2.0 * n ** 3 / (time.perf_counter() - started) / 1e9})
+    wall = time.perf_counter() - started
+    busy = wall if ran_before is None or ready["device"] == "gpu" else ran() - ran_before
+    rate = count * 2.0 * n ** 3 / max(busy, 1e-6) / 1e9
+    if ready["device"] == "cpu" and limit is not None:
+        rate *= min(1.0, limit)  # one thread gets at most this share of a core's time
+    say({"gflops": rate, "wall_gflops": count * 2.0 * n ** 3 / wall / 1e9})
 """
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 COMPUTERS: dict = {}  # "child": the compute child, "ready": its first answer
