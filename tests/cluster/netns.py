@@ -841,6 +841,14 @@ class NamespaceCluster:
         period = int((group / "cpu.cfs_period_us").read_text())
         (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(period * cores))))
         (group / "cgroup.procs").write_text(str(host.sshd_pid))
+        # `ip netns exec` gave the host a /sys of its own, without the cgroup mounts a real host
+        # has, so its programs could not read their limits: mount the cpu hierarchy there (in
+        # the sshd's mount namespace only, which `ip netns exec` made a slave of this one).
+        mount = (
+            f"test -e {root}/cpu.cfs_quota_us || {{ mount -t tmpfs cgroup_root /sys/fs/cgroup"
+            f" && mkdir -p {root} && mount -t cgroup -o cpu cgroup {root}; }}"
+        )
+        _run(["nsenter", "-t", str(host.sshd_pid), "-m", "sh", "-c", mount])
         try:
             yield group
         finally:

@@ -52,7 +52,10 @@ def test_a_healthy_cluster_is_never_named(cli: Cli, cluster: NamespaceCluster, i
         found = perf_findings(cli)
         names = [h.name for h in cluster.hosts]
         assert set(found) == {(n, c) for n in names for c in PERF_CHECKS}
-        assert warnings(found) == {}, (attempt, found)
+        assert warnings(found) == {}, (
+            attempt,
+            {k: (f["detail"], f["figures"]) for k, f in found.items()},
+        )
         for name in names:
             figures = found[(name, "compute")]["figures"]
             assert figures["probe"] == "numpy" and figures["gflops"] > 0
@@ -80,7 +83,7 @@ def test_a_host_under_a_cpu_quota_is_named(cli: Cli, cluster: NamespaceCluster, 
     slow = cluster.hosts[2]
     with cluster.cpu_quota(slow, 0.2):  # a fifth of one core
         found = perf_findings(cli)
-    assert set(warnings(found)) == {(slow.name, "compute")}, json.dumps(found, indent=1)
+    assert set(warnings(found)) == {(slow.name, "compute")}, found
     detail = found[(slow.name, "compute")]["detail"]
     assert detail.startswith("matmul ") and detail.endswith("x the others")
     assert found[(slow.name, "compute")]["figures"]["ratio"] < 0.4
