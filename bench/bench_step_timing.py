@@ -1,0 +1,53 @@
+"""steps/s of the built-in loop with and without its step timing (issue 27), side by side in one
+run: two local workers train the bundled example at --steps-per-call 1 (the most calls, so the
+most clock reads per step), once with ORCHESTRATE_STEP_TIMING=0 and once timed, alternating
+within each repeat and the order flipping from repeat to repeat, so that both share the
+machine's noise. The timing stays only if the paired median loss is under 2 %.
+
+    .venv/bin/python -m bench.bench_step_timing [--repeats 5] [--steps 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from unittest import mock
+
+from bench.bench_launch import BATCH
+from bench.bench_steps_per_call import builtin, run_workers
+from orchestrator.contract import STEP_TIMING_ENV
+
+
+def rate(steps: int, timed: bool) -> float:
+    with mock.patch.dict(os.environ, {STEP_TIMING_ENV: "1" if timed else "0"}):
+        return run_workers(builtin(steps, 1, BATCH), 2, steps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=400)
+    args = parser.parse_args()
+    off: list[float] = []
+    on: list[float] = []
+    for repeat in range(args.repeats):
+        load = os.getloadavg()[0]
+        order = (False, True) if repeat % 2 == 0 else (True, False)
+        sample = {timed: rate(args.steps, timed) for timed in order}
+        off.append(sample[False])
+        on.append(sample[True])
+        print(f"repeat {repeat + 1} (load {load:.1f}): untimed {sample[False]:.1f}, "
+              f"timed {sample[True]:.1f} steps/s", flush=True)  # fmt: skip
+    losses = [1 - t / u for t, u in zip(on, off, strict=True)]
+    loss = statistics.median(losses)
+    print(f"\n{args.repeats} repeats, {args.steps} steps, steps/s median [min max]:")
+    for name, values in (("untimed", off), ("timed", on)):
+        print(f"  {name:<8} {statistics.median(values):7.1f} [{min(values):.1f} {max(values):.1f}]")
+    print(f"paired loss per repeat, median [min max]: {loss * 100:.1f} % "
+          f"[{min(losses) * 100:.1f} {max(losses) * 100:.1f}]")  # fmt: skip
+    print(f"keep the timing (< 2 % loss): {'YES' if loss < 0.02 else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
