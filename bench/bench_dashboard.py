@@ -45,8 +45,9 @@ def chief_step(cwd: Path) -> int:
     return int(record["workers"][0]["step"] or 0)
 
 
-def client(url: str, stop: threading.Event, received: list[int]) -> None:
-    with httpx.stream("GET", url, timeout=None) as answer:
+def client(url: str, token: str, stop: threading.Event, received: list[int]) -> None:
+    bearer = {"Authorization": f"Bearer {token}"}  # as scripts send the dashboard's token
+    with httpx.stream("GET", url, headers=bearer, timeout=None) as answer:
         for chunk in answer.iter_bytes():
             received.append(len(chunk))
             if stop.is_set():
@@ -86,12 +87,13 @@ def main() -> None:
         assert server.stdout is not None
         url = re.search(r"(http\S+)", server.stdout.readline()).group(1)  # type: ignore[union-attr]
         run_id = (cwd / ".orchestrate" / "current").read_text().strip()
-        events = f"{url.rstrip('/')}/api/runs/{run_id}/events"
+        base, token = url.split("?token=")
+        events = f"{base.rstrip('/')}/api/runs/{run_id}/events"
         process = psutil.Process(server.pid)
         received: list[int] = []
         for count in (1, 10):
             while len([t for t in threading.enumerate() if t.name == "client"]) < count:
-                threading.Thread(target=client, args=(events, stop, received), name="client",
+                threading.Thread(target=client, args=(events, token, stop, received), name="client",
                                  daemon=True).start()  # fmt: skip
             time.sleep(2)
             received.clear()

@@ -8,6 +8,7 @@ from orchestrator.cli import (  # noqa: F401 - they register commands
     export,
     hosts,
     local,
+    notify,
     preflight,
     run,
     views,

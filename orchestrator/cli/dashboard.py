@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import importlib.util
 import os
 import signal
@@ -12,10 +13,12 @@ import threading
 import time
 
 import click
+import psutil
 
 from orchestrator.cli.app import Context, cli, errors, pass_context, run_option
+from orchestrator.engine.plan import RUN_ID_PATTERN
 from orchestrator.engine.runstore import RunStore
-from orchestrator.errors import MissingTool
+from orchestrator.errors import MissingTool, RunStateError
 
 DEFAULT_PORT = 6100
 FINISHED = ("succeeded", "failed", "stopped")
@@ -44,7 +47,12 @@ def _require_web_stack() -> None:
     default="127.0.0.1",
     show_default=True,
     metavar="ADDRESS",
-    help="The address to listen on. Any but loopback requires the token printed at start.",
+    help="The address to listen on (loopback only answers requests for a loopback name).",
+)
+@click.option(
+    "--no-token",
+    is_flag=True,
+    help="Serve without the token (loopback only): every local user can then read the page.",
 )
 @click.option(
     "--interval", default=1.0, show_default=True, metavar="SECONDS", help="How often to poll."
@@ -57,6 +65,7 @@ def dashboard(  # noqa: PLR0917 - click passes every option by position
     port: int,
     host: str,
     interval: float,
+    no_token: bool,
     exit_after_run: float | None,
 ) -> None:
     """Serve a live web page of the run: every worker's state, progress and ETA, loss and steps/s
@@ -68,18 +77,45 @@ def dashboard(  # noqa: PLR0917 - click passes every option by position
     All viewers share one poll: next to a running supervisor the dashboard serves the status
     the supervisor writes at each poll; otherwise it polls the hosts once per --interval.
     Read-only. Without --run the page follows the latest run of the state directory.
+
+    \b
+    Every request needs the token (as in Jupyter): open the URL printed at start once, and the
+    browser keeps it in a cookie; scripts send 'Authorization: Bearer TOKEN', the token being in
+    the state directory's dashboard-token file (0600). --no-token is for loopback only.
     """
     _require_web_stack()
     if run_id is not None:
+        if not RUN_ID_PATTERN.fullmatch(run_id):  # not a file of runs/ such as x.status
+            raise RunStateError(
+                f"'{run_id}' is not a run id", hint="'orchestrate status --json' names the run"
+            )
         context.store.load(run_id)  # an unknown run is an error now, not a blank page
-    from orchestrator.dashboard.server import Dashboard
+    from orchestrator.dashboard.auth import other_users
+    from orchestrator.dashboard.server import Dashboard, may_go_without_token
 
-    served = Dashboard(context.store, host, port, run_id, interval)
+    if no_token and not may_go_without_token(host):
+        raise click.UsageError(
+            f"--no-token is for a loopback address only, not {host}: any machine that reaches "
+            f"{host} could read the runs. Leave --no-token out (the printed URL carries the "
+            "token), or listen on 127.0.0.1"
+        )
+    token = None if no_token else _token(context.store)
+    served = Dashboard(context.store, host, port, run_id, interval, token)
     click.echo(f"dashboard: {served.url}", nl=True)
-    if served.token:
+    if no_token:
+        others = other_users((u.name for u in psutil.users()), getpass.getuser())
+        if others:
+            errors.print(
+                f"warning: without a token every user of this machine can read the dashboard "
+                f"on port {served.port}, and {', '.join(others)} logged in now",
+                markup=False,
+                highlight=False,
+            )
+    else:
+        where = "beyond this machine; " if not may_go_without_token(host) else ""
         errors.print(
-            f"listening on {host}, beyond this machine: every request needs the token "
-            "(it is in the URL above; scripts may send 'Authorization: Bearer TOKEN')",
+            f"every request needs the token ({where}it is in the URL above and in "
+            f"{context.store.dashboard_token_path()}; scripts send 'Authorization: Bearer TOKEN')",
             markup=False,
             highlight=False,
         )
@@ -89,6 +125,19 @@ def dashboard(  # noqa: PLR0917 - click passes every option by position
         ).start()
     served.serve()
     errors.print("dashboard stopped")
+
+
+def _token(store: RunStore) -> str:
+    from orchestrator.dashboard.auth import stored_token
+
+    path = store.dashboard_token_path()
+    try:
+        return stored_token(path)
+    except OSError as exc:
+        raise RunStateError(
+            f"the dashboard cannot keep its token in {path}: {exc.strerror}",
+            hint="point --state-dir at a directory you can write (or, on loopback, --no-token)",
+        ) from exc
 
 
 def _exit_after_run(served: object, run_id: str, linger: float) -> None:

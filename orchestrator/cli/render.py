@@ -59,6 +59,8 @@ def status_table(status: RunStatus) -> Table:
     if status.restarts:
         last = status.restarts[-1].describe()
         title.append(f"  attempt {status.attempt}, {len(status.restarts)} restart(s), last: {last}")
+    if status.eta_seconds is not None:
+        title.append(f"  ETA {duration(status.eta_seconds)}")
     if status.outcome:
         title.append(f"\n{status.outcome}", style="red")
     table = Table(title=title, title_justify="left", expand=False)
@@ -115,6 +117,8 @@ def progress_line(worker: WorkerStatus) -> str:
         parts.append(f"val_accuracy {number(worker.val_accuracy, 3)}")
     if worker.checkpoint_step is not None:
         parts.append(f"checkpoint {worker.checkpoint_step}")
+    if worker.eta_seconds is not None:
+        parts.append(f"ETA {duration(worker.eta_seconds)}")
     if worker.reason and worker.state in (WorkerState.FAILED, WorkerState.UNKNOWN):
         parts.append(worker.reason)
     return "  ".join(parts)

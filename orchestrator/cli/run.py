@@ -46,6 +46,7 @@ from orchestrator.engine.locks import (
     refuse_if_active,
     relaunch,
 )
+from orchestrator.engine.notify import RunEvents, missing_notify_secrets
 from orchestrator.engine.plan import new_run_id
 from orchestrator.engine.policy import conclude
 from orchestrator.engine.runstore import RunStore
@@ -141,6 +142,7 @@ def start_and_supervise(
 ) -> None:
     """What `up` does with a loaded inventory (`orchestrate local` builds its own)."""
     secrets = secret_values(inventory.job.secret_env, os.environ, doing="'up'")  # before anything
+    missing_notify_secrets(inventory.notify, os.environ, doing="'up'")
     with open_backend(inventory) as backend:
         # Exclusive from the check for an active run through the launch, then released: a
         # second `up` waits for it, then finds this run active and refuses.
@@ -350,6 +352,9 @@ def down(context: Context, grace: float | None, save: bool, run_id: str | None) 
     with open_backend(context.store.load(run_id).inventory) as backend:
         record, report = stop_everything(context.store, backend, run_id, grace)
         final = collect_status(record, backend) if save else None
+    events = RunEvents(context.store, record, _say)  # notify: targets hear of the stop
+    events.stopped()
+    events.close()
     for name, outcome in report.outcome.items():
         console.print(f"{name}: {outcome}", markup=False, highlight=False)
     if report.unreachable or report.leftovers:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.notify import NOTIFY_KEY_ENTRIES, parse_notify
 from orchestrator.config.preflight import PREFLIGHT_KEY_ENTRIES, parse_preflight
 from orchestrator.config.report import Report, line_of
 from orchestrator.config.setup import parse_setup
@@ -178,6 +179,9 @@ TOP_KEY_ENTRIES: tuple[Key, ...] = (
     Key("job", "mapping (`job:` keys)", "required", "what every worker runs"),
     Key("preflight", "mapping (`preflight:` keys)", "",
         "what `up`'s preflight check does besides its usual checks"),
+    Key("notify", "list of targets (`notify:` keys)", "`[]`",
+        "webhooks and commands told when the run starts, restarts, stalls, is preempted, "
+        "succeeds, fails or is stopped (see Notifications)"),
 )  # fmt: skip
 HOST_SOURCE_ENTRIES: tuple[Key, ...] = (
     Key("hosts", "list of hosts", "",
@@ -226,6 +230,7 @@ def key_reference() -> tuple[tuple[str, str, tuple[Key, ...]], ...]:
         ("job", "what every worker runs", JOB_KEY_ENTRIES),
         ("sync", "`sync: DIR` is `sync: {source: DIR}`", SYNC_KEY_ENTRIES),
         ("preflight", "what `up`'s preflight check adds", PREFLIGHT_KEY_ENTRIES),
+        ("notify", "each entry of `notify:`: a webhook or a command", NOTIFY_KEY_ENTRIES),
         (
             "ansible",
             "an Ansible inventory instead of `hosts:` (the `ansible` extra)",
@@ -300,6 +305,8 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
         if "setup" in document else ()  # fmt: skip
     sync = parse_sync(document["sync"], line_of(document, "sync"), report, base_dir) \
         if "sync" in document else None  # fmt: skip
+    notify = parse_notify(document["notify"], line_of(document, "notify"), report, base_dir) \
+        if "notify" in document else ()  # fmt: skip
     for key in ("setup", "sync"):
         if key in document and isinstance(scheduler, SlurmSpec):
             report.add(line_of(document, key), key, "applies to hosts reached over SSH (hosts: "
@@ -318,6 +325,7 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
         sync=sync,
         slurm=scheduler if isinstance(scheduler, SlurmSpec) else None,
         perf_check=perf,
+        notify=notify,
     )
 
 

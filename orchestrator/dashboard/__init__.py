@@ -1,6 +1,6 @@
 """The live web dashboard (`orchestrate dashboard`, `up --dashboard`).
 
 The supervisor writes a status snapshot at each poll (engine/snapshot.py); `model`, `charts`
-and `watch` build the page's documents without any web framework; only `app` and `server`
-import Starlette and uvicorn.
+and `watch` build the page's documents without any web framework; only `app`, `auth` and
+`server` import Starlette and uvicorn.
 """

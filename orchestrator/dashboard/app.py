@@ -9,16 +9,17 @@
   GET /api/runs/{run_id}/logs     the recent log lines, each with its `tail` prefix
   GET /api/runs/{run_id}/events   server-sent events: `dashboard` documents and `log` lines
 
-With a token (any address but loopback), every request must carry it: `?token=` or
-`Authorization: Bearer`. An unknown run is a 404 with a message.
+Who may ask is checked first (auth.Guard: the Host allowlist on loopback, the token, which is
+there by default on every bind, and the security headers). An unknown run, or a name that is
+not a run id, is a 404 with a message that echoes nothing unescaped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 from collections.abc import AsyncIterator
+from html import escape
 from importlib import resources
 from typing import Any
 
@@ -27,55 +28,36 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
-from orchestrator.dashboard.model import run_summary
-from orchestrator.dashboard.watch import Hub, RunWatch
-from orchestrator.engine.snapshot import read_snapshot
+from orchestrator.dashboard.auth import Guard
+from orchestrator.dashboard.watch import Hub, RunWatch, run_summaries
 
 KEEPALIVE = 15.0
-STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
+STATIC = {
+    "app.js": "text/javascript",
+    "style.css": "text/css",
+    "favicon.svg": "image/svg+xml",
+    "enter.js": "text/javascript",
+}
 
 
 def _asset(name: str) -> str:
     return resources.files("orchestrator.dashboard").joinpath("static", name).read_text("utf-8")
 
 
-class TokenGate:
-    """Checks the token on every request, before any route runs."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.token = token
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            request = Request(scope)
-            given = request.query_params.get("token") or ""
-            auth = request.headers.get("authorization", "")
-            if auth.lower().startswith("bearer "):
-                given = auth[7:]
-            if not hmac.compare_digest(given.encode(), self.token.encode()):
-                response = JSONResponse(
-                    {"error": "a valid token is required: open the URL the dashboard printed"},
-                    status_code=401,
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def create_app(hub: Hub, token: str | None = None) -> ASGIApp:
-    app: ASGIApp = Starlette(routes=_Handlers(hub, token).routes())
-    return TokenGate(app, token) if token else app
+def create_app(
+    hub: Hub, token: str | None = None, port: int = 0, hosts: frozenset[str] | None = None
+) -> ASGIApp:
+    """The routes behind the Guard: `token` None goes without one, `hosts` None takes any Host."""
+    return Guard(Starlette(routes=_Handlers(hub).routes()), token, port, hosts)
 
 
 class _Handlers:
-    """The routes' handlers over one hub; `token` is the one the page carries in its links."""
+    """The routes' handlers over one hub."""
 
-    def __init__(self, hub: Hub, token: str | None) -> None:
+    def __init__(self, hub: Hub) -> None:
         self.hub = hub
-        self.token = token
 
     def routes(self) -> list[Route]:
         return [
@@ -104,17 +86,15 @@ class _Handlers:
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
         if name not in STATIC:
-            return JSONResponse({"error": f"no file {name}"}, status_code=404)
+            return JSONResponse({"error": "no such file"}, status_code=404)
         return Response(_asset(name), media_type=STATIC[name])
 
     def _page(self, run_id: str | None, follow: bool) -> Response:
-        query = f"?token={self.token}" if self.token else ""
-        settings = json.dumps({"run": run_id, "follow": follow, "token": self.token})
-        html = (
-            _asset("index.html")
-            .replace("{{query}}", query)
-            .replace("{{settings}}", settings.replace("</", "<\\/"))
-        )
+        settings = json.dumps({"run": run_id, "follow": follow})
+        # JSON inside <script>: no character of it may close the element or open a comment.
+        for character, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
+            settings = settings.replace(character, escaped)
+        html = _asset("index.html").replace("{{settings}}", settings)
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
     # -- JSON and events ----------------------------------------------------------------------
@@ -152,12 +132,7 @@ class _Handlers:
         )
 
     def _summaries(self) -> list[dict[str, Any]]:
-        store = self.hub.store
-        current = store.current_id()
-        return [
-            run_summary(store.load(r), read_snapshot(store, r), current)
-            for r in reversed(store.run_ids())
-        ]
+        return run_summaries(self.hub.store)
 
     def _watched(self, request: Request) -> RunWatch | Response:
         """The watch of the request's run (else the page's), or the 404 that says why not."""
@@ -171,15 +146,24 @@ class _Handlers:
     # -- 404s ---------------------------------------------------------------------------------
 
     def _missing(self, run_id: str, html: bool = False) -> Response:
-        message = f"no run '{run_id}' in {self.hub.store.root.resolve()}"
+        """The state directory's path stays out: the page says what is wrong, not where."""
+        if not self.hub.is_run_id(run_id):
+            message = f"'{run_id[:80]}' is not a run id (they read like 20260102-030405-abcd)"
+        else:
+            message = f"no run '{run_id}' in this dashboard's state directory"
         if html:
-            return HTMLResponse(f"<h1>404</h1><p>{message}</p>", status_code=404)
+            page = (
+                '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>404</title>'
+                f'</head><body><h1>404</h1><p>{escape(message)}</p><p><a href="/">the latest '
+                "run</a></p></body></html>"
+            )
+            return HTMLResponse(page, status_code=404)
         return JSONResponse({"error": message}, status_code=404)
 
     def _no_run(self) -> Response:
-        where = self.hub.store.root.resolve()
         return JSONResponse(
-            {"error": f"no run yet in {where}: start one with 'orchestrate up'"}, status_code=404
+            {"error": "no run yet in this state directory: start one with 'orchestrate up'"},
+            status_code=404,
         )
 
 

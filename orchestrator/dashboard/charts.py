@@ -53,8 +53,9 @@ def _label(value: float) -> str:
 def line_chart(
     title: str, series: Sequence[Series], markers: Sequence[Marker] = (), empty: str = ""
 ) -> str:
-    """An SVG chart of value over step: one polyline per attempt, a dashed line per marker."""
-    points = [p for s in series for p in s.points]
+    """An SVG chart of value over step: one polyline per attempt, a dashed line per marker;
+    a point that is not finite (NaN, infinity) is a gap in its line."""
+    points = [p for s in series for p in s.points if _finite(p)]
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
         f'class="chart" role="img" aria-label="{escape(title)}">'
@@ -129,19 +130,37 @@ def _marker_lines(scale: _Scale, markers: Sequence[Marker]) -> list[str]:
     return parts
 
 
+def _finite(point: tuple[float, float]) -> bool:
+    return math.isfinite(point[0]) and math.isfinite(point[1])
+
+
+def _runs(points: Sequence[tuple[float, float]]) -> list[list[tuple[float, float]]]:
+    """The stretches of finite points between the non-finite ones."""
+    runs: list[list[tuple[float, float]]] = [[]]
+    for point in points:
+        if _finite(point):
+            runs[-1].append(point)
+        elif runs[-1]:
+            runs.append([])
+    return [run for run in runs if run]
+
+
 def _attempt_lines(scale: _Scale, series: Sequence[Series]) -> list[str]:
-    """A polyline per attempt in the attempt's colour, and a dot on its latest point."""
+    """A polyline per attempt in the attempt's colour (one per stretch between gaps), and a dot
+    on its latest point."""
     parts = []
     for line in series:
-        if not line.points:
+        stretches = _runs(line.points)
+        if not stretches:
             continue
         colour = ATTEMPT_COLOURS[line.attempt % len(ATTEMPT_COLOURS)]
-        coords = " ".join(f"{scale.x(s):.1f},{scale.y(v):.1f}" for s, v in line.points)
-        parts.append(
-            f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2" '
-            f'stroke-linejoin="round" data-attempt="{line.attempt}"/>'
-        )
-        last_s, last_v = line.points[-1]
+        for stretch in stretches:
+            coords = " ".join(f"{scale.x(s):.1f},{scale.y(v):.1f}" for s, v in stretch)
+            parts.append(
+                f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2" '
+                f'stroke-linejoin="round" data-attempt="{line.attempt}"/>'
+            )
+        last_s, last_v = stretches[-1][-1]
         parts.append(
             f'<circle cx="{scale.x(last_s):.1f}" cy="{scale.y(last_v):.1f}" r="3" fill="{colour}"/>'
         )

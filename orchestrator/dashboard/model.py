@@ -4,6 +4,7 @@ worker's progress history and the state directory say. Pure: no hosts, no web fr
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,12 +19,6 @@ __all__ = ["HISTORY_FILE"]  # watch.py reads the worker's history file by this n
 LOG_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red")  # the order `tail` uses
 
 
-def eta_seconds(step: int | None, target: int | None, rate: float | None) -> float | None:
-    if step is None or not target or not rate or rate <= 0 or step >= target:
-        return None
-    return (target - step) / rate
-
-
 def worker_view(worker: WorkerStatus) -> dict[str, Any]:
     """A worker of `status --json` plus what the page derives: progress fraction and ETA."""
     step, target = worker.step, worker.target_steps
@@ -31,7 +26,7 @@ def worker_view(worker: WorkerStatus) -> dict[str, Any]:
     return {
         **worker.to_json(),
         "progress": fraction,
-        "eta_seconds": eta_seconds(step, target, worker.steps_per_sec),
+        "eta_seconds": worker.eta_seconds,  # engine/eta.py: the one estimate
     }
 
 
@@ -64,14 +59,17 @@ def timeline(record: RunRecord) -> list[dict[str, Any]]:
 
 
 def parse_history(text: str) -> list[dict[str, Any]]:
-    """Lines of progress-history.jsonl; a line being appended (half written) is skipped."""
+    """Lines of progress-history.jsonl; a line being appended (half written) is skipped, and so
+    is one without a finite step. A metric may be NaN or infinite (json reads NaN, Infinity):
+    the chart draws a gap there."""
     points = []
     for line in text.splitlines():
         try:
             point = json.loads(line)
         except ValueError:
             continue
-        if isinstance(point, dict) and isinstance(point.get("step"), int | float):
+        step = point.get("step") if isinstance(point, dict) else None
+        if isinstance(step, int | float) and not isinstance(step, bool) and math.isfinite(step):
             points.append(point)
     return points
 
@@ -105,6 +103,21 @@ def charts(record: RunRecord, history: Mapping[int, Sequence[Mapping[str, Any]]]
     return {
         "loss": line_chart("loss", curve(history, "loss"), markers, waiting),
         "steps_per_sec": line_chart("steps/s", curve(history, "steps_per_sec"), markers, waiting),
+    }
+
+
+def unreadable_summary(run_id: str, why: str, current: str | None) -> dict[str, Any]:
+    """The earlier-runs line of a run whose record cannot be read: named, with why."""
+    return {
+        "run_id": run_id,
+        "job": None,
+        "created_at": None,
+        "workers": None,
+        "restarts": None,
+        "state": None,
+        "outcome": None,
+        "current": run_id == current,
+        "unreadable": why,
     }
 
 

@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
-import ipaddress
-import secrets
 import socket
 from dataclasses import dataclass
 
 import uvicorn
 
 from orchestrator.dashboard.app import create_app
+from orchestrator.dashboard.auth import allowed_hosts, is_loopback
 from orchestrator.dashboard.watch import Hub
 from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import MissingTool
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def needs_token(host: str) -> bool:
-    """Anything but loopback is reachable by others: it takes a token."""
-    return not is_loopback(host)
+def may_go_without_token(host: str) -> bool:
+    """Only a loopback bind may go without a token (`--no-token`): anything else is reachable
+    by other machines. (Loopback is not private on a shared machine either: hence the default.)"""
+    return is_loopback(host)
 
 
 @dataclass
@@ -36,9 +27,9 @@ class Dashboard:
     port: int
     run_id: str | None
     interval: float
+    token: str | None  # None: no token (loopback only, `--no-token`)
 
     def __post_init__(self) -> None:
-        self.token = secrets.token_urlsafe(24) if needs_token(self.host) else None
         self.hub = Hub(self.store, self.interval, self.run_id)
         self.socket = _bind(self.host, self.port)
         self.port = self.socket.getsockname()[1]
@@ -52,7 +43,7 @@ class Dashboard:
     def serve(self) -> None:
         """Serve until SIGINT/SIGTERM (uvicorn handles both)."""
         config = uvicorn.Config(
-            create_app(self.hub, self.token),
+            create_app(self.hub, self.token, self.port, allowed_hosts(self.host, self.port)),
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=2,

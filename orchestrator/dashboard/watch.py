@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import posixpath
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 
@@ -25,6 +27,7 @@ from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import open_backend
 from orchestrator.dashboard import model
 from orchestrator.dashboard.model import HISTORY_FILE
+from orchestrator.engine.plan import RUN_ID_PATTERN
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.snapshot import Snapshot, read_snapshot
 from orchestrator.engine.status import RunStatus, collect_status
@@ -155,7 +158,7 @@ class RunWatch:
         backend = open_backend(inventory)
         try:
             while not self.stopped.is_set():
-                finished = self._tick(backend)
+                finished = self._safe_tick(backend)
                 idle = time.monotonic() - self.last_used > IDLE_AFTER
                 if idle and not self.subscribers:
                     break
@@ -169,6 +172,15 @@ class RunWatch:
 
     def stop(self) -> None:
         self.stopped.set()
+
+    def _safe_tick(self, backend: Backend) -> bool:
+        """A tick that cannot end the thread: whatever a run's files hold, viewers get an
+        answer (the error) at once instead of waiting for a document that never comes."""
+        try:
+            return self._tick(backend)
+        except Exception as error:  # the poll must outlive any one bad tick
+            self._set({"run_id": self.run_id, "error": f"this run's page failed: {error!r}"})
+            return False
 
     def _tick(self, backend: Backend) -> bool:
         try:
@@ -202,7 +214,8 @@ class RunWatch:
         return status.state.finished
 
     def _set(self, document: dict[str, Any]) -> None:
-        serialized = json.dumps(document)
+        document = _strict(document)  # NaN has no JSON spelling: the browser's parser rejects it
+        serialized = json.dumps(document, allow_nan=False)
         with self._lock:
             self._document = document
             self._serialized = serialized
@@ -269,7 +282,10 @@ class RunWatch:
 
     def _tensorboard(self) -> dict[str, Any] | None:
         served = self._read_json(self.store.tensorboard_path())
-        if not isinstance(served, dict) or not psutil.pid_exists(served.get("pid") or -1):
+        if not isinstance(served, dict) or not web_link(served.get("url")):
+            return None  # only an http(s) address becomes a link: never `javascript:`
+        pid = served.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or not psutil.pid_exists(pid):
             return None
         return served
 
@@ -278,16 +294,45 @@ class RunWatch:
         if now - self._runs_at < RUNS_EVERY and self._runs:
             return self._runs
         self._runs_at = now
-        current = self.store.current_id()
-        runs = []
-        for run_id in reversed(self.store.run_ids()):
-            try:
-                record = self.store.load(run_id)
-            except OrchestrateError:
-                continue
-            runs.append(model.run_summary(record, read_snapshot(self.store, run_id), current))
-        self._runs = runs
-        return runs
+        self._runs = run_summaries(self.store)
+        return self._runs
+
+
+def run_summaries(store: RunStore) -> list[dict[str, Any]]:
+    """Every run of the state directory, newest first; one whose record cannot be read is
+    listed with why (`unreadable`), so one bad file hides neither the others nor itself."""
+    current = store.current_id()
+    runs = []
+    for run_id in reversed(store.run_ids()):
+        try:
+            record = store.load(run_id)
+        except OrchestrateError as error:
+            runs.append(model.unreadable_summary(run_id, error.message, current))
+            continue
+        runs.append(model.run_summary(record, read_snapshot(store, run_id), current))
+    return runs
+
+
+def web_link(url: object) -> bool:
+    """An http(s) address with a host: what may go into a link's href."""
+    if not isinstance(url, str) or not url.isprintable() or any(c.isspace() for c in url):
+        return False
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    return parts.scheme in {"http", "https"} and bool(parts.netloc)
+
+
+def _strict(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, infinities) as None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(item) for item in value]
+    return value
 
 
 def _offer(queue: asyncio.Queue[tuple[str, str]], item: tuple[str, str]) -> None:
@@ -315,8 +360,14 @@ class Hub:
     def default_run(self) -> str | None:
         return self.pinned or self.store.current_id()
 
+    @staticmethod
+    def is_run_id(run_id: str) -> bool:
+        return RUN_ID_PATTERN.fullmatch(run_id) is not None
+
     def exists(self, run_id: str) -> bool:
-        return self.store.exists(run_id)
+        """A run of the state directory: a name of the run-id pattern with a record (never
+        another file of runs/, such as `x.status`, whose name a bare exists() accepts)."""
+        return self.is_run_id(run_id) and self.store.exists(run_id)
 
     def watch(self, run_id: str) -> RunWatch:
         with self._lock:

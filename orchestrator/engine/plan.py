@@ -6,6 +6,7 @@ The layout of a job on a host (its directories, what is private) is model/worker
 from __future__ import annotations
 
 import posixpath
+import re
 import secrets
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
@@ -31,6 +32,9 @@ from orchestrator.model.workers import (
     job_dir_of_run,
     sync_dir,
 )
+
+# What new_run_id makes: anything else (a snapshot's name such as `x.status`, a path) is no run.
+RUN_ID_PATTERN = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")
 
 
 def new_run_id(now: datetime | None = None) -> str:

@@ -19,7 +19,9 @@ environment); checkpoints/ and tensorboard/ keep the user's umask, to be shared 
 - `{state_dir}/runs/{run_id}.status.json`: the supervisor's latest status, rewritten at each poll
   (the dashboard serves it instead of probing the hosts a second time)
 - `{state_dir}/preflight.json`: the findings of the last preflight check
+- `{state_dir}/runs/{run_id}.notified`: the run's events already sent to `notify:` targets
 - `{state_dir}/tensorboard.json`: where `orchestrate tensorboard` serves, while it runs
+- `{state_dir}/dashboard-token`: the token every dashboard of this directory asks for (0600)
 """
 
 from __future__ import annotations
@@ -110,11 +112,19 @@ class RunStore:
     def dashboard_log_path(self, run_id: str) -> Path:
         return self.root / "runs" / f"{run_id}.dashboard.log"
 
+    def notified_path(self, run_id: str) -> Path:
+        """The run's events told to its notify targets, one key a line (engine/notify.py)."""
+        return self.root / "runs" / f"{run_id}.notified"
+
     def preflight_path(self) -> Path:
         return self.root / "preflight.json"
 
     def tensorboard_path(self) -> Path:
         return self.root / "tensorboard.json"
+
+    def dashboard_token_path(self) -> Path:
+        """The dashboards' token (0600), for scripts to send as a Bearer header."""
+        return self.root / "dashboard-token"
 
     def write_file(self, path: Path, text: str) -> None:
         """Replace a file of the state directory atomically: readers see old or new, never half."""
@@ -163,7 +173,12 @@ class RunStore:
             ) from exc
         except (OSError, ValueError, TypeError) as exc:
             raise RunStateError(f"the record of run '{run_id}' is unreadable: {exc}") from exc
-        record = RunRecord.from_json(data, host_settings)
+        try:
+            record = RunRecord.from_json(data, host_settings)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise RunStateError(
+                f"the record of run '{run_id}' is unreadable: {type(exc).__name__} {exc}"
+            ) from exc
         return replace(record, stop_requested=self.stop_flag(run_id).exists())
 
     def exists(self, run_id: str) -> bool:

@@ -7,6 +7,7 @@ from typing import Any
 
 from orchestrator.backends.base import Backend
 from orchestrator.contract import STEP_CALL_SECONDS, STEP_SECONDS
+from orchestrator.engine.eta import run_eta, worker_eta
 from orchestrator.engine.failures import classify_exit, explain
 from orchestrator.engine.pace import pace_outlier
 from orchestrator.engine.state import WorkerState, classify, overall
@@ -56,6 +57,10 @@ class WorkerStatus:
         if self.step is None:
             return False
         return self.start_step is None or self.step > self.start_step
+
+    @property
+    def eta_seconds(self) -> float | None:
+        return worker_eta(self)
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "log_tail"}
@@ -122,12 +127,18 @@ class RunStatus:
         running = [w for w in self.workers if w.state is WorkerState.RUNNING]
         return pace_outlier({w.name: (w.step_call_seconds, w.step_seconds) for w in running})
 
+    @property
+    def eta_seconds(self) -> float | None:
+        """The run's ETA: its slowest worker's (eta.py, as the dashboard shows it)."""
+        return run_eta(self.workers)
+
     def to_json(self) -> dict[str, Any]:
         last = self.restarts[-1] if self.restarts else None
         return {
             "run_id": self.run_id,
             "job": self.job,
             "state": self.state.value,
+            "eta_seconds": self.eta_seconds,
             "attempt": self.attempt,
             "restarts": len(self.restarts),
             "last_restart": last.__dict__ if last else None,

@@ -29,6 +29,7 @@ from orchestrator.engine.failures import (
 )
 from orchestrator.engine.lifecycle import launch_attempt, start_standbys, stop_run
 from orchestrator.engine.logs import last_lines
+from orchestrator.engine.notify import RunEvents
 from orchestrator.engine.policy import (
     HOST_LOCAL_FAILURES,
     StallWatch,
@@ -81,21 +82,27 @@ class Supervisor:
         self._mirrored_step = -1
         self._standbys_for = -1  # the attempt whose slots last got standbys
         self._answered = ""  # the id of the last stop request this supervisor carried out
+        self.events = RunEvents(store, record, say)  # notify: targets, told in the background
 
     def run(self) -> RunStatus:
         """Supervise until the run succeeds, is stopped, or fails for good (JobFailed). However
         it ends, no standby of the run stays behind."""
         try:
             return self._run()
+        except JobFailed as error:
+            self.events.failed(error)  # unless _recover told it already
+            raise
         finally:
             with suppress(OrchestrateError):  # a host not answering: its standbys linger out
                 self.backend.discard_standbys(self.record.workers)
+            self.events.close()  # a bounded wait for the notifications still queued
 
     def _run(self) -> RunStatus:
         while True:
             if not self.store.exists(self.record.run_id):
                 raise RunStateError(f"the record of run {self.record.run_id} was removed")
             status = collect_status(self.record, self.backend)
+            self.events.seen(status)
             self.show(status)
             write_snapshot(self.store, status)  # the dashboard serves this; no second probe
             stopping = self.store.stop_flag(self.record.run_id).exists()
@@ -105,6 +112,7 @@ class Supervisor:
                     self._recover(preempted)
                     continue
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
+                self.events.ended(status, stopping)
                 return status
             if stopping:
                 # `down` is stopping the run: what ends now is no failure to recover from.
@@ -186,6 +194,7 @@ class Supervisor:
         tail = self._log_tail(failure.worker)
         stop_run(self.record, self.backend, grace=survivors_grace(failure, job), standbys=False)
         why = give_up_reason(failure, restarts, job)
+        self.events.failure(failure, restart, why, explain(failure.kind, tail))
         if why:
             outcome = f"gave up: {restart.describe()}; {why}"
             advice = explain(failure.kind, tail)

@@ -58,6 +58,27 @@ class SyncSpec:
         return (*(() if self.git else DEFAULT_SYNC_EXCLUDES), *self.exclude)
 
 
+# What the supervisor and `down` tell a notify target about; `notify:`'s `events:` picks some.
+NOTIFY_EVENTS = ("started", "restarting", "stalled", "preempted", "succeeded", "failed", "stopped")
+DEFAULT_NOTIFY_EVENTS = tuple(e for e in NOTIFY_EVENTS if e != "started")
+
+
+@dataclass(frozen=True)
+class NotifyTarget:
+    """One entry of `notify:`: a webhook (`url`) or a command (`command`) on this machine."""
+
+    url: str | None = None  # POSTed the event as JSON (or Slack's {"text": ...})
+    command: tuple[str, ...] = ()  # run with the event's JSON on stdin, in the inventory's dir
+    format: Literal["json", "slack"] = "json"
+    headers: Mapping[str, str] = field(default_factory=dict)
+    # A variable of the controller's environment whose value signs the body (HMAC-SHA256); its
+    # name only: the value is read where the event is sent, never written down.
+    secret_env: str | None = None
+    ca_file: str | None = None  # an absolute path: the CA certificates to check the server with
+    events: tuple[str, ...] = DEFAULT_NOTIFY_EVENTS
+    timeout: int = 5  # seconds per try
+
+
 @dataclass(frozen=True)
 class Host:
     """One worker: where it runs, how to reach it, and its TensorFlow gRPC port."""
@@ -151,6 +172,7 @@ class Inventory:
     slurm: SlurmSpec | None = None
     # `preflight: {perf: true}`: `up`'s check runs the performance round too.
     perf_check: bool = False
+    notify: tuple[NotifyTarget, ...] = ()  # told of the run's events (engine/notify.py)
 
     @property
     def gpus_per_worker(self) -> int | None:

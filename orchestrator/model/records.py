@@ -11,7 +11,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.model.inventory import DEFAULT_CONNECTION, Host, Inventory, Job, SyncSpec
+from orchestrator.model.inventory import (
+    DEFAULT_CONNECTION,
+    Host,
+    Inventory,
+    Job,
+    NotifyTarget,
+    SyncSpec,
+)
 from orchestrator.model.slurm import LoginNode, SlurmSpec
 
 # (connection kind, its settings as JSON) -> the kind's settings object
@@ -163,6 +170,7 @@ def _inventory(
         setup=tuple(data.get("setup", ())),
         sync=_sync(data.get("sync")),
         slurm=_slurm(data.get("slurm"), settings),
+        notify=tuple(_notify(t) for t in data.get("notify", ())),
     )
 
 
@@ -181,3 +189,8 @@ def _sync(data: dict[str, Any] | None) -> SyncSpec | None:
     if data is None:
         return None
     return SyncSpec(data["source"], tuple(data.get("exclude", ())), bool(data.get("git")))
+
+
+def _notify(data: dict[str, Any]) -> NotifyTarget:
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return NotifyTarget(**fields)

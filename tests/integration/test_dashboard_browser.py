@@ -1,13 +1,20 @@
 """The dashboard in a real headless Chromium (Debian's chromium + chromium-driver, driven by
-Selenium) while the local two-worker TensorFlow example trains: both workers shown, the step
-advancing, log lines arriving; SIGKILL of one worker shows up as a restart in the timeline, then
-both run again; no JavaScript errors. The screenshot is kept in test-artifacts/."""
+Selenium) while the local two-worker TensorFlow example trains: the printed URL's token traded
+for an HttpOnly cookie and gone from the address bar; both workers shown, the step advancing,
+log lines arriving; SIGKILL of one worker shows up as a restart in the timeline, then both run
+again; no JavaScript errors. The screenshot is kept in test-artifacts/.
+
+And a script that writes hostile strings everywhere it can (log lines, its failure text, metric
+and device names, a NaN in its history): the page shows them as text and runs none of them; the
+token form lets a visitor in; a hostile URL's 404 runs nothing either."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +22,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, Cli, free_ports, local_tf_inventory, wait_for
+from tests.integration.test_dashboard_http import serve
 
 pytestmark = pytest.mark.tf
 
@@ -73,8 +81,14 @@ def test_page_follows_training_and_a_restart(cli: Cli, reaper: list[str], browse
     run_id = cli.record()["run_id"]
     reaper.append(run_id)
     try:
-        assert f"dashboard: http://127.0.0.1:{port}/" in started.stderr
-        driver.get(f"http://127.0.0.1:{port}/")
+        url = re.search(rf"dashboard: (http://127\.0\.0\.1:{port}/\?token=\S+)", started.stderr)
+        assert url, started.stderr
+        driver.get(url.group(1))
+        # The token went into an HttpOnly, SameSite=Strict cookie and left the address bar.
+        assert driver.current_url == f"http://127.0.0.1:{port}/"
+        cookie = driver.get_cookie(f"orchestrate-token-{port}")
+        assert cookie and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert "orchestrate-token" not in str(driver.execute_script("return document.cookie;"))
 
         def rows() -> dict[str, dict[str, str]]:
             # Read in one script: the page replaces the rows at every update.
@@ -128,3 +142,99 @@ def test_page_follows_training_and_a_restart(cli: Cli, reaper: list[str], browse
         cli("down", "--grace", "5")
         for process in dashboard_processes(run_id):
             process.terminate()
+
+
+HOSTILE = (
+    "<img src=x onerror=window.__pwned=1>",
+    "<script>window.__pwned=2</script>",
+    '"><svg onload=window.__pwned=3>',
+)
+HOSTILE_SCRIPT = """\
+import os, sys
+sys.path.insert(0, os.environ["REPO"])
+from worker.progress import history_path, report
+HOSTILE = {hostile!r}
+for step in (1, 2, 3):
+    report(step=step, target_steps=10, loss=1.0 / step, devices=list(HOSTILE),
+           note=HOSTILE[0], **{{name: 1.0 for name in HOSTILE}})
+    for line in HOSTILE:
+        print("log", line, flush=True)
+# A history that a script of its own writes: NaN and Infinity, as Python's json spells them.
+with open(history_path(os.environ["ORCHESTRATE_PROGRESS_FILE"]), "a") as history:
+    history.write('{{"step": 4, "loss": NaN}}\\n{{"step": 5, "loss": Infinity}}\\n'
+                  '{{"step": 6, "loss": 0.2}}\\n')
+print("ModuleNotFoundError: No module named 'x' " + HOSTILE[1], flush=True)
+sys.exit("failed: " + " ".join(HOSTILE))
+"""
+
+PWNED_SCRIPT = """
+const injected = document.querySelectorAll(
+  "img[src='x'], svg[onload], body script:not([src]):not([type])");
+return {pwned: window.__pwned === undefined ? null : window.__pwned, injected: injected.length};
+"""
+
+
+def test_hostile_strings_stay_text_and_the_token_form(cli: Cli, reaper: list[str], browser) -> None:  # type: ignore[no-untyped-def]
+    driver = browser
+    (cli.cwd / "train.py").write_text(HOSTILE_SCRIPT.format(hostile=HOSTILE))
+    port = free_ports(1)[0]
+    (cli.cwd / "inv.yaml").write_text(textwrap.dedent(f"""\
+        defaults: {{connection: local, workdir: ./work}}
+        hosts: [{{name: alpha, address: localhost, port: {port}}}]
+        job: {{name: hostile, script: train.py, max_restarts: 0, env: {{REPO: '{REPO}'}}}}
+        """))  # fmt: skip
+    failed = cli("up", "--skip-checks", "inv.yaml")
+    assert failed.returncode != 0
+    reaper.append(cli.record()["run_id"])
+    served = serve(cli)
+    try:
+        # No token yet: the form asks for it; the token typed in lets the visitor in.
+        driver.get(served.base + "/")
+        driver.find_element("id", "token").send_keys(str(served.token))
+        driver.find_element("css selector", "form button").click()
+        wait_for(lambda: driver.current_url == served.base + "/", timeout=10, what="the page")
+
+        def text(selector: str) -> str:
+            return str(driver.execute_script(
+                "const e = document.querySelector(arguments[0]); return e ? e.innerText : '';",
+                selector,
+            ))  # fmt: skip
+
+        logs = wait_for(lambda: HOSTILE[2] in (t := text("#logs")) and t, timeout=30, what="logs")
+        assert all(line in logs for line in HOSTILE)  # shown as the script wrote them
+        cause = wait_for(lambda: text("#root-cause"), timeout=30, what="the root cause")
+        assert "failed: " + HOSTILE[0] in cause or HOSTILE[1] in cause, cause
+        assert HOSTILE[0] in text("#workers")  # the device names, as text
+        # The NaN and Infinity are gaps: the curve before them and the point after them.
+        assert (
+            driver.execute_script("return document.querySelectorAll('#chart-loss polyline').length")
+            == 2
+        )
+        assert driver.execute_script(PWNED_SCRIPT) == {"pwned": None, "injected": 0}
+        errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        asked = (
+            f"{served.base}/ - Failed to load resource: the server responded with a status of 401"
+        )
+        assert [e for e in errors if not e.startswith(asked)] == []  # the form's own 401 aside
+
+        # Arriving by a link from another site (here a file), the cookie works at once, and the
+        # tokened address is not left in the tab's history.
+        driver.delete_all_cookies()
+        link = cli.cwd / "link.html"
+        link.write_text(f'<a id="go" href="{served.url}">the dashboard</a>')
+        driver.get(link.as_uri())
+        before = driver.execute_script("return history.length")
+        driver.find_element("id", "go").click()
+        wait_for(lambda: text("#logs"), timeout=10, what="the page after a link from elsewhere")
+        assert driver.current_url == served.base + "/"
+        assert driver.execute_script("return history.length") == before + 1
+
+        # A hostile URL: its 404 page shows the name as text and runs nothing.
+        driver.get(served.base + "/runs/" + HOSTILE[0])
+        assert "<img src=x" in text("body")
+        assert driver.execute_script(PWNED_SCRIPT) == {"pwned": None, "injected": 0}
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "dashboard-hostile-404.png"))
+    finally:
+        served.process.terminate()
+        served.process.wait(timeout=15)

@@ -1,10 +1,13 @@
 """The dashboard over HTTP, against the real `orchestrate dashboard` process and a real run of
-local script workers: endpoints, the event stream, the token, and unknown runs."""
+local script workers: endpoints, the event stream, the token (its cookie, its file, Bearer),
+the Host allowlist and the security headers, and unknown runs."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import subprocess
 import textwrap
 from collections.abc import Iterator
@@ -46,10 +49,17 @@ def make_job(cli: Cli, steps: int) -> None:
 
 
 class Served:
+    """A dashboard process, its printed URL, and its token sent as scripts send it."""
+
     def __init__(self, process: subprocess.Popen[str], url: str) -> None:
         self.process = process
         self.url = url
         self.base = url.split("?", maxsplit=1)[0].rstrip("/")
+        self.token = url.split("?token=")[1] if "?token=" in url else None
+        self.headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def get(self, path: str, **options: Any) -> httpx.Response:
+        return httpx.get(self.base + path, headers=self.headers, **options)
 
 
 def serve(cli: Cli, *args: str) -> Served:
@@ -75,10 +85,10 @@ def served_run(cli: Cli, reaper: list[str]) -> Iterator[tuple[Cli, Served]]:
         cli("down", "--grace", "2")
 
 
-def events(url: str, documents: int, timeout: float = 30) -> list[tuple[str, Any]]:
-    """The events of the stream at `url` until it has sent `documents` dashboard documents."""
+def events(served: Served, path: str, documents: int, timeout: float = 30) -> list[tuple[str, Any]]:
+    """The events of the stream at `path` until it has sent `documents` dashboard documents."""
     found: list[tuple[str, Any]] = []
-    with httpx.stream("GET", url, timeout=timeout) as answer:
+    with httpx.stream("GET", served.base + path, headers=served.headers, timeout=timeout) as answer:
         assert answer.status_code == 200
         assert answer.headers["content-type"].startswith("text/event-stream")
         event = None
@@ -95,9 +105,8 @@ def events(url: str, documents: int, timeout: float = 30) -> list[tuple[str, Any
 def test_endpoints_stream_and_404(served_run: tuple[Cli, Served]) -> None:
     cli, served = served_run
     run_id = cli.record()["run_id"]
-    base = served.base
     status = wait_for(
-        lambda: (s := httpx.get(f"{base}/api/status").json()).get("state") == "running" and s,
+        lambda: (s := served.get("/api/status").json()).get("state") == "running" and s,
         timeout=30,
     )
     # The same document as `status --json`: the same keys, the same run and workers.
@@ -105,37 +114,41 @@ def test_endpoints_stream_and_404(served_run: tuple[Cli, Served]) -> None:
     assert set(status) == set(from_cli)
     assert set(status["workers"][0]) == set(from_cli["workers"][0])
     assert [w["name"] for w in status["workers"]] == ["alpha", "beta"]
-    assert httpx.get(f"{base}/api/runs/{run_id}/status").json()["run_id"] == run_id
+    assert served.get(f"/api/runs/{run_id}/status").json()["run_id"] == run_id
 
-    page = httpx.get(f"{base}/")
+    page = served.get("/")
     assert page.status_code == 200 and "orchestrate" in page.text and "/static/app.js" in page.text
-    assert httpx.get(f"{base}/static/app.js").status_code == 200
+    assert served.get("/static/app.js").status_code == 200
 
-    runs = httpx.get(f"{base}/api/runs").json()["runs"]
+    runs = served.get("/api/runs").json()["runs"]
     assert [(r["run_id"], r["current"]) for r in runs] == [(run_id, True)]
 
     # The push stream: a full document first, then log lines with tail's prefixes, and later
     # documents with a larger step.
-    stream = events(f"{base}/api/runs/{run_id}/events", documents=2)
+    stream = events(served, f"/api/runs/{run_id}/events", documents=2)
     documents = [data for event, data in stream if event == "dashboard"]
     lines = [entry for event, data in stream if event == "log" for entry in data]
     assert documents and documents[0]["run_id"] == run_id
     assert {e["prefix"] for e in lines} <= {"alpha |", "beta  |"} and lines
     first = documents[0]
     assert "<svg" in first["charts"]["loss"] and "<svg" in first["charts"]["steps_per_sec"]
-    later = events(f"{base}/api/runs/{run_id}/events", documents=3)
+    later = events(served, f"/api/runs/{run_id}/events", documents=3)
     steps = [d["workers"][0]["step"] for e, d in later if e == "dashboard"]
     assert max(steps) > first["workers"][0]["step"]
     # Served from the detached supervisor's snapshot: the hosts are not probed a second time.
     assert [d["source"] for e, d in later if e == "dashboard"][-1] == "supervisor"
 
     # Unknown runs: a 404 with a message, for the page and for scripts.
-    missing = httpx.get(f"{base}/api/runs/nope/status")
-    assert missing.status_code == 404 and "no run 'nope'" in missing.json()["error"]
-    assert httpx.get(f"{base}/runs/nope").status_code == 404
-    assert httpx.get(f"{base}/api/runs/nope/events").status_code == 404
+    missing = served.get("/api/runs/20990101-000000-ffff/status")
+    assert missing.status_code == 404
+    assert "no run '20990101-000000-ffff'" in missing.json()["error"]
+    assert served.get("/runs/nope").status_code == 404
+    assert served.get("/api/runs/nope/events").status_code == 404
+    # A snapshot's name is not a run: it neither answers nor stops the page of the real run.
+    assert served.get(f"/api/runs/{run_id}.status/status").status_code == 404
+    assert served.get(f"/api/runs/{run_id}/status").json()["run_id"] == run_id
 
-    logs = httpx.get(f"{base}/api/runs/{run_id}/logs").json()["lines"]
+    logs = served.get(f"/api/runs/{run_id}/logs").json()["lines"]
     assert any(e["line"].startswith("step ") for e in logs)
 
 
@@ -144,7 +157,7 @@ def test_charts_come_from_the_workers_history(served_run: tuple[Cli, Served]) ->
     run_id = cli.record()["run_id"]
 
     def drawn() -> str | None:
-        document = httpx.get(f"{served.base}/api/runs/{run_id}/dashboard").json()
+        document = served.get(f"/api/runs/{run_id}/dashboard").json()
         return document["charts"]["loss"] if "<polyline" in document["charts"]["loss"] else None
 
     chart = wait_for(drawn, timeout=30)
@@ -158,7 +171,7 @@ def test_the_dashboard_polls_itself_without_a_supervisor(cli: Cli, reaper: list[
     (cli.cwd / ".orchestrate" / "runs" / f"{cli.record()['run_id']}.status.json").unlink()
     served = serve(cli)
     try:
-        document = httpx.get(f"{served.base}/api/runs/{cli.record()['run_id']}/dashboard").json()
+        document = served.get(f"/api/runs/{cli.record()['run_id']}/dashboard").json()
         assert document["source"] == "dashboard"
         assert document["status"]["state"] == "succeeded"
     finally:
@@ -166,32 +179,81 @@ def test_the_dashboard_polls_itself_without_a_supervisor(cli: Cli, reaper: list[
         served.process.wait(timeout=15)
 
 
-def test_another_address_requires_the_printed_token(cli: Cli, reaper: list[str]) -> None:
+def test_the_token_the_host_allowlist_and_the_headers(cli: Cli, reaper: list[str]) -> None:
     make_job(cli, steps=5)
     cli("up", "--skip-checks", "inv.yaml", check=True)
     reaper.append(cli.record()["run_id"])
-    # Listening on every address (reached here through 127.0.0.1: nothing else is addressed).
-    served = serve(cli, "--host", "0.0.0.0")
+    # On loopback, by default: a token, in the printed URL and in the state directory's file.
+    served = serve(cli)
     try:
-        token = served.url.split("token=")[1]
-        base = served.base.replace("0.0.0.0", "127.0.0.1")
+        assert served.token, served.url
+        token_file = cli.cwd / ".orchestrate" / "dashboard-token"
+        info = token_file.stat()
+        assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.getuid()
+        assert token_file.read_text().strip() == served.token
+        from_file = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        base = served.base
         for path in ("/", "/api/status", "/api/runs", "/static/app.js", "/api/runs/x/events"):
             assert httpx.get(base + path).status_code == 401, path
             assert httpx.get(f"{base}{path}?token=wrong").status_code == 401, path
-        assert httpx.get(f"{base}/api/status?token={token}").json()["state"] == "succeeded"
-        bearer = {"Authorization": f"Bearer {token}"}
-        assert httpx.get(f"{base}/api/runs", headers=bearer).status_code == 200
-        page = httpx.get(f"{base}/?token={token}").text
-        assert f"/static/app.js?token={token}" in page
+        assert "<form" in httpx.get(f"{base}/").text  # a page visit gets the form, not a bare 401
+        status = httpx.get(f"{base}/api/status", headers=from_file)
+        assert status.json()["state"] == "succeeded"
+        for name, value in (
+            ("content-security-policy", "default-src 'self'; frame-ancestors 'none'"),
+            ("x-content-type-options", "nosniff"),
+            ("referrer-policy", "no-referrer"),
+        ):
+            assert status.headers[name] == value
+        # The first visit: the token becomes an HttpOnly cookie and leaves the URL.
+        visit = httpx.get(served.url)
+        assert visit.status_code == 303 and visit.headers["location"] == "/"
+        port = base.rsplit(":", 1)[1]
+        assert visit.headers["set-cookie"].startswith(f"orchestrate-token-{port}=")
+        page = httpx.get(f"{base}/", cookies=visit.cookies)
+        assert page.status_code == 200 and served.token not in page.text
+        # DNS rebinding: a request for another name, even with the token, is refused.
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.nip.io"):
+            foreign = httpx.get(f"{base}/api/status", headers={**from_file, "Host": host})
+            assert foreign.status_code == 403 and "succeeded" not in foreign.text, host
+        assert httpx.get(
+            f"{base}/api/status", headers={**from_file, "Host": f"localhost:{port}"}
+        ).is_success
     finally:
         served.process.terminate()
         served.process.wait(timeout=15)
+    check_off_loopback_and_no_token(cli, served.token)
+
+
+def check_off_loopback_and_no_token(cli: Cli, token: str) -> None:
+    # Listening on every address (reached here through 127.0.0.1: nothing else is addressed):
+    # any Host, the token is the gate; the same token, the file already holds one.
+    wide = serve(cli, "--host", "0.0.0.0")
+    try:
+        assert wide.token == token
+        base = wide.base.replace("0.0.0.0", "127.0.0.1")
+        assert httpx.get(f"{base}/api/runs").status_code == 401
+        named = {"Authorization": f"Bearer {wide.token}", "Host": "dashboard.lab.example"}
+        assert httpx.get(f"{base}/api/runs", headers=named).status_code == 200
+    finally:
+        wide.process.terminate()
+        wide.process.wait(timeout=15)
+    refused = cli("dashboard", "--host", "0.0.0.0", "--no-token", "--port", "0", timeout=30)
+    assert refused.returncode == 2 and "--no-token is for a loopback address only" in refused.stderr
+    open_one = serve(cli, "--no-token")
+    try:
+        assert open_one.token is None and httpx.get(f"{open_one.base}/api/runs").status_code == 200
+    finally:
+        open_one.process.terminate()
+        open_one.process.wait(timeout=15)
 
 
 def test_named_run_that_does_not_exist_is_an_error(cli: Cli) -> None:
-    result = cli("dashboard", "--run", "nope", "--port", "0", timeout=30)
+    result = cli("dashboard", "--run", "20990101-000000-ffff", "--port", "0", timeout=30)
     assert result.returncode == 4
-    assert "no run 'nope'" in result.stderr and "Traceback" not in result.stderr
+    assert "no run '20990101-000000-ffff'" in result.stderr and "Traceback" not in result.stderr
+    result = cli("dashboard", "--run", "x.status", "--port", "0", timeout=30)
+    assert result.returncode == 4 and "'x.status' is not a run id" in result.stderr
 
 
 def test_busy_port_is_a_clear_error(cli: Cli) -> None:

@@ -9,6 +9,7 @@ resumes after the last step written). Behaviour chosen through the environment:
   EXIT_0_AT      exit 0 this many steps after where the attempt resumed (a false success)
   NOISE, NOISE_REPEAT   text written to stdout NOISE_REPEAT times per step (log size)
   LINGER         seconds to stay after the final step (a slow teardown)
+  REPORT_RATE    also report steps_per_sec (1 / DELAY), so that status has an ETA
 
 It prints how many workers its TF_CONFIG lists, so tests see the cluster it was started in.
 """
@@ -41,7 +42,10 @@ for step in range(start + 1, steps + 1):
         f.write(str(step))
     os.replace(ckpt + ".tmp", ckpt)
     with open(progress + ".tmp", "w") as f:
-        json.dump({"step": step, "target_steps": steps, "checkpoint_step": step}, f)
+        progress_fields = {"step": step, "target_steps": steps, "checkpoint_step": step}
+        if os.environ.get("REPORT_RATE"):
+            progress_fields["steps_per_sec"] = 1 / float(os.environ.get("DELAY", "0.02"))
+        json.dump(progress_fields, f)
     os.replace(progress + ".tmp", progress)
     if stop_at and step == start + stop_at:
         print("leaving early, exit 0", flush=True)

@@ -7,8 +7,13 @@ let runId = settings.run;
 let source = null;
 const LOG_LIMIT = 2000;
 
-function api(path) {
-  return settings.token ? `${path}?token=${encodeURIComponent(settings.token)}` : path;
+// The token travels in the HttpOnly cookie the first visit got: no URL carries it.
+function runPath(id) {
+  return encodeURIComponent(id);
+}
+
+function webLink(url) {
+  return typeof url === "string" && /^https?:\/\/[^\s]+$/i.test(url);
 }
 
 function text(value, fallback = "-") {
@@ -132,11 +137,11 @@ function renderPreflight(doc) {
 
 function renderRuns(doc) {
   $("runs").tBodies[0].replaceChildren(...doc.runs.map((r) => el("tr", { class: r.run_id === doc.run_id ? "current" : "" }, [
-    el("td", {}, [el("a", { href: api(`/runs/${r.run_id}`), text: r.run_id })]),
-    el("td", { text: r.job }), el("td", { text: clock(r.created_at) }),
-    el("td", { text: String(r.workers) }), el("td", { text: String(r.restarts) }),
+    el("td", {}, [el("a", { href: `/runs/${runPath(r.run_id)}`, text: r.run_id })]),
+    el("td", { text: text(r.job) }), el("td", { text: clock(r.created_at) }),
+    el("td", { text: text(r.workers) }), el("td", { text: text(r.restarts) }),
     el("td", {}, [r.state ? pill(r.state) : el("span", { class: "muted", text: "not recorded" })]),
-    el("td", { text: text(r.outcome, "") }),
+    el("td", { text: r.unreadable ? `unreadable: ${r.unreadable}` : text(r.outcome, "") }),
   ])));
 }
 
@@ -154,8 +159,9 @@ function render(doc) {
   $("run-state").replaceWith(Object.assign(pill(status.state), { id: "run-state" }));
   document.title = `${status.state} · ${doc.job} · orchestrate`;
   const tb = $("tensorboard");
-  tb.classList.toggle("hidden", !doc.tensorboard);
-  if (doc.tensorboard) tb.href = doc.tensorboard.url;
+  const board = doc.tensorboard && webLink(doc.tensorboard.url) ? doc.tensorboard.url : null;
+  tb.classList.toggle("hidden", !board);
+  if (board) tb.href = board; else tb.removeAttribute("href");
   renderSummary(doc);
   renderWorkers(doc);
   $("chart-loss").innerHTML = doc.charts.loss;
@@ -183,7 +189,7 @@ function connect(id) {
   if (source) source.close();
   runId = id;
   $("logs").replaceChildren();
-  source = new EventSource(api(`/api/runs/${id}/events`));
+  source = new EventSource(`/api/runs/${runPath(id)}/events`);
   source.addEventListener("dashboard", (event) => render(JSON.parse(event.data)));
   source.addEventListener("log", (event) => appendLogs(JSON.parse(event.data)));
   source.onopen = () => $("live").classList.add("on");
@@ -192,7 +198,7 @@ function connect(id) {
 
 function waitForRun() {
   $("run-title").textContent = "no run yet: start one with 'orchestrate up INVENTORY'";
-  fetch(api("/api/runs")).then((answer) => answer.json()).then((data) => {
+  fetch("/api/runs").then((answer) => answer.json()).then((data) => {
     const current = data.runs.find((r) => r.current) || data.runs[0];
     if (current) connect(current.run_id);
     else setTimeout(waitForRun, 2000);

@@ -1,0 +1,45 @@
+"""How long a run still needs: the one estimate `status`, `up`'s live view, the dashboard and the
+notifications show. Pure.
+
+A running worker's ETA is its steps left over its latest rate (the steps/s its progress file
+reports); the run's is the longest of its workers' (the cluster finishes with its slowest
+worker). None where nothing can be said: a worker not running (finished, failed, not started
+yet), no step, no target or no rate yet, or the target reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from orchestrator.engine.state import WorkerState
+
+
+class Progress(Protocol):
+    @property
+    def state(self) -> WorkerState: ...
+    @property
+    def step(self) -> int | None: ...
+    @property
+    def target_steps(self) -> int | None: ...
+    @property
+    def steps_per_sec(self) -> float | None: ...
+
+
+def eta_seconds(step: int | None, target: int | None, rate: float | None) -> float | None:
+    """Seconds until `step` reaches `target` at `rate` steps/s."""
+    if step is None or not target or not rate or rate <= 0 or step >= target:
+        return None
+    return (target - step) / rate
+
+
+def worker_eta(worker: Progress) -> float | None:
+    if worker.state is not WorkerState.RUNNING:
+        return None
+    return eta_seconds(worker.step, worker.target_steps, worker.steps_per_sec)
+
+
+def run_eta(workers: Iterable[Progress]) -> float | None:
+    """The longest ETA of the workers that have one."""
+    etas = [eta for eta in map(worker_eta, workers) if eta is not None]
+    return max(etas) if etas else None
