@@ -468,14 +468,22 @@ def cmd_compute(spec):
         return {"gflops": None, "detail": "the compute probe stopped answering"}
 
 
-RATE_WINDOW = 0.05  # seconds: the sink's rate is its best window this long (or the whole transfer)
+def _run_delay():
+    """Seconds this thread has waited for a CPU (runnable, not running), or 0 without schedstat.
+    On one machine a link is as fast as its two ends get the CPU: that wait is the machine's
+    other load, not the link."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def _drain(conn, timeout):
-    """Read one transfer to its end; answer bytes, seconds and the best windowed rate."""
+    """Read one transfer to its end; answer bytes, the seconds from its first byte to its last,
+    and how long this end waited for a CPU meanwhile."""
     conn.settimeout(timeout)
-    total, first, last = 0, None, None
-    window_start, window_bytes, best = None, 0, 0.0
+    total, first, last, waited = 0, None, None, 0.0
     try:
         while True:
             chunk = conn.recv(1 << 20)
@@ -483,17 +491,11 @@ def _drain(conn, timeout):
             if not chunk:
                 break
             if first is None:
-                first = window_start = now  # the clock starts at the first byte
-            else:
-                window_bytes += len(chunk)  # bytes that arrived after the window started
+                first, waited = now, _run_delay()  # the clock starts at the first byte
             total += len(chunk)
             last = now
-            if now - window_start >= RATE_WINDOW:
-                best = max(best, window_bytes / (now - window_start))
-                window_start, window_bytes = now, 0
         seconds = (last - first) if first is not None else 0.0
-        rate = max(best, (total / seconds) if seconds > 0 else 0.0)
-        answer = {"bytes": total, "seconds": round(seconds, 4), "rate": rate}
+        answer = {"bytes": total, "seconds": round(seconds, 6), "waited": _run_delay() - waited}
         conn.sendall((json.dumps(answer) + "\n").encode())
     except OSError:
         pass
@@ -529,7 +531,7 @@ def cmd_sink(spec):
 def cmd_send(spec):
     """Send zeros to a peer's sink for `seconds` or `max_bytes`, whichever comes first."""
     chunk = bytes(1 << 18)
-    sent, deadline = 0, time.monotonic() + spec["seconds"]
+    sent, deadline, waited_here = 0, time.monotonic() + spec["seconds"], _run_delay()
     try:
         with socket.create_connection((spec["address"], spec["port"]), spec["timeout"]) as sock:
             sock.settimeout(spec["timeout"])
@@ -547,9 +549,13 @@ def cmd_send(spec):
         return {"status": "error", "detail": exc.strerror or str(exc), "sent": sent}
     try:
         answer = json.loads(reply)
-    except ValueError:
+        seconds, waited = float(answer["seconds"]), float(answer.get("waited", 0.0))
+    except (ValueError, KeyError, TypeError):
         return {"status": "error", "detail": "the peer's sink gave no figures", "sent": sent}
-    return {"status": "ok", "sent": sent, **answer}
+    # The time either end waited for a CPU is not the link's: left out (at most 90 % of it).
+    busy = max(seconds - max(waited, _run_delay() - waited_here), seconds * 0.1)
+    rate = answer["bytes"] / busy if busy > 0 else None
+    return {"status": "ok", "sent": sent, **answer, "rate": rate}
 
 
 VERBS = {"inspect": cmd_inspect, "connect": cmd_connect, "cleanup": cmd_cleanup,
