@@ -552,8 +552,10 @@ def cmd_send(spec):
         seconds, waited = float(answer["seconds"]), float(answer.get("waited", 0.0))
     except (ValueError, KeyError, TypeError):
         return {"status": "error", "detail": "the peer's sink gave no figures", "sent": sent}
-    # The time either end waited for a CPU is not the link's: left out (at most 90 % of it).
-    busy = max(seconds - max(waited, _run_delay() - waited_here), seconds * 0.1)
+    # The time either end waited for a CPU is not the link's: left out, but at most half of the
+    # transfer's (a rate at most doubled), so that one burst of a busy machine cannot make its
+    # link look so fast that the others look slow beside it.
+    busy = max(seconds - max(waited, _run_delay() - waited_here), seconds * 0.5)
     rate = answer["bytes"] / busy if busy > 0 else None
     return {"status": "ok", "sent": sent, **answer, "rate": rate}
 
