@@ -45,8 +45,10 @@ def env() -> dict[str, str]:
     # One TF thread pool thread per worker: two workers on two cores otherwise oversubscribe the
     # machine and the rates swing by ±20% from run to run, hiding any real difference.
     threads = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+    # No run leaves standbys lingering into the next sample (job.linger; an inventory that sets
+    # `linger:` still gets it: bench_first_step's second up).
     return {**clean, **threads, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": str(REPO)}  # fmt: skip
+            "PYTHONPATH": str(REPO), "ORCHESTRATE_LINGER": "0"}  # fmt: skip
 
 
 def free_ports() -> list[int]:

@@ -236,7 +236,7 @@ def standbys_ready(root: Path) -> list[Path] | None:
     found = []
     for worker in record["workers"]:
         attempt = Path(worker["run_dir"]).parent
-        standby = attempt.parent / "standby" / Path(worker["run_dir"]).name
+        standby = attempt.parents[2] / "standby" / Path(worker["run_dir"]).name  # {job}/standby
         if not (standby / "ready").exists():
             return None
         found.append(standby)

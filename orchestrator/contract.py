@@ -22,6 +22,7 @@ WORKER_ENV = "ORCHESTRATE_WORKER"
 RUN_DIR_ENV = "ORCHESTRATE_RUN_DIR"
 PROGRESS_FILE_ENV = "ORCHESTRATE_PROGRESS_FILE"
 CHECKPOINT_DIR_ENV = "ORCHESTRATE_CHECKPOINT_DIR"
+TARGET_STEPS_ENV = "ORCHESTRATE_TARGET_STEPS"  # a script job's steps: (worker.target_steps())
 RESERVED_ENV_PREFIXES = (TF_CONFIG_ENV, "ORCHESTRATE_")
 
 # Progress keys of the built-in loop's step timing (worker/train.py writes them at each log step,
@@ -106,3 +107,90 @@ def device_setting_problems(
     if logical_gpus is not None and memory_limit_mb is None:
         problems.append(("logical_gpus", "needs gpu_memory_limit_mb: the size of each part"))
     return problems
+
+
+# --- stacks on request (SIGUSR2) ----------------------------------------------------------------
+# Every worker process registers faulthandler on SIGUSR2 (SIGUSR1 is the Slurm launcher's
+# preemption signal): all its threads' Python stacks are appended to STACKS_FILE in its run
+# directory, a file of its own so that a dump never interleaves with the worker's output in
+# worker.log (nor is rotated away or cut into its lines). STACKS_PID_FILE names the process that
+# registered: the host agent and the Slurm launcher signal only that one, never a process that
+# would die of SIGUSR2's default action (a wrapper shell, a worker started before this existed).
+STACKS_FILE = "stacks.txt"
+STACKS_PID_FILE = "stacks.pid"
+BOOT_MARKER = "# orchestrate boot"  # how a script's boot begins (the agent's standbys look)
+
+_kept: list[object] = []  # the open stacks file: faulthandler writes to its descriptor
+
+
+def register_stack_dump(run_dir: str | None) -> bool:
+    """SIGUSR2 -> every thread's Python stack into run_dir/stacks.txt. SCRIPT_BOOT does the
+    same for scripts (it runs where orchestrate is not installed). False where not possible."""
+    import faulthandler
+    import os
+    import signal
+
+    if not run_dir or not hasattr(signal, "SIGUSR2") or not os.path.isdir(run_dir):
+        return False
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        handle = os.fdopen(os.open(os.path.join(run_dir, STACKS_FILE), flags, 0o600), "w")
+        faulthandler.register(signal.SIGUSR2, file=handle, all_threads=True)
+        _kept.append(handle)
+        tmp = os.path.join(run_dir, f"{STACKS_PID_FILE}.tmp.{os.getpid()}")
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as pid:
+            pid.write(str(os.getpid()))
+        os.replace(tmp, os.path.join(run_dir, STACKS_PID_FILE))
+    except (OSError, ValueError, RuntimeError):
+        return False
+    return True
+
+
+# `python -c SCRIPT_BOOT SCRIPT ARGS...` runs SCRIPT exactly as `python SCRIPT ARGS...` would
+# (sys.argv, sys.path[0], __main__ with its __file__, the cwd, exit codes), after registering the
+# stack dump. Standard library only: a host may have nothing but Python. Not runpy.run_path: it
+# sets sys.argv[0] to the path it is given, so no path gives both argv[0] as typed and the
+# absolute __file__ that `python SCRIPT` gives; this does what the interpreter does instead.
+SCRIPT_BOOT = f"""{BOOT_MARKER}: SIGUSR2 writes every thread's Python stack to {STACKS_FILE}
+import sys
+def _orchestrate_boot():
+    import faulthandler, os, signal, types
+    from importlib.machinery import SourceFileLoader
+    run_dir = os.environ.get({RUN_DIR_ENV!r})
+    if run_dir and hasattr(signal, "SIGUSR2") and os.path.isdir(run_dir):
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+            handle = os.fdopen(os.open(os.path.join(run_dir, {STACKS_FILE!r}), flags, 0o600), "w")
+            faulthandler.register(signal.SIGUSR2, file=handle, all_threads=True)
+            sys._orchestrate_stacks = handle
+            tmp = os.path.join(run_dir, {STACKS_PID_FILE!r} + ".tmp." + str(os.getpid()))
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                f.write(str(os.getpid()))
+            os.replace(tmp, os.path.join(run_dir, {STACKS_PID_FILE!r}))
+        except (OSError, ValueError, RuntimeError):
+            pass
+    script = sys.argv[1]
+    path = os.path.abspath(script)
+    try:
+        with open(path, "rb") as source:
+            code = compile(source.read(), path, "exec")
+    except OSError as exc:
+        sys.stderr.write(f"{{sys.executable}}: can't open file {{path!r}}: [Errno {{exc.errno}}] "
+                         f"{{exc.strerror}}\\n")
+        raise SystemExit(2)
+    sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(os.path.realpath(script))
+    main = types.ModuleType("__main__")
+    main.__file__, main.__cached__ = path, None
+    main.__loader__ = SourceFileLoader("__main__", path)
+    sys.modules["__main__"] = main
+    return code, main.__dict__
+_orchestrate_code, _orchestrate_globals = _orchestrate_boot()
+del _orchestrate_boot
+exec(_orchestrate_code, _orchestrate_globals)
+"""
+
+
+def booted(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """`PYTHON SCRIPT ARGS` -> `PYTHON -c SCRIPT_BOOT SCRIPT ARGS`."""
+    return (argv[0], "-c", SCRIPT_BOOT, *argv[1:])

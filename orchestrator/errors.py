@@ -3,6 +3,7 @@
 OrchestrateError
 ├── InventoryError      the inventory file is unreadable or invalid (exit 2)
 ├── RunStateError       no run to act on, or a run is already active (exit 4)
+│   └── LeaseClash      a port or GPU the run needs is leased to another job (exit 4)
 ├── HostError           a host could not be reached or a command on it failed (exit 3)
 ├── PreflightFailed     `check` found a problem that blocks the run (exit 5)
 ├── ExportRefused       `export` would print what the target would reject (exit 2)
@@ -58,6 +59,15 @@ class InventoryError(OrchestrateError):
 
 class RunStateError(OrchestrateError):
     exit_code = 4
+
+
+class LeaseClash(RunStateError):
+    """A port or GPU the run needs is held by another job's lease; `clashes` says by whom
+    (model.leases.Clash entries, per host and holder)."""
+
+    def __init__(self, message: str, clashes: Sequence[Any], hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.clashes = list(clashes)
 
 
 class HostError(OrchestrateError):

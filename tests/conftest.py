@@ -23,6 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 # to every `orchestrate` these tests start, and Ctrl-C (SIGINT), the way `tail -f` and
 # `tensorboard` are stopped, would do nothing. A handler, unlike SIG_IGN, is not inherited.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+# A run's standbys stay job.linger (default 300 s, ~560 MiB per slot) after it ended: in the
+# tests none stay unless an inventory sets `linger:` (tests/integration/test_linger.py), so
+# that a test's run leaves no process behind and the suite's memory stays flat.
+os.environ.setdefault("ORCHESTRATE_LINGER", "0")
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY")
 
 
@@ -233,3 +237,50 @@ def serve_tensorboard(cli: Cli, port: int) -> dict[str, Any]:
     assert server.returncode == 0, err
     assert "TensorBoard stopped" in err and f"http://127.0.0.1:{port}/" in out
     return {"scalars": scalars["."], "images": (images or {}).get(".", {}), "stdout": out}
+
+
+def dashboard_view(
+    cwd: Path,
+    ready: Callable[[dict[str, Any]], bool],
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run `orchestrate dashboard` in `cwd` on its current run and read its document over HTTP
+    (with the token it printed) until `ready(document)`, and its followed log lines; then stop
+    it with Ctrl-C (SIGINT)."""
+    import re
+    from urllib.parse import parse_qs, urlsplit
+
+    import httpx
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "dashboard", "--port", "0"], cwd=cwd,
+        env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        found = re.search(r"dashboard: (http\S+)", line)
+        assert found, line
+        url = urlsplit(found.group(1))
+        token = parse_qs(url.query).get("token", [None])[0]  # sent as scripts send it
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        run_id = (cwd / ".orchestrate" / "current").read_text().strip()
+        with httpx.Client(base_url=f"{url.scheme}://{url.netloc}", headers=headers,
+                          timeout=30) as client:  # fmt: skip
+            document = wait_for(
+                lambda: (
+                    (d := client.get(f"/api/runs/{run_id}/dashboard").json()) and ready(d) and d
+                ),
+                timeout=timeout,
+                interval=0.5,
+            )
+            lines = wait_for(
+                lambda: client.get(f"/api/runs/{run_id}/logs").json()["lines"],
+                timeout=timeout,
+                interval=0.5,
+            )
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.communicate(timeout=30)
+    return document, lines

@@ -9,14 +9,15 @@ scalars, sample input images and, with --profile-steps, a trace (worker.summarie
 worker stops them all at one step, after a checkpoint there, with exit code 75 (worker.preemption).
 
 For a `script:` job of your own: `is_chief()`, `write_dir(path)` (the chief writes `path`, the
-others a temporary directory they remove), `checkpoint_dir()` and `report(step=..., loss=...)`
-(worker.helpers, worker.progress); `keras()` is the Keras of job.keras.
+others a temporary directory they remove), `checkpoint_dir()`, `target_steps()` (the job's
+`steps:`) and `report(step=..., loss=...)` (worker.helpers, worker.progress); `keras()` is the
+Keras of job.keras.
 
 Importing this package is cheap: TensorFlow is imported only when training starts, so the controller
 side and user scripts can use `TrainingTask` and `report` without paying for it.
 """
 
-from worker.helpers import checkpoint_dir, is_chief, task_index, write_dir
+from worker.helpers import checkpoint_dir, is_chief, target_steps, task_index, write_dir
 from worker.kerasflavor import keras
 from worker.progress import ProgressWriter, report
 from worker.task import TrainingTask
@@ -28,6 +29,7 @@ __all__ = [
     "is_chief",
     "keras",
     "report",
+    "target_steps",
     "task_index",
     "write_dir",
 ]

@@ -3,7 +3,13 @@
 import os
 import sys
 
-from worker.cli import main
+from orchestrator.contract import RUN_DIR_ENV, register_stack_dump
+
+# SIGUSR2: every thread's Python stack into the run directory's stacks.txt (orchestrate stacks,
+# and the supervisor at a stall). Before TensorFlow's import, so a hang there shows too.
+register_stack_dump(os.environ.get(RUN_DIR_ENV))
+
+from worker.cli import main  # noqa: E402 - after the handler
 
 code = main()
 # Results, checkpoints and summaries are flushed by now (train.run closes what it opened). Leave

@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from orchestrator.contract import CHECKPOINT_DIR_ENV, RUN_DIR_ENV, TF_CONFIG_ENV
+from orchestrator.contract import CHECKPOINT_DIR_ENV, RUN_DIR_ENV, TARGET_STEPS_ENV, TF_CONFIG_ENV
 
 
 def _task(env: Mapping[str, str]) -> tuple[str | None, int]:
@@ -52,6 +52,18 @@ def is_chief(env: Mapping[str, str] | None = None) -> bool:
 def checkpoint_dir(default: str = "checkpoints") -> str:
     """The job's checkpoint directory (job.checkpoint_dir), or `default` outside orchestrate."""
     return os.environ.get(CHECKPOINT_DIR_ENV) or default
+
+
+def target_steps(default: int | None = None, env: Mapping[str, str] | None = None) -> int | None:
+    """The step the job must reach (the inventory's job.steps, ORCHESTRATE_TARGET_STEPS), or
+    `default` when the job sets none or outside orchestrate. A worker that exits 0 below it,
+    after reporting a step, fails the run as "stopped short"."""
+    value = (os.environ if env is None else env).get(TARGET_STEPS_ENV, "")
+    try:
+        steps = int(value)
+    except ValueError:
+        return default
+    return steps if steps > 0 else default
 
 
 @contextmanager

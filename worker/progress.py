@@ -10,7 +10,8 @@ against a process dying mid-write, not against the machine losing power, and it 
 few seconds anyway.
 
 Beside it, `progress-history.jsonl` keeps the curve behind the dashboard: one line per progress
-write that carries a metric (step, time, loss, accuracy, steps/s). It is bounded: past
+write that carries a metric (step, time, loss, accuracy, steps/s), and a line of its own (step,
+time, val_loss, val_accuracy) per write that carries an evaluation. It is bounded: past
 HISTORY_LIMIT lines it is rewritten with every other older point dropped, so a run of any length
 keeps its whole shape in at most HISTORY_LIMIT lines, denser towards the present. The worker keeps
 it (not the supervisor) so it survives the loss of the controller.
@@ -32,6 +33,8 @@ from orchestrator.contract import HISTORY_FILE, PROGRESS_FILE_ENV
 HISTORY_LIMIT = 1000
 HISTORY_FIELDS = ("step", "loss", "accuracy", "steps_per_sec")
 METRICS = ("loss", "accuracy", "steps_per_sec")
+# An evaluation's line: the step, the time and these, written when a write carries them.
+EVAL_FIELDS = ("val_loss", "val_accuracy")
 
 
 def history_path(progress_path: str) -> str:
@@ -66,6 +69,8 @@ class ProgressWriter:
                 _write_atomically(self.path, self._fields)
             if self._history is not None and any(fields.get(key) is not None for key in METRICS):
                 self._history.append(self._fields)
+            if self._history is not None and any(fields.get(k) is not None for k in EVAL_FIELDS):
+                self._history.append_evaluation(self._fields)
 
 
 class History:
@@ -81,7 +86,17 @@ class History:
         if fields.get("step") is None or fields.get("step") == self._last_step:
             return
         self._last_step = fields["step"]
-        point = {"time": fields["time"], **{k: fields.get(k) for k in HISTORY_FIELDS}}
+        self._write({"time": fields["time"], **{k: fields.get(k) for k in HISTORY_FIELDS}})
+
+    def append_evaluation(self, fields: dict[str, Any]) -> None:
+        """A line of its own for an evaluation (its step often has a training line already)."""
+        if fields.get("step") is None:
+            return
+        point = {"time": fields["time"], "step": fields["step"],
+                 **{key: fields.get(key) for key in EVAL_FIELDS}}  # fmt: skip
+        self._write(point)
+
+    def _write(self, point: dict[str, Any]) -> None:
         line = json.dumps(point, allow_nan=False, sort_keys=True) + "\n"
         if self._lines is None:
             self._lines = _count_lines(self.path)
@@ -94,10 +109,14 @@ class History:
     def _thin(self) -> None:
         with open(self.path, encoding="utf-8") as file:
             lines = file.readlines()
-        # The newest quarter stays as it is; every other line of the rest goes.
+        # The newest quarter stays as it is; every other line of the rest goes. Evaluations,
+        # rarer, are kept while they are few (at most a quarter of the limit), else halved too.
         keep_recent = self.limit // 4
         older, recent = lines[:-keep_recent], lines[-keep_recent:]
-        kept = older[::2] + recent
+        evals = [i for i, line in enumerate(older) if '"val_' in line]
+        steps = [i for i, line in enumerate(older) if '"val_' not in line]
+        keep = set(steps[::2]) | set(evals if len(evals) <= self.limit // 4 else evals[::2])
+        kept = [line for i, line in enumerate(older) if i in keep] + recent
         directory = os.path.dirname(self.path)
         fd, tmp_path = tempfile.mkstemp(prefix=f".{HISTORY_FILE}.", suffix=".tmp", dir=directory)
         with os.fdopen(fd, "w", encoding="utf-8") as tmp:

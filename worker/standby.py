@@ -3,7 +3,8 @@
 It imports TensorFlow and nothing else: no TensorFlow op runs, no eager context is created, so
 the worker it becomes can still apply tf.config settings and create its strategy first. Then it
 writes READY_FILE and blocks on one JSON line on stdin, {"argv", "cwd", "env"}: the command line
-of the worker it is to become (`PYTHON -m MODULE ARGS` or `PYTHON SCRIPT ARGS`), its working
+of the worker it is to become (`PYTHON -m MODULE ARGS`, `PYTHON SCRIPT ARGS` or a script behind
+orchestrate's boot, `PYTHON -c BOOT SCRIPT ARGS`), its working
 directory and its whole environment (TF_CONFIG included). It takes them over the way the
 interpreter would have set them up, and runs the module or script as __main__. End of input
 without a line (its supervisor went away, or the standby was discarded) ends it quietly.
@@ -23,10 +24,26 @@ import sys
 import time
 
 
+def package_dirs() -> dict[str, int]:
+    """The package directories on sys.path with their modification times: installing or
+    removing a package changes its directory's, so the agent can tell that what this process
+    imported is no longer what a fresh interpreter would import (a lingering standby)."""
+    found = {}
+    for entry in sys.path[1:]:
+        if os.path.basename(entry) in ("site-packages", "dist-packages"):
+            try:
+                found[entry] = os.stat(entry).st_mtime_ns
+            except OSError:
+                continue
+    return found
+
+
 def _write_ready(path: str, imported_in: float) -> None:
     tmp = f"{path}.tmp"
+    record = {"pid": os.getpid(), "at": time.time(), "import_seconds": imported_in,
+              "package_dirs": package_dirs()}  # fmt: skip
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
-        json.dump({"pid": os.getpid(), "at": time.time(), "import_seconds": imported_in}, handle)
+        json.dump(record, handle)
     os.replace(tmp, path)
 
 
@@ -49,6 +66,10 @@ def become(request: dict[str, object]) -> None:
         sys.argv = [argv[2], *argv[3:]]
         sys.path[0] = os.getcwd()  # what `python -m` puts first
         runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+    elif len(argv) >= 3 and argv[1] == "-c":  # a script behind the stacks boot (contract)
+        sys.argv = ["-c", *argv[3:]]
+        sys.path[0] = ""  # what `python -c` puts first; the boot sets the script's
+        exec(compile(argv[2], "<string>", "exec"), {"__name__": "__main__"})
     else:
         script = os.path.abspath(argv[1])
         sys.argv = [argv[1], *argv[2:]]

@@ -12,15 +12,25 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from orchestrator.fanout import GroupResult
-from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
+from orchestrator.model.answers import (
+    CheckpointListing,
+    FileListing,
+    StackAnswer,
+    StandbyInfo,
+    StopAnswer,
+    WorkerProbe,
+)
+from orchestrator.model.leases import Ignored
 from orchestrator.model.preflight import CHECK, PreflightOptions
 from orchestrator.model.workers import Started
 
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Host, Inventory, LoginDetails
+    from orchestrator.model.leases import LeaseListing
     from orchestrator.model.preflight import Finding, PreflightReport
     from orchestrator.model.records import RunRecord, SchedulerState, WorkerRecord
     from orchestrator.model.workers import WorkerSpec
@@ -41,6 +51,15 @@ class Planner(Protocol):
 
 
 ExportWriter = Callable[["Inventory", Planner], str]
+
+
+@dataclass(frozen=True)
+class Leased:
+    """What taking a run's leases gave: the inventory with each leasing host's port and GPUs
+    as leased, and the files of the lease directories that were ignored (hostile, broken)."""
+
+    inventory: Inventory
+    ignored: tuple[Ignored, ...] = ()
 
 
 class Backend(ABC):
@@ -80,6 +99,15 @@ class Backend(ABC):
     def follow_log(self, worker: WorkerRecord, lines: int) -> Iterator[str]:
         """The last lines, then new ones as they come, until the caller stops iterating."""
 
+    @abstractmethod
+    def stacks(
+        self, workers: Sequence[WorkerRecord], wait: float, native: bool = False
+    ) -> GroupResult[str, StackAnswer]:
+        """Every thread's Python stack of each running worker, as its faulthandler wrote them
+        on SIGUSR2, all within `wait` seconds; by worker name. A worker that cannot answer
+        (not running, no handler, silent) is a StackAnswer with its `error`. `native`: py-spy's
+        dump too, where it is installed and allowed (else why not)."""
+
     # --- standbys: warm restarts (a backend without them starts every attempt cold) ------------
     def start_standbys(self, specs: Sequence[WorkerSpec], linger: float) -> GroupResult[str, str]:
         """Keep, per worker slot, a process that has imported TensorFlow and can become that
@@ -90,6 +118,35 @@ class Backend(ABC):
     def discard_standbys(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, str]:
         """Stop these workers' slots' standbys for good (the run ended)."""
         return GroupResult()
+
+    def linger_standbys(
+        self, workers: Sequence[WorkerRecord], seconds: float
+    ) -> GroupResult[str, str]:
+        """The run ended: its slots' standbys stay `seconds` (job.linger), for the next run of
+        the job on the same hosts to take; by worker name, "lingering" or "none"."""
+        return GroupResult()
+
+    def standbys(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, StandbyInfo | None]:
+        """The standby alive now for each worker's slot (lingering after its run, or waiting for
+        a restart), with its memory; None where there is none."""
+        return GroupResult()
+
+    # --- leases: ports and GPUs held against every other job (a scheduler leases itself) -------
+    def take_leases(self, inventory: Inventory, run_id: str, *, dry_run: bool = False) -> Leased:
+        """Lease each leasing host's port (`port: auto`: a free one of its range, the run's own
+        one first) and GPUs (`gpus: N`) on its machine for run `run_id`, kept there until the
+        run ends; the inventory with what was leased. Raises LeaseClash naming the holders.
+        `dry_run`: what would be leased now, nothing held. None here: nothing to lease."""
+        return Leased(inventory)
+
+    def release_leases(self, inventory: Inventory, run_id: str) -> None:  # noqa: B027
+        """Let go of the run's leases on every host of `inventory` (the run ended)."""
+
+    def leases(self, inventory: Inventory) -> LeaseListing:
+        """Every job of any user holding leases on the inventory's hosts."""
+        from orchestrator.model.leases import LeaseListing
+
+        return LeaseListing()
 
     # --- files on a host -----------------------------------------------------------------------
     @abstractmethod

@@ -7,6 +7,7 @@ from orchestrator.cli import (  # noqa: F401 - they register commands
     dashboard,
     export,
     hosts,
+    jobs,
     local,
     notify,
     preflight,

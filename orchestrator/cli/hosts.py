@@ -22,7 +22,8 @@ def _row(host: Host, role: str, backend: Backend) -> dict[str, object]:
         "role": role,
         "connection": host.connection,
         "address": host.address,
-        "port": host.port,
+        # port: auto: leased at `up` (see `orchestrate jobs`), from this range
+        "port": "auto {}-{}".format(*host.port_range) if host.port_range else host.port,
         "ssh_alias": details.alias,
         "ssh_hostname": details.hostname,
         "ssh_user": details.user,

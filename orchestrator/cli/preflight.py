@@ -15,6 +15,7 @@ from orchestrator.backends.registry import open_backend
 from orchestrator.cli.app import Context, cli, errors
 from orchestrator.cli.render import finding_hints, findings_table, firewall_script
 from orchestrator.config.loader import load_inventory
+from orchestrator.engine.lifecycle import take_leases
 from orchestrator.errors import (
     PreflightFailed,
 )
@@ -26,6 +27,13 @@ from orchestrator.model.preflight import (
     PreflightReport,
     Status,
 )
+
+CHECK_RUN_ID = "check"  # no run of that id exists: a dry lease keeps nothing of any run
+
+
+def _warn(message: str) -> None:
+    errors.print(message, markup=False, highlight=False)
+
 
 probe_timeout_option = click.option(
     "--probe-timeout",
@@ -123,6 +131,8 @@ def check(
     """
     inventory = load_inventory(inventory_file)
     with open_backend(inventory) as backend:
+        # port: auto and gpus: N: what `up` would lease now (nothing is held); a clash exits 4.
+        inventory = take_leases(inventory, CHECK_RUN_ID, backend, _warn, dry_run=True)
         report = run_checks(inventory, backend, probe_timeout, min_free_gb, perf=perf)
     if as_json:
         click.echo(json.dumps([f.to_json() for f in report.findings], indent=2))

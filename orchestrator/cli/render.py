@@ -8,6 +8,8 @@ from rich.text import Text
 from orchestrator.backends.hosts.firewall import HostRules
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.model.answers import StandbyInfo
+from orchestrator.model.leases import LeaseListing, clock
 from orchestrator.model.preflight import PreflightReport, Status
 
 STATE_STYLES = {
@@ -93,6 +95,23 @@ def status_table(status: RunStatus) -> Table:
     return table
 
 
+def standby_lines(standbys: dict[str, StandbyInfo]) -> list[str]:
+    """The slots' standbys (not workers): lingering after the run for the job's next `up`, or
+    waiting for a restart; their pids and memory."""
+    lines = []
+    for name, standby in standbys.items():
+        if standby.lingering:
+            what = f"lingering {duration(standby.left_s)} more for the next 'up' of the job"
+            if standby.run_id:
+                what += f" (left by run {standby.run_id})"
+        else:
+            what = f"waiting for a restart of run {standby.run_id}"
+        ready = "" if standby.ready else ", importing TensorFlow"
+        lines.append(f"standby {name}: {what}, pid {standby.worker_pid or standby.pid}"
+                     f"{ready}, {size(standby.rss_bytes)}")  # fmt: skip
+    return lines
+
+
 def problems(status: RunStatus) -> list[str]:
     """One line per worker that failed or could not be asked, with why and what to do; and
     each worker's note (a checkpoint fallback)."""
@@ -159,3 +178,22 @@ def firewall_script(rules: list[HostRules], fmt: str) -> str:
         lines.append(f"## {entry.host.name} ({entry.host.address})")
         lines.extend(entry.commands)
     return "\n".join(lines)
+
+
+def jobs_table(listing: LeaseListing) -> Table:
+    """`orchestrate jobs`: one row per run holding leases. Every cell is plain Text: the
+    records come from other users of the hosts."""
+    table = Table(title="jobs holding leases", title_justify="left", expand=False)
+    for column in ("user", "job", "run", "controller", "hosts", "ports", "GPUs", "since"):
+        table.add_column(column)
+    for job in listing.jobs:
+        holder = job.holder
+        gpus = "; ".join(f"{host}: {','.join(map(str, ids))}" for host, ids in job.gpus.items())
+        table.add_row(
+            *(Text(value) for value in (
+                holder.user, holder.job, holder.run_id, holder.controller,
+                ", ".join(job.hosts), ",".join(map(str, job.ports)) or "-", gpus or "-",
+                clock(holder.since),
+            ))
+        )  # fmt: skip
+    return table

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import click
@@ -38,7 +38,13 @@ from orchestrator.cli.preflight import (
 from orchestrator.cli.render import problems, progress_line, status_table
 from orchestrator.config.loader import load_inventory
 from orchestrator.engine.control import stop_everything, watch
-from orchestrator.engine.lifecycle import DEFAULT_GRACE, StopReport, first_standbys, start_run
+from orchestrator.engine.lifecycle import (
+    DEFAULT_GRACE,
+    StopReport,
+    first_standbys,
+    held_leases,
+    start_run,
+)
 from orchestrator.engine.locks import (
     SupervisorLock,
     exclusive_start,
@@ -48,7 +54,7 @@ from orchestrator.engine.locks import (
 )
 from orchestrator.engine.notify import RunEvents, missing_notify_secrets
 from orchestrator.engine.plan import new_run_id
-from orchestrator.engine.policy import conclude
+from orchestrator.engine.policy import conclude, linger_seconds
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_env
 from orchestrator.engine.state import WorkerState
@@ -142,6 +148,7 @@ def start_and_supervise(
 ) -> None:
     """What `up` does with a loaded inventory (`orchestrate local` builds its own)."""
     secrets = secret_values(inventory.job.secret_env, os.environ, doing="'up'")  # before anything
+    linger_seconds(inventory.job, os.environ)  # a bad $ORCHESTRATE_LINGER: refused before too
     missing_notify_secrets(inventory.notify, os.environ, doing="'up'")
     with open_backend(inventory) as backend:
         # Exclusive from the check for an active run through the launch, then released: a
@@ -151,16 +158,19 @@ def start_and_supervise(
             # Setup may install what the checks look for (the python, TensorFlow): it goes first.
             prepared = prepare_before_checks(inventory, backend, force_setup)
             run_id = new_run_id()
-            measured = not skip_checks and inventory.perf_check
-            if measured:  # the standbys' TensorFlow import would slow the compute probes
-                _checks(inventory, backend, probe_timeout, min_free_gb, perf=True)
-            # TensorFlow's import in the first workers overlaps the checks and the launch.
-            with first_standbys(inventory, run_id, backend, linger=STANDBY_SLACK):
+            # The run's leases (port: auto, gpus: N) first: the checks check the leased ports.
+            with ExitStack() as held:
+                leased = held.enter_context(held_leases(inventory, run_id, backend, _say))
+                measured = not skip_checks and leased.perf_check
+                if measured:  # the standbys' TensorFlow import would slow the compute probes
+                    _checks(leased, backend, probe_timeout, min_free_gb, perf=True)
+                # TensorFlow's import in the first workers overlaps the checks and the launch.
+                held.enter_context(first_standbys(leased, run_id, backend, linger=STANDBY_SLACK))
                 if not skip_checks and not measured:
-                    _checks(inventory, backend, probe_timeout, min_free_gb, perf=False)
-                _announce(inventory, source, secrets)
+                    _checks(leased, backend, probe_timeout, min_free_gb, perf=False)
+                _announce(leased, source, secrets)
                 record = start_run(
-                    inventory,
+                    leased,
                     context.store,
                     backend,
                     say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),

@@ -20,9 +20,12 @@ from orchestrator.cli.app import (
     pass_context,
     run_option,
 )
-from orchestrator.cli.render import problems, status_table
+from orchestrator.cli.render import problems, standby_lines, status_table
 from orchestrator.engine.exports import export_is_remote, local_export, pull_export
-from orchestrator.engine.logs import follow, last_lines, select_workers
+from orchestrator.engine.hangs import collect
+from orchestrator.engine.loggroups import WINDOW, Grouper, Line, label, merge
+from orchestrator.engine.logs import follow, follow_timed, last_lines, select_workers
+from orchestrator.engine.stacks import grouped
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import collect_status
 from orchestrator.engine.tensorboard import events_are_remote, local_event_dir, pull_events
@@ -42,10 +45,16 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
     record = context.store.load(run_id)
     with open_backend(record.inventory) as backend:
         result = collect_status(record, backend)
+        # The slots' standbys, from the hosts' own listing (a host not answering lists none).
+        standbys = {n: s for n, s in backend.standbys(record.workers).ok.items() if s}
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        data = result.to_json()
+        data["standbys"] = [s.to_json() for s in standbys.values()]
+        click.echo(json.dumps(data, indent=2))
     else:
         console.print(status_table(result))
+        for line in standby_lines(standbys):
+            console.print(line, style="dim", markup=False, highlight=False)
         for line in problems(result):
             console.print(line, style="red", markup=False, highlight=False)
     silent = [w.name for w in result.workers if w.state is WorkerState.UNKNOWN]
@@ -60,14 +69,26 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
 @click.argument("names", nargs=-1, metavar="[WORKER]...")
 @click.option("--follow", "-f", "follow_logs", is_flag=True, help="Keep printing new lines.")
 @click.option("--lines", "-n", default=20, show_default=True, help="Lines of each log to show.")
+@click.option(
+    "--group/--no-group",
+    default=None,
+    help="Print the same line of several workers once, as [worker-0,1,2] (within 1 s with -f). "
+    "Default: on when the output is a terminal.",
+)
 @run_option
 @pass_context
-def tail_command(
-    context: Context, names: tuple[str, ...], follow_logs: bool, lines: int, run_id: str | None
+def tail_command(  # noqa: PLR0917 - click passes every option by position
+    context: Context,
+    names: tuple[str, ...],
+    follow_logs: bool,
+    lines: int,
+    group: bool | None,
+    run_id: str | None,
 ) -> None:
     """Print the last lines of every worker's log (or the named ones), each prefixed by its name.
 
-    With -f, keep following all of them until Ctrl-C.
+    With -f, keep following all of them until Ctrl-C. On a terminal (or with --group) a line
+    that several workers print alike is printed once, prefixed by all of them.
     """
     record = context.store.load(run_id)
     workers = select_workers(record, names)
@@ -77,15 +98,80 @@ def tail_command(
         w.name: click.style(f"{w.name:<{width}} |", fg=colors[w.index % len(colors)])
         for w in workers
     }
+
+    def echo(grouped: Line) -> None:
+        if len(grouped.workers) == 1:
+            click.echo(f"{prefixes[grouped.workers[0]]} {grouped.text}")
+        else:
+            click.echo(f"{click.style(f'[{label(grouped.workers)}]', bold=True)} {grouped.text}")
+
+    if group is None:
+        group = sys.stdout.isatty()
     with open_backend(record.inventory) as backend:
-        stream = (
-            follow(workers, backend, lines) if follow_logs else last_lines(workers, backend, lines)
-        )
         try:
-            for name, line in stream:
-                click.echo(f"{prefixes[name]} {line}")
+            if not group:
+                stream = (
+                    follow(workers, backend, lines)
+                    if follow_logs
+                    else last_lines(workers, backend, lines)
+                )
+                for name, line in stream:
+                    click.echo(f"{prefixes[name]} {line}")
+            elif not follow_logs:
+                logs = last_lines(workers, backend, lines)
+                by_worker = [(w.name, [line for n, line in logs if n == w.name]) for w in workers]
+                for grouped in merge(by_worker):
+                    echo(grouped)
+            else:
+                grouper = Grouper([w.name for w in workers])
+                for item in follow_timed(workers, backend, lines, tick=WINDOW / 4):
+                    ready = grouper.flush(time.monotonic()) if item is None else grouper.add(
+                        item[1], item[2], item[0])  # fmt: skip
+                    for grouped in ready:
+                        echo(grouped)
         except KeyboardInterrupt:
             return  # the normal way to end `tail -f`
+
+
+@cli.command(name="stacks")
+@click.option("--worker", "-w", "names", multiple=True, metavar="WORKER",
+              help="Only this worker (repeat for more).")  # fmt: skip
+@click.option(
+    "--native",
+    is_flag=True,
+    help="Add native frames, with py-spy where it is installed on the host.",
+)
+@click.option("--wait", default=5.0, show_default=True, help="Seconds to wait for the answers.")
+@run_option
+@pass_context
+def stacks_command(
+    context: Context, names: tuple[str, ...], native: bool, wait: float, run_id: str | None
+) -> None:
+    """Print every thread's Python stack of each running worker, now (SIGUSR2 to the worker,
+    which writes them with faulthandler). Identical stacks of several workers are shown once.
+    The last line says where each worker is and which one the others wait for.
+
+    Exit status 3 when a worker could not answer (it is named, with why).
+    """
+    record = context.store.load(run_id)
+    workers = select_workers(record, names)
+    with open_backend(record.inventory) as backend:
+        found = collect(backend, workers, wait, native)
+    for members, text in grouped(found.texts):
+        same = " (identical stacks)" if len(members) > 1 else ""
+        click.secho(f"== {', '.join(members)}{same}", bold=True)
+        click.echo(text.rstrip("\n") + "\n")
+    for name, native_text in found.native.items():
+        click.secho(f"== {name}: native frames (py-spy)", bold=True)
+        click.echo(native_text.rstrip("\n") + "\n")
+    for name, why in found.silent.items():
+        click.secho(f"== {name}: no stacks: {why}", fg="red")
+    click.echo(found.summary().describe())
+    if found.silent:
+        raise PartialFailure(
+            f"{', '.join(found.silent)} did not answer with stacks",
+            hint="a worker answers while it runs; 'orchestrate status' shows which do",
+        )
 
 
 @cli.command()

@@ -89,7 +89,10 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
     Key("files", "list of strings (paths on this machine)", "`[]`",
         "files or directories uploaded next to the script on SSH hosts",
         string),  # checked per item
-    Key("steps", "integer, at least 1", "required for `task`", "total training steps", POSITIVE),
+    Key("steps", "integer, at least 1", "required for `task`",
+        "total training steps; for a `script` its target (`ORCHESTRATE_TARGET_STEPS`, "
+        "`worker.target_steps()`): a worker that exits 0 below it fails as stopped short",
+        POSITIVE),
     Key("checkpoint_dir", "string", "`checkpoints`",
         "relative to `{workdir}/{name}/`, or absolute (a shared disk)", string),
     Key("checkpoint_every", "integer, at least 1", "`100`", "steps between checkpoints",
@@ -117,6 +120,12 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
         "unless set: a script may set TensorFlow's variables (`TF_USE_LEGACY_KERAS`, "
         "`TF_CPP_MIN_LOG_LEVEL`) itself before its import, which a standby has already done",
         boolean),
+    Key("linger", "integer, 0 to 86400 (seconds)", "`300` (or `$ORCHESTRATE_LINGER`)",
+        "how long a run's standbys (see `warm_restarts`) stay after the run ended, succeeded, "
+        "failed or stopped, so that the next `up` of the job on the same hosts starts its "
+        "workers from them, with TensorFlow imported; `0`: none stay. They hold no port and "
+        "no lease, about 560 MiB each; `status` lists them, `down` discards them. Hosts only "
+        "(Slurm keeps no standbys)", integer(0, 86400)),
     Key("log_max_mb", "integer, 1 to 1048576", "`64`",
         "each worker's `worker.log` is rotated past this size (one older `worker.log.1` kept), "
         "so a long run cannot fill a disk with its log", integer(1, 1 << 20)),
@@ -418,6 +427,8 @@ def _check_unique_hosts(placed: list[Placed], report: Report) -> None:
         seen_names.setdefault(host.name, where)
         address = "127.0.0.1" if is_loopback(host.address) else host.address
         endpoint = (address, host.port)
+        if host.port_range is not None:
+            continue  # port: auto: the host's lease gives every worker its own
         if endpoint in seen_endpoints:
             report.add(
                 line,

@@ -26,12 +26,19 @@ from typing import Any
 from anyio import to_thread
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from orchestrator.dashboard.auth import Guard
 from orchestrator.dashboard.watch import Hub, RunWatch, run_summaries
+from orchestrator.engine.hangs import kept as kept_stacks
 
 KEEPALIVE = 15.0
 STATIC = {
@@ -70,6 +77,7 @@ class _Handlers:
             Route("/api/runs/{run_id}/dashboard", self.dashboard),
             Route("/api/runs/{run_id}/logs", self.logs),
             Route("/api/runs/{run_id}/events", self.events),
+            Route("/api/runs/{run_id}/stacks/{attempt}/{worker}", self.stacks),
         ]
 
     # -- the page and its files ---------------------------------------------------------------
@@ -130,6 +138,22 @@ class _Handlers:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+
+    async def stacks(self, request: Request) -> Response:
+        """The stacks kept for a worker at the stall that ended an attempt, as plain text. The
+        file is looked up among those kept (hangs.kept), never built from the request's path."""
+        run_id = request.path_params["run_id"]
+        if not self.hub.exists(run_id):
+            return self._missing(run_id)
+        attempt, worker = request.path_params["attempt"], request.path_params["worker"]
+        kept = await to_thread.run_sync(kept_stacks, self.hub.store, run_id)
+        path = kept.get(int(attempt), {}).get(worker) if attempt.isdigit() else None
+        if path is None:
+            return JSONResponse({"error": f"no stacks kept for {worker!r} at attempt {attempt!r}"},
+                                status_code=404)  # fmt: skip
+        text = await to_thread.run_sync(lambda: path.read_text(encoding="utf-8", errors="replace"))
+        return PlainTextResponse(text, headers={"X-Content-Type-Options": "nosniff",
+                                                "Cache-Control": "no-store"})  # fmt: skip
 
     def _summaries(self) -> list[dict[str, Any]]:
         return run_summaries(self.hub.store)

@@ -10,6 +10,7 @@ from html import escape
 WIDTH, HEIGHT = 560, 220
 LEFT, RIGHT, TOP, BOTTOM = 56, 14, 26, 30
 _PLOT_W, _PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+SPARSE = 24  # a series of at most this many points shows each of them
 # One colour per attempt, so a restart shows where one curve stops and the next starts.
 ATTEMPT_COLOURS = ("#38bdf8", "#a78bfa", "#34d399", "#fbbf24", "#f472b6", "#fb923c")
 
@@ -42,12 +43,33 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     return ticks
 
 
-def _label(value: float) -> str:
+def tick_label(value: float, spacing: float) -> str:
+    """A tick's text, short and with the digits its spacing needs: 10k, 2.5M, 0.25, 2e-4."""
     if value == 0:
         return "0"
-    if abs(value) >= 10000 or abs(value) < 0.01:
-        return f"{value:.1e}"
-    return f"{value:.4g}"
+    size = abs(value)
+    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if size >= factor:
+            return _decimals(value / factor, spacing / factor) + suffix
+    if size < 1e-3:
+        mantissa, _, exponent = f"{value:.1e}".partition("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    return _decimals(value, spacing)
+
+
+def _decimals(value: float, spacing: float) -> str:
+    decimals = max(0, -math.floor(math.log10(spacing))) if spacing > 0 else 0
+    text = f"{value:.{min(decimals, 6)}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+# About the width of a character of a tick label (10 px, the page's sans-serif font): enough to
+# keep a label inside the chart's box (a label centred on the last tick would be cut).
+_CHAR_W = 6.5
+
+
+def _spacing(ticks: Sequence[float]) -> float:
+    return ticks[1] - ticks[0] if len(ticks) > 1 else abs(ticks[0]) if ticks else 1.0
 
 
 def line_chart(
@@ -102,20 +124,31 @@ class _Scale:
 
 def _y_grid(scale: _Scale, ticks: Sequence[float]) -> list[str]:
     """A horizontal grid line per value tick, labelled on the left."""
+    spacing = _spacing(ticks)
     return [
         f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{scale.y(tick):.1f}" '
         f'y2="{scale.y(tick):.1f}" class="grid"/><text x="{LEFT - 6}" '
-        f'y="{scale.y(tick) + 4:.1f}" text-anchor="end" class="tick">{_label(tick)}</text>'
+        f'y="{scale.y(tick) + 4:.1f}" text-anchor="end" class="tick">'
+        f"{tick_label(tick, spacing)}</text>"
         for tick in ticks
     ]
 
 
 def _x_labels(scale: _Scale, ticks: Sequence[float]) -> list[str]:
-    return [
-        f'<text x="{scale.x(tick):.1f}" y="{HEIGHT - 10}" text-anchor="middle" '
-        f'class="tick">{_label(tick)}</text>'
-        for tick in ticks
-    ]
+    """A label under each step tick, centred on it, but kept inside the chart at its edges."""
+    spacing = _spacing(ticks)
+    parts = []
+    for tick in ticks:
+        text = tick_label(tick, spacing)
+        x, half, anchor = scale.x(tick), len(text) * _CHAR_W / 2, "middle"
+        if x + half > WIDTH - 1:
+            x, anchor = WIDTH - 1.0, "end"
+        elif x - half < 1:
+            x, anchor = 1.0, "start"
+        parts.append(
+            f'<text x="{x:.1f}" y="{HEIGHT - 10}" text-anchor="{anchor}" class="tick">{text}</text>'
+        )
+    return parts
 
 
 def _marker_lines(scale: _Scale, markers: Sequence[Marker]) -> list[str]:
@@ -160,8 +193,11 @@ def _attempt_lines(scale: _Scale, series: Sequence[Series]) -> list[str]:
                 f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2" '
                 f'stroke-linejoin="round" data-attempt="{line.attempt}"/>'
             )
-        last_s, last_v = stretches[-1][-1]
-        parts.append(
-            f'<circle cx="{scale.x(last_s):.1f}" cy="{scale.y(last_v):.1f}" r="3" fill="{colour}"/>'
+        # A dot on the latest point; on every point of a sparse series (evaluations).
+        finite = [point for stretch in stretches for point in stretch]
+        dotted = finite if len(finite) <= SPARSE else finite[-1:]
+        parts.extend(
+            f'<circle cx="{scale.x(s):.1f}" cy="{scale.y(v):.1f}" r="3" fill="{colour}"/>'
+            for s, v in dotted
         )
     return parts

@@ -51,11 +51,17 @@ def root_cause(record: RunRecord, status: RunStatus) -> str | None:
     return f"{first.name}{where}: {first.reason or 'failed'}"
 
 
-def timeline(record: RunRecord) -> list[dict[str, Any]]:
+def timeline(
+    record: RunRecord, stacks: Mapping[int, Sequence[str]] | None = None
+) -> list[dict[str, Any]]:
+    """Each restart, with the workers whose stacks were kept at its stall (`stacks`: by the
+    attempt that stalled, engine.hangs.kept's names)."""
+    kept = stacks or {}
     return [
-        {**restart.__dict__, "number": number, "text": restart.describe()}
+        {**restart.__dict__, "number": number, "text": restart.describe(),
+         "stacks": list(kept.get(restart.attempt, ()))}
         for number, restart in enumerate(record.restarts, start=1)
-    ]
+    ]  # fmt: skip
 
 
 def parse_history(text: str) -> list[dict[str, Any]]:
@@ -89,8 +95,9 @@ def curve(history: Mapping[int, Sequence[Mapping[str, Any]]], key: str) -> list[
 
 
 def charts(record: RunRecord, history: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, str]:
-    """The loss and steps/s charts of the chief across attempts, restarts marked at their step
-    (the step the next attempt resumed from when the failure happened before any step)."""
+    """The loss, steps/s, val_loss and val_accuracy charts of the chief across attempts (the
+    evaluations are lines of their own in the history), restarts marked at their step (the step
+    the next attempt resumed from when the failure happened before any step)."""
     markers = []
     for number, restart in enumerate(record.restarts, start=1):
         resumed = history.get(restart.attempt + 1) or ()
@@ -100,9 +107,14 @@ def charts(record: RunRecord, history: Mapping[int, Sequence[Mapping[str, Any]]]
         if step is not None:
             markers.append(Marker(float(step), f"restart {number}"))
     waiting = "waiting for the first logged step"
+    no_eval = "no evaluation yet (a task's eval_dataset, or report(val_loss=...))"
     return {
         "loss": line_chart("loss", curve(history, "loss"), markers, waiting),
         "steps_per_sec": line_chart("steps/s", curve(history, "steps_per_sec"), markers, waiting),
+        "val_loss": line_chart("val_loss", curve(history, "val_loss"), markers, no_eval),
+        "val_accuracy": line_chart(
+            "val_accuracy", curve(history, "val_accuracy"), markers, no_eval
+        ),
     }
 
 

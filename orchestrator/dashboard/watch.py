@@ -11,6 +11,7 @@ uses), and the chief's progress history is read every few seconds, earlier attem
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import posixpath
@@ -27,6 +28,7 @@ from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import open_backend
 from orchestrator.dashboard import model
 from orchestrator.dashboard.model import HISTORY_FILE
+from orchestrator.engine.hangs import kept as kept_stacks
 from orchestrator.engine.plan import RUN_ID_PATTERN
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.snapshot import Snapshot, read_snapshot
@@ -38,6 +40,7 @@ from orchestrator.model.records import RunRecord, WorkerRecord
 LOG_BACKLOG = 300  # lines kept per run for a viewer that connects late
 HISTORY_EVERY = 3.0  # seconds between reads of the chief's progress history
 RUNS_EVERY = 10.0  # seconds between rereads of the earlier runs' records
+LEASES_EVERY = 15.0  # seconds between looks at the leases on the run's hosts (one call each)
 IDLE_AFTER = 60.0  # a watch nobody looked at for this long stops polling
 QUEUE_LIMIT = 500  # events held for a slow viewer before it misses some
 
@@ -101,6 +104,8 @@ class RunWatch:
         self._history_at = 0.0
         self._runs: list[dict[str, Any]] = []
         self._runs_at = 0.0
+        self._leases: dict[str, Any] | None = None
+        self._leases_at = 0.0
         self.polls = 0  # how many times the hosts were probed (the benchmark reads it)
         self._thread = threading.Thread(target=self._run, name=f"watch-{run_id}", daemon=True)
         self._thread.start()
@@ -197,10 +202,17 @@ class RunWatch:
             "source": source,
             "status": status.to_json(),
             "workers": [model.worker_view(w) for w in status.workers],
-            "timeline": model.timeline(record),
+            "timeline": model.timeline(
+                record,
+                {
+                    attempt: sorted(files)
+                    for attempt, files in kept_stacks(self.store, record.run_id).items()
+                },
+            ),
             "root_cause": model.root_cause(record, status),
             "charts": model.charts(record, self._history),
             "preflight": self._read_json(self.store.preflight_path()),
+            "leases": self._lease_listing(record, backend),
             "tensorboard": self._tensorboard(),
             "runs": [
                 {**run, "state": status.state.value} if run["run_id"] == record.run_id else run
@@ -273,6 +285,18 @@ class RunWatch:
             self._history[attempt] = model.parse_history(text) if text is not None else []
             if attempt != current:
                 self._history_final.add(attempt)
+
+    def _lease_listing(self, record: RunRecord, backend: Backend) -> dict[str, Any] | None:
+        """Every job holding leases on the run's hosts (any user), for a run that leases; the
+        records come from other users: the page shows them as text only."""
+        if not any(h.leases for h in record.inventory.hosts):
+            return None
+        now = time.monotonic()
+        if now - self._leases_at >= LEASES_EVERY or self._leases is None:
+            self._leases_at = now
+            with contextlib.suppress(OrchestrateError):
+                self._leases = backend.leases(record.inventory).to_json()
+        return self._leases
 
     def _read_json(self, path: Any) -> Any:
         try:

@@ -32,6 +32,7 @@ class FailureKind(str, Enum):
     PEER_LOST = "peer lost"
     EARLY_EXIT = "early exit"
     LEFT_EARLY = "left early"
+    STOPPED_SHORT = "stopped short"
     CRASHED = "crashed"
 
 
@@ -52,17 +53,29 @@ MEANINGS: dict[FailureKind, str] = {
     FailureKind.PORT_BUSY: "the gRPC server could not bind its port",
     FailureKind.PEER_LOST: "a collective failed because another worker went away",
     FailureKind.EARLY_EXIT: "exit 0 below the target step",
-    FailureKind.LEFT_EARLY: "exited 0 while its peers still waited for it in a collective",
+    FailureKind.LEFT_EARLY: (
+        "exited 0 while its peers still waited for it in a collective, or never joined the "
+        "cluster (it never listened on its TensorFlow port)"
+    ),
+    FailureKind.STOPPED_SHORT: "a script exited 0 below the job's steps: target",
     FailureKind.CRASHED: "any other non-zero exit",
 }
+
+
+# A worker of a multi-worker job that exited 0 without ever listening on its TensorFlow port.
+NEVER_JOINED = (
+    "never joined the cluster: does the script create MultiWorkerMirroredStrategy before any "
+    "other TensorFlow op?"
+)
 
 
 # Failures that a restart cannot heal: the same code on the same host fails the same way.
 # (Usage errors are also exit code 2, which the job lists as permanent by default; listing the
 # kind here keeps them permanent when a job empties permanent_exit_codes.)
 DETERMINISTIC = frozenset(
-    {FailureKind.IMPORT_ERROR, FailureKind.KERAS_API, FailureKind.USAGE, FailureKind.LEFT_EARLY}
-)
+    {FailureKind.IMPORT_ERROR, FailureKind.KERAS_API, FailureKind.USAGE, FailureKind.LEFT_EARLY,
+     FailureKind.STOPPED_SHORT}
+)  # fmt: skip
 
 # What to do about each kind, for people: `up`'s root cause, `status`, the dashboard.
 HINTS: dict[FailureKind, str] = {
@@ -102,7 +115,13 @@ HINTS: dict[FailureKind, str] = {
     FailureKind.LEFT_EARLY: (
         "every worker must create the same tf.distribute.MultiWorkerMirroredStrategy first and "
         "run to the end together: a script that exits, or skips the strategy, on one worker "
-        "leaves its peers waiting for it in their collectives"
+        "leaves its peers waiting for it in their collectives; one that never creates it "
+        "trains alone and never joins the cluster"
+    ),
+    FailureKind.STOPPED_SHORT: (
+        "the script exited 0 before the job's steps: (its target, in ORCHESTRATE_TARGET_STEPS "
+        "and worker.target_steps()): make its loop run to that step and report it "
+        "(worker.report(step=...)), resume at the checkpoint's step, or lower steps:"
     ),
     FailureKind.STALLED: (
         "no new step for stall_timeout: a peer that never joined or hangs blocks every worker; "

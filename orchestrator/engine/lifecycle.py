@@ -22,6 +22,8 @@ from orchestrator.model.records import RunRecord, WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec, job_dir_of_run
 
 DEFAULT_GRACE = 10.0
+# A standby's own linger until the run's end releases it (end_standbys sets its `until` next).
+STANDBY_START_LINGER = 120.0
 
 
 def start_run(
@@ -54,8 +56,11 @@ def launch_attempt(
     up the hosts (hostprep) and making the chief's latest checkpoint present on every host; on
     a partial failure stop what started. The values of job.secret_env come from `environ` (this
     process's), before anything starts."""
+    secrets = secret_values(record.inventory.job.secret_env, environ, doing="starting the workers")
+    # The run's leases (port: auto, gpus: N): kept while its keeper lives, taken again if it
+    # died (the same port and GPUs when free); a clash raises LeaseClash naming the holder.
+    record = replace(record, inventory=take_leases(record.inventory, record.run_id, backend, say))
     inventory = record.inventory
-    secrets = secret_values(inventory.job.secret_env, environ, doing="starting the workers")
     workdirs = backend.workdirs(inventory.hosts).raise_if_failed("reaching the hosts")
     if not prepared:
         backend.prepare(inventory, workdirs, say, force_setup=force_setup,
@@ -102,6 +107,39 @@ def _record(spec: WorkerSpec) -> WorkerRecord:
         log_path=spec.log_path,
         checkpoint_dir=spec.checkpoint_dir,
     )
+
+
+def take_leases(
+    inventory: Inventory, run_id: str, backend: Backend, say: Callable[[str], None],
+    *, dry_run: bool = False,
+) -> Inventory:  # fmt: skip
+    """The inventory with the run's leased ports and GPUs; the lease records that were
+    ignored (another user's, malformed or hostile) are named."""
+    leased = backend.take_leases(inventory, run_id, dry_run=dry_run)
+    for ignored in leased.ignored:
+        say(f"warning: {ignored.describe()}")
+    return leased.inventory
+
+
+@contextmanager
+def held_leases(
+    inventory: Inventory, run_id: str, backend: Backend, say: Callable[[str], None]
+) -> Iterator[Inventory]:
+    """`up`: the run's leases from before its checks (its ports are what they check) through
+    its launch; let go again if `up` fails before the run is recorded as started."""
+    leased = take_leases(inventory, run_id, backend, say)
+    try:
+        yield leased
+    except BaseException:
+        release_leases(leased, run_id, backend)
+        raise
+
+
+def release_leases(inventory: Inventory, run_id: str, backend: Backend) -> None:
+    """The run ended: its ports and GPUs are free for other jobs. A host that does not answer
+    frees them itself once no worker of the run is left there."""
+    with suppress(OrchestrateError):
+        backend.release_leases(inventory, run_id)
 
 
 @dataclass(frozen=True)
@@ -177,14 +215,34 @@ def _slot_standbys(
     return specs, backend.start_standbys(specs, linger)
 
 
+def end_standbys(
+    record: RunRecord,
+    backend: Backend,
+    linger: float,
+    environ: Mapping[str, str] = os.environ,
+) -> GroupResult[str, str]:
+    """The run ended (succeeded, failed or stopped): its slots' standbys stay `linger` seconds
+    for the job's next `up` on the same hosts (job.linger), or go now (0). A slot without one
+    (a run too short for the supervisor to start them) gets one now, importing while the user
+    reads the result. A run `down` stopped discarded them already: that holds (the agent
+    keeps a discarded run's marker and starts none for it)."""
+    if linger > 0 and record.inventory.job.warm and backend.keeps_standbys:
+        with suppress(OrchestrateError):  # a secret gone from the environment: the ones there
+            start_standbys(record, backend, STANDBY_START_LINGER, environ)
+        return backend.linger_standbys(record.workers, linger)
+    return backend.discard_standbys(record.workers)
+
+
 def stop_run(
     record: RunRecord, backend: Backend, grace: float = DEFAULT_GRACE, *, standbys: bool = True
 ) -> StopReport:
     """SIGTERM every worker's process group, SIGKILL what is left after `grace` seconds; with
-    `standbys`, the slots' standbys go too (the run ends; a restart keeps them)."""
+    `standbys`, the slots' standbys and the run's leases go too (the run ends; a restart keeps
+    them)."""
     answers = backend.stop(record.workers, grace)
     if standbys:
         backend.discard_standbys(record.workers)  # a host not answering: its standby lingers out
+        release_leases(record.inventory, record.run_id, backend)
     outcome: dict[str, str] = {}
     leftovers: dict[str, list[int]] = {}
     for worker in record.workers:

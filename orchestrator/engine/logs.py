@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 from orchestrator.backends.base import Backend
@@ -39,6 +40,29 @@ def follow(
     workers: Sequence[WorkerRecord], backend: Backend, lines: int
 ) -> Iterator[tuple[str, str]]:
     """Interleave every worker's new lines as they arrive, until the caller stops iterating."""
+    lines_queue = _followed(workers, backend, lines)
+    while True:
+        yield lines_queue.get()
+
+
+def follow_timed(
+    workers: Sequence[WorkerRecord], backend: Backend, lines: int, tick: float
+) -> Iterator[tuple[float, str, str] | None]:
+    """follow's lines with the time each arrived (time.monotonic), and None after every `tick`
+    seconds without a line (for `tail --group` to release what it holds back)."""
+    lines_queue = _followed(workers, backend, lines)
+    while True:
+        try:
+            name, line = lines_queue.get(timeout=tick)
+        except queue.Empty:
+            yield None
+            continue
+        yield time.monotonic(), name, line
+
+
+def _followed(
+    workers: Sequence[WorkerRecord], backend: Backend, lines: int
+) -> queue.Queue[tuple[str, str]]:
     lines_queue: queue.Queue[tuple[str, str]] = queue.Queue()
 
     def pump(worker: WorkerRecord) -> None:
@@ -50,5 +74,4 @@ def follow(
 
     for worker in workers:
         threading.Thread(target=pump, args=(worker,), daemon=True).start()
-    while True:
-        yield lines_queue.get()
+    return lines_queue

@@ -20,7 +20,9 @@ from orchestrator.contract import (
     PROGRESS_FILE_ENV,
     RUN_DIR_ENV,
     RUN_ID_ENV,
+    TARGET_STEPS_ENV,
     WORKER_ENV,
+    booted,
 )
 from orchestrator.engine.tfconfig import tf_config
 from orchestrator.model.inventory import Host, Inventory, Job
@@ -85,7 +87,7 @@ def device_flags(job: Job, host: Host) -> tuple[str, ...]:
         flags.append("--gpu-memory-growth")
     if host.gpu_memory_limit_mb:
         flags += ["--gpu-memory-limit-mb", str(host.gpu_memory_limit_mb)]
-    if host.visible_gpus is not None:
+    if host.visible_gpus is not None and host.gpus is None:  # leased GPUs: CUDA_VISIBLE_DEVICES
         flags += ["--visible-gpus", ",".join(map(str, host.visible_gpus))]
     if host.logical_gpus:
         flags += ["--logical-gpus", str(host.logical_gpus)]
@@ -158,7 +160,11 @@ def plan_workers(
         }
         if inventory.job.keras == KERAS_LEGACY:
             env[LEGACY_KERAS_ENV] = "1"  # tf.keras is Keras 2 (tf_keras), in scripts and tasks
-        if inventory.job.script is not None and host.visible_gpus is not None:
+        if inventory.job.script is not None and inventory.job.steps is not None:
+            env[TARGET_STEPS_ENV] = str(inventory.job.steps)  # the script's target (steps:)
+        if host.leased_gpus is not None:  # exactly the GPUs the run's lease gave (gpus: N)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.leased_gpus))
+        elif inventory.job.script is not None and host.visible_gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.visible_gpus))
         # Workers that see this machine's files start where the inventory is, so a task module
         # beside it imports; elsewhere in the synced code, if there is any.
@@ -168,6 +174,9 @@ def plan_workers(
             cwd = inventory.base_dir
         script = inventory.job.script
         synced = synced_path(inventory, script, directory) if script else None
+        argv = worker_argv(inventory.job, host, run_dir, checkpoints, synced, in_place=in_place)
+        if script is not None:  # the same script, with its stacks on SIGUSR2 (contract)
+            argv = booted(argv)
         specs.append(
             WorkerSpec(
                 index=index,
@@ -175,9 +184,7 @@ def plan_workers(
                 run_dir=run_dir,
                 checkpoint_dir=checkpoints,
                 cwd=cwd,
-                argv=worker_argv(
-                    inventory.job, host, run_dir, checkpoints, synced, in_place=in_place
-                ),
+                argv=argv,
                 env=env,
                 tf_config=tf_config(inventory, index),
                 log_max_bytes=inventory.job.log_max_mb << 20,

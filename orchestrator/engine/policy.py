@@ -11,6 +11,7 @@ at once, however often, and counts for neither max_restarts nor "the same failur
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,9 @@ from orchestrator.engine.failures import (
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.errors import (
+    InventoryError,
     JobFailed,
+    Problem,
 )
 from orchestrator.model.inventory import Job
 from orchestrator.model.records import Restart, RunRecord
@@ -137,6 +140,11 @@ def first_failure(status: RunStatus) -> Failure | None:
 def _exit_kind(worker: WorkerStatus) -> FailureKind:
     if worker.exit_code is None:
         return FailureKind.VANISHED
+    if worker.failure_kind is not None:  # what status decided (an exit 0 that failed)
+        try:
+            return FailureKind(worker.failure_kind)
+        except ValueError:
+            pass  # a kind this orchestrate does not know: read the exit again
     return classify_exit(worker.exit_code, worker.log_tail)
 
 
@@ -184,6 +192,26 @@ HOST_LOCAL_FAILURES = frozenset({
     FailureKind.IMPORT_ERROR, FailureKind.KERAS_API, FailureKind.OUT_OF_MEMORY,
     FailureKind.DISK_FULL,
 })  # fmt: skip
+
+
+LINGER_ENV = "ORCHESTRATE_LINGER"  # job.linger where the inventory leaves it out (CI: 0)
+DEFAULT_LINGER = 300
+
+
+def linger_seconds(job: Job, environ: Mapping[str, str]) -> int:
+    """How long a run's standbys stay after it ended: job.linger, else $ORCHESTRATE_LINGER,
+    else 300 s. 0: none stay."""
+    if job.linger is not None:
+        return job.linger
+    text = environ.get(LINGER_ENV)
+    if text is None or not text.strip():
+        return DEFAULT_LINGER
+    if not text.strip().isdigit() or int(text) > 86400:
+        raise InventoryError(
+            [Problem(f"${LINGER_ENV}", None, "", f"expected 0 to 86400 (seconds), got {text!r}")],
+            hint=f"set {LINGER_ENV} to a number of seconds, or job.linger in the inventory",
+        )
+    return int(text)
 
 
 def backoff(job: Job, restarts_so_far: int) -> float:

@@ -18,6 +18,8 @@ Privacy: `runs/` is 0700 and every file this module writes is 0600 (a record hol
 environment); checkpoints/ and tensorboard/ keep the user's umask, to be shared if wanted.
 - `{state_dir}/runs/{run_id}.status.json`: the supervisor's latest status, rewritten at each poll
   (the dashboard serves it instead of probing the hosts a second time)
+- `{state_dir}/runs/{run_id}.stacks/attempt-{n}/{worker}.txt`: every worker's Python stacks,
+  collected at the stall that ended attempt n (0700 directories, 0600 files)
 - `{state_dir}/preflight.json`: the findings of the last preflight check
 - `{state_dir}/runs/{run_id}.notified`: the run's events already sent to `notify:` targets
 - `{state_dir}/tensorboard.json`: where `orchestrate tensorboard` serves, while it runs
@@ -108,6 +110,21 @@ class RunStore:
     def snapshot_path(self, run_id: str) -> Path:
         """The supervisor's latest status of the run, for the dashboard."""
         return self.root / "runs" / f"{run_id}.status.json"
+
+    def stacks_dir(self, run_id: str) -> Path:
+        """The stacks collected at the run's stalls, one directory per attempt that stalled."""
+        return self.root / "runs" / f"{run_id}.stacks"
+
+    def stacks_path(self, run_id: str, attempt: int, worker: str) -> Path:
+        return self.stacks_dir(run_id) / f"attempt-{attempt}" / f"{worker}.txt"
+
+    def write_private(self, path: Path, text: str) -> None:
+        """A file under runs/, its directories private (0700) down from runs/."""
+        runs = self.root / "runs"
+        for directory in reversed([path.parent, *path.parent.parents]):
+            if directory == runs or runs in directory.parents:
+                private_dir(directory)
+        _atomic_write(path, text)
 
     def dashboard_log_path(self, run_id: str) -> Path:
         return self.root / "runs" / f"{run_id}.dashboard.log"

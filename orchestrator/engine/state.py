@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from orchestrator.contract import EXIT_PREEMPTED
+from orchestrator.engine.failures import NEVER_JOINED, FailureKind
 from orchestrator.model.answers import WorkerProbe
 
 
@@ -44,9 +45,21 @@ ACTIVE = (WorkerState.PENDING, WorkerState.STARTING, WorkerState.RUNNING)
 class Classification:
     state: WorkerState
     reason: str | None = None
+    # The failure's kind where the exit code alone does not tell it (an exit 0 that failed).
+    kind: FailureKind | None = None
 
 
-def classify(probe: WorkerProbe | None) -> Classification:
+@dataclass(frozen=True)
+class Expectation:
+    """What the job asks of a worker that exits 0: the step it must reach (a script job's
+    `steps:`; None: the target the worker itself reports, if any) and whether it is one of
+    several workers, which must all join one cluster."""
+
+    target_steps: int | None = None
+    cluster: bool = False
+
+
+def classify(probe: WorkerProbe | None, expect: Expectation | None = None) -> Classification:
     """One worker's state from the agent's probe of its run directory (None: host unreachable)."""
     if probe is None:
         return Classification(WorkerState.UNKNOWN, "host did not answer")
@@ -54,12 +67,7 @@ def classify(probe: WorkerProbe | None) -> Classification:
     if exit_record is not None:
         code = exit_record.returncode
         if code == 0:
-            short = _short_of_target(probe)
-            return (
-                Classification(WorkerState.FAILED, short)
-                if short
-                else Classification(WorkerState.SUCCEEDED)
-            )
+            return _exited_zero(probe, expect or Expectation())
         if probe.stop_requested:
             return Classification(WorkerState.STOPPED, "stopped by orchestrate down")
         if code == EXIT_PREEMPTED:
@@ -79,6 +87,24 @@ def classify(probe: WorkerProbe | None) -> Classification:
     if not probe.exists or probe.pid is None:
         return Classification(WorkerState.PENDING)
     return Classification(WorkerState.FAILED, "process vanished without recording an exit")
+
+
+def _exited_zero(probe: WorkerProbe, expect: Expectation) -> Classification:
+    """Exit 0 is a success unless the worker never joined its multi-worker cluster (it trained
+    alone), or stopped below the job's target (a script's `steps:`: once it reported a step; a
+    script that reports none is not checked) or below the target it reported itself."""
+    failed = WorkerState.FAILED
+    if expect.cluster and probe.exit is not None and probe.exit.joined is False:
+        return Classification(failed, NEVER_JOINED, FailureKind.LEFT_EARLY)
+    step = probe.progress.step if probe.progress else None
+    if expect.target_steps and step is not None and step < expect.target_steps:
+        return Classification(
+            failed, f"stopped at step {step} of {expect.target_steps}", FailureKind.STOPPED_SHORT
+        )
+    short = None if expect.target_steps else _short_of_target(probe)
+    if short:
+        return Classification(failed, short, FailureKind.EARLY_EXIT)
+    return Classification(WorkerState.SUCCEEDED)
 
 
 def _short_of_target(probe: WorkerProbe) -> str | None:

@@ -10,7 +10,7 @@ from orchestrator.contract import STEP_CALL_SECONDS, STEP_SECONDS
 from orchestrator.engine.eta import run_eta, worker_eta
 from orchestrator.engine.failures import classify_exit, explain
 from orchestrator.engine.pace import pace_outlier
-from orchestrator.engine.state import WorkerState, classify, overall
+from orchestrator.engine.state import Expectation, WorkerState, classify, overall
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.reading import integer, number, number_as_written, text, texts
 from orchestrator.model.records import Restart, RunRecord, SchedulerState, WorkerRecord
@@ -176,10 +176,21 @@ class RunStatus:
         )
 
 
+def expectation(record: RunRecord) -> Expectation:
+    """What the run's job asks of a worker that exits 0 (state.Expectation): a script job's
+    `steps:` is its target (the built-in loop reports its own), and more than one worker must
+    form one cluster."""
+    job = record.inventory.job
+    return Expectation(job.steps if job.script is not None else None, len(record.workers) > 1)
+
+
 def worker_status(
-    worker: WorkerRecord, probe: WorkerProbe | None, unreachable: str | None = None
+    worker: WorkerRecord,
+    probe: WorkerProbe | None,
+    unreachable: str | None = None,
+    expect: Expectation | None = None,
 ) -> WorkerStatus:
-    verdict = classify(probe)
+    verdict = classify(probe, expect)
     progress = probe.progress if probe else None
     exit_record = probe.exit if probe else None
     usage = probe.usage if probe else None
@@ -191,7 +202,7 @@ def worker_status(
     uptime = ((ended or (probe.now if probe else 0.0)) - started) if started else None
     kind = hint = None
     if verdict.state is WorkerState.FAILED and exit_record is not None:
-        failure = classify_exit(exit_record.returncode, exit_record.log_tail)
+        failure = verdict.kind or classify_exit(exit_record.returncode, exit_record.log_tail)
         kind, hint = failure.value, explain(failure, exit_record.log_tail)
     return WorkerStatus(
         name=worker.name,
@@ -201,7 +212,8 @@ def worker_status(
         reason=unreachable or verdict.reason,
         pid=(probe.worker_pid if probe else None) or worker.pid,
         step=progress.step if progress else None,
-        target_steps=progress.target_steps if progress else None,
+        target_steps=(expect.target_steps if expect else None)
+        or (progress.target_steps if progress else None),
         loss=progress.loss if progress else None,
         accuracy=progress.accuracy if progress else None,
         checkpoint_step=progress.checkpoint_step if progress else None,
@@ -227,10 +239,11 @@ def worker_status(
 
 def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
     probes = backend.probe(record.workers)
+    expect = expectation(record)
     statuses = [
-        worker_status(worker, None, unreachable=probes.failed[worker.name].message)
+        worker_status(worker, None, unreachable=probes.failed[worker.name].message, expect=expect)
         if worker.name in probes.failed
-        else worker_status(worker, probes.ok[worker.name])
+        else worker_status(worker, probes.ok[worker.name], expect=expect)
         for worker in record.workers
     ]
     if record.stop_requested:

@@ -13,6 +13,7 @@ locks are locks.py's and `down`/`attach` talk to this loop as control.py says.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -27,7 +28,14 @@ from orchestrator.engine.failures import (
     early_exit,
     explain,
 )
-from orchestrator.engine.lifecycle import launch_attempt, start_standbys, stop_run
+from orchestrator.engine.hangs import at_stall
+from orchestrator.engine.lifecycle import (
+    end_standbys,
+    launch_attempt,
+    release_leases,
+    start_standbys,
+    stop_run,
+)
 from orchestrator.engine.logs import last_lines
 from orchestrator.engine.notify import RunEvents
 from orchestrator.engine.policy import (
@@ -39,6 +47,7 @@ from orchestrator.engine.policy import (
     first_failure,
     give_up_message,
     give_up_reason,
+    linger_seconds,
     preemption,
     survivors_grace,
 )
@@ -82,20 +91,28 @@ class Supervisor:
         self._mirrored_step = -1
         self._standbys_for = -1  # the attempt whose slots last got standbys
         self._answered = ""  # the id of the last stop request this supervisor carried out
+        self.linger = linger_seconds(record.inventory.job, os.environ)
         self.events = RunEvents(store, record, say)  # notify: targets, told in the background
 
     def run(self) -> RunStatus:
-        """Supervise until the run succeeds, is stopped, or fails for good (JobFailed). However
-        it ends, no standby of the run stays behind."""
+        """Supervise until the run succeeds, is stopped, or fails for good (JobFailed). Once it
+        ended, its standbys stay job.linger seconds for the job's next `up` (end_standbys);
+        supervision that ends otherwise (Ctrl-C, an error) leaves none behind."""
+        ended = False
         try:
-            return self._run()
+            status = self._run()
+            ended = True
         except JobFailed as error:
+            ended = True
+            release_leases(self.record.inventory, self.record.run_id, self.backend)
             self.events.failed(error)  # unless _recover told it already
             raise
         finally:
             with suppress(OrchestrateError):  # a host not answering: its standbys linger out
-                self.backend.discard_standbys(self.record.workers)
+                end_standbys(self.record, self.backend, self.linger if ended else 0)
             self.events.close()  # a bounded wait for the notifications still queued
+        release_leases(self.record.inventory, self.record.run_id, self.backend)  # it ended
+        return status
 
     def _run(self) -> RunStatus:
         while True:
@@ -164,14 +181,14 @@ class Supervisor:
 
     def _start_standbys(self, status: RunStatus) -> None:
         """Once every worker of the attempt made its first step (so the standbys' imports do not
-        slow the attempt's own start), a standby per slot, for the next attempt, while a
-        restart is left."""
+        slow the attempt's own start), a standby per slot, for the next attempt while a
+        restart is left, and for the job's next run when the run's end leaves them lingering."""
         job = self.record.inventory.job
         spent = len(failed_restarts(self.record.restarts))  # as _recover counts them
         if (
             not job.warm
             or self._standbys_for == self.record.attempt
-            or spent >= job.max_restarts
+            or (spent >= job.max_restarts and not self.linger)  # none for a restart, nor after
             or not all(w.state is WorkerState.RUNNING and w.stepped for w in status.workers)
         ):  # fmt: skip
             return
@@ -189,7 +206,12 @@ class Supervisor:
     def _recover(self, failure: Failure) -> None:
         job = self.record.inventory.job
         restarts = self.record.restarts
-        restart = Restart(time.time(), self.record.attempt, failure.worker, failure.reason,
+        detected = time.time()
+        if failure.kind is FailureKind.STALLED:  # where every worker is, before they are stopped
+            failure, kept = at_stall(self.store, self.record, self.backend, failure)
+            if kept is not None:
+                self.say(f"stacks of every worker at the stall: {kept}")
+        restart = Restart(detected, self.record.attempt, failure.worker, failure.reason,
                           failure.step, failure.kind.value)  # fmt: skip
         tail = self._log_tail(failure.worker)
         stop_run(self.record, self.backend, grace=survivors_grace(failure, job), standbys=False)

@@ -19,16 +19,22 @@ from orchestrator.model.answers import (
     CheckpointListing,
     FileListing,
     HostInfo,
+    StackAnswer,
+    StandbyInfo,
     StopAnswer,
     WorkerProbe,
     parse_probe,
+    parse_stacks,
+    parse_standbys,
     parse_stop,
     parsed,
 )
 
 T = TypeVar("T")
 AGENT = "agent.py"
+STACKS_ANSWER_MARGIN = 0.5  # seconds of a stacks request left for the answer's way back
 PROBE = "hostprobe.py"
+LEASES = "leases.py"
 
 
 @cache
@@ -113,8 +119,50 @@ class HostAgent:
         return self._call("discard-standbys", _string_map("outcome"), timeout=30,
                           run_dirs=run_dirs)  # fmt: skip
 
+    def linger_standbys(self, run_dirs: list[str], seconds: float) -> dict[str, str]:
+        """The run ended: its slots' standbys stay `seconds` for the job's next run."""
+        return self._call("linger-standbys", _string_map("outcome"), timeout=30,
+                          run_dirs=run_dirs, seconds=seconds)  # fmt: skip
+
+    def standbys(self, job_dirs: list[str]) -> dict[str, list[StandbyInfo]]:
+        """The standbys alive in each job directory (lingering or waiting for a restart)."""
+        return self._call("standbys", parse_standbys, timeout=30, job_dirs=job_dirs)
+
+    def leases(self, verb: str, timeout: float = 60.0, **fields: Any) -> dict[str, Any]:
+        """One request to the lease program (leases.py: acquire, release, list), in a session
+        of its own: the locks it takes pass to a keeper that outlives the session."""
+        session = self.session(LEASES)
+        try:
+            return request(session, verb, timeout, **fields)
+        finally:
+            session.close()
+
     def stop(self, run_dirs: list[str], grace: float) -> dict[str, StopAnswer]:
         return self._call("stop", parse_stop, timeout=grace + 30, run_dirs=run_dirs, grace=grace)
+
+    def stacks(
+        self,
+        run_dirs: list[str],
+        wait: float,
+        *,
+        native: bool = False,
+        send: bool = True,
+        offsets: dict[str, int] | None = None,
+    ) -> dict[str, StackAnswer]:
+        """Each worker's stacks (SIGUSR2, then its stacks.txt), the answer within `wait`
+        seconds (the agent waits for the dumps a little less, to answer in time); without
+        `send`, what was appended past `offsets` (stack_offsets') after a signal sent else.
+        `native` (py-spy) may take longer: its own few seconds."""
+        waits = max(wait - STACKS_ANSWER_MARGIN, 0.5)
+        timeout = max(wait, waits + 0.2) + (10.0 if native else 0.0)
+        return self._call("stacks", parse_stacks, timeout, run_dirs=run_dirs, wait=waits,
+                          native=native, send=send, offsets=offsets or {})  # fmt: skip
+
+    def stack_offsets(self, run_dirs: list[str]) -> dict[str, int]:
+        def parse(answer: dict[str, Any]) -> dict[str, int]:
+            return {str(k): int(v) for k, v in answer["offsets"].items()}
+
+        return self._call("stacks", parse, 30, run_dirs=run_dirs, mark=True)
 
 
 def _string_map(key: str) -> Callable[[dict[str, Any]], dict[str, str]]:

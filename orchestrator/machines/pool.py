@@ -24,12 +24,15 @@ from orchestrator.machines.runner import LineSession, Runner
 from orchestrator.model.answers import (
     CheckpointListing,
     FileListing,
+    StackAnswer,
+    StandbyInfo,
     StopAnswer,
     WorkerProbe,
     parsed,
 )
 from orchestrator.model.answers import parse_probe as parse_probe_answer
 from orchestrator.model.inventory import Host
+from orchestrator.model.workers import job_dir_of_run
 
 if TYPE_CHECKING:
     from orchestrator.model.records import WorkerRecord
@@ -157,6 +160,16 @@ class Machines:
 
         return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), stop)
 
+    def stacks(
+        self, workers: Sequence[WorkerRecord], wait: float, native: bool = False
+    ) -> GroupResult[str, StackAnswer]:
+        def ask(group: list[WorkerRecord]) -> dict[str, StackAnswer]:
+            answers = self.agent(group[0].host).stacks([w.run_dir for w in group], wait,
+                                                       native=native)  # fmt: skip
+            return {w.name: answers.get(w.run_dir, StackAnswer()) for w in group}
+
+        return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), ask)
+
     def start_standbys(self, specs: Sequence[WorkerSpec], linger: float) -> GroupResult[str, str]:
         def start(group: list[WorkerSpec]) -> dict[str, str]:
             answers = self.agent(group[0].host).standby([s.standby_request(linger) for s in group])
@@ -170,6 +183,28 @@ class Machines:
             return {w.name: answers[w.run_dir] for w in group if w.run_dir in answers}
 
         return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), discard)
+
+    def linger_standbys(
+        self, workers: Sequence[WorkerRecord], seconds: float
+    ) -> GroupResult[str, str]:
+        def release(group: list[WorkerRecord]) -> dict[str, str]:
+            answers = self.agent(group[0].host).linger_standbys([w.run_dir for w in group],
+                                                                seconds)  # fmt: skip
+            return {w.name: answers[w.run_dir] for w in group if w.run_dir in answers}
+
+        return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), release)
+
+    def standbys(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, StandbyInfo | None]:
+        def listing(group: list[WorkerRecord]) -> dict[str, StandbyInfo | None]:
+            jobs = sorted({job_dir_of_run(w.run_dir) for w in group})
+            found = self.agent(group[0].host).standbys(jobs)
+            return {
+                w.name: next((s for s in found.get(job_dir_of_run(w.run_dir), [])
+                              if s.name == w.name), None)
+                for w in group
+            }  # fmt: skip
+
+        return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), listing)
 
     def log_lines(self, worker: WorkerRecord, lines: int) -> list[str]:
         result = self.runner(worker.host).run(_tail_argv(worker.log_path, lines, follow=False))

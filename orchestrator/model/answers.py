@@ -71,6 +71,10 @@ class ExitRecord:
     finished_at: float | None = None
     error: str | None = None  # usually the last line of the log
     log_tail: tuple[str, ...] = ()
+    # Whether the worker listened on its TensorFlow port (joined the cluster) before it ended:
+    # recorded for a worker of a multi-worker cluster that loaded TensorFlow, where /proc tells;
+    # None otherwise (one worker, no TensorFlow loaded, no /proc, an older agent).
+    joined: bool | None = None
 
     @classmethod
     def parse(cls, data: Any) -> ExitRecord | None:
@@ -83,6 +87,7 @@ class ExitRecord:
             finished_at=number(data.get("finished_at")),
             error=text(data.get("error")),
             log_tail=texts(data.get("log_tail")),
+            joined=data["joined"] if isinstance(data.get("joined"), bool) else None,
         )
 
 
@@ -142,6 +147,49 @@ def parse_probe(data: Mapping[str, Any]) -> dict[str, WorkerProbe]:
 
 
 @dataclass(frozen=True)
+class StandbyInfo:
+    """A standby alive on a host (the agent's `standbys` listing): lingering after its run
+    ended, for the next run of the job, or waiting for a restart of its own run."""
+
+    name: str  # the worker slot
+    pid: int | None  # its supervisor (the process group)
+    worker_pid: int | None  # the Python that imported TensorFlow
+    run_id: str  # the run it backs (lingering: the run that left it)
+    lingering: bool
+    left_s: float | None  # lingering: seconds before it exits by itself
+    ready: bool  # TensorFlow imported
+    rss_bytes: int | None  # the supervisor's and the Python's resident memory
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> StandbyInfo:
+        return cls(
+            name=text(data.get("name")) or "?",
+            pid=integer(data.get("pid")),
+            worker_pid=integer(data.get("worker_pid")),
+            run_id=text(data.get("run_id")) or "?",
+            lingering=bool(data.get("lingering")),
+            left_s=number(data.get("left_s")),
+            ready=bool(data.get("ready")),
+            rss_bytes=integer(data.get("rss_bytes")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "pid": self.pid, "worker_pid": self.worker_pid,
+                "run_id": self.run_id, "lingering": self.lingering, "left_s": self.left_s,
+                "ready": self.ready, "rss_bytes": self.rss_bytes}  # fmt: skip
+
+
+def parse_standbys(data: Mapping[str, Any]) -> dict[str, list[StandbyInfo]]:
+    """The agent's `standbys` answer: per job directory asked about, the standbys alive."""
+    listing = mapping(data.get("standbys"))
+    return {
+        str(job): [StandbyInfo.parse(e) for e in entries if isinstance(e, dict)]
+        for job, entries in listing.items()
+        if isinstance(entries, list)
+    }
+
+
+@dataclass(frozen=True)
 class StopAnswer:
     outcome: str  # stopped | killed | not running
     left: tuple[int, ...] = ()  # pids still alive after SIGKILL
@@ -153,6 +201,29 @@ def parse_stop(data: Mapping[str, Any]) -> dict[str, StopAnswer]:
         run_dir: StopAnswer(str(outcome), tuple(int(p) for p in left.get(run_dir, ())))
         for run_dir, outcome in data["outcome"].items()
     }
+
+
+@dataclass(frozen=True)
+class StackAnswer:
+    """One worker's answer to a stack request: every thread's Python stack as faulthandler
+    wrote it, or why there is none (`error`: it could not answer); `native`: py-spy's dump,
+    or why there is none, when native frames were asked for."""
+
+    stacks: str | None = None
+    error: str | None = None
+    native: str | None = None
+
+
+def parse_stacks(data: Mapping[str, Any]) -> dict[str, StackAnswer]:
+    answers = {}
+    for run_dir, value in mapping(data.get("stacks")).items():
+        entry = mapping(value)
+        stacks, error = text(entry.get("stacks")), text(entry.get("error"))
+        if stacks is None:
+            error = error or "it did not answer"
+        answers[run_dir] = StackAnswer(stacks, None if stacks is not None else error,
+                                       text(entry.get("native")))  # fmt: skip
+    return answers
 
 
 @dataclass(frozen=True)

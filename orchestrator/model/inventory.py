@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from orchestrator.contract import KERAS_DEFAULT
+from orchestrator.model.leases import DEFAULT_LEASE_DIR
 from orchestrator.model.slurm import SlurmSpec
 
 DEFAULT_WORKDIR = "~/orchestrate"
@@ -94,9 +95,21 @@ class Host:
     gpu_memory_limit_mb: int | None = None
     visible_gpus: tuple[int, ...] | None = None
     logical_gpus: int | None = None
+    # Leases on the host against every other job (machines/remote/leases.py): `port: auto`
+    # (port_range set, port 0 until leased) and `gpus: N`; a leasing host leases its port too.
+    port_range: tuple[int, int] | None = None
+    gpus: int | None = None  # GPUs leased from visible_gpus (or nvidia-smi -L)
+    share_gpus: bool = False  # a GPU may be shared with jobs that say so too
+    lease_dir: str = DEFAULT_LEASE_DIR
+    leased_gpus: tuple[int, ...] | None = None  # what the run's lease gave (CUDA_VISIBLE_DEVICES)
     # The connection kind's own settings (orchestrator/machines/kinds/): SSH user, port, key,
     # ... None: that kind's defaults (a host made by hand rather than read from an inventory).
     settings: KindSettings | None = None
+
+    @property
+    def leases(self) -> bool:
+        """Whether this worker takes leases on its host (`port: auto` or `gpus: N`)."""
+        return self.port_range is not None or self.gpus is not None
 
     @property
     def endpoint(self) -> str:
@@ -135,6 +148,9 @@ class Job:
     # loop (job.task), off for a script, which may set TensorFlow's variables itself before its
     # import (TF_USE_LEGACY_KERAS, TF_CPP_MIN_LOG_LEVEL) or not import TensorFlow at all.
     warm_restarts: bool | None = None
+    # Seconds a run's standbys stay after it ended (succeeded, failed or stopped), for the next
+    # `up` of the job to take (hosts only). None: ORCHESTRATE_LINGER's value, else 300.
+    linger: int | None = None
     # Each worker's log is rotated past this size (one older file kept): a long run cannot
     # fill a disk with it.
     log_max_mb: int = 64

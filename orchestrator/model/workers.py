@@ -6,11 +6,13 @@ Layout on every host (paths are the host's):
   {workdir}/{job}/export/               the chief's exported model (job.export), after a good run
   {workdir}/{job}/runs/{run_id}/attempt-{n}/{name}/
                                         one attempt of one worker: log, progress, exit, TF_CONFIG
+  {workdir}/{job}/standby/{name}/       the slot's standby, shared by the job's runs (agent.py)
   {workdir}/{job}/code/                 the `sync:` directory's mirror, the workers' cwd
   {workdir}/{job}/.orchestrate-setup    the hash of the `setup:` commands that last succeeded
 
-runs/ and everything under it are private (directories 0700, files 0600): a spec carries the
-job's environment. The checkpoint, TensorBoard and export directories keep the user's umask.
+runs/, standby/ and everything under them are private (directories 0700, files 0600): a spec
+carries the job's environment. The checkpoint, TensorBoard and export directories keep the
+user's umask.
 """
 
 from __future__ import annotations

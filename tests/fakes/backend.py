@@ -12,14 +12,30 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.backends.base import Backend
+from orchestrator.backends.base import Backend, Leased
+from orchestrator.backends.hosts.leases import CLASH_HINT, resolved
 from orchestrator.backends.hosts.preflight import partition_findings, run_preflight
-from orchestrator.errors import ConnectError, HostError
+from orchestrator.errors import ConnectError, HostError, LeaseClash
 from orchestrator.fanout import GroupResult
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession
-from orchestrator.model.answers import CheckpointListing, FileListing, StopAnswer, WorkerProbe
+from orchestrator.model.answers import (
+    CheckpointListing,
+    FileListing,
+    StackAnswer,
+    StopAnswer,
+    WorkerProbe,
+)
 from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.leases import (
+    Assignment,
+    Clash,
+    Holder,
+    Lease,
+    LeaseListing,
+    by_run,
+    clash_message,
+)
 from orchestrator.model.preflight import CHECK, Finding, PreflightOptions, PreflightReport
 from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec
@@ -54,7 +70,62 @@ class FakeBackend(Backend):
     stops: list[list[str]] = field(default_factory=list)
     graces: list[float] = field(default_factory=list)  # the grace of each stop
     probes: int = 0
+    # Worker name -> the stacks its faulthandler writes (absent: it cannot answer).
+    stack_texts: dict[str, str] = field(default_factory=dict)
+    stack_requests: list[tuple[list[str], float]] = field(default_factory=list)
+    # Leases, as a host's lease program keeps them: (host name, "port"|"gpu", number) -> holder
+    # (a Holder of another job, or this fake's runs by run id); taking one held by another
+    # run is a clash.
+    held: dict[tuple[str, str, int], Holder] = field(default_factory=dict)
+    lease_calls: list[tuple[str, str]] = field(default_factory=list)  # (take|dry|release, run)
     _polls: dict[str, int] = field(default_factory=dict)
+
+    def take_leases(self, inventory: Inventory, run_id: str, *, dry_run: bool = False) -> Leased:
+        self.lease_calls.append(("dry" if dry_run else "take", run_id))
+        mine = Holder("me", inventory.job.name, run_id, uid=0)
+        assigned: dict[str, Assignment] = {}
+        clashes: dict[tuple[str, tuple[int | None, str]], tuple[Holder, list[int], list[int]]] = {}
+        taken: list[tuple[str, str, int]] = []
+
+        def free(key: tuple[str, str, int]) -> bool:
+            holder = self.held.get(key)
+            if holder is None or holder.key == mine.key:
+                return key not in taken
+            _, ports, gpus = clashes.setdefault((key[0], holder.key), (holder, [], []))
+            (ports if key[1] == "port" else gpus).append(key[2])
+            return False
+
+        for host in inventory.hosts:
+            if not host.leases:
+                continue
+            low, high = host.port_range or (host.port, host.port)
+            ports = [p for p in range(low, high + 1) if free((host.name, "port", p))]
+            pool = [g for g in host.visible_gpus or () if free((host.name, "gpu", g))]
+            want = host.gpus or 0
+            keep = [g for g in host.leased_gpus or () if g in pool]
+            gpus = (keep + [g for g in pool if g not in keep])[:want]
+            if not ports or len(gpus) < want:
+                continue
+            port = host.port if host.port in ports else ports[0]
+            taken += [(host.name, "port", port), *((host.name, "gpu", g) for g in gpus)]
+            assigned[host.name] = Assignment(port, tuple(sorted(gpus)) if want else None)
+        if clashes and any(h.name not in assigned for h in inventory.hosts if h.leases):
+            found = [Clash(host, holder, tuple(ports), tuple(gpus))
+                     for (host, _), (holder, ports, gpus) in clashes.items()]  # fmt: skip
+            raise LeaseClash(clash_message(found), found, hint=CLASH_HINT)
+        if not dry_run:
+            self.held.update(dict.fromkeys(taken, mine))
+        return Leased(resolved(inventory, assigned))
+
+    def release_leases(self, inventory: Inventory, run_id: str) -> None:
+        self.lease_calls.append(("release", run_id))
+        self.held = {k: h for k, h in self.held.items() if h.run_id != run_id}
+
+    def leases(self, inventory: Inventory) -> LeaseListing:
+        leases = [Lease(key[0], holder, ports=(key[2],) if key[1] == "port" else (),
+                        gpus=(key[2],) if key[1] == "gpu" else ())
+                  for key, holder in self.held.items()]  # fmt: skip
+        return LeaseListing(by_run(leases))
 
     def preflight(self, inventory: Inventory, options: PreflightOptions = CHECK) -> PreflightReport:
         """The hosts backend's own rounds, over the scripted hostprobe answers."""
@@ -97,6 +168,16 @@ class FakeBackend(Backend):
         self.stops.append([w.name for w in workers])
         self.graces.append(grace)
         return GroupResult({w.name: StopAnswer("stopped") for w in workers})
+
+    def stacks(
+        self, workers: Sequence[WorkerRecord], wait: float, native: bool = False
+    ) -> GroupResult[str, StackAnswer]:
+        self.stack_requests.append(([w.name for w in workers], wait))
+        return GroupResult({
+            w.name: StackAnswer(self.stack_texts[w.name]) if w.name in self.stack_texts
+            else StackAnswer(error=f"it wrote no stacks within {wait:g} s")
+            for w in workers
+        })  # fmt: skip
 
     def log_lines(self, worker: WorkerRecord, lines: int) -> list[str]:
         return [f"{worker.name} log line"]

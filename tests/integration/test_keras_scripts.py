@@ -187,6 +187,28 @@ def test_a_script_that_leaves_early_is_blamed_not_its_waiting_peer(cli: Cli) -> 
     assert "MultiWorkerMirroredStrategy first" in result.stderr
 
 
+def test_a_script_that_never_creates_the_strategy_never_joined(cli: Cli) -> None:
+    # Both workers exit 0, each having trained alone: no success (issue 28).
+    inventory = script_inventory(cli, "no_strategy.py", max_restarts=3)
+    result = cli("up", "--skip-checks", str(inventory), timeout=240)
+    assert result.returncode == 1, result.stderr
+    assert (
+        "never joined the cluster: does the script create MultiWorkerMirroredStrategy "
+        "before any other TensorFlow op?" in result.stderr
+    )
+    assert "after 0 restart(s)" in result.stderr
+    status = cli.status()  # the first to exit is the cause; its peer may be stopped first
+    assert "left early" in {w["failure_kind"] for w in status["workers"]}
+    assert "never joined the cluster" in status["outcome"]
+
+
+def test_a_one_worker_script_without_the_strategy_succeeds(cli: Cli) -> None:
+    inventory = script_inventory(cli, "no_strategy.py", hosts=1)
+    result = cli("up", "--skip-checks", str(inventory), timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "job no_strategy succeeded at step 3" in result.stderr
+
+
 def test_missing_user_module_points_at_files_and_is_not_retried(cli: Cli) -> None:
     inventory = script_inventory(cli, "missing_module.py", max_restarts=3)
     result = cli("up", "--skip-checks", str(inventory), timeout=120)

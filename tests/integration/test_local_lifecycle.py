@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -18,6 +19,7 @@ import json, os, sys, time
 steps = int(os.environ.get("STEPS", "5"))
 print("tf_config", os.environ["TF_CONFIG"], flush=True)
 print("args", json.dumps(sys.argv[1:]), flush=True)
+print("target", os.environ.get("ORCHESTRATE_TARGET_STEPS"), flush=True)
 progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
 for step in range(1, steps + 1):
     with open(progress + ".tmp", "w") as f:
@@ -96,6 +98,23 @@ def test_failed_worker_fails_the_job_with_a_report(cli: Cli, reaper: list[str]) 
     }
     assert status["restarts"] == 1 and status["attempt"] == 1
     assert status["outcome"].startswith("gave up: beta at step 5: exit 1: boom: beta")
+
+
+def test_a_script_that_exits_0_below_its_steps_fails_as_stopped_short(
+    cli: Cli, reaper: list[str]
+) -> None:
+    # The false success of issue 28: steps: 300, the script reports step 5 and exits 0.
+    inventory = make_job(cli.cwd, steps=5)
+    inventory.write_text(inventory.read_text() + "  steps: 300\n")
+    result = cli("up", "inv.yaml")
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 1, result.stderr
+    assert "stopped at step 5 of 300" in result.stderr
+    assert "after 0 restart(s)" in result.stderr  # not retried: it would stop there again
+    status = cli.status()
+    assert [(w["state"], w["failure_kind"], w["target_steps"]) for w in status["workers"]] == [
+        ("failed", "stopped short", 300)] * 2  # fmt: skip
+    assert "target 300" in cli("tail", "-n", "50", check=True).stdout  # the script was told
 
 
 def test_inventory_values_reach_the_worker_verbatim(cli: Cli, reaper: list[str]) -> None:
@@ -220,3 +239,71 @@ def test_unknown_worker_name(cli: Cli, reaper: list[str]) -> None:
     reaper.append(cli.record()["run_id"])
     result = cli("tail", "gamma")
     assert result.returncode == 4 and "the workers are: alpha, beta" in result.stderr
+
+
+CHORUS = """\
+import json, os, sys, time
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+print("ready", index, flush=True)
+go = os.environ["GO"]
+while not os.path.exists(go):
+    time.sleep(0.05)
+start = float(open(go).read())
+for epoch in range(1, 4):
+    time.sleep(max(0.0, start + 0.4 * epoch - time.time()))
+    print(f"Epoch {epoch}/3", flush=True)
+    print("loss", 0.7 if index == 1 else 0.5, flush=True)
+print("done", index, flush=True)
+"""
+
+
+def test_tail_groups_what_three_workers_print_alike(cli: Cli, reaper: list[str]) -> None:
+    (cli.cwd / "train.py").write_text(CHORUS)
+    hosts = "\n".join(f"  - {{name: worker-{i}, address: localhost, port: {port}}}"
+                      for i, port in enumerate(free_ports(3)))  # fmt: skip
+    go = cli.cwd / "go"
+    (cli.cwd / "inv.yaml").write_text(
+        f"defaults: {{connection: local, workdir: ./work}}\nhosts:\n{hosts}\n"
+        f"job: {{name: chorus, script: train.py, env: {{GO: '{go}'}}}}\n"
+    )
+    cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
+    reaper.append(cli.record()["run_id"])
+    follower = cli.popen("tail", "-f", "-n", "5", "--group")
+    assert follower.stdout is not None
+    followed: list[str] = []
+    try:
+        while sum(line.split("|")[-1].strip().startswith("ready") for line in followed) < 3:
+            followed.append(follower.stdout.readline().rstrip("\n"))
+        (cli.cwd / "go.tmp").write_text(str(time.time() + 1.0))
+        (cli.cwd / "go.tmp").rename(go)
+        while sum(line.split("|")[-1].strip().startswith("done") for line in followed) < 3:
+            followed.append(follower.stdout.readline().rstrip("\n"))
+    finally:
+        follower.send_signal(signal.SIGINT)
+        follower.wait(timeout=10)
+    cli.status_when(lambda s: s["state"] == "succeeded", timeout=60)
+    printed = cli("tail", "-n", "50", "--group", check=True).stdout.splitlines()
+    ungrouped = cli("tail", "-n", "50", "--no-group", check=True).stdout.splitlines()
+    for lines in (followed, printed):
+        epochs = [line for line in lines if "Epoch" in line]
+        assert epochs == [f"[worker-0,1,2] Epoch {e}/3" for e in (1, 2, 3)], lines
+        assert lines.count("[worker-0,2] loss 0.5") == 3, lines
+        assert sum(line.endswith("| loss 0.7") for line in lines) == 3, lines
+        for index in range(3):  # every worker's own lines, in its order
+            name = f"worker-{index}"
+            own = [
+                line.split("] ", 1)[1] if line.startswith("[") else line.split("| ", 1)[1]
+                for line in lines
+                if _printed_by(line, name, index) and "ready" not in line
+            ]
+            loss = "loss 0.7" if index == 1 else "loss 0.5"
+            assert own == [f"Epoch {e}/3" if k == 0 else loss for e in (1, 2, 3)
+                           for k in (0, 1)] + [f"done {index}"], (name, lines)  # fmt: skip
+    assert sum("Epoch 1/3" in line for line in ungrouped) == 3  # --no-group: every copy
+
+
+def _printed_by(line: str, name: str, index: int) -> bool:
+    if line.startswith("["):
+        label = line[1 : line.index("]")]
+        return str(index) in label.removeprefix("worker-").split(",")
+    return line.split("|", maxsplit=1)[0].strip() == name

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.slurm import LOGIN_ALIAS, PARTITION, SlurmCluster, unavailable_reason
-from tests.conftest import clean_env
+from tests.conftest import clean_env, dashboard_view
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
 REPO = Path(__file__).resolve().parents[2]
@@ -175,6 +175,17 @@ def test_trains_on_two_nodes_then_resumes_from_the_checkpoint(orchestrate: Orche
     log = (history / "attempt-0" / "task0" / "worker.log").read_text()
     assert "step 100" in log and "step 10/" not in log.replace("step 100/", "")
     assert len(status["scheduler"]["jobs"]) == 1
+    # The launcher saw each task listen on its port: both joined the cluster (issue 28).
+    exits = sorted(history.glob("attempt-*/task*/exit.json"))
+    assert [json.loads(path.read_text()).get("joined") for path in exits] == [True, True]
+    # The dashboard of a Slurm run: the chief's curves (the final evaluation's too) and both
+    # tasks' logs, read on the shared disk through the backend.
+    document, lines = dashboard_view(
+        orchestrate.cwd, lambda d: "<polyline" in d["charts"]["val_loss"], env=orchestrate.env
+    )
+    assert [w["state"] for w in document["workers"]] == ["succeeded", "succeeded"]
+    assert "<polyline" in document["charts"]["loss"]
+    assert {line["worker"] for line in lines} == {"task0", "task1"}
 
 
 def test_status_while_running_then_down_leaves_nothing(orchestrate: Orchestrate) -> None:
@@ -191,6 +202,9 @@ def test_status_while_running_then_down_leaves_nothing(orchestrate: Orchestrate)
     assert job["state"] == "RUNNING" and job["nodes"] == "n[1-2]", job
     assert {w["host"] for w in status["workers"]} == {"n1", "n2"}
     assert run_processes(status["run_id"])
+    # Every task's stacks, now: scancel --signal=USR2, read back through the shared disk.
+    _both_stacks(orchestrate, seen=("train.py",))
+    assert orchestrate.status()["state"] == "running"  # SIGUSR2 ended nothing
 
     down = orchestrate("down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
@@ -199,6 +213,14 @@ def test_status_while_running_then_down_leaves_nothing(orchestrate: Orchestrate)
     wait_for(lambda: not run_processes(status["run_id"]), 20, "every process of the run to end")
     final = orchestrate.status()
     assert [w["state"] for w in final["workers"]] == ["stopped", "stopped"]
+
+
+def _both_stacks(orchestrate: Orchestrate, *options: str, seen: tuple[str, ...]) -> None:
+    """`orchestrate stacks` on a running two-task job: both tasks' Python stacks, with `seen`."""
+    stacks = orchestrate("stacks", *options, timeout=60)
+    assert stacks.returncode == 0, stacks.stdout + stacks.stderr
+    for text in ("task0", "task1", "most recent call first", *seen):
+        assert text in stacks.stdout, stacks.stdout
 
 
 def _start_long_run(orchestrate: Orchestrate, steps: int) -> dict[str, Any]:
@@ -331,7 +353,7 @@ def _first_lines(
     return seen + source.read() + other.read()  # what it said on the way out too
 
 
-def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> None:
+def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> None:  # noqa: PLR0915
     local = subprocess.run(["sinfo"], env=laptop.env, capture_output=True, text=True, check=False)
     assert local.returncode != 0, "Slurm must not work here, or nothing proves the SSH path"
     started = time.monotonic()
@@ -389,6 +411,8 @@ def test_a_laptop_drives_slurm_through_the_login_node(laptop: Orchestrate) -> No
                             lambda out: out.count("task0 |") > 2 and "task1 |" in out)  # fmt: skip
     assert "tick" in followed, followed
     assert run_processes(status["run_id"])
+    # A script behind the boot, through the login node: its stacks, and no py-spy from here.
+    _both_stacks(laptop, "--native", seen=("stepper.py", "py-spy would have to run on the task"))
 
     down = laptop("down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr

@@ -16,7 +16,7 @@ from tests.cluster.inventories import host_entries
 from tests.cluster.inventories import write_inventory as cluster_inventory
 from tests.cluster.netns import ClusterHost, NamespaceCluster
 from tests.cluster.pytest_support import namespace_cluster_fixture
-from tests.conftest import Cli, free_ports, serve_tensorboard, wait_for
+from tests.conftest import Cli, dashboard_view, free_ports, serve_tensorboard, wait_for
 
 pytestmark = pytest.mark.netns
 
@@ -230,6 +230,18 @@ def test_training_over_ssh_resumes_from_the_chiefs_checkpoint(cli: Cli, cluster:
     for name in ("host1", "host2"):
         assert f"{name} | worker: restored checkpoint at step 40" in logs
     assert [w["step"] for w in cli.status()["workers"]] == [60, 60]
+    # Each host agent saw its worker listen on its port: it joined the cluster (issue 28).
+    run = cli.record()["run_id"]
+    for host in cluster.hosts:
+        exits = (host.workdir / "shapes" / "runs" / run).glob("attempt-*/*/exit.json")
+        assert [json.loads(path.read_text())["joined"] for path in exits] == [True]
+    # The dashboard of an SSH-host run: the chief's history (loss, and the final evaluation's
+    # val curves) and both logs, all read over SSH.
+    document, lines = dashboard_view(cli.cwd, lambda d: "<polyline" in d["charts"]["val_loss"])
+    assert [w["state"] for w in document["workers"]] == ["succeeded", "succeeded"]
+    assert "<polyline" in document["charts"]["loss"]
+    assert "<polyline" in document["charts"]["val_accuracy"]
+    assert {line["worker"] for line in lines} == {"host1", "host2"}
 
     # The remote chief's exported model is copied here over SSH; the other host kept no copy.
     pulled = cli("pull-export", check=True)

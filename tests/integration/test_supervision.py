@@ -116,6 +116,8 @@ def test_stalled_worker_is_detected_and_restarted(cli: Cli, reaper: list[str]) -
     reaper.append(cli.record()["run_id"])
     assert up.returncode == 0, err
     assert "stalled: no progress for 3 s" in out
+    # Its stacks are asked for, and a stopped process is said to be one, at once.
+    assert "alpha did not answer (it is stopped (SIGSTOP or a debugger)" in out
     detected_after = cli.status()["last_restart"]["at"] - stopped_at
     assert 3 <= detected_after < 3 + 3
     assert "succeeded at step 80" in err
@@ -233,7 +235,7 @@ def ready_standbys(cli: Cli) -> list[int] | None:
     pids = []
     for worker in cli.record()["workers"]:
         run_dir = Path(worker["run_dir"])
-        standby = run_dir.parent.parent / "standby" / run_dir.name
+        standby = run_dir.parents[3] / "standby" / run_dir.name  # {job}/standby/{name}
         if not (standby / "ready").exists():
             return None
         pids.append(int((standby / "worker.pid").read_text()))

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.tf
 def standby_dirs(cli: Cli) -> list[Path]:
     record = cli.record()
     return [
-        Path(w["run_dir"]).parent.parent / "standby" / Path(w["run_dir"]).name
+        Path(w["run_dir"]).parents[3] / "standby" / Path(w["run_dir"]).name  # {job}/standby/
         for w in record["workers"]
     ]
 

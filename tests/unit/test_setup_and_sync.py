@@ -163,7 +163,7 @@ def test_a_script_inside_the_synced_tree_runs_from_the_mirror(tmp_path: Path):
     inventory = load_inventory(tmp_path / "inv.yaml")
     assert inventory.sync == SyncSpec(str(source))
     (spec,) = plan_workers(inventory, "r1", {"a": "/home/u/orchestrate"})
-    assert spec.argv[1] == "/home/u/orchestrate/demo/code/bin/train.py"
+    assert spec.argv[3] == "/home/u/orchestrate/demo/code/bin/train.py"  # after -c BOOT
     assert spec.cwd == "/home/u/orchestrate/demo/code" and spec.uploads == ()
 
 

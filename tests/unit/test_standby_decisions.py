@@ -3,6 +3,10 @@ where it lives, the job key, and when the supervisor asks for standbys and disca
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -12,7 +16,9 @@ import pytest
 
 from orchestrator import contract
 from orchestrator.config.loader import load_inventory
+from orchestrator.contract import BOOT_MARKER, booted
 from orchestrator.engine.lifecycle import first_standbys, start_run
+from orchestrator.engine.policy import linger_seconds
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.supervise import Supervisor
@@ -24,6 +30,8 @@ from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import WorkerSpec
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.fakes.planning import plan_workers
+
+REPO = Path(__file__).resolve().parents[2]
 
 PYTHON = "/opt/venv/bin/python"
 ARGV = [PYTHON, "-m", "worker", "--task", "m:f", "--steps", "10"]
@@ -81,6 +89,7 @@ def test_only_per_attempt_values_may_differ_between_a_standby_and_its_attempt() 
         agent.PER_ATTEMPT_ENV
     )
     assert contract.RUN_ID_ENV not in agent.PER_ATTEMPT_ENV  # the same for every attempt
+    assert contract.RUN_ID_ENV in agent.PER_RUN_ENV  # but not for the job's next run
     assert "SSH_CONNECTION" in agent.PER_CONNECTION_ENV
 
 
@@ -96,6 +105,12 @@ def test_the_command_lines_a_standby_runs() -> None:
     )  # fmt: skip
     assert agent.runnable_argv([PYTHON, "-u", "train.py"]) is None
     assert agent.runnable_argv([PYTHON]) is None
+    # A script behind the stacks boot (what plan_workers gives a script job) is a script.
+    assert agent.runnable_argv(list(booted((PYTHON, "/job/train.py", "--lr", "1")))) == (
+        "script", "/job/train.py", ["--lr", "1"],
+    )  # fmt: skip
+    assert agent.runnable_argv([PYTHON, "-c", "print(1)", "x.py"]) is None  # other code: no
+    assert agent.BOOT_MARKER == BOOT_MARKER  # the agent is sent alone: its own copy
 
 
 def inventory(tmp_path: Path, **job: object) -> Inventory:
@@ -105,11 +120,16 @@ def inventory(tmp_path: Path, **job: object) -> Inventory:
                      Job("demo", script="train.py", **options))  # type: ignore[arg-type]  # fmt: skip
 
 
-def test_one_standby_per_slot_and_run_beside_the_attempts(tmp_path: Path) -> None:
+def test_one_standby_per_job_and_slot_shared_by_the_jobs_runs(tmp_path: Path) -> None:
     specs = plan_workers(inventory(tmp_path), "r1", {"a": "/w", "b": "/w"}, attempt=2)
-    assert agent.standby_dir(specs[0].run_dir) == "/w/demo/runs/r1/standby/a"
+    assert agent.standby_dir(specs[0].run_dir) == "/w/demo/standby/a"
+    assert agent.run_of(specs[0].run_dir) == "/w/demo/runs/r1"
     next_attempt = plan_workers(inventory(tmp_path), "r1", {"a": "/w", "b": "/w"}, attempt=3)
     assert agent.standby_dir(next_attempt[0].run_dir) == agent.standby_dir(specs[0].run_dir)
+    # The next run (a new run id) finds the slot's standby where the last one left it.
+    next_run = plan_workers(inventory(tmp_path), "r2", {"a": "/w", "b": "/w"}, attempt=0)
+    assert agent.standby_dir(next_run[0].run_dir) == agent.standby_dir(specs[0].run_dir)
+    assert agent.standby_dir(next_run[1].run_dir) == "/w/demo/standby/b"
 
 
 def test_the_launch_carries_the_job_setting_and_the_standby_request_the_secrets(
@@ -177,6 +197,12 @@ class StandbyBackend(FakeBackend):
     def discard_standbys(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, str]:
         self.events.append("discard")
         return GroupResult({w.name: "stopped" for w in workers})
+
+    def linger_standbys(
+        self, workers: Sequence[WorkerRecord], seconds: float
+    ) -> GroupResult[str, str]:
+        self.events.append(f"linger {seconds:g}")
+        return GroupResult({w.name: "lingering" for w in workers})
 
 
 STARTING = {"exists": True, "pid": 100, "alive": True, "worker_pid": 101, "progress": None}
@@ -247,3 +273,150 @@ def test_up_starts_the_first_attempts_standbys_before_its_checks(tmp_path: Path)
     plain = FakeBackend(dead_hosts={"a": "would fail if asked"})
     with first_standbys(inv, "r4", plain, linger=120):
         pass
+
+
+# --- between runs (job.linger): which standby may serve which slot of which run ---------------
+
+R1_ATTEMPT = "/w/demo/runs/r1/attempt-2/a"
+R2_ATTEMPT = "/w/demo/runs/r2/attempt-0/a"
+AGENT = "agent-v1"
+
+
+def lingering(**fields: object) -> dict[str, object]:
+    """The standby run r1 left lingering: released by its end (`until`), its attempt over."""
+    base: dict[str, object] = {"backs": R1_ATTEMPT, "agent": AGENT, "until": 1000.0,
+                               "backing_alive": False}  # fmt: skip
+    return standby(**{**base, **fields})
+
+
+def verdict(state: dict[str, object] | None, backs: str = R2_ATTEMPT,
+            env: dict[str, str] = ENV, now: float = 900.0) -> tuple[str, str | None]:  # fmt: skip
+    return agent.standby_verdict(state, backs, PYTHON, env, AGENT, now=now)
+
+
+def test_the_next_run_takes_the_standby_the_last_one_left_lingering() -> None:
+    assert verdict(lingering()) == ("take", None)
+    # The same run asking again for the same attempt keeps it; for its next attempt, takes it.
+    own = standby(backs=R2_ATTEMPT, agent=AGENT, backing_alive=True)
+    assert verdict(own) == ("keep", None)
+    assert verdict(own, backs="/w/demo/runs/r2/attempt-1/a") == ("take", None)
+    # A run that ended without releasing them (its supervisor was killed): free to take too.
+    assert verdict(standby(backs=R1_ATTEMPT, agent=AGENT, backing_alive=False))[0] == "take"
+
+
+@pytest.mark.parametrize(
+    ("state", "env", "now", "why"),
+    [
+        (None, ENV, 900.0, None),
+        (lingering(alive=False), ENV, 900.0, None),
+        (lingering(), ENV, 1000.0, "linger ran out"),
+        (lingering(), {**ENV, "TF_USE_LEGACY_KERAS": "0"}, 900.0, "environment differs"),
+        (lingering(python="/usr/bin/python3"), ENV, 900.0, "this run /opt/venv/bin/python"),
+        (lingering(agent="agent-v0"), ENV, 900.0, "another version of orchestrate"),
+    ],
+)
+def test_a_stale_or_expired_lingering_standby_is_replaced_saying_why(
+    state: dict[str, object] | None, env: dict[str, str], now: float, why: str | None
+) -> None:
+    action, reason = verdict(state, env=env, now=now)
+    assert action == "replace"
+    assert reason == why if why is None else why in (reason or "")
+
+
+def test_a_standby_of_another_run_that_still_runs_is_left_alone() -> None:
+    busy = standby(backs=R1_ATTEMPT, agent=AGENT, backing_alive=True)  # r1 trains, not released
+    action, reason = verdict(busy)
+    assert action == "leave" and "serves run r1, which still runs" in (reason or "")
+    assert agent.foreign_standby(busy, R2_ATTEMPT) == reason
+    assert agent.foreign_standby(busy, "/w/demo/runs/r1/attempt-3/a") is None  # r1's own
+    assert agent.foreign_standby(lingering(), R2_ATTEMPT) is None
+
+
+def test_the_gpus_an_attempt_sees_are_set_per_attempt_outside_the_digest() -> None:
+    """CUDA_VISIBLE_DEVICES is read when a device is first used (the strategy), after the
+    hand-over: a standby imported with GPU 0 serves a run given GPU 1 (no GPU here: the
+    decision only; the worker's environment is the attempt's, see worker/standby.become)."""
+    first = agent.import_env({"PATH": "/usr/bin"}, {"CUDA_VISIBLE_DEVICES": "0", "X": "1"}, {})
+    second = agent.import_env({"PATH": "/usr/bin"}, {"CUDA_VISIBLE_DEVICES": "1", "X": "1"}, {})
+    assert first == second == {"PATH": "/usr/bin", "X": "1"}
+    assert verdict(lingering(digest=agent.env_digest("0123", PYTHON, first)), env=second)[0] == (
+        "take"
+    )
+
+
+def test_the_listing_says_which_standbys_linger_and_how_long() -> None:
+    line = agent.standby_summary("a", {**lingering(pid=10, worker_pid=11)}, 940.0, 587 << 20)
+    assert line["lingering"] is True and line["left_s"] == 60.0 and line["run_id"] == "r1"
+    assert (line["pid"], line["worker_pid"], line["rss_bytes"]) == (10, 11, 587 << 20)
+    waiting = agent.standby_summary("a", standby(backs=R2_ATTEMPT), 940.0, None)
+    assert waiting["lingering"] is False and waiting["left_s"] is None
+
+
+def test_linger_is_a_job_key_with_a_default_the_environment_may_set(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text(textwrap.dedent(JOB_INVENTORY))
+    job = load_inventory(path).job
+    assert job.linger is None
+    assert linger_seconds(job, {}) == 300
+    assert linger_seconds(job, {"ORCHESTRATE_LINGER": "0"}) == 0
+    with pytest.raises(InventoryError) as caught:
+        linger_seconds(job, {"ORCHESTRATE_LINGER": "soon"})
+    assert "ORCHESTRATE_LINGER" in caught.value.message
+    path.write_text(textwrap.dedent(JOB_INVENTORY) + "  linger: 30\n")
+    assert linger_seconds(load_inventory(path).job, {"ORCHESTRATE_LINGER": "0"}) == 30
+    path.write_text(textwrap.dedent(JOB_INVENTORY) + "  linger: -1\n")
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    assert "job.linger" in caught.value.message
+
+
+def test_a_run_that_ended_leaves_its_standbys_lingering_unless_linger_is_0(
+    tmp_path: Path,
+) -> None:
+    script = {0: [running(1), running(2), exited(0, 3)]}
+    for index, (linger, last) in enumerate(((30, "linger 30"), (0, "discard"))):
+        backend = StandbyBackend(scripts={"a": script, "b": script})
+        # No restart left: standbys all the same, for the job's next run (unless linger: 0).
+        inv = inventory(tmp_path, max_restarts=0, linger=linger)
+        assert run_supervised(tmp_path / str(index), backend, inv) is WorkerState.SUCCEEDED
+        # Linger: asked for once the workers stepped, and again at the end (the agent keeps
+        # those it has: a run too short for the first ask still leaves them), then released.
+        asked = ["standbys for attempt 0"] * 2 if linger else []
+        assert backend.events == ["start", *asked, last]
+
+
+def test_the_run_id_is_the_next_runs_own_outside_the_digest() -> None:
+    first = agent.import_env({}, {contract.RUN_ID_ENV: "r1", contract.WORKER_ENV: "a"}, {})
+    second = agent.import_env({}, {contract.RUN_ID_ENV: "r2", contract.WORKER_ENV: "a"}, {})
+    assert first == second == {contract.WORKER_ENV: "a"}
+
+
+def test_a_package_installed_since_the_standbys_import_makes_it_stale(tmp_path: Path) -> None:
+    """worker.standby records its package directories' times when TensorFlow is imported; a
+    `pip install` since changes one: the standby neither serves a restart nor the next run."""
+    site = tmp_path / "venv" / "lib" / "site-packages"
+    site.mkdir(parents=True)
+    ready = tmp_path / "ready"
+    ready.write_text(json.dumps({"package_dirs": {str(site): site.stat().st_mtime_ns}}))
+    assert agent._packages_changed(str(ready)) is None
+    (site / "newpkg").mkdir()
+    os.utime(site, ns=(site.stat().st_atime_ns, site.stat().st_mtime_ns + 1))
+    assert agent._packages_changed(str(ready)) == str(site)
+    stale = lingering(packages_changed=str(site))
+    action, why = verdict(stale)
+    assert action == "replace" and f"packages changed in {site}" in (why or "")
+    assert f"packages changed in {site}" in (agent.standby_refusal(stale, ARGV, ENV) or "")
+
+
+def test_a_standby_becomes_a_worker_with_the_attempts_gpus(tmp_path: Path) -> None:
+    """The hand-over's environment is the attempt's, set before the script runs (no TensorFlow
+    here: CUDA reads CUDA_VISIBLE_DEVICES when the strategy first uses a device, after this)."""
+    script = tmp_path / "show.py"
+    script.write_text("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])\n")
+    request = {"argv": [sys.executable, str(script)], "cwd": str(tmp_path),
+               "env": {**os.environ, "CUDA_VISIBLE_DEVICES": "1"}}  # fmt: skip
+    code = f"from worker.standby import become; become({request!r})"
+    shown = subprocess.run([sys.executable, "-c", code], env={**os.environ,
+                           "CUDA_VISIBLE_DEVICES": "0"}, cwd=REPO, capture_output=True,
+                           text=True, check=True, timeout=30)  # fmt: skip
+    assert shown.stdout.strip() == "1"

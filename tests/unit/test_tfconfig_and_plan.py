@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from orchestrator.contract import SCRIPT_BOOT, booted
 from orchestrator.engine.tfconfig import tf_config
 from orchestrator.model.inventory import Host, Inventory, Job
 from tests.fakes.planning import plan_workers
@@ -64,8 +65,10 @@ def test_each_attempt_gets_fresh_run_directories() -> None:
 def test_script_job_and_absolute_checkpoint_dir() -> None:
     job = Job(name="s", script="/inv/train.py", args=("--lr", "0.1"), checkpoint_dir="/shared/ck")
     a = plan_workers(inventory(job), "r", {"a": "/w", "b": "/w", "c": "/w"})[0]
-    # An SSH host runs the uploaded copy of the script from its run directory.
-    assert a.argv == ("python3", "/w/s/runs/r/attempt-0/a/train.py", "--lr", "0.1")
+    # An SSH host runs the uploaded copy of the script from its run directory, behind the boot
+    # that registers its stack dump (`python -c BOOT SCRIPT ARGS`).
+    assert a.argv == ("python3", "-c", SCRIPT_BOOT, "/w/s/runs/r/attempt-0/a/train.py", "--lr",
+                      "0.1")  # fmt: skip
     assert a.uploads == (("/inv/train.py", "/w/s/runs/r/attempt-0/a/train.py"),)
     assert a.checkpoint_dir == "/shared/ck" and a.env["ORCHESTRATE_CHECKPOINT_DIR"] == "/shared/ck"
 
@@ -77,7 +80,7 @@ def test_local_workers_use_files_in_place() -> None:
         base.path, base.base_dir, tuple(replace(h, connection="local") for h in base.hosts), job
     )
     a = plan_workers(local, "r", {"a": "/w", "b": "/w", "c": "/w"})[0]
-    assert a.argv == ("python3", "/inv/train.py") and a.uploads == () and a.cwd == "/inv"
+    assert a.argv == booted(("python3", "/inv/train.py")) and a.uploads == () and a.cwd == "/inv"
 
 
 def test_ssh_workers_get_script_and_files_uploaded() -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from orchestrator.backends.base import Backend
+from orchestrator.backends.base import Backend, Leased
+from orchestrator.backends.hosts import leases
 from orchestrator.backends.hosts.firewall import controller_address, reaches
 from orchestrator.backends.hosts.preflight import (
     ExposureProbe,
@@ -20,12 +21,14 @@ from orchestrator.backends.hosts.preflight import (
 from orchestrator.backends.hosts.prep import prepare_hosts
 from orchestrator.fanout import GroupResult, fan_out
 from orchestrator.machines.kinds import kind_of
-from orchestrator.machines.pool import Machines, expand_uploads
+from orchestrator.machines.pool import Machines, expand_uploads, machine_key
 from orchestrator.model.preflight import CHECK, Finding, PreflightOptions, PreflightReport
 from orchestrator.model.workers import Started
 
 if TYPE_CHECKING:
+    from orchestrator.machines.agent import HostAgent
     from orchestrator.model.inventory import Host, Inventory, LoginDetails
+    from orchestrator.model.leases import LeaseListing
     from orchestrator.model.workers import WorkerSpec
 
 
@@ -63,6 +66,20 @@ class HostBackend(Machines, Backend):
             return Started(pid=self.agent(spec.host).launch(spec.launch_request()))
 
         return fan_out(by_name, launch)
+
+    def take_leases(self, inventory: Inventory, run_id: str, *, dry_run: bool = False) -> Leased:
+        resolved, ignored = leases.take(inventory, run_id, self._lease_agent, machine_key,
+                                        dry_run=dry_run)  # fmt: skip
+        return Leased(resolved, ignored)
+
+    def release_leases(self, inventory: Inventory, run_id: str) -> None:
+        leases.release(inventory, run_id, self._lease_agent, machine_key)
+
+    def leases(self, inventory: Inventory) -> LeaseListing:
+        return leases.listing(inventory, self._lease_agent, machine_key)
+
+    def _lease_agent(self, host: Host) -> HostAgent:
+        return self.agent(host)
 
     def reads_in_place(self, host: Host) -> bool:
         return kind_of(host).shares_files_with_controller

@@ -32,8 +32,19 @@ def _is_ipv6(address: str) -> bool:
         return False
 
 
-def _rule(fmt: str, source: str, port: int, position: int = 1) -> str:
+Ports = int | tuple[int, int]  # one port, or `port: auto`'s range
+
+
+def _spec(fmt: str, port: Ports) -> str:
+    """A port, or a range as each tool writes one (iptables and ufw LOW:HIGH, else LOW-HIGH)."""
+    if isinstance(port, int):
+        return str(port)
+    return f"{port[0]}{':' if fmt in ('iptables', 'ufw') else '-'}{port[1]}"
+
+
+def _rule(fmt: str, source: str, ports: Ports, position: int = 1) -> str:
     v6 = _is_ipv6(source)
+    port = _spec(fmt, ports)
     if fmt == "iptables":
         # -I at fixed positions: the ACCEPTs, in order, before any DROP/REJECT in the chain.
         tool = "ip6tables" if v6 else "iptables"
@@ -50,8 +61,9 @@ def _rule(fmt: str, source: str, port: int, position: int = 1) -> str:
     return f"firewall-cmd --permanent --add-rich-rule='{rich}'"
 
 
-def _drops(fmt: str, port: int, sources: list[str]) -> list[str]:
+def _drops(fmt: str, ports: Ports, sources: list[str]) -> list[str]:
     """The port closed to every source the accepts did not name: evaluated after them."""
+    port = _spec(fmt, ports)
     families = sorted({_is_ipv6(source) for source in sources}) or [False]
     if fmt == "iptables":
         # Right below this port's ACCEPTs (-I at the next position), so an ACCEPT-all further
@@ -97,14 +109,18 @@ def host_rules(inventory: Inventory, fmt: str, controller: str | None = None) ->
     result = []
     for host in inventory.hosts:
         commands = _preamble(fmt)
-        commands.append(f"# TensorFlow port {host.port} from the cluster's hosts only")
+        # port: auto: the whole range, since the port is leased only at `up`.
+        port: Ports = host.port_range or host.port
+        what = f"ports {_spec('nftables', port)} (port: auto)" if host.port_range else \
+            f"port {host.port}"  # fmt: skip
+        commands.append(f"# TensorFlow {what} from the cluster's hosts only")
         positions: dict[bool, int] = {}
         for source in addresses:
             family = _is_ipv6(source)
             positions[family] = positions.get(family, 0) + 1
-            commands.append(_rule(fmt, source, host.port, positions[family]))
+            commands.append(_rule(fmt, source, port, positions[family]))
         commands.append("# ... and from nowhere else (an ACCEPT policy would let anyone in)")
-        commands += _drops(fmt, host.port, addresses)
+        commands += _drops(fmt, port, addresses)
         login_port = kind_of(host).login_port(host)
         if controller and login_port:
             commands.append("# SSH from the controller (skip if it is open already)")

@@ -34,6 +34,7 @@ from orchestrator.model.answers import (
     CheckpointListing,
     ExitRecord,
     FileListing,
+    StackAnswer,
     StopAnswer,
     WorkerProbe,
 )
@@ -188,6 +189,35 @@ class SlurmBackend(Backend):
         while time.monotonic() < deadline and self.slurm.state(job).active:
             time.sleep(0.3)
         return StopAnswer("killed")
+
+    def stacks(
+        self, workers: Sequence[WorkerRecord], wait: float, native: bool = False
+    ) -> GroupResult[str, StackAnswer]:
+        """`scancel --signal=USR2` reaches every task (the launcher passes it on to the worker
+        too); the dumps are read from the shared filesystem through the login node, past the
+        sizes its files had before the signal."""
+        deadline = time.monotonic() + wait
+        try:
+            states = self._states(workers)
+        except HostError as error:
+            return GroupResult(failed={w.name: error for w in workers})
+        running = [w for w in workers if (s := states[w.name]) is not None and s.state == "RUNNING"]
+        answers = {w.name: StackAnswer(error="its Slurm job is not running") for w in workers
+                   if w not in running}  # fmt: skip
+        if running:
+            agent = self.files.agent(self._at(running[0].host))
+            run_dirs = [w.run_dir for w in running]
+            offsets = agent.stack_offsets(run_dirs)
+            for job in {states[w.name].job_id for w in running if states[w.name]}:  # type: ignore[union-attr]
+                self.slurm.signal(job, "USR2")
+            left = max(deadline - time.monotonic(), 0.5)
+            found = agent.stacks(run_dirs, left, send=False, offsets=offsets)
+            why_not = ("py-spy would have to run on the task's node; orchestrate reaches only "
+                       "the login node on Slurm") if native else None  # fmt: skip
+            for worker in running:
+                answer = found.get(worker.run_dir, StackAnswer(error="it did not answer"))
+                answers[worker.name] = replace(answer, native=why_not)
+        return GroupResult(ok=answers)
 
     def log_lines(self, worker: WorkerRecord, lines: int) -> list[str]:
         return self.files.log_lines(self._seen(worker), lines)

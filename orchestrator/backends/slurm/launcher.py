@@ -15,7 +15,10 @@ are never in the plan or the script: sbatch exports them from the submitting env
 a leading "~/" is the node's home.
 
 Files in a task's run directory: node, pid, worker.pid, worker.log, progress.json (the worker's),
-exit.json ({"returncode", "signal", "started_at", "finished_at", "error", "log_tail"}).
+stacks.txt and stacks.pid (the worker's stack dumps on SIGUSR2, which this launcher passes on),
+exit.json ({"returncode", "signal", "started_at", "finished_at", "error", "log_tail", and
+"joined" for a task of a multi-worker job that loaded TensorFlow: whether it listened on its
+port, JoinWatch).
 """
 
 import contextlib
@@ -130,7 +133,7 @@ def _log_tail(log_path, count=LOG_TAIL_LINES):
     return [line for line in lines if line.strip()][-count:]
 
 
-def _record_exit(run_dir, returncode, started, error):
+def _record_exit(run_dir, returncode, started, error, joined=None):
     name = None
     if returncode < 0:
         try:
@@ -140,17 +143,139 @@ def _record_exit(run_dir, returncode, started, error):
     tail = _log_tail(os.path.join(run_dir, "worker.log"))
     if error is None and returncode > 0 and tail:
         error = tail[-1]
-    _write_json(
-        os.path.join(run_dir, "exit.json"),
-        {
-            "returncode": returncode,
-            "signal": name,
-            "started_at": started,
-            "finished_at": time.time(),
-            "error": error,
-            "log_tail": tail if returncode != 0 else [],
-        },
-    )
+    record = {
+        "returncode": returncode,
+        "signal": name,
+        "started_at": started,
+        "finished_at": time.time(),
+        "error": error,
+        "log_tail": tail if returncode != 0 else [],
+    }
+    if joined is not None:  # JoinWatch's verdict: a multi-worker task that loaded TensorFlow
+        record["joined"] = joined
+    _write_json(os.path.join(run_dir, "exit.json"), record)
+
+
+# Joined the cluster? Sampled from /proc while the worker lives (issue 28). A worker of a
+# multi-worker cluster that loaded TensorFlow and never listened on its port never created
+# MultiWorkerMirroredStrategy: it trained alone. Written to stay the same in
+# backends/slurm/launcher.py (tests/unit/test_join_watch.py runs both copies).
+def _cluster_port(tf_config):
+    """This task's port in a TF_CONFIG (JSON text or dict) of two tasks or more, else None."""
+    try:
+        config = json.loads(tf_config) if isinstance(tf_config, str) else tf_config
+        cluster, task = config["cluster"], config["task"]
+        if sum(len(tasks) for tasks in cluster.values()) < 2:
+            return None
+        return int(str(cluster[task["type"]][int(task["index"])]).rsplit(":", 1)[1])
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
+
+
+def _process_tree(pid):
+    """pid and its descendants (/proc/PID/task/TID/children)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{current}/task/{tid}/children") as handle:
+                    todo.extend(int(child) for child in handle.read().split())
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _socket_inodes(pids):
+    inodes = set()
+    for pid in pids:
+        try:
+            names = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for name in names:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+def _listens(pid, port, inodes):
+    """Whether one of these sockets listens on port (pid's network namespace); None when /proc
+    cannot tell."""
+    readable = False
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for row in rows:
+            fields = row.split()  # sl local remote state ... uid timeout inode
+            listening = len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes
+            if listening and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False if readable else None
+
+
+def _loads_tensorflow(pids):
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as handle:
+                if "libtensorflow_framework" in handle.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+class JoinWatch:
+    """Samples, in a thread, whether the worker pid (or a process it started) loaded TensorFlow
+    and listened on its TF_CONFIG port: every 0.2 s for 30 s, then every second, until it did.
+    joined(): True, False, or None when not known (one task, no TensorFlow, no /proc)."""
+
+    def __init__(self, pid, tf_config, interval=0.2):
+        import threading
+
+        self.port = _cluster_port(tf_config)
+        self.tensorflow = False
+        self.listened = None  # None until /proc answered once
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(pid, interval), daemon=True)
+        if self.port is not None:
+            self._thread.start()
+
+    def _run(self, pid, interval):
+        started = time.time()
+        while not self._stop.is_set():
+            pids = _process_tree(pid)
+            self.tensorflow = self.tensorflow or _loads_tensorflow(pids)
+            inodes = _socket_inodes(pids)
+            heard = _listens(pid, self.port, inodes) if inodes else None
+            if heard is None and not inodes and os.path.isdir(f"/proc/{pid}/fd"):
+                heard = False  # alive, no socket at all
+            if heard is not None:
+                self.listened = heard
+            if heard:
+                return
+            self._stop.wait(interval if time.time() - started < 30 else 1.0)
+
+    def joined(self):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2.0)
+        if not self.tensorflow or self.listened is None:
+            return None
+        return self.listened
 
 
 def _filler(job_id: str, submit_dir: str) -> "Callable[[str], str]":
@@ -212,8 +337,9 @@ def _start_worker(
         return None
 
 
-def _wait_forwarding_signals(child: "subprocess.Popen[bytes]") -> int:
-    """The worker's return code; until then SIGTERM, SIGINT and SIGUSR1 are passed on to it."""
+def _wait_forwarding_signals(child: "subprocess.Popen[bytes]", run_dir: str) -> int:
+    """The worker's return code; until then SIGTERM, SIGINT and SIGUSR1 are passed on to it,
+    and SIGUSR2 (`orchestrate stacks`) to the process that registered its stack dump."""
 
     def forward(signum: int, _frame: object) -> None:
         # Preemption or `orchestrate down`: the worker saves a checkpoint and exits 75.
@@ -222,7 +348,25 @@ def _wait_forwarding_signals(child: "subprocess.Popen[bytes]") -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(signum, forward)
+    signal.signal(signal.SIGUSR2, lambda _signum, _frame: _forward_stacks(child, run_dir))
     return child.wait()
+
+
+def _forward_stacks(child: "subprocess.Popen[bytes]", run_dir: str) -> None:
+    """SIGUSR2 to the worker's registered pid (stacks.pid, contract.STACKS_PID_FILE), only if
+    it is the worker or its child: a process without the handler would die of SIGUSR2."""
+    try:
+        with open(os.path.join(run_dir, "stacks.pid"), encoding="utf-8") as handle:
+            pid = int(handle.read().strip())
+        if child.poll() is None and (pid == child.pid or _parent_of(pid) == child.pid):
+            os.kill(pid, signal.SIGUSR2)
+    except (OSError, ValueError):
+        return
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
 
 
 def _srun_exit(index: int, returncode: int) -> int:
@@ -259,8 +403,9 @@ def main():
     if child is None:
         return 127
     _write(os.path.join(run_dir, "worker.pid"), str(child.pid))
-    returncode = _wait_forwarding_signals(child)
-    _record_exit(run_dir, returncode, started, None)
+    watch = JoinWatch(child.pid, config)
+    returncode = _wait_forwarding_signals(child, run_dir)
+    _record_exit(run_dir, returncode, started, None, watch.joined())
     return _srun_exit(index, returncode)
 
 

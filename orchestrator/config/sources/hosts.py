@@ -10,6 +10,7 @@ from orchestrator.config.report import Report, line_of
 from orchestrator.contract import device_setting_problems
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import DEFAULT_CONNECTION, DEFAULT_WORKDIR, Host
+from orchestrator.model.leases import DEFAULT_PORT_RANGE
 from orchestrator.paths import controller_path
 from orchestrator.values import (
     PORT,
@@ -19,6 +20,7 @@ from orchestrator.values import (
     boolean,
     checkers,
     choice,
+    describe,
     integer,
     integers,
     name,
@@ -33,6 +35,35 @@ def _connection(value: Any) -> Checked:
     return choice(*kinds.names())(value)
 
 
+def _port(value: Any) -> Checked:
+    if value == "auto":
+        return value, None
+    port, problem = PORT(value)
+    return (None, f"{problem}, or auto") if problem else (port, None)
+
+
+def _port_range(value: Any) -> Checked:
+    """`20000-20099` or `[20000, 20099]`."""
+    bounds: Any = value
+    if isinstance(value, str) and value.count("-") == 1:
+        low, high = (part.strip() for part in value.split("-"))
+        bounds = [int(low), int(high)] if low.isdigit() and high.isdigit() else None
+    expected = f"expected LOW-HIGH (two ports, LOW <= HIGH), got {describe(value)}"
+    if not isinstance(bounds, list) or len(bounds) != 2:
+        return None, expected
+    checked = [PORT(bound)[0] for bound in bounds]
+    if None in checked or checked[0] > checked[1]:
+        return None, expected
+    return (checked[0], checked[1]), None
+
+
+def _absolute(value: Any) -> Checked:
+    path, problem = string(value)
+    if problem or not str(path).startswith("/"):
+        return None, problem or f"expected an absolute path, got {describe(value)}"
+    return path, None
+
+
 # The keys every host has, whatever its kind (in `defaults:` or per host); a kind adds its own
 # (machines/kinds/). The manual's key reference is written from these entries.
 HOST_KEY_ENTRIES: tuple[Key, ...] = (
@@ -41,8 +72,12 @@ HOST_KEY_ENTRIES: tuple[Key, ...] = (
     Key("address", "string", "required",
         "how the other hosts and the controller reach it; `localhost`/`127.0.0.1` for `local`; "
         "may be a `Host` alias of your ssh config", string),
-    Key("port", "integer, 1 to 65535", "required",
-        "TensorFlow gRPC port; no two hosts may share `address:port`", PORT),
+    Key("port", "integer, 1 to 65535, or `auto`", "required",
+        "TensorFlow gRPC port; no two hosts may share `address:port`. `auto`: a free port of "
+        "`port_range`, leased on the host at `up` against every other job (see Shared machines)",
+        _port),
+    Key("port_range", "`LOW-HIGH`", "`20000-20099`",
+        "the ports `port: auto` picks from (and `firewall` opens)", _port_range),
     Key("connection", "a connection kind: `ssh`, `local`", "`ssh`",
         "`ssh`, or `local` to run the worker as a local process (the localhost simulation)",
         _connection),
@@ -60,6 +95,14 @@ HOST_KEY_ENTRIES: tuple[Key, ...] = (
     Key("logical_gpus", "integer, at least 1", "",
         "split each visible GPU into K logical GPUs of `gpu_memory_limit_mb` each (multi-GPU "
         "code on one card)", integer(1)),
+    Key("gpus", "integer, at least 1", "",
+        "lease this many GPUs of the host's pool (`visible_gpus`, else `nvidia-smi -L`) against "
+        "every other job; the worker gets exactly those as `CUDA_VISIBLE_DEVICES`", integer(1)),
+    Key("share_gpus", "boolean", "`false`",
+        "`gpus:` may share a GPU with another job that says `share_gpus: true` too", boolean),
+    Key("lease_dir", "string (an absolute path on the host)", "`/var/tmp/orchestrate-leases`",
+        "where the host's leases live, shared by every user of the machine (created sticky "
+        "1777)", _absolute),
 )  # fmt: skip
 HOST_KEYS: dict[str, Checker] = checkers(HOST_KEY_ENTRIES)
 PER_HOST_ONLY = ("name", "address")
@@ -132,6 +175,11 @@ def parse_host(
             ok = False
         values.pop(key, None)  # from defaults shared with hosts of another kind
     values.setdefault("workdir", DEFAULT_WORKDIR)
+    if values.get("port") == "auto":
+        values["port"] = 0  # leased at `up`; the run's record keeps the port it got
+        values.setdefault("port_range", DEFAULT_PORT_RANGE)
+    else:
+        values.pop("port_range", None)
 
     def report_problem(key: str, message: str) -> None:
         report.add(line_of(entry if key in entry else defaults, key), f"{where}.{key}", message)

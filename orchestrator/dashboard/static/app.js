@@ -99,6 +99,19 @@ function renderSummary(doc) {
     ...(status.pace ? [el("div", { class: "muted-line pace", text: `pace: ${status.pace}` })] : []));
 }
 
+// The stacks kept at the stall that ended this restart's attempt: one link per worker.
+function stackLinks(run, restart) {
+  const names = Array.isArray(restart.stacks) ? restart.stacks : [];
+  if (!names.length) return [];
+  const part = (value) => encodeURIComponent(String(value));
+  const links = names.map((name) => el("a", {
+    class: "stacks", target: "_blank", rel: "noopener",
+    href: `/api/runs/${part(run)}/stacks/${part(restart.attempt)}/${part(name)}`, text: name,
+  }));
+  return [el("span", { class: "stacks", text: " · stacks: " }),
+    ...links.flatMap((link, i) => (i ? [document.createTextNode(" "), link] : [link]))];
+}
+
 function renderTimeline(doc) {
   const cause = $("root-cause");
   cause.textContent = doc.root_cause ? `root cause: ${doc.root_cause}` : "";
@@ -106,6 +119,7 @@ function renderTimeline(doc) {
   const items = doc.timeline.map((r) => el("li", { class: "restart" }, [
     el("span", { class: "when", text: new Date(r.at * 1000).toLocaleTimeString() }),
     el("span", { text: `restart ${r.number} (attempt ${r.attempt} failed): ${r.text}` }),
+    ...stackLinks(doc.run_id, r),
   ]));
   $("timeline").replaceChildren(...(items.length ? items
     : [el("li", { class: "empty", text: "no restarts" })]));
@@ -145,6 +159,31 @@ function renderRuns(doc) {
   ])));
 }
 
+// Every job holding leases on the run's hosts, any user's: their records are other users'
+// input, shown through textContent only.
+function renderLeases(doc) {
+  const leases = doc.leases;
+  $("leases-card").classList.toggle("hidden", !leases);
+  if (!leases) return;
+  const jobs = Array.isArray(leases.jobs) ? leases.jobs : [];
+  const rows = jobs.map((j) => {
+    const hosts = Object.entries(j.hosts || {});
+    const ports = hosts.map(([h, l]) => `${h}: ${(l.ports || []).join(",") || "-"}`).join("; ");
+    const gpus = hosts.filter(([, l]) => (l.gpus || []).length)
+      .map(([h, l]) => `${h}: ${l.gpus.join(",")}`).join("; ");
+    return el("tr", { class: j.run_id === doc.run_id ? "current" : "" }, [
+      el("td", { text: text(j.user) }), el("td", { text: text(j.job) }),
+      el("td", { text: text(j.run_id) }), el("td", { text: hosts.map(([h]) => h).join(", ") }),
+      el("td", { text: ports || "-" }), el("td", { text: gpus || "-" }),
+      el("td", { text: clock(j.since) }),
+    ]);
+  });
+  $("leases").tBodies[0].replaceChildren(...rows);
+  const ignored = Array.isArray(leases.ignored) ? leases.ignored : [];
+  $("leases-ignored").textContent = ignored.map((i) =>
+    `ignored ${i.host}: ${i.file}: ${i.reason}`).join("\n");
+}
+
 function render(doc) {
   if (doc.error) {
     $("run-title").textContent = doc.error;
@@ -166,8 +205,11 @@ function render(doc) {
   renderWorkers(doc);
   $("chart-loss").innerHTML = doc.charts.loss;
   $("chart-rate").innerHTML = doc.charts.steps_per_sec;
+  $("chart-val-loss").innerHTML = doc.charts.val_loss;
+  $("chart-val-accuracy").innerHTML = doc.charts.val_accuracy;
   renderTimeline(doc);
   renderPreflight(doc);
+  renderLeases(doc);
   renderRuns(doc);
 }
 

@@ -29,6 +29,16 @@ Verbs and their fields:
                               imported TensorFlow (worker/standby.py) and waits to be told what
                               to run, so that the slot's next attempt skips the import
   discard-standbys run_dirs   stop the standbys of these workers' slots for good (the run ended)
+  linger-standbys run_dirs seconds
+                              the run ended: its slots' standbys stay `seconds` for the next
+                              run of the job (job.linger), which takes them
+  standbys job_dirs           the standbys alive in each job directory, with their memory
+  stacks run_dirs wait [send offsets mark native]
+                              every thread's Python stack of each worker: SIGUSR2 to the
+                              process that registered faulthandler (stacks.pid), then what it
+                              appended to stacks.txt (a file of its own: a dump never mixes
+                              with worker.log); `mark` answers the files' sizes, for a
+                              scheduler that delivers the signal itself; `native`: py-spy's
 The supervisor itself is started as `agent.py supervise RUN_DIR` (internal; no job values), a
 standby's as `agent.py standby STANDBY_DIR`.
 
@@ -41,8 +51,13 @@ into its fifo, and the standby supervisor execs `agent.py supervise RUN_DIR --ad
 PID IN OUT`: the same process (the process group `stop` signals), its child still its child,
 now supervised for the new run directory exactly like a cold one. A standby that is never
 claimed exits by itself `linger` seconds after the attempt it backs ended (or, backing one not
-started yet, `linger` seconds after it started itself), when its stop marker
-appears, or when its directory is removed.
+started yet, `linger` seconds after it started itself), at the `until` a run that ended set
+(linger-standbys), when its run's discard marker appears, or when its directory is removed.
+Between runs (job.linger): a standby lives per job and slot, not per run, so the next run of
+the job finds the ones the last run left lingering; its `standby` request takes one
+(standby_verdict: the same interpreter, environment and agent) by renaming its spec.json away
+and writing it back re-pointed at the new run's attempt (one request wins the rename); a stale
+one is discarded and the reason goes into the new worker's log.
 Privacy: the spec's private_dirs ({job}/runs down to the run directory) are made 0700 and every
 file written here is 0600, so another account on the host reads nothing of a run. Only this
 account's processes count as a run's supervisor (pid reuse, or another user's job, is ignored).
@@ -50,9 +65,11 @@ account's processes count as a run's supervisor (pid reuse, or another user's jo
 Files in a run directory:
   spec.json  tf_config.json  agent.py  pid (supervisor = process group)  worker.pid
   worker.log  progress.json (written by the worker)  exit.json  stop_requested
-A standby's directory ({job}/runs/{run_id}/standby/{name}, one per slot):
+A standby's directory ({job}/standby/{name}, one per job and slot, 0700 like runs/):
+  stacks.txt stacks.pid (the worker's stack dumps on SIGUSR2, and the pid that registered it)
   spec.json (claimed.json once claimed)  agent.py  pid  worker.pid  handover (a fifo)
-  ready (written by the child once TensorFlow is imported)  standby.log  stop_requested
+  ready (written by the child once TensorFlow is imported)  standby.log
+A run's discard marker: {job}/runs/{run_id}/standbys_discarded (none of its may start or stay).
 """
 
 import contextlib
@@ -67,12 +84,20 @@ import time
 
 LOG_TAIL_LINES = 20
 STANDBY_DIR_NAME = "standby"
+DISCARDED_MARKER = "standbys_discarded"  # in {job}/runs/{run_id}
 STANDBY_MODULE = "worker.standby"
+BOOT_MARKER = "# orchestrate boot"  # contract.BOOT_MARKER: a script's stacks boot begins so
 HANDOVER_WAIT = 5.0  # seconds a launch waits for a claimed standby to take the attempt
 # What differs between two attempts of one slot and is read only after TensorFlow's import:
 # not part of the environment a standby must share with the attempt it serves. The names are
 # orchestrator.contract's (this file is stdlib-only and sent alone).
-PER_ATTEMPT_ENV = ("TF_CONFIG", "ORCHESTRATE_RUN_DIR", "ORCHESTRATE_PROGRESS_FILE")
+# CUDA_VISIBLE_DEVICES too: read when a device is first used (the strategy), not at the import,
+# and a GPU lease may give the next run other devices.
+PER_ATTEMPT_ENV = ("TF_CONFIG", "ORCHESTRATE_RUN_DIR", "ORCHESTRATE_PROGRESS_FILE",
+                   "CUDA_VISIBLE_DEVICES")  # fmt: skip
+# What differs between two runs of a job (a lingering standby serves the next run), read only
+# by orchestrate's worker, after the import.
+PER_RUN_ENV = ("ORCHESTRATE_RUN_ID",)
 # Set per SSH connection, never read by TensorFlow: a warm worker gets the launching agent's.
 PER_CONNECTION_ENV = ("SSH_CLIENT", "SSH_CONNECTION", "SSH_AUTH_SOCK", "XDG_SESSION_ID")
 
@@ -185,10 +210,15 @@ def _log_line(run_dir, line):
 
 
 def standby_dir(run_dir):
-    """{job}/runs/{run_id}/attempt-{n}/{name} -> {job}/runs/{run_id}/standby/{name}: one per
-    slot and run, beside the attempts (so private like them, and gone with the run's files)."""
-    attempt = os.path.dirname(run_dir)
-    return os.path.join(os.path.dirname(attempt), STANDBY_DIR_NAME, os.path.basename(run_dir))
+    """{job}/runs/{run_id}/attempt-{n}/{name} -> {job}/standby/{name}: one per job and slot,
+    shared by the job's runs, so that the next run finds what the last one left lingering."""
+    job = os.path.dirname(os.path.dirname(run_of(run_dir)))
+    return os.path.join(job, STANDBY_DIR_NAME, os.path.basename(run_dir))
+
+
+def run_of(run_dir):
+    """{job}/runs/{run_id}/attempt-{n}/{name} -> {job}/runs/{run_id}."""
+    return os.path.dirname(os.path.dirname(run_dir))
 
 
 def import_env(base, spec_env, secrets):
@@ -198,7 +228,7 @@ def import_env(base, spec_env, secrets):
     env = dict(base)
     env.update(spec_env)
     env.update(secrets)
-    skip = PER_ATTEMPT_ENV + PER_CONNECTION_ENV
+    skip = PER_ATTEMPT_ENV + PER_RUN_ENV + PER_CONNECTION_ENV
     return {key: value for key, value in env.items() if key not in skip}
 
 
@@ -209,10 +239,14 @@ def env_digest(salt, python, env):
 
 
 def runnable_argv(argv):
-    """What a standby can run of a worker command line: `PYTHON -m MODULE ARGS...` or `PYTHON
-    SCRIPT ARGS...` (no interpreter options, which would have applied before the import)."""
+    """What a standby can run of a worker command line: `PYTHON -m MODULE ARGS...`, `PYTHON
+    SCRIPT ARGS...` or a script behind orchestrate's stacks boot (`PYTHON -c BOOT SCRIPT ARGS`,
+    contract.SCRIPT_BOOT); no other interpreter options, which would have applied before the
+    import."""
     if len(argv) >= 3 and argv[1] == "-m":
         return ("module", argv[2], list(argv[3:]))
+    if len(argv) >= 4 and argv[1] == "-c" and argv[2].startswith(BOOT_MARKER):
+        return ("script", argv[3], list(argv[4:]))
     if len(argv) >= 2 and not argv[1].startswith("-"):
         return ("script", argv[1], list(argv[2:]))
     return None
@@ -233,7 +267,70 @@ def standby_refusal(standby, argv, env):
         return f"the standby runs {standby.get('python')}, this attempt {argv[0]}"
     if standby.get("digest") != env_digest(standby.get("salt", ""), argv[0], env):
         return "the standby's environment differs from this attempt's"
+    if standby.get("packages_changed"):
+        return f"packages changed in {standby['packages_changed']} since the standby's import"
     return None
+
+
+# --- standbys between runs (job.linger): which standby may serve which slot of which run ------
+
+
+def foreign_standby(standby, run_dir):
+    """Why the slot's standby is not this run's to use or discard, or None: it backs an attempt
+    of another run of the job that still runs (never released by that run's end). Pure."""
+    if standby is None or not standby.get("alive"):
+        return None
+    other = run_of(standby.get("backs") or "")
+    if other == run_of(run_dir) or standby.get("until") is not None:
+        return None
+    if standby.get("backing_alive"):
+        return f"the slot's standby serves run {os.path.basename(other)}, which still runs"
+    return None
+
+
+def standby_verdict(standby, backs, python, env, agent, *, now):
+    """What a request for a standby backing `backs` (interpreter `python`, import_env `env`,
+    agent digest `agent`) does with the slot's current standby, and why: "keep" (it backs
+    `backs` already), "take" (re-pointed at `backs`: one of this run's, or one another run of
+    the job left lingering), "leave" (foreign_standby: not ours to touch) or "replace" (none,
+    gone, expired or stale: discarded and a new one started). Pure."""
+    if standby is None or not standby.get("alive"):
+        return "replace", None
+    foreign = foreign_standby(standby, backs)
+    if foreign:
+        return "leave", foreign
+    until = standby.get("until")
+    if until is not None and now >= until:
+        return "replace", "its linger ran out"
+    if standby.get("python") != python:
+        return "replace", f"the standby runs {standby.get('python')}, this run {python}"
+    if standby.get("digest") != env_digest(standby.get("salt", ""), python, env):
+        return "replace", "the standby's environment differs from this run's"
+    if standby.get("agent") != agent:
+        return "replace", "another version of orchestrate started the standby"
+    if standby.get("packages_changed"):
+        return "replace", (f"packages changed in {standby['packages_changed']} since the "
+                           "standby's import")  # fmt: skip
+    if standby.get("backs") == backs and until is None:
+        return "keep", None
+    return "take", None
+
+
+def standby_summary(name, standby, now, rss_bytes):
+    """One line of the `standbys` listing. Pure."""
+    until = standby.get("until")
+    return {
+        "name": name,
+        "pid": standby.get("pid"),
+        "worker_pid": standby.get("worker_pid"),
+        "run_id": os.path.basename(run_of(standby.get("backs") or "")),
+        "backs": standby.get("backs"),
+        "lingering": until is not None,
+        "left_s": None if until is None else max(0.0, until - now),
+        "ready": bool(standby.get("ready")),
+        "rss_bytes": rss_bytes,
+        "started_at": standby.get("started_at"),
+    }
 
 
 def _standby_state(sdir):
@@ -241,7 +338,107 @@ def _standby_state(sdir):
     if spec is None:
         return None
     pid = _read_int(os.path.join(sdir, "pid"))
-    return dict(spec, pid=pid, alive=bool(pid) and _is_our_supervisor(pid, sdir))
+    return dict(spec, pid=pid, alive=bool(pid) and _is_our_supervisor(pid, sdir),
+                backing_alive=_attempt_alive(spec.get("backs") or "/"),
+                worker_pid=_read_int(os.path.join(sdir, "worker.pid")),
+                ready=os.path.exists(os.path.join(sdir, "ready")),
+                packages_changed=_packages_changed(os.path.join(sdir, "ready")))  # fmt: skip
+
+
+def _packages_changed(ready):
+    """A package directory the standby imported from that changed since (worker.standby
+    records their modification times once TensorFlow is imported), or None."""
+    recorded = (_read_json(ready) or {}).get("package_dirs") or {}
+    for path, mtime in sorted(recorded.items()):
+        try:
+            if os.stat(path).st_mtime_ns != mtime:
+                return path
+        except OSError:
+            return path
+    return None
+
+
+def _agent_digest(source):
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def _rss_bytes(pids):
+    """Resident memory of these processes, from /proc (no psutil on a bare host)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm", encoding="utf-8") as handle:
+                total += int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def cmd_standbys(request):
+    """The standbys alive in each job directory ({job}/standby/*): lingering ones (a run that
+    ended left them for the next) and those waiting for a restart, with their memory."""
+    now = time.time()
+    listing = {}
+    for job in request["job_dirs"]:
+        root = os.path.join(_expand(job), STANDBY_DIR_NAME)
+        found = []
+        with contextlib.suppress(OSError):
+            for name in sorted(os.listdir(root)):
+                state = _standby_state(os.path.join(root, name))
+                if state is not None and state["alive"]:
+                    rss = _rss_bytes([state["pid"], state.get("worker_pid")])
+                    found.append(standby_summary(name, state, now, rss))
+        listing[job] = found
+    return {"now": now, "standbys": listing}
+
+
+def cmd_linger_standbys(request):
+    """The run ended: each of its slots' standbys stays `seconds` from now (job.linger) for the
+    next run of the job, whose `standby` request takes it; then it exits by itself."""
+    seconds = float(request["seconds"])
+    outcome = {}
+    for run_dir in request["run_dirs"]:
+        path = _expand(run_dir)
+        sdir = standby_dir(path)
+        state = _standby_state(sdir)
+        outcome[run_dir] = "none"
+        if os.path.exists(os.path.join(run_of(path), DISCARDED_MARKER)):
+            continue  # `down` discarded them
+        if state is None or not state["alive"] or run_of(state.get("backs") or "") != run_of(path):
+            continue
+        if _rewrite_spec(sdir, lambda record: record.update(until=time.time() + seconds)):
+            outcome[run_dir] = "lingering"
+    return {"outcome": outcome}
+
+
+def _rewrite_spec(sdir, change):
+    """Change the standby's spec.json in place; False if it is gone (claimed or taken). The
+    rename is the claim: of two requests at once, one finds spec.json gone and changes
+    nothing. The standby re-reads its spec when the file changes."""
+    spec_path = os.path.join(sdir, "spec.json")
+    taking = os.path.join(sdir, f"taking.{os.getpid()}")
+    try:
+        os.rename(spec_path, taking)
+    except FileNotFoundError:
+        return False
+    record = _read_json(taking) or {}
+    change(record)
+    _write_json(spec_path, record)
+    os.remove(taking)
+    return True
+
+
+def _take_standby(sdir, backs, linger):
+    """Re-point the slot's standby at `backs` (a lingering one: for a new run)."""
+
+    def repoint(record):
+        previous = run_of(record.get("backs") or "")
+        if previous != run_of(backs):
+            record["taken_from"] = os.path.basename(previous)
+        record.update(backs=backs, linger=linger)
+        record.pop("until", None)
+
+    return _rewrite_spec(sdir, repoint)
 
 
 def _kill_standby(sdir, wait=5.0):
@@ -259,10 +456,13 @@ def _kill_standby(sdir, wait=5.0):
 def _hand_to_standby(run_dir, spec, secrets):
     """The supervisor pid that now runs this attempt's worker, or None and why not."""
     sdir = standby_dir(run_dir)
+    standby = _standby_state(sdir)
+    foreign = foreign_standby(standby, run_dir)
+    if foreign:
+        return None, foreign  # another live run's: left alone
     if not spec.get("warm"):
         _kill_standby(sdir)
         return None, "warm restarts are off"
-    standby = _standby_state(sdir)
     why = standby_refusal(standby, spec["argv"], import_env(os.environ, spec["env"], secrets))
     if why is not None:
         _kill_standby(sdir)
@@ -274,6 +474,12 @@ def _hand_to_standby(run_dir, spec, secrets):
     except OSError as exc:
         _kill_standby(sdir)
         return None, f"the standby could not be reached ({exc.strerror})"
+    # Before the hand-over: the adopting supervisor writes the log's next lines.
+    if standby.get("replaced"):
+        _log_line(run_dir, "orchestrate: " + standby["replaced"])
+    if standby.get("taken_from"):
+        _log_line(run_dir, "orchestrate: this worker's Python is the standby run "
+                           f"{standby['taken_from']} left lingering")  # fmt: skip
     try:
         connection = {k: os.environ[k] for k in PER_CONNECTION_ENV if k in os.environ}
         message = json.dumps({"run_dir": run_dir, "connection_env": connection}).encode()
@@ -319,20 +525,31 @@ def cmd_standby(request):
 def _start_standby(backs, spec):
     spec = dict(spec)
     secrets = spec.pop("secret_env", None) or {}
+    source = spec.pop("agent_source")
     sdir = standby_dir(backs)
-    if os.path.exists(os.path.join(sdir, "stop_requested")):
+    run = run_of(backs)
+    if os.path.exists(os.path.join(run, DISCARDED_MARKER)):
         return "not started: the run's standbys were discarded"
     env = import_env(os.environ, spec["env"], secrets)
     current = _standby_state(sdir)
-    if (
-        current is not None
-        and current["alive"]
-        and current.get("backs") == backs
-        and current.get("digest") == env_digest(current.get("salt", ""), spec["python"], env)
-    ):
+    linger = float(spec.get("linger", 120))
+    verdict, why = standby_verdict(current, backs, spec["python"], env, _agent_digest(source),
+                                   now=time.time())  # fmt: skip
+    if verdict == "leave":
+        return f"not started: {why}"
+    if verdict == "keep":
         return "kept"
+    if verdict == "take":
+        previous = os.path.basename(run_of(current.get("backs") or ""))
+        if _take_standby(sdir, backs, linger):
+            return "kept" if previous == os.path.basename(run) else f"taken from run {previous}"
+        return "not started: another request took the slot's standby"
     _kill_standby(sdir)
-    run = os.path.dirname(os.path.dirname(sdir))  # {job}/runs/{run_id}, {job}/runs private too
+    replaced = None
+    if current is not None and why and run_of(current.get("backs") or "") != run:
+        replaced = (f"not the standby run {os.path.basename(run_of(current['backs']))} left "
+                    f"lingering: {why}; this run's standby imports TensorFlow afresh")  # fmt: skip
+    # {job}/runs and the run's directory private too (the discard marker goes there)
     _make_private_dirs([os.path.dirname(run), run, os.path.dirname(sdir), sdir])
     for name in ("spec.json", "claimed.json", "ready", "pid", "worker.pid", "handover",
                  "standby.log"):  # fmt: skip
@@ -340,35 +557,42 @@ def _start_standby(backs, spec):
             os.remove(os.path.join(sdir, name))
     os.mkfifo(os.path.join(sdir, "handover"), 0o600)
     agent_path = os.path.join(sdir, "agent.py")
-    _write_text(agent_path, spec.pop("agent_source"))
+    _write_text(agent_path, source)
     salt = os.urandom(16).hex()
     record = {
         "backs": backs,
         "python": spec["python"],
         "cwd": spec["cwd"],
-        "linger": float(spec.get("linger", 120)),
+        "linger": linger,
         "salt": salt,
         "digest": env_digest(salt, spec["python"], env),
+        "agent": _agent_digest(source),
         "started_at": time.time(),
     }
+    if replaced:
+        record["replaced"] = replaced
     _write_json(os.path.join(sdir, "spec.json"), record)
     child_env = dict(os.environ, **spec["env"], **secrets)
     argv = [sys.executable, agent_path, "standby", sdir]
     pid = _spawn_daemon(argv, child_env, os.path.join(sdir, "standby.log"))
     _write_text(os.path.join(sdir, "pid"), str(pid))
-    return "started"
+    return f"started ({why})" if replaced else "started"
 
 
 def cmd_discard_standbys(request):
     """The run is over (down, its end, a failed start): no standby of its slots may stay, and
-    none may start after this (a stop marker in each standby directory)."""
+    none may start after this (a marker in the run's directory). A slot's standby that another
+    run took meanwhile is that run's and stays."""
     outcome = {}
     for run_dir in request["run_dirs"]:
-        sdir = standby_dir(_expand(run_dir))
-        if os.path.isdir(os.path.dirname(os.path.dirname(sdir))):  # the run's directory
-            _make_private_dirs([os.path.dirname(sdir), sdir])
-            _write_text(os.path.join(sdir, "stop_requested"), str(time.time()))
-        outcome[run_dir] = "stopped" if _kill_standby(sdir) else "none"
+        path = _expand(run_dir)
+        run = run_of(path)
+        if os.path.isdir(run):
+            _write_text(os.path.join(run, DISCARDED_MARKER), str(time.time()))
+        sdir = standby_dir(path)
+        state = _standby_state(sdir)
+        ours = state is not None and run_of(state.get("backs") or "") == run
+        outcome[run_dir] = "stopped" if ours and _kill_standby(sdir) else "none"
     return {"outcome": outcome}
 
 
@@ -385,7 +609,7 @@ def run_standby(sdir):
     import select
     import subprocess
 
-    spec = _read_json(os.path.join(sdir, "spec.json"))
+    spec = _read_standby_spec(sdir)
     ready = os.path.join(sdir, "ready")
     child = subprocess.Popen(
         [spec["python"], "-m", STANDBY_MODULE, ready], cwd=_expand(spec["cwd"]),
@@ -410,6 +634,8 @@ def run_standby(sdir):
     output = child.stdout.fileno()
     pending = b""
     ended_at = None
+    spec_path = os.path.join(sdir, "spec.json")
+    seen = _file_identity(spec_path)
     while True:
         ready_fds = select.select([output, fifo], [], [], 0.5)[0]
         if output in ready_fds:
@@ -425,15 +651,48 @@ def run_standby(sdir):
                 break
         if child.poll() is not None or not os.path.isdir(sdir):
             break
-        if os.path.exists(os.path.join(sdir, "stop_requested")):
+        identity = _file_identity(spec_path)
+        if identity is not None and identity != seen:  # released, or taken by the next run
+            seen, spec, ended_at = identity, _read_json(spec_path) or spec, None
+        ended_at = _standby_done(spec, ended_at)
+        if ended_at is True:
             break
-        if _attempt_alive(spec["backs"]):
-            ended_at = None
-        else:  # the attempt it backs ended: a restart claims it soon, or nobody ever will
-            ended_at = ended_at or time.monotonic()
-            if time.monotonic() - ended_at > spec["linger"]:
-                break
     leave()
+
+
+def _read_standby_spec(sdir):
+    """Its spec.json; or claimed.json: a launch right after the start (`up --skip-checks`) may
+    claim it before this process has read it; or, a moment later, a take's rewrite."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        for name in ("spec.json", "claimed.json"):
+            spec = _read_json(os.path.join(sdir, name))
+            if spec is not None:
+                return spec
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"no spec.json in {sdir}")
+        time.sleep(0.01)
+
+
+def _standby_done(spec, ended_at):
+    """True when the standby should leave; else since when the attempt it backs has ended."""
+    if os.path.exists(os.path.join(run_of(spec["backs"]), DISCARDED_MARKER)):
+        return True
+    if spec.get("until") is not None:  # its run ended and left it lingering
+        return True if time.time() >= spec["until"] else None
+    if _attempt_alive(spec["backs"]):
+        return None
+    # The attempt it backs ended: a restart claims it soon, or nobody ever will.
+    ended_at = ended_at or time.monotonic()
+    return True if time.monotonic() - ended_at > spec["linger"] else ended_at
+
+
+def _file_identity(path):
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_mtime_ns)
 
 
 def _adopt_run(child, message, keep_open):
@@ -552,6 +811,7 @@ def supervise(run_dir, adopt=None):
             _record_exit(run_dir, 127, started, f"cannot start {spec['argv'][0]}: {exc}")
             return None
     _write_text(os.path.join(run_dir, "worker.pid"), str(child.pid))
+    watch = JoinWatch(child.pid, tf_config)
 
     def forward(signum, _frame):
         # The worker shares our process group and usually got the signal too; forwarding covers
@@ -570,7 +830,7 @@ def supervise(run_dir, adopt=None):
         [value.encode() for value in secrets if len(value) >= 4],
     )
     returncode = child.wait()
-    _record_exit(run_dir, returncode, started, None)
+    _record_exit(run_dir, returncode, started, None, watch.joined())
     return None
 
 
@@ -667,7 +927,7 @@ def _scrub_secrets(run_dir, lines):
     return lines
 
 
-def _record_exit(run_dir, returncode, started, error):
+def _record_exit(run_dir, returncode, started, error, joined=None):
     signal_name = None
     if returncode < 0:
         try:
@@ -685,7 +945,131 @@ def _record_exit(run_dir, returncode, started, error):
         "error": error,
         "log_tail": tail if returncode != 0 else [],
     }
+    if joined is not None:  # JoinWatch's verdict: a multi-worker worker that loaded TensorFlow
+        record["joined"] = joined
     _write_json(os.path.join(run_dir, "exit.json"), record)
+
+
+# Joined the cluster? Sampled from /proc while the worker lives (issue 28). A worker of a
+# multi-worker cluster that loaded TensorFlow and never listened on its port never created
+# MultiWorkerMirroredStrategy: it trained alone. Written to stay the same in
+# backends/slurm/launcher.py (tests/unit/test_join_watch.py runs both copies).
+def _cluster_port(tf_config):
+    """This task's port in a TF_CONFIG (JSON text or dict) of two tasks or more, else None."""
+    try:
+        config = json.loads(tf_config) if isinstance(tf_config, str) else tf_config
+        cluster, task = config["cluster"], config["task"]
+        if sum(len(tasks) for tasks in cluster.values()) < 2:
+            return None
+        return int(str(cluster[task["type"]][int(task["index"])]).rsplit(":", 1)[1])
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
+
+
+def _process_tree(pid):
+    """pid and its descendants (/proc/PID/task/TID/children)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{current}/task/{tid}/children") as handle:
+                    todo.extend(int(child) for child in handle.read().split())
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _socket_inodes(pids):
+    inodes = set()
+    for pid in pids:
+        try:
+            names = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for name in names:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+def _listens(pid, port, inodes):
+    """Whether one of these sockets listens on port (pid's network namespace); None when /proc
+    cannot tell."""
+    readable = False
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for row in rows:
+            fields = row.split()  # sl local remote state ... uid timeout inode
+            listening = len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes
+            if listening and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False if readable else None
+
+
+def _loads_tensorflow(pids):
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as handle:
+                if "libtensorflow_framework" in handle.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+class JoinWatch:
+    """Samples, in a thread, whether the worker pid (or a process it started) loaded TensorFlow
+    and listened on its TF_CONFIG port: every 0.2 s for 30 s, then every second, until it did.
+    joined(): True, False, or None when not known (one task, no TensorFlow, no /proc)."""
+
+    def __init__(self, pid, tf_config, interval=0.2):
+        import threading
+
+        self.port = _cluster_port(tf_config)
+        self.tensorflow = False
+        self.listened = None  # None until /proc answered once
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(pid, interval), daemon=True)
+        if self.port is not None:
+            self._thread.start()
+
+    def _run(self, pid, interval):
+        started = time.time()
+        while not self._stop.is_set():
+            pids = _process_tree(pid)
+            self.tensorflow = self.tensorflow or _loads_tensorflow(pids)
+            inodes = _socket_inodes(pids)
+            heard = _listens(pid, self.port, inodes) if inodes else None
+            if heard is None and not inodes and os.path.isdir(f"/proc/{pid}/fd"):
+                heard = False  # alive, no socket at all
+            if heard is not None:
+                self.listened = heard
+            if heard:
+                return
+            self._stop.wait(interval if time.time() - started < 30 else 1.0)
+
+    def joined(self):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2.0)
+        if not self.tensorflow or self.listened is None:
+            return None
+        return self.listened
 
 
 def _process_group_members(pgid):
@@ -920,6 +1304,112 @@ def cmd_make_dirs(request):
     return {"made": True}
 
 
+# --- stacks on request (issue 26) --------------------------------------------------------------
+STACKS_FILE = "stacks.txt"  # contract.STACKS_FILE: the worker's faulthandler appends here
+STACKS_PID_FILE = "stacks.pid"  # contract.STACKS_PID_FILE: the process that registered it
+STACKS_SETTLE = 0.15  # seconds a dump must stop growing before it counts as complete
+
+
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _stack_pid(path):
+    """The pid that registered the stack dump in this run directory, if it is one of the run's
+    live processes (pid reuse, another user's process: never signalled); or why not."""
+    pgid = _read_int(os.path.join(path, "pid"))
+    if not pgid or not _is_our_supervisor(pgid, path):
+        return None, "its worker is not running"
+    pid = _read_int(os.path.join(path, STACKS_PID_FILE))
+    if not pid:
+        return None, "its worker registered no stack dump (still starting, or not a Python worker)"
+    if not _in_group(pid, pgid):
+        return None, "the process that registered its stack dump is gone"
+    if _process_state(pid) in ("T", "t"):  # it would write them only once continued
+        return None, "it is stopped (SIGSTOP or a debugger): it cannot write its stacks"
+    return pid, None
+
+
+def _process_state(pid):
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _py_spy(pid, wait):
+    import shutil
+    import subprocess
+
+    tool = shutil.which("py-spy")
+    if tool is None:
+        return "py-spy is not installed on this host (pip install py-spy for native frames)"
+    try:
+        done = subprocess.run([tool, "dump", "--native", "--pid", str(pid)], check=False,
+                              capture_output=True, text=True, timeout=max(wait, 1.0))  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"py-spy could not run: {exc}"
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return f"py-spy is not allowed here ({detail[0]}; ptrace may need CAP_SYS_PTRACE)"
+    return done.stdout
+
+
+def cmd_stacks(request):
+    """Every thread's Python stack of each run directory's worker: SIGUSR2 to the process that
+    registered faulthandler (`send`, the default), then what it appended to stacks.txt, read
+    once it stopped growing. Without `send` nothing is signalled (a scheduler delivered the
+    signal): `offsets` are the sizes before it, from a request with `mark`. Per run directory
+    {"stacks": TEXT} (and "native" with `native`, py-spy's), or {"error": WHY}: all within
+    `wait` seconds together."""
+    run_dirs = request["run_dirs"]
+    files = {r: os.path.join(_expand(r), STACKS_FILE) for r in run_dirs}
+    if request.get("mark"):
+        return {"offsets": {r: _size(f) for r, f in files.items()}}
+    wait = float(request.get("wait", 5.0))
+    deadline = time.monotonic() + wait
+    offsets = request.get("offsets") or {}
+    answers, pending, pids = {}, {}, {}
+    for run_dir in run_dirs:
+        offset = int(offsets.get(run_dir, _size(files[run_dir])))
+        if request.get("send", True):
+            pid, why = _stack_pid(_expand(run_dir))
+            if why is not None:
+                answers[run_dir] = {"error": why}
+                continue
+            try:
+                os.kill(pid, signal.SIGUSR2)
+            except OSError as exc:
+                answers[run_dir] = {"error": f"cannot signal pid {pid}: {exc.strerror}"}
+                continue
+            pids[run_dir] = pid
+        pending[run_dir] = [offset, -1, 0.0]  # offset, size seen, since when unchanged
+    while pending and time.monotonic() < deadline:
+        now = time.monotonic()
+        for run_dir, seen in list(pending.items()):
+            size = _size(files[run_dir])
+            if size != seen[1]:
+                seen[1], seen[2] = size, now
+            elif size > seen[0] and now - seen[2] >= STACKS_SETTLE:
+                with open(files[run_dir], "rb") as handle:
+                    handle.seek(seen[0])
+                    text = handle.read(size - seen[0]).decode("utf-8", "replace")
+                answers[run_dir] = {"stacks": text}
+                del pending[run_dir]
+        time.sleep(0.02)
+    for run_dir in pending:
+        answers[run_dir] = {"error": f"it wrote no stacks within {wait:g} s"}
+    if request.get("native"):
+        for run_dir, pid in pids.items():
+            native = _py_spy(pid, max(deadline - time.monotonic(), 2.0))
+            answers[run_dir]["native"] = native
+    return {"stacks": answers}
+
+
 VERBS = {
     "files": cmd_files,
     "make-dirs": cmd_make_dirs,
@@ -931,6 +1421,9 @@ VERBS = {
     "stop": cmd_stop,
     "standby": cmd_standby,
     "discard-standbys": cmd_discard_standbys,
+    "linger-standbys": cmd_linger_standbys,
+    "standbys": cmd_standbys,
+    "stacks": cmd_stacks,
 }
 
 

@@ -1,0 +1,177 @@
+"""Leases of the hosts backend: one request per machine and lease directory to the host's lease
+program (machines/remote/leases.py), whose keeper holds what it took until the run ends.
+
+The requests and the inventory with what was leased are pure (`lease_request`, `resolved`);
+`take`, `release` and `listing` fan them out through Machines.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import HostError, HostErrors, LeaseClash
+from orchestrator.fanout import fan_out
+from orchestrator.model.leases import (
+    KEEPER_IDLE_SECONDS,
+    Acquired,
+    Assignment,
+    Clash,
+    Ignored,
+    Lease,
+    LeaseListing,
+    by_run,
+    clash_message,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.machines.agent import HostAgent
+    from orchestrator.model.inventory import Host, Inventory
+
+GroupKey = tuple[tuple[str, ...], str]  # (machine key, lease_dir)
+CLASH_HINT = (
+    "'orchestrate jobs INVENTORY' lists every job holding leases on these hosts; wait for it to "
+    "end, give this job other GPUs or a wider port_range, or let GPUs be shared (share_gpus: "
+    "true in both jobs)"
+)
+
+
+def lease_groups(
+    hosts: Sequence[Host], machine_key: Callable[[Host], tuple[str, ...]]
+) -> dict[GroupKey, list[Host]]:
+    """The leasing hosts by machine and lease directory: one request (and keeper) each."""
+    groups: dict[GroupKey, list[Host]] = {}
+    for host in hosts:
+        if host.leases:
+            groups.setdefault((machine_key(host), host.lease_dir), []).append(host)
+    return groups
+
+
+def worker_request(host: Host) -> dict[str, Any]:
+    """What the lease program needs for one worker: its port (fixed, or a range and the port
+    the run has now), its GPU count, pool and the ones it has now."""
+    auto = host.port_range is not None
+    return {
+        "name": host.name,
+        "port": None if auto else host.port,
+        "range": list(host.port_range) if host.port_range else None,
+        "keep_port": host.port if auto and host.port else None,
+        "gpus": host.gpus,
+        "pool": list(host.visible_gpus) if host.visible_gpus is not None else None,
+        "keep_gpus": list(host.leased_gpus) if host.leased_gpus else None,
+        "share": host.share_gpus,
+    }
+
+
+def lease_request(
+    hosts: Sequence[Host], run_id: str, job: str, *, controller: str, dry_run: bool = False,
+    idle: float = KEEPER_IDLE_SECONDS,
+) -> dict[str, Any]:  # fmt: skip
+    return {
+        "lease_dir": hosts[0].lease_dir,
+        "run_id": run_id,
+        "job": job,
+        "controller": controller,
+        "idle": idle,
+        "dry_run": dry_run,
+        "workers": [worker_request(host) for host in hosts],
+    }
+
+
+def resolved(inventory: Inventory, assigned: dict[str, Assignment]) -> Inventory:
+    """The inventory with each leased worker's port and GPUs."""
+
+    def leased(host: Host) -> Host:
+        got = assigned.get(host.name)
+        if got is None:
+            return host
+        return replace(host, port=got.port, leased_gpus=got.gpus)
+
+    return replace(inventory, hosts=tuple(leased(h) for h in inventory.hosts))
+
+
+def take(
+    inventory: Inventory,
+    run_id: str,
+    agent: Callable[[Host], HostAgent],
+    machine_key: Callable[[Host], tuple[str, ...]],
+    *,
+    dry_run: bool = False,
+) -> tuple[Inventory, tuple[Ignored, ...]]:
+    groups = lease_groups(inventory.hosts, machine_key)
+    if not groups:
+        return inventory, ()
+    controller = socket.gethostname()
+
+    def acquire(key: GroupKey) -> Acquired:
+        hosts = groups[key]
+        request = lease_request(hosts, run_id, inventory.job.name, controller=controller,
+                                dry_run=dry_run)  # fmt: skip
+        answer = agent(hosts[0]).leases("acquire", **request)
+        try:
+            return Acquired.parse(hosts[0].name, answer)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise HostError(hosts[0].name, f"the lease program's answer has the wrong shape: "
+                            f"{exc!r}") from exc  # fmt: skip
+
+    answers = fan_out(groups, acquire)
+    clashes: list[Clash] = [c for a in answers.ok.values() for c in a.clashes]
+    ignored = tuple(i for a in answers.ok.values() for i in a.ignored)
+    taken = [k for k, a in answers.ok.items() if not a.clashes]
+    if (clashes or answers.failed) and not dry_run:
+        # All or nothing: what this attempt took on the other machines goes back at once.
+        fan_out(taken, lambda key: _release(agent(groups[key][0]), key[1], run_id))
+    if clashes:
+        raise LeaseClash(clash_message(clashes), clashes, hint=CLASH_HINT)
+    if answers.failed:
+        raise HostErrors(list(answers.failed.values()), "leasing ports and GPUs")
+    assigned = {name: got for a in answers.ok.values() for name, got in a.assigned.items()}
+    return resolved(inventory, assigned), ignored
+
+
+def _release(agent: HostAgent, lease_dir: str, run_id: str) -> None:
+    agent.leases("release", timeout=30, lease_dir=lease_dir, run_id=run_id)
+
+
+def release(
+    inventory: Inventory,
+    run_id: str,
+    agent: Callable[[Host], HostAgent],
+    machine_key: Callable[[Host], tuple[str, ...]],
+) -> None:
+    """Stop the run's keepers on every leasing host (and spare): a host not answering keeps
+    its leases until its keeper sees no worker of the run for a while."""
+    groups = lease_groups([*inventory.hosts, *inventory.spares], machine_key)
+    fan_out(groups, lambda key: _release(agent(groups[key][0]), key[1], run_id))
+
+
+def listing(
+    inventory: Inventory,
+    agent: Callable[[Host], HostAgent],
+    machine_key: Callable[[Host], tuple[str, ...]],
+) -> LeaseListing:
+    """Every lease in the lease directories of the inventory's hosts, by run."""
+    groups: dict[GroupKey, list[Host]] = {}
+    for host in (*inventory.hosts, *inventory.spares):
+        groups.setdefault((machine_key(host), host.lease_dir), []).append(host)
+
+    def ask(key: GroupKey) -> dict[str, Any]:
+        return agent(groups[key][0]).leases("list", timeout=30, lease_dir=key[1])
+
+    answers = fan_out(groups, ask)
+    leases: list[Lease] = []
+    ignored: list[Ignored] = []
+    for key, answer in answers.ok.items():
+        name = "+".join(h.name for h in groups[key])  # the inventory's names of the machine
+        holders = answer.get("holders")
+        leases += [Lease.parse(name, h) for h in holders if isinstance(h, dict)] \
+            if isinstance(holders, list) else []  # fmt: skip
+        found = answer.get("ignored")
+        ignored += [Ignored.parse(name, i) for i in found] if isinstance(found, list) else []
+    failed = {
+        "+".join(h.name for h in groups[key]): error.message
+        for key, error in answers.failed.items()
+    }
+    return LeaseListing(by_run(leases), tuple(ignored), failed)

@@ -1,0 +1,40 @@
+"""`jobs`: every job of any user holding leases (ports, GPUs) on an inventory's hosts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from orchestrator.backends.registry import open_backend
+from orchestrator.cli.app import cli, console, errors
+from orchestrator.cli.render import jobs_table
+from orchestrator.config.loader import load_inventory
+
+
+@cli.command()
+@click.argument(
+    "inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False, path_type=Path)
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON document: jobs, ignored records.")
+def jobs(inventory_file: Path, as_json: bool) -> None:
+    """Every job holding leases on INVENTORY's hosts, whoever started it: its user, job, run,
+    hosts, ports, GPUs and since when (from the lease records in each host's lease_dir; see
+    'port: auto' and 'gpus:'). Records that are not what orchestrate writes there are ignored
+    and named. Slurm runs hold no leases: the scheduler places them.
+    """
+    inventory = load_inventory(inventory_file)
+    with open_backend(inventory) as backend:
+        listing = backend.leases(inventory)
+    if as_json:
+        click.echo(json.dumps(listing.to_json(), indent=2))
+        return
+    if listing.jobs:
+        console.print(jobs_table(listing))
+    else:
+        errors.print("no job holds a lease on these hosts", markup=False, highlight=False)
+    for ignored in listing.ignored:
+        errors.print(f"warning: {ignored.describe()}", markup=False, highlight=False)
+    for host, why in listing.failed.items():
+        errors.print(f"warning: {host} did not answer: {why}", markup=False, highlight=False)

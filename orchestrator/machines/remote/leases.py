@@ -1,0 +1,607 @@
+"""Leases on a host: ports and GPUs that one run holds against every other job of every user.
+
+STANDARD LIBRARY ONLY, sent as `python -c SOURCE` like agent.py; requests as JSON lines on
+standard input, one JSON answer per line. A verb that fails answers {"error": "..."}.
+
+Verbs:
+  acquire lease_dir run_id job controller idle workers [dry_run]
+                  lease each worker's port (fixed, or the first free one of its range, the
+                  run's own one first) and GPUs (from its pool; shared only between leases that
+                  all say share); a run's resources that its live keeper holds are kept. Taken
+                  resources pass to a keeper: a small process of its own session that holds the
+                  locks until the run's end, `release`, or `idle` seconds without a worker or
+                  supervisor of the run on this host (its standbys do not count). `dry_run`:
+                  what would be taken, nothing held. A clash answers who holds what.
+  release lease_dir run_id   stop this account's keepers of the run: its leases are free
+  list lease_dir             every live holder's record, any user; records ignored, and why
+
+A lease is an flock on `{lease_dir}/port-N.lock` or `gpu-N.lock` (exclusive; shared for GPUs
+whose leases say share), held by the keeper: the kernel frees it when the keeper dies, so a
+dead run never holds one. Beside them, per keeper, `lease-{uid}-{run_id}-{token}.lock` (the
+keeper holds it: alive or not, for anyone) and `.json`, its record: user, uid, job, run id,
+controller, since, ports, GPUs, the keeper's pid. Records are readable by every user and hold
+no secret. The directory is created sticky and world-writable (1777), like /tmp.
+
+Other users' files are untrusted input: opened with O_NOFOLLOW and O_NONBLOCK after an lstat,
+only regular files, a record only when its owner is the uid it claims and every field is what
+it should be (validate_record, pure); anything else is ignored and named, never followed.
+"""
+
+import contextlib
+import errno
+import fcntl
+import json
+import math
+import os
+import pwd
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+RECORD_MAX_BYTES = 64 * 1024
+POLL = 1.0  # seconds between the keeper's looks at the run's processes
+RECORD_NAME = re.compile(r"^lease-(\d{1,10})-([A-Za-z0-9_.-]{1,64})-([0-9a-f]{8,32})\.json$")
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")  # user, job, run id
+HOSTNAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$")
+OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class Hostile(Exception):
+    """A file in the lease directory that is not what orchestrate writes there."""
+
+
+# --- pure decisions ---------------------------------------------------------------------------
+
+
+def port_candidates(keep, low, high):
+    """The ports to try for `port: auto`, in order: the run's own one first (a restart keeps
+    it), then the range from its low end."""
+    ports = list(range(low, high + 1))
+    if keep in ports:
+        ports.remove(keep)
+        ports.insert(0, keep)
+    return ports
+
+
+def gpu_candidates(pool, keep):
+    """The GPUs to try, in order: the run's own ones first, then the pool's order."""
+    keep = [g for g in keep or () if g in pool]
+    return keep + [g for g in pool if g not in keep]
+
+
+def validate_record(data, owner_uid, file_name):
+    """(record, None) or (None, why it is ignored). `owner_uid`: the file's owner (lstat);
+    `file_name`: its name, which repeats the uid and run id. Pure."""
+    match = RECORD_NAME.match(file_name)
+    if not match:
+        return None, "not a lease record's name"
+    if not isinstance(data, dict):
+        return None, "not a JSON object"
+
+    def text(key, pattern):
+        value = data.get(key)
+        return value if isinstance(value, str) and pattern.match(value) else None
+
+    def whole(value, low, high):
+        ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+        return value if ok else None
+
+    uid = whole(data.get("uid"), 0, 2**32)
+    if uid is None or uid != owner_uid or str(uid) != match.group(1):
+        return None, f"claims uid {data.get('uid')!r} but belongs to uid {owner_uid}"
+    record = {
+        "user": text("user", NAME),
+        "uid": uid,
+        "job": text("job", NAME),
+        "run_id": text("run_id", NAME),
+        "controller": text("controller", HOSTNAME),
+        "pid": whole(data.get("pid"), 1, 2**31),
+    }
+    for key, value in record.items():
+        if value is None:
+            return None, f"{key} is missing or malformed"
+    if record["run_id"] != match.group(2):
+        return None, "its run id differs from its name's"
+    since = data.get("since")
+    if isinstance(since, bool) or not isinstance(since, (int, float)) or not math.isfinite(since):
+        return None, "since is missing or malformed"
+    record["since"] = float(since)
+    for key, high in (("ports", 65535), ("gpus", 4095)):
+        values = data.get(key)
+        if not isinstance(values, list) or len(values) > 1024:
+            return None, f"{key} is not a list"
+        if any(whole(v, 0 if key == "gpus" else 1, high) is None for v in values):
+            return None, f"{key} holds a value that is no {key[:-1]}"
+        record[key] = sorted(set(values))
+    record["shared_gpus"] = data.get("shared_gpus") is True
+    return record, None
+
+
+# --- files of the lease directory ------------------------------------------------------------
+
+
+def _ensure_dir(lease_dir):
+    """The lease directory, created sticky 1777; one that another account made unsafe (no
+    sticky bit, a symlink, not a directory) is refused: its locks could be swapped."""
+    with contextlib.suppress(FileExistsError):
+        os.makedirs(os.path.dirname(lease_dir) or "/", exist_ok=True)
+        os.mkdir(lease_dir, 0o1777)
+        os.chmod(lease_dir, 0o1777)  # the umask took bits off
+    info = os.lstat(lease_dir)
+    if not stat.S_ISDIR(info.st_mode):
+        raise RuntimeError(f"lease_dir {lease_dir} is not a directory")
+    if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != 0o1777:
+        os.chmod(lease_dir, 0o1777)
+        info = os.lstat(lease_dir)
+    if info.st_uid not in (0, os.getuid()) and not info.st_mode & stat.S_ISVTX:
+        raise RuntimeError(
+            f"lease_dir {lease_dir} belongs to uid {info.st_uid} and is not sticky: another "
+            "account could replace its locks; remove it or choose another lease_dir"
+        )
+
+
+def _open_lock(path, create=True):
+    """An fd on a lock file, never through a symlink or onto a fifo or device."""
+    try:
+        fd = os.open(path, OPEN_FLAGS)
+    except FileNotFoundError:
+        if not create:
+            raise
+        try:  # O_EXCL: a file another account made meanwhile is opened as theirs, below
+            fd = os.open(path, OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
+            os.fchmod(fd, 0o644)  # readable by every account whatever the umask
+        except FileExistsError:
+            fd = os.open(path, OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Hostile("a symlink") from None
+        raise Hostile(f"cannot be opened ({exc.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise Hostile("not a regular file")
+    return fd
+
+
+def _try_lock(fd, shared=False):
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise
+
+
+def _lock_free(path):
+    """Whether nobody holds the lock file at `path` (a shared look: it never blocks a holder)."""
+    try:
+        fd = _open_lock(path, create=False)
+    except (FileNotFoundError, Hostile):
+        return True
+    try:
+        return _try_lock(fd, shared=True)
+    finally:
+        os.close(fd)
+
+
+def _read_record(lease_dir, name):
+    """A record file's JSON and owner, read without following a link. Raises Hostile."""
+    path = os.path.join(lease_dir, name)
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None, None
+    if not stat.S_ISREG(info.st_mode):
+        raise Hostile("not a regular file (a link, a fifo?)")
+    if info.st_size > RECORD_MAX_BYTES:
+        raise Hostile(f"larger than {RECORD_MAX_BYTES} bytes")
+    try:
+        fd = os.open(path, OPEN_FLAGS)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        raise Hostile(f"cannot be read ({exc.strerror})") from None
+    try:
+        opened = os.fstat(fd)
+        if (opened.st_ino, opened.st_dev) != (info.st_ino, info.st_dev):
+            raise Hostile("replaced while it was read")
+        raw = os.read(fd, RECORD_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        return json.loads(raw.decode("utf-8")), info.st_uid
+    except (UnicodeDecodeError, ValueError):
+        raise Hostile("not JSON") from None
+
+
+def scan(lease_dir):
+    """(live records with their file names, ignored files with why). Records of dead keepers
+    are stale: this account's are removed, others' left alone and not named."""
+    live, ignored = [], []
+    try:
+        names = sorted(os.listdir(lease_dir))
+    except FileNotFoundError:
+        return live, ignored
+    for name in names:
+        if not name.startswith("lease-") or not name.endswith(".json"):
+            continue
+        owner = None
+        try:
+            owner = os.lstat(os.path.join(lease_dir, name)).st_uid
+            data, owner = _read_record(lease_dir, name)
+            if data is None:
+                continue
+            record, why = validate_record(data, owner, name)
+        except Hostile as exc:
+            record, why = None, str(exc)
+        except OSError as exc:
+            record, why = None, f"cannot be read ({exc.strerror})"
+        if record is None:
+            ignored.append({"file": os.path.join(lease_dir, name), "owner_uid": owner,
+                            "reason": why})  # fmt: skip
+            continue
+        lock = os.path.join(lease_dir, name[: -len(".json")] + ".lock")
+        if _lock_free(lock):
+            if owner == os.getuid():
+                for stale in (lock, os.path.join(lease_dir, name)):
+                    with contextlib.suppress(OSError):
+                        os.remove(stale)
+            continue
+        record["file"] = name
+        live.append(record)
+    return live, ignored
+
+
+def _holder(live, kind, number):
+    for record in live:
+        if number in record[kind]:
+            return {k: record[k] for k in ("user", "uid", "job", "run_id", "controller", "since")}
+    return None
+
+
+def _bindable(port):
+    """Whether nothing listens on the port here (TensorFlow binds 0.0.0.0:PORT)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("0.0.0.0", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def gpu_pool(worker):
+    """The worker's pool: its `visible_gpus`, else the GPUs `nvidia-smi -L` lists."""
+    if worker.get("pool") is not None:
+        return list(worker["pool"])
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                 timeout=30, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(
+            f"gpus: {worker['gpus']} needs a pool of GPUs: nvidia-smi -L failed ({exc}); "
+            "set visible_gpus to the host's GPU ids"
+        ) from None
+    return [int(m.group(1)) for m in re.finditer(r"^GPU (\d+):", listing.stdout, re.M)]
+
+
+# --- acquire, release, list -------------------------------------------------------------------
+
+
+class _Taking:
+    """One acquire: what the run holds already, the locks taken so far (fds, released unless
+    handed to a keeper), the clashes and the hostile files met."""
+
+    def __init__(self, lease_dir, live, mine):
+        self.lease_dir = lease_dir
+        self.live = live
+        self.own = {"ports": {p for r in mine for p in r["ports"]},
+                    "gpus": {g for r in mine for g in r["gpus"]}}  # fmt: skip
+        self.used = {"ports": set(), "gpus": set()}  # by this request's earlier workers
+        self.new = {"ports": [], "gpus": []}
+        self.fds = []
+        self.clashes = []
+        self.ignored = []
+
+    def take(self, kind, number, shared=False):
+        """True if taken now; False if held elsewhere (or the file is hostile)."""
+        path = os.path.join(self.lease_dir, f"{kind[:-1]}-{number}.lock")
+        try:
+            fd = _open_lock(path)
+        except Hostile as exc:
+            self.ignored.append({"file": path, "owner_uid": _owner(path), "reason": str(exc)})
+            return False
+        if _try_lock(fd, shared):
+            self.fds.append(fd)
+            self.new[kind].append(number)
+            return True
+        os.close(fd)
+        return False
+
+    def close(self):
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+
+
+def _owner(path):
+    try:
+        return os.lstat(path).st_uid
+    except OSError:
+        return None
+
+
+def cmd_acquire(request):
+    lease_dir = request["lease_dir"]
+    run_id = request["run_id"]
+    _ensure_dir(lease_dir)
+    live, ignored = scan(lease_dir)
+    mine = [r for r in live if r["uid"] == os.getuid() and r["run_id"] == run_id]
+    taking = _Taking(lease_dir, live, mine)
+    assigned, shared = {}, False
+    try:
+        for worker in request["workers"]:
+            port = _acquire_port(worker, taking)
+            gpus = _acquire_gpus(worker, taking)
+            shared = shared or (bool(worker.get("share")) and bool(gpus))
+            assigned[worker["name"]] = {"port": port, "gpus": gpus}
+        ignored += taking.ignored
+        if taking.clashes:
+            return {"clashes": taking.clashes, "ignored": ignored}
+        keeper = None
+        if taking.fds and not request.get("dry_run"):
+            keeper = _start_keeper(request, sorted(taking.new["ports"]),
+                                   sorted(taking.new["gpus"]), shared)  # fmt: skip
+        return {"assigned": assigned, "ignored": ignored, "keeper": keeper, "kept": bool(mine)}
+    finally:
+        taking.close()  # a keeper holds its own copies
+
+
+def _acquire_port(worker, taking):
+    """The worker's port, leased (or kept), or None after recording a clash."""
+    span = worker.get("range")
+    if span is None:  # a fixed port: that one, or a clash
+        candidates = [worker.get("port")]
+    else:
+        candidates = port_candidates(worker.get("keep_port"), span[0], span[1])
+    held = []
+    for port in candidates:
+        if port in taking.used["ports"]:
+            continue
+        if port in taking.own["ports"] or (
+            (span is None or _bindable(port)) and taking.take("ports", port)
+        ):
+            taking.used["ports"].add(port)
+            return port
+        if span is None or _bindable(port):
+            held.append(port)  # else something that is no lease listens there
+    taking.clashes.append(_clash(worker, taking, "ports", held))
+    return None
+
+
+def _acquire_gpus(worker, taking):
+    count = worker.get("gpus")
+    if not count:
+        return None
+    pool = gpu_pool(worker)
+    share = bool(worker.get("share"))
+    chosen, held = [], []
+    for gpu in gpu_candidates(pool, worker.get("keep_gpus")):
+        if len(chosen) == count:
+            break
+        if gpu in taking.used["gpus"]:
+            continue
+        if gpu in taking.own["gpus"] or taking.take("gpus", gpu, shared=share):
+            chosen.append(gpu)
+        else:
+            held.append(gpu)
+    if len(chosen) < count:
+        clash = _clash(worker, taking, "gpus", held)
+        clash["wanted_gpus"] = count
+        clash["pool"] = pool
+        taking.clashes.append(clash)
+        return None
+    taking.used["gpus"].update(chosen)
+    return sorted(chosen)
+
+
+def _clash(worker, taking, kind, held):
+    holders = {}
+    unknown = []
+    for number in held:
+        holder = _holder(taking.live, kind, number)
+        if holder is None:
+            unknown.append(number)
+            continue
+        key = (holder["uid"], holder["run_id"])
+        entry = holders.setdefault(key, dict(holder, ports=[], gpus=[]))
+        entry[kind].append(number)
+    return {
+        "worker": worker["name"],
+        "kind": kind,
+        "port": worker.get("port"),
+        "range": worker.get("range"),
+        "holders": list(holders.values()),
+        "unknown": {kind: unknown} if unknown else {},
+    }
+
+
+def _start_keeper(request, ports, gpus, shared):
+    """Hand the taken locks (this process's open fds, inherited) to a new keeper; its pid."""
+    lease_dir = request["lease_dir"]
+    token = os.urandom(6).hex()
+    base = os.path.join(lease_dir, f"lease-{os.getuid()}-{request['run_id']}-{token}")
+    own = _open_lock(base + ".lock")
+    fcntl.flock(own, fcntl.LOCK_EX)  # a new file: nobody else holds it
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        status = 1
+        try:
+            os.close(read_end)
+            if os.fork() == 0:
+                os.setsid()
+                devnull = os.open(os.devnull, os.O_RDWR)
+                for target in (0, 1, 2):
+                    os.dup2(devnull, target)
+                os.close(devnull)
+                os.write(write_end, f"{os.getpid()}\n".encode())
+                os.close(write_end)
+                try:
+                    keep(request, base)
+                finally:
+                    os._exit(0)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    os.waitpid(middle, 0)
+    answer = b""
+    while chunk := os.read(read_end, 64):
+        answer += chunk
+    os.close(read_end)
+    pid = int(answer.split()[0])
+    record = {
+        "user": pwd.getpwuid(os.getuid()).pw_name,
+        "uid": os.getuid(),
+        "job": request["job"],
+        "run_id": request["run_id"],
+        "controller": request["controller"],
+        "since": time.time(),
+        "pid": pid,
+        "ports": ports,
+        "gpus": gpus,
+        "shared_gpus": shared,
+    }
+    tmp = os.path.join(lease_dir, f".tmp-{os.getuid()}-{token}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    os.fchmod(fd, 0o644)
+    with open(fd, "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+    os.replace(tmp, base + ".json")
+    os.close(own)  # the keeper holds its copy, and of every resource lock (the caller closes
+    return pid  # its own copies)
+
+
+def run_processes(run_id, uid, skip=()):
+    """This account's processes of the run: supervisors and workers (their environment names
+    the run), not its standbys (whose command lines name a standby directory)."""
+    wanted = f"ORCHESTRATE_RUN_ID={run_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in skip:
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read()
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if wanted not in environ:
+            continue
+        if b"/standby/" in cmdline and b"supervise" not in cmdline:
+            continue
+        found.append(int(entry))
+    return found
+
+
+def keep(request, base):
+    """The keeper: hold the inherited locks while the run lives on this host."""
+    idle = float(request.get("idle", 60))
+    run_id = request["run_id"]
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    seen = time.monotonic()  # the launch follows the lease: its start counts as seen
+    me = {os.getpid()}
+    while not stop:
+        if run_processes(run_id, os.getuid(), me):
+            seen = time.monotonic()
+        elif time.monotonic() - seen > idle:
+            break
+        time.sleep(min(POLL, max(idle / 4, 0.05)))
+    for path in (base + ".json", base + ".lock"):
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def _holds(pid, path):
+    """Whether process `pid` (this account's) has `path` open: the keeper of that record."""
+    try:
+        target = os.stat(path)
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                info = os.stat(f"/proc/{pid}/fd/{fd}")
+                if (info.st_ino, info.st_dev) == (target.st_ino, target.st_dev):
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def cmd_release(request):
+    lease_dir, run_id = request["lease_dir"], request["run_id"]
+    live, _ = scan(lease_dir)
+    mine = [r for r in live if r["uid"] == os.getuid() and r["run_id"] == run_id]
+    released = {"ports": [], "gpus": []}
+    for record in mine:
+        base = os.path.join(lease_dir, record["file"][: -len(".json")])
+        if _holds(record["pid"], base + ".lock"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(record["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not _lock_free(base + ".lock"):
+            time.sleep(0.02)
+        if not _lock_free(base + ".lock") and _holds(record["pid"], base + ".lock"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(record["pid"], signal.SIGKILL)
+        for path in (base + ".json", base + ".lock"):
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        released["ports"] += record["ports"]
+        released["gpus"] += record["gpus"]
+    return {"released": released, "keepers": len(mine)}
+
+
+def cmd_list(request):
+    lease_dir = request["lease_dir"]
+    live, ignored = scan(lease_dir)
+    for record in live:
+        record.pop("file", None)
+    return {"holders": live, "ignored": ignored, "now": time.time()}
+
+
+VERBS = {"acquire": cmd_acquire, "release": cmd_release, "list": cmd_list}
+
+
+def answer(request):
+    verb = request.get("verb")
+    if verb not in VERBS:
+        return {"error": f"unknown verb {verb!r}; known: {', '.join(VERBS)}"}
+    try:
+        return VERBS[verb](request)
+    except Exception as exc:  # one failed request must not end the session
+        return {"error": f"{verb}: {type(exc).__name__}: {exc}"}
+
+
+def serve(lines, out):
+    for line in lines:
+        if line.strip():
+            out.write(json.dumps(answer(json.loads(line))) + "\n")
+            out.flush()
+
+
+if __name__ == "__main__":
+    serve(sys.stdin, sys.stdout)

@@ -1,0 +1,276 @@
+"""Leases of ports and GPUs on hosts (machines/remote/leases.py keeps them): who holds what, a
+clash, and the answers of the lease program, parsed once. Pure.
+
+A holder's record was written by any user of the host: the host program validated it, and what
+reaches here is parsed again by type (a wrong type reads as absent), never trusted for more
+than display.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.model.reading import integer, number, text
+
+DEFAULT_LEASE_DIR = "/var/tmp/orchestrate-leases"
+DEFAULT_PORT_RANGE = (20000, 20099)
+# A keeper lets go of a run's leases this long after the last worker or supervisor of the run
+# left its host: long enough for a restart's backoff and launch, short enough that a dead run
+# frees its ports and GPUs soon.
+KEEPER_IDLE_SECONDS = 60.0
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(v for v in (integer(item) for item in value) if v is not None)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lease: from the holder's record on the host."""
+
+    user: str
+    job: str
+    run_id: str
+    controller: str = ""
+    since: float = 0.0
+    uid: int | None = None
+
+    @classmethod
+    def parse(cls, data: Any) -> Holder:
+        data = data if isinstance(data, dict) else {}
+        return cls(
+            user=text(data.get("user")) or "?",
+            job=text(data.get("job")) or "?",
+            run_id=text(data.get("run_id")) or "?",
+            controller=text(data.get("controller")) or "",
+            since=number(data.get("since")) or 0.0,
+            uid=integer(data.get("uid")),
+        )
+
+    @property
+    def key(self) -> tuple[int | None, str]:
+        return (self.uid, self.run_id)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One keeper's leases on one host."""
+
+    host: str
+    holder: Holder
+    ports: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()
+    shared_gpus: bool = False
+
+    @classmethod
+    def parse(cls, host: str, data: Any) -> Lease:
+        data = data if isinstance(data, dict) else {}
+        return cls(host, Holder.parse(data), _ints(data.get("ports")), _ints(data.get("gpus")),
+                   data.get("shared_gpus") is True)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A file of a lease directory that was not taken for a lease record, and why."""
+
+    host: str
+    file: str
+    reason: str
+    owner_uid: int | None = None
+
+    @classmethod
+    def parse(cls, host: str, data: Any) -> Ignored:
+        data = data if isinstance(data, dict) else {}
+        return cls(host, text(data.get("file")) or "?", text(data.get("reason")) or "?",
+                   integer(data.get("owner_uid")))  # fmt: skip
+
+    def describe(self) -> str:
+        owner = f" (owner uid {self.owner_uid})" if self.owner_uid is not None else ""
+        return f"{self.host}: ignored {self.file}{owner}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Clash:
+    """What one host cannot give a worker: the resources held, and by whom."""
+
+    host: str
+    holder: Holder | None  # None: held without a valid record
+    ports: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()
+    wanted: str = ""  # "a port of 20000-20099", "2 GPUs of 0,1,2,3"
+
+    def describe(self, now: float | None = None) -> str:
+        held = _resources(self.ports, self.gpus)
+        verb = "is" if len(self.ports) + len(self.gpus) == 1 else "are"
+        if self.holder is None:
+            who = "a process without a valid lease record (see the ignored records)"
+        else:
+            h = self.holder
+            who = f"{h.user}'s job {h.job} (run {h.run_id}) since {clock(h.since, now)}"
+        return f"{self.host}: {held} {verb} held by {who}"
+
+
+def _resources(ports: Sequence[int], gpus: Sequence[int]) -> str:
+    parts = []
+    if ports:
+        parts.append(("port " if len(ports) == 1 else "ports ") + ",".join(map(str, ports)))
+    if gpus:
+        parts.append(("GPU " if len(gpus) == 1 else "GPUs ") + ",".join(map(str, gpus)))
+    return " and ".join(parts) or "nothing"
+
+
+def clock(since: float, now: float | None = None) -> str:
+    """10:42 today; with the date before that."""
+    moment = time.localtime(since)
+    today = time.localtime(time.time() if now is None else now)
+    if (moment.tm_year, moment.tm_yday) == (today.tm_year, today.tm_yday):
+        return time.strftime("%H:%M", moment)
+    return time.strftime("%Y-%m-%d %H:%M", moment)
+
+
+def parse_clashes(host: str, clashes: Any) -> list[Clash]:
+    """The lease program's clash answers, one Clash per holder (ports and GPUs merged)."""
+    merged: dict[tuple[int | None, str] | None, dict[str, Any]] = {}
+    wanted: list[str] = []
+    for entry in clashes if isinstance(clashes, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        kind = "gpus" if entry.get("kind") == "gpus" else "ports"
+        wanted.append(_wanted(entry, kind))
+        for data in entry.get("holders") or []:
+            holder = Holder.parse(data)
+            slot = merged.setdefault(holder.key, {"holder": holder, "ports": [], "gpus": []})
+            slot[kind] += _ints(data.get(kind) if isinstance(data, dict) else None)
+        unknown = entry.get("unknown")
+        if isinstance(unknown, dict) and unknown.get(kind):
+            slot = merged.setdefault(None, {"holder": None, "ports": [], "gpus": []})
+            slot[kind] += _ints(unknown.get(kind))
+        if not entry.get("holders") and not (isinstance(unknown, dict) and unknown.get(kind)):
+            merged.setdefault(None, {"holder": None, "ports": [], "gpus": []})
+    what = "; ".join(dict.fromkeys(w for w in wanted if w))
+    return [
+        Clash(host, slot["holder"], _sorted(slot["ports"]), _sorted(slot["gpus"]), what)
+        for slot in merged.values()
+    ]
+
+
+def _sorted(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(sorted(set(values)))
+
+
+def _wanted(entry: Mapping[str, Any], kind: str) -> str:
+    if kind == "gpus":
+        pool = ",".join(map(str, _ints(entry.get("pool"))))
+        return f"{integer(entry.get('wanted_gpus')) or '?'} GPU(s) of {pool or 'none'}"
+    span = _ints(entry.get("range"))
+    if len(span) == 2:
+        return f"a port of {span[0]}-{span[1]}"
+    return f"port {integer(entry.get('port')) or '?'}"
+
+
+def clash_message(clashes: Sequence[Clash], now: float | None = None) -> str:
+    """`gpu-b: port 23456 and GPUs 0,1 are held by bob's job bert (run ...) since 10:42`."""
+    lines = [c.describe(now) for c in clashes]
+    wanted = sorted({f"{c.host} needs {c.wanted}" for c in clashes if c.wanted})
+    return "; ".join(lines) + (f" ({'; '.join(wanted)})" if wanted else "")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What a worker got on its host: its port, and its GPUs when it asked for some."""
+
+    port: int
+    gpus: tuple[int, ...] | None = None
+
+    @classmethod
+    def parse(cls, data: Any) -> Assignment:
+        port = integer(data.get("port")) if isinstance(data, dict) else None
+        if port is None:
+            raise ValueError(f"no port in {data!r}")
+        gpus = data.get("gpus")
+        return cls(port, None if gpus is None else _ints(gpus))
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """The lease program's answer to `acquire` on one machine."""
+
+    assigned: Mapping[str, Assignment] = field(default_factory=dict)
+    clashes: tuple[Clash, ...] = ()
+    ignored: tuple[Ignored, ...] = ()
+
+    @classmethod
+    def parse(cls, host: str, data: Mapping[str, Any]) -> Acquired:
+        ignored = tuple(Ignored.parse(host, i) for i in data.get("ignored") or [])
+        if data.get("clashes"):
+            return cls(clashes=tuple(parse_clashes(host, data["clashes"])), ignored=ignored)
+        assigned = {str(k): Assignment.parse(v) for k, v in data["assigned"].items()}
+        return cls(assigned=assigned, ignored=ignored)
+
+
+@dataclass(frozen=True)
+class JobLeases:
+    """`orchestrate jobs`: one run's leases on the hosts asked, any user."""
+
+    holder: Holder
+    hosts: Mapping[str, Lease]
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        return tuple(sorted({p for lease in self.hosts.values() for p in lease.ports}))
+
+    @property
+    def gpus(self) -> dict[str, tuple[int, ...]]:
+        return {host: lease.gpus for host, lease in self.hosts.items() if lease.gpus}
+
+    def to_json(self) -> dict[str, Any]:
+        h = self.holder
+        return {
+            "user": h.user, "uid": h.uid, "job": h.job, "run_id": h.run_id,
+            "controller": h.controller, "since": h.since,
+            "hosts": {name: {"ports": list(lease.ports), "gpus": list(lease.gpus),
+                             "shared_gpus": lease.shared_gpus}
+                      for name, lease in self.hosts.items()},
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LeaseListing:
+    """Every lease on the hosts asked, by run; the records ignored; hosts that did not answer."""
+
+    jobs: tuple[JobLeases, ...] = ()
+    ignored: tuple[Ignored, ...] = ()
+    failed: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "jobs": [job.to_json() for job in self.jobs],
+            "ignored": [
+                {"host": i.host, "file": i.file, "reason": i.reason, "owner_uid": i.owner_uid}
+                for i in self.ignored
+            ],
+            "unreachable": dict(self.failed),
+        }
+
+
+def by_run(leases: Iterable[Lease]) -> tuple[JobLeases, ...]:
+    """One entry per run (a user's run id), its hosts in the order first seen; oldest first."""
+    runs: dict[tuple[int | None, str], tuple[Holder, dict[str, Lease]]] = {}
+    for lease in leases:
+        holder, hosts = runs.setdefault(lease.holder.key, (lease.holder, {}))
+        merged = lease
+        if lease.host in hosts:  # two keepers of one run on a host (a spare, a lost lease)
+            old = hosts[lease.host]
+            merged = Lease(lease.host, holder, _sorted([*old.ports, *lease.ports]),
+                           _sorted([*old.gpus, *lease.gpus]),
+                           old.shared_gpus or lease.shared_gpus)  # fmt: skip
+        hosts[lease.host] = merged
+        if lease.holder.since < holder.since:
+            runs[lease.holder.key] = (lease.holder, hosts)
+    jobs = [JobLeases(holder, hosts) for holder, hosts in runs.values()]
+    return tuple(sorted(jobs, key=lambda j: (j.holder.since, j.holder.run_id)))

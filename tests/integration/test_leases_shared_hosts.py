@@ -1,0 +1,308 @@
+"""Leases on shared machines (issue 29), on namespace hosts with real sshd (tests/cluster).
+
+Two real users of the same three hosts: root and a second, unprivileged account whose key the
+hosts' sshd accepts (every account's authorized keys are the cluster's one file). Each host has
+its own lease_dir (the namespaces share one filesystem). The jobs are stdlib scripts: a worker
+waits for a `go` file, then counts its steps, so that a test sees the leases while it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.cluster.inventories import host_entries, write_inventory
+from tests.cluster.netns import NamespaceCluster
+from tests.cluster.pytest_support import namespace_cluster_fixture
+from tests.conftest import Cli, detached_supervisors, run_processes, wait_for
+
+pytestmark = pytest.mark.netns
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # the second user cannot reach root's pyenv; stdlib is enough
+SCRIPT = """\
+import json, os, sys, time
+go = os.environ["GO_FILE"]
+print("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
+print("TF_CONFIG", os.environ["TF_CONFIG"], flush=True)
+if os.environ.get("FAIL_FIRST") and "/attempt-0/" in os.environ["ORCHESTRATE_RUN_DIR"]:
+    sys.exit(1)
+deadline = time.time() + 120
+while not os.path.exists(go) and time.time() < deadline:
+    time.sleep(0.1)
+for step in (1, 2, 3):
+    with open(os.environ["ORCHESTRATE_PROGRESS_FILE"], "w") as f:
+        json.dump({"step": step, "target_steps": 3}, f)
+    time.sleep(0.1)
+"""
+
+
+@pytest.fixture(scope="module")
+def shared_root() -> Iterator[Path]:
+    """World-writable like /tmp: both users' workdirs, the lease dirs and the go files."""
+    root = Path(tempfile.mkdtemp(prefix="orch-leases-", dir="/tmp"))
+    root.chmod(0o1777)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(shared_root: Path) -> Iterator[NamespaceCluster]:
+    # sshd reads authorized_keys as the user logging in: the second user must reach it.
+    base = shared_root / "cluster"
+    base.mkdir(mode=0o755)
+    yield from namespace_cluster_fixture(3, base_dir=base)
+
+
+@pytest.fixture(scope="module")
+def peer() -> Iterator[str]:
+    """A second account on the hosts that can log in with the cluster's key (not locked)."""
+    name = f"orchlease{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+    subprocess.run(["usermod", "-p", "*", name], check=True)  # sshd (no PAM) refuses "!"
+    try:
+        yield name
+    finally:
+        for process in psutil.process_iter(["username"]):
+            if process.info["username"] == name:
+                process.kill()
+        subprocess.run(["userdel", name], check=False)
+
+
+class Job:
+    """One user's job: its own directory and state directory, its inventory, its go file."""
+
+    def __init__(self, root: Path, name: str, user: str) -> None:
+        self.cli = Cli(root / f"ctl-{name}")
+        self.cli.cwd.mkdir()
+        self.name, self.user = name, user
+        self.go = root / f"go-{name}"
+        self.work = root / f"work-{name}"
+        self.work.mkdir()
+        if user != "root":
+            shutil.chown(self.work, user)
+        self.run_id = ""
+
+    def write(self, cluster: NamespaceCluster, root: Path, hosts: int = 3, **keys: Any) -> None:
+        job = {"name": self.name, "script": "train.py", "restart_backoff": 0,
+               "env": {"GO_FILE": str(self.go), **keys.pop("env", {})},
+               **keys.pop("job", {})}  # fmt: skip
+        (self.cli.cwd / "train.py").write_text(SCRIPT)
+        entries = host_entries(
+            cluster, **{h.name: {"workdir": str(self.work / h.name),
+                                 "lease_dir": str(root / f"leases-{h.name}")}
+                        for h in cluster.hosts}
+        )[:hosts]  # fmt: skip
+        defaults = {"ssh_user": self.user, "python": SYSTEM_PYTHON, "port": "auto", **keys}
+        write_inventory(self.cli.cwd / "inv.yaml", cluster, job, defaults=defaults,
+                        hosts=entries)  # fmt: skip
+
+    def up(self, *args: str) -> subprocess.CompletedProcess[str]:
+        result = self.cli("up", "--skip-checks", *args, "inv.yaml", timeout=120)
+        if (self.cli.cwd / ".orchestrate" / "current").exists():
+            self.run_id = self.cli.record()["run_id"]
+        return result
+
+    def jobs(self) -> dict[str, Any]:
+        return json.loads(self.cli("jobs", "--json", "inv.yaml", check=True).stdout)
+
+    def logs(self) -> dict[str, str]:
+        """Each attempt's worker log, by 'attempt-N/host'."""
+        runs = self.work.glob(f"*/{self.name}/runs/{self.run_id}/attempt-*/*/worker.log")
+        return {f"{p.parent.parent.name}/{p.parent.name}": p.read_text() for p in runs}
+
+    def printed(self, count: int) -> bool:
+        """Whether `count` worker logs hold the script's first lines."""
+        logs = self.logs()
+        return len(logs) == count and all("TF_CONFIG" in text for text in logs.values())
+
+    def finish(self) -> dict[str, Any]:
+        self.go.touch()
+        return self.cli.status_when(lambda s: s["state"] not in ("starting", "running"), 60)
+
+    def cleanup(self) -> None:
+        self.go.touch()
+        if self.run_id:
+            self.cli("down", "--grace", "1")
+            for process in [*detached_supervisors(self.run_id), *run_processes(self.run_id)]:
+                with _gone():
+                    process.kill()
+
+
+def _gone() -> contextlib.suppress:
+    return contextlib.suppress(psutil.Error, ProcessLookupError)
+
+
+def is_agent(cmdline: list[str]) -> bool:
+    return cmdline[:2] == [SYSTEM_PYTHON, "-c"] and "The host-side agent" in cmdline[2]
+
+
+def by_user(listing: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {job["user"]: job for job in listing["jobs"]}
+
+
+def ports_of(log: str) -> list[str]:
+    return json.loads(re.search(r"^TF_CONFIG (.*)$", log, re.M).group(1))["cluster"]["worker"]
+
+
+@pytest.fixture
+def jobs(shared_root: Path, peer: str, request: pytest.FixtureRequest) -> Iterator[list[Job]]:
+    made = [Job(shared_root, f"{request.node.name[:12]}-{i}", user)
+            for i, user in enumerate(["root", peer, "root"])]  # fmt: skip
+    yield made
+    for job in made:
+        job.cleanup()
+
+
+def test_two_users_get_distinct_ports_train_and_see_each_other(
+    cluster: NamespaceCluster, shared_root: Path, jobs: list[Job], peer: str
+) -> None:
+    ours, theirs, _ = jobs
+    ours.write(cluster, shared_root)
+    theirs.write(cluster, shared_root)
+    assert ours.up("-d").returncode == 0
+    started = theirs.up("-d")
+    assert started.returncode == 0, started.stderr
+    for lease_dir in shared_root.glob("leases-*"):
+        assert lease_dir.stat().st_mode & 0o7777 == 0o1777  # created sticky, world-writable
+
+    listings = [ours.jobs(), theirs.jobs()]  # the same picture from either user
+    for listing in listings:
+        holders = by_user(listing)
+        assert set(holders) == {"root", peer}, listing
+        assert holders["root"]["run_id"] == ours.run_id
+        assert holders[peer]["run_id"] == theirs.run_id and holders[peer]["job"] == theirs.name
+        assert set(holders[peer]["hosts"]) == {h.name for h in cluster.hosts}
+    mine, other = (by_user(listings[0])[u]["hosts"] for u in ("root", peer))
+    for host in cluster.hosts:
+        assert set(mine[host.name]["ports"]).isdisjoint(other[host.name]["ports"])
+
+    # TF_CONFIG holds the leased ports, the same list on every worker of a job.
+    for job, leased in ((ours, mine), (theirs, other)):
+        wait_for(lambda job=job: job.printed(3), 30)
+        endpoints = {tuple(ports_of(log)) for log in job.logs().values()}
+        assert len(endpoints) == 1
+        assert [int(e.rsplit(":", 1)[1]) for e in endpoints.pop()] == [
+            leased[h.name]["ports"][0] for h in cluster.hosts
+        ]
+    for job in (ours, theirs):
+        assert job.finish()["state"] == "succeeded"
+    # The runs ended: their supervisors let go of every lease.
+    wait_for(lambda: ours.jobs()["jobs"] == [], 20, "the leases released")
+
+
+def test_gpus_are_leased_apart_and_a_third_job_is_told_who_holds_them(
+    cluster: NamespaceCluster, shared_root: Path, jobs: list[Job], peer: str
+) -> None:
+    pool = {"visible_gpus": [0, 1, 2, 3], "gpus": 2}
+    for job in jobs:
+        job.write(cluster, shared_root, hosts=1, **pool)
+    first, second, third = jobs
+    assert first.up("-d").returncode == 0
+    assert second.up("-d").returncode == 0
+    wait_for(lambda: first.printed(1) and second.printed(1), 30)
+    devices = [
+        set(re.search(r"CUDA_VISIBLE_DEVICES (\S+)", next(iter(j.logs().values()))).group(1)
+            .split(","))
+        for j in (first, second)
+    ]  # fmt: skip
+    assert all(len(d) == 2 for d in devices) and devices[0].isdisjoint(devices[1]), devices
+
+    refused = third.up("-d")
+    assert refused.returncode == 4, refused.stderr
+    said = " ".join(refused.stderr.split())  # the console wraps long lines
+    host = cluster.hosts[0].name
+    assert f"{host}: GPUs {','.join(sorted(devices[1]))} are held by {peer}'s job " \
+           f"{second.name} (run {second.run_id}) since " in said  # fmt: skip
+    assert f"GPUs {','.join(sorted(devices[0]))} are held by root's job {first.name} " \
+           f"(run {first.run_id})" in said  # fmt: skip
+    assert "orchestrate jobs" in said  # the hint
+    assert not (third.cli.cwd / ".orchestrate" / "current").exists()  # nothing started
+
+
+def test_a_restart_keeps_its_port_and_gpus_while_another_job_asks(
+    cluster: NamespaceCluster, shared_root: Path, jobs: list[Job], peer: str
+) -> None:
+    restarting, asking, _ = jobs
+    restarting.write(cluster, shared_root, hosts=1, visible_gpus=[0, 1], gpus=2,
+                     env={"FAIL_FIRST": "1"}, job={"restart_backoff": 4})  # fmt: skip
+    asking.write(
+        cluster, shared_root, hosts=1, visible_gpus=[0, 1], gpus=2, port_range="20000-20000"
+    )
+    assert restarting.up("-d").returncode == 0
+    log = restarting.cli.cwd / ".orchestrate" / "runs" / f"{restarting.run_id}.log"
+    wait_for(lambda: log.exists() and "restarting the cluster" in log.read_text(), 30)
+    # In the backoff no worker of the run lives: its keeper holds the port and the GPUs.
+    refused = asking.up("-d")
+    assert refused.returncode == 4, refused.stderr
+    said = " ".join(refused.stderr.split())
+    assert f"port 20000 and GPUs 0,1 are held by root's job {restarting.name} " \
+           f"(run {restarting.run_id})" in said  # fmt: skip
+    wait_for(lambda: restarting.printed(2), 30, "the restarted attempt")
+    assert restarting.finish()["state"] == "succeeded", log.read_text()
+    logs = restarting.logs()
+    assert set(logs) == {f"attempt-{n}/{cluster.hosts[0].name}" for n in (0, 1)}
+    first, second = (logs[f"attempt-{n}/{cluster.hosts[0].name}"] for n in (0, 1))
+    assert ports_of(first) == ports_of(second) and ports_of(first)[0].endswith(":20000")
+    assert "CUDA_VISIBLE_DEVICES 0,1" in first and "CUDA_VISIBLE_DEVICES 0,1" in second
+
+
+def test_a_run_killed_on_its_host_frees_its_leases_and_hostile_records_are_named(
+    cluster: NamespaceCluster, shared_root: Path, jobs: list[Job], peer: str
+) -> None:
+    victim, successor, _ = jobs
+    for job in (victim, successor):
+        job.write(cluster, shared_root, hosts=1, port_range="20000-20000")
+    lease_dir = shared_root / f"leases-{cluster.hosts[0].name}"
+    assert victim.up("-d").returncode == 0
+    wait_for(lambda: victim.printed(1), 30)
+    holders = victim.jobs()["jobs"]
+    assert [j["run_id"] for j in holders] == [victim.run_id]
+
+    keeper = json.loads(next(lease_dir.glob(f"lease-0-{victim.run_id}-*.json")).read_text())
+    # Another user's hostile files beside the leases: a record claiming to be root's, and a
+    # record that is a symlink to a file the other user cannot read.
+    peer_uid = int(subprocess.run(["id", "-u", peer], capture_output=True, text=True,
+                                  check=True).stdout)  # fmt: skip
+    forged = lease_dir / f"lease-0-{victim.run_id}-deadbeef.json"
+    symlink = lease_dir / f"lease-{peer_uid}-20990101-000000-beef-cafebabe.json"
+    as_peer = ["runuser", "-u", peer, "--"]
+    subprocess.run([*as_peer, "sh", "-c", f"echo '{{\"uid\": 0}}' > {forged}"], check=True)
+    subprocess.run([*as_peer, "ln", "-s", "/etc/shadow", str(symlink)], check=True)
+
+    # Everything of the run on the host: the supervisor here first (it would restart it),
+    # then its workers, supervisors, keeper and agent sessions there, at once.
+    for process in detached_supervisors(victim.run_id):
+        process.kill()
+    agents = [p for p in psutil.process_iter(["cmdline", "username"])
+              if p.info["username"] == "root" and is_agent(p.info["cmdline"] or [])]  # fmt: skip
+    doomed = [*run_processes(victim.run_id), psutil.Process(keeper["pid"]), *agents]
+    assert len(doomed) >= 3
+    for process in doomed:
+        with _gone():
+            os.kill(process.pid, signal.SIGKILL)
+    psutil.wait_procs(doomed, timeout=10)
+
+    listing = successor.jobs()  # the next look: nothing holds it any more
+    assert listing["jobs"] == [], listing
+    reasons = {Path(i["file"]).name: i["reason"] for i in listing["ignored"]}
+    assert (
+        "belongs to uid" in reasons[forged.name] and "not a regular file" in reasons[symlink.name]
+    )
+    started = successor.up("-d")
+    assert started.returncode == 0, started.stderr
+    assert f"ignored {forged}" in " ".join(started.stderr.split())  # named where users look
+    assert successor.finish()["state"] == "succeeded"
+    log = next(iter(successor.logs().values()))
+    assert ports_of(log)[0].endswith(":20000")  # the one the killed run held
