@@ -31,7 +31,7 @@ from orchestrator.model.preflight import Finding, Status
 
 COMPUTE_RATIO = 0.7  # a host below this much of the others' median compute is named
 LINK_RATIO = 0.5  # a link below this much of the other links' median throughput is named
-COMPUTE_WINDOWS = 8  # the compute probe: a host's best of this many windows ...
+COMPUTE_WINDOWS = 12  # the compute probe: a host's best of this many windows ...
 COMPUTE_WINDOW_SECONDS = 0.1  # ... each one CFS quota period (100 ms) at least
 CPU_MATRIX = 1024  # float32 matmul sizes: large enough to keep BLAS or a GPU busy
 GPU_MATRIX = 8192
