@@ -76,7 +76,8 @@ def test_a_shaped_link_is_named(cli: Cli, cluster: NamespaceCluster, inventory: 
     detail = found[(first.name, "throughput")]["detail"]
     assert detail.startswith(f"to {second.name}: ") and "x the other links" in detail
     rate = found[(first.name, "throughput")]["figures"]["bytes_per_second"]
-    assert rate < 40e6 / 8 * 1.2  # the tbf rate (bursts of the bucket aside)
+    # the tbf rate (5 MB/s), at most doubled by leaving out the ends' waits for a CPU
+    assert rate < 40e6 / 8 * 2
 
 
 def test_a_host_under_a_cpu_quota_is_named(cli: Cli, cluster: NamespaceCluster, inventory: Path):
