@@ -82,7 +82,7 @@ TASK_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 def task_problem(task: object) -> str | None:
     """Why the worker would refuse `task` as its --task, or None."""
-    if isinstance(task, str) and TASK_PATTERN.match(task):
+    if isinstance(task, str) and TASK_PATTERN.fullmatch(task):
         return None
     return f"expected 'package.module:function' (MODULE:FUNCTION), got {task!r}"
 

@@ -15,7 +15,9 @@ from orchestrator.yamlsource import LineList, LineMap
 Checked = tuple[Any, str | None]
 Checker = Callable[[Any], Checked]
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # always fullmatch: never re.match
+# C0, DEL and C1: what `string` refuses (job.env values and job.args travel as JSON or argv).
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,25 @@ def describe(value: Any) -> str:
     return repr(value)
 
 
+def control_problem(text: str) -> str | None:
+    """What is wrong with a name or path holding a control character (a newline, a tab, an
+    escape): it could end a line of a generated batch script, or of a log, and start another."""
+    found = CONTROL_CHARACTERS.search(text)
+    if found is None:
+        return None
+    return f"expected no control characters (found {found.group()!r}), got {text!r}"
+
+
 def string(value: Any) -> Checked:
+    """A non-empty string without control characters: names, paths, addresses, options."""
+    if isinstance(value, str) and value.strip():
+        problem = control_problem(value)
+        return (None, problem) if problem else (value, None)
+    return None, f"expected a non-empty string, got {describe(value)}"
+
+
+def multiline_string(value: Any) -> Checked:
+    """A non-empty string that may span lines (a shell command of `setup:`)."""
     if isinstance(value, str) and value.strip():
         return value, None
     return None, f"expected a non-empty string, got {describe(value)}"
@@ -107,7 +127,7 @@ def integers(low: int, length: int | None = None) -> Checker:
 
 
 def name(value: Any) -> Checked:
-    if isinstance(value, str) and NAME_PATTERN.match(value):
+    if isinstance(value, str) and NAME_PATTERN.fullmatch(value):
         return value, None
     return None, (
         f"expected a name of letters, digits, '.', '_' or '-' (it names files and log prefixes), "

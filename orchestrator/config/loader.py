@@ -460,7 +460,7 @@ def _parse_job(document: LineMap, report: Report, stem: str, base: Path) -> Job 
         values["permanent_exit_codes"] = _parse_exit_codes(block, report)
     values["env"] = _parse_env(block, report)
     values["secret_env"] = _parse_secret_env(block, report, values["env"])
-    values.setdefault("name", stem if NAME_PATTERN.match(stem) else "job")
+    values.setdefault("name", stem if NAME_PATTERN.fullmatch(stem) else "job")
     if ("task" in block) == ("script" in block):
         report.add(
             block.line,
@@ -503,7 +503,7 @@ def _parse_env(block: LineMap, report: Report) -> dict[str, str]:
     env = {}
     for key, item in raw.items():
         where = f"job.env.{key}"
-        if not isinstance(key, str) or not ENV_NAME_PATTERN.match(key):
+        if not isinstance(key, str) or not ENV_NAME_PATTERN.fullmatch(key):
             report.add(line_of(raw, key), where, "expected an environment variable name")
             continue
         if key.startswith(RESERVED_ENV_PREFIXES):
@@ -523,7 +523,7 @@ def _parse_env(block: LineMap, report: Report) -> dict[str, str]:
 
 
 def _env_name(item: Any) -> Checked:
-    if isinstance(item, str) and ENV_NAME_PATTERN.match(item):
+    if isinstance(item, str) and ENV_NAME_PATTERN.fullmatch(item):
         return item, None
     return None, ("expected an environment variable name (its value is taken from the "
                   "environment of 'orchestrate up')")  # fmt: skip

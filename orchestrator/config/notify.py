@@ -63,7 +63,7 @@ def _url(value: Any) -> Checked:
 
 
 def _env_name(value: Any) -> Checked:
-    if isinstance(value, str) and ENV_NAME.match(value):
+    if isinstance(value, str) and ENV_NAME.fullmatch(value):
         return value, None
     return None, (
         f"expected an environment variable name (its value, in the environment of "
@@ -187,7 +187,7 @@ def _headers(raw: Any, line: int | None, where: str, report: Report) -> dict[str
     for name, item in raw.items():
         key = f"{where}.headers.{name}"
         value, problem = scalar_string(item)
-        if not isinstance(name, str) or not HEADER_NAME.match(name):
+        if not isinstance(name, str) or not HEADER_NAME.fullmatch(name):
             problem = "expected an HTTP header name (letters, digits, '-')"
         elif name.lower() in RESERVED_HEADERS:
             problem = "is set by orchestrate on every request"

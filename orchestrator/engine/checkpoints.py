@@ -21,10 +21,13 @@ from pathlib import Path
 
 from orchestrator.backends.base import Backend
 from orchestrator.contract import CHECKPOINT_COMPANIONS
+from orchestrator.engine.runstore import atomic_write, current_umask
+from orchestrator.errors import HostError
 from orchestrator.fanout import fan_out
 from orchestrator.model.answers import CheckpointListing
 from orchestrator.model.inventory import Host
 from orchestrator.model.workers import WorkerSpec
+from orchestrator.paths import plain_name
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class Mirror:
 
     def update(self, host: Host, checkpoint_dir: str, backend: Backend) -> str | None:
         """Copy the host's latest checkpoint here unless it is already here; its name."""
-        found = backend.checkpoint(host, checkpoint_dir)
+        found = checked_listing(host, backend.checkpoint(host, checkpoint_dir))
         current = self.latest()
         if not found.latest or (current and current.latest == found.latest):
             return None
@@ -81,9 +84,7 @@ class Mirror:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, text, 0o666 & ~current_umask())  # the mirror keeps the user's umask
 
 
 def spread_latest_checkpoint(
@@ -91,7 +92,7 @@ def spread_latest_checkpoint(
 ) -> CheckpointSpread:
     """Make the newest checkpoint (the chief's, or the mirror's if newer) present everywhere."""
     chief = specs[0]
-    found = backend.checkpoint(chief.host, chief.checkpoint_dir)
+    found = checked_listing(chief.host, backend.checkpoint(chief.host, chief.checkpoint_dir))
     mirrored = mirror.latest() if mirror else None
     use_mirror = bool(mirrored) and checkpoint_step(mirrored.latest if mirrored else None) > (
         checkpoint_step(found.latest)
@@ -101,7 +102,10 @@ def spread_latest_checkpoint(
         return CheckpointSpread(None, 0, ())
     targets = {spec.name: spec for spec in (specs if use_mirror else specs[1:])}
     listings = fan_out(
-        targets, lambda n: backend.checkpoint(targets[n].host, targets[n].checkpoint_dir)
+        targets,
+        lambda n: checked_listing(
+            targets[n].host, backend.checkpoint(targets[n].host, targets[n].checkpoint_dir)
+        ),
     ).raise_if_failed("reading the checkpoint directories")
     # Every checkpoint the chief keeps, not only the latest: a worker that cannot load the
     # latest falls back to an earlier one, and all of them must find the same files to agree.
@@ -123,6 +127,23 @@ def spread_latest_checkpoint(
         tuple(needy),
         "mirror" if use_mirror else "chief",
     )
+
+
+def checked_listing(host: Host, listing: CheckpointListing) -> CheckpointListing:
+    """A host's checkpoint listing whose every name is one plain name (`ckpt-100`,
+    `ckpt-100.index`): they become paths here (the mirror, a staging directory) and in the
+    other hosts' checkpoint directories. A name with '/' or '..' is the host's error."""
+    names = [*([listing.latest] if listing.latest else []), *listing.checkpoints, *listing.files]
+    bad = sorted({name for name in names if not plain_name(name)})
+    if bad:
+        raise HostError(
+            host.name,
+            f"its checkpoint listing of {listing.directory} names {', '.join(map(repr, bad))}: "
+            "not a checkpoint's file name, so nothing was copied",
+            hint="look at the 'checkpoint' state file in that directory on the host (it should "
+            "list names such as ckpt-100), or at whether the host runs orchestrate's own agent",
+        )
+    return listing
 
 
 def _missing(listing: CheckpointListing, wanted: CheckpointListing) -> set[str]:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.backends.base import Backend
-from orchestrator.errors import RunStateError
+from orchestrator.errors import HostError, RunStateError
 from orchestrator.model.records import RunRecord, WorkerRecord
 from orchestrator.model.workers import export_dir, job_dir_of_run
+from orchestrator.paths import inside
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,15 @@ def pull_export(record: RunRecord, backend: Backend, target: Path) -> PulledExpo
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
     try:
         for relative in sorted(files):
-            local = staging / relative
+            local = inside(staging, relative)
+            if local is None:  # a host that answered `../../.bashrc` or `/etc/x` as a name
+                raise HostError(
+                    chief.host.name,
+                    f"its listing of {source} names {relative!r}, which is not a path inside "
+                    "the export: nothing was copied",
+                    hint="look at what is in that directory on the host (a link or a "
+                    "name with '..'), or at whether the host runs orchestrate's own agent",
+                )
             local.parent.mkdir(parents=True, exist_ok=True)
             backend.download(chief.host, posixpath.join(listing.root, relative), str(local))
         os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the model from other users

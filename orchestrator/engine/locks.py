@@ -27,12 +27,13 @@ from orchestrator.model.records import RunRecord
 class FileLock:
     """An flock on a lock file: released by the kernel when its holder dies."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, in_state_root: bool = False) -> None:
         self.path = path
+        self._in_state_root = in_state_root  # the start lock: its folder is the state root
         self._fd: int | None = None
 
     def acquire(self) -> bool:
-        private_dir(self.path.parent)
+        private_dir(self.path.parent, own_link_ok=self._in_state_root)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -85,7 +86,7 @@ START_WAIT = 300.0  # seconds a second `up` waits for the first to finish launch
 def exclusive_start(store: RunStore, say: Callable[[str], None]) -> Iterator[None]:
     """Only one `up` at a time in a state directory, from its check for an active run through
     the launch: two concurrent ones would both pass the check and start one job twice."""
-    lock = FileLock(store.start_lock_path())
+    lock = FileLock(store.start_lock_path(), in_state_root=True)
     if not lock.acquire():
         say("another 'orchestrate up' is starting a run in this state directory; waiting for it")
         if not lock.wait(START_WAIT):
@@ -104,9 +105,10 @@ def interrupted_launch(store: RunStore, record: RunRecord, *, holding_start: boo
     """An attempt whose launcher died before every worker started: nobody is launching it
     (the start lock is free, or held by the caller) and nobody supervises it (a supervisor's
     own restart holds its run's lock)."""
+    start = FileLock(store.start_lock_path(), in_state_root=True)
     return (
         not record.launched
-        and (holding_start or not FileLock(store.start_lock_path()).held_elsewhere())
+        and (holding_start or not start.held_elsewhere())
         and not FileLock(store.lock_path(record.run_id)).held_elsewhere()
     )
 

@@ -30,6 +30,9 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import stat
+import tempfile
 import time
 from contextlib import suppress
 from dataclasses import asdict, dataclass, replace
@@ -37,10 +40,11 @@ from pathlib import Path
 from typing import IO
 
 from orchestrator.backends.registry import host_settings
-from orchestrator.errors import RunStateError
+from orchestrator.errors import HostError, RunStateError
 from orchestrator.model.records import RunRecord
 
 DEFAULT_STATE_DIR = ".orchestrate"
+THIS_MACHINE = "this machine"  # what errors about the state directory name as their host
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,9 @@ class RunStore:
         _atomic_write(path, text)
 
     def _make_parent(self, path: Path) -> None:
+        """The state directory checked (state_root) before anything is written in it; runs/
+        private (private_dir); other folders (checkpoints/, tensorboard/) as the umask says."""
+        state_root(self.root)
         runs = self.root / "runs"
         if path.parent == runs:
             private_dir(runs)
@@ -208,19 +215,85 @@ class RunStore:
             return None
 
 
-def private_dir(path: Path) -> Path:
-    """`path` as a directory only its owner can enter (0700), its parents as the umask says."""
+def state_root(path: Path) -> Path:
+    """The state directory itself, private like runs/; a symbolic link to it is followed only
+    when the link is this account's own (`ln -s /scratch/me/state .orchestrate`)."""
+    return private_dir(path, own_link_ok=True)
+
+
+def private_dir(path: Path, *, own_link_ok: bool = False) -> Path:
+    """`path` as a directory only its owner can enter (0700), its parents as the umask says.
+
+    Made, or found and checked on the opened directory itself (O_NOFOLLOW: what is checked is
+    what is tightened): this account's, not a symbolic link, 0700 (tightened when looser).
+    Anything else, such as a runs/ another user made in a shared directory to read or swap
+    what a run writes, is refused before a file is written there."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with suppress(FileExistsError):
         path.mkdir(mode=0o700)
-    if path.stat().st_uid == os.getuid():
-        path.chmod(0o700)
+    if own_link_ok and path.is_symlink() and path.lstat().st_uid == os.getuid():
+        path = path.resolve()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        link = path.is_symlink()
+        raise _unsafe(path, "a symbolic link" if link else f"unusable ({exc.strerror})",
+                      path.lstat().st_uid if link else None) from None  # fmt: skip
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid():
+            raise _unsafe(path, "another user's directory", info.st_uid)
+        if stat.S_IMODE(info.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
     return path
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
-              encoding="utf-8") as handle:  # fmt: skip
-        handle.write(text)
-    os.replace(tmp, path)
+def _unsafe(path: Path, what: str, uid: int | None) -> HostError:
+    owner = "" if uid is None else f", owned by {owner_name(uid)}"
+    return HostError(
+        THIS_MACHINE,
+        f"refusing {path.absolute()}: it is {what}{owner}, not a private directory of this account "
+        f"({owner_name(os.getuid())}); nothing was written there",
+        hint="remove it (or have its owner remove it), or use a state directory only you can "
+        "write to (--state-dir, ORCHESTRATE_STATE_DIR)",
+    )
+
+
+def owner_name(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def atomic_write(path: Path, text: str, mode: int = 0o600) -> None:
+    """Replace `path` whole: readers see the old or the new text, never half. The temporary
+    file has an unpredictable name and is created O_EXCL|O_NOFOLLOW (mkstemp) beside it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        if mode != 0o600:
+            os.fchmod(fd, mode)
+        with open(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+_atomic_write = atomic_write
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it (os.umask would, for every thread)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from orchestrator.backends.base import Backend
 from orchestrator.engine.runstore import RunStore
+from orchestrator.errors import HostError
 from orchestrator.model.records import RunRecord, WorkerRecord
+from orchestrator.paths import inside
 
 
 def chief_event_dir(chief: WorkerRecord) -> str:
@@ -38,7 +40,10 @@ def pull_events(record: RunRecord, backend: Backend, target: Path) -> int:
     listing = backend.list_files(chief.host, chief_event_dir(chief))
     copied = 0
     for relative, (size, _mtime) in sorted(listing.files.items()):
-        local = target / relative
+        local = inside(target, relative)
+        if local is None:  # `..` or an absolute name: never a path outside the target
+            why = f"its listing of {listing.root} names {relative!r}, not a path inside it"
+            raise HostError(chief.host.name, why + ": nothing more was copied")
         if local.exists() and local.stat().st_size == size:
             continue
         local.parent.mkdir(parents=True, exist_ok=True)

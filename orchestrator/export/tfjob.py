@@ -163,11 +163,13 @@ def problems(manifest: dict[str, Any]) -> list[str]:
         found.append(f"expected apiVersion {API_VERSION} and kind TFJob")
     metadata = manifest.get("metadata") or {}
     name = str(metadata.get("name", ""))
-    if not DNS_1035.match(name) or len(name) > 63:
+    if not DNS_1035.fullmatch(name) or len(name) > 63:
         found.append(f"metadata.name: {name!r} is not a DNS-1035 label (lower-case letters, "
                      "digits and '-', starting with a letter, at most 63 characters)")  # fmt: skip
     namespace = metadata.get("namespace")
-    if namespace is not None and (not DNS_1123_LABEL.match(str(namespace)) or len(namespace) > 63):
+    if namespace is not None and (
+        not DNS_1123_LABEL.fullmatch(str(namespace)) or len(namespace) > 63
+    ):
         found.append(f"metadata.namespace: {namespace!r} is not a DNS-1123 label")
     replicas = (manifest.get("spec") or {}).get("tfReplicaSpecs") or {}
     found += _secret_ref_problems(replicas)
@@ -202,7 +204,7 @@ def _secret_ref_problems(replicas: dict[str, Any]) -> list[str]:
         for index, container in enumerate(containers):
             for entry in container.get("env") or []:
                 ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
-                if ref is not None and not DNS_1123_SUBDOMAIN.match(str(ref.get("name", ""))):
+                if ref is not None and not DNS_1123_SUBDOMAIN.fullmatch(str(ref.get("name", ""))):
                     found.append(
                         f"spec.tfReplicaSpecs.{kind}.template.spec.containers[{index}].env."
                         f"{entry.get('name')}: the secretKeyRef needs the name of a Secret "

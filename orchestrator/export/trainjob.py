@@ -339,10 +339,12 @@ def _list_type_errors(value: Any, node: dict[str, Any], where: str) -> Iterator[
 def _metadata_errors(metadata: dict[str, Any]) -> list[str]:
     found = []
     name = str(metadata.get("name", ""))
-    if not DNS_1123_SUBDOMAIN.match(name) or len(name) > 253:
+    if not DNS_1123_SUBDOMAIN.fullmatch(name) or len(name) > 253:
         found.append(f"metadata.name: {name!r} is not a DNS-1123 subdomain")
     namespace = metadata.get("namespace")
-    if namespace is not None and (not DNS_1123_LABEL.match(str(namespace)) or len(namespace) > 63):
+    if namespace is not None and (
+        not DNS_1123_LABEL.fullmatch(str(namespace)) or len(namespace) > 63
+    ):
         found.append(f"metadata.namespace: {namespace!r} is not a DNS-1123 label")
     return found
 
@@ -351,7 +353,7 @@ def _trainjob_rules(train_job: dict[str, Any], runtime: dict[str, Any]) -> list[
     """The TrainJob CRD's CEL rules on create, and its webhook's: the runtime it refers to."""
     found = []
     name = str((train_job.get("metadata") or {}).get("name", ""))
-    if not DNS_1035.match(name):
+    if not DNS_1035.fullmatch(name):
         found.append(f"metadata.name: {name!r} must match RFC 1035 DNS label format "
                      "(lower-case letters, digits and '-', starting with a letter)")  # fmt: skip
     if len(name) > 63:
@@ -361,7 +363,7 @@ def _trainjob_rules(train_job: dict[str, Any], runtime: dict[str, Any]) -> list[
         found.append(f"spec.managedBy: must be {' or '.join(MANAGED_BY)} if set")
     for source in ("dataset", "model"):
         uri = ((spec.get("initializer") or {}).get(source) or {}).get("storageUri")
-        if uri and not STORAGE_URI.match(str(uri)):
+        if uri and not STORAGE_URI.fullmatch(str(uri)):
             found.append(f"spec.initializer.{source}.storageUri: must be a URI (scheme://...)")
     ref = spec.get("runtimeRef") or {}
     group, kind = ref.get("apiGroup", API_GROUP), ref.get("kind", "ClusterTrainingRuntime")
@@ -438,14 +440,14 @@ def _jobset_rules(runtime: dict[str, Any], jobset_name: str) -> list[str]:
     if rjobs and "dependsOn" in rjobs[0]:
         found.append(f"{where}.replicatedJobs[0]: DependsOn can't be set for the first one")
     subdomain = (jobset.get("network") or {}).get("subdomain")
-    if subdomain and (not DNS_1035.match(subdomain) or len(subdomain) > 63):
+    if subdomain and (not DNS_1035.fullmatch(subdomain) or len(subdomain) > 63):
         found.append(f"{where}.network.subdomain: {subdomain!r} is not a DNS-1035 label")
     nodes = (spec.get("mlPolicy") or {}).get("numNodes", 1)
     names = [str(rjob.get("name", "")) for rjob in rjobs]
     for index, rjob in enumerate(rjobs):
         replicas = rjob.get("replicas", 1)
         job_name = f"{jobset_name}-{rjob.get('name')}-{replicas - 1}"
-        if not DNS_1035.match(job_name) or len(job_name) > 63:
+        if not DNS_1035.fullmatch(job_name) or len(job_name) > 63:
             found.append(f"{where}.replicatedJobs[{index}].name: {job_name!r}: JobSet name is "
                          "too long, job names generated for this JobSet will exceed 63 "
                          "characters (or are not a DNS-1035 label)")  # fmt: skip
@@ -484,7 +486,7 @@ def _failure_policy_rules(policy: dict[str, Any] | None, names: list[str]) -> li
     for index, rule in enumerate(policy.get("rules") or []):
         rule_name = str(rule.get("name", ""))
         rule_names.append(rule_name)
-        if not 1 <= len(rule_name) <= 128 or not RULE_NAME.match(rule_name):
+        if not 1 <= len(rule_name) <= 128 or not RULE_NAME.fullmatch(rule_name):
             found.append(f"{where}.rules[{index}].name: {rule_name!r}: a rule name starts with a "
                          "letter, then letters, digits or '_,:', ends with a letter, digit or "
                          "'_', at most 128 characters")  # fmt: skip
@@ -521,7 +523,7 @@ def _job_rules(runtime: dict[str, Any]) -> list[str]:
         volumes = [str(v.get("name", "")) for v in pod.get("volumes") or []]
         for position, container in enumerate(containers):
             at = f"{where}.template.spec.containers[{position}]"
-            if not DNS_1123_LABEL.match(names[position]) or len(names[position]) > 63:
+            if not DNS_1123_LABEL.fullmatch(names[position]) or len(names[position]) > 63:
                 found.append(f"{at}.name: {names[position]!r} is not a DNS-1123 label")
             if not container.get("image"):
                 found.append(f"{at}.image: required")
@@ -574,14 +576,14 @@ def _pod_failure_policy_rules(job_spec: dict[str, Any], pod: dict[str, Any], nam
 def _env_problems(entry: dict[str, Any], where: str) -> list[str]:
     found = []
     name = str(entry.get("name", ""))
-    if not ENV_NAME.match(name):
+    if not ENV_NAME.fullmatch(name):
         found.append(f"{where}.env.{name}: not a valid environment variable name")
     ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
     if ref is not None:
-        if not DNS_1123_SUBDOMAIN.match(str(ref.get("name", ""))):
+        if not DNS_1123_SUBDOMAIN.fullmatch(str(ref.get("name", ""))):
             found.append(f"{where}.env.{name}: the secretKeyRef needs the name of a Secret "
                          f"(a DNS-1123 subdomain), not {ref.get('name')!r}")  # fmt: skip
-        if not SECRET_KEY.match(str(ref.get("key", ""))):
+        if not SECRET_KEY.fullmatch(str(ref.get("key", ""))):
             found.append(f"{where}.env.{name}: secretKeyRef key {ref.get('key')!r} is not valid")
     return found
 

@@ -8,11 +8,14 @@ Run these under `flock /tmp/orchestrate-slurm.lock` (one cluster on 10.232.0.0/2
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -430,3 +433,111 @@ def test_an_unreachable_login_node_is_named_exit_3(laptop: Orchestrate) -> None:
         assert result.returncode == 3, result.stdout + result.stderr
         assert "login node 10.232.0.99" in _flat(result.stderr), result.stderr
         assert "Traceback" not in result.stderr
+
+
+SECRET_NAME = "TRACKER_API_KEY"
+# A task that reads its secret, prints it, and (with FAIL) ends with it in its last line: the
+# line that becomes the exit record's error, the worker's reason and a restart's reason.
+SECRET_TASK = """\
+import hashlib, os, sys
+secret = os.environ.get("TRACKER_API_KEY", "")
+print("secret sha256", hashlib.sha256(secret.encode()).hexdigest(), flush=True)
+print("the key is", secret, flush=True)
+sys.exit("refused by the tracker: " + secret if os.environ.get("FAIL") else 0)
+"""
+
+
+def _secret_job(where: Orchestrate, **env: str) -> list[str]:
+    script = where.cwd / "secret_task.py"
+    script.write_text(SECRET_TASK)
+    return ["  name: secretive", f"  script: {script}", f"  secret_env: [{SECRET_NAME}]",
+            f"  env: {json.dumps(env)}", "  max_restarts: 1"]  # fmt: skip
+
+
+def _files_containing(root: Path, needle: bytes) -> list[Path]:
+    return [p for p in root.rglob("*")
+            if p.is_file() and not p.is_symlink() and needle in p.read_bytes()]  # fmt: skip
+
+
+class _Cmdlines(threading.Thread):
+    """Every process's command line on the machine (the nodes and the login node share its
+    process table), as any user sees them in `ps`, until stopped."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.seen: set[bytes] = set()
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    try:
+                        self.seen.add((entry / "cmdline").read_bytes())
+                    except OSError:
+                        continue
+            time.sleep(0.002)
+
+    def stop(self) -> bytes:
+        self._done.set()
+        self.join(10)
+        return b"\n".join(self.seen)
+
+
+def test_a_printed_secret_is_in_no_slurm_artifact(orchestrate: Orchestrate) -> None:
+    """Issue 25: the launcher redacts a secret a script prints, as the host agent does; and a
+    workdir with a space stays one --output for sbatch."""
+    secret = f"sk-{secrets.token_hex(12)}"
+    orchestrate.env[SECRET_NAME] = secret
+    workdir = orchestrate.cwd / "shared space"
+    inventory = orchestrate.inventory(steps=0, job=_secret_job(orchestrate, FAIL="1"),
+                                      workdir=str(workdir))  # fmt: skip
+    up = orchestrate("up", "--skip-checks", str(inventory))
+    assert up.returncode == 1, up.stdout + up.stderr
+    status = orchestrate("status", "--json").stdout
+    record = orchestrate.cwd / ".orchestrate" / "runs" / f"{json.loads(status)['run_id']}.json"
+    restarts = json.loads(record.read_text())["restarts"]
+    assert restarts and restarts[0]["reason"].endswith("[redacted]"), restarts
+    attempt = workdir / "secretive" / "runs" / json.loads(status)["run_id"] / "attempt-0"
+    assert list(attempt.glob("slurm-*.out")), list(attempt.iterdir())  # --output, one path
+    # The first task to fail ends the step (--kill-on-bad-exit): the other may be SIGTERMed
+    # before it prints, or before it starts, so what one task wrote is looked for in either.
+    logs = [(attempt / t / "worker.log").read_text() for t in ("task0", "task1")
+            if (attempt / t / "worker.log").exists()]  # fmt: skip
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    assert any(f"secret sha256 {digest}" in log and "the key is [redacted]" in log
+               for log in logs), logs  # fmt: skip
+    errors = [json.loads((attempt / t / "exit.json").read_text())["error"]
+              for t in ("task0", "task1") if (attempt / t / "exit.json").exists()]  # fmt: skip
+    assert "refused by the tracker: [redacted]" in errors, errors
+    assert _files_containing(orchestrate.cwd, secret.encode()) == []
+    assert _files_containing(orchestrate.cwd, digest.encode())  # the search finds what is there
+    for text in (status, up.stdout, up.stderr):
+        assert secret not in text
+
+
+def test_a_laptop_run_hands_its_secret_to_the_tasks_through_the_login_node(
+    laptop: Orchestrate,
+) -> None:
+    """Issue 25: with slurm.login, secret_env travels on the SSH channel's standard input into
+    sbatch's environment there: never a command line, never a file on the login node."""
+    secret = f"sk-{secrets.token_hex(12)}"
+    laptop.env[SECRET_NAME] = secret
+    inventory = laptop.inventory(steps=0, job=_secret_job(laptop))
+    sampler = _Cmdlines()
+    sampler.start()
+    try:
+        up = laptop("up", "--skip-checks", str(inventory))
+    finally:
+        seen = sampler.stop()
+    assert up.returncode == 0, up.stdout + up.stderr
+    run_id = laptop.status()["run_id"]
+    attempt = laptop.cwd / "shared" / "secretive" / "runs" / run_id / "attempt-0"
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    for task in ("task0", "task1"):  # each task read the laptop's value
+        log = (attempt / task / "worker.log").read_text()
+        assert f"secret sha256 {digest}" in log and "the key is [redacted]" in log, log
+    assert secret.encode() not in seen  # no command line held it, on any node or the login node
+    assert b"def expand_nodelist" in seen  # it did look: the launcher's own command line
+    assert _files_containing(laptop.cwd, secret.encode()) == []
+    assert _files_containing(laptop.cluster.login_dir, secret.encode()) == []

@@ -208,7 +208,7 @@ def test_the_batch_script_is_self_contained_and_bash_parses_it(tmp_path: Path) -
     assert header == ["#SBATCH --job-name=orchestrate-slurm", "#SBATCH --nodes=2",
                       "#SBATCH --ntasks-per-node=1", "#SBATCH --no-requeue",
                       "#SBATCH --partition=p", "#SBATCH --output=/shared/o/%j.out",
-                      "#SBATCH --comment=a b"]  # fmt: skip
+                      "#SBATCH \"--comment=a b\""]  # fmt: skip
     assert "srun --kill-on-bad-exit=1" in script and "SlurmClusterResolver(" not in script
     assert "def expand_nodelist" in script  # the launcher travels inside
     path = tmp_path / "job.sh"

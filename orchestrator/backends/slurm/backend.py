@@ -111,15 +111,21 @@ class SlurmBackend(Backend):
         script = batch_script(self.spec, self.job, specs,
                               output=posixpath.join(directory, "slurm-%j.out"))  # fmt: skip
         chief = self._at(specs[0].host)
-        # runs/ down to the attempt directory: private before the script (the job's env) lands.
-        self.files.runner(chief).make_dirs(specs[0].private_dirs[:-1], private=True)
+        # runs/ down to the attempt directory: private before the script (the job's env) lands,
+        # checked by the agent (this account's, no link, 0700) as on hosts, else exit 3.
+        self.files.agent(chief).make_dirs([], list(specs[0].private_dirs[:-1]))
         for spec in specs:  # a script and job.files, when the login node is another machine
             if spec.uploads:
-                self.files.runner(chief).make_dirs(spec.private_dirs, private=True)
+                self.files.agent(chief).make_dirs([], list(spec.private_dirs))
                 self.files.upload(chief, expand_uploads(spec.uploads))
         self._write(chief, posixpath.join(directory, SCRIPT_FILE), script)
         export_all = bool(self.job.secret_env) and exports_all(self.spec)
-        job_id = self.slurm.submit(posixpath.join(directory, SCRIPT_FILE), export_all)
+        # Through a login node, sbatch runs in its SSH session: the secrets go to sbatch's
+        # environment on the channel's standard input. Here they are in this environment.
+        secrets = dict(specs[0].secrets) if self.login else None
+        python = self.login.python if self.login else "python3"
+        job_id = self.slurm.submit(posixpath.join(directory, SCRIPT_FILE), export_all, secrets,
+                                   python)  # fmt: skip
         self._write(chief, posixpath.join(directory, JOB_ID_FILE), job_id + "\n")
         return GroupResult(ok={spec.name: Started(job_id=job_id) for spec in specs})
 

@@ -7,13 +7,15 @@ machine, or `slurm.login:` over SSH), with argument lists, never a shell.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from orchestrator.errors import HostError
+from orchestrator.machines.agent import host_program
 from orchestrator.machines.runner import CommandResult, Runner
 
 SLURM = "slurm"  # the name errors carry: the scheduler, not one host
+WITH_ENV = "withenv.py"  # machines/remote/withenv.py: a command with environment from stdin
 # Job states in which the job's tasks may still run (squeue's long names).
 ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
                            "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT"})  # fmt: skip
@@ -90,11 +92,20 @@ class Slurm:
     def run(self, argv: list[str], timeout: float = 60.0) -> CommandResult:
         return self.runner.run(argv, timeout=timeout)
 
-    def submit(self, script_path: str, export_all: bool = False) -> str:
+    def submit(
+        self,
+        script_path: str,
+        export_all: bool = False,
+        secrets: Mapping[str, str] | None = None,
+        python: str = "python3",
+    ) -> str:
         """`export_all`: --export=ALL, so this environment (secrets included) reaches the tasks
-        whatever SBATCH_EXPORT says; only variable names ever appear on the command line."""
+        whatever SBATCH_EXPORT says; only variable names ever appear on the command line.
+        `secrets`: values for sbatch's environment on the login node (slurm.login), sent on
+        the SSH channel's standard input to withenv.py run by `python` there."""
         export = ["--export=ALL"] if export_all else []
-        result = self.run(["sbatch", "--parsable", *export, script_path])
+        argv = ["sbatch", "--parsable", *export, script_path]
+        result = self._run_with_env(argv, secrets, python) if secrets else self.run(argv)
         if not result.ok:
             raise HostError(SLURM, f"sbatch refused the job: {result.tail(3)}",
                             hint="check slurm.partition, slurm.account, slurm.time and "
@@ -103,6 +114,22 @@ class Slurm:
             return parse_sbatch(result.stdout)
         except ValueError as exc:
             raise HostError(SLURM, str(exc)) from exc
+
+    def _run_with_env(
+        self, argv: list[str], env: Mapping[str, str], python: str, timeout: float = 60.0
+    ) -> CommandResult:
+        runner = self.runner
+        session = runner.session([python, "-c", host_program(WITH_ENV)])
+        try:
+            answer = session.request({"argv": argv, "env": dict(env), "timeout": timeout},
+                                     timeout=timeout + 30)  # fmt: skip
+        finally:
+            session.close()
+        if "error" in answer:
+            raise HostError(runner.host_name, f"cannot run {argv[0]} with job.secret_env's "
+                            f"values: {answer['error']}")  # fmt: skip
+        return CommandResult(runner.host_name, tuple(argv), int(answer["returncode"]),
+                             str(answer["stdout"]), str(answer["stderr"]))  # fmt: skip
 
     def state(self, job_id: str) -> JobState:
         result = self.run(["scontrol", "show", "job", "-o", job_id], timeout=30)

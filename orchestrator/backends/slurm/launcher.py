@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import TYPE_CHECKING
 
@@ -76,7 +77,7 @@ def expand_nodelist(nodelist):
     """Slurm's compressed host list, in order: 'n[1-2],g[07-08]' -> ['n1', 'n2', 'g07', 'g08']."""
     names = []
     for part in _split_top_level(nodelist.strip()):
-        match = re.match(r"^([^\[]*)\[([^\]]+)\](.*)$", part)
+        match = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", part)
         if match is None:
             names.append(part)
             continue
@@ -101,8 +102,10 @@ def _private_open(path):
 
 
 def _write_json(path, data):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with _private_open(tmp) as handle:
+    # An unpredictable name, created O_EXCL|O_NOFOLLOW (mkstemp, 0600), then renamed over.
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f"{name}.tmp.", dir=directory or ".")
+    with open(fd, "w", encoding="utf-8") as handle:
         json.dump(data, handle)
     os.replace(tmp, path)
 
@@ -115,11 +118,35 @@ def _write(path, text):
 def _make_private_dirs(directories):
     for path in directories:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        # Another task of the job may make it first: they all start at the same time.
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-        if os.stat(path).st_uid == os.getuid():
-            os.chmod(path, 0o700)
+        _private_dir(path)
+
+
+class UnsafeDirectory(Exception):
+    """A private directory that is another user's, a symbolic link or no directory."""
+
+
+def _private_dir(path):
+    """`path` made, or found, as this account's directory only it can enter (0700, tightened
+    when looser), else UnsafeDirectory, before anything is written there (the same check as
+    the host agent's). Another task of the job may make it first: they start together."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        kind = "a symbolic link" if os.path.islink(path) else f"unusable ({exc.strerror})"
+        raise UnsafeDirectory(f"refusing {path}: it is {kind}, not a private directory") from None
+    try:
+        owner = os.fstat(fd).st_uid
+        if owner != os.getuid():
+            raise UnsafeDirectory(
+                f"refusing {path}: it belongs to uid {owner}, not to this account (uid "
+                f"{os.getuid()}): another user made it; remove it or choose another workdir"
+            )
+        if os.fstat(fd).st_mode & 0o777 != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def _log_tail(log_path, count=LOG_TAIL_LINES):
@@ -133,7 +160,7 @@ def _log_tail(log_path, count=LOG_TAIL_LINES):
     return [line for line in lines if line.strip()][-count:]
 
 
-def _record_exit(run_dir, returncode, started, error, joined=None):
+def _record_exit(run_dir, returncode, started, error, joined=None, *, secrets=()):
     name = None
     if returncode < 0:
         try:
@@ -141,6 +168,8 @@ def _record_exit(run_dir, returncode, started, error, joined=None):
         except ValueError:
             name = f"signal {-returncode}"
     tail = _log_tail(os.path.join(run_dir, "worker.log"))
+    if secrets:  # worker.log is redacted already; exit.json is what status and reasons show
+        tail = [_redact(line.encode(), secrets).decode("utf-8", "replace") for line in tail]
     if error is None and returncode > 0 and tail:
         error = tail[-1]
     record = {
@@ -316,9 +345,16 @@ def _refuse_missing_secrets(index: int, run_dir: str, started: float, missing: "
 
 
 def _start_worker(
-    task: dict, fill: "Callable[[str], str]", env: "dict[str, str]", run_dir: str, started: float
+    task: dict,
+    fill: "Callable[[str], str]",
+    env: "dict[str, str]",
+    run_dir: str,
+    started: float,
+    *,
+    piped: bool = False,
 ) -> "subprocess.Popen[bytes] | None":
-    """The worker, writing to worker.log; None, with exit.json written, when it cannot start."""
+    """The worker, writing to worker.log (`piped`: to a pipe this launcher copies there); None,
+    with exit.json written, when it cannot start."""
     log_fd = os.open(
         os.path.join(run_dir, "worker.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
     )
@@ -329,17 +365,23 @@ def _start_worker(
             cwd=os.path.expanduser(fill(task["cwd"])),
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=log,
+            stdout=subprocess.PIPE if piped else log,
             stderr=subprocess.STDOUT,
         )
     except OSError as exc:
         _record_exit(run_dir, 127, started, f"cannot start {task['argv'][0]}: {exc}")
         return None
+    finally:
+        if piped:
+            log.close()
 
 
-def _wait_forwarding_signals(child: "subprocess.Popen[bytes]", run_dir: str) -> int:
+def _wait_forwarding_signals(
+    child: "subprocess.Popen[bytes]", run_dir: str, secrets: "list[bytes] | None" = None
+) -> int:
     """The worker's return code; until then SIGTERM, SIGINT and SIGUSR1 are passed on to it,
-    and SIGUSR2 (`orchestrate stacks`) to the process that registered its stack dump."""
+    and SIGUSR2 (`orchestrate stacks`) to the process that registered its stack dump. With
+    `secrets`, its output is copied into worker.log meanwhile, redacted."""
 
     def forward(signum: int, _frame: object) -> None:
         # Preemption or `orchestrate down`: the worker saves a checkpoint and exits 75.
@@ -349,6 +391,8 @@ def _wait_forwarding_signals(child: "subprocess.Popen[bytes]", run_dir: str) -> 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(signum, forward)
     signal.signal(signal.SIGUSR2, lambda _signum, _frame: _forward_stacks(child, run_dir))
+    if secrets is not None:
+        _copy_redacted(child, os.path.join(run_dir, "worker.log"), secrets)
     return child.wait()
 
 
@@ -367,6 +411,52 @@ def _forward_stacks(child: "subprocess.Popen[bytes]", run_dir: str) -> None:
 def _parent_of(pid: int) -> int:
     with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
         return int(handle.read().rsplit(")", 1)[1].split()[1])
+
+
+# --- secrets a script prints: the host agent's redaction (issue 25) ----------------------------
+
+REDACTED = b"[redacted]"
+
+
+def _secret_values(names: "list[str]") -> "list[bytes]":
+    """The job's secret values (in this launcher's environment, from sbatch), longest first;
+    values under 4 characters are left alone, as secretenv.scrub and the host agent do."""
+    values = {os.environ.get(name, "").encode() for name in names}
+    return sorted((v for v in values if len(v) >= 4), key=len, reverse=True)
+
+
+def _redact(data: bytes, secrets: "list[bytes]") -> bytes:
+    for value in secrets:
+        data = data.replace(value, REDACTED)
+    return data
+
+
+def _copy_redacted(child: "subprocess.Popen[bytes]", log_path: str, secrets: "list[bytes]") -> None:
+    """The worker's output into worker.log line by line, each secret value as [redacted], until
+    it ends (or the worker did, and a process it left holds the pipe)."""
+    import select
+
+    assert child.stdout is not None
+    source = child.stdout.fileno()
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    pending = b""
+    try:
+        while True:
+            if not select.select([source], [], [], 1.0)[0]:
+                if child.poll() is not None:
+                    break
+                continue
+            chunk = os.read(source, 65536)
+            if not chunk:
+                break
+            pending += chunk
+            cut = pending.rfind(b"\n") + 1 if len(pending) < 1 << 20 else len(pending)
+            os.write(log, _redact(pending[:cut], secrets))
+            pending = pending[cut:]
+        if pending:
+            os.write(log, _redact(pending, secrets))
+    finally:
+        os.close(log)
 
 
 def _srun_exit(index: int, returncode: int) -> int:
@@ -391,7 +481,11 @@ def main():
     )
     fill = _filler(job_id, os.environ.get("SLURM_SUBMIT_DIR", os.getcwd()))
     task = plan["tasks"][index]
-    run_dir = _prepare_run_dir(task, fill)
+    try:
+        run_dir = _prepare_run_dir(task, fill)
+    except UnsafeDirectory as exc:
+        print(f"task {index}: {exc}", file=sys.stderr, flush=True)
+        return 3
     config = tf_config(nodes, plan["port"], index)
     _write_json(os.path.join(run_dir, "tf_config.json"), config)
     env = _worker_env(task, fill, config)
@@ -399,13 +493,14 @@ def main():
     missing = [name for name in plan.get("secret_env", []) if name not in os.environ]
     if missing:
         return _refuse_missing_secrets(index, run_dir, started, missing)
-    child = _start_worker(task, fill, env, run_dir, started)
+    secrets = _secret_values(plan.get("secret_env", []))
+    child = _start_worker(task, fill, env, run_dir, started, piped=bool(secrets))
     if child is None:
         return 127
     _write(os.path.join(run_dir, "worker.pid"), str(child.pid))
     watch = JoinWatch(child.pid, config)
-    returncode = _wait_forwarding_signals(child, run_dir)
-    _record_exit(run_dir, returncode, started, None, watch.joined())
+    returncode = _wait_forwarding_signals(child, run_dir, secrets if secrets else None)
+    _record_exit(run_dir, returncode, started, None, watch.joined(), secrets=secrets)
     return _srun_exit(index, returncode)
 
 

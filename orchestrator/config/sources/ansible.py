@@ -157,7 +157,7 @@ def host_entry(name: str, variables: dict[str, Any], port_var: str, known: Any) 
 
 def _number(value: Any) -> Any:
     # INI values that look like numbers are numbers to Ansible; templated ones come back as text.
-    return int(value) if isinstance(value, str) and _DIGITS.match(value) else value
+    return int(value) if isinstance(value, str) and _DIGITS.fullmatch(value) else value
 
 
 MAPPED = ("ansible_host", *DIRECT, "ansible_python_interpreter", "ansible_connection")

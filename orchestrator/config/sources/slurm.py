@@ -62,7 +62,7 @@ OWNED_OPTIONS = {
 
 def _time(value: Any) -> Checked:
     text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-    if isinstance(text, str) and TIME_PATTERN.match(text):
+    if isinstance(text, str) and TIME_PATTERN.fullmatch(text):
         return text, None
     return None, (f"expected a Slurm time limit (minutes, MM:SS, HH:MM:SS or D-HH:MM:SS), "
                   f"got {describe(value)}")  # fmt: skip
@@ -72,7 +72,7 @@ def _slurm_name(value: Any) -> Checked:
     text, problem = string(value)
     if problem:
         return None, problem
-    if not NAME_PART.match(text):
+    if not NAME_PART.fullmatch(text):
         return None, f"expected a Slurm name (letters, digits, _ . : -), got {value!r}"
     return text, None
 

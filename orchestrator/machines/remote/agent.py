@@ -109,8 +109,8 @@ def _private_open(path, flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
 
 def _write_json(path, data):
     # Atomic: a reader never sees half a file, even if this process is killed mid-write.
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with _private_open(tmp) as handle:
+    fd, tmp = _temp_beside(path)
+    with open(fd, "w", encoding="utf-8") as handle:
         json.dump(data, handle)
     os.replace(tmp, path)
 
@@ -124,10 +124,83 @@ def _make_private_dirs(directories):
     # The parents keep the user's umask (the job directory holds the shareable checkpoints).
     for path in map(_expand, directories):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-        if os.stat(path).st_uid == os.getuid():
-            os.chmod(path, 0o700)
+        _private_dir(path)
+
+
+# --- private directories and temporary files (issue 25) ---------------------------------------
+
+
+def _owner(uid):
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _private_dir(path):
+    """`path` made, or found, as a directory of this account that only it can enter (0700,
+    tightened when looser); anything else is refused before a file is written into it: another
+    user's directory (pre-created in a shared workdir, it could hold their spec.json and
+    agent.py), a symbolic link, or not a directory. Checked on the opened directory itself
+    (O_NOFOLLOW), so what is checked is what is tightened."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise RuntimeError(
+                f"refusing {path}: it is a symbolic link (to {os.readlink(path)}), not a "
+                f"private directory; owner {_owner(os.lstat(path).st_uid)}; remove it"
+            ) from None
+        raise RuntimeError(f"refusing {path}: not a usable directory ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid():
+            raise RuntimeError(
+                f"refusing {path}: it belongs to {_owner(info.st_uid)}, not to this account "
+                f"({_owner(os.getuid())}); another user made it, so nothing of the run is "
+                "written there: remove it, or choose a workdir only you can write to"
+            )
+        if info.st_mode & 0o777 != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return path
+
+
+def _run_chain(run_dir):
+    """{job}/runs/{run_id}/attempt-{n}/{name} -> [{job}/runs, ..., run_dir]: the directories
+    a run's files are private behind (model/workers.private_dirs, for a request without them)."""
+    chain = [run_dir]
+    for _ in range(3):
+        chain.insert(0, os.path.dirname(chain[0]))
+    return chain
+
+
+def _private_chain_made(directories):
+    """Whether the directories are (now) this account's private ones; False, with nothing
+    written, where one is refused (another user's, a link)."""
+    try:
+        _make_private_dirs(directories)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _temp_beside(path, mode=0o600):
+    """A new temporary file in `path`'s directory, for an atomic replace of `path`: an
+    unpredictable name, created O_EXCL|O_NOFOLLOW (mkstemp), so no file or link planted
+    there is opened. Returns (fd, name)."""
+    import tempfile
+
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f"{name}.tmp.", dir=directory or ".")
+    if mode != 0o600:
+        os.fchmod(fd, mode)
+    return fd, tmp
 
 
 def _read_json(path):
@@ -587,7 +660,9 @@ def cmd_discard_standbys(request):
     for run_dir in request["run_dirs"]:
         path = _expand(run_dir)
         run = run_of(path)
-        if os.path.isdir(run):
+        # The marker only behind this account's private {job}/runs/{run_id}: nothing is
+        # written into a runs/ another user made or linked (issue 25).
+        if os.path.isdir(run) and _private_chain_made([os.path.dirname(run), run]):
             _write_text(os.path.join(run, DISCARDED_MARKER), str(time.time()))
         sdir = standby_dir(path)
         state = _standby_state(sdir)
@@ -1201,9 +1276,9 @@ def cmd_stop(request):
             _signal_group(pid, signal.SIGTERM)
             # A stopped (SIGSTOP) process would hold SIGTERM pending until the grace runs out.
             _signal_group(pid, signal.SIGCONT)
-        elif pid is None:
-            # Never started: a launch still on its way is refused when it arrives.
-            _make_private_dirs([path])
+        elif pid is None and _private_chain_made(_run_chain(path)):
+            # Never started: a launch still on its way is refused when it arrives. (Where
+            # {job}/runs is not safely ours, a launch is refused anyway: nothing written.)
             _write_text(os.path.join(path, "stop_requested"), str(time.time()))
 
     def still_alive(alive):
@@ -1276,8 +1351,10 @@ def cmd_adopt_checkpoint(request):
     directory, name = _expand(request["directory"]), request["name"]
     names = [n for n in request.get("checkpoints", [name]) if n != name] + [name]
     state = os.path.join(directory, "checkpoint")
-    tmp = f"{state}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
+    umask = os.umask(0)
+    os.umask(umask)  # the state file keeps the user's umask, like the checkpoints beside it
+    fd, tmp = _temp_beside(state, 0o666 & ~umask)
+    with open(fd, "w", encoding="utf-8") as handle:
         # Relative paths: TensorFlow resolves them against this directory on this host.
         handle.write(f'model_checkpoint_path: "{name}"\n')
         handle.writelines(f'all_model_checkpoint_paths: "{n}"\n' for n in names)
@@ -1298,9 +1375,9 @@ def cmd_files(request):
 
 
 def cmd_make_dirs(request):
+    _make_private_dirs(request.get("private_dirs", []))  # first: checked before any is used
     for path in request.get("directories", []):
         os.makedirs(_expand(path), exist_ok=True)
-    _make_private_dirs(request.get("private_dirs", []))
     return {"made": True}
 
 

@@ -76,7 +76,7 @@ def gpu_candidates(pool, keep):
 def validate_record(data, owner_uid, file_name):
     """(record, None) or (None, why it is ignored). `owner_uid`: the file's owner (lstat);
     `file_name`: its name, which repeats the uid and run id. Pure."""
-    match = RECORD_NAME.match(file_name)
+    match = RECORD_NAME.fullmatch(file_name)
     if not match:
         return None, "not a lease record's name"
     if not isinstance(data, dict):
@@ -84,7 +84,7 @@ def validate_record(data, owner_uid, file_name):
 
     def text(key, pattern):
         value = data.get(key)
-        return value if isinstance(value, str) and pattern.match(value) else None
+        return value if isinstance(value, str) and pattern.fullmatch(value) else None
 
     def whole(value, low, high):
         ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high

@@ -1,0 +1,52 @@
+"""Runs one command with environment variables that arrive on standard input, never in argv.
+
+STANDARD LIBRARY ONLY, sent as `python -c SOURCE` like agent.py (runs on Python 3.6 too). One
+JSON request line, {"argv": [...], "env": {NAME: VALUE}, "timeout": SECONDS}, is answered with
+one JSON line, {"returncode", "stdout", "stderr"} or {"error"}; then the next, until end of
+input. What it is for: `sbatch` on a Slurm login node with job.secret_env's values in its
+environment, so that `--export=ALL` passes them to the tasks, while no command line (visible to
+every user there in `ps`) and no file on the login node ever holds one.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+
+def run(request):
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in request.get("env", {}).items()})
+    try:
+        done = subprocess.run(  # noqa: UP022 - capture_output is 3.7+, a login node may be 3.6
+            [str(a) for a in request["argv"]],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            timeout=request.get("timeout"),
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "returncode": done.returncode,
+        "stdout": done.stdout.decode("utf-8", "replace"),
+        "stderr": done.stderr.decode("utf-8", "replace"),
+    }
+
+
+def main():
+    for line in sys.stdin:
+        if line.strip():
+            try:
+                answer = run(json.loads(line))
+            except (ValueError, KeyError, TypeError) as exc:
+                answer = {"error": f"bad request: {exc}"}
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
