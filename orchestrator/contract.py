@@ -25,6 +25,14 @@ CHECKPOINT_DIR_ENV = "ORCHESTRATE_CHECKPOINT_DIR"
 TARGET_STEPS_ENV = "ORCHESTRATE_TARGET_STEPS"  # a script job's steps: (worker.target_steps())
 RESERVED_ENV_PREFIXES = (TF_CONFIG_ENV, "ORCHESTRATE_")
 
+# Progress keys of the built-in loop's step timing (worker/train.py writes them at each log step,
+# engine/pace.py reads them): the mean seconds per step spent inside the step calls, and the mean
+# wall seconds per step, over the last log window. Their difference is the host's own time per
+# step; in a synchronous job the others wait for the worker with the most of it.
+STEP_CALL_SECONDS = "step_call_seconds"
+STEP_SECONDS = "step_seconds"
+STEP_TIMING_ENV = "ORCHESTRATE_STEP_TIMING"  # "0": no timing (bench/bench_step_timing.py)
+
 # The files a worker writes into its run directory.
 PROGRESS_FILE = "progress.json"
 HISTORY_FILE = "progress-history.jsonl"  # bounded, one line per metric step: the curves

@@ -33,6 +33,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from orchestrator.contract import STEP_CALL_SECONDS, STEP_SECONDS, STEP_TIMING_ENV
 from worker import kerasflavor
 from worker.config import STRATEGY_MIRRORED, ConfigError, DeviceSettings, WorkerConfig
 from worker.devices import configure_devices
@@ -473,6 +474,8 @@ class Loop:
         self.with_accuracy = with_accuracy
         self.preemption = preemption
         self._mark = (0, 0.0)  # (step, time) at which the current rate window started
+        # Seconds spent inside the step calls since the window started (None: not timed).
+        self._in_calls: float | None = 0.0 if timing_enabled() else None
 
     def run(self, iterator: Any, start_step: int) -> int:
         steps = self.config.steps
@@ -483,13 +486,18 @@ class Loop:
             last = self._call_end(step, start_step)
             self.profile.before_step(step + 1)
             self.preemption.before_step()
-            self.train_step(iterator, last - step)
+            if self._in_calls is None:
+                self.train_step(iterator, last - step)
+            else:
+                called = time.perf_counter()
+                self.train_step(iterator, last - step)
+                self._in_calls += time.perf_counter() - called
             step = last
             if step == start_step + 1:
                 self.window.steps.numpy()  # wait for the step: the first one traces and connects
                 log("worker: first step done")
                 self.progress.write(step=step)  # the supervisor starts standbys only after it
-                self._mark = (step, time.perf_counter())
+                self._restart_window(step)
             if self.profile.ends_at(step):
                 self.window.steps.numpy()  # the trace must contain the step's ops, so wait
                 self.profile.export(step)
@@ -537,7 +545,7 @@ class Loop:
         self.summaries.scalars(step, {"val_loss": result.loss, "val_accuracy": result.accuracy})
         self.progress.write(val_loss=result.loss, val_accuracy=result.accuracy, eval_step=step)
         # The evaluation's time is not the steps': start the next rate window afresh.
-        self._mark = (step, time.perf_counter())
+        self._restart_window(step)
         return result
 
     def _stop(self, step: int) -> None:
@@ -549,12 +557,21 @@ class Loop:
         self.progress.write(step=step, checkpoint_step=step, preempted=True)
         raise Preempted(step)
 
+    def _restart_window(self, step: int) -> None:
+        self._mark = (step, time.perf_counter())
+        if self._in_calls is not None:
+            self._in_calls = 0.0
+
     def _log(self, step: int) -> None:
         loss, accuracy = self.window.read_and_reset(self.with_accuracy)
         mark_step, mark_time = self._mark
         now = time.perf_counter()
         rate = (step - mark_step) / (now - mark_time) if step > mark_step else None
-        self._mark = (step, now)
+        timing = {}
+        if self._in_calls is not None and rate is not None:
+            steps = step - mark_step
+            timing = {STEP_CALL_SECONDS: self._in_calls / steps, STEP_SECONDS: 1 / rate}
+        self._restart_window(step)
         log(
             f"step {step} loss {_fmt(loss, 4)} accuracy {_fmt(accuracy, 4)} steps/s {_fmt(rate, 1)}"
         )
@@ -568,7 +585,12 @@ class Loop:
                 "examples_per_sec": None if rate is None else rate * self.config.batch_size,
             },
         )
-        self.progress.write(step=step, loss=loss, accuracy=accuracy, steps_per_sec=rate)
+        self.progress.write(step=step, loss=loss, accuracy=accuracy, steps_per_sec=rate, **timing)
+
+
+def timing_enabled() -> bool:
+    """The step calls are timed (two clock reads per call) unless the bench turns it off."""
+    return os.environ.get(STEP_TIMING_ENV) != "0"
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -614,6 +636,7 @@ def write_start(
         val_loss=None,
         val_accuracy=None,
         eval_step=None,
+        **{STEP_CALL_SECONDS: None, STEP_SECONDS: None},
     )
 
 

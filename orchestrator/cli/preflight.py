@@ -52,10 +52,18 @@ min_free_option = click.option(
 
 
 def run_checks(
-    inventory: Inventory, backend: Backend, probe_timeout: float, min_free_gb: float
+    inventory: Inventory,
+    backend: Backend,
+    probe_timeout: float,
+    min_free_gb: float,
+    *,
+    perf: bool = False,
 ) -> PreflightReport:
-    with errors.status("preflight: checking every host and every port between them"):
-        options = PreflightOptions(probe_timeout, int(min_free_gb * 2**30), exposure=True)
+    doing = "every host and every port between them" + (", and their speed" if perf else "")
+    with errors.status(f"preflight: checking {doing}"):
+        options = PreflightOptions(
+            probe_timeout, int(min_free_gb * 2**30), exposure=True, perf=perf
+        )
         report = backend.preflight(inventory, options)
     _record(report, inventory)
     return report
@@ -97,9 +105,17 @@ def blocking_error(report: PreflightReport) -> PreflightFailed:
     "inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False, path_type=Path)
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per finding.")
+@click.option(
+    "--perf",
+    is_flag=True,
+    help="Also measure each host's compute (a 1 s matmul) and each ring link's throughput, and "
+    "warn about the slow ones (a few seconds more; see 'preflight: {perf: true}' for 'up').",
+)
 @probe_timeout_option
 @min_free_option
-def check(inventory_file: Path, as_json: bool, probe_timeout: float, min_free_gb: float) -> None:
+def check(
+    inventory_file: Path, as_json: bool, perf: bool, probe_timeout: float, min_free_gb: float
+) -> None:
     """Find every reason the cluster would fail or hang, on every host at once, before starting.
 
     \b
@@ -109,14 +125,15 @@ def check(inventory_file: Path, as_json: bool, probe_timeout: float, min_free_gb
     addresses mixed with remote hosts; writable directories with free space; proxy variables that
     would capture the workers' gRPC traffic; a warning when this machine, not in the cluster, can
     connect to a host's TensorFlow port (see 'orchestrate firewall'). Leaves no listener or
-    process behind.
-    Exit status 5 when something blocks the run.
+    process behind. With --perf, a warning names a host below 0.7x the others' compute and a
+    ring link below 0.5x the others' throughput (hosts of one machine are measured in turn).
+    Exit status 5 when something blocks the run (slow hosts and links are warnings).
     """
     inventory = load_inventory(inventory_file)
     with open_backend(inventory) as backend:
         # port: auto and gpus: N: what `up` would lease now (nothing is held); a clash exits 4.
         inventory = take_leases(inventory, CHECK_RUN_ID, backend, _warn, dry_run=True)
-        report = run_checks(inventory, backend, probe_timeout, min_free_gb)
+        report = run_checks(inventory, backend, probe_timeout, min_free_gb, perf=perf)
     if as_json:
         click.echo(json.dumps([f.to_json() for f in report.findings], indent=2))
     else:

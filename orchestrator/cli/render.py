@@ -121,7 +121,8 @@ def problems(status: RunStatus) -> list[str]:
             lines.append(f"{w.name}: {w.state.value}: {w.reason}")
             if w.hint:
                 lines.append(f"  what to do: {w.hint}")
-    return lines + [f"{w.name}: {w.note}" for w in status.workers if w.note]
+    lines += [f"{w.name}: {w.note}" for w in status.workers if w.note]
+    return lines + ([f"pace: {status.pace}"] if status.pace else [])
 
 
 def progress_line(worker: WorkerStatus) -> str:

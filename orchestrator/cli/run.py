@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import click
@@ -123,6 +123,15 @@ def up(  # noqa: PLR0917 - click passes every option by position
                         force_setup=force_setup)  # fmt: skip
 
 
+def _checks(
+    inventory: Inventory, backend: Backend, probe_timeout: float, min_free_gb: float, *, perf: bool
+) -> None:
+    report = run_checks(inventory, backend, probe_timeout, min_free_gb, perf=perf)
+    show_findings(report, only_problems=True)
+    if report.blocking:
+        raise blocking_error(report)
+
+
 def start_and_supervise(
     context: Context,
     inventory: Inventory,
@@ -150,14 +159,15 @@ def start_and_supervise(
             prepared = prepare_before_checks(inventory, backend, force_setup)
             run_id = new_run_id()
             # The run's leases (port: auto, gpus: N) first: the checks check the leased ports.
-            with held_leases(inventory, run_id, backend, _say) as leased, \
-                    first_standbys(leased, run_id, backend, linger=STANDBY_SLACK):  # fmt: skip
+            with ExitStack() as held:
+                leased = held.enter_context(held_leases(inventory, run_id, backend, _say))
+                measured = not skip_checks and leased.perf_check
+                if measured:  # the standbys' TensorFlow import would slow the compute probes
+                    _checks(leased, backend, probe_timeout, min_free_gb, perf=True)
                 # TensorFlow's import in the first workers overlaps the checks and the launch.
-                if not skip_checks:
-                    report = run_checks(leased, backend, probe_timeout, min_free_gb)
-                    show_findings(report, only_problems=True)
-                    if report.blocking:
-                        raise blocking_error(report)
+                held.enter_context(first_standbys(leased, run_id, backend, linger=STANDBY_SLACK))
+                if not skip_checks and not measured:
+                    _checks(leased, backend, probe_timeout, min_free_gb, perf=False)
                 _announce(leased, source, secrets)
                 record = start_run(
                     leased,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.notify import NOTIFY_KEY_ENTRIES, parse_notify
+from orchestrator.config.preflight import PREFLIGHT_KEY_ENTRIES, parse_preflight
 from orchestrator.config.report import Report, line_of
 from orchestrator.config.setup import parse_setup
 from orchestrator.config.sources.ansible import ANSIBLE_KEY_ENTRIES, parse_ansible
@@ -185,6 +186,8 @@ TOP_KEY_ENTRIES: tuple[Key, ...] = (
         "a directory of this machine mirrored to `{workdir}/{job}/code/` on every host before "
         "every start"),
     Key("job", "mapping (`job:` keys)", "required", "what every worker runs"),
+    Key("preflight", "mapping (`preflight:` keys)", "",
+        "what `up`'s preflight check does besides its usual checks"),
     Key("notify", "list of targets (`notify:` keys)", "`[]`",
         "webhooks and commands told when the run starts, restarts, stalls, is preempted, "
         "succeeds, fails or is stopped (see Notifications)"),
@@ -235,6 +238,7 @@ def key_reference() -> tuple[tuple[str, str, tuple[Key, ...]], ...]:
     blocks += [
         ("job", "what every worker runs", JOB_KEY_ENTRIES),
         ("sync", "`sync: DIR` is `sync: {source: DIR}`", SYNC_KEY_ENTRIES),
+        ("preflight", "what `up`'s preflight check adds", PREFLIGHT_KEY_ENTRIES),
         ("notify", "each entry of `notify:`: a webhook or a command", NOTIFY_KEY_ENTRIES),
         (
             "ansible",
@@ -316,6 +320,7 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
         if key in document and isinstance(scheduler, SlurmSpec):
             report.add(line_of(document, key), key, "applies to hosts reached over SSH (hosts: "
                        "or ansible:); on Slurm, prepare the nodes' shared environment")  # fmt: skip
+    perf = parse_preflight(document.get("preflight"), line_of(document, "preflight"), report)
     if job is None or report.problems:
         return None
     return Inventory(
@@ -328,6 +333,7 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
         setup=setup,
         sync=sync,
         slurm=scheduler if isinstance(scheduler, SlurmSpec) else None,
+        perf_check=perf,
         notify=notify,
     )
 

@@ -77,7 +77,10 @@ class StallWatch:
                 self._since[worker.name] = (mark, now)
                 continue
             if now - previous[1] >= self.timeout:
-                return Failure(worker.name, _stall_kind(worker), self._reason(worker), worker.step)
+                reason = self._reason(worker)
+                pace = status.pace if worker.state is WorkerState.RUNNING else None
+                reason += f" (before it: {pace})" if pace else ""
+                return Failure(worker.name, _stall_kind(worker), reason, worker.step)
         return None
 
     def _reason(self, worker: WorkerStatus) -> str:

@@ -6,11 +6,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.backends.base import Backend
+from orchestrator.contract import STEP_CALL_SECONDS, STEP_SECONDS
 from orchestrator.engine.eta import run_eta, worker_eta
 from orchestrator.engine.failures import classify_exit, explain
+from orchestrator.engine.pace import pace_outlier
 from orchestrator.engine.state import Expectation, WorkerState, classify, overall
 from orchestrator.model.answers import WorkerProbe
-from orchestrator.model.reading import integer, number_as_written, text, texts
+from orchestrator.model.reading import integer, number, number_as_written, text, texts
 from orchestrator.model.records import Restart, RunRecord, SchedulerState, WorkerRecord
 
 
@@ -44,6 +46,9 @@ class WorkerStatus:
     # Held in a scheduler's queue (Slurm PENDING): the stall clock starts when it runs.
     queued: bool = False
     start_step: int | None = None  # the step this attempt began at, where the worker says
+    # The built-in loop's step timing over its last log window (contract.STEP_CALL_SECONDS).
+    step_call_seconds: float | None = None
+    step_seconds: float | None = None
 
     @property
     def stepped(self) -> bool:
@@ -100,6 +105,8 @@ class WorkerStatus:
             hint=text(data.get("hint")),
             queued=data.get("queued") is True,
             start_step=integer(data.get("start_step")),
+            step_call_seconds=number_as_written(data.get("step_call_seconds")),
+            step_seconds=number_as_written(data.get("step_seconds")),
         )
 
 
@@ -113,6 +120,12 @@ class RunStatus:
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None
     scheduler: SchedulerState | None = None  # a scheduler's view of the attempt (Slurm job)
+
+    @property
+    def pace(self) -> str | None:
+        """The running worker the others wait for (engine/pace.py), if one stands out."""
+        running = [w for w in self.workers if w.state is WorkerState.RUNNING]
+        return pace_outlier({w.name: (w.step_call_seconds, w.step_seconds) for w in running})
 
     @property
     def eta_seconds(self) -> float | None:
@@ -132,6 +145,7 @@ class RunStatus:
             "outcome": self.outcome,
             "scheduler": self.scheduler.to_json() if self.scheduler else None,
             "workers": [w.to_json() for w in self.workers],
+            "pace": self.pace,
         }
 
     @classmethod
@@ -218,6 +232,8 @@ def worker_status(
         hint=hint,
         queued=bool(probe and probe.queued is not None and exit_record is None),
         start_step=progress.start_step if progress else None,
+        step_call_seconds=number(progress.fields.get(STEP_CALL_SECONDS)) if progress else None,
+        step_seconds=number(progress.fields.get(STEP_SECONDS)) if progress else None,
     )
 
 

@@ -285,6 +285,7 @@ class Inspection:
     listener_pid: int | None
     port_error: str | None
     holder: PortHolder | None
+    boot_id: str | None = None  # one per booted machine: hosts that share it share its CPUs
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> Inspection:
@@ -302,6 +303,7 @@ class Inspection:
             listener_pid=integer(data.get("listener_pid")),
             port_error=text(data.get("port_error")),
             holder=_holder(holder) if isinstance(holder, dict) else None,
+            boot_id=text(data.get("boot_id")),
         )
 
 
@@ -335,6 +337,42 @@ class Connections:
         }
         visible = data.get("token_visible")
         return cls(peers, visible if isinstance(visible, bool) else None)
+
+
+@dataclass(frozen=True)
+class ComputeProbe:
+    """hostprobe's `compute`: the best GFLOP/s of a fixed matmul, or why it was not measured."""
+
+    probe: str | None  # "numpy", "tensorflow", None: not measured
+    device: str  # "cpu" or "gpu": figures are compared among hosts of one device only
+    gflops: float | None
+    detail: str | None = None
+    cpu_limit: float | None = None  # the CPUs the host's cgroups allow the probe, if limited
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> ComputeProbe:
+        gflops = number(data.get("gflops"))
+        return cls(text(data.get("probe")), text(data.get("device")) or "cpu",
+                   gflops if gflops and gflops > 0 else None, text(data.get("detail")),
+                   number(data.get("cpu_limit")))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """hostprobe's `send`: what the peer's sink received and its rate (bytes per second)."""
+
+    ok: bool
+    rate: float | None
+    sent: int
+    seconds: float | None
+    detail: str | None = None
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> Transfer:
+        rate = number(data.get("rate"))
+        ok = data.get("status") == "ok" and rate is not None and rate > 0
+        return cls(ok, rate if ok else None, integer(data.get("sent")) or 0,
+                   number(data.get("seconds")), text(data.get("detail")))  # fmt: skip
 
 
 def parsed(host: str, parse: Any, data: Mapping[str, Any]) -> Any:

@@ -186,6 +186,8 @@ class Inventory:
     sync: SyncSpec | None = None  # a directory mirrored to every host before each start
     # The `slurm:` block when Slurm places the workers (then `hosts` are its tasks).
     slurm: SlurmSpec | None = None
+    # `preflight: {perf: true}`: `up`'s check runs the performance round too.
+    perf_check: bool = False
     notify: tuple[NotifyTarget, ...] = ()  # told of the run's events (engine/notify.py)
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -18,6 +19,9 @@ class PreflightOptions:
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT
     min_free_bytes: int = DEFAULT_MIN_FREE_BYTES
     exposure: bool = False
+    # The performance round (`check --perf`, `preflight: {perf: true}`): each host's compute
+    # and each ring link's throughput, with a warning for the slow ones.
+    perf: bool = False
 
 
 CHECK = PreflightOptions()  # the defaults
@@ -36,9 +40,17 @@ class Finding:
     status: Status
     detail: str
     hint: str | None = None
+    # Measured figures (the performance round's GFLOP/s, bytes per second, ratios), for --json
+    # and the dashboard; None for the checks that measure nothing.
+    figures: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "status": self.status.value}
+        document = {**self.__dict__, "status": self.status.value}
+        if self.figures is None:
+            del document["figures"]
+        else:
+            document["figures"] = dict(self.figures)
+        return document
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -401,6 +401,34 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 # --------------------------------------------------------------------------- the cluster
 
 
+CPU_CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
+
+
+def _cpu_cgroup_of(pid: int) -> str:
+    """A process's cgroup in the v1 `cpu` hierarchy ("/" at the root)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    return "/"
+
+
+def _remove_cgroup(group: Path, parent: Path) -> None:
+    """Move what is left in `group` to `parent`, then remove it (a cgroup with tasks is busy)."""
+    deadline = time.monotonic() + _KILL_GRACE_S
+    while True:
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):  # it may have exited meanwhile
+                (parent / "cgroup.procs").write_text(pid)
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 class NamespaceCluster:
     """N namespace hosts on a bridge, each with its own sshd. Use as a context manager.
 
@@ -516,6 +544,10 @@ class NamespaceCluster:
                 _run([ip, "link", "del", host.veth], check=False)
         for host in ours:
             _run([ip, "netns", "del", host.namespace], check=False)
+        for host in self.hosts:  # a cpu_quota block cut short
+            group = CPU_CGROUP_ROOT / f"{host.namespace}_quota"
+            if group.is_dir():
+                _remove_cgroup(group, CPU_CGROUP_ROOT)
         if self.iptables_rule:
             _run(
                 [_tool("iptables"), "-w", "-D", *_forward_rule(self.bridge, self.tag)], check=False
@@ -792,6 +824,37 @@ class NamespaceCluster:
         self._finish_sshd_start(host, self._launch_sshd(host))
         self.write_state()
 
+    @contextlib.contextmanager
+    def cpu_quota(self, host: ClusterHost, cores: float) -> Iterator[Path]:
+        """Inside: every new session of the host (its sshd's new children, so everything a
+        controller runs there) is limited to `cores` CPUs by a CFS quota (cgroup v1 `cpu`
+        controller, `cpu.cfs_quota_us`). The host's sshd moves into a cgroup of its own and
+        back when the block ends; sessions opened before keep their cgroup."""
+        if host.sshd_pid is None:
+            raise ClusterError(f"{host.name} has no sshd to put in a cgroup")
+        root = CPU_CGROUP_ROOT
+        if not (root / "cpu.cfs_quota_us").exists():
+            raise ClusterError(f"no cgroup v1 cpu controller at {root} (cpu.cfs_quota_us)")
+        before = _cpu_cgroup_of(host.sshd_pid)
+        group = root / f"{host.namespace}_quota"
+        group.mkdir(exist_ok=True)
+        period = int((group / "cpu.cfs_period_us").read_text())
+        (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(period * cores))))
+        (group / "cgroup.procs").write_text(str(host.sshd_pid))
+        # `ip netns exec` gave the host a /sys of its own, without the cgroup mounts a real host
+        # has, so its programs could not read their limits: mount the cpu hierarchy there (in
+        # the sshd's mount namespace only, which `ip netns exec` made a slave of this one).
+        mount = (
+            f"test -e {root}/cpu.cfs_quota_us || {{ mount -t tmpfs cgroup_root /sys/fs/cgroup"
+            f" && mkdir -p {root} && mount -t cgroup -o cpu cgroup {root}; }}"
+        )
+        _run(["nsenter", "-t", str(host.sshd_pid), "-m", "sh", "-c", mount])
+        try:
+            yield group
+        finally:
+            (root / before.lstrip("/") / "cgroup.procs").write_text(str(host.sshd_pid))
+            _remove_cgroup(group, root / before.lstrip("/"))
+
     def restart_sshd(self, host: ClusterHost, *, sftp: bool = True) -> None:
         """Restart the host's sshd with or without its SFTP subsystem (a hardened server)."""
         self.stop_sshd(host, kill_sessions=True)
@@ -910,6 +973,11 @@ def cleanup_leftovers(prefix: str = DEFAULT_PREFIX, *, include_live: bool = Fals
         _run([ip, "netns", "del", ns], check=False)
         removed.append(f"netns {ns}")
     removed += _cleanup_iptables(prefix, stale)
+    quota_re = re.compile(rf"^{p}-{_SUFFIX}_h\d+_quota$")  # NamespaceCluster.cpu_quota's
+    for group in CPU_CGROUP_ROOT.glob(f"{prefix}-*_quota") if CPU_CGROUP_ROOT.is_dir() else ():
+        if stale(quota_re.match(group.name)):
+            _remove_cgroup(group, CPU_CGROUP_ROOT)
+            removed.append(f"cgroup {group}")
     return removed
 
 

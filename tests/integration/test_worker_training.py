@@ -27,7 +27,7 @@ TASK = "worker.examples.shapes:task"
 PROGRESS_KEYS = {
     "step", "start_step", "target_steps", "loss", "accuracy", "checkpoint_step", "steps_per_sec",
     "time", "task_index", "num_workers", "devices", "num_replicas", "preempted", "val_loss",
-    "val_accuracy", "eval_step",
+    "val_accuracy", "eval_step", "step_call_seconds", "step_seconds",
 }  # fmt: skip
 TIMEOUT_S = 120
 STEP_LINE = re.compile(r"^step (\d+) loss ([\d.]+) accuracy ([\d.]+) steps/s ([\d.]+)$", re.M)
@@ -140,6 +140,8 @@ def test_two_workers_train_together(tmp_path):
         assert progress["num_replicas"] == 2  # one CPU replica on each of the two workers
         assert (progress["step"], progress["checkpoint_step"]) == (200, 200)
         assert progress["accuracy"] > 0.8, progress
+        # The step timing of the last log window: the calls are part of the step's wall time.
+        assert 0 < progress["step_call_seconds"] <= progress["step_seconds"] * 1.01, progress
     # Both workers log the same globally reduced values.
     assert STEP_LINE.findall(results[0][1])[-1][1:3] == STEP_LINE.findall(results[1][1])[-1][1:3]
     assert latest_checkpoint(checkpoints) == str(checkpoints / "ckpt-200")

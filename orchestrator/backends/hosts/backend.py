@@ -38,7 +38,8 @@ class HostBackend(Machines, Backend):
     def preflight(self, inventory: Inventory, options: PreflightOptions = CHECK) -> PreflightReport:
         probe = ExposureProbe(controller_address, reaches) if options.exposure else None
         return run_preflight(inventory, self, probe_timeout=options.probe_timeout,
-                             min_free_bytes=options.min_free_bytes, exposure=probe)  # fmt: skip
+                             min_free_bytes=options.min_free_bytes, exposure=probe,
+                             perf=options.perf)  # fmt: skip
 
     def prepare(
         self,

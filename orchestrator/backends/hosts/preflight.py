@@ -5,7 +5,9 @@ per host that serves the whole check:
   1. inspect: versions, proxies, free space; bind the TensorFlow port and keep it as a listener
   2. connect: every host connects to every other host's port (N² probes, short timeout); the
      controller, when it is no cluster member, tries each port too (the exposure check)
-  3. cleanup: stop the listeners, remove the shared-directory token
+  3. with --perf, the performance round (perf.py): compute on every host, throughput on each
+     ring link
+  4. cleanup: stop the listeners, remove the shared-directory token
 The findings are computed from the answers by pure functions below.
 """
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from orchestrator import __version__
+from orchestrator.backends.hosts.perf import run_perf_round
 from orchestrator.contract import (
     KERAS_LEGACY,
     TF_KERAS_PACKAGE,
@@ -367,9 +370,11 @@ def run_preflight(
     probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
     min_free_bytes: int = DEFAULT_MIN_FREE_BYTES,
     exposure: ExposureProbe | None = None,
+    perf: bool = False,
 ) -> PreflightReport:
     """`exposure`: how this machine finds its address towards a host and tries a port (the CLI
-    passes the real ones; without it the exposure check is skipped)."""
+    passes the real ones; without it the exposure check is skipped). `perf`: the performance
+    round too."""
     early = address_findings(inventory)
     if early:
         return PreflightReport(tuple(early))  # rejected before any connection
@@ -398,6 +403,8 @@ def run_preflight(
         reports = dict(inspections.ok)
         connects = _connect_round(inventory, sessions, reports, probe_timeout, token)
         exposed = _exposure_round(inventory, reports, exposure, probe_timeout)
+        if perf:
+            exposed += run_perf_round(inventory, sessions, reports)
         _round(
             {name: hosts[name] for name in reports},
             lambda host: request(
@@ -528,5 +535,6 @@ def _failure_finding(host: Host, error: HostError) -> Finding:
 def _order(inventory: Inventory) -> Callable[[Finding], tuple[int, int]]:
     index = {host.name: i for i, host in enumerate(inventory.hosts)}
     checks = ["address", "ssh", "connect", "python", "tensorflow", "keras", "worker", "port",
-              "reachable", "exposed", "proxy", "workdir", "checkpoints", "shared"]  # fmt: skip
+              "reachable", "exposed", "proxy", "workdir", "checkpoints", "shared", "compute",
+              "throughput"]  # fmt: skip
     return lambda f: (index.get(f.host, 0), checks.index(f.check) if f.check in checks else 99)

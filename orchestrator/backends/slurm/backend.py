@@ -39,14 +39,13 @@ from orchestrator.model.answers import (
     WorkerProbe,
 )
 from orchestrator.model.inventory import DEFAULT_CONNECTION, Host
-from orchestrator.model.preflight import CHECK, PreflightOptions
+from orchestrator.model.preflight import CHECK, Finding, PreflightOptions, PreflightReport, Status
 from orchestrator.model.records import SchedulerState
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.model.workers import Started
 
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Inventory, Job, LoginDetails
-    from orchestrator.model.preflight import PreflightReport
     from orchestrator.model.records import RunRecord, WorkerRecord
     from orchestrator.model.workers import WorkerSpec
 
@@ -282,8 +281,15 @@ class SlurmBackend(Backend):
         """Slurm's own checks (checks.py): its nodes are not known before the job runs."""
         from orchestrator.backends.slurm.checks import slurm_preflight
 
-        return slurm_preflight(inventory, self.slurm, self.files, options.probe_timeout,
-                               self.login)  # fmt: skip
+        report = slurm_preflight(inventory, self.slurm, self.files, options.probe_timeout,
+                                 self.login)  # fmt: skip
+        if not options.perf:
+            return report
+        # The check's srun lands on whichever nodes are free now, not the job's: their speed
+        # would say nothing about the nodes a later sbatch gets.
+        skipped = Finding(SLURM, "compute", Status.OK, "performance round not measured on "
+                          "Slurm: the job's nodes are not known before it starts")  # fmt: skip
+        return PreflightReport((*report.findings, skipped))
 
 
 def task_probe(files: WorkerProbe, job: JobState | None, node: str | None) -> WorkerProbe:

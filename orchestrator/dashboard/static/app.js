@@ -95,7 +95,8 @@ function renderSummary(doc) {
     ["running for", duration(Date.now() / 1000 - doc.created_at)],
   ];
   $("summary").replaceChildren(...stats.map(([k, v]) =>
-    el("div", { class: "stat" }, [el("div", { class: "k", text: k }), el("div", { class: "v", text: v })])));
+    el("div", { class: "stat" }, [el("div", { class: "k", text: k }), el("div", { class: "v", text: v })])),
+    ...(status.pace ? [el("div", { class: "muted-line pace", text: `pace: ${status.pace}` })] : []));
 }
 
 // The stacks kept at the stall that ended this restart's attempt: one link per worker.
@@ -137,7 +138,15 @@ function renderPreflight(doc) {
     el("td", { text: f.host }), el("td", { text: f.check }),
     el("td", { class: `f-${f.status}`, text: f.status }), el("td", { text: f.detail }),
   ]));
-  $("preflight").replaceChildren(head, el("table", {}, [el("tbody", {}, rows)]));
+  // check --perf's figures: every compute and throughput finding, whatever its status
+  const perf = report.findings.filter((f) => f.figures && !problems.includes(f));
+  const perfRows = perf.map((f) => el("tr", {}, [
+    el("td", { text: f.host }), el("td", { text: f.check }),
+    el("td", { class: `f-${f.status}`, text: f.status }), el("td", { text: f.detail }),
+  ]));
+  $("preflight").replaceChildren(head, el("table", {}, [el("tbody", {}, rows)]),
+    ...(perfRows.length ? [el("div", { class: "muted", text: "performance (check --perf)" }),
+      el("table", { class: "perf" }, [el("tbody", {}, perfRows)])] : []));
 }
 
 function renderRuns(doc) {
