@@ -46,6 +46,7 @@ def stop_everything(store: RunStore, backend: Backend, run_id: str | None,
         answer = _supervisor_stopped(store, record.run_id, request, lock)
         if answer is not None:
             return store.load(record.run_id), answer
+        store.withdraw_stop_request(record.run_id)
     report = stop_run(record, backend, grace)
     # Touched again: the supervisor, waiting for its next poll, polls now and lets go.
     store.stop_flag(record.run_id).touch()

@@ -84,6 +84,11 @@ class RunStore:
         self.write_file(self.stop_flag(run_id), json.dumps(asdict(request)))
         return request
 
+    def withdraw_stop_request(self, run_id: str) -> None:
+        """`down` stops the workers itself: the flag stays (no new attempt) but carries no
+        request, so a supervisor that wakes up late does not stop them a second time."""
+        self.write_file(self.stop_flag(run_id), "{}")
+
     def stop_request(self, run_id: str) -> StopRequest | None:
         """The pending `down` of the run; None with no flag, or one that carries nothing."""
         try:
