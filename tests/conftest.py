@@ -284,3 +284,15 @@ def dashboard_view(
         server.send_signal(signal.SIGINT)
         server.communicate(timeout=30)
     return document, lines
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`root` tests make files owned by another account (chown): as a developer without root
+    they are skipped and say why; CI runs them as root, and its unprivileged rerun deselects
+    them (scripts/unit-tests-unprivileged.sh)."""
+    if os.geteuid() == 0:
+        return
+    needs_root = pytest.mark.skip(reason="needs root: chowns files to another account")
+    for item in items:
+        if "root" in item.keywords:
+            item.add_marker(needs_root)

@@ -167,6 +167,7 @@ def record_of(tmp_path: Path) -> RunRecord:
     return RunRecord("20260101-000000-abcd", inventory, 0.0)
 
 
+@pytest.mark.root  # chowns files to another account, as another user would have made them
 def test_a_runs_directory_of_another_user_is_refused_and_nothing_is_written(
     tmp_path: Path, store: RunStore
 ) -> None:
@@ -194,6 +195,7 @@ def test_a_symlinked_runs_directory_is_refused_and_nothing_is_written(
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.root  # chowns files to another account, as another user would have made them
 def test_a_state_directory_of_another_user_is_refused(tmp_path: Path, store: RunStore) -> None:
     store.root.mkdir(mode=0o777)
     os.chown(store.root, OTHER_UID, OTHER_UID)
@@ -234,6 +236,7 @@ def agent(*requests: dict[str, object]) -> list[dict[str, object]]:
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
+@pytest.mark.root  # chowns files to another account, as another user would have made them
 def test_the_agent_refuses_a_runs_directory_another_user_made(tmp_path: Path) -> None:
     job = tmp_path / "shared" / "shapes"
     runs = job / "runs"
@@ -314,6 +317,7 @@ def test_the_launcher_redacts_a_printed_secret_from_worker_log_and_exit_json(
         assert secret not in text
 
 
+@pytest.mark.root  # chowns files to another account, as another user would have made them
 def test_the_launcher_refuses_a_run_directory_another_user_made(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     runs.mkdir(mode=0o777)

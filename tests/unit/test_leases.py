@@ -176,6 +176,7 @@ def test_a_keeper_leaves_when_no_process_of_its_run_lived_for_its_idle_time(tmp_
     assert acquire(leases, "run-next", AUTO, dry_run=True)["assigned"]["w"]["port"] == 41000
 
 
+@pytest.mark.root  # chowns files to another account, as another user would have made them
 def test_hostile_files_are_ignored_and_named_never_followed(tmp_path: Path) -> None:
     leases = tmp_path / "leases"
     leases.mkdir(mode=0o1777)
@@ -201,6 +202,7 @@ def test_hostile_files_are_ignored_and_named_never_followed(tmp_path: Path) -> N
     assert secret.read_text() == "top secret"
 
 
+@pytest.mark.root  # chowns files to another account, as another user would have made them
 def test_a_lease_dir_made_unsafe_by_another_account_is_refused(tmp_path: Path) -> None:
     unsafe = tmp_path / "unsafe"
     unsafe.mkdir(mode=0o777)
