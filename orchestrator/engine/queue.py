@@ -93,7 +93,7 @@ def withdraw(store: RunStore, entry: Pending, timeout: float = 30.0) -> bool:
         os.kill(entry.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if pending(store) is None:
+        if process_start(entry.pid) != entry.starttime:  # it withdrew its tickets and ended
             return True
         time.sleep(0.1)
     return False
@@ -139,7 +139,7 @@ def wait_for_leases(
                 on_wait(reason, arrival)
                 time.sleep(poll)
     finally:
-        with suppress(OSError):
-            path.unlink()
         with suppress(OrchestrateError):
             backend.withdraw_tickets(inventory, run_id)
+        with suppress(OSError):
+            path.unlink()

@@ -306,3 +306,146 @@ def test_a_run_killed_on_its_host_frees_its_leases_and_hostile_records_are_named
     assert successor.finish()["state"] == "succeeded"
     log = next(iter(successor.logs().values()))
     assert ports_of(log)[0].endswith(":20000")  # the one the killed run held
+
+
+# --- the queue (issue 30): `up -d --queue` waits its turn -----------------------------------------
+
+
+def queue_up(job: Job) -> dict[str, Any]:
+    """`up -d --queue`; the job's status after it returned (pending, or its run's)."""
+    result = job.up("-d", "--queue")
+    assert result.returncode == 0, result.stderr
+    return job.cli.status()
+
+
+def waiting_process(job: Job) -> psutil.Process | None:
+    """The detached `up --queue` of the job (it waits, then supervises the run it started)."""
+    for process in psutil.process_iter(["cmdline"]):
+        command = process.info["cmdline"] or []
+        if "--queue" in command and str(job.cli.cwd / "inv.yaml") in command:
+            return process
+    return None
+
+
+def started(job: Job, timeout: float = 60) -> dict[str, Any]:
+    """Wait until the queued job's run has started; its run id is the job's from then on."""
+    status = job.cli.status_when(lambda s: s["state"] in ("starting", "running"), timeout)
+    job.run_id = status["run_id"]
+    return status
+
+
+def peer_uid(peer: str) -> int:
+    return int(subprocess.run(["id", "-u", peer], capture_output=True, text=True,
+                              check=True).stdout)  # fmt: skip
+
+
+def reason(job: Job) -> str:
+    status = job.cli.status()
+    assert status["state"] == "pending", status
+    return status["reason"]
+
+
+@pytest.fixture
+def queued_jobs(jobs: list[Job]) -> Iterator[list[Job]]:
+    yield jobs
+    for job in jobs:  # a job still queued: its waiting `up` goes too (down withdraws it)
+        process = waiting_process(job)
+        if process is not None and not job.run_id:
+            job.cli("down", "--grace", "1")
+        if process is not None:
+            with _gone():
+                process.kill()
+
+
+def test_three_jobs_for_the_same_two_gpus_run_one_after_another_in_order(
+    cluster: NamespaceCluster, shared_root: Path, queued_jobs: list[Job], peer: str
+) -> None:
+    first, second, third = queued_jobs  # root, the peer, root
+    for job in queued_jobs:
+        job.write(cluster, shared_root, hosts=1, visible_gpus=[0, 1], gpus=2)
+    host = cluster.hosts[0].name
+    assert queue_up(first)["state"] in ("starting", "running")  # nothing held: it starts
+    first.run_id = first.cli.status()["run_id"]
+    assert queue_up(second)["state"] == "pending"
+    assert reason(second) == f"queued behind root's job {first.name} (run {first.run_id}) " \
+                             f"on {host}: GPUs 0,1"  # fmt: skip
+    assert queue_up(third)["state"] == "pending"
+    second_run = second.cli.status()["run_id"]
+    assert reason(third).startswith(f"queued behind {peer}'s job {second.name} (run "
+                                    f"{second_run}, queued earlier) on {host}")  # fmt: skip
+    listing = first.jobs()  # any user sees the queue, in its order
+    assert [(j["user"], j["job"]) for j in listing["queued"]] == [
+        (peer, second.name),
+        ("root", third.name),
+    ]
+    assert listing["queued"][0]["hosts"][host] == {"ports": [], "gpus": [0, 1], "count": 2}
+    said = " ".join(first.cli("jobs", "inv.yaml").stdout.split())
+    assert "queued jobs, in order" in said
+
+    assert first.finish()["state"] == "succeeded"
+    assert started(second)["run_id"] == second_run  # the run id it queued under
+    assert reason(third).startswith(f"queued behind {peer}'s job {second.name} (run "
+                                    f"{second_run}) on {host}: GPUs 0,1")  # fmt: skip
+    assert [j["job"] for j in first.jobs()["queued"]] == [third.name]
+    assert second.finish()["state"] == "succeeded"
+    started(third)
+    assert third.finish()["state"] == "succeeded"
+    assert first.jobs()["queued"] == []
+    log = (second.cli.cwd / ".orchestrate" / "queued.log").read_text()
+    assert "pending, queued behind" in log and "its turn; starting" in log
+
+
+def test_a_two_gpu_job_is_not_starved_by_a_later_one_gpu_job(
+    cluster: NamespaceCluster, shared_root: Path, queued_jobs: list[Job], peer: str
+) -> None:
+    small, big, later = queued_jobs  # root 1 GPU, the peer 2 GPUs, root 1 GPU
+    for job, count in zip(queued_jobs, (1, 2, 1), strict=True):
+        job.write(cluster, shared_root, hosts=1, visible_gpus=[0, 1], gpus=count)
+    assert small.up("-d").returncode == 0
+    assert queue_up(big)["state"] == "pending"  # GPU 1 alone is not enough
+    # GPU 1 is free, yet the later one-GPU job waits behind the earlier two-GPU ticket.
+    assert queue_up(later)["state"] == "pending"
+    assert f"{peer}'s job {big.name}" in reason(later) and "queued earlier" in reason(later)
+    assert small.finish()["state"] == "succeeded"
+    started(big)
+    wait_for(lambda: big.printed(1), 30)
+    assert "CUDA_VISIBLE_DEVICES 0,1" in next(iter(big.logs().values()))
+    assert later.cli.status()["state"] == "pending"
+    assert big.finish()["state"] == "succeeded"
+    started(later)
+    assert later.finish()["state"] == "succeeded"
+
+
+def test_down_withdraws_a_queued_job_and_a_killed_ones_ticket_expires(
+    cluster: NamespaceCluster, shared_root: Path, queued_jobs: list[Job], peer: str
+) -> None:
+    holder, withdrawn, killed = queued_jobs  # root, the peer, root
+    for job in queued_jobs:
+        job.write(cluster, shared_root, hosts=1, port_range="20000-20000")
+    lease_dir = shared_root / f"leases-{cluster.hosts[0].name}"
+    assert holder.up("-d").returncode == 0
+    holder.run_id = holder.cli.record()["run_id"]
+    assert queue_up(withdrawn)["state"] == "pending"
+    assert queue_up(killed)["state"] == "pending"
+    assert len(list(lease_dir.glob("ticket-*.json"))) == 2
+
+    queued_run = withdrawn.cli.status()["run_id"]
+    assert (lease_dir / f"ticket-{peer_uid(peer)}-{queued_run}.json").exists()
+    down = withdrawn.cli("down")
+    assert down.returncode == 0 and "withdrawn" in down.stderr, down.stderr
+    assert waiting_process(withdrawn) is None
+    assert not (lease_dir / f"ticket-{peer_uid(peer)}-{queued_run}.json").exists()
+    assert [j["job"] for j in holder.jobs()["queued"]] == [killed.name]
+    assert withdrawn.cli("status").returncode == 4  # no run: nothing had started
+
+    process = waiting_process(killed)
+    assert process is not None
+    process.kill()  # SIGKILL: no chance to withdraw
+    process.wait(10)
+    assert holder.jobs()["queued"] == []  # its ticket expired: its controller is gone
+    assert killed.cli("status").returncode == 4
+    # The next job is blocked by the holder alone, and starts when it ends.
+    assert holder.finish()["state"] == "succeeded"
+    assert queue_up(withdrawn)["state"] in ("starting", "running")
+    withdrawn.run_id = withdrawn.cli.status()["run_id"]
+    assert withdrawn.finish()["state"] == "succeeded"
