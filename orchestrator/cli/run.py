@@ -405,8 +405,15 @@ def attach(context: Context, run_id: str | None, interval: float) -> None:
     """Re-enter the live view of the latest (or named) run.
 
     If no process supervises the run any more (its 'up' was killed or its terminal closed), attach
-    takes over supervision, restarts included. Ctrl-C leaves the workers running.
+    takes over supervision, restarts included. Ctrl-C leaves the workers running. A run still
+    queued ('up --queue') is shown as pending, with what it waits behind.
     """
+    waiting = pending(context.store)
+    if waiting is not None and run_id in (None, waiting.run_id):
+        errors.print(f"run {waiting.run_id}: pending, {waiting.reason}; the queued 'up' (pid "
+                     f"{waiting.pid}) starts it when everything it needs is free",
+                     markup=False, highlight=False)  # fmt: skip
+        return
     record = context.store.load(run_id)
     with open_backend(record.inventory) as backend:
         lock = SupervisorLock(context.store.lock_path(record.run_id))

@@ -438,6 +438,19 @@ def test_down_withdraws_a_queued_job_and_a_killed_ones_ticket_expires(
     assert [j["job"] for j in holder.jobs()["queued"]] == [killed.name]
     assert withdrawn.cli("status").returncode == 4  # no run: nothing had started
 
+    # Ctrl-C of an attached queued `up` withdraws it too.
+    attached = withdrawn.cli.popen("up", "--skip-checks", "--queue", "inv.yaml")
+    try:
+        attached_run = withdrawn.cli.status_when(lambda s: s["state"] == "pending", 30)["run_id"]
+        assert (lease_dir / f"ticket-{peer_uid(peer)}-{attached_run}.json").exists()
+        attached.send_signal(signal.SIGINT)
+        _, said = attached.communicate(timeout=30)
+    finally:
+        attached.kill()
+    assert attached.returncode == 130, said
+    assert "pending, queued behind root's job" in said and "withdrawn" in said
+    assert not (lease_dir / f"ticket-{peer_uid(peer)}-{attached_run}.json").exists()
+
     process = waiting_process(killed)
     assert process is not None
     process.kill()  # SIGKILL: no chance to withdraw

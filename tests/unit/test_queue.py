@@ -261,3 +261,20 @@ def test_a_clash_without_the_queue_is_still_an_error(tmp_path: Path) -> None:
     backend.held = {("a", "gpu", 0): Holder("bob", "bert", RUN, "laptop", 1.0, 1001)}
     with pytest.raises(LeaseClash):
         backend.take_leases(one_host(tmp_path), "mine")
+
+
+def test_a_target_that_lists_queued_is_told_once_with_the_reason(tmp_path: Path) -> None:
+    from orchestrator.engine.notify import RunEvents
+    from orchestrator.model.records import RunRecord
+    from tests.unit.test_notify_events import fake_inventory, received, recording
+
+    store = RunStore(tmp_path / "state")
+    inventory = fake_inventory(tmp_path, recording(tmp_path, ("queued",)))
+    events = RunEvents(store, RunRecord("r1", inventory, time.time()), lambda message: None)
+    events.queued("queued behind bob's job bert (run r0) on a: GPUs 0,1")
+    events.queued("queued behind amy's job gpt (run r2) on a: GPU 0")  # told once per run
+    events.close()
+    (told,) = received(tmp_path)
+    assert told["event"] == "queued" and told["run_id"] == "r1"
+    assert told["root_cause"] == "queued behind bob's job bert (run r0) on a: GPUs 0,1"
+    assert told["text"].startswith("orchestrate: job demo (run r1) is queued: queued behind bob")
