@@ -216,6 +216,13 @@ def start_and_supervise(
     secrets = secret_values(inventory.job.secret_env, os.environ, doing="'up'")  # before anything
     linger_seconds(inventory.job, os.environ)  # a bad $ORCHESTRATE_LINGER: refused before too
     missing_notify_secrets(inventory.notify, os.environ, doing="'up'")
+    waiting = pending(context.store)
+    if waiting is not None:  # it holds the start lock while it waits
+        raise RunStateError(
+            f"run {waiting.run_id} of job {waiting.job} is queued in this state directory "
+            f"({waiting.reason})",
+            hint="'orchestrate down' withdraws it; or use another state directory (--state-dir)",
+        )
     with open_backend(inventory) as backend:
         # Exclusive from the check for an active run through the launch, then released: a
         # second `up` waits for it, then finds this run active and refuses.

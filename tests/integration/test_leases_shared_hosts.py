@@ -451,6 +451,8 @@ def test_down_withdraws_a_queued_job_and_a_killed_ones_ticket_expires(
     assert "pending, queued behind root's job" in said and "withdrawn" in said
     assert not (lease_dir / f"ticket-{peer_uid(peer)}-{attached_run}.json").exists()
 
+    again = killed.cli("up", "--skip-checks", "-d", "inv.yaml")  # one run per state directory
+    assert again.returncode == 4 and "is queued in this state directory" in again.stderr
     process = waiting_process(killed)
     assert process is not None
     process.kill()  # SIGKILL: no chance to withdraw
