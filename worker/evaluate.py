@@ -88,9 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--poll",
         type=float,
-        default=DEFAULT_POLL_SECONDS,
         metavar="SECONDS",
-        help="with --watch: seconds between looks at the checkpoint directory",
+        help="with --watch: seconds between looks at the checkpoint directory (default: "
+        f"{DEFAULT_POLL_SECONDS:g})",
     )
     parser.add_argument(
         "--tensorboard-dir",
@@ -151,11 +151,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def check_one_shot(args: argparse.Namespace) -> None:
-    for flag, value in (("--steps", args.steps), ("--tensorboard-dir", args.tensorboard_dir)):
+    watch_only = {
+        "--steps": args.steps,
+        "--poll": args.poll,
+        "--tensorboard-dir": args.tensorboard_dir,
+    }
+    for flag, value in watch_only.items():
         if value is not None:
             raise UsageError(f"{flag} goes with --watch")
-    if args.poll != DEFAULT_POLL_SECONDS:
-        raise UsageError("--poll goes with --watch")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from worker.progress import ProgressWriter
 from worker.restore import available_checkpoints, zeros_batch
 from worker.task import load_task
 from worker.watch import (
+    DEFAULT_POLL_SECONDS,
     EVALUATOR_TASK_TYPE,
     Tally,
     Watch,
@@ -49,6 +50,8 @@ def check_watch_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--steps must be a positive integer, got {args.steps}")
     if args.checkpoint is not None:
         raise UsageError("--checkpoint names one checkpoint; --watch evaluates each newest one")
+    if args.poll is None:
+        args.poll = DEFAULT_POLL_SECONDS
     if not args.poll > 0:
         raise UsageError(f"--poll must be a positive number of seconds, got {args.poll}")
     problem = tf_config_problem(os.environ)

@@ -234,7 +234,8 @@ def test_the_val_metrics_go_to_the_eval_run_of_the_training_tensorboard_dir() ->
                                        '"task": {"type": "worker", "index": 0}}'},
          "task type 'worker'"),
         (["--steps", "5"], {}, "--steps goes with --watch"),
-        (["--poll", "1"], {}, "--poll goes with --watch"),
+        (["--poll", "2"], {}, "--poll goes with --watch"),
+        (["--tensorboard-dir", "tb"], {}, "--tensorboard-dir goes with --watch"),
     ],
 )  # fmt: skip
 def test_watch_flag_mistakes_are_one_line_and_exit_2(
