@@ -28,7 +28,7 @@ from orchestrator.contract import (
     TF_CONFIG_ENV,
     register_stack_dump,
 )
-from worker.evaluate import UsageError
+from worker.evaluate import UsageError, check_keras
 from worker.output import log
 from worker.progress import ProgressWriter
 from worker.restore import available_checkpoints, zeros_batch
@@ -70,6 +70,10 @@ def watch(args: argparse.Namespace) -> int:
     if task.eval_dataset is None:
         raise UsageError(f"task {args.task!r} has no eval_dataset to evaluate")
     checkpoint_dir = os.path.abspath(os.path.expanduser(args.checkpoint_dir))
+    # Checkpoints of the other Keras never restore: refused now if the chief's marker says so,
+    # else at the first checkpoint (the marker is written before it).
+    if available_checkpoints(checkpoint_dir):
+        check_keras(checkpoint_dir)
     tensorboard_dir = (
         os.path.abspath(os.path.expanduser(args.tensorboard_dir))
         if args.tensorboard_dir
@@ -98,6 +102,7 @@ def watch(args: argparse.Namespace) -> int:
     last: dict[str, Any] = {}
 
     def evaluate(name: str) -> Mapping[str, Any]:
+        check_keras(checkpoint_dir)
         # expect_partial: the optimizer's values stay in the file, unused.
         checkpoint.restore(
             os.path.join(checkpoint_dir, name)
@@ -124,6 +129,7 @@ def watch(args: argparse.Namespace) -> int:
         outcome = Watch(
             checkpoint_dir, args.steps, list_checkpoints=available_checkpoints,
             evaluate=evaluate, report=report, log=log, stop=stop, poll_seconds=args.poll,
+            fatal=(UsageError,),
         ).run()  # fmt: skip
     finally:
         summaries.close()

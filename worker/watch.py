@@ -9,8 +9,9 @@ never seen, so not counted). It ends:
 - on a stop request (SIGTERM): the evaluation under way finishes, then the newest checkpoint not
   evaluated yet, if any, is evaluated, once: Outcome "stopped".
 A checkpoint that cannot be read (being written, or pruned while read) is retried at the next poll;
-only MAX_FAILURES failures in a row of the same checkpoint, still there, are an error. A missing
-directory is waited for.
+only MAX_FAILURES failures in a row of the same checkpoint, still there, are an error, and the
+`fatal` exceptions (checkpoints of the other Keras) are raised at once. A missing directory is
+waited for.
 
 The loop is given its reading and evaluating as functions, so every decision here is unit-tested
 without TensorFlow (tests/unit/test_evaluator_watch.py).
@@ -113,6 +114,7 @@ class Watch:
         stop: threading.Event,
         poll_seconds: float = DEFAULT_POLL_SECONDS,
         max_failures: int = MAX_FAILURES,
+        fatal: tuple[type[Exception], ...] = (),
     ) -> None:
         self.checkpoint_dir = checkpoint_dir
         self.final_step = final_step
@@ -123,6 +125,7 @@ class Watch:
         self._stop = stop
         self._poll = poll_seconds
         self._max_failures = max_failures
+        self._fatal = fatal  # raised by evaluate: not a read to retry (a Keras mismatch)
         self.tally = Tally()
 
     def run(self) -> Outcome:
@@ -148,6 +151,8 @@ class Watch:
         assert choice.name is not None and choice.step is not None
         try:
             metrics = self._evaluate(choice.name)
+        except self._fatal:
+            raise
         except Exception as exc:
             still_there = choice.name in self._list(self.checkpoint_dir)
             count = self.tally.failures.get(choice.name, 0) + 1 if still_there else 0

@@ -254,3 +254,38 @@ def test_watch_flag_mistakes_are_one_line_and_exit_2(
     assert evaluate_cli.main(argv) == EXIT_USAGE
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_fatal_error_is_raised_at_once_not_retried(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    write_checkpoint(checkpoints, 10)
+    calls: list[str] = []
+
+    def other_keras(name: str) -> Mapping[str, Any]:
+        calls.append(name)
+        raise evaluate_cli.UsageError("written with job.keras: legacy")
+
+    watch = Watch(
+        str(checkpoints), 10, list_checkpoints=available_checkpoints, evaluate=other_keras,
+        report=lambda *_: None, log=lambda _: None, stop=Polls([]), poll_seconds=0,
+        fatal=(evaluate_cli.UsageError,),
+    )  # fmt: skip
+    with pytest.raises(evaluate_cli.UsageError):
+        watch.run()
+    assert calls == ["ckpt-10"]
+
+
+@pytest.mark.parametrize("watch", [False, True])
+def test_checkpoints_of_the_other_keras_are_refused_with_exit_2(
+    watch: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    write_checkpoint(tmp_path, 5)
+    (tmp_path / "keras.json").write_text('{"keras": "legacy"}')
+    flags = ["--watch", "--steps", "5"] if watch else []
+    argv = ["--task", "worker.examples.shapes:task", "--checkpoint-dir", str(tmp_path), *flags]
+    assert evaluate_cli.main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "written with job.keras: legacy" in err and "TF_USE_LEGACY_KERAS=1" in err
+    assert err.count("\n") == 1
