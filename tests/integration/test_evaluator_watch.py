@@ -1,9 +1,9 @@
 """The evaluator task beside a real training: `python -m worker.evaluate --watch`.
 
 Two local workers train the bundled example through the real CLI (real TensorFlow, real
-MultiWorkerMirroredStrategy over localhost gRPC, a checkpoint every 10 steps) in two runs, to 30
-and then resumed to 60, while evaluators run beside them as plain processes (the supervisor's side
-of starting them is tested with the roles). The evaluator with --steps 60 evaluates checkpoints of
+MultiWorkerMirroredStrategy over localhost gRPC, a checkpoint every 10 steps) in two runs, to 20
+and then resumed to 40, while evaluators run beside them as plain processes (the supervisor's side
+of starting them is tested with the roles). The evaluator with --steps 40 evaluates checkpoints of
 both runs and the final one, then exits 0 by itself, with the one-shot evaluator's metrics for the
 final checkpoint; one SIGKILLed while the training runs changes nothing for the training; one
 started on the finished directory evaluates only the newest checkpoint (the older ones skipped)
@@ -80,11 +80,11 @@ def test_an_evaluator_beside_a_two_worker_training(
     checkpoints = job / "checkpoints"
     watcher_dir, killed_dir, late_dir = (tmp_path / n for n in ("watcher", "killed", "late"))
     # Started before the training: the checkpoint directory does not exist yet.
-    watcher = evaluator(watcher_dir, checkpoints, 60)
-    killed = evaluator(killed_dir, checkpoints, 60)
+    watcher = evaluator(watcher_dir, checkpoints, 40)
+    killed = evaluator(killed_dir, checkpoints, 40)
     processes = [watcher, killed]
     try:
-        local_tf_inventory(cli, steps=30, checkpoint_every=10)
+        local_tf_inventory(cli, steps=20, checkpoint_every=10)
 
         def sigkill_while_training() -> None:
             wait_for((checkpoints / "ckpt-10.index").exists, 120, "ckpt-10")
@@ -98,16 +98,16 @@ def test_an_evaluator_beside_a_two_worker_training(
         assert killed.wait(timeout=5) == -signal.SIGKILL
         assert cli.status()["state"] == "succeeded"
         # Between the runs the watcher has evaluated the first run's last checkpoint and waits.
-        wait_for(lambda: progress(watcher_dir).get("eval_step") == 30, 60, "ckpt-30 evaluated")
+        wait_for(lambda: progress(watcher_dir).get("eval_step") == 20, 60, "ckpt-20 evaluated")
         assert watcher.poll() is None
 
-        local_tf_inventory(cli, steps=60, checkpoint_every=10)
+        local_tf_inventory(cli, steps=40, checkpoint_every=10)
         cli("up", "inv.yaml", check=True, timeout=300)
         assert cli.status()["state"] == "succeeded"
         assert watcher.wait(timeout=90) == 0  # by itself: it evaluated the final checkpoint
         metrics = check_final(job, watcher_dir)
 
-        # Started on the finished directory (ckpt-40, 50, 60 kept) with a later final step.
+        # Started on the finished directory (ckpt-20, 30, 40 kept) with a later final step.
         late = evaluator(late_dir, checkpoints, 1000, "--tensorboard-dir", str(tmp_path / "tb"))
         processes.append(late)
         check_late(late, late_dir, tmp_path / "tb", metrics)
@@ -122,17 +122,17 @@ def check_final(job: Path, watcher_dir: Path) -> dict[str, Any]:
     """The watcher's final evaluation, in its output, progress, history and TensorBoard, equals
     the one-shot evaluator's for the final checkpoint; returns the one-shot's metrics."""
     final = last_json(watcher_dir)
-    assert (final["outcome"], final["checkpoint"], final["step"]) == ("final", "ckpt-60", 60)
+    assert (final["outcome"], final["checkpoint"], final["step"]) == ("final", "ckpt-40", 40)
     state = progress(watcher_dir)
-    assert state["role"] == "evaluator" and state["step"] == state["eval_step"] == 60
-    assert state["val_loss"] == final["val_loss"] and state["target_steps"] == 60
+    assert state["role"] == "evaluator" and state["step"] == state["eval_step"] == 40
+    assert state["val_loss"] == final["val_loss"] and state["target_steps"] == 40
     evaluated, skipped = state["evaluated"], state["skipped"]
-    assert evaluated >= 2 and evaluated + skipped <= 6  # six checkpoints were written
+    assert evaluated >= 2 and evaluated + skipped <= 4  # four checkpoints were written
 
     # TensorBoard: the training's own events beside the evaluator's `eval` run.
     scalars = eval_scalars(job / "tensorboard" / "eval")
     steps = [step for step, _ in scalars["val_loss"]]
-    assert len(steps) == evaluated and 30 in steps and steps[-1] == 60
+    assert len(steps) == evaluated and 20 in steps and steps[-1] == 40
     assert scalars["val_loss"][-1][1] == pytest.approx(final["val_loss"], rel=1e-6)
     # The dashboard's curve: one history line per evaluation.
     history = (watcher_dir / "progress-history.jsonl").read_text().splitlines()
@@ -146,7 +146,7 @@ def check_final(job: Path, watcher_dir: Path) -> dict[str, Any]:
     )  # fmt: skip
     assert one_shot.returncode == 0, one_shot.stderr
     metrics = json.loads(one_shot.stdout)
-    assert metrics["checkpoint"] == "ckpt-60" and metrics["examples"] == final["examples"]
+    assert metrics["checkpoint"] == "ckpt-40" and metrics["examples"] == final["examples"]
     assert final["val_loss"] == pytest.approx(metrics["val_loss"], rel=1e-9)
     assert final["val_accuracy"] == pytest.approx(metrics["val_accuracy"], abs=1e-12)
     return dict(metrics)
@@ -157,10 +157,10 @@ def check_late(
 ) -> None:
     """Only the newest is evaluated, the two older ones counted as skipped; SIGTERM ends it
     with 0 (nothing newer to evaluate first)."""
-    wait_for(lambda: progress(late_dir).get("eval_step") == 60, 90, "the late evaluation")
+    wait_for(lambda: progress(late_dir).get("eval_step") == 40, 90, "the late evaluation")
     late.send_signal(signal.SIGTERM)
     assert late.wait(timeout=30) == 0
     ended = last_json(late_dir)
     assert (ended["outcome"], ended["evaluated"], ended["skipped"]) == ("stopped", 1, 2)
     assert ended["val_loss"] == pytest.approx(metrics["val_loss"], rel=1e-9)
-    assert [s for s, _ in eval_scalars(tensorboard)["val_loss"]] == [60]
+    assert [s for s, _ in eval_scalars(tensorboard)["val_loss"]] == [40]
