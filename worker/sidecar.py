@@ -147,4 +147,13 @@ def watch(args: argparse.Namespace) -> int:
 
 
 def _on_sigterm(stop: threading.Event) -> None:
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    """SIGTERM (the supervisor's stop) and a first Ctrl-C: finish, evaluate the newest, exit 0.
+    A second Ctrl-C interrupts at once."""
+
+    def handle(signum: int, _frame: object) -> None:
+        if signum == signal.SIGINT and stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()  # no print here: a handler writing to stdout mid-write would raise
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
