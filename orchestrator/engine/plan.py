@@ -25,7 +25,7 @@ from orchestrator.contract import (
     booted,
 )
 from orchestrator.engine.tfconfig import tf_config
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import ROLE_EVALUATOR, Host, Inventory, Job
 from orchestrator.model.workers import (
     WorkerSpec,
     checkpoint_dir,
@@ -115,6 +115,8 @@ def worker_argv(
             script = synced or posixpath.join(run_dir, posixpath.basename(job.script))
         return (python, script, *job.args)
     assert job.task is not None and job.steps is not None
+    if host.role == ROLE_EVALUATOR:  # evaluates the chief's checkpoints as they appear
+        return evaluator_argv(job, python, checkpoints)
     return (
         python, "-m", "worker",
         "--task", job.task,
@@ -127,6 +129,19 @@ def worker_argv(
         *eval_export_flags(job, job_dir_of_run(run_dir)),
         *device_flags(job, host),
         *job.args,
+    )  # fmt: skip
+
+
+def evaluator_argv(job: Job, python: str, checkpoints: str) -> tuple[str, ...]:
+    """The evaluator host of a task job: worker.evaluate watching the chief's checkpoints; it
+    exits 0 once it evaluated the checkpoint of the last step (or, told to stop, the newest)."""
+    assert job.task is not None and job.steps is not None
+    return (
+        python, "-m", "worker.evaluate", "--watch",
+        "--task", job.task,
+        "--checkpoint-dir", checkpoints,
+        "--steps", str(job.steps),
+        "--batch-size", str(job.batch_size),
     )  # fmt: skip
 
 
