@@ -14,7 +14,7 @@ from typing import Any
 from orchestrator.config.notify import NOTIFY_KEY_ENTRIES, parse_notify
 from orchestrator.config.preflight import PREFLIGHT_KEY_ENTRIES, parse_preflight
 from orchestrator.config.report import Report, line_of
-from orchestrator.config.roles import check_roles
+from orchestrator.config.roles import check_roles, chief_first
 from orchestrator.config.setup import parse_setup
 from orchestrator.config.sources.ansible import ANSIBLE_KEY_ENTRIES, parse_ansible
 from orchestrator.config.sources.hosts import (
@@ -337,7 +337,7 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
     return Inventory(
         path=report.path,
         base_dir=str(base_dir),
-        hosts=tuple(hosts),
+        hosts=chief_first(hosts),
         job=job,
         spares=tuple(host for _, _, host in spares),
         min_hosts=min_hosts,

@@ -122,3 +122,10 @@ def same_checkpoints(one: Host, other: Host, job: Job) -> bool:
         return False
     path = posixpath.join(job_dir(job, one.workdir), job.checkpoint_dir)
     return path == posixpath.join(job_dir(job, other.workdir), job.checkpoint_dir)
+
+
+def chief_first(hosts: Sequence[Host]) -> tuple[Host, ...]:
+    """The hosts with the chief first and the evaluator last, the others in file order: the
+    first host of a run is its chief everywhere (its checkpoints, its mirror, its export)."""
+    rank = {ROLE_CHIEF: 0, ROLE_EVALUATOR: 2}
+    return tuple(sorted(hosts, key=lambda host: rank.get(host.role, 1)))

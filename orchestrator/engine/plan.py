@@ -153,15 +153,18 @@ def plan_workers(
     secrets: Mapping[str, str] | None = None,
     *,
     reads_in_place: Callable[[Host], bool],
+    alone: int = 0,
 ) -> list[WorkerSpec]:
     """One spec per host entry; `workdirs` maps host name to its absolute workdir on that host.
     Each attempt of a run (a restart after a failure) gets fresh run directories. `secrets`: the
     values of job.secret_env (secretenv.secret_values), for the workers' environment only.
-    `reads_in_place`: the backend's answer whether a host's worker sees this machine's files."""
+    `reads_in_place`: the backend's answer whether a host's worker sees this machine's files.
+    `alone`: the evaluator's Nth start alone in this attempt (its own run directory)."""
     specs = []
     for index, host in enumerate(inventory.hosts):
         directory = job_dir(inventory.job, workdirs[host.name])
-        run_dir = posixpath.join(directory, "runs", run_id, f"attempt-{attempt}", host.name)
+        leaf = host.name + (f"-restart{alone}" if alone and host.role == ROLE_EVALUATOR else "")
+        run_dir = posixpath.join(directory, "runs", run_id, f"attempt-{attempt}", leaf)
         checkpoints = checkpoint_dir(inventory.job, directory)
         env = {
             **inventory.job.env,

@@ -1,0 +1,85 @@
+"""Roles on real local processes: a tutorial-style ParameterServerStrategy script (a chief, two
+workers, one ps, `keras: legacy`) run unchanged; the ps's SIGKILL restarts the whole cluster
+from the latest checkpoint, and the chief's exit 0 ends the run with the others stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, Cli, free_ports, restored_steps  # noqa: F401
+
+pytestmark = pytest.mark.tf
+
+SCRIPTS = REPO / "tests" / "scripts"
+ROLES = {"chief": "chief", "worker-0": "worker", "worker-1": "worker", "ps-0": "ps"}
+
+
+def ps_inventory(cli: Cli, **job: Any) -> Path:
+    ports = free_ports(len(ROLES))
+    settings = {
+        "name": "ps_fit",
+        "script": str(SCRIPTS / "ps_fit.py"),
+        "strategy": "parameter-server",
+        "keras": "legacy",
+        "steps": 20,
+        "stall_timeout": 90,
+        "restart_backoff": 0,
+        "env": {"TF_CPP_MIN_LOG_LEVEL": "2"},
+        **job,
+    }
+    lines = [
+        f"  - {{name: {name}, role: {role}, address: localhost, port: {port}}}"
+        for (name, role), port in zip(ROLES.items(), ports, strict=True)
+    ]
+    path = cli.cwd / "inv.yaml"
+    path.write_text(
+        "defaults: {connection: local, workdir: ./work}\nhosts:\n"
+        + "\n".join(lines)
+        + f"\njob: {json.dumps(settings)}\n"
+    )
+    return path
+
+
+def latest_checkpoint(cli: Cli) -> str:
+    state = (cli.cwd / "work" / "ps_fit" / "checkpoints" / "checkpoint").read_text()
+    return state.splitlines()[0].split('"')[1]
+
+
+def test_ps_script_survives_the_loss_of_its_ps_and_ends_with_the_chief(
+    cli: Cli, reaper: list[str]
+) -> None:
+    ps_inventory(cli)
+    up = cli.popen("up", "--skip-checks", "inv.yaml")
+    try:
+        status = cli.status_when(
+            lambda s: any(w["name"] == "chief" and (w["checkpoint_step"] or 0) >= 5
+                          for w in s["workers"]),
+            timeout=180,
+        )  # fmt: skip
+        reaper.append(status["run_id"])
+        assert {w["name"]: w["role"] for w in status["workers"]} == ROLES
+        ps = next(w for w in status["workers"] if w["name"] == "ps-0")
+        os.kill(ps["pid"], signal.SIGKILL)
+        out, err = up.communicate(timeout=300)
+    finally:
+        up.kill()
+    assert up.returncode == 0, f"{out}\n{err}"
+    assert "ps-0" in out and "killed by SIGKILL; restarting the cluster (1/3)" in out
+    assert "the chief finished: stopping" in out
+    status = cli.status()
+    assert status["state"] == "succeeded" and status["attempt"] == 1
+    assert status["last_restart"]["worker"] == "ps-0"
+    states = {w["name"]: (w["state"], w["reason"]) for w in status["workers"]}
+    assert states["chief"][0] == "succeeded"
+    for name in ("worker-0", "worker-1", "ps-0"):
+        assert states[name] == ("stopped", "stopped: the chief finished"), states
+    assert latest_checkpoint(cli) == "ckpt-20"  # the chief's last checkpoint, at the target
+    log = next((cli.cwd / "work" / "ps_fit" / "runs").glob("*/attempt-1/chief/worker.log"))
+    resumed = [line for line in log.read_text().splitlines() if line.startswith("starting at")]
+    assert resumed and resumed[0] != "starting at step 0", resumed  # from the checkpoint
