@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, Cli, free_ports, restored_steps  # noqa: F401
+from tests.conftest import REPO, Cli, free_ports
 
 pytestmark = pytest.mark.tf
 
