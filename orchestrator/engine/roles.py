@@ -13,12 +13,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from orchestrator.engine.state import WorkerState, overall
-from orchestrator.model.inventory import ROLE_CHIEF, ROLE_EVALUATOR
+from orchestrator.model.inventory import ROLE_CHIEF, ROLE_EVALUATOR, ROLE_WORKER
 
 # How often an evaluator that failed is started again, alone, before it is left failed.
 EVALUATOR_RESTARTS = 3
 
 STOPPED_AFTER_CHIEF = "stopped: the chief finished"
+
+
+def labelled(name: str, role: str) -> str:
+    """A worker's name for people, with its role where it is not a plain worker."""
+    return name if role == ROLE_WORKER else f"{name} ({role})"
 
 
 def run_state(workers: Iterable[tuple[str, WorkerState]]) -> WorkerState:

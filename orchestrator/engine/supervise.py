@@ -240,7 +240,9 @@ class Supervisor:
                 outcome += f". What to do: {advice}"
             self.record = replace(self.record, outcome=outcome)
             self.store.save(self.record)
-            raise JobFailed(give_up_message(failure, tail, why, len(restarts)),
+            role = next((w.host.role for w in self.record.workers if w.name == failure.worker),
+                        "worker")  # fmt: skip
+            raise JobFailed(give_up_message(failure, tail, why, len(restarts), role),
                             hint="'orchestrate tail' shows every worker's log")  # fmt: skip
         spent = len(failed_restarts(restarts))
         if failure.kind is FailureKind.PREEMPTED:

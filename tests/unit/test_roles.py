@@ -5,6 +5,7 @@ evaluator restarts alone) over the fake backend."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -256,3 +257,32 @@ def test_a_failed_evaluator_restarts_alone_and_the_training_goes_on(tmp_path: Pa
     assert backend.started == [["a", "b", "e"], ["e"]]  # the evaluator alone
     assert record.workers[2].run_dir.endswith("/attempt-0/e-restart1")
     assert status.workers[2].role == "evaluator"
+
+
+def test_roles_are_shown_in_status_the_dashboard_and_the_root_cause(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from orchestrator.cli.render import progress_line, status_table
+    from orchestrator.dashboard.model import root_cause
+    from orchestrator.engine.failures import Failure, FailureKind
+    from orchestrator.engine.policy import give_up_message
+
+    hosts = (Host("boss", "10.0.0.1", 1, role="chief"), Host("w", "10.0.0.2", 1),
+             Host("p", "10.0.0.3", 1, role="ps"))  # fmt: skip
+    backend = FakeBackend(scripts={"boss": {0: [running(5), exited(0, 20)]},
+                                   "w": {0: [SERVING, SERVING, STOPPED]},
+                                   "p": {0: [SERVING, SERVING, STOPPED]}})  # fmt: skip
+    status, record = fake_run(tmp_path, hosts, backend, script="t.py", steps=20,
+                              strategy="parameter-server")  # fmt: skip
+    console = Console(record=True, width=200)
+    console.print(status_table(status))
+    shown = console.export_text()
+    assert "boss (chief)" in shown and "p (ps)" in shown and "w (" not in shown
+    assert progress_line(status.workers[2]).startswith("p (ps): stopped")
+    assert status.to_json()["workers"][2]["role"] == "ps"  # the dashboard's document
+    failed = replace(status, state=S.FAILED, workers=(
+        replace(status.workers[2], state=S.FAILED, reason="killed by SIGKILL"),))  # fmt: skip
+    assert root_cause(record, failed) == "p (ps): killed by SIGKILL"
+    message = give_up_message(Failure("p", FailureKind.KILLED, "killed by SIGKILL", 5), (),
+                              "it used all 3 restarts", 3, "ps")  # fmt: skip
+    assert "the worker that failed first: p (the ps) at step 5: killed by SIGKILL" in message
