@@ -204,7 +204,8 @@ TOP_KEY_ENTRIES: tuple[Key, ...] = (
 )  # fmt: skip
 HOST_SOURCE_ENTRIES: tuple[Key, ...] = (
     Key("hosts", "list of hosts", "",
-        "the workers, in order: `hosts[0]` is the chief (task index 0), unless a host says `role: chief`"),
+        "the workers, in order: `hosts[0]` is the chief (task index 0), unless a host says "
+        "`role: chief`"),
     Key("slurm", "mapping (`slurm:` keys)", "",
         "Slurm places the workers: one per node of one batch job"),
     Key("ansible", "mapping (`ansible:` keys)", "",
