@@ -286,3 +286,14 @@ def test_roles_are_shown_in_status_the_dashboard_and_the_root_cause(tmp_path: Pa
     message = give_up_message(Failure("p", FailureKind.KILLED, "killed by SIGKILL", 5), (),
                               "it used all 3 restarts", 3, "ps")  # fmt: skip
     assert "the worker that failed first: p (the ps) at step 5: killed by SIGKILL" in message
+
+
+def test_a_trainjob_export_refuses_roles(tmp_path: Path) -> None:
+    from orchestrator.export.trainjob import refusals
+
+    inventory = load_inventory(write(tmp_path, PS_HOSTS, PS_JOB))
+    refused = refusals(inventory, "claim", None)
+    assert any("hosts with role chief, ps: a TrainJob's pods are all workers" in r
+               for r in refused), refused  # fmt: skip
+    plain = load_inventory(write(tmp_path, "  - {name: a, address: localhost, port: 20000}\n"))
+    assert refusals(plain, "claim", None) == []
