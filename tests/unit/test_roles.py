@@ -5,6 +5,7 @@ evaluator restarts alone) over the fake backend."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -297,3 +298,26 @@ def test_a_trainjob_export_refuses_roles(tmp_path: Path) -> None:
                for r in refused), refused  # fmt: skip
     plain = load_inventory(write(tmp_path, "  - {name: a, address: localhost, port: 20000}\n"))
     assert refusals(plain, "claim", None) == []
+
+
+class StoppingBackend(FakeBackend):
+    """The fake backend whose stop ends the stopped workers: their next probe says exit 0."""
+
+    def stop(self, workers: Any, grace: float) -> Any:
+        for worker in workers:
+            self.scripts[worker.name] = {self.attempt: [exited(0, 10)]}
+        return super().stop(workers, grace)
+
+
+def test_the_evaluator_gets_stall_timeout_after_the_training_then_sigterm(tmp_path: Path) -> None:
+    hosts = (Host("a", "127.0.0.1", 1, connection="local"),
+             Host("e", "127.0.0.1", 3, connection="local", role="evaluator"))  # fmt: skip
+    backend = StoppingBackend(scripts={
+        "a": {0: [running(5), exited(0, 10)]},
+        "e": {0: [running(5)]},  # evaluating for ever, until stopped
+    })  # fmt: skip
+    started = time.monotonic()
+    status, _ = fake_run(tmp_path, hosts, backend, task="m:t", steps=10, stall_timeout=1)
+    assert time.monotonic() - started >= 1.0  # it waited stall_timeout for the evaluator
+    assert status.state is S.SUCCEEDED
+    assert backend.stops == [["e"]] and backend.graces == [1.0]  # SIGTERM, a grace to evaluate
