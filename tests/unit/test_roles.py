@@ -321,3 +321,17 @@ def test_the_evaluator_gets_stall_timeout_after_the_training_then_sigterm(tmp_pa
     assert time.monotonic() - started >= 1.0  # it waited stall_timeout for the evaluator
     assert status.state is S.SUCCEEDED
     assert backend.stops == [["e"]] and backend.graces == [1.0]  # SIGTERM, a grace to evaluate
+
+
+def test_a_dead_evaluator_is_neither_replaced_by_a_spare_nor_counted(tmp_path: Path) -> None:
+    from orchestrator.engine.replan import plan_cluster
+
+    hosts = (Host("a", "10.0.0.1", 1), Host("b", "10.0.0.2", 1),
+             Host("e", "10.0.0.9", 1, role="evaluator"))  # fmt: skip
+    inventory = Inventory("inv.yaml", "/", hosts, Job("demo", task="m:t", steps=5, batch_size=2),
+                          spares=(Host("s", "10.0.0.3", 1),))  # fmt: skip
+    plan = plan_cluster(inventory, [], {"e": "no route"})
+    assert [h.name for h in plan.hosts] == ["a", "b"] and [h.name for h in plan.spares] == ["s"]
+    assert [h.name for h in plan.dropped] == ["e"] and plan.problem is None
+    worker_lost = plan_cluster(inventory, [], {"b": "no route"})
+    assert [h.name for h in worker_lost.hosts] == ["a", "s", "e"]  # the spare for the worker
