@@ -33,7 +33,7 @@ def ps_inventory(cli: Cli, **job: Any) -> Path:
         "steps": 20,
         "stall_timeout": 90,
         "restart_backoff": 0,
-        "env": {"TF_CPP_MIN_LOG_LEVEL": "2"},
+        "env": {"TF_CPP_MIN_LOG_LEVEL": "2", "FIRST_RUN_DELAY": "2"},
         **job,
     }
     lines = [

@@ -4,6 +4,7 @@ and checkpoints each epoch, resuming from the newest checkpoint when it starts a
 
 import os
 import sys
+import time
 
 import tensorflow as tf
 
@@ -13,6 +14,9 @@ import common
 from worker import checkpoint_dir, report, target_steps
 
 STEPS_PER_EPOCH = 5
+# Seconds the chief waits after each epoch of a run that started at step 0 (a test's window to
+# kill a task mid-training); a resumed run does not wait.
+FIRST_RUN_DELAY = float(os.environ.get("FIRST_RUN_DELAY", "0"))
 GLOBAL_BATCH = 32
 
 resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -58,6 +62,8 @@ class Save(tf.keras.callbacks.Callback):
         manager.save(checkpoint_number=step)
         report(step=step, loss=float((logs or {}).get("loss", 0.0)), checkpoint_step=step)
         print(f"step {step} saved", flush=True)
+        if done == 0:
+            time.sleep(FIRST_RUN_DELAY)
 
 
 model.fit(
