@@ -335,3 +335,15 @@ def test_a_dead_evaluator_is_neither_replaced_by_a_spare_nor_counted(tmp_path: P
     assert [h.name for h in plan.dropped] == ["e"] and plan.problem is None
     worker_lost = plan_cluster(inventory, [], {"b": "no route"})
     assert [h.name for h in worker_lost.hosts] == ["a", "s", "e"]  # the spare for the worker
+
+
+def test_under_a_script_job_the_evaluator_runs_the_same_script(tmp_path: Path) -> None:
+    hosts = """\
+      - {name: a, address: localhost, port: 20000}
+      - {name: ev, role: evaluator, address: localhost, port: 20009}
+    """
+    inventory = load_inventory(write(tmp_path, hosts))
+    specs = plan_workers(inventory, "r1", {"a": "/w", "ev": "/w"})
+    assert specs[1].argv == specs[0].argv  # the script branches on its TF_CONFIG task type
+    assert specs[1].tf_config["task"] == {"type": "evaluator", "index": 0}
+    assert specs[0].tf_config["cluster"] == {"worker": ["localhost:20000"]}
