@@ -391,8 +391,9 @@ def test_three_jobs_for_the_same_two_gpus_start_in_order_and_two_gpus_are_not_st
     assert started(second)["run_id"] == second_run  # the run id it queued under
     wait_for(lambda: second.printed(1), 30)
     assert "CUDA_VISIBLE_DEVICES 0,1" in next(iter(second.logs().values()))
-    assert reason(third) == f"queued behind {peer}'s job {second.name} (run {second_run}) " \
-                            f"on {host}: GPUs 0,1"  # fmt: skip
+    # The waiting `up` says the new reason at its next ask of the host (every 2 s).
+    behind = f"queued behind {peer}'s job {second.name} (run {second_run}) on {host}: GPUs 0,1"
+    wait_for(lambda: reason(third) == behind, 30, "the reason of the third job's wait")
     assert [j["job"] for j in first.jobs()["queued"]] == [third.name]
     assert second.finish()["state"] == "succeeded"
     second.run_id = ""
