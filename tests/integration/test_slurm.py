@@ -302,6 +302,12 @@ def test_the_exported_script_runs_under_plain_sbatch(orchestrate: Orchestrate) -
     assert exported.returncode == 0, exported.stderr
     script = orchestrate.cwd / "train.sbatch"
     script.write_text(exported.stdout)
+    # The launcher carries JoinWatch and the file helpers (machines/bundle.py): copies planted
+    # in the submit directory, the tasks' working directory and so `python -c`'s sys.path[0],
+    # would end a task that imported them.
+    assert "# orchestrate: launcher.py shipped with procwatch.py, safefiles.py" in exported.stdout
+    for module in ("procwatch", "safefiles"):
+        (orchestrate.cwd / f"{module}.py").write_text("import sys\nsys.exit(9)\n")
     submitted = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], cwd=orchestrate.cwd,
                                env=orchestrate.env, capture_output=True, text=True, timeout=180,
                                check=False)  # fmt: skip
@@ -309,7 +315,8 @@ def test_the_exported_script_runs_under_plain_sbatch(orchestrate: Orchestrate) -
     job = submitted.stdout.strip().split(";")[0]
     attempt = orchestrate.cwd / "shared" / "shapes" / "runs" / f"slurm-{job}" / "attempt-0"
     for task in ("task0", "task1"):
-        assert json.loads((attempt / task / "exit.json").read_text())["returncode"] == 0
+        record = json.loads((attempt / task / "exit.json").read_text())
+        assert (record["returncode"], record.get("joined")) == (0, True), record
         assert json.loads((attempt / task / "progress.json").read_text())["step"] == 30
     assert (orchestrate.cwd / "shared" / "shapes" / "checkpoints" / "checkpoint").exists()
 
