@@ -135,7 +135,7 @@ def test_a_script_stuck_in_one_function_is_named_then_stacks_shows_the_live_run(
         unknown = cli("stacks", "--worker", "nobody")
         assert unknown.returncode == 4 and "no worker named nobody" in unknown.stderr
     finally:
-        cli("down", "--grace", "1", timeout=120)  # nothing to save: a script, no checkpoints
+        cli("down", timeout=120)
 
 
 @pytest.mark.tf
