@@ -502,12 +502,8 @@ def _write_ticket(request, needs, old):
         "pidns": str(queue.get("pidns") or ""),
         "needs": needs,
     }
-    tmp = os.path.join(lease_dir, f".tmp-{os.getuid()}-{os.urandom(6).hex()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    os.fchmod(fd, 0o644)
-    with open(fd, "w", encoding="utf-8") as handle:
-        json.dump(ticket, handle)
-    os.replace(tmp, os.path.join(lease_dir, f"ticket-{os.getuid()}-{run_id}.json"))
+    path = os.path.join(lease_dir, f"ticket-{os.getuid()}-{run_id}.json")
+    safefiles.write_json(path, ticket, mode=0o644)  # readable by every account
     return ticket
 
 
