@@ -4,6 +4,7 @@ OrchestrateError
 ├── InventoryError      the inventory file is unreadable or invalid (exit 2)
 ├── RunStateError       no run to act on, or a run is already active (exit 4)
 │   └── LeaseClash      a port or GPU the run needs is leased to another job (exit 4)
+├── QueueWithdrawn      a queued `up` stopped waiting (Ctrl-C, `down`): nothing started (130)
 ├── HostError           a host could not be reached or a command on it failed (exit 3)
 ├── PreflightFailed     `check` found a problem that blocks the run (exit 5)
 ├── ExportRefused       `export` would print what the target would reject (exit 2)
@@ -68,6 +69,13 @@ class LeaseClash(RunStateError):
     def __init__(self, message: str, clashes: Sequence[Any], hint: str | None = None) -> None:
         super().__init__(message, hint)
         self.clashes = list(clashes)
+
+
+class QueueWithdrawn(OrchestrateError):
+    """A queued run stopped waiting for its turn (Ctrl-C, `down`): its tickets are withdrawn
+    and nothing started."""
+
+    exit_code = 130
 
 
 class HostError(OrchestrateError):

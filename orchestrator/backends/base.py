@@ -14,7 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from orchestrator.fanout import GroupResult
 from orchestrator.model.answers import (
@@ -141,12 +141,21 @@ class Backend(ABC):
         return GroupResult()
 
     # --- leases: ports and GPUs held against every other job (a scheduler leases itself) -------
-    def take_leases(self, inventory: Inventory, run_id: str, *, dry_run: bool = False) -> Leased:
+    def take_leases(
+        self, inventory: Inventory, run_id: str, *, dry_run: bool = False,
+        ticket: Mapping[str, Any] | None = None,
+    ) -> Leased:  # fmt: skip
         """Lease each leasing host's port (`port: auto`: a free one of its range, the run's own
         one first) and GPUs (`gpus: N`) on its machine for run `run_id`, kept there until the
         run ends; the inventory with what was leased. Raises LeaseClash naming the holders.
-        `dry_run`: what would be leased now, nothing held. None here: nothing to lease."""
+        `dry_run`: what would be leased now, nothing held. `ticket` (a queued run: its arrival
+        and its controller's identity): the run's place in each host's queue, kept until
+        withdraw_tickets; a run takes nothing an earlier ticket waits for (LeaseClash with
+        queued entries). None here: nothing to lease."""
         return Leased(inventory)
+
+    def withdraw_tickets(self, inventory: Inventory, run_id: str) -> None:  # noqa: B027
+        """Remove the run's queue tickets on every host (it started, or stopped waiting)."""
 
     def release_leases(self, inventory: Inventory, run_id: str) -> None:  # noqa: B027
         """Let go of the run's leases on every host of `inventory` (the run ended)."""

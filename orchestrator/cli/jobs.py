@@ -9,7 +9,7 @@ import click
 
 from orchestrator.backends.registry import open_backend
 from orchestrator.cli.app import cli, console, errors
-from orchestrator.cli.render import jobs_table
+from orchestrator.cli.render import jobs_table, queue_table
 from orchestrator.config.loader import load_inventory
 
 
@@ -17,12 +17,13 @@ from orchestrator.config.loader import load_inventory
 @click.argument(
     "inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False, path_type=Path)
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON document: jobs, ignored records.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document: jobs, queued, ignored.")
 def jobs(inventory_file: Path, as_json: bool) -> None:
     """Every job holding leases on INVENTORY's hosts, whoever started it: its user, job, run,
     hosts, ports, GPUs and since when (from the lease records in each host's lease_dir; see
     'port: auto' and 'gpus:'). Records that are not what orchestrate writes there are ignored
-    and named. Slurm runs hold no leases: the scheduler places them.
+    and named. Slurm runs hold no leases: the scheduler places them. Then the jobs queued
+    for them ('up --queue'), in the order they will start.
     """
     inventory = load_inventory(inventory_file)
     with open_backend(inventory) as backend:
@@ -34,6 +35,8 @@ def jobs(inventory_file: Path, as_json: bool) -> None:
         console.print(jobs_table(listing))
     else:
         errors.print("no job holds a lease on these hosts", markup=False, highlight=False)
+    if listing.queued:
+        console.print(queue_table(listing))
     for ignored in listing.ignored:
         errors.print(f"warning: {ignored.describe()}", markup=False, highlight=False)
     for host, why in listing.failed.items():

@@ -198,3 +198,28 @@ def jobs_table(listing: LeaseListing) -> Table:
             ))
         )  # fmt: skip
     return table
+
+
+def queue_table(listing: LeaseListing) -> Table:
+    """`orchestrate jobs`: the queued runs, in their order (the next to start first)."""
+    table = Table(title="queued jobs, in order", title_justify="left", expand=False)
+    for column in ("#", "user", "job", "run", "controller", "hosts", "waits for", "since"):
+        table.add_column(column, justify="right" if column == "#" else "left")
+    for place, job in enumerate(listing.queued, 1):
+        holder = job.holder
+        wants = "; ".join(
+            f"{host}: " + ", ".join(
+                part for part in (
+                    ("port " + ",".join(map(str, t.ports))) if t.ports else "",
+                    (f"{t.count} of GPUs " + ",".join(map(str, t.gpus))) if t.count else "",
+                ) if part
+            )
+            for host, t in job.hosts.items() if t.ports or t.count
+        )  # fmt: skip
+        table.add_row(
+            *(Text(value) for value in (
+                str(place), holder.user, holder.job, holder.run_id, holder.controller,
+                ", ".join(job.hosts), wants or "-", clock(holder.since),
+            ))
+        )  # fmt: skip
+    return table

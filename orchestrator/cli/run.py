@@ -35,7 +35,7 @@ from orchestrator.cli.preflight import (
     run_checks,
     show_findings,
 )
-from orchestrator.cli.render import problems, progress_line, status_table
+from orchestrator.cli.render import duration, problems, progress_line, status_table
 from orchestrator.config.loader import load_inventory
 from orchestrator.engine.control import stop_everything, watch
 from orchestrator.engine.lifecycle import (
@@ -55,12 +55,13 @@ from orchestrator.engine.locks import (
 from orchestrator.engine.notify import RunEvents, missing_notify_secrets
 from orchestrator.engine.plan import new_run_id
 from orchestrator.engine.policy import conclude, linger_seconds
+from orchestrator.engine.queue import Withdrawn, pending, wait_for_leases, withdraw
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_env
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.engine.supervise import STANDBY_SLACK, Supervisor
-from orchestrator.errors import MissingTool, PartialFailure, RunStateError
+from orchestrator.errors import MissingTool, PartialFailure, QueueWithdrawn, RunStateError
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import RunRecord
 
@@ -93,6 +94,12 @@ PLAIN_REPORT_EVERY = 15.0  # seconds between progress lines when the output is n
     is_flag=True,
     help="Run the inventory's 'setup:' commands on every host even where they ran already.",
 )
+@click.option(
+    "--queue",
+    is_flag=True,
+    help="When another job holds a port or GPU this job leases, wait as pending (in the order "
+    "of arrival) instead of failing, and start when everything is free (as 'job.queue: true').",
+)
 @pass_context
 def up(  # noqa: PLR0917 - click passes every option by position
     context: Context,
@@ -105,6 +112,7 @@ def up(  # noqa: PLR0917 - click passes every option by position
     with_dashboard: bool,
     dashboard_port: int,
     force_setup: bool,
+    queue: bool,
 ) -> None:
     """Validate INVENTORY, mirror its 'sync:' directory and run its 'setup:' commands where they
     have not run yet (see 'orchestrate setup'), run the preflight checks (see 'orchestrate
@@ -113,14 +121,70 @@ def up(  # noqa: PLR0917 - click passes every option by position
     The workers keep running if this command is interrupted or its terminal closes; Ctrl-C only
     stops watching. Exit status: 0 when every worker succeeded, 1 when the job failed, 2 for an
     invalid inventory, 3 when a host could not be reached, 4 when a run of the state directory is
-    still active, 5 when a preflight check failed.
+    still active (or a port or GPU it leases is held, without --queue), 5 when a preflight
+    check failed.
     """
     inventory = load_inventory(inventory_file)
+    queue = queue or inventory.job.queue
+    if queue and detach:  # the waiting goes on in a detached `up --queue`, its supervisor
+        _spawn_queued(context, inventory_file, skip_checks=skip_checks,
+                      probe_timeout=probe_timeout, min_free_gb=min_free_gb, interval=interval,
+                      with_dashboard=with_dashboard, dashboard_port=dashboard_port,
+                      force_setup=force_setup)  # fmt: skip
+        return
     start_and_supervise(context, inventory, str(inventory_file), detach=detach,
                         skip_checks=skip_checks,
                         probe_timeout=probe_timeout, min_free_gb=min_free_gb, interval=interval,
                         with_dashboard=with_dashboard, dashboard_port=dashboard_port,
-                        force_setup=force_setup)  # fmt: skip
+                        force_setup=force_setup, queue=queue)  # fmt: skip
+
+
+def _spawn_queued(context: Context, inventory_file: Path, **options: object) -> None:
+    """`up -d --queue`: a detached `up --queue` waits its turn, starts the run and supervises
+    it (its output in the state directory's queued.log); this one returns once it is queued
+    or started."""
+    command = [sys.executable, "-m", "orchestrator", "--state-dir",
+               str(context.store.root.resolve()), "up", "--queue",
+               "--probe-timeout", str(options["probe_timeout"]),
+               "--min-free-gb", str(options["min_free_gb"]),
+               "--interval", str(options["interval"]),
+               "--dashboard-port", str(options["dashboard_port"])]  # fmt: skip
+    for flag in ("skip_checks", "with_dashboard", "force_setup"):
+        if options[flag]:
+            command.append("--dashboard" if flag == "with_dashboard" else
+                           "--" + flag.replace("_", "-"))  # fmt: skip
+    command.append(str(inventory_file.resolve()))
+    before = context.store.current_id()
+    log_path = context.store.root / "queued.log"
+    with context.store.open_private(log_path) as log:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        waiting = pending(context.store)
+        if waiting is not None and waiting.pid == process.pid:
+            errors.print(f"run {waiting.run_id}: pending, {waiting.reason}", markup=False,
+                         highlight=False)  # fmt: skip
+            errors.print(f"detached; the queued 'up' (pid {process.pid}) starts it when "
+                         "everything it needs is free, then supervises it. Follow with "
+                         "'orchestrate status', 'orchestrate jobs'; 'orchestrate down' "
+                         "withdraws it", markup=False, highlight=False)  # fmt: skip
+            return
+        current = context.store.current_id()
+        if current is not None and current != before and context.store.load(current).launched:
+            errors.print(f"run {current}: started; a supervisor (pid {process.pid}) restarts "
+                         "the cluster when a worker fails. Follow with 'orchestrate attach', "
+                         "'orchestrate status', 'orchestrate tail -f'", markup=False,
+                         highlight=False)  # fmt: skip
+            return
+        code = process.poll()
+        if code is not None:
+            errors.print(log_path.read_text(errors="replace").rstrip(), markup=False,
+                         highlight=False)  # fmt: skip
+            raise SystemExit(code)
+        time.sleep(0.2)
+    raise RunStateError(f"the queued 'up' (pid {process.pid}) neither queued nor started the "
+                        "run in 600 s", hint=f"see {log_path}")  # fmt: skip
 
 
 def _checks(
@@ -145,11 +209,20 @@ def start_and_supervise(
     with_dashboard: bool = False,
     dashboard_port: int = DASHBOARD_PORT,
     force_setup: bool = False,
+    queue: bool = False,
 ) -> None:
-    """What `up` does with a loaded inventory (`orchestrate local` builds its own)."""
+    """What `up` does with a loaded inventory (`orchestrate local` builds its own); `queue`:
+    wait for held leases (engine/queue.py) instead of failing."""
     secrets = secret_values(inventory.job.secret_env, os.environ, doing="'up'")  # before anything
     linger_seconds(inventory.job, os.environ)  # a bad $ORCHESTRATE_LINGER: refused before too
     missing_notify_secrets(inventory.notify, os.environ, doing="'up'")
+    waiting = pending(context.store)
+    if waiting is not None:  # it holds the start lock while it waits
+        raise RunStateError(
+            f"run {waiting.run_id} of job {waiting.job} is queued in this state directory "
+            f"({waiting.reason})",
+            hint="'orchestrate down' withdraws it; or use another state directory (--state-dir)",
+        )
     with open_backend(inventory) as backend:
         # Exclusive from the check for an active run through the launch, then released: a
         # second `up` waits for it, then finds this run active and refuses.
@@ -160,6 +233,8 @@ def start_and_supervise(
             run_id = new_run_id()
             # The run's leases (port: auto, gpus: N) first: the checks check the leased ports.
             with ExitStack() as held:
+                if queue:  # its turn first: then held_leases keeps what its keepers hold
+                    _wait_in_queue(context, inventory, run_id, backend)
                 leased = held.enter_context(held_leases(inventory, run_id, backend, _say))
                 measured = not skip_checks and leased.perf_check
                 if measured:  # the standbys' TensorFlow import would slow the compute probes
@@ -189,6 +264,37 @@ def start_and_supervise(
             )
             return
         _supervise_here(context.store, backend, record, interval)
+
+
+QUEUE_REPORT_EVERY = 30.0  # seconds between two "still queued" lines while nothing changes
+
+
+def _wait_in_queue(context: Context, inventory: Inventory, run_id: str, backend: Backend) -> None:
+    """Wait for the run's turn, saying why while it waits; Ctrl-C (or `down`) withdraws it."""
+    said: list[tuple[str, float]] = []  # the last reason said, and when
+    events = RunEvents(context.store, RunRecord(run_id, inventory, time.time()), _say)
+
+    def on_wait(reason: str, since: float) -> None:
+        now = time.monotonic()
+        if not said:
+            events.queued(reason)
+        if not said or reason != said[-1][0] or now - said[-1][1] >= QUEUE_REPORT_EVERY:
+            waited = duration(time.time() - since)
+            _say(f"run {run_id}: pending, {reason} (waiting {waited})")
+            said.append((reason, now))
+
+    try:
+        wait_for_leases(inventory, run_id, backend, context.store, on_wait)
+    except Withdrawn:
+        raise QueueWithdrawn(f"run {run_id} was withdrawn from the queue; nothing started") \
+            from None  # fmt: skip
+    except KeyboardInterrupt:
+        raise QueueWithdrawn(f"run {run_id}: stopped waiting; its place in the queue is "
+                             "withdrawn and nothing started") from None  # fmt: skip
+    finally:
+        events.close()
+    if said:
+        _say(f"run {run_id}: its turn; starting")
 
 
 def _announce(inventory: Inventory, source: str, secrets: Mapping[str, str]) -> None:
@@ -306,8 +412,15 @@ def attach(context: Context, run_id: str | None, interval: float) -> None:
     """Re-enter the live view of the latest (or named) run.
 
     If no process supervises the run any more (its 'up' was killed or its terminal closed), attach
-    takes over supervision, restarts included. Ctrl-C leaves the workers running.
+    takes over supervision, restarts included. Ctrl-C leaves the workers running. A run still
+    queued ('up --queue') is shown as pending, with what it waits behind.
     """
+    waiting = pending(context.store)
+    if waiting is not None and run_id in (None, waiting.run_id):
+        errors.print(f"run {waiting.run_id}: pending, {waiting.reason}; the queued 'up' (pid "
+                     f"{waiting.pid}) starts it when everything it needs is free",
+                     markup=False, highlight=False)  # fmt: skip
+        return
     record = context.store.load(run_id)
     with open_backend(record.inventory) as backend:
         lock = SupervisorLock(context.store.lock_path(record.run_id))
@@ -359,6 +472,14 @@ def down(context: Context, grace: float | None, save: bool, run_id: str | None) 
     and exits; --save waits for that and says at which step. A supervisor of the run stops too.
     """
     grace = grace if grace is not None else (300.0 if save else DEFAULT_GRACE)
+    waiting = pending(context.store)
+    if waiting is not None and run_id in (None, waiting.run_id):
+        if not withdraw(context.store, waiting):
+            raise PartialFailure(f"the queued 'up' of run {waiting.run_id} (pid {waiting.pid}) "
+                                 "did not end within 30 s",
+                                 hint="stop that process; its tickets expire with it")  # fmt: skip
+        errors.print(f"run {waiting.run_id} was queued: withdrawn, nothing had started")
+        return
     with open_backend(context.store.load(run_id).inventory) as backend:
         record, report = stop_everything(context.store, backend, run_id, grace)
         final = collect_status(record, backend) if save else None

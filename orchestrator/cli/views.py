@@ -25,11 +25,13 @@ from orchestrator.engine.exports import export_is_remote, local_export, pull_exp
 from orchestrator.engine.hangs import collect
 from orchestrator.engine.loggroups import WINDOW, Grouper, Line, label, merge
 from orchestrator.engine.logs import follow, follow_timed, last_lines, select_workers
+from orchestrator.engine.queue import pending
 from orchestrator.engine.stacks import grouped
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import collect_status
 from orchestrator.engine.tensorboard import events_are_remote, local_event_dir, pull_events
 from orchestrator.errors import MissingTool, PartialFailure
+from orchestrator.model.leases import clock
 
 
 @cli.command()
@@ -40,8 +42,17 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
     """Show each worker's state, pid, step, loss, checkpoint step, uptime, CPU and memory.
 
     Exit status 3 when a host did not answer (its workers show as unknown), 4 when there is no
-    run to show.
+    run to show. A run queued by 'up --queue' shows as pending, with what it waits behind.
     """
+    waiting = pending(context.store)
+    if waiting is not None and run_id in (None, waiting.run_id):
+        if as_json:
+            click.echo(json.dumps(waiting.to_json(), indent=2))
+        else:
+            console.print(f"run {waiting.run_id}  job {waiting.job}  pending since "
+                          f"{clock(waiting.since)}: {waiting.reason}", markup=False,
+                          highlight=False)  # fmt: skip
+        return
     record = context.store.load(run_id)
     with open_backend(record.inventory) as backend:
         result = collect_status(record, backend)

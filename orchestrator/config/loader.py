@@ -164,6 +164,10 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
     Key("seed", "integer, at least 0", "",
         "seeds the initial weights (Python, NumPy, TensorFlow, Keras): two runs with the same "
         "seed and settings train alike", integer(0)),
+    Key("queue", "boolean", "`false`",
+        "when another job holds (or an earlier queued job waits for) a port or GPU this job "
+        "leases, wait for it as `pending` instead of failing, in the order of arrival, and "
+        "start as soon as everything is free (as `up --queue`; see Shared machines)", boolean),
 )  # fmt: skip
 JOB_KEYS: dict[str, Checker] = checkers(JOB_KEY_ENTRIES)
 

@@ -80,7 +80,8 @@ NOTIFY_KEY_ENTRIES: tuple[Key, ...] = (
         "a program run on this machine (in the inventory's directory) with the event's JSON on "
         "standard input; a non-zero exit counts as not delivered"),
     Key("events", "list of " + ", ".join(f"`{e}`" for e in NOTIFY_EVENTS),
-        "all but `started`", "which events this target is told of"),
+        "all but `queued` and `started`", "which events this target is told of (`queued`: "
+        "`up --queue` waits behind another job, with the reason)"),
     Key("format", "`json` or `slack`", "`json`",
         "`slack`: the body is `{\"text\": ...}`, as Slack's (and Mattermost's, Discord's "
         "`/slack`) incoming webhooks take it", choice("json", "slack")),

@@ -1,11 +1,11 @@
 """The events a run's notify targets are told of, as data: what each says, which target wants
 it, the body each is sent and its signature. Pure (engine/notify.py sends them).
 
-An event is one JSON object: `event` (started, restarting, stalled, preempted, succeeded, failed,
-stopped; `test` from `orchestrate notify --test`), `job`, `run_id`, `state`, `step`,
-`target_steps`, `eta_seconds` (engine/eta.py's), `root_cause`, `hint`, `restarts`, `attempt`,
-`dashboard` (its address, never its token), `at` (Unix time), `id` (unique, so a receiver can
-drop a repeat) and `text` (the same for people: what a Slack message shows).
+An event is one JSON object: `event` (queued, started, restarting, stalled, preempted,
+succeeded, failed, stopped; `test` from `orchestrate notify --test`), `job`, `run_id`, `state`,
+`step`, `target_steps`, `eta_seconds` (engine/eta.py's), `root_cause`, `hint`, `restarts`,
+`attempt`, `dashboard` (its address, never its token), `at` (Unix time), `id` (unique, so a
+receiver can drop a repeat) and `text` (the same for people: what a Slack message shows).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from orchestrator.model.inventory import NotifyTarget
 
 TEST_EVENT = "test"
 HEADLINES = {
+    "queued": "is queued",
     "started": "started",
     "restarting": "is restarting",
     "stalled": "stalled",

@@ -359,6 +359,10 @@ class RunEvents:
         if first and not status.restarts:
             self._emit("started", "started")
 
+    def queued(self, reason: str) -> None:
+        """`up --queue` waits behind another job (once per run)."""
+        self._emit("queued", "queued", reason)
+
     def failure(
         self, failure: Failure, restart: Restart, gave_up: str | None, hint: str | None
     ) -> None:

@@ -67,8 +67,9 @@ class SyncSpec:
 
 
 # What the supervisor and `down` tell a notify target about; `notify:`'s `events:` picks some.
-NOTIFY_EVENTS = ("started", "restarting", "stalled", "preempted", "succeeded", "failed", "stopped")
-DEFAULT_NOTIFY_EVENTS = tuple(e for e in NOTIFY_EVENTS if e != "started")
+NOTIFY_EVENTS = ("queued", "started", "restarting", "stalled", "preempted", "succeeded", "failed",
+                 "stopped")  # fmt: skip
+DEFAULT_NOTIFY_EVENTS = tuple(e for e in NOTIFY_EVENTS if e not in ("queued", "started"))
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,7 @@ class Job:
     # Steps per tf.function call in the built-in loop; the intervals above must be multiples.
     steps_per_call: int = 1
     seed: int | None = None  # seeds the initial weights: runs with the same seed train alike
+    queue: bool = False  # `up` waits its turn for held leases instead of failing (engine/queue.py)
 
     @property
     def warm(self) -> bool:

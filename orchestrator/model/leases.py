@@ -103,10 +103,15 @@ class Clash:
     ports: tuple[int, ...] = ()
     gpus: tuple[int, ...] = ()
     wanted: str = ""  # "a port of 20000-20099", "2 GPUs of 0,1,2,3"
+    queued: bool = False  # not held: an earlier queued run's ticket waits for them
 
     def describe(self, now: float | None = None) -> str:
         held = _resources(self.ports, self.gpus)
         verb = "is" if len(self.ports) + len(self.gpus) == 1 else "are"
+        if self.queued and self.holder is not None:
+            h = self.holder
+            return (f"{self.host}: {held} {verb} waited for by {h.user}'s job {h.job} "
+                    f"(run {h.run_id}), queued since {clock(h.since, now)}")  # fmt: skip
         if self.holder is None:
             who = "a process without a valid lease record (see the ignored records)"
         else:
@@ -137,8 +142,14 @@ def parse_clashes(host: str, clashes: Any) -> list[Clash]:
     """The lease program's clash answers, one Clash per holder (ports and GPUs merged)."""
     merged: dict[tuple[int | None, str] | None, dict[str, Any]] = {}
     wanted: list[str] = []
+    queued: list[Clash] = []
     for entry in clashes if isinstance(clashes, list) else []:
         if not isinstance(entry, dict):
+            continue
+        if entry.get("kind") == "queue":
+            for data in entry.get("holders") or []:
+                queued.append(Clash(host, Holder.parse(data), _sorted(_ints(data.get("ports"))),
+                                    _sorted(_ints(data.get("gpus"))), queued=True))  # fmt: skip
             continue
         kind = "gpus" if entry.get("kind") == "gpus" else "ports"
         wanted.append(_wanted(entry, kind))
@@ -153,10 +164,25 @@ def parse_clashes(host: str, clashes: Any) -> list[Clash]:
         if not entry.get("holders") and not (isinstance(unknown, dict) and unknown.get(kind)):
             merged.setdefault(None, {"holder": None, "ports": [], "gpus": []})
     what = "; ".join(dict.fromkeys(w for w in wanted if w))
-    return [
+    return queued + [
         Clash(host, slot["holder"], _sorted(slot["ports"]), _sorted(slot["gpus"]), what)
         for slot in merged.values()
     ]
+
+
+def queue_reason(clashes: Sequence[Clash], now: float | None = None) -> str:
+    """Why a queued run waits, for status: `queued behind bob's job bert (run ...) on gpu-b:
+    port 23456, GPUs 0,1` (the holders of what it needs, or the earlier tickets)."""
+    parts = []
+    for c in clashes:
+        what = ", ".join(_resources(c.ports, c.gpus).split(" and ")) if c.ports or c.gpus else ""
+        if c.holder is None:
+            who = "a process without a valid lease record"
+        else:
+            queued = ", queued earlier" if c.queued else ""
+            who = f"{c.holder.user}'s job {c.holder.job} (run {c.holder.run_id}{queued})"
+        parts.append(f"{who} on {c.host}" + (f": {what}" if what else ""))
+    return "queued behind " + "; ".join(dict.fromkeys(parts)) if parts else "queued"
 
 
 def _sorted(values: Iterable[int]) -> tuple[int, ...]:
@@ -240,16 +266,71 @@ class JobLeases:
 
 
 @dataclass(frozen=True)
+class Ticket:
+    """A queued run's ticket on one host: who waits, since when, for which fixed ports and
+    GPUs of which pools."""
+
+    host: str
+    holder: Holder  # `since`: its arrival
+    ports: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()  # the GPUs of its pools
+    count: int = 0  # how many of them it needs
+
+    @classmethod
+    def parse(cls, host: str, data: Any) -> Ticket:
+        data = data if isinstance(data, dict) else {}
+        needs = data.get("needs") if isinstance(data.get("needs"), dict) else {}
+        pools = [p for p in needs.get("pools") or [] if isinstance(p, dict)]
+        return cls(
+            host,
+            Holder.parse({**data, "since": data.get("arrival")}),
+            _sorted(_ints(needs.get("ports"))),
+            _sorted(g for p in pools for g in _ints(p.get("gpus"))),
+            sum(integer(p.get("count")) or 0 for p in pools),
+        )
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """`orchestrate jobs`: one queued run, its tickets by host; its place in the queue."""
+
+    holder: Holder
+    hosts: Mapping[str, Ticket]
+
+    def to_json(self) -> dict[str, Any]:
+        h = self.holder
+        return {
+            "user": h.user, "uid": h.uid, "job": h.job, "run_id": h.run_id,
+            "controller": h.controller, "since": h.since,
+            "hosts": {name: {"ports": list(t.ports), "gpus": list(t.gpus), "count": t.count}
+                      for name, t in self.hosts.items()},
+        }  # fmt: skip
+
+
+def queued_by_run(tickets: Iterable[Ticket]) -> tuple[QueuedJob, ...]:
+    """One entry per queued run, in the order of the queue (arrival, user, run)."""
+    runs: dict[tuple[int | None, str], tuple[Holder, dict[str, Ticket]]] = {}
+    for ticket in tickets:
+        _, hosts = runs.setdefault(ticket.holder.key, (ticket.holder, {}))
+        hosts[ticket.host] = ticket
+    jobs = [QueuedJob(holder, hosts) for holder, hosts in runs.values()]
+    return tuple(sorted(jobs, key=lambda j: (j.holder.since, j.holder.uid or 0, j.holder.run_id)))
+
+
+@dataclass(frozen=True)
 class LeaseListing:
-    """Every lease on the hosts asked, by run; the records ignored; hosts that did not answer."""
+    """Every lease on the hosts asked, by run; the records ignored; hosts that did not answer;
+    the queued runs in their order."""
 
     jobs: tuple[JobLeases, ...] = ()
     ignored: tuple[Ignored, ...] = ()
     failed: Mapping[str, str] = field(default_factory=dict)
+    queued: tuple[QueuedJob, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
             "jobs": [job.to_json() for job in self.jobs],
+            "queued": [job.to_json() for job in self.queued],
             "ignored": [
                 {"host": i.host, "file": i.file, "reason": i.reason, "owner_uid": i.owner_uid}
                 for i in self.ignored

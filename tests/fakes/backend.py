@@ -80,8 +80,11 @@ class FakeBackend(Backend):
     lease_calls: list[tuple[str, str]] = field(default_factory=list)  # (take|dry|release, run)
     _polls: dict[str, int] = field(default_factory=dict)
 
-    def take_leases(self, inventory: Inventory, run_id: str, *, dry_run: bool = False) -> Leased:
-        self.lease_calls.append(("dry" if dry_run else "take", run_id))
+    def take_leases(
+        self, inventory: Inventory, run_id: str, *, dry_run: bool = False,
+        ticket: Mapping[str, Any] | None = None,
+    ) -> Leased:  # fmt: skip
+        self.lease_calls.append(("dry" if dry_run else "queue" if ticket else "take", run_id))
         mine = Holder("me", inventory.job.name, run_id, uid=0)
         assigned: dict[str, Assignment] = {}
         clashes: dict[tuple[str, tuple[int | None, str]], tuple[Holder, list[int], list[int]]] = {}
@@ -116,6 +119,9 @@ class FakeBackend(Backend):
         if not dry_run:
             self.held.update(dict.fromkeys(taken, mine))
         return Leased(resolved(inventory, assigned))
+
+    def withdraw_tickets(self, inventory: Inventory, run_id: str) -> None:
+        self.lease_calls.append(("withdraw", run_id))
 
     def release_leases(self, inventory: Inventory, run_id: str) -> None:
         self.lease_calls.append(("release", run_id))

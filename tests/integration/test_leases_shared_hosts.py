@@ -306,3 +306,152 @@ def test_a_run_killed_on_its_host_frees_its_leases_and_hostile_records_are_named
     assert successor.finish()["state"] == "succeeded"
     log = next(iter(successor.logs().values()))
     assert ports_of(log)[0].endswith(":20000")  # the one the killed run held
+
+
+# --- the queue (issue 30): `up -d --queue` waits its turn -----------------------------------------
+
+
+def queue_up(job: Job) -> dict[str, Any]:
+    """`up -d --queue`; the job's status after it returned (pending, or its run's)."""
+    result = job.up("-d", "--queue")
+    assert result.returncode == 0, result.stderr
+    return job.cli.status()
+
+
+def waiting_process(job: Job) -> psutil.Process | None:
+    """The detached `up --queue` of the job (it waits, then supervises the run it started)."""
+    for process in psutil.process_iter(["cmdline"]):
+        command = process.info["cmdline"] or []
+        if "--queue" in command and str(job.cli.cwd / "inv.yaml") in command:
+            return process
+    return None
+
+
+def started(job: Job, timeout: float = 60) -> dict[str, Any]:
+    """Wait until the queued job's run has started; its run id is the job's from then on."""
+    status = job.cli.status_when(lambda s: s["state"] in ("starting", "running"), timeout)
+    job.run_id = status["run_id"]
+    return status
+
+
+def peer_uid(peer: str) -> int:
+    return int(subprocess.run(["id", "-u", peer], capture_output=True, text=True,
+                              check=True).stdout)  # fmt: skip
+
+
+def reason(job: Job) -> str:
+    status = job.cli.status()
+    assert status["state"] == "pending", status
+    return status["reason"]
+
+
+@pytest.fixture
+def queued_jobs(jobs: list[Job]) -> Iterator[list[Job]]:
+    yield jobs
+    for job in jobs:  # a job still queued: down withdraws it; a finished one's `up` ends
+        process = waiting_process(job)
+        if process is None:
+            continue
+        if (job.cli.cwd / ".orchestrate" / "queued.json").exists():
+            job.cli("down", "--grace", "1")
+        with _gone():
+            process.wait(10)
+        with _gone():
+            process.kill()
+
+
+def test_three_jobs_for_the_same_two_gpus_start_in_order_and_two_gpus_are_not_starved(
+    cluster: NamespaceCluster, shared_root: Path, queued_jobs: list[Job], peer: str
+) -> None:
+    # root's one-GPU job runs; the peer's two-GPU job queues (one GPU is not enough); root's
+    # later one-GPU job queues too although a GPU is free: an earlier ticket waits for it.
+    first, second, third = queued_jobs
+    for job, count in zip(queued_jobs, (1, 2, 1), strict=True):
+        job.write(cluster, shared_root, hosts=1, visible_gpus=[0, 1], gpus=count)
+    host = cluster.hosts[0].name
+    assert queue_up(first)["state"] in ("starting", "running")  # nothing held: it starts
+    first.run_id = first.cli.status()["run_id"]
+    assert queue_up(second)["state"] == "pending"
+    assert reason(second) == f"queued behind root's job {first.name} (run {first.run_id}) " \
+                             f"on {host}: GPU 0"  # fmt: skip
+    assert queue_up(third)["state"] == "pending"
+    second_run = second.cli.status()["run_id"]
+    assert reason(third) == f"queued behind {peer}'s job {second.name} (run {second_run}, " \
+                            f"queued earlier) on {host}: GPUs 0,1"  # fmt: skip
+    listing = first.jobs()  # any user sees the queue, in its order
+    assert [(j["user"], j["job"]) for j in listing["queued"]] == [
+        (peer, second.name),
+        ("root", third.name),
+    ]
+    assert listing["queued"][0]["hosts"][host] == {"ports": [], "gpus": [0, 1], "count": 2}
+    assert "queued jobs, in order" in first.cli("jobs", "inv.yaml").stdout
+
+    assert first.finish()["state"] == "succeeded"
+    first.run_id = ""  # done: nothing to bring down
+    assert started(second)["run_id"] == second_run  # the run id it queued under
+    wait_for(lambda: second.printed(1), 30)
+    assert "CUDA_VISIBLE_DEVICES 0,1" in next(iter(second.logs().values()))
+    # The waiting `up` says the new reason at its next ask of the host (every 2 s).
+    behind = f"queued behind {peer}'s job {second.name} (run {second_run}) on {host}: GPUs 0,1"
+    wait_for(lambda: reason(third) == behind, 30, "the reason of the third job's wait")
+    assert [j["job"] for j in first.jobs()["queued"]] == [third.name]
+    assert second.finish()["state"] == "succeeded"
+    second.run_id = ""
+    started(third)
+    assert third.finish()["state"] == "succeeded"
+    third.run_id = ""
+    after = first.jobs()  # (another test's hostile records may still be ignored there)
+    assert after["jobs"] == [] and after["queued"] == [] and after["unreachable"] == {}
+    log = (second.cli.cwd / ".orchestrate" / "queued.log").read_text()
+    assert "pending, queued behind" in log and "its turn; starting" in log
+
+
+def test_down_withdraws_a_queued_job_and_a_killed_ones_ticket_expires(
+    cluster: NamespaceCluster, shared_root: Path, queued_jobs: list[Job], peer: str
+) -> None:
+    holder, withdrawn, killed = queued_jobs  # root, the peer, root
+    for job in queued_jobs:
+        job.write(cluster, shared_root, hosts=1, port_range="20000-20000")
+    lease_dir = shared_root / f"leases-{cluster.hosts[0].name}"
+    assert holder.up("-d").returncode == 0
+    holder.run_id = holder.cli.record()["run_id"]
+    assert queue_up(withdrawn)["state"] == "pending"
+    assert queue_up(killed)["state"] == "pending"
+    assert len(list(lease_dir.glob("ticket-*.json"))) == 2
+
+    queued_run = withdrawn.cli.status()["run_id"]
+    assert (lease_dir / f"ticket-{peer_uid(peer)}-{queued_run}.json").exists()
+    down = withdrawn.cli("down")
+    assert down.returncode == 0 and "withdrawn" in down.stderr, down.stderr
+    assert waiting_process(withdrawn) is None
+    assert not (lease_dir / f"ticket-{peer_uid(peer)}-{queued_run}.json").exists()
+    assert [j["job"] for j in holder.jobs()["queued"]] == [killed.name]
+    assert withdrawn.cli("status").returncode == 4  # no run: nothing had started
+
+    # Ctrl-C of an attached queued `up` withdraws it too.
+    attached = withdrawn.cli.popen("up", "--skip-checks", "--queue", "inv.yaml")
+    try:
+        attached_run = withdrawn.cli.status_when(lambda s: s["state"] == "pending", 30)["run_id"]
+        assert (lease_dir / f"ticket-{peer_uid(peer)}-{attached_run}.json").exists()
+        attached.send_signal(signal.SIGINT)
+        _, said = attached.communicate(timeout=30)
+    finally:
+        attached.kill()
+    assert attached.returncode == 130, said
+    assert "pending, queued behind root's job" in said and "withdrawn" in said
+    assert not (lease_dir / f"ticket-{peer_uid(peer)}-{attached_run}.json").exists()
+
+    again = killed.cli("up", "--skip-checks", "-d", "inv.yaml")  # one run per state directory
+    assert again.returncode == 4 and "is queued in this state directory" in again.stderr
+    process = waiting_process(killed)
+    assert process is not None
+    process.kill()  # SIGKILL: no chance to withdraw
+    process.wait(10)
+    assert holder.jobs()["queued"] == []  # its ticket expired: its controller is gone
+    assert killed.cli("status").returncode == 4
+    # The next job is blocked by the holder alone, and starts when it ends.
+    assert holder.finish()["state"] == "succeeded"
+    assert queue_up(withdrawn)["state"] in ("starting", "running")
+    withdrawn.run_id = withdrawn.cli.status()["run_id"]
+    assert withdrawn.finish()["state"] == "succeeded"
+    holder.run_id = withdrawn.run_id = ""  # done: nothing to bring down

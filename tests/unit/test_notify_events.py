@@ -115,7 +115,7 @@ def test_targets_read_with_their_defaults(tmp_path: Path) -> None:
         ("  - {command: [./missing.sh]}\n", "notify[0].command: no such file:"),
         ("  - {command: [echo], format: slack}\n", "notify[0].format: applies to webhook: only"),
         ("  - {webhook: 'https://e.com/', events: [done]}\n",
-         "notify[0].events[0]: expected one of started, restarting, stalled"),
+         "notify[0].events[0]: expected one of queued, started, restarting, stalled"),
         ("  - {webhook: 'https://e.com/', events: [failed, failed]}\n",
          "notify[0].events[1]: failed is listed twice"),
         ("  - {webhook: 'https://e.com/', events: []}\n", "notify[0].events: expected a list"),

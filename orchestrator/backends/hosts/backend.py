@@ -8,7 +8,7 @@ sync and setup before a start (prep.py), and starting an attempt's workers.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends.base import Backend, Leased
 from orchestrator.backends.hosts import leases
@@ -67,13 +67,20 @@ class HostBackend(Machines, Backend):
 
         return fan_out(by_name, launch)
 
-    def take_leases(self, inventory: Inventory, run_id: str, *, dry_run: bool = False) -> Leased:
+    def take_leases(
+        self, inventory: Inventory, run_id: str, *, dry_run: bool = False,
+        ticket: Mapping[str, Any] | None = None,
+    ) -> Leased:  # fmt: skip
         resolved, ignored = leases.take(inventory, run_id, self._lease_agent, machine_key,
+                                        ticket=ticket,
                                         dry_run=dry_run)  # fmt: skip
         return Leased(resolved, ignored)
 
     def release_leases(self, inventory: Inventory, run_id: str) -> None:
         leases.release(inventory, run_id, self._lease_agent, machine_key)
+
+    def withdraw_tickets(self, inventory: Inventory, run_id: str) -> None:
+        leases.withdraw(inventory, run_id, self._lease_agent, machine_key)
 
     def leases(self, inventory: Inventory) -> LeaseListing:
         return leases.listing(inventory, self._lease_agent, machine_key)

@@ -8,7 +8,7 @@ The requests and the inventory with what was leased are pure (`lease_request`, `
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +22,10 @@ from orchestrator.model.leases import (
     Ignored,
     Lease,
     LeaseListing,
+    Ticket,
     by_run,
     clash_message,
+    queued_by_run,
 )
 
 if TYPE_CHECKING:
@@ -99,7 +101,10 @@ def take(
     machine_key: Callable[[Host], tuple[str, ...]],
     *,
     dry_run: bool = False,
+    ticket: Mapping[str, Any] | None = None,
 ) -> tuple[Inventory, tuple[Ignored, ...]]:
+    """`ticket` (queued runs): the run's arrival and its controller's identity, written beside
+    the leases of every host it needs until `withdraw`."""
     groups = lease_groups(inventory.hosts, machine_key)
     if not groups:
         return inventory, ()
@@ -109,6 +114,8 @@ def take(
         hosts = groups[key]
         request = lease_request(hosts, run_id, inventory.job.name, controller=controller,
                                 dry_run=dry_run)  # fmt: skip
+        if ticket is not None:
+            request["ticket"] = dict(ticket)
         answer = agent(hosts[0]).leases("acquire", **request)
         try:
             return Acquired.parse(hosts[0].name, answer)
@@ -147,6 +154,22 @@ def release(
     fan_out(groups, lambda key: _release(agent(groups[key][0]), key[1], run_id))
 
 
+def withdraw(
+    inventory: Inventory,
+    run_id: str,
+    agent: Callable[[Host], HostAgent],
+    machine_key: Callable[[Host], tuple[str, ...]],
+) -> None:
+    """Remove the run's tickets on every leasing host (it started, or gave up waiting)."""
+    groups = lease_groups(inventory.hosts, machine_key)
+    fan_out(
+        groups,
+        lambda key: agent(groups[key][0]).leases(
+            "withdraw", timeout=30, lease_dir=key[1], run_id=run_id
+        ),
+    )
+
+
 def listing(
     inventory: Inventory,
     agent: Callable[[Host], HostAgent],
@@ -163,8 +186,12 @@ def listing(
     answers = fan_out(groups, ask)
     leases: list[Lease] = []
     ignored: list[Ignored] = []
+    tickets: list[Ticket] = []
     for key, answer in answers.ok.items():
         name = "+".join(h.name for h in groups[key])  # the inventory's names of the machine
+        found_tickets = answer.get("tickets")
+        tickets += [Ticket.parse(name, t) for t in found_tickets if isinstance(t, dict)] \
+            if isinstance(found_tickets, list) else []  # fmt: skip
         holders = answer.get("holders")
         leases += [Lease.parse(name, h) for h in holders if isinstance(h, dict)] \
             if isinstance(holders, list) else []  # fmt: skip
@@ -174,4 +201,4 @@ def listing(
         "+".join(h.name for h in groups[key]): error.message
         for key, error in answers.failed.items()
     }
-    return LeaseListing(by_run(leases), tuple(ignored), failed)
+    return LeaseListing(by_run(leases), tuple(ignored), failed, queued_by_run(tickets))

@@ -179,6 +179,21 @@ function renderLeases(doc) {
       el("td", { text: clock(j.since) }),
     ]);
   });
+  // The queued jobs ('up --queue'), in the order they will start.
+  const queued = Array.isArray(leases.queued) ? leases.queued : [];
+  queued.forEach((j, place) => {
+    const hosts = Object.entries(j.hosts || {});
+    const ports = hosts.filter(([, t]) => (t.ports || []).length)
+      .map(([h, t]) => `${h}: ${t.ports.join(",")}`).join("; ");
+    const gpus = hosts.filter(([, t]) => t.count)
+      .map(([h, t]) => `${h}: ${t.count} of ${(t.gpus || []).join(",")}`).join("; ");
+    rows.push(el("tr", { class: "queued" }, [
+      el("td", { text: text(j.user) }), el("td", { text: text(j.job) }),
+      el("td", { text: text(j.run_id) }), el("td", { text: hosts.map(([h]) => h).join(", ") }),
+      el("td", { text: ports || "-" }), el("td", { text: gpus || "-" }),
+      el("td", { text: `queued #${place + 1} since ${clock(j.since)}` }),
+    ]));
+  });
   $("leases").tBodies[0].replaceChildren(...rows);
   const ignored = Array.isArray(leases.ignored) ? leases.ignored : [];
   $("leases-ignored").textContent = ignored.map((i) =>

@@ -13,7 +13,18 @@ Verbs:
                   supervisor of the run on this host (its standbys do not count). `dry_run`:
                   what would be taken, nothing held. A clash answers who holds what.
   release lease_dir run_id   stop this account's keepers of the run: its leases are free
-  list lease_dir             every live holder's record, any user; records ignored, and why
+  list lease_dir             every live holder's record, any user; records ignored, and why;
+                             the live tickets of queued runs, in their order
+  withdraw lease_dir run_id  remove this account's ticket of the run (it started, or gave up)
+
+The queue (`up --queue`): `acquire` with `ticket` (the run's arrival time, and its controller's
+pid, process start time, boot id and pid namespace) writes the run's ticket beside the leases,
+`ticket-{uid}-{run_id}.json`: what it needs (fixed ports, GPUs of a pool) and since when. A run
+takes new resources only when no earlier live ticket needs any of them (may_take, pure; every
+acquire obeys it, queued or not); a blocked or clashing queued acquire keeps its ticket and is
+asked again. A ticket lives while its controller does: on this machine (same boot id and pid
+namespace) the process itself is looked at; else it expires TICKET_TTL seconds after its last
+acquire refreshed it.
 
 A lease is an flock on `{lease_dir}/port-N.lock` or `gpu-N.lock` (exclusive; shared for GPUs
 whose leases say share), held by the keeper: the kernel frees it when the keeper dies, so a
@@ -49,6 +60,8 @@ else:  # shipped: machines/bundle.py carries it in front of this file's source
 
 RECORD_MAX_BYTES = 64 * 1024
 POLL = 1.0  # seconds between the keeper's looks at the run's processes
+TICKET_TTL = 30.0  # seconds a ticket of a controller on another machine lives unrefreshed
+TICKET_NAME = re.compile(r"^ticket-(\d{1,10})-([A-Za-z0-9_.-]{1,64})\.json$")
 RECORD_NAME = re.compile(r"^lease-(\d{1,10})-([A-Za-z0-9_.-]{1,64})-([0-9a-f]{8,32})\.json$")
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")  # user, job, run id
 HOSTNAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$")
@@ -124,6 +137,121 @@ def validate_record(data, owner_uid, file_name):
         record[key] = sorted(set(values))
     record["shared_gpus"] = data.get("shared_gpus") is True
     return record, None
+
+
+def validate_ticket(data, owner_uid, file_name):
+    """(ticket, None) or (None, why it is ignored): a queued run's ticket, checked like a
+    lease record (its owner is the uid it claims, every field what it should be). Pure."""
+    match = TICKET_NAME.fullmatch(file_name)
+    if not match:
+        return None, "not a ticket's name"
+    if not isinstance(data, dict):
+        return None, "not a JSON object"
+
+    def whole(value, low, high):
+        ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+        return value if ok else None
+
+    def real(value):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return float(value) if ok and math.isfinite(value) else None
+
+    uid = whole(data.get("uid"), 0, 2**32)
+    if uid is None or uid != owner_uid or str(uid) != match.group(1):
+        return None, f"claims uid {data.get('uid')!r} but belongs to uid {owner_uid}"
+    ticket = {"uid": uid}
+    for key, pattern in (("user", NAME), ("job", NAME), ("run_id", NAME),
+                         ("controller", HOSTNAME)):  # fmt: skip
+        value = data.get(key)
+        if not (isinstance(value, str) and pattern.fullmatch(value)):
+            return None, f"{key} is missing or malformed"
+        ticket[key] = value
+    if ticket["run_id"] != match.group(2):
+        return None, "its run id differs from its name's"
+    for key in ("arrival", "seen"):
+        ticket[key] = real(data.get(key))
+        if ticket[key] is None:
+            return None, f"{key} is missing or malformed"
+    ticket["pid"] = whole(data.get("pid"), 1, 2**31)
+    ticket["starttime"] = whole(data.get("starttime"), 0, 2**63)
+    if ticket["pid"] is None or ticket["starttime"] is None:
+        return None, "pid or starttime is missing or malformed"
+    for key in ("boot_id", "pidns"):
+        value = data.get(key)
+        ticket[key] = value if isinstance(value, str) and len(value) <= 64 else ""
+    needs = data.get("needs")
+    if not isinstance(needs, dict):
+        return None, "needs is not an object"
+    ports, pools = needs.get("ports"), needs.get("pools")
+    if (
+        not isinstance(ports, list)
+        or len(ports) > 1024
+        or any(whole(p, 1, 65535) is None for p in ports)
+    ):
+        return None, "needs.ports is not a list of ports"
+    if not isinstance(pools, list) or len(pools) > 1024:
+        return None, "needs.pools is not a list"
+    clean = []
+    for pool in pools:
+        gpus = pool.get("gpus") if isinstance(pool, dict) else None
+        count = whole(pool.get("count"), 1, 4096) if isinstance(pool, dict) else None
+        if (
+            not isinstance(gpus, list)
+            or count is None
+            or len(gpus) > 4096
+            or any(whole(g, 0, 4095) is None for g in gpus)
+        ):
+            return None, "needs.pools holds an entry that is no pool of GPUs"
+        clean.append({"gpus": sorted(set(gpus)), "count": count})
+    ticket["needs"] = {"ports": sorted(set(ports)), "pools": clean}
+    return ticket, None
+
+
+def needs_of(workers, pool_of):
+    """What a request's workers need that another job could hold: their fixed ports and the
+    GPUs of their pools (`pool_of(worker)`; a port of a range is plentiful, not queued for)."""
+    ports = sorted({w["port"] for w in workers if w.get("range") is None and w.get("port")})
+    pools = [{"gpus": sorted(set(pool_of(w))), "count": int(w["gpus"])}
+             for w in workers if w.get("gpus")]  # fmt: skip
+    return {"ports": ports, "pools": pools}
+
+
+def overlap(a, b):
+    """The resources both needs name: (ports, GPUs). Pure."""
+    ports = sorted(set(a["ports"]) & set(b["ports"]))
+    gpus_a = {g for pool in a["pools"] for g in pool["gpus"]}
+    gpus_b = {g for pool in b["pools"] for g in pool["gpus"]}
+    return ports, sorted(gpus_a & gpus_b)
+
+
+def order(ticket):
+    """A ticket's place in the queue: by arrival, then user and run (one total order on every
+    host, so that two runs never wait for each other)."""
+    return (ticket["arrival"], ticket["uid"], ticket["run_id"])
+
+
+def may_take(needs, place, tickets):
+    """Whether a run needing `needs`, at `place` in the queue (order(); its arrival is now when
+    it has no ticket), may take them now: (True, []) or (False, the earlier tickets that wait
+    for some of them, each with what they share). `tickets`: the live ones of this host, the
+    run's own among them or not. Pure."""
+    ahead = []
+    for ticket in sorted(tickets, key=order):
+        if order(ticket) >= place:
+            break
+        ports, gpus = overlap(needs, ticket["needs"])
+        if ports or gpus:
+            ahead.append(dict(ticket, ports=ports, gpus=gpus))
+    return not ahead, ahead
+
+
+def ticket_alive(ticket, now, here, started_at):
+    """Whether the ticket's controller lives: on this machine (`here`: this boot id and pid
+    namespace) its process (`started_at(pid)`: its start time, None when gone) is looked at;
+    else it was refreshed within TICKET_TTL seconds. Pure."""
+    if ticket["boot_id"] and (ticket["boot_id"], ticket["pidns"]) == here:
+        return started_at(ticket["pid"]) == ticket["starttime"]
+    return now - ticket["seen"] <= TICKET_TTL
 
 
 # --- files of the lease directory ------------------------------------------------------------
@@ -297,6 +425,105 @@ def gpu_pool(worker):
     return [int(m.group(1)) for m in re.finditer(r"^GPU (\d+):", listing.stdout, re.M)]
 
 
+# --- tickets of queued runs --------------------------------------------------------------------
+
+
+def here():
+    """This machine's boot id and this process's pid namespace: where a pid means a process."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            boot = handle.read().strip()
+        return boot, os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "", ""
+
+
+def started_at(pid):
+    """The start time (clock ticks after boot) of process `pid`, None when there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def scan_tickets(lease_dir):
+    """(live tickets with their file names, ignored files with why). Expired tickets are not
+    live: this account's are removed, others' left alone and not named."""
+    live, ignored = [], []
+    try:
+        names = sorted(os.listdir(lease_dir))
+    except FileNotFoundError:
+        return live, ignored
+    now, where = time.time(), here()
+    for name in names:
+        if not name.startswith("ticket-") or not name.endswith(".json"):
+            continue
+        owner = None
+        try:
+            owner = os.lstat(os.path.join(lease_dir, name)).st_uid
+            data, owner = _read_record(lease_dir, name)
+            if data is None:
+                continue
+            ticket, why = validate_ticket(data, owner, name)
+        except Hostile as exc:
+            ticket, why = None, str(exc)
+        except OSError as exc:
+            ticket, why = None, f"cannot be read ({exc.strerror})"
+        if ticket is None:
+            ignored.append({"file": os.path.join(lease_dir, name), "owner_uid": owner,
+                            "reason": why})  # fmt: skip
+            continue
+        if not ticket_alive(ticket, now, where, started_at):
+            if owner == os.getuid():
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(lease_dir, name))
+            continue
+        ticket["file"] = name
+        live.append(ticket)
+    return sorted(live, key=order), ignored
+
+
+def _write_ticket(request, needs, old):
+    """Write (or refresh) the run's ticket: its arrival stays what it was first."""
+    lease_dir, run_id, queue = request["lease_dir"], request["run_id"], request["ticket"]
+    ticket = {
+        "user": pwd.getpwuid(os.getuid()).pw_name,
+        "uid": os.getuid(),
+        "job": request["job"],
+        "run_id": run_id,
+        "controller": request["controller"],
+        "arrival": old["arrival"] if old else float(queue["arrival"]),
+        "seen": time.time(),
+        "pid": int(queue["pid"]),
+        "starttime": int(queue["starttime"]),
+        "boot_id": str(queue.get("boot_id") or ""),
+        "pidns": str(queue.get("pidns") or ""),
+        "needs": needs,
+    }
+    path = os.path.join(lease_dir, f"ticket-{os.getuid()}-{run_id}.json")
+    safefiles.write_json(path, ticket, mode=0o644)  # readable by every account
+    return ticket
+
+
+def cmd_withdraw(request):
+    path = os.path.join(request["lease_dir"], f"ticket-{os.getuid()}-{request['run_id']}.json")
+    try:
+        os.remove(path)
+        return {"withdrawn": True}
+    except FileNotFoundError:
+        return {"withdrawn": False}
+
+
+def _queue_clash(ahead):
+    """The earlier tickets a run waits behind, as a clash answer (kind `queue`)."""
+    keys = ("user", "uid", "job", "run_id", "controller", "arrival")
+    return {"worker": "", "kind": "queue",
+            "holders": [dict({k: t[k] for k in keys}, since=t["arrival"], ports=t["ports"],
+                             gpus=t["gpus"]) for t in ahead]}  # fmt: skip
+
+
 # --- acquire, release, list -------------------------------------------------------------------
 
 
@@ -350,6 +577,10 @@ def cmd_acquire(request):
     _ensure_dir(lease_dir)
     live, ignored = scan(lease_dir)
     mine = [r for r in live if r["uid"] == os.getuid() and r["run_id"] == run_id]
+    if not mine and not request.get("dry_run"):  # a restart keeps what it holds, unqueued
+        waiting = _queue_turn(request, lease_dir)
+        if waiting is not None:
+            return dict(waiting, ignored=ignored + waiting["ignored"])
     taking = _Taking(lease_dir, live, mine)
     assigned, shared = {}, False
     try:
@@ -360,7 +591,8 @@ def cmd_acquire(request):
             assigned[worker["name"]] = {"port": port, "gpus": gpus}
         ignored += taking.ignored
         if taking.clashes:
-            return {"clashes": taking.clashes, "ignored": ignored}
+            return {"clashes": taking.clashes, "ignored": ignored,
+                    "queued": bool(request.get("ticket"))}  # fmt: skip
         keeper = None
         if taking.fds and not request.get("dry_run"):
             keeper = _start_keeper(request, sorted(taking.new["ports"]),
@@ -368,6 +600,24 @@ def cmd_acquire(request):
         return {"assigned": assigned, "ignored": ignored, "keeper": keeper, "kept": bool(mine)}
     finally:
         taking.close()  # a keeper holds its own copies
+
+
+def _queue_turn(request, lease_dir):
+    """None when the run may go on and take; else the answer that it waits behind earlier
+    tickets. A queued run's ticket is written (or refreshed) first, and stays."""
+    tickets, ignored = scan_tickets(lease_dir)
+    needs = needs_of(request["workers"], gpu_pool)
+    own = [t for t in tickets if t["uid"] == os.getuid() and t["run_id"] == request["run_id"]]
+    if request.get("ticket"):
+        ticket = _write_ticket(request, needs, own[0] if own else None)
+        place = order(ticket)
+    else:  # not queued: it arrives now, behind every ticket
+        place = (math.inf, os.getuid(), request["run_id"])
+    free, ahead = may_take(needs, place, [t for t in tickets if t not in own])
+    if free:
+        return None
+    return {"clashes": [_queue_clash(ahead)], "ignored": ignored,
+            "queued": bool(request.get("ticket"))}  # fmt: skip
 
 
 def _acquire_port(worker, taking):
@@ -580,10 +830,14 @@ def cmd_list(request):
     live, ignored = scan(lease_dir)
     for record in live:
         record.pop("file", None)
-    return {"holders": live, "ignored": ignored, "now": time.time()}
+    tickets, bad = scan_tickets(lease_dir)
+    for ticket in tickets:
+        ticket.pop("file", None)
+    return {"holders": live, "ignored": ignored + bad, "tickets": tickets, "now": time.time()}
 
 
-VERBS = {"acquire": cmd_acquire, "release": cmd_release, "list": cmd_list}
+VERBS = {"acquire": cmd_acquire, "release": cmd_release, "list": cmd_list,
+         "withdraw": cmd_withdraw}  # fmt: skip
 
 
 def answer(request):
