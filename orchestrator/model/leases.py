@@ -192,7 +192,7 @@ def _sorted(values: Iterable[int]) -> tuple[int, ...]:
 def _wanted(entry: Mapping[str, Any], kind: str) -> str:
     if kind == "gpus":
         pool = ",".join(map(str, _ints(entry.get("pool"))))
-        return f"{integer(entry.get('wanted_gpus')) or '?'} GPU(s) of {pool or 'none'}"
+        return f"{integer(entry.get('wanted_gpus')) or '?'} GPU(s) of the pool {pool or '(empty)'}"
     span = _ints(entry.get("range"))
     if len(span) == 2:
         return f"a port of {span[0]}-{span[1]}"
