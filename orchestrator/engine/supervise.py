@@ -21,7 +21,6 @@ from dataclasses import replace
 
 from orchestrator.backends.base import Backend
 from orchestrator.engine.checkpoints import Mirror
-from orchestrator.engine.control import WAKE_CHECK
 from orchestrator.engine.failures import (
     Failure,
     FailureKind,
@@ -174,13 +173,10 @@ class Supervisor:
         run stopped and lets go, instead of keeping `down` waiting up to a whole interval."""
         flag = self.store.stop_flag(self.record.run_id)
         seen = file_mtime(flag)
-        deadline = time.monotonic() + self.interval
-        while (left := deadline - time.monotonic()) > 0:
-            # The backend's wait: a worker's exit told by its machine ends it at once.
-            if self.backend.wait_for_change(self.record.workers, min(left, WAKE_CHECK)):
-                return
-            if file_mtime(flag) != seen:
-                return
+        # One wait for the whole interval (on hosts: one watch per machine, no request per
+        # tick); the flag is looked at locally every tick and ends it at once.
+        self.backend.wait_for_change(self.record.workers, self.interval,
+                                     lambda: file_mtime(flag) != seen)  # fmt: skip
 
     def _start_standbys(self, status: RunStatus) -> None:
         """Once every worker of the attempt made its first step (so the standbys' imports do not

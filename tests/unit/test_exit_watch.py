@@ -4,13 +4,16 @@ stand-in supervisor whose command line names its run directory, as the agent's d
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from orchestrator.machines.agent import HostAgent
 from orchestrator.machines.remote import agent
+from orchestrator.machines.runner import LocalRunner
 
 
 def supervisor(run_dir: Path) -> subprocess.Popen[bytes]:
@@ -62,5 +65,60 @@ def test_an_ended_worker_is_told_at_once_and_a_running_one_waits_out_the_timeout
         assert agent.cmd_watch({"run_dirs": [str(running)], "timeout": 0.3}) == {"changed": False}
         assert time.monotonic() - start >= 0.3
     finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_line_on_the_session_wakes_a_long_watch_and_the_session_goes_on(tmp_path: Path) -> None:
+    """The real agent program in a real session: a watch of a running worker for 30 s ends as
+    soon as the controller writes a `wake` line (down's stop request), answers that it was
+    woken, and the session then answers the next request (the wake itself gets no answer)."""
+    process = supervisor(tmp_path)
+    session = HostAgent(LocalRunner("here"), sys.executable).session()
+    answers: list[tuple[dict[str, object], float]] = []
+
+    def watch() -> None:
+        answer = session.request({"verb": "watch", "run_dirs": [str(tmp_path)], "timeout": 30}, 35)
+        answers.append((answer, time.monotonic()))
+
+    try:
+        assert "home" in session.request({"verb": "info"}, 30)  # the program has started
+        thread = threading.Thread(target=watch)
+        thread.start()
+        time.sleep(0.5)
+        assert not answers  # the worker runs: the watch waits
+        woke = time.monotonic()
+        session.notify({"verb": "wake"})
+        thread.join(timeout=20)
+        ((answer, at),) = answers
+        assert answer == {"changed": False, "woken": True}
+        assert at - woke < 5  # long before the watch's 30 s
+        session.notify({"verb": "wake"})  # a late wake, after the watch ended: no answer
+        assert "home" in session.request({"verb": "info"}, 10)  # and no answer out of step
+    finally:
+        session.close()
+        process.kill()
+        process.wait()
+
+
+def test_a_wake_already_sent_ends_the_watch_that_follows_it_at_once(tmp_path: Path) -> None:
+    """The wake written just after the watch request (both in the agent's input at once)."""
+    process = supervisor(tmp_path)
+    read, write = os.pipe()
+    os.write(write, b'{"verb": "wake"}\n')
+    agent._Input.serving = agent._Input(read)
+    try:
+        assert next(iter(agent._Input.serving)) == '{"verb": "wake"}'  # read: nothing pending now
+        os.write(write, b'{"verb": "wake"}\n')
+        start = time.monotonic()
+        answer = agent.cmd_watch({"run_dirs": [str(tmp_path)], "timeout": 30})
+        assert answer == {"changed": False, "woken": True}
+        assert time.monotonic() - start < 5
+        os.close(write)  # and the end of input wakes it too
+        agent._Input.serving = agent._Input(read)
+        assert agent.cmd_watch({"run_dirs": [str(tmp_path)], "timeout": 30})["woken"] is True
+    finally:
+        agent._Input.serving = None
+        os.close(read)
         process.kill()
         process.wait()
