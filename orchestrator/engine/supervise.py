@@ -212,8 +212,12 @@ class Supervisor:
                 self.say(f"stacks of every worker at the stall: {kept}")
         restart = Restart(detected, self.record.attempt, failure.worker, failure.reason,
                           failure.step, failure.kind.value)  # fmt: skip
-        tail = self._log_tail(failure.worker)
+        # A worker that exited wrote its whole log: its survivors are stopped first (they block
+        # in a collective without it), its tail read after. A stalled one still writes: before.
+        stalled = failure.kind is FailureKind.STALLED
+        tail = self._log_tail(failure.worker) if stalled else ()
         stop_run(self.record, self.backend, grace=survivors_grace(failure, job), standbys=False)
+        tail = tail if stalled else self._log_tail(failure.worker)
         why = give_up_reason(failure, restarts, job)
         self.events.failure(failure, restart, why, explain(failure.kind, tail))
         if why:
