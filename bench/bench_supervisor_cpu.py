@@ -62,7 +62,7 @@ def _groups(supervisor: int, run_id: str) -> dict[str, list[psutil.Process]]:
 
 
 def one(tree: Path, seconds: float) -> dict[str, float]:
-    with tempfile.TemporaryDirectory(prefix="bench-cpu-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="bench-cpu-", ignore_cleanup_errors=True) as scratch:
         root = Path(scratch)
         shutil.copyfile(STEPPER, root / "train.py")
         ports = free_ports(2)
