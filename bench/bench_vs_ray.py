@@ -299,6 +299,9 @@ def orchestrate_trial(root: Path) -> Sample:
         supervisors = [p.pid for p in psutil.process_iter(["cmdline"])
                        if str(root) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
         pids = family([up.pid, *supervisors])
+        shown = subprocess.run([*cli, "status", "--json"], cwd=root, env=bench_env(),
+                               capture_output=True, text=True, check=True)  # fmt: skip
+        workers = {int(w["pid"]) for w in json.loads(shown.stdout)["workers"]}  # the new attempt's
         state = root / ".orchestrate"
         asked = time.monotonic()
         down = subprocess.Popen([*cli, "down"], cwd=root, env=bench_env(),
