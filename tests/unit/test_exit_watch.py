@@ -14,6 +14,7 @@ from pathlib import Path
 from orchestrator.machines.agent import HostAgent
 from orchestrator.machines.remote import agent
 from orchestrator.machines.runner import LocalRunner
+from tests.fakes.backend import FakeBackend
 
 
 def supervisor(run_dir: Path) -> subprocess.Popen[bytes]:
@@ -122,3 +123,23 @@ def test_a_wake_already_sent_ends_the_watch_that_follows_it_at_once(tmp_path: Pa
         os.close(read)
         process.kill()
         process.wait()
+
+
+def test_the_polling_wait_ends_when_woken_and_lasts_its_timeout_otherwise() -> None:
+    """Backend.wait_for_change's default (Slurm, hosts that cannot push): the poll's sleep,
+    which the stop flag's look (`woken`) ends within a tick."""
+    backend = FakeBackend()
+    flag = threading.Event()
+    threading.Timer(0.2, flag.set).start()
+    start = time.monotonic()
+    assert backend.wait_for_change([], 30, flag.is_set) is False
+    assert 0.2 <= time.monotonic() - start < 5
+    start = time.monotonic()
+    assert backend.wait_for_change([], 0.3) is False
+    assert time.monotonic() - start >= 0.3
+
+
+def test_a_process_seen_first_gets_its_cpu_share_over_its_life() -> None:
+    assert agent._average_percent(1.0, 4.0) == 25.0
+    assert agent._average_percent(3.0, 2.0) == 150.0  # two threads busy
+    assert agent._average_percent(1.0, 0.0) == 0.0
