@@ -250,7 +250,7 @@ def _poll_processes(setup: Setup) -> tuple[list[int], list[int]]:
                 name = proc.name()
             except psutil.Error:
                 continue
-            if len(cmdline) >= 3 and cmdline[1] == "-c" and cmdline[2].startswith(AGENT_MARK):
+            if len(cmdline) >= 3 and cmdline[1] == "-c" and AGENT_MARK in cmdline[2]:
                 agents.append(pid)
             elif name == "sshd" and pid != host.sshd_pid:
                 sshds.append(pid)

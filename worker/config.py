@@ -140,11 +140,18 @@ def parse_tf_config(text: str | None) -> ClusterInfo:
     workers = cluster.get("worker")
     if not isinstance(workers, list) or not workers:
         raise ConfigError(f"TF_CONFIG cluster needs a non-empty 'worker' list: {text!r}")
-    # Only plain worker clusters: the controller never writes 'chief' or 'evaluator' tasks, and
-    # accepting them would make task_index ambiguous in the progress file.
+    # The built-in loop is MultiWorkerMirroredStrategy: plain worker clusters only (worker 0 is
+    # the chief). An evaluator task runs `python -m worker.evaluate --watch`, outside the
+    # cluster; chief and ps tasks are ParameterServerStrategy's, for a job.script.
+    if task.get("type") == "evaluator":
+        raise ConfigError("TF_CONFIG: an 'evaluator' task runs 'python -m worker.evaluate "
+                          f"--watch', not the training loop: {text!r}")  # fmt: skip
     other_roles = sorted(set(cluster) - {"worker"})
     if other_roles or task.get("type") != "worker":
-        raise ConfigError(f"TF_CONFIG: only 'worker' tasks are supported: {text!r}")
+        raise ConfigError(
+            "TF_CONFIG: the training loop (MultiWorkerMirroredStrategy) runs only 'worker' "
+            f"tasks; chief and ps tasks are for a ParameterServerStrategy script: {text!r}"
+        )
     index = task.get("index")
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workers):
         raise ConfigError(

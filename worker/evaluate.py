@@ -3,6 +3,18 @@
     python -m worker.evaluate --task worker.examples.shapes:task \\
         --checkpoint-dir ~/orchestrate/shapes/checkpoints [--checkpoint ckpt-300]
 
+Or, with --watch, be the evaluator task beside a training (worker.watch decides what to evaluate):
+
+    python -m worker.evaluate --watch --task MODULE:FUNCTION --checkpoint-dir DIR --steps N \\
+        [--batch-size B] [--poll SECONDS] [--tensorboard-dir DIR]
+
+evaluates each newest checkpoint of the chief as it appears, writes val_loss and val_accuracy to
+TensorBoard (DIR/../tensorboard/eval by default) and to $ORCHESTRATE_PROGRESS_FILE (with the
+counts evaluated and skipped), and exits 0 once it has evaluated the checkpoint of step N, or on
+SIGTERM after finishing the evaluation under way and evaluating the newest checkpoint not
+evaluated yet. A TF_CONFIG of task type "evaluator" is accepted (and removed from the
+environment before TensorFlow starts: it evaluates on this process alone, no cluster).
+
 Builds the task's model, restores the checkpoint (the latest by default; worker.restore), runs
 the task's whole eval dataset through it with the same code the training loop evaluates with
 (worker.evaluation: every example counted once, example-weighted), and prints
@@ -10,7 +22,8 @@ the task's whole eval dataset through it with the same code the training loop ev
 evaluation reported for the final checkpoint, up to float rounding.
 
 Exit codes: 0 success; 1 an error while evaluating (the traceback); 2 a user mistake (a bad flag,
-a task that cannot be loaded or has no eval_dataset, no such checkpoint; one line on stderr).
+a task that cannot be loaded or has no eval_dataset, no such checkpoint, a TF_CONFIG of another
+task type; one line on stderr).
 """
 
 from __future__ import annotations
@@ -23,9 +36,18 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from orchestrator.contract import EXIT_OK, EXIT_TRAINING_ERROR, EXIT_USAGE, task_problem
+from orchestrator.contract import (
+    EXIT_OK,
+    EXIT_TRAINING_ERROR,
+    EXIT_USAGE,
+    LEGACY_KERAS_ENV,
+    task_problem,
+)
+from worker import kerasflavor
+from worker.config import ConfigError
 from worker.restore import CheckpointNotFound, checkpoint_path
 from worker.task import TaskError, load_task
+from worker.watch import DEFAULT_POLL_SECONDS
 
 DEFAULT_BATCH_SIZE = 64
 
@@ -60,6 +82,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="the checkpoint to restore, such as ckpt-300 (default: the latest)",
     )
     parser.add_argument(
+        "--watch",
+        action="store_true",
+        help="the evaluator task: evaluate each newest checkpoint as it appears, until the one "
+        "of --steps (or SIGTERM)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        metavar="N",
+        help="with --watch: the training's final step; exit after evaluating its checkpoint",
+    )
+    parser.add_argument(
+        "--poll",
+        type=float,
+        metavar="SECONDS",
+        help="with --watch: seconds between looks at the checkpoint directory (default: "
+        f"{DEFAULT_POLL_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--tensorboard-dir",
+        metavar="DIR",
+        help="with --watch: where the val metrics go (default: 'tensorboard/eval' beside the "
+        "checkpoint directory)",
+    )
+    parser.add_argument(
         "--batch-size",
         type=int,
         default=DEFAULT_BATCH_SIZE,
@@ -77,7 +124,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--task must look like MODULE:FUNCTION, got {args.task!r}")
         if args.batch_size < 1:
             raise UsageError(f"--batch-size must be a positive integer, got {args.batch_size}")
+        if args.watch:
+            from worker.sidecar import watch
+
+            return watch(args)
+        check_one_shot(args)
         path = checkpoint_path(args.checkpoint_dir, args.checkpoint)  # before TensorFlow: fast
+        check_keras(os.path.dirname(path))
         task = load_task(args.task)
         if task.eval_dataset is None:
             raise UsageError(f"task {args.task!r} has no eval_dataset to evaluate")
@@ -104,6 +157,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = os.path.basename(path)
     print(json.dumps({"checkpoint": name, "step": restored.step, **result.as_dict()}), flush=True)
     return EXIT_OK
+
+
+def check_keras(checkpoint_dir: str) -> None:
+    """Checkpoints written under the other Keras (the chief's marker) never restore: refused."""
+    try:
+        kerasflavor.check_restorable(checkpoint_dir, has_checkpoint=True)
+    except ConfigError as exc:
+        raise UsageError(
+            f"{exc}. Here: run python -m worker.evaluate with {LEGACY_KERAS_ENV}=1 for the "
+            "checkpoints of job.keras: legacy, without it for the others"
+        ) from exc
+
+
+def check_one_shot(args: argparse.Namespace) -> None:
+    watch_only = {
+        "--steps": args.steps,
+        "--poll": args.poll,
+        "--tensorboard-dir": args.tensorboard_dir,
+    }
+    for flag, value in watch_only.items():
+        if value is not None:
+            raise UsageError(f"{flag} goes with --watch")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.backends.hosts.firewall import HostRules
+from orchestrator.engine.roles import labelled
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.answers import StandbyInfo
@@ -75,7 +76,7 @@ def status_table(status: RunStatus) -> Table:
     table.add_column("devices")
     for w in status.workers:
         table.add_row(
-            w.name,
+            labelled(w.name, w.role),
             str(w.index),
             w.host,
             Text(w.state.value, STATE_STYLES[w.state]),
@@ -118,7 +119,7 @@ def problems(status: RunStatus) -> list[str]:
     lines = []
     for w in status.workers:
         if w.state in (WorkerState.FAILED, WorkerState.UNKNOWN) and w.reason:
-            lines.append(f"{w.name}: {w.state.value}: {w.reason}")
+            lines.append(f"{labelled(w.name, w.role)}: {w.state.value}: {w.reason}")
             if w.hint:
                 lines.append(f"  what to do: {w.hint}")
     lines += [f"{w.name}: {w.note}" for w in status.workers if w.note]
@@ -127,7 +128,7 @@ def problems(status: RunStatus) -> list[str]:
 
 def progress_line(worker: WorkerStatus) -> str:
     """A plain line for logs and pipes, where a live table would be noise."""
-    parts = [f"{worker.name}: {worker.state.value}"]
+    parts = [f"{labelled(worker.name, worker.role)}: {worker.state.value}"]
     if worker.step is not None:
         parts.append(f"step {step_text(worker)}")
     if worker.loss is not None:

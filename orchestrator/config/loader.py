@@ -14,6 +14,7 @@ from typing import Any
 from orchestrator.config.notify import NOTIFY_KEY_ENTRIES, parse_notify
 from orchestrator.config.preflight import PREFLIGHT_KEY_ENTRIES, parse_preflight
 from orchestrator.config.report import Report, line_of
+from orchestrator.config.roles import check_roles, chief_first
 from orchestrator.config.setup import parse_setup
 from orchestrator.config.sources.ansible import ANSIBLE_KEY_ENTRIES, parse_ansible
 from orchestrator.config.sources.hosts import (
@@ -35,7 +36,14 @@ from orchestrator.contract import (
 )
 from orchestrator.errors import InventoryError
 from orchestrator.machines import kinds
-from orchestrator.model.inventory import DEFAULT_CONNECTION, Host, Inventory, Job
+from orchestrator.model.inventory import (
+    DEFAULT_CONNECTION,
+    ROLE_EVALUATOR,
+    STRATEGY_PS,
+    Host,
+    Inventory,
+    Job,
+)
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.paths import controller_path, is_loopback
 from orchestrator.values import (
@@ -132,9 +140,11 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
     Key("permanent_exit_codes", "list of integers, 1 to 255", "`[2]`",
         "exit codes that end the run at once instead of restarting (2: the worker's usage "
         "errors)", integer(1, 255)),  # checked per item
-    Key("strategy", "`multi-worker` or `mirrored`", "`multi-worker`",
-        "`mirrored`: MirroredStrategy over one host's devices (one host only)",
-        choice("multi-worker", "mirrored")),
+    Key("strategy", "`multi-worker`, `mirrored` or `parameter-server`", "`multi-worker`",
+        "`mirrored`: MirroredStrategy over one host's devices (one host only); "
+        "`parameter-server`: a ParameterServerStrategy `script:` with a `chief`, `ps` and "
+        "`worker` hosts (`role:`); the run ends when the chief exits 0",
+        choice("multi-worker", "mirrored", STRATEGY_PS)),
     Key("profile_steps", "list of two integers, at least 1", "",
         "`[start, end]`: the chief records a graph trace and profile of those steps for "
         "TensorBoard", integers(1, length=2)),
@@ -194,7 +204,8 @@ TOP_KEY_ENTRIES: tuple[Key, ...] = (
 )  # fmt: skip
 HOST_SOURCE_ENTRIES: tuple[Key, ...] = (
     Key("hosts", "list of hosts", "",
-        "the workers, in order: `hosts[0]` is the chief (task index 0)"),
+        "the workers, in order: `hosts[0]` is the chief (task index 0), unless a host says "
+        "`role: chief`"),
     Key("slurm", "mapping (`slurm:` keys)", "",
         "Slurm places the workers: one per node of one batch job"),
     Key("ansible", "mapping (`ansible:` keys)", "",
@@ -309,6 +320,7 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
     job = _parse_job(document, report, stem, base_dir)
     if job is not None:
         _check_job_fits_hosts(job, hosts, document, report)
+        check_roles(placed, spares, job, document, report)
     min_hosts = _parse_min_hosts(document, len(hosts), report)
     setup = parse_setup(document["setup"], line_of(document, "setup"), report) \
         if "setup" in document else ()  # fmt: skip
@@ -326,7 +338,7 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
     return Inventory(
         path=report.path,
         base_dir=str(base_dir),
-        hosts=tuple(hosts),
+        hosts=chief_first(hosts),
         job=job,
         spares=tuple(host for _, _, host in spares),
         min_hosts=min_hosts,
@@ -351,6 +363,7 @@ def _parse_min_hosts(document: LineMap, count: int, report: Report) -> int | Non
 
 def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report: Report) -> None:
     block = document["job"]
+    hosts = [host for host in hosts if host.role != ROLE_EVALUATOR]  # the training hosts
     if job.strategy == "mirrored" and len(hosts) > 1:
         report.add(
             line_of(block, "strategy"),
@@ -375,7 +388,7 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
                     "a script sets them itself",
                 )
         for key in ("strategy", "profile_steps", "eval_every", "export", "steps_per_call", "seed"):
-            if key in block:
+            if key in block and not (key == "strategy" and job.strategy == STRATEGY_PS):
                 report.add(line_of(block, key), f"job.{key}", "applies to job.task only")
 
 

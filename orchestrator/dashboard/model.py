@@ -10,6 +10,7 @@ from typing import Any
 
 from orchestrator.contract import HISTORY_FILE
 from orchestrator.dashboard.charts import Marker, Series, line_chart
+from orchestrator.engine.roles import labelled
 from orchestrator.engine.snapshot import Snapshot
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
@@ -48,7 +49,7 @@ def root_cause(record: RunRecord, status: RunStatus) -> str | None:
         return None
     first = min(failed, key=lambda w: w.finished_at or float("inf"))
     where = f" at step {first.step}" if first.step is not None else ""
-    return f"{first.name}{where}: {first.reason or 'failed'}"
+    return f"{labelled(first.name, first.role)}{where}: {first.reason or 'failed'}"
 
 
 def timeline(

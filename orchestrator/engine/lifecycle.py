@@ -92,6 +92,20 @@ def launch_attempt(
     return record
 
 
+def start_alone(record: RunRecord, backend: Backend, index: int, alone: int) -> RunRecord:
+    """Start the worker at `index` again by itself (the evaluator, whose failure is not the
+    training's), in a run directory of its own; the record with its new place."""
+    secrets = secret_values(record.inventory.job.secret_env, os.environ, doing="starting it")
+    workdirs = backend.workdirs(record.inventory.hosts).raise_if_failed("reaching the hosts")
+    specs = plan_workers(record.inventory, record.run_id, dict(workdirs), record.attempt, secrets,
+                         reads_in_place=backend.reads_in_place, alone=alone)  # fmt: skip
+    spec = specs[index]
+    started = backend.start([spec]).raise_if_failed(f"starting {spec.name}")
+    workers = list(record.workers)
+    workers[index] = _started(_record(spec), started)
+    return replace(record, workers=tuple(workers))
+
+
 def _started(worker: WorkerRecord, started: Mapping[str, Started]) -> WorkerRecord:
     """The worker with what its start said (nothing, for one that did not start)."""
     answer = started.get(worker.name, Started())

@@ -25,7 +25,7 @@ from orchestrator.contract import (
     booted,
 )
 from orchestrator.engine.tfconfig import tf_config
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import ROLE_EVALUATOR, Host, Inventory, Job
 from orchestrator.model.workers import (
     WorkerSpec,
     checkpoint_dir,
@@ -115,6 +115,8 @@ def worker_argv(
             script = synced or posixpath.join(run_dir, posixpath.basename(job.script))
         return (python, script, *job.args)
     assert job.task is not None and job.steps is not None
+    if host.role == ROLE_EVALUATOR:  # evaluates the chief's checkpoints as they appear
+        return evaluator_argv(job, python, checkpoints)
     return (
         python, "-m", "worker",
         "--task", job.task,
@@ -130,6 +132,19 @@ def worker_argv(
     )  # fmt: skip
 
 
+def evaluator_argv(job: Job, python: str, checkpoints: str) -> tuple[str, ...]:
+    """The evaluator host of a task job: worker.evaluate watching the chief's checkpoints; it
+    exits 0 once it evaluated the checkpoint of the last step (or, told to stop, the newest)."""
+    assert job.task is not None and job.steps is not None
+    return (
+        python, "-m", "worker.evaluate", "--watch",
+        "--task", job.task,
+        "--checkpoint-dir", checkpoints,
+        "--steps", str(job.steps),
+        "--batch-size", str(job.batch_size),
+    )  # fmt: skip
+
+
 def plan_workers(
     inventory: Inventory,
     run_id: str,
@@ -138,15 +153,18 @@ def plan_workers(
     secrets: Mapping[str, str] | None = None,
     *,
     reads_in_place: Callable[[Host], bool],
+    alone: int = 0,
 ) -> list[WorkerSpec]:
     """One spec per host entry; `workdirs` maps host name to its absolute workdir on that host.
     Each attempt of a run (a restart after a failure) gets fresh run directories. `secrets`: the
     values of job.secret_env (secretenv.secret_values), for the workers' environment only.
-    `reads_in_place`: the backend's answer whether a host's worker sees this machine's files."""
+    `reads_in_place`: the backend's answer whether a host's worker sees this machine's files.
+    `alone`: the evaluator's Nth start alone in this attempt (its own run directory)."""
     specs = []
     for index, host in enumerate(inventory.hosts):
         directory = job_dir(inventory.job, workdirs[host.name])
-        run_dir = posixpath.join(directory, "runs", run_id, f"attempt-{attempt}", host.name)
+        leaf = host.name + (f"-restart{alone}" if alone and host.role == ROLE_EVALUATOR else "")
+        run_dir = posixpath.join(directory, "runs", run_id, f"attempt-{attempt}", leaf)
         checkpoints = checkpoint_dir(inventory.job, directory)
         env = {
             **inventory.job.env,

@@ -266,11 +266,14 @@ def failure_report(status: RunStatus) -> str:
     return "\n".join(lines)
 
 
-def give_up_message(failure: Failure, log_tail: tuple[str, ...], why: str, restarts: int) -> str:
+def give_up_message(
+    failure: Failure, log_tail: tuple[str, ...], why: str, restarts: int, role: str = "worker"
+) -> str:
     step = f"at step {failure.step}" if failure.step is not None else "before its first step"
+    who = failure.worker if role == "worker" else f"{failure.worker} (the {role})"
     lines = [
         f"the run failed for good after {restarts} restart(s) because {why}.",
-        f"the worker that failed first: {failure.worker} {step}: {failure.reason}",
+        f"the worker that failed first: {who} {step}: {failure.reason}",
     ]
     advice = explain(failure.kind, log_tail)
     if advice:

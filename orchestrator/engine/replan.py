@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import ROLE_EVALUATOR, Host, Inventory
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def plan_cluster(inventory: Inventory, dropped: list[Host], dead: Mapping[str, s
     for host in inventory.hosts:
         if host.name not in dead:
             hosts.append(host)
-        elif spares:
+        elif spares and host.role != ROLE_EVALUATOR:  # a spare is a worker
             spare = spares.pop(0)
             changes.append(f"{host.name} does not answer; spare {spare.name} takes its place")
             hosts.append(spare)
@@ -44,30 +44,34 @@ def plan_cluster(inventory: Inventory, dropped: list[Host], dead: Mapping[str, s
         else:
             changes.append(f"{host.name} answers again and rejoins the cluster")
             hosts.append(host)
-    wanted = inventory.min_hosts or len(hosts) + len(still_dropped)
+    # The evaluator is beside the training: it is no worker to count or to split the batch over.
+    training = [h for h in hosts if h.role != ROLE_EVALUATOR]
+    wanted = inventory.min_hosts or len(training) + len(
+        [h for h in still_dropped if h.role != ROLE_EVALUATOR]
+    )
     lost = [h for h in still_dropped if h not in dropped]
-    if len(hosts) < wanted:
+    if len(training) < wanted:
         gone = ", ".join(f"{h.name} ({dead[h.name]})" for h in still_dropped)
         return ClusterPlan(
             (), (), (),
             tuple(changes),
             f"host {gone} does not answer and no spare host is left to replace it"
-            + (f"; {len(hosts)} host(s) answer, min_hosts is {wanted}" if inventory.min_hosts
+            + (f"; {len(training)} host(s) answer, min_hosts is {wanted}" if inventory.min_hosts
                else ""),
             "list replacement hosts under 'spares:' or allow fewer with 'min_hosts:', or bring "
             "the host back and run 'orchestrate up' again to resume from the checkpoint",
         )  # fmt: skip
     job = inventory.job
-    if job.task is not None and job.batch_size % len(hosts):
+    if job.task is not None and job.batch_size % len(training):
         return ClusterPlan(
             (), (), (), tuple(changes),
-            f"{len(hosts)} host(s) answer, but the global batch size {job.batch_size} does not "
-            f"split evenly over {len(hosts)} workers",
+            f"{len(training)} host(s) answer, but the global batch size {job.batch_size} does "
+            f"not split evenly over {len(training)} workers",
             "choose a batch_size divisible by every worker count down to min_hosts",
         )  # fmt: skip
     for host in lost:
         changes.append(
-            f"{host.name} does not answer and no spare is left; going on with {len(hosts)} "
+            f"{host.name} does not answer and no spare is left; going on with {len(training)} "
             f"worker(s) (min_hosts {wanted})"
         )
     return ClusterPlan(tuple(hosts), tuple(spares), tuple(still_dropped), tuple(changes))

@@ -10,8 +10,10 @@ from orchestrator.contract import STEP_CALL_SECONDS, STEP_SECONDS
 from orchestrator.engine.eta import run_eta, worker_eta
 from orchestrator.engine.failures import classify_exit, explain
 from orchestrator.engine.pace import pace_outlier
-from orchestrator.engine.state import Expectation, WorkerState, classify, overall
+from orchestrator.engine.roles import STOPPED_AFTER_CHIEF, chief_succeeded, run_state
+from orchestrator.engine.state import Expectation, WorkerState, classify
 from orchestrator.model.answers import WorkerProbe
+from orchestrator.model.inventory import ROLE_WORKER
 from orchestrator.model.reading import integer, number, number_as_written, text, texts
 from orchestrator.model.records import Restart, RunRecord, SchedulerState, WorkerRecord
 
@@ -49,6 +51,7 @@ class WorkerStatus:
     # The built-in loop's step timing over its last log window (contract.STEP_CALL_SECONDS).
     step_call_seconds: float | None = None
     step_seconds: float | None = None
+    role: str = ROLE_WORKER  # its task type in TF_CONFIG (the host's role:)
 
     @property
     def stepped(self) -> bool:
@@ -107,6 +110,7 @@ class WorkerStatus:
             start_step=integer(data.get("start_step")),
             step_call_seconds=number_as_written(data.get("step_call_seconds")),
             step_seconds=number_as_written(data.get("step_seconds")),
+            role=text(data.get("role")) or ROLE_WORKER,
         )
 
 
@@ -234,6 +238,7 @@ def worker_status(
         start_step=progress.start_step if progress else None,
         step_call_seconds=number(progress.fields.get(STEP_CALL_SECONDS)) if progress else None,
         step_seconds=number(progress.fields.get(STEP_SECONDS)) if progress else None,
+        role=worker.host.role,
     )
 
 
@@ -255,6 +260,9 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
             for s in statuses
         ]
     statuses.sort(key=lambda s: s.index)
+    if chief_succeeded((s.role, s.state) for s in statuses):  # stopped by the supervisor
+        statuses = [replace(s, reason=STOPPED_AFTER_CHIEF) if s.state is WorkerState.STOPPED
+                    else s for s in statuses]  # fmt: skip
     return RunStatus(
         run_id=record.run_id,
         job=record.job_name,
@@ -262,7 +270,7 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         restarts=record.restarts,
         outcome=record.outcome,
         scheduler=backend.scheduler_state(record),
-        state=overall(s.state for s in statuses),
+        state=run_state((s.role, s.state) for s in statuses),
         workers=tuple(statuses),
     )
 

@@ -20,6 +20,7 @@ from contextlib import suppress
 from dataclasses import replace
 
 from orchestrator.backends.base import Backend
+from orchestrator.engine import roles
 from orchestrator.engine.checkpoints import Mirror
 from orchestrator.engine.failures import (
     Failure,
@@ -52,6 +53,7 @@ from orchestrator.engine.policy import (
 )
 from orchestrator.engine.replan import plan_cluster
 from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.sidecar import Sidecar, only
 from orchestrator.engine.snapshot import write_snapshot
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, collect_status
@@ -61,6 +63,7 @@ from orchestrator.errors import (
     OrchestrateError,
     RunStateError,
 )
+from orchestrator.model.inventory import ROLE_EVALUATOR
 from orchestrator.model.records import Restart, RunRecord
 
 # A standby waits this long past the restart's backoff after its attempt ended for the next one
@@ -92,6 +95,7 @@ class Supervisor:
         self._answered = ""  # the id of the last stop request this supervisor carried out
         self.linger = linger_seconds(record.inventory.job, os.environ)
         self.events = RunEvents(store, record, say)  # notify: targets, told in the background
+        self.sidecar = Sidecar(backend, say)  # what the hosts' roles ask of the loop
 
     def run(self) -> RunStatus:
         """Supervise until the run succeeds, is stopped, or fails for good (JobFailed). Once it
@@ -139,7 +143,15 @@ class Supervisor:
                 self._pause()
                 continue
             self._mirror_new_checkpoint(status)
-            failure = first_failure(status) or self.watch.check(status, time.monotonic())
+            acted = self.sidecar.act(self.record, status)  # roles: chief done, the evaluator
+            if acted is not None:
+                self.record = acted
+                self.store.save(acted)
+                continue
+            pairs = [(w.role, w.state) for w in status.workers]
+            failure = first_failure(only(status, roles.training(pairs))) or self.watch.check(
+                only(status, roles.watched(pairs)), time.monotonic()
+            )
             if failure is not None:
                 done = [w.name for w in status.workers if w.state is WorkerState.SUCCEEDED]
                 failure = early_exit(failure, done)
@@ -188,7 +200,8 @@ class Supervisor:
             not job.warm
             or self._standbys_for == self.record.attempt
             or (spent >= job.max_restarts and not self.linger)  # none for a restart, nor after
-            or not all(w.state is WorkerState.RUNNING and w.stepped for w in status.workers)
+            or not all(w.state is WorkerState.RUNNING and w.stepped for w in status.workers
+                       if w.role != ROLE_EVALUATOR)
         ):  # fmt: skip
             return
         self._standbys_for = self.record.attempt
@@ -227,7 +240,9 @@ class Supervisor:
                 outcome += f". What to do: {advice}"
             self.record = replace(self.record, outcome=outcome)
             self.store.save(self.record)
-            raise JobFailed(give_up_message(failure, tail, why, len(restarts)),
+            role = next((w.host.role for w in self.record.workers if w.name == failure.worker),
+                        "worker")  # fmt: skip
+            raise JobFailed(give_up_message(failure, tail, why, len(restarts), role),
                             hint="'orchestrate tail' shows every worker's log")  # fmt: skip
         spent = len(failed_restarts(restarts))
         if failure.kind is FailureKind.PREEMPTED:
@@ -257,6 +272,7 @@ class Supervisor:
                 hint=error.hint,
             ) from error
         self.watch.reset()
+        self.sidecar.reset()
 
     def _mirror_new_checkpoint(self, status: RunStatus) -> None:
         """Keep a remote chief's newest checkpoint on this machine too: if its host is lost,

@@ -1,8 +1,9 @@
 """A Kubeflow `kubeflow.org/v1` TFJob from an inventory, and the checks an API server and the
 training operator's webhook would make. Pure apart from reading the bundled schema.
 
-Worker replicas = the inventory's workers (hosts or slurm nodes); the operator injects TF_CONFIG
-itself (port `tfjob-port` 2222). Restarts: the operator's ExitCode policy treats exit codes 1-127
+Replicas = the inventory's hosts by `role:` (Chief, PS, Worker, Evaluator; all Worker under
+MultiWorkerMirroredStrategy and for slurm nodes); the operator injects TF_CONFIG itself (port
+`tfjob-port` 2222). Restarts: the operator's ExitCode policy treats exit codes 1-127
 as permanent and 128-255 as retryable, which would make the worker's preemption exit (75) and a
 peer's "collective aborted" exit (1) permanent. So the container runs the worker under a small
 shell wrapper that keeps the job's permanent exit codes as they are and reports every other
@@ -25,7 +26,15 @@ from typing import Any
 
 from orchestrator.contract import CHECKPOINT_DIR_ENV, EXIT_PREEMPTED
 from orchestrator.engine.plan import worker_argv
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import (
+    ROLE_CHIEF,
+    ROLE_EVALUATOR,
+    ROLE_PS,
+    ROLE_WORKER,
+    Host,
+    Inventory,
+    Job,
+)
 
 API_VERSION = "kubeflow.org/v1"
 CONTAINER = "tensorflow"  # the operator finds the TensorFlow container by this name
@@ -34,6 +43,9 @@ PORT = 2222
 CHECKPOINT_MOUNT = "/checkpoints"
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")  # the operator's, not the CRD's
 REPLICA_TYPES = ("Chief", "Master", "PS", "Worker", "Evaluator")
+# A host's `role:` -> its replica type (the operator writes TF_CONFIG with the same task types).
+REPLICA_OF_ROLE = {ROLE_CHIEF: "Chief", ROLE_PS: "PS", ROLE_WORKER: "Worker",
+                   ROLE_EVALUATOR: "Evaluator"}  # fmt: skip
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_SUBDOMAIN = re.compile(
@@ -80,7 +92,6 @@ def tfjob(
     leaf = posixpath.basename(job.checkpoint_dir.rstrip("/"))
     # On a claim that may hold several jobs, each job has its own directory.
     checkpoints = posixpath.join(CHECKPOINT_MOUNT, *([job.name] if pvc else []), leaf)
-    container = _container(inventory, image, checkpoints, secret)
     volume: dict[str, Any] = (
         {"name": "checkpoints", "persistentVolumeClaim": {"claimName": pvc}}
         if pvc
@@ -96,25 +107,41 @@ def tfjob(
         "spec": {
             "runPolicy": {"backoffLimit": job.max_restarts, "cleanPodPolicy": "Running"},
             "tfReplicaSpecs": {
-                "Worker": {
-                    "replicas": len(inventory.hosts),
+                REPLICA_OF_ROLE[role]: {
+                    "replicas": count,
                     "restartPolicy": restart_policy,
-                    "template": {"spec": {"containers": [container], "volumes": [volume]}},
+                    "template": {
+                        "spec": {
+                            "containers": [_container(inventory, image, checkpoints, secret, role)],
+                            "volumes": [volume],
+                        }
+                    },
                 }
+                for role, count in _role_counts(inventory).items()
             },
         },
     }
 
 
+def _role_counts(inventory: Inventory) -> dict[str, int]:
+    """How many hosts of each role, in the TFJob's order (Chief, PS, Worker, Evaluator)."""
+    counts = {role: sum(1 for h in inventory.hosts if h.role == role) for role in REPLICA_OF_ROLE}
+    return {role: count for role, count in counts.items() if count}
+
+
 def _container(
-    inventory: Inventory, image: str | None, checkpoints: str, secret: str | None
+    inventory: Inventory,
+    image: str | None,
+    checkpoints: str,
+    secret: str | None,
+    role: str = ROLE_WORKER,
 ) -> dict[str, Any]:
     """The TensorFlow container: the worker under EXIT_WRAPPER, the checkpoint volume mounted."""
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image or "",
         "command": ["/bin/sh", "-c", EXIT_WRAPPER, "orchestrate-worker"],
-        "args": _container_argv(inventory, checkpoints),
+        "args": _container_argv(inventory, checkpoints, role),
         "env": _container_env(inventory.job, checkpoints, secret),
         "ports": [{"name": PORT_NAME, "containerPort": PORT}],
         "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}],
@@ -125,11 +152,12 @@ def _container(
     return container
 
 
-def _container_argv(inventory: Inventory, checkpoints: str) -> list[str]:
+def _container_argv(inventory: Inventory, checkpoints: str, role: str) -> list[str]:
     # The container's worker: the image's python, no host-specific GPU indices (the pod gets its
     # own GPUs, numbered from 0), a script in the image's working directory.
     job = inventory.job
-    container_host: Host = replace(inventory.hosts[0], python="python", visible_gpus=None)
+    first = next(h for h in inventory.hosts if h.role == role)
+    container_host: Host = replace(first, python="python", visible_gpus=None)
     job_for_image = replace(job, script=posixpath.basename(job.script)) if job.script else job
     return list(worker_argv(job_for_image, container_host, ".", checkpoints))
 
@@ -184,7 +212,7 @@ def problems(manifest: dict[str, Any]) -> list[str]:
         if spec.get("restartPolicy", "Never") not in RESTART_POLICIES:
             found.append(f"{where}.restartPolicy: {spec.get('restartPolicy')!r} is not one of "
                          f"{', '.join(RESTART_POLICIES)}")  # fmt: skip
-        if kind in ("Chief", "Master") and spec.get("replicas", 1) > 1:
+        if kind in ("Chief", "Master", "Evaluator") and spec.get("replicas", 1) > 1:
             found.append(f"{where}.replicas: at most one {kind}")
         containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
         if not any(c.get("name") == CONTAINER for c in containers):

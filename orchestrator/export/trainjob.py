@@ -101,6 +101,13 @@ def refusals(inventory: Inventory, pvc: str | None, secret: str | None) -> list[
             f"{job.name}/files/ (the pods' working directory), or build them into the image "
             "and drop files:"
         )
+    roles = sorted({host.role for host in inventory.hosts} - {"worker"})
+    if roles:
+        found.append(
+            f"hosts with role {', '.join(roles)}: a TrainJob's pods are all workers (Trainer "
+            "v2 has no TensorFlow runtime with chief, ps or evaluator replicas); use --format "
+            "tfjob, which writes Chief, PS, Worker and Evaluator replica specs"
+        )
     return found
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cache
-from importlib import resources
 from typing import Any, TypeVar
 
 from orchestrator.contract import CHECKPOINT_COMPANIONS
 from orchestrator.errors import HostError
+from orchestrator.machines.bundle import shipped_program
 from orchestrator.machines.runner import LineSession, Runner
 from orchestrator.model.answers import (
     CheckpointListing,
@@ -39,10 +39,9 @@ LEASES = "leases.py"
 
 @cache
 def host_program(name: str) -> str:
-    """The source of a stdlib-only program that runs on hosts (agent.py, hostprobe.py)."""
-    return (
-        resources.files("orchestrator.machines.remote").joinpath(name).read_text(encoding="utf-8")
-    )
+    """A stdlib-only program that runs on hosts (agent.py, hostprobe.py) as it is sent: with
+    the machines/remote/ modules it imports (bundle.py)."""
+    return shipped_program(name)
 
 
 def agent_source() -> str:

@@ -42,6 +42,13 @@ class LoginDetails:
 # A host entry without `connection:` is reached over SSH.
 DEFAULT_CONNECTION = "ssh"
 
+# A host's task type in TF_CONFIG (`role:`): TensorFlow's names. Under MultiWorkerMirroredStrategy
+# every training host is a worker (worker 0 is the chief); ParameterServerStrategy has one chief,
+# parameter servers and workers; an evaluator evaluates the chief's checkpoints beside either.
+ROLE_WORKER, ROLE_CHIEF, ROLE_PS, ROLE_EVALUATOR = "worker", "chief", "ps", "evaluator"
+ROLES = (ROLE_WORKER, ROLE_CHIEF, ROLE_PS, ROLE_EVALUATOR)
+STRATEGY_PS = "parameter-server"
+
 
 DEFAULT_SYNC_EXCLUDES = (".git",)
 
@@ -105,6 +112,7 @@ class Host:
     # The connection kind's own settings (orchestrator/machines/kinds/): SSH user, port, key,
     # ... None: that kind's defaults (a host made by hand rather than read from an inventory).
     settings: KindSettings | None = None
+    role: str = ROLE_WORKER  # its task type in TF_CONFIG (ROLES)
 
     @property
     def leases(self) -> bool:
@@ -155,7 +163,7 @@ class Job:
     # fill a disk with it.
     log_max_mb: int = 64
     permanent_exit_codes: tuple[int, ...] = (2,)  # 2: the worker's usage errors never heal
-    strategy: Literal["multi-worker", "mirrored"] = "multi-worker"
+    strategy: Literal["multi-worker", "mirrored", "parameter-server"] = "multi-worker"
     profile_steps: tuple[int, int] | None = None  # chief traces steps [start, end] for TensorBoard
     eval_every: int | None = None  # steps between evaluations (a task with an eval_dataset)
     export: Literal["keras", "saved_model"] | None = None  # the model, at the end of a good run

@@ -34,8 +34,6 @@ from orchestrator.machines.agent import host_program
 from orchestrator.machines.remote import hostprobe
 from tests.fakes.backend import FakeBackend, running
 
-AGENT_MARK = '"""The host-side agent'
-
 
 def program(name: str) -> dict[str, Any]:
     namespace: dict[str, Any] = {"__name__": "host_program"}
@@ -89,7 +87,7 @@ def agent_sessions() -> list[int]:
             argv = child.cmdline()
         except psutil.Error:
             continue
-        if len(argv) >= 3 and argv[1] == "-c" and argv[2].startswith(AGENT_MARK):
+        if len(argv) >= 3 and argv[1] == "-c" and argv[2] == host_program("agent.py"):
             found.append(child.pid)
     return found
 

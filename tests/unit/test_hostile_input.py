@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.slurm import launcher
-from orchestrator.backends.slurm.script import batch_script, sbatch_quote
+from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script, sbatch_quote
 from orchestrator.config.loader import load_inventory
 from orchestrator.engine.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.engine.exports import pull_export
@@ -28,6 +27,7 @@ from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import HostError, InventoryError
 from orchestrator.export import tfjob, trainjob
 from orchestrator.machines import remote
+from orchestrator.machines.agent import host_program
 from orchestrator.model.answers import CheckpointListing, FileListing
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.records import RunRecord, WorkerRecord
@@ -229,7 +229,7 @@ def test_temporary_files_have_no_predictable_name_to_plant_a_link_at(
 
 
 def agent(*requests: dict[str, object]) -> list[dict[str, object]]:
-    source = (REMOTE / "agent.py").read_text()
+    source = host_program("agent.py")  # as it is sent, with the modules it imports
     done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
                           input="".join(json.dumps(r) + "\n" for r in requests), timeout=30,
                           check=True)  # fmt: skip
@@ -272,7 +272,7 @@ def test_the_agents_state_file_is_written_through_an_unpredictable_name(tmp_path
     # adopt-checkpoint's temporary state file: a link at any `checkpoint.tmp.N` is not opened.
     victim = tmp_path / "victim"
     victim.write_text("precious")
-    argv = [sys.executable, "-c", (REMOTE / "agent.py").read_text()]
+    argv = [sys.executable, "-c", host_program("agent.py")]
     process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     # It waits for its request: plant the link at yesterday's name, which held its pid.
     (tmp_path / f"checkpoint.tmp.{process.pid}").symlink_to(victim)
@@ -294,7 +294,7 @@ def launch_task(tmp_path: Path, run_dir: Path, code: str, secret: str | None = N
     env = {"ORCHESTRATE_SLURM_PLAN": json.dumps(plan), "SLURM_PROCID": "0", "SLURM_JOB_ID": "9",
            "SLURM_STEP_NODELIST": "n1", "PATH": "/usr/bin:/bin",
            **({"TRACKER_API_KEY": secret} if secret else {})}  # fmt: skip
-    return subprocess.run([sys.executable, launcher.__file__], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-c", LAUNCHER_SOURCE], env=env, capture_output=True,
                           text=True, check=False, timeout=60)  # fmt: skip
 
 
@@ -324,7 +324,7 @@ def test_the_launcher_refuses_a_run_directory_another_user_made(tmp_path: Path) 
     os.chown(runs, OTHER_UID, OTHER_UID)
     done = launch_task(tmp_path, runs / "t0", "print('ran')", private=[str(runs), str(runs / "t0")])
     assert done.returncode == 3
-    assert f"refusing {runs}: it belongs to uid 65534" in done.stderr
+    assert f"refusing {runs}: it belongs to nobody (uid 65534)" in done.stderr
     assert list(runs.iterdir()) == []
 
 

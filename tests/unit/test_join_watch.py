@@ -1,8 +1,9 @@
-"""JoinWatch: whether a worker listened on its TensorFlow port, sampled from /proc. The host
-agent and the Slurm launcher each carry a copy (both are sent alone, stdlib only); both copies
-are run here against real processes: one that listens on its port, one that never does, and one
-that never loads TensorFlow (a stand-in "TensorFlow": a copy of libm named like its framework
-library, which is what the watch looks for in /proc/PID/maps)."""
+"""JoinWatch: whether a worker listened on its TensorFlow port, sampled from /proc. One module,
+machines/remote/procwatch.py, shipped inside the host agent and the Slurm launcher
+(machines/bundle.py); run here against real processes: one that listens on its port, one that
+never does, and one that never loads TensorFlow (a stand-in "TensorFlow": a copy of libm named
+like its framework library, which is what the watch looks for in /proc/PID/maps). Then each
+shipped program: it carries the module and imports that copy, never one found where it runs."""
 
 from __future__ import annotations
 
@@ -10,22 +11,21 @@ import ctypes
 import ctypes.util
 import inspect
 import json
+import os
 import shutil
 import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 import pytest
 
-from orchestrator.backends.slurm import launcher
-from orchestrator.machines.remote import agent
-
-COPIES = [agent, launcher]
-SHARED = ("_cluster_port", "_process_tree", "_socket_inodes", "_listens", "_loads_tensorflow",
-          "JoinWatch")  # fmt: skip
+from orchestrator.backends.slurm import launcher, script
+from orchestrator.machines import bundle
+from orchestrator.machines.agent import host_program
+from orchestrator.machines.remote import agent, leases, procwatch, safefiles
 
 
 def config(port: int, workers: int = 2, index: int = 0) -> str:
@@ -33,20 +33,12 @@ def config(port: int, workers: int = 2, index: int = 0) -> str:
     return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
 
 
-def test_both_copies_are_the_same_code() -> None:
-    for name in SHARED:
-        assert inspect.getsource(getattr(agent, name)) == inspect.getsource(
-            getattr(launcher, name)
-        ), name
-
-
-@pytest.mark.parametrize("copy", COPIES)
-def test_the_port_of_a_multi_worker_task_only(copy: ModuleType) -> None:
-    assert copy._cluster_port(config(20000, index=1)) == 20001
-    assert copy._cluster_port(json.loads(config(20000))) == 20000  # the launcher's dict
-    assert copy._cluster_port(config(20000, workers=1)) is None  # one worker: exempt
-    assert copy._cluster_port("not json") is None
-    assert copy._cluster_port(json.dumps({"cluster": {}, "task": {}})) is None
+def test_the_port_of_a_multi_worker_task_only() -> None:
+    assert procwatch.cluster_port(config(20000, index=1)) == 20001
+    assert procwatch.cluster_port(json.loads(config(20000))) == 20000  # the launcher's dict
+    assert procwatch.cluster_port(config(20000, workers=1)) is None  # one worker: exempt
+    assert procwatch.cluster_port("not json") is None
+    assert procwatch.cluster_port(json.dumps({"cluster": {}, "task": {}})) is None
 
 
 def _path_of(library: ctypes.CDLL) -> str:
@@ -85,18 +77,17 @@ def stand_in(tmp_path: Path, *, tensorflow: bool, listen: bool) -> tuple[list[st
     return [sys.executable, "-c", code], port
 
 
-@pytest.mark.parametrize("copy", COPIES)
 @pytest.mark.parametrize(
     ("tensorflow", "listen", "joined"),
     [(True, True, True), (True, False, False), (False, False, None)],
 )
 def test_a_real_process_is_seen_joined_or_not(
-    tmp_path: Path, copy: ModuleType, tensorflow: bool, listen: bool, joined: bool | None
+    tmp_path: Path, tensorflow: bool, listen: bool, joined: bool | None
 ) -> None:
     argv, port = stand_in(tmp_path, tensorflow=tensorflow, listen=listen)
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     try:
-        watch = copy.JoinWatch(child.pid, config(port), interval=0.05)
+        watch = procwatch.JoinWatch(child.pid, config(port), interval=0.05)
         assert child.stdout is not None and child.stdout.readline() == "ready\n"
         child.wait(timeout=30)
         assert watch.joined() is joined
@@ -105,7 +96,103 @@ def test_a_real_process_is_seen_joined_or_not(
         child.wait()
 
 
-@pytest.mark.parametrize("copy", COPIES)
-def test_a_one_worker_task_is_not_watched(copy: ModuleType) -> None:
-    watch = copy.JoinWatch(1, config(20000, workers=1))
+def test_a_one_worker_task_is_not_watched() -> None:
+    watch = procwatch.JoinWatch(1, config(20000, workers=1))
     assert watch.port is None and watch.joined() is None
+
+
+# --- shipped: the programs carry procwatch.py and safefiles.py -------------------------------
+
+# Each program as it leaves the controller, and the modules it must carry.
+SHIPPED = {
+    "agent.py": (lambda: host_program("agent.py"), ("procwatch", "safefiles")),
+    "leases.py": (lambda: host_program("leases.py"), ("safefiles",)),
+    "launcher.py": (lambda: script.LAUNCHER_SOURCE, ("procwatch", "safefiles")),
+}
+USERS = {"agent.py": agent, "leases.py": leases, "launcher.py": launcher}
+# Planted where a host would look for a module of that name (the working directory of
+# `python -c`, the directory of a program run as a file): importing it must never happen.
+PLANTED = "import sys\nsys.stderr.write('the planted copy was imported')\nsys.exit(9)\n"
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_each_shipped_program_carries_the_modules_it_imports(name: str) -> None:
+    source, needed = SHIPPED[name][0](), SHIPPED[name][1]
+    assert bundle.companions(inspect.getsource(USERS[name])) == list(needed)
+    for module in needed:
+        assert repr(bundle.remote_source(f"{module}.py")) in source, module
+    namespace: dict[str, Any] = {"__name__": "shipped"}  # not __main__: nothing is served
+    exec(compile(source, name, "exec"), namespace)  # our own source
+    for module in needed:  # the carried copy, though orchestrate is importable in this process
+        assert namespace[module].__file__ == f"<shipped {module}.py>"
+        assert namespace[module] is not sys.modules[f"orchestrator.machines.remote.{module}"]
+    if "procwatch" in needed:  # and the program uses it
+        assert namespace["procwatch"].cluster_port(config(20000, index=1)) == 20001
+
+
+def test_a_program_that_imports_nothing_of_its_own_is_sent_unchanged() -> None:
+    assert host_program("hostprobe.py") == bundle.remote_source("hostprobe.py")
+    assert host_program("withenv.py") == bundle.remote_source("withenv.py")
+
+
+def test_the_users_share_one_join_watch_and_one_set_of_file_helpers() -> None:
+    assert agent.procwatch is procwatch and launcher.procwatch is procwatch
+    assert agent.safefiles is safefiles is launcher.safefiles is leases.safefiles
+    assert not hasattr(agent, "JoinWatch") and not hasattr(launcher, "JoinWatch")
+
+
+def isolated(tmp_path: Path) -> dict[str, str]:
+    """A directory holding planted procwatch.py and safefiles.py, and an environment in which
+    Python finds nothing but the standard library (-S below: no site-packages, so no
+    orchestrate), as on a host with a bare interpreter."""
+    for module in ("procwatch", "safefiles"):
+        (tmp_path / f"{module}.py").write_text(PLANTED)
+    return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+
+
+def test_the_shipped_agent_runs_on_the_standard_library_alone(tmp_path: Path) -> None:
+    env = isolated(tmp_path)
+    private = [str(tmp_path / "r")]
+    ask = json.dumps({"verb": "make-dirs", "directories": [], "private_dirs": private})
+    done = subprocess.run([sys.executable, "-S", "-c", host_program("agent.py")], cwd=tmp_path,
+                          env=env, input=ask + "\n", capture_output=True, text=True, timeout=30,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "error" not in json.loads(done.stdout), done.stdout
+    assert oct((tmp_path / "r").stat().st_mode & 0o777) == oct(0o700)  # safefiles did it
+    # The supervisor's form: the agent's source written to a run directory and run as a file,
+    # beside a planted procwatch.py: its JoinWatch says whether a stand-in worker joined.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "agent.py").write_text(host_program("agent.py"))
+    for module in ("procwatch", "safefiles"):
+        (run / f"{module}.py").write_text(PLANTED)
+    argv, port = stand_in(tmp_path, tensorflow=True, listen=True)
+    (run / "tf_config.json").write_text(config(port))
+    spec = {"argv": argv, "cwd": str(tmp_path), "env": {}}
+    (run / "spec.json").write_text(json.dumps(spec))
+    done = subprocess.run([sys.executable, "-S", str(run / "agent.py"), "supervise", str(run)],
+                          cwd=run, env=env, capture_output=True, text=True, timeout=60,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    record = json.loads((run / "exit.json").read_text())
+    assert (record["returncode"], record.get("joined")) == (0, True), record
+
+
+def test_the_shipped_launcher_runs_on_the_standard_library_alone(tmp_path: Path) -> None:
+    env = isolated(tmp_path)
+    argv, port = stand_in(tmp_path, tensorflow=True, listen=False)
+    run_dir = tmp_path / "runs" / "t0"
+    task = {"run_dir": str(run_dir), "private_dirs": [str(tmp_path / "runs"), str(run_dir)],
+            "cwd": str(tmp_path), "env": {}, "argv": argv}  # fmt: skip
+    plan = {"port": port, "secret_env": [], "tasks": [task, task]}  # two tasks: watched
+    env.update({launcher.PLAN_ENV: json.dumps(plan), "SLURM_PROCID": "0", "SLURM_JOB_ID": "9",
+                "SLURM_STEP_NODELIST": "localhost,n2"})  # fmt: skip
+    done = subprocess.run([sys.executable, "-S", "-c", script.LAUNCHER_SOURCE], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    record = json.loads((run_dir / "exit.json").read_text())
+    assert record.get("joined") is False, record  # it loaded "TensorFlow", never listened
+    assert oct((tmp_path / "runs").stat().st_mode & 0o777) == oct(0o700)
+    assert os.listdir(run_dir)  # the launcher's files, written through safefiles

@@ -19,8 +19,7 @@ import pytest
 
 from orchestrator.backends.hosts.firewall import FORMATS, host_rules
 from orchestrator.backends.hosts.preflight import ExposureProbe, run_preflight
-from orchestrator.backends.slurm import launcher
-from orchestrator.backends.slurm.script import batch_script
+from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script
 from orchestrator.config.loader import load_inventory
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import REDACTED, looks_secret, scrub, secret_values, shown_env
@@ -166,11 +165,11 @@ def test_the_launcher_refuses_a_task_without_its_secrets(tmp_path: Path) -> None
             "argv": [sys.executable, "-c", "print('ran')"]}]}  # fmt: skip
     env = {"ORCHESTRATE_SLURM_PLAN": json.dumps(plan), "SLURM_PROCID": "0",
            "SLURM_STEP_NODELIST": "n1", "PATH": "/usr/bin:/bin"}  # fmt: skip
-    done = subprocess.run([sys.executable, launcher.__file__], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", LAUNCHER_SOURCE], env=env, capture_output=True,
                           text=True, check=False)  # fmt: skip
     assert done.returncode == 2 and "job.secret_env: TOKEN_X" in done.stdout
     assert stat.S_IMODE((tmp_path / "t0").stat().st_mode) == 0o700
-    ran = subprocess.run([sys.executable, launcher.__file__], env={**env, "TOKEN_X": "v"},
+    ran = subprocess.run([sys.executable, "-c", LAUNCHER_SOURCE], env={**env, "TOKEN_X": "v"},
                          capture_output=True, text=True, check=False)  # fmt: skip
     assert ran.returncode == 0 and "ran" in (tmp_path / "t0" / "worker.log").read_text()
 

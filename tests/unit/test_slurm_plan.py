@@ -19,7 +19,7 @@ from orchestrator.backends.slurm.commands import (
     parse_scontrol_job,
     usable,
 )
-from orchestrator.backends.slurm.script import batch_script
+from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script
 from orchestrator.config.loader import load_inventory
 from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.engine.runstore import RunStore
@@ -230,7 +230,7 @@ def test_the_launcher_runs_a_task_and_records_its_exit(tmp_path: Path) -> None:
                      "sys.exit(75)"]}]}  # fmt: skip
     env = {"ORCHESTRATE_SLURM_PLAN": json.dumps(plan), "SLURM_PROCID": "0", "SLURM_JOB_ID": "9",
            "SLURM_STEP_NODELIST": "n[1-2]", "PATH": "/usr/bin:/bin"}  # fmt: skip
-    done = subprocess.run([sys.executable, launcher.__file__], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", LAUNCHER_SOURCE], env=env, capture_output=True,
                           text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr  # preempted is no bad exit for srun
     run_dir = tmp_path / "9" / "t0"

@@ -133,6 +133,14 @@ def test_global_batch_must_split_evenly_over_workers():
             '"index": 0}}',
             "only 'worker' tasks",
         ),
+        (
+            '{"cluster": {"worker": ["a:1"]}, "task": {"type": "evaluator", "index": 0}}',
+            "an 'evaluator' task runs 'python -m worker.evaluate --watch'",
+        ),
+        (
+            '{"cluster": {"ps": ["p:1"], "worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}',
+            "chief and ps tasks are for a ParameterServerStrategy script",
+        ),
     ],
 )
 def test_bad_tf_config(text, message):

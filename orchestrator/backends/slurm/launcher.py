@@ -21,7 +21,6 @@ exit.json ({"returncode", "signal", "started_at", "finished_at", "error", "log_t
 port, JoinWatch).
 """
 
-import contextlib
 import json
 import os
 import re
@@ -29,7 +28,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from typing import TYPE_CHECKING
 
@@ -37,6 +35,12 @@ from typing import TYPE_CHECKING
 # the controller's (this file has no __future__ import and runs on Python 3.6 too).
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+if __package__:  # imported as part of orchestrate: script.py, the controller's tests
+    from orchestrator.machines.remote import procwatch, safefiles
+else:  # shipped: machines/bundle.py carries them in front of this file's source
+    import procwatch  # type: ignore[no-redef]
+    import safefiles  # type: ignore[no-redef]
 
 PLAN_ENV = "ORCHESTRATE_SLURM_PLAN"
 JOB_ID_PLACEHOLDER = "{SLURM_JOB_ID}"
@@ -96,57 +100,11 @@ def tf_config(nodes, port, index):
     }
 
 
-def _private_open(path):
-    # 0600 from creation on: another account on the node reads nothing of a run.
-    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8")
-
-
-def _write_json(path, data):
-    # An unpredictable name, created O_EXCL|O_NOFOLLOW (mkstemp, 0600), then renamed over.
-    directory, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f"{name}.tmp.", dir=directory or ".")
-    with open(fd, "w", encoding="utf-8") as handle:
-        json.dump(data, handle)
-    os.replace(tmp, path)
-
-
-def _write(path, text):
-    with _private_open(path) as handle:
-        handle.write(text)
-
-
-def _make_private_dirs(directories):
-    for path in directories:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        _private_dir(path)
-
-
-class UnsafeDirectory(Exception):
-    """A private directory that is another user's, a symbolic link or no directory."""
-
-
-def _private_dir(path):
-    """`path` made, or found, as this account's directory only it can enter (0700, tightened
-    when looser), else UnsafeDirectory, before anything is written there (the same check as
-    the host agent's). Another task of the job may make it first: they start together."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError as exc:
-        kind = "a symbolic link" if os.path.islink(path) else f"unusable ({exc.strerror})"
-        raise UnsafeDirectory(f"refusing {path}: it is {kind}, not a private directory") from None
-    try:
-        owner = os.fstat(fd).st_uid
-        if owner != os.getuid():
-            raise UnsafeDirectory(
-                f"refusing {path}: it belongs to uid {owner}, not to this account (uid "
-                f"{os.getuid()}): another user made it; remove it or choose another workdir"
-            )
-        if os.fstat(fd).st_mode & 0o777 != 0o700:
-            os.fchmod(fd, 0o700)
-    finally:
-        os.close(fd)
+# Shared with the host agent (machines/remote/safefiles.py): the same checks, the same files.
+_write_json = safefiles.write_json
+_write = safefiles.write_text
+_make_private_dirs = safefiles.make_private_dirs
+UnsafeDirectory = safefiles.UnsafeDirectory
 
 
 def _log_tail(log_path, count=LOG_TAIL_LINES):
@@ -183,128 +141,6 @@ def _record_exit(run_dir, returncode, started, error, joined=None, *, secrets=()
     if joined is not None:  # JoinWatch's verdict: a multi-worker task that loaded TensorFlow
         record["joined"] = joined
     _write_json(os.path.join(run_dir, "exit.json"), record)
-
-
-# Joined the cluster? Sampled from /proc while the worker lives (issue 28). A worker of a
-# multi-worker cluster that loaded TensorFlow and never listened on its port never created
-# MultiWorkerMirroredStrategy: it trained alone. Written to stay the same in
-# backends/slurm/launcher.py (tests/unit/test_join_watch.py runs both copies).
-def _cluster_port(tf_config):
-    """This task's port in a TF_CONFIG (JSON text or dict) of two tasks or more, else None."""
-    try:
-        config = json.loads(tf_config) if isinstance(tf_config, str) else tf_config
-        cluster, task = config["cluster"], config["task"]
-        if sum(len(tasks) for tasks in cluster.values()) < 2:
-            return None
-        return int(str(cluster[task["type"]][int(task["index"])]).rsplit(":", 1)[1])
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return None
-
-
-def _process_tree(pid):
-    """pid and its descendants (/proc/PID/task/TID/children)."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        try:
-            tasks = os.listdir(f"/proc/{current}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{current}/task/{tid}/children") as handle:
-                    todo.extend(int(child) for child in handle.read().split())
-            except (OSError, ValueError):
-                continue
-    return found
-
-
-def _socket_inodes(pids):
-    inodes = set()
-    for pid in pids:
-        try:
-            names = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for name in names:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{name}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    return inodes
-
-
-def _listens(pid, port, inodes):
-    """Whether one of these sockets listens on port (pid's network namespace); None when /proc
-    cannot tell."""
-    readable = False
-    for table in ("tcp", "tcp6"):
-        try:
-            with open(f"/proc/{pid}/net/{table}") as handle:
-                rows = handle.read().splitlines()[1:]
-        except OSError:
-            continue
-        readable = True
-        for row in rows:
-            fields = row.split()  # sl local remote state ... uid timeout inode
-            listening = len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes
-            if listening and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                return True
-    return False if readable else None
-
-
-def _loads_tensorflow(pids):
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as handle:
-                if "libtensorflow_framework" in handle.read():
-                    return True
-        except OSError:
-            continue
-    return False
-
-
-class JoinWatch:
-    """Samples, in a thread, whether the worker pid (or a process it started) loaded TensorFlow
-    and listened on its TF_CONFIG port: every 0.2 s for 30 s, then every second, until it did.
-    joined(): True, False, or None when not known (one task, no TensorFlow, no /proc)."""
-
-    def __init__(self, pid, tf_config, interval=0.2):
-        import threading
-
-        self.port = _cluster_port(tf_config)
-        self.tensorflow = False
-        self.listened = None  # None until /proc answered once
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(pid, interval), daemon=True)
-        if self.port is not None:
-            self._thread.start()
-
-    def _run(self, pid, interval):
-        started = time.time()
-        while not self._stop.is_set():
-            pids = _process_tree(pid)
-            self.tensorflow = self.tensorflow or _loads_tensorflow(pids)
-            inodes = _socket_inodes(pids)
-            heard = _listens(pid, self.port, inodes) if inodes else None
-            if heard is None and not inodes and os.path.isdir(f"/proc/{pid}/fd"):
-                heard = False  # alive, no socket at all
-            if heard is not None:
-                self.listened = heard
-            if heard:
-                return
-            self._stop.wait(interval if time.time() - started < 30 else 1.0)
-
-    def joined(self):
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(2.0)
-        if not self.tensorflow or self.listened is None:
-            return None
-        return self.listened
 
 
 def _filler(job_id: str, submit_dir: str) -> "Callable[[str], str]":
@@ -498,7 +334,7 @@ def main():
     if child is None:
         return 127
     _write(os.path.join(run_dir, "worker.pid"), str(child.pid))
-    watch = JoinWatch(child.pid, config)
+    watch = procwatch.JoinWatch(child.pid, config)
     returncode = _wait_forwarding_signals(child, run_dir, secrets if secrets else None)
     _record_exit(run_dir, returncode, started, None, watch.joined(), secrets=secrets)
     return _srun_exit(index, returncode)

@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.backends.slurm import launcher
+from orchestrator.machines.bundle import bundle
 from orchestrator.model.slurm import SlurmSpec
 
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Job
     from orchestrator.model.workers import WorkerSpec
 
-LAUNCHER_SOURCE = Path(launcher.__file__).read_text(encoding="utf-8")
+# The launcher as srun runs it: with the machines/remote/ modules it imports (procwatch, ...).
+LAUNCHER_SOURCE = bundle(Path(launcher.__file__).read_text(encoding="utf-8"), "launcher.py")
 PLAN_END = "ORCHESTRATE_PLAN_END"
 LAUNCHER_END = "ORCHESTRATE_LAUNCHER_END"
 SBATCH_SPECIAL = re.compile(r"[\"'\\#]")

@@ -9,7 +9,7 @@ from typing import Any
 from orchestrator.config.report import Report, line_of
 from orchestrator.contract import device_setting_problems
 from orchestrator.machines import kinds
-from orchestrator.model.inventory import DEFAULT_CONNECTION, DEFAULT_WORKDIR, Host
+from orchestrator.model.inventory import DEFAULT_CONNECTION, DEFAULT_WORKDIR, ROLES, Host
 from orchestrator.model.leases import DEFAULT_PORT_RANGE
 from orchestrator.paths import controller_path
 from orchestrator.values import (
@@ -103,6 +103,11 @@ HOST_KEY_ENTRIES: tuple[Key, ...] = (
     Key("lease_dir", "string (an absolute path on the host)", "`/var/tmp/orchestrate-leases`",
         "where the host's leases live, shared by every user of the machine (created sticky "
         "1777)", _absolute),
+    Key("role", " or ".join(f"`{r}`" for r in ROLES), "`worker`",
+        "its task type in TF_CONFIG: `chief`, `ps` and `worker` under `job.strategy: "
+        "parameter-server` (one chief, at least one ps and one worker); `evaluator` (at most "
+        "one) evaluates the chief's checkpoints beside the training and is not in the cluster",
+        choice(*ROLES)),
 )  # fmt: skip
 HOST_KEYS: dict[str, Checker] = checkers(HOST_KEY_ENTRIES)
 PER_HOST_ONLY = ("name", "address")

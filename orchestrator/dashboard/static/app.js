@@ -68,7 +68,8 @@ function progressBar(worker) {
 function renderWorkers(doc) {
   const body = $("workers").tBodies[0];
   body.replaceChildren(...doc.workers.map((w) => el("tr", { "data-worker": w.name }, [
-    el("td", { text: w.name }), el("td", { text: w.host }),
+    el("td", { text: w.role && w.role !== "worker" ? `${w.name} (${w.role})` : w.name }),
+    el("td", { text: w.host }),
     el("td", { title: text(w.reason, "") }, [pill(w.state)]),
     el("td", {}, [progressBar(w)]),
     el("td", { text: num(w.loss) }), el("td", { text: num(w.accuracy, 3) }),

@@ -86,6 +86,12 @@ import socket
 import sys
 import time
 
+if __package__:  # imported as part of orchestrate: the controller's tests
+    from orchestrator.machines.remote import procwatch, safefiles
+else:  # shipped: machines/bundle.py carries them in front of this file's source
+    import procwatch  # type: ignore[no-redef]
+    import safefiles  # type: ignore[no-redef]
+
 LOG_TAIL_LINES = 20
 STANDBY_DIR_NAME = "standby"
 DISCARDED_MARKER = "standbys_discarded"  # in {job}/runs/{run_id}
@@ -106,73 +112,17 @@ PER_RUN_ENV = ("ORCHESTRATE_RUN_ID",)
 PER_CONNECTION_ENV = ("SSH_CLIENT", "SSH_CONNECTION", "SSH_AUTH_SOCK", "XDG_SESSION_ID")
 
 
-def _private_open(path, flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC):
-    # 0600 from creation on: never a moment in which another account could open it.
-    return open(os.open(path, flags, 0o600), "w", encoding="utf-8")
-
-
-def _write_json(path, data):
-    # Atomic: a reader never sees half a file, even if this process is killed mid-write.
-    fd, tmp = _temp_beside(path)
-    with open(fd, "w", encoding="utf-8") as handle:
-        json.dump(data, handle)
-    os.replace(tmp, path)
-
-
-def _write_text(path, text):
-    with _private_open(path) as handle:
-        handle.write(text)
+# The safe-file helpers are shared with the lease program and the Slurm launcher (safefiles.py).
+_private_open = safefiles.private_open
+_write_json = safefiles.write_json
+_write_text = safefiles.write_text
+_private_dir = safefiles.private_dir
+_temp_beside = safefiles.temp_beside
 
 
 def _make_private_dirs(directories):
     # The parents keep the user's umask (the job directory holds the shareable checkpoints).
-    for path in map(_expand, directories):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        _private_dir(path)
-
-
-# --- private directories and temporary files (issue 25) ---------------------------------------
-
-
-def _owner(uid):
-    try:
-        import pwd
-
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (ImportError, KeyError):
-        return f"uid {uid}"
-
-
-def _private_dir(path):
-    """`path` made, or found, as a directory of this account that only it can enter (0700,
-    tightened when looser); anything else is refused before a file is written into it: another
-    user's directory (pre-created in a shared workdir, it could hold their spec.json and
-    agent.py), a symbolic link, or not a directory. Checked on the opened directory itself
-    (O_NOFOLLOW), so what is checked is what is tightened."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError as exc:
-        if os.path.islink(path):
-            raise RuntimeError(
-                f"refusing {path}: it is a symbolic link (to {os.readlink(path)}), not a "
-                f"private directory; owner {_owner(os.lstat(path).st_uid)}; remove it"
-            ) from None
-        raise RuntimeError(f"refusing {path}: not a usable directory ({exc.strerror})") from None
-    try:
-        info = os.fstat(fd)
-        if info.st_uid != os.getuid():
-            raise RuntimeError(
-                f"refusing {path}: it belongs to {_owner(info.st_uid)}, not to this account "
-                f"({_owner(os.getuid())}); another user made it, so nothing of the run is "
-                "written there: remove it, or choose a workdir only you can write to"
-            )
-        if info.st_mode & 0o777 != 0o700:
-            os.fchmod(fd, 0o700)
-    finally:
-        os.close(fd)
-    return path
+    safefiles.make_private_dirs([_expand(path) for path in directories])
 
 
 def _run_chain(run_dir):
@@ -192,19 +142,6 @@ def _private_chain_made(directories):
     except RuntimeError:
         return False
     return True
-
-
-def _temp_beside(path, mode=0o600):
-    """A new temporary file in `path`'s directory, for an atomic replace of `path`: an
-    unpredictable name, created O_EXCL|O_NOFOLLOW (mkstemp), so no file or link planted
-    there is opened. Returns (fd, name)."""
-    import tempfile
-
-    directory, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f"{name}.tmp.", dir=directory or ".")
-    if mode != 0o600:
-        os.fchmod(fd, mode)
-    return fd, tmp
 
 
 def _read_json(path):
@@ -900,7 +837,7 @@ def supervise(run_dir, adopt=None):
             _record_exit(run_dir, 127, started, f"cannot start {spec['argv'][0]}: {exc}")
             return None
     _write_text(os.path.join(run_dir, "worker.pid"), str(child.pid))
-    watch = JoinWatch(child.pid, tf_config)
+    watch = procwatch.JoinWatch(child.pid, tf_config)
 
     def forward(signum, _frame):
         # The worker shares our process group and usually got the signal too; forwarding covers
@@ -1037,128 +974,6 @@ def _record_exit(run_dir, returncode, started, error, joined=None):
     if joined is not None:  # JoinWatch's verdict: a multi-worker worker that loaded TensorFlow
         record["joined"] = joined
     _write_json(os.path.join(run_dir, "exit.json"), record)
-
-
-# Joined the cluster? Sampled from /proc while the worker lives (issue 28). A worker of a
-# multi-worker cluster that loaded TensorFlow and never listened on its port never created
-# MultiWorkerMirroredStrategy: it trained alone. Written to stay the same in
-# backends/slurm/launcher.py (tests/unit/test_join_watch.py runs both copies).
-def _cluster_port(tf_config):
-    """This task's port in a TF_CONFIG (JSON text or dict) of two tasks or more, else None."""
-    try:
-        config = json.loads(tf_config) if isinstance(tf_config, str) else tf_config
-        cluster, task = config["cluster"], config["task"]
-        if sum(len(tasks) for tasks in cluster.values()) < 2:
-            return None
-        return int(str(cluster[task["type"]][int(task["index"])]).rsplit(":", 1)[1])
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return None
-
-
-def _process_tree(pid):
-    """pid and its descendants (/proc/PID/task/TID/children)."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        try:
-            tasks = os.listdir(f"/proc/{current}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{current}/task/{tid}/children") as handle:
-                    todo.extend(int(child) for child in handle.read().split())
-            except (OSError, ValueError):
-                continue
-    return found
-
-
-def _socket_inodes(pids):
-    inodes = set()
-    for pid in pids:
-        try:
-            names = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for name in names:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{name}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    return inodes
-
-
-def _listens(pid, port, inodes):
-    """Whether one of these sockets listens on port (pid's network namespace); None when /proc
-    cannot tell."""
-    readable = False
-    for table in ("tcp", "tcp6"):
-        try:
-            with open(f"/proc/{pid}/net/{table}") as handle:
-                rows = handle.read().splitlines()[1:]
-        except OSError:
-            continue
-        readable = True
-        for row in rows:
-            fields = row.split()  # sl local remote state ... uid timeout inode
-            listening = len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes
-            if listening and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                return True
-    return False if readable else None
-
-
-def _loads_tensorflow(pids):
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as handle:
-                if "libtensorflow_framework" in handle.read():
-                    return True
-        except OSError:
-            continue
-    return False
-
-
-class JoinWatch:
-    """Samples, in a thread, whether the worker pid (or a process it started) loaded TensorFlow
-    and listened on its TF_CONFIG port: every 0.2 s for 30 s, then every second, until it did.
-    joined(): True, False, or None when not known (one task, no TensorFlow, no /proc)."""
-
-    def __init__(self, pid, tf_config, interval=0.2):
-        import threading
-
-        self.port = _cluster_port(tf_config)
-        self.tensorflow = False
-        self.listened = None  # None until /proc answered once
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(pid, interval), daemon=True)
-        if self.port is not None:
-            self._thread.start()
-
-    def _run(self, pid, interval):
-        started = time.time()
-        while not self._stop.is_set():
-            pids = _process_tree(pid)
-            self.tensorflow = self.tensorflow or _loads_tensorflow(pids)
-            inodes = _socket_inodes(pids)
-            heard = _listens(pid, self.port, inodes) if inodes else None
-            if heard is None and not inodes and os.path.isdir(f"/proc/{pid}/fd"):
-                heard = False  # alive, no socket at all
-            if heard is not None:
-                self.listened = heard
-            if heard:
-                return
-            self._stop.wait(interval if time.time() - started < 30 else 1.0)
-
-    def joined(self):
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(2.0)
-        if not self.tensorflow or self.listened is None:
-            return None
-        return self.listened
 
 
 def _process_group_members(pgid):

@@ -42,6 +42,11 @@ import subprocess
 import sys
 import time
 
+if __package__:  # imported as part of orchestrate: the controller's tests
+    from orchestrator.machines.remote import safefiles
+else:  # shipped: machines/bundle.py carries it in front of this file's source
+    import safefiles  # type: ignore[no-redef]
+
 RECORD_MAX_BYTES = 64 * 1024
 POLL = 1.0  # seconds between the keeper's looks at the run's processes
 RECORD_NAME = re.compile(r"^lease-(\d{1,10})-([A-Za-z0-9_.-]{1,64})-([0-9a-f]{8,32})\.json$")
@@ -481,12 +486,7 @@ def _start_keeper(request, ports, gpus, shared):
         "gpus": gpus,
         "shared_gpus": shared,
     }
-    tmp = os.path.join(lease_dir, f".tmp-{os.getuid()}-{token}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    os.fchmod(fd, 0o644)
-    with open(fd, "w", encoding="utf-8") as handle:
-        json.dump(record, handle)
-    os.replace(tmp, base + ".json")
+    safefiles.write_json(base + ".json", record, mode=0o644)  # readable by every account
     os.close(own)  # the keeper holds its copy, and of every resource lock (the caller closes
     return pid  # its own copies)
 

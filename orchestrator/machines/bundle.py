@@ -1,0 +1,89 @@
+"""The shipped form of a stdlib-only program: its source with the machines/remote/ modules it
+imports carried in front of it, as one text. Pure.
+
+A program is sent alone (`python -c SOURCE` over SSH or locally, the agent's copy of itself in
+a run directory, the launcher inside a Slurm batch script), so what it imports of its own has to
+travel inside it. The text first puts each module it imports (procwatch, safefiles, and theirs,
+dependencies first) into sys.modules under its plain name, then runs the program, whose shipped
+branch imports them by that name (`if __package__: from orchestrator.machines.remote import ...
+else: import procwatch`). A host never looks for them on its sys.path: nothing planted in the
+working directory, nor an orchestrate installed there (a container's image), is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from importlib import resources
+
+REMOTE = "orchestrator.machines.remote"
+
+
+@cache
+def remote_source(name: str) -> str:
+    """The source of machines/remote/NAME (e.g. "agent.py")."""
+    return resources.files(REMOTE).joinpath(name).read_text(encoding="utf-8")
+
+
+def _shipped_modules() -> frozenset[str]:
+    names = (entry.name for entry in resources.files(REMOTE).iterdir())
+    return frozenset(n[: -len(".py")] for n in names if n.endswith(".py") and n != "__init__.py")
+
+
+def imported(source: str) -> list[str]:
+    """The machines/remote/ modules `source` imports by their plain name (`import procwatch`)."""
+    shipped = _shipped_modules()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        found += [name for name in names if name in shipped and name not in found]
+    return found
+
+
+def companions(source: str) -> list[str]:
+    """Every module the program needs shipped with it, each after the ones it imports."""
+    order: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in order:
+            return
+        if name in path:
+            raise ValueError(f"machines/remote/{name}.py imports itself: {' -> '.join(path)}")
+        for needed in imported(remote_source(f"{name}.py")):
+            visit(needed, (*path, name))
+        order.append(name)
+
+    for name in imported(source):
+        visit(name, ())
+    return order
+
+
+def bundle(source: str, label: str) -> str:
+    """`source` as it is shipped: unchanged when it imports nothing of machines/remote/."""
+    names = companions(source)
+    if not names:
+        return source
+    entries = "".join(f"    ({name!r}, {remote_source(name + '.py')!r}),\n" for name in names)
+    # Python 3.6 and newer (a Slurm node's python3 may be old); names kept out of the program's.
+    preamble = (
+        f"# orchestrate: {label} shipped with {', '.join(n + '.py' for n in names)} "
+        "(orchestrator/machines/bundle.py)\n"
+        "import sys as _bundle_sys, types as _bundle_types\n"
+        "for _bundle_name, _bundle_source in (\n"
+        f"{entries}"
+        "):\n"
+        "    _bundle_module = _bundle_types.ModuleType(_bundle_name)\n"
+        "    _bundle_module.__file__ = '<shipped ' + _bundle_name + '.py>'\n"
+        "    _bundle_sys.modules[_bundle_name] = _bundle_module\n"
+        "    exec(compile(_bundle_source, _bundle_module.__file__, 'exec'), "
+        "_bundle_module.__dict__)\n"
+        "del _bundle_sys, _bundle_types, _bundle_name, _bundle_source, _bundle_module\n"
+    )
+    return preamble + source
+
+
+def shipped_program(name: str) -> str:
+    """machines/remote/NAME as it is sent to a host."""
+    return bundle(remote_source(name), name)
