@@ -99,7 +99,7 @@ def one(tree: Path, seconds: float) -> dict[str, float]:
             after = {name: _cpu(procs) for name, procs in groups.items()}
             return {name: after[name] - before[name] for name in groups}
         finally:
-            subprocess.run([*cli, "down", "inv.yaml"], cwd=root, env=env, capture_output=True,
+            subprocess.run([*cli, "down"], cwd=root, env=env, capture_output=True,
                            check=False)  # fmt: skip
 
 
