@@ -151,11 +151,32 @@ class Sample:
     beside_cpu_pct: float = float("nan")
     recovery_s: float = float("nan")
     shutdown_s: float = float("nan")
+    # shutdown's parts: the stop request taken (orchestrate: `down` started and wrote it; Ray:
+    # the signal sent), the two training workers gone, then the rest (launcher, helpers) gone
+    shutdown_request_s: float = float("nan")
+    shutdown_workers_s: float = float("nan")
     load: list[float] = field(default_factory=list)
 
 
 FIGURES = ("cold_s", "steps_per_s", "beside_rss_mib", "beside_cpu_pct", "recovery_s",
-           "shutdown_s")  # fmt: skip
+           "shutdown_s", "shutdown_request_s", "shutdown_workers_s")  # fmt: skip
+
+
+def timed_shutdown(sample: Sample, asked: float, requested: Callable[[], bool],
+                   workers: set[int], ended: Callable[[], bool]) -> None:  # fmt: skip
+    """The shutdown and its parts, looked at every 5 ms from `asked` on."""
+    deadline = asked + TIMEOUT
+    while time.monotonic() < deadline:
+        now = time.monotonic() - asked
+        if sample.shutdown_request_s != sample.shutdown_request_s and requested():
+            sample.shutdown_request_s = now
+        if sample.shutdown_workers_s != sample.shutdown_workers_s and all_gone(workers):
+            sample.shutdown_workers_s = now
+        if ended() and sample.shutdown_workers_s == sample.shutdown_workers_s:
+            sample.shutdown_s = now
+            return
+        time.sleep(0.005)
+    raise TimeoutError("shutdown")
 
 
 def ensure_ray(venv: Path) -> Path:
@@ -278,10 +299,16 @@ def orchestrate_trial(root: Path) -> Sample:
         supervisors = [p.pid for p in psutil.process_iter(["cmdline"])
                        if str(root) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
         pids = family([up.pid, *supervisors])
+        shown = subprocess.run([*cli, "status", "--json"], cwd=root, env=bench_env(),
+                               capture_output=True, text=True, check=True)  # fmt: skip
+        workers = {int(w["pid"]) for w in json.loads(shown.stdout)["workers"]}  # the new attempt's
+        state = root / ".orchestrate"
         asked = time.monotonic()
-        subprocess.run([*cli, "down"], cwd=root, env=bench_env(), capture_output=True, check=False)
-        sample.shutdown_s = wait(lambda: up.poll() is not None and all_gone(pids),
-                                 what="orchestrate shutdown") - asked  # fmt: skip
+        down = subprocess.Popen([*cli, "down"], cwd=root, env=bench_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        timed_shutdown(sample, asked, lambda: any(state.rglob("*.stop")), workers,
+                       lambda: down.poll() is not None and up.poll() is not None
+                       and all_gone(pids))  # fmt: skip
     finally:
         up.kill()
         subprocess.run([*cli, "down"], cwd=root, env=bench_env(), capture_output=True, check=False)
@@ -320,8 +347,9 @@ def ray_trial(root: Path, python: Path) -> Sample:
         pids = family([driver.pid])
         asked = time.monotonic()
         driver.send_signal(signal.SIGINT)
-        sample.shutdown_s = wait(lambda: driver.poll() is not None and all_gone(pids),
-                                 what="ray shutdown") - asked  # fmt: skip
+        workers = {int(text(log).split("pid ")[-1].split()[0]) for log in logs}
+        timed_shutdown(sample, asked, lambda: True, workers,
+                       lambda: driver.poll() is not None and all_gone(pids))  # fmt: skip
     finally:
         for pid in family([driver.pid]):
             try:
@@ -337,7 +365,7 @@ def main() -> None:
     parser.add_argument("--ray-venv", type=Path, default=Path("/tmp/ray-venv"))
     args = parser.parse_args()
     python = ensure_ray(args.ray_venv)
-    results: dict[str, list[Sample]] = {"orchestrate": [], "ray": []}
+    results: dict[str, dict[int, Sample]] = {"orchestrate": {}, "ray": {}}
     for repeat in range(args.repeats):
         order = ("ray", "orchestrate") if repeat % 2 == 0 else ("orchestrate", "ray")
         for method in order:
@@ -352,14 +380,18 @@ def main() -> None:
                         print(text(Path(scratch) / "driver.log")[-3000:], flush=True)
                     continue
                 sample.load = load
-                results[method].append(sample)
+                results[method][repeat] = sample
                 figures = ", ".join(f"{name} {getattr(sample, name):.2f}" for name in FIGURES)
                 print(f"repeat {repeat + 1} {method}: {figures}; load {load[0]:.1f}", flush=True)
     print(f"\n{'figure':<16} {'orchestrate':>12} {'ray':>10} {'paired o/r':>11}")
-    pairs = list(zip(results["orchestrate"], results["ray"], strict=False))
+    pairs = [
+        (results["orchestrate"][r], results["ray"][r])
+        for r in range(args.repeats)
+        if r in results["orchestrate"] and r in results["ray"]
+    ]  # the same repeat's
     for name in FIGURES:
-        mine = [getattr(s, name) for s in results["orchestrate"]]
-        theirs = [getattr(s, name) for s in results["ray"]]
+        mine = [getattr(s, name) for s in results["orchestrate"].values()]
+        theirs = [getattr(s, name) for s in results["ray"].values()]
         ratio = [getattr(a, name) / getattr(b, name) for a, b in pairs if getattr(b, name)]
         cells = [f"{statistics.median(v):.2f}" if v else "-" for v in (mine, theirs, ratio)]
         print(f"{name:<16} {cells[0]:>12} {cells[1]:>10} {cells[2]:>11}")

@@ -63,6 +63,9 @@ class Leased:
     ignored: tuple[Ignored, ...] = ()
 
 
+WAIT_CHECK = 0.1  # seconds between looks at a wait's `woken` (the stop flag)
+
+
 class Backend(ABC):
     # A preempted attempt (every worker saved and exited 75) is resubmitted by the supervisor
     # instead of ending the run: a scheduler preempts and gives the nodes back later.
@@ -88,12 +91,17 @@ class Backend(ABC):
     def probe(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, WorkerProbe]:
         """What each worker's run directory says now, by worker name."""
 
-    def wait_for_change(self, workers: Sequence[WorkerRecord], timeout: float) -> bool:
+    def wait_for_change(self, workers: Sequence[WorkerRecord], timeout: float,
+                        woken: Callable[[], bool] = lambda: False) -> bool:  # fmt: skip
         """Wait at most `timeout` seconds between two probes; True as soon as one of `workers`
-        that ran ended (then the caller probes at once). A backend whose machines can tell it
-        (hosts: the agent session's `watch`) answers the moment a worker exits; by default
-        this is the poll's sleep, and a failure is seen at the next probe."""
-        time.sleep(timeout)
+        that ran ended (then the caller probes at once). `woken` is looked at every
+        WAIT_CHECK seconds while it waits: True ends the wait at once (`down`'s stop flag). A
+        backend whose machines can tell it (hosts: the agent session's `watch`) answers the
+        moment a worker exits; by default this is the poll's sleep, and a failure is seen at
+        the next probe (Slurm, hosts that cannot push)."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0 and not woken():
+            time.sleep(min(left, WAIT_CHECK))
         return False
 
     @abstractmethod

@@ -22,7 +22,6 @@ from dataclasses import replace
 from orchestrator.backends.base import Backend
 from orchestrator.engine import roles
 from orchestrator.engine.checkpoints import Mirror
-from orchestrator.engine.control import WAKE_CHECK
 from orchestrator.engine.failures import (
     Failure,
     FailureKind,
@@ -186,13 +185,10 @@ class Supervisor:
         run stopped and lets go, instead of keeping `down` waiting up to a whole interval."""
         flag = self.store.stop_flag(self.record.run_id)
         seen = file_mtime(flag)
-        deadline = time.monotonic() + self.interval
-        while (left := deadline - time.monotonic()) > 0:
-            # The backend's wait: a worker's exit told by its machine ends it at once.
-            if self.backend.wait_for_change(self.record.workers, min(left, WAKE_CHECK)):
-                return
-            if file_mtime(flag) != seen:
-                return
+        # One wait for the whole interval (on hosts: one watch per machine, no request per
+        # tick); the flag is looked at locally every tick and ends it at once.
+        self.backend.wait_for_change(self.record.workers, self.interval,
+                                     lambda: file_mtime(flag) != seen)  # fmt: skip
 
     def _start_standbys(self, status: RunStatus) -> None:
         """Once every worker of the attempt made its first step (so the standbys' imports do not
@@ -229,8 +225,12 @@ class Supervisor:
                 self.say(f"stacks of every worker at the stall: {kept}")
         restart = Restart(detected, self.record.attempt, failure.worker, failure.reason,
                           failure.step, failure.kind.value)  # fmt: skip
-        tail = self._log_tail(failure.worker)
+        # A worker that exited wrote its whole log: its survivors are stopped first (they block
+        # in a collective without it), its tail read after. A stalled one still writes: before.
+        stalled = failure.kind is FailureKind.STALLED
+        tail = self._log_tail(failure.worker) if stalled else ()
         stop_run(self.record, self.backend, grace=survivors_grace(failure, job), standbys=False)
+        tail = tail if stalled else self._log_tail(failure.worker)
         why = give_up_reason(failure, restarts, job)
         self.events.failure(failure, restart, why, explain(failure.kind, tail))
         if why:

@@ -14,6 +14,7 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 MachineKey = tuple[str, ...]
 M = TypeVar("M", bound="Machines")
+WAKE_CHECK = 0.1  # seconds between looks at a wait's `woken` (the stop flag)
 PROBE_TIMEOUT = 5.0  # seconds a host may take to answer a poll before it counts as silent
 # A new session's first answer also waits for the login shell and Python to start, which takes
 # seconds on a loaded host or behind a slow ~/.bashrc. Counting that against PROBE_TIMEOUT
@@ -67,6 +69,7 @@ class Machines:
         self._sessions: dict[MachineKey, LineSession] = {}
         self._busy: dict[MachineKey, threading.Lock] = {}  # one request at a time per session
         self._running: set[tuple[MachineKey, str]] = set()  # run dirs the last probe saw running
+        self._watching: dict[MachineKey, LineSession] = {}  # sessions a watch waits in now
 
     # --- connections ---------------------------------------------------------------------------
     def agent(self, host: Host) -> HostAgent:
@@ -127,30 +130,62 @@ class Machines:
 
         return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), ask)
 
-    def wait_for_change(self, workers: Sequence[WorkerRecord], timeout: float) -> bool:
+    def wait_for_change(self, workers: Sequence[WorkerRecord], timeout: float,
+                        woken: Callable[[], bool] = lambda: False) -> bool:  # fmt: skip
         """The wait between two probes, ended by the first machine whose agent tells of a
-        worker's exit (its `watch`). The workers watched are those the last probe saw running,
-        so that one ending between that probe and this wait is told at once too. Only machines
-        with a session open already are asked: a pause never opens a connection (the next probe
-        does, with its own timeout); with none to ask this is a sleep. A machine that fails to
-        answer ends the wait too: the probe that follows says what became of it."""
+        worker's exit (its `watch`), or by `woken` (looked at every WAKE_CHECK: `down`'s stop
+        request), which wakes the watches still waiting at once (a `wake` line in their
+        sessions). One watch per machine lasts the whole wait: no request per tick. The
+        workers watched are those the last probe saw running, so that one ending between that
+        probe and this wait is told at once too. Only machines with a session open already are
+        asked: a pause never opens a connection (the next probe does, with its own timeout);
+        with none to ask this is a sleep. A machine that fails to answer ends the wait too:
+        the probe that follows says what became of it."""
         groups: dict[MachineKey, list[WorkerRecord]] = {}
-        for worker in workers:
+        for worker in workers if timeout > 0 else ():
             key = session_key(worker.host)
             if key in self._sessions and (key, worker.run_dir) in self._running:
                 groups.setdefault(key, []).append(worker)
         if not groups:
-            time.sleep(timeout)
+            sleep_unless(woken, timeout)
             return False
+        answers: dict[MachineKey, bool] = {}
+        done = threading.Event()
 
-        def watch(key: MachineKey) -> bool:
+        def watch(key: MachineKey) -> None:
             group = groups[key]
             fields = {"run_dirs": [w.run_dir for w in group], "timeout": timeout}
-            return bool(self._ask(group[0].host, "watch", timeout + PROBE_TIMEOUT, fields)
-                        .get("changed"))  # fmt: skip
+            try:
+                answer = self._ask(group[0].host, "watch", timeout + PROBE_TIMEOUT, fields)
+                answers[key] = bool(answer.get("changed"))
+            except HostError:
+                answers[key] = True  # the probe that follows says what became of it
+            if answers[key] or len(answers) == len(groups):
+                done.set()
 
-        answers = fan_out(groups, watch)
-        return bool(answers.failed) or any(answers.ok.values())
+        threads = {key: threading.Thread(target=watch, args=(key,), daemon=True) for key in groups}
+        for thread in threads.values():
+            thread.start()
+        try:
+            while not done.wait(WAKE_CHECK):
+                if woken():
+                    break
+        finally:  # a change, a stop request, Ctrl-C: no watch may keep its session busy
+            while any(thread.is_alive() for thread in threads.values()):
+                for key, thread in threads.items():
+                    if thread.is_alive():
+                        self._wake(key)
+                for thread in threads.values():
+                    thread.join(WAKE_CHECK)
+        return any(answers.values())
+
+    def _wake(self, key: MachineKey) -> None:
+        """End the watch that waits in the machine's session (a line on its input; one that
+        arrives after the watch ended is read and ignored by the agent)."""
+        session = self._watching.get(key)
+        if session is not None:
+            with suppress(OSError, HostError):
+                session.notify({"verb": "wake"})
 
     def _probe_machine(self, host: Host, run_dirs: list[str]) -> dict[str, WorkerProbe]:
         answer = self._ask(host, "probe", PROBE_TIMEOUT, {"run_dirs": run_dirs})
@@ -178,10 +213,14 @@ class Machines:
                 wait = max(wait, SESSION_START_TIMEOUT)
             try:
                 session = session or HostAgent(self.runner(host), host.python).session()
+                if verb == "watch":
+                    self._watching[key] = session  # _wake ends it early
                 answer = session.request({"verb": verb, **fields}, timeout=wait)
             except HostError:
                 self._forget(machine_key(host), session)
                 raise
+            finally:
+                self._watching.pop(key, None)
             self._sessions[key] = session
         if "error" in answer:
             raise HostError(host.name, f"the agent could not {verb}: {answer['error']}")
@@ -332,3 +371,10 @@ def expand_uploads(uploads: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
         else:
             files.append((local, remote))
     return files
+
+
+def sleep_unless(woken: Callable[[], bool], timeout: float) -> None:
+    """Sleep `timeout` seconds, or less: until `woken()` says so (looked at every WAKE_CHECK)."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0 and not woken():
+        time.sleep(min(left, WAKE_CHECK))

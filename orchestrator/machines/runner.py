@@ -12,6 +12,7 @@ import json
 import select
 import shutil
 import subprocess
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -57,11 +58,24 @@ class LineSession:
         self._close = close
         self._errors = errors
         self._drop = drop or close
+        self._writing = threading.Lock()  # notify() may write while a request waits
+
+    def _write(self, message: dict[str, Any]) -> None:
+        with self._writing:
+            self._writer.write(json.dumps(message).encode() + b"\n")
+            self._writer.flush()
+
+    def notify(self, message: dict[str, Any]) -> None:
+        """Write a line that gets no answer (the agent's `wake`), also while a request waits
+        for its answer in another thread."""
+        try:
+            self._write(message)
+        except (OSError, ValueError) as exc:  # ValueError: the input was closed meanwhile
+            raise HostError(self.host_name, f"the session ended: {exc}") from exc
 
     def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
         try:
-            self._writer.write(json.dumps(message).encode() + b"\n")
-            self._writer.flush()
+            self._write(message)
             line = self._read_line(timeout)
         except (OSError, TimeoutError, EOFError) as exc:
             # A socket timeout says nothing by itself (its str() is empty).

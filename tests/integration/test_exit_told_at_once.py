@@ -30,3 +30,27 @@ def test_sigkilled_worker_is_seen_long_before_the_next_poll(cli: Cli, reaper: li
     assert "succeeded at step 60 after 1 restart(s)" in err, (out, err)
     seen_after = cli.status()["last_restart"]["at"] - killed_at
     assert 0 <= seen_after < INTERVAL / 6, seen_after
+
+
+def test_down_wakes_the_long_watch_and_the_supervisor_stops_the_workers(
+    cli: Cli, reaper: list[str]
+) -> None:
+    """The wait between two polls is one watch per machine for the whole interval (60 s here):
+    `down`'s stop request wakes it at once, so the supervisor itself carries the request out
+    over its sessions (it says so in up's output) instead of `down` giving up on it after its
+    pickup timeout and stopping the workers from its own shell."""
+    make_job(cli, {}, STEPS=100_000)
+    up = cli.popen("up", "--skip-checks", "--interval", str(INTERVAL), "inv.yaml")
+    try:
+        worker_pid(cli, "alpha")
+        reaper.append(cli.record()["run_id"])
+        time.sleep(1.0)  # the first poll saw them running: the supervisor waits in its watch
+        asked = time.monotonic()
+        down = cli("down", check=True)
+        took = time.monotonic() - asked
+        out, err = up.communicate(timeout=INTERVAL)
+    finally:
+        up.kill()
+    assert "stopping the workers for 'orchestrate down'" in out + err, (out, err, down.stdout)
+    assert "the run was stopped by 'orchestrate down'" in err, (out, err)
+    assert took < INTERVAL / 4, took  # not a watch's whole length

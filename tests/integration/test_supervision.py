@@ -126,7 +126,9 @@ def test_stalled_worker_is_detected_and_restarted(cli: Cli, reaper: list[str]) -
 def test_detached_supervisor_restarts_and_attach_follows_to_the_end(
     cli: Cli, reaper: list[str]
 ) -> None:
-    make_job(cli, {}, STEPS=60)
+    # 60 steps of 0.15 s: the second attempt outlasts `attach`'s own start on a loaded
+    # machine (at 0.05 s a step it ended first at load 10-14, before and after issue 31).
+    make_job(cli, {}, STEPS=60, DELAY=0.15)
     started = cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
     assert "a supervisor (pid" in started.stderr
     run_id = cli.record()["run_id"]

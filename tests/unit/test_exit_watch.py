@@ -4,13 +4,17 @@ stand-in supervisor whose command line names its run directory, as the agent's d
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from orchestrator.machines.agent import HostAgent
 from orchestrator.machines.remote import agent
+from orchestrator.machines.runner import LocalRunner
+from tests.fakes.backend import FakeBackend
 
 
 def supervisor(run_dir: Path) -> subprocess.Popen[bytes]:
@@ -64,3 +68,78 @@ def test_an_ended_worker_is_told_at_once_and_a_running_one_waits_out_the_timeout
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_line_on_the_session_wakes_a_long_watch_and_the_session_goes_on(tmp_path: Path) -> None:
+    """The real agent program in a real session: a watch of a running worker for 30 s ends as
+    soon as the controller writes a `wake` line (down's stop request), answers that it was
+    woken, and the session then answers the next request (the wake itself gets no answer)."""
+    process = supervisor(tmp_path)
+    session = HostAgent(LocalRunner("here"), sys.executable).session()
+    answers: list[tuple[dict[str, object], float]] = []
+
+    def watch() -> None:
+        answer = session.request({"verb": "watch", "run_dirs": [str(tmp_path)], "timeout": 30}, 35)
+        answers.append((answer, time.monotonic()))
+
+    try:
+        assert "home" in session.request({"verb": "info"}, 30)  # the program has started
+        thread = threading.Thread(target=watch)
+        thread.start()
+        time.sleep(0.5)
+        assert not answers  # the worker runs: the watch waits
+        woke = time.monotonic()
+        session.notify({"verb": "wake"})
+        thread.join(timeout=20)
+        ((answer, at),) = answers
+        assert answer == {"changed": False, "woken": True}
+        assert at - woke < 5  # long before the watch's 30 s
+        session.notify({"verb": "wake"})  # a late wake, after the watch ended: no answer
+        assert "home" in session.request({"verb": "info"}, 10)  # and no answer out of step
+    finally:
+        session.close()
+        process.kill()
+        process.wait()
+
+
+def test_a_wake_already_sent_ends_the_watch_that_follows_it_at_once(tmp_path: Path) -> None:
+    """The wake written just after the watch request (both in the agent's input at once)."""
+    process = supervisor(tmp_path)
+    read, write = os.pipe()
+    os.write(write, b'{"verb": "wake"}\n')
+    agent._Input.serving = agent._Input(read)
+    try:
+        assert next(iter(agent._Input.serving)) == '{"verb": "wake"}'  # read: nothing pending now
+        os.write(write, b'{"verb": "wake"}\n')
+        start = time.monotonic()
+        answer = agent.cmd_watch({"run_dirs": [str(tmp_path)], "timeout": 30})
+        assert answer == {"changed": False, "woken": True}
+        assert time.monotonic() - start < 5
+        os.close(write)  # and the end of input wakes it too
+        agent._Input.serving = agent._Input(read)
+        assert agent.cmd_watch({"run_dirs": [str(tmp_path)], "timeout": 30})["woken"] is True
+    finally:
+        agent._Input.serving = None
+        os.close(read)
+        process.kill()
+        process.wait()
+
+
+def test_the_polling_wait_ends_when_woken_and_lasts_its_timeout_otherwise() -> None:
+    """Backend.wait_for_change's default (Slurm, hosts that cannot push): the poll's sleep,
+    which the stop flag's look (`woken`) ends within a tick."""
+    backend = FakeBackend()
+    flag = threading.Event()
+    threading.Timer(0.2, flag.set).start()
+    start = time.monotonic()
+    assert backend.wait_for_change([], 30, flag.is_set) is False
+    assert 0.2 <= time.monotonic() - start < 5
+    start = time.monotonic()
+    assert backend.wait_for_change([], 0.3) is False
+    assert time.monotonic() - start >= 0.3
+
+
+def test_a_process_seen_first_gets_its_cpu_share_over_its_life() -> None:
+    assert agent._average_percent(1.0, 4.0) == 25.0
+    assert agent._average_percent(3.0, 2.0) == 150.0  # two threads busy
+    assert agent._average_percent(1.0, 0.0) == 0.0

@@ -1013,36 +1013,38 @@ _WATCHED: dict = {}  # pid -> psutil.Process, kept between the probes of one ses
 
 def _usage(pids):
     """CPU% and resident memory of the worker processes (psutil if present). CPU% is measured
-    since the previous probe of the same session; a process seen first is sampled for 0.2 s."""
+    since the previous probe of the same session; for a process seen first, since it started
+    (its CPU time over its age: no sample to wait for, so the probe that follows a worker's
+    exit, or a restart, answers at once instead of 0.2 s later)."""
     try:
         import psutil
     except ImportError:
         return {}
-    processes = {}
-    fresh = False
+    usage = {}
     for pid in pids:
         try:
-            if pid not in _WATCHED or not _WATCHED[pid].is_running():
-                _WATCHED[pid] = psutil.Process(pid)
-                _WATCHED[pid].cpu_percent(None)
-                fresh = True
-            processes[pid] = _WATCHED[pid]
-        except psutil.Error:
-            continue
-    if fresh:
-        time.sleep(0.2)
-    usage = {}
-    for pid, process in processes.items():
-        try:
+            known = pid in _WATCHED and _WATCHED[pid].is_running()
+            process = _WATCHED[pid] if known else psutil.Process(pid)
+            _WATCHED[pid] = process
             with process.oneshot():
+                percent = process.cpu_percent(None)  # since the last call (0.0 on the first)
+                created = process.create_time()
+                if not known:
+                    times = process.cpu_times()
+                    percent = _average_percent(times.user + times.system, time.time() - created)
                 usage[pid] = {
-                    "cpu_percent": process.cpu_percent(None),
+                    "cpu_percent": percent,
                     "rss_bytes": process.memory_info().rss,
-                    "create_time": process.create_time(),
+                    "create_time": created,
                 }
         except psutil.Error:
             continue
     return usage
+
+
+def _average_percent(cpu_seconds, age):
+    """A process's CPU% over its whole life. Pure."""
+    return round(100.0 * cpu_seconds / age, 1) if age > 0 else 0.0
 
 
 def cmd_probe(request):
@@ -1342,13 +1344,19 @@ def cmd_watch(request):
     at most `timeout`; at once if one has ended already.
     A pidfd per worker and supervisor wakes this at its exit (the supervisor is the worker's
     parent and writes exit.json right after its waitpid); the files are looked at every tick
-    too, for what no pidfd covers."""
+    too, for what no pidfd covers. Served in a session, the next line on its input (a `wake`,
+    or the end of input) ends the wait at once with {"changed": false, "woken": true}: the
+    controller's stop request does not wait out a long watch."""
     import select
 
     deadline = time.monotonic() + min(float(request.get("timeout") or 0), 60.0)
     running = list(map(_expand, request["run_dirs"]))  # the ones the controller saw running
     if not all(map(_running, running)):
         return {"changed": True}  # ended since the controller last looked
+    woken = {"changed": False, "woken": True}
+    lines = _Input.serving
+    if lines is not None and lines.pending():
+        return woken
     fds = []
     for path in running:
         for name in ("worker.pid", "pid"):
@@ -1356,12 +1364,16 @@ def cmd_watch(request):
             if fd is not None:
                 fds.append(fd)
     tick = WATCH_TICK if fds else WATCH_TICK_NO_PIDFD
+    waits = fds + ([lines.fd] if lines is not None else [])
     try:
         while (left := deadline - time.monotonic()) > 0:
-            if fds and select.select(fds, [], [], min(left, tick))[0]:
-                break  # a process ended: its exit record follows within moments
-            if not fds:
+            ready = select.select(waits, [], [], min(left, tick))[0] if waits else []
+            if not waits:
                 time.sleep(min(left, tick))
+            if lines is not None and lines.fd in ready:
+                return woken  # the controller wrote again: its next line is for later
+            if ready:
+                break  # a process ended: its exit record follows within moments
             if any(not _running(path) for path in running):
                 return {"changed": True}
         else:
@@ -1403,12 +1415,42 @@ def answer(request):
         return {"error": f"{verb}: {type(exc).__name__}: {exc}"}
 
 
+class _Input:
+    """The session's request lines, read straight from its file descriptor (no hidden buffer),
+    so that `watch` can select on it: a line the controller writes while a watch waits wakes it."""
+
+    serving = None  # the session's _Input, while main() serves one
+
+    def __init__(self, fd):
+        self.fd = fd
+        self._buffer = b""
+
+    def pending(self):
+        return b"\n" in self._buffer
+
+    def __iter__(self):
+        while True:
+            while b"\n" not in self._buffer:
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    if self._buffer.strip():
+                        yield self._buffer.decode("utf-8", "replace")
+                    return
+                self._buffer += chunk
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            yield line.decode("utf-8", "replace")
+
+
 def serve(lines, out):
     """One JSON answer per JSON request line until end of input: a supervisor polling every
-    second pays for one Python start, not one per poll."""
+    second pays for one Python start, not one per poll. A `wake` line gets no answer: it only
+    ends a watch that waits (it may come just after the watch ended by itself)."""
     for line in lines:
         if line.strip():
-            out.write(json.dumps(answer(json.loads(line))) + "\n")
+            request = json.loads(line)
+            if request.get("verb") == "wake":
+                continue
+            out.write(json.dumps(answer(request)) + "\n")
             out.flush()
 
 
@@ -1425,7 +1467,8 @@ def main(argv):
     if argv:
         sys.stderr.write("usage: agent.py (requests as JSON lines on stdin)\n")
         return 2
-    serve(sys.stdin, sys.stdout)
+    _Input.serving = _Input(sys.stdin.fileno())
+    serve(_Input.serving, sys.stdout)
     return 0
 
 
