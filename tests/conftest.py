@@ -123,6 +123,18 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+def local_inventory(cli: Cli, hosts: list[str], job: dict[str, Any]) -> Path:
+    """inv.yaml in cli's directory: `connection: local` hosts (flow-mapping lines without the
+    dash) under ./work, and the job block."""
+    path = cli.cwd / "inv.yaml"
+    path.write_text(
+        "defaults: {connection: local, workdir: ./work}\nhosts:\n"
+        + "".join(f"  - {{{host}}}\n" for host in hosts)
+        + f"job: {json.dumps(job)}\n"
+    )
+    return path
+
+
 def local_tf_inventory(cli: Cli, **job: Any) -> Path:
     """Two local workers, chief and other, training the bundled example; `job` overrides keys."""
     ports = free_ports(2)
@@ -134,15 +146,23 @@ def local_tf_inventory(cli: Cli, **job: Any) -> Path:
         "env": {"TF_CPP_MIN_LOG_LEVEL": "2"},
         **job,
     }
-    path = cli.cwd / "inv.yaml"
-    path.write_text(
-        "defaults: {connection: local, workdir: ./work}\n"
-        "hosts:\n"
-        f"  - {{name: chief, address: localhost, port: {ports[0]}}}\n"
-        f"  - {{name: other, address: localhost, port: {ports[1]}}}\n"
-        f"job: {json.dumps(settings)}\n"
-    )
-    return path
+    hosts = [f"name: {name}, address: localhost, port: {port}"
+             for name, port in zip(("chief", "other"), ports, strict=True)]  # fmt: skip
+    return local_inventory(cli, hosts, settings)
+
+
+def val_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """val_loss and val_accuracy from the event files in `directory`, read by TensorBoard's own
+    reader (TF2 writes scalars as tensors: the plugin-aware accumulator sees them)."""
+    import tensorflow as tf
+    from tensorboard.backend.event_processing import plugin_event_accumulator as pea
+
+    accumulator = pea.EventAccumulator(str(directory), size_guidance={pea.TENSORS: 0})
+    accumulator.Reload()
+    return {
+        tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
+        for tag in ("val_loss", "val_accuracy")
+    }
 
 
 def restored_steps(cli: Cli) -> list[int]:

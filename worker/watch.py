@@ -14,7 +14,7 @@ only MAX_FAILURES failures in a row of the same checkpoint, still there, are an 
 waited for.
 
 The loop is given its reading and evaluating as functions, so every decision here is unit-tested
-without TensorFlow (tests/unit/test_evaluator_watch.py).
+without TensorFlow (tests/unit/test_evaluator_watch_loop.py).
 """
 
 from __future__ import annotations

@@ -19,25 +19,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import REPO, Cli, clean_env, local_tf_inventory
+from tests.conftest import REPO, Cli, clean_env, local_tf_inventory, val_scalars
 from worker.examples import shapes
 from worker.restore import restore_model
 
 pytestmark = pytest.mark.tf
 
 TASK = "worker.examples.shapes:task"
-
-
-def val_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
-    """val_loss and val_accuracy from the chief's event files, read by TensorBoard's reader."""
-    from tensorboard.backend.event_processing import plugin_event_accumulator as pea
-
-    accumulator = pea.EventAccumulator(str(directory), size_guidance={pea.TENSORS: 0})
-    accumulator.Reload()
-    return {
-        tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
-        for tag in ("val_loss", "val_accuracy")
-    }
 
 
 def evaluate(*flags: str) -> subprocess.CompletedProcess[str]:

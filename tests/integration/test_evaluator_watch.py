@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tensorflow as tf
 
-from tests.conftest import REPO, Cli, clean_env, local_tf_inventory, wait_for
+from tests.conftest import REPO, Cli, clean_env, local_tf_inventory, val_scalars, wait_for
 
 pytestmark = pytest.mark.tf
 
@@ -59,17 +58,6 @@ def progress(run_dir: Path) -> dict[str, Any]:
 
 def last_json(run_dir: Path) -> dict[str, Any]:
     return dict(json.loads((run_dir / "worker.log").read_text().strip().splitlines()[-1]))
-
-
-def eval_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
-    from tensorboard.backend.event_processing import plugin_event_accumulator as pea
-
-    accumulator = pea.EventAccumulator(str(directory), size_guidance={pea.TENSORS: 0})
-    accumulator.Reload()
-    return {
-        tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
-        for tag in ("val_loss", "val_accuracy")
-    }
 
 
 def test_an_evaluator_beside_a_two_worker_training(
@@ -112,7 +100,7 @@ def check_final(job: Path, watcher_dir: Path) -> dict[str, Any]:
     assert evaluated >= 1 and evaluated + skipped <= 3  # three checkpoints were written
 
     # TensorBoard: the training's own events beside the evaluator's `eval` run.
-    scalars = eval_scalars(job / "tensorboard" / "eval")
+    scalars = val_scalars(job / "tensorboard" / "eval")
     steps = [step for step, _ in scalars["val_loss"]]
     assert len(steps) == evaluated and steps[-1] == 30 and steps == sorted(set(steps))
     assert scalars["val_loss"][-1][1] == pytest.approx(final["val_loss"], rel=1e-6)
@@ -145,4 +133,4 @@ def check_late(
     ended = last_json(late_dir)
     assert (ended["outcome"], ended["evaluated"], ended["skipped"]) == ("stopped", 1, 2)
     assert ended["val_loss"] == pytest.approx(metrics["val_loss"], rel=1e-9)
-    assert [s for s, _ in eval_scalars(tensorboard)["val_loss"]] == [30]
+    assert [s for s, _ in val_scalars(tensorboard)["val_loss"]] == [30]

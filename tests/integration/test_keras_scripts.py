@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, Cli, clean_env, free_ports, local_tf_inventory
+from tests.conftest import REPO, Cli, clean_env, free_ports, local_inventory, local_tf_inventory
 
 pytestmark = pytest.mark.tf
 
@@ -35,16 +35,8 @@ def script_inventory(cli: Cli, script: str, *, hosts: int = 2, **job: Any) -> Pa
         "env": {"TF_CPP_MIN_LOG_LEVEL": "2", **job.pop("env", {})},
         **job,
     }
-    lines = [
-        f"  - {{name: worker-{i}, address: localhost, port: {p}}}" for i, p in enumerate(ports)
-    ]
-    path = cli.cwd / "inv.yaml"
-    path.write_text(
-        "defaults: {connection: local, workdir: ./work}\nhosts:\n"
-        + "\n".join(lines)
-        + f"\njob: {json.dumps(settings)}\n"
-    )
-    return path
+    hosts = [f"name: worker-{i}, address: localhost, port: {p}" for i, p in enumerate(ports)]
+    return local_inventory(cli, hosts, settings)
 
 
 def checksums(cli: Cli, job: str) -> dict[str, str]:

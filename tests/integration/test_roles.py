@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, Cli, free_ports, local_tf_inventory
+from tests.conftest import REPO, Cli, free_ports, local_inventory, local_tf_inventory
 
 pytestmark = pytest.mark.tf
 
@@ -36,17 +36,11 @@ def ps_inventory(cli: Cli, **job: Any) -> Path:
         "env": {"TF_CPP_MIN_LOG_LEVEL": "2", "FIRST_RUN_DELAY": "2"},
         **job,
     }
-    lines = [
-        f"  - {{name: {name}, role: {role}, address: localhost, port: {port}}}"
+    hosts = [
+        f"name: {name}, role: {role}, address: localhost, port: {port}"
         for (name, role), port in zip(ROLES.items(), ports, strict=True)
     ]
-    path = cli.cwd / "inv.yaml"
-    path.write_text(
-        "defaults: {connection: local, workdir: ./work}\nhosts:\n"
-        + "\n".join(lines)
-        + f"\njob: {json.dumps(settings)}\n"
-    )
-    return path
+    return local_inventory(cli, hosts, settings)
 
 
 def latest_checkpoint(cli: Cli) -> str:

@@ -29,3 +29,12 @@ def in_tree() -> dict[str, set[str]]:
 
 def test_the_design_map_lists_every_module_of_every_folder() -> None:
     assert listed() == in_tree()
+
+
+def test_every_test_module_has_its_own_name() -> None:
+    # pytest imports test files by basename (tests/ has no packages): a second test_x.py in
+    # another folder stops the whole collection with "import file mismatch".
+    seen: dict[str, list[str]] = {}
+    for path in (REPO / "tests").rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

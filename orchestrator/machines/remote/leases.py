@@ -352,16 +352,15 @@ def _read_record(lease_dir, name):
         raise Hostile("not JSON") from None
 
 
-def scan(lease_dir):
-    """(live records with their file names, ignored files with why). Records of dead keepers
-    are stale: this account's are removed, others' left alone and not named."""
-    live, ignored = [], []
+def _validated(lease_dir, prefix, validate):
+    """Each `prefix*.json` file of the lease directory as (name, owner uid, the validated entry
+    or None, why not); a missing directory has none. Files are read without following links."""
     try:
         names = sorted(os.listdir(lease_dir))
     except FileNotFoundError:
-        return live, ignored
+        return
     for name in names:
-        if not name.startswith("lease-") or not name.endswith(".json"):
+        if not name.startswith(prefix) or not name.endswith(".json"):
             continue
         owner = None
         try:
@@ -369,14 +368,25 @@ def scan(lease_dir):
             data, owner = _read_record(lease_dir, name)
             if data is None:
                 continue
-            record, why = validate_record(data, owner, name)
+            entry, why = validate(data, owner, name)
         except Hostile as exc:
-            record, why = None, str(exc)
+            entry, why = None, str(exc)
         except OSError as exc:
-            record, why = None, f"cannot be read ({exc.strerror})"
+            entry, why = None, f"cannot be read ({exc.strerror})"
+        yield name, owner, entry, why
+
+
+def _ignored(lease_dir, name, owner, why):
+    return {"file": os.path.join(lease_dir, name), "owner_uid": owner, "reason": why}
+
+
+def scan(lease_dir):
+    """(live records with their file names, ignored files with why). Records of dead keepers
+    are stale: this account's are removed, others' left alone and not named."""
+    live, ignored = [], []
+    for name, owner, record, why in _validated(lease_dir, "lease-", validate_record):
         if record is None:
-            ignored.append({"file": os.path.join(lease_dir, name), "owner_uid": owner,
-                            "reason": why})  # fmt: skip
+            ignored.append(_ignored(lease_dir, name, owner, why))
             continue
         lock = os.path.join(lease_dir, name[: -len(".json")] + ".lock")
         if _lock_free(lock):
@@ -452,28 +462,10 @@ def scan_tickets(lease_dir):
     """(live tickets with their file names, ignored files with why). Expired tickets are not
     live: this account's are removed, others' left alone and not named."""
     live, ignored = [], []
-    try:
-        names = sorted(os.listdir(lease_dir))
-    except FileNotFoundError:
-        return live, ignored
     now, where = time.time(), here()
-    for name in names:
-        if not name.startswith("ticket-") or not name.endswith(".json"):
-            continue
-        owner = None
-        try:
-            owner = os.lstat(os.path.join(lease_dir, name)).st_uid
-            data, owner = _read_record(lease_dir, name)
-            if data is None:
-                continue
-            ticket, why = validate_ticket(data, owner, name)
-        except Hostile as exc:
-            ticket, why = None, str(exc)
-        except OSError as exc:
-            ticket, why = None, f"cannot be read ({exc.strerror})"
+    for name, owner, ticket, why in _validated(lease_dir, "ticket-", validate_ticket):
         if ticket is None:
-            ignored.append({"file": os.path.join(lease_dir, name), "owner_uid": owner,
-                            "reason": why})  # fmt: skip
+            ignored.append(_ignored(lease_dir, name, owner, why))
             continue
         if not ticket_alive(ticket, now, where, started_at):
             if owner == os.getuid():
