@@ -98,16 +98,10 @@ def _exited_zero(probe: WorkerProbe, expect: Expectation) -> Classification:
         return Classification(failed, NEVER_JOINED, FailureKind.LEFT_EARLY)
     step = probe.progress.step if probe.progress else None
     if expect.target_steps and step is not None and step < expect.target_steps:
-        if probe.stop_requested:  # asked to stop, and it did so cleanly: not its fault
-            return Classification(WorkerState.STOPPED, f"stopped on request at step {step}")
         return Classification(
             failed, f"stopped at step {step} of {expect.target_steps}", FailureKind.STOPPED_SHORT
         )
     short = None if expect.target_steps else _short_of_target(probe)
-    if short and probe.stop_requested:
-        # An evaluator (or a script) that exits 0 on SIGTERM below the step it reported as its
-        # target was told to stop (orchestrate down, or the run's end): stopped, not failed.
-        return Classification(WorkerState.STOPPED, f"stopped on request at step {step}")
     if short:
         return Classification(failed, short, FailureKind.EARLY_EXIT)
     return Classification(WorkerState.SUCCEEDED)

@@ -19,26 +19,13 @@ from tests.unit.test_supervisor_with_fake_backend import inventory, supervise
 from worker.helpers import target_steps
 
 
-def exit_probe(step: int | None, *, joined: bool | None = None, target: int | None = None,
-               stop_requested: bool = False) -> WorkerProbe:  # fmt: skip
+def exit_probe(step: int | None, *, joined: bool | None = None, target: int | None = None
+               ) -> WorkerProbe:  # fmt: skip
     record: dict[str, Any] = {"returncode": 0}
     if joined is not None:
         record["joined"] = joined
     progress = None if step is None else {"step": step, "target_steps": target}
-    answer = {"exists": True, "pid": 1, "exit": record, "progress": progress,
-              "stop_requested": stop_requested}  # fmt: skip
-    return WorkerProbe.parse(answer, 0.0)
-
-
-def test_an_exit_0_short_of_the_target_after_a_stop_request_is_stopped_not_failed() -> None:
-    # The evaluator exits 0 on SIGTERM (down, or the end of the training) below its target.
-    own_target = classify(exit_probe(40, target=60, stop_requested=True))
-    assert own_target.state is WorkerState.STOPPED
-    assert own_target.reason == "stopped on request at step 40"
-    jobs_target = classify(exit_probe(5, stop_requested=True), Expectation(target_steps=300))
-    assert jobs_target.state is WorkerState.STOPPED
-    # At its target it succeeded, asked or not.
-    assert classify(exit_probe(60, target=60, stop_requested=True)).state is WorkerState.SUCCEEDED
+    return WorkerProbe.parse({"exists": True, "pid": 1, "exit": record, "progress": progress}, 0.0)
 
 
 def test_a_scripts_steps_is_its_target_once_it_reported_a_step() -> None:
