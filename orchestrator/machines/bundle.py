@@ -13,10 +13,15 @@ working directory, nor an orchestrate installed there (a container's image), is 
 from __future__ import annotations
 
 import ast
+import threading
 from functools import cache
 from importlib import resources
 
 REMOTE = "orchestrator.machines.remote"
+# CPython 3.11's ast.parse is not safe in several threads at once (it fails with "SystemError:
+# AST constructor recursion depth mismatch"; python/cpython#106905), and the fan-out opens every
+# host's session from its own thread: one parse at a time, and each program bundled once.
+_PARSING = threading.Lock()
 
 
 @cache
@@ -34,7 +39,9 @@ def imported(source: str) -> list[str]:
     """The machines/remote/ modules `source` imports by their plain name (`import procwatch`)."""
     shipped = _shipped_modules()
     found = []
-    for node in ast.walk(ast.parse(source)):
+    with _PARSING:
+        tree = ast.parse(source)
+    for node in ast.walk(tree):
         names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
@@ -84,6 +91,7 @@ def bundle(source: str, label: str) -> str:
     return preamble + source
 
 
+@cache
 def shipped_program(name: str) -> str:
     """machines/remote/NAME as it is sent to a host."""
     return bundle(remote_source(name), name)

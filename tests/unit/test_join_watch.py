@@ -196,3 +196,19 @@ def test_the_shipped_launcher_runs_on_the_standard_library_alone(tmp_path: Path)
     assert record.get("joined") is False, record  # it loaded "TensorFlow", never listened
     assert oct((tmp_path / "runs").stat().st_mode & 0o777) == oct(0o700)
     assert os.listdir(run_dir)  # the launcher's files, written through safefiles
+
+
+def test_programs_are_bundled_from_many_threads_at_once() -> None:
+    # The preflight and the launch open every host's session from its own thread; CPython 3.11's
+    # ast.parse failed there with "AST constructor recursion depth mismatch" (8 times in one CI
+    # run; this loop rarely reproduces it on its own, the cache check below always applies).
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchestrator.machines import bundle
+
+    source = bundle.remote_source("agent.py")
+    expected = bundle.imported(source)
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        found = list(pool.map(lambda _: bundle.imported(source), range(200)))
+    assert found == [expected] * 200
+    assert bundle.shipped_program("agent.py") is bundle.shipped_program("agent.py")  # once
