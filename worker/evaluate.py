@@ -40,20 +40,13 @@ from orchestrator.contract import (
     EXIT_OK,
     EXIT_TRAINING_ERROR,
     EXIT_USAGE,
-    LEGACY_KERAS_ENV,
     task_problem,
 )
-from worker import kerasflavor
-from worker.config import ConfigError
-from worker.restore import CheckpointNotFound, checkpoint_path
+from worker.restore import CheckpointNotFound, UsageError, check_keras, checkpoint_path
 from worker.task import TaskError, load_task
 from worker.watch import DEFAULT_POLL_SECONDS
 
 DEFAULT_BATCH_SIZE = 64
-
-
-class UsageError(ValueError):
-    pass
 
 
 class _Parser(argparse.ArgumentParser):
@@ -157,17 +150,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = os.path.basename(path)
     print(json.dumps({"checkpoint": name, "step": restored.step, **result.as_dict()}), flush=True)
     return EXIT_OK
-
-
-def check_keras(checkpoint_dir: str) -> None:
-    """Checkpoints written under the other Keras (the chief's marker) never restore: refused."""
-    try:
-        kerasflavor.check_restorable(checkpoint_dir, has_checkpoint=True)
-    except ConfigError as exc:
-        raise UsageError(
-            f"{exc}. Here: run python -m worker.evaluate with {LEGACY_KERAS_ENV}=1 for the "
-            "checkpoints of job.keras: legacy, without it for the others"
-        ) from exc
 
 
 def check_one_shot(args: argparse.Namespace) -> None:

@@ -22,6 +22,9 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.contract import LEGACY_KERAS_ENV
+from worker import kerasflavor
+from worker.config import ConfigError
 from worker.task import TaskError, TrainingTask, load_task
 
 if TYPE_CHECKING:
@@ -136,3 +139,18 @@ __all__ = [
     "restore",
     "restore_model",
 ]
+
+
+class UsageError(ValueError):
+    """A mistake of the one who asked (a flag, a checkpoint of the other Keras): exit 2."""
+
+
+def check_keras(checkpoint_dir: str) -> None:
+    """Checkpoints written under the other Keras (the chief's marker) never restore: refused."""
+    try:
+        kerasflavor.check_restorable(checkpoint_dir, has_checkpoint=True)
+    except ConfigError as exc:
+        raise UsageError(
+            f"{exc}. Here: run python -m worker.evaluate with {LEGACY_KERAS_ENV}=1 for the "
+            "checkpoints of job.keras: legacy, without it for the others"
+        ) from exc

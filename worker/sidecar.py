@@ -28,10 +28,9 @@ from orchestrator.contract import (
     TF_CONFIG_ENV,
     register_stack_dump,
 )
-from worker.evaluate import UsageError, check_keras
 from worker.output import log
 from worker.progress import ProgressWriter
-from worker.restore import available_checkpoints, zeros_batch
+from worker.restore import UsageError, available_checkpoints, check_keras, zeros_batch
 from worker.task import load_task
 from worker.watch import (
     DEFAULT_POLL_SECONDS,
