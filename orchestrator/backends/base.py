@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from orchestrator.fanout import GroupResult
 from orchestrator.model.answers import (
+    BY_DOWN,
     CheckpointListing,
     FileListing,
     StackAnswer,
@@ -105,8 +106,11 @@ class Backend(ABC):
         return False
 
     @abstractmethod
-    def stop(self, workers: Sequence[WorkerRecord], grace: float) -> GroupResult[str, StopAnswer]:
-        """SIGTERM each worker's processes, SIGKILL what is left after `grace` seconds."""
+    def stop(
+        self, workers: Sequence[WorkerRecord], grace: float, by: str = BY_DOWN
+    ) -> GroupResult[str, StopAnswer]:
+        """SIGTERM each worker's processes, SIGKILL what is left after `grace` seconds; `by`
+        (who asked, "after beta ended the attempt") is what their status says stopped them."""
 
     @abstractmethod
     def log_lines(self, worker: WorkerRecord, lines: int) -> list[str]:

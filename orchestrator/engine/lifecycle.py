@@ -17,6 +17,7 @@ from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import secret_values
 from orchestrator.errors import HostErrors, OrchestrateError
 from orchestrator.fanout import GroupResult
+from orchestrator.model.answers import BY_DOWN
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import RunRecord, WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec, job_dir_of_run
@@ -87,7 +88,7 @@ def launch_attempt(
     store.save(record)
     if started.failed:
         # The started workers would wait forever for the missing peers.
-        stop_run(record, backend, grace=2.0)
+        stop_run(record, backend, grace=2.0, by="after a peer failed to start")
         raise HostErrors(list(started.failed.values()), "starting the workers")
     return record
 
@@ -248,12 +249,17 @@ def end_standbys(
 
 
 def stop_run(
-    record: RunRecord, backend: Backend, grace: float = DEFAULT_GRACE, *, standbys: bool = True
+    record: RunRecord,
+    backend: Backend,
+    grace: float = DEFAULT_GRACE,
+    *,
+    standbys: bool = True,
+    by: str = BY_DOWN,
 ) -> StopReport:
     """SIGTERM every worker's process group, SIGKILL what is left after `grace` seconds; with
     `standbys`, the slots' standbys and the run's leases go too (the run ends; a restart keeps
-    them)."""
-    answers = backend.stop(record.workers, grace)
+    them). `by` says who stopped them, in their status."""
+    answers = backend.stop(record.workers, grace, by)
     if standbys:
         backend.discard_standbys(record.workers)  # a host not answering: its standby lingers out
         release_leases(record.inventory, record.run_id, backend)

@@ -125,7 +125,7 @@ def stop_interrupted_launch(
         f"run {record.run_id}: the launch of attempt {record.attempt} was interrupted "
         f"({len(started)} of {len(record.workers)} workers had started); stopping them"
     )
-    stop_run(record, backend, grace=STOP_GRACE)
+    stop_run(record, backend, grace=STOP_GRACE, by="after its launch was interrupted")
     record = replace(record, launched=True)
     store.save(record)
     return record

@@ -36,7 +36,8 @@ class Sidecar:
         if stop:
             names = ", ".join(status.workers[i].name for i in stop)
             self.say(f"the chief finished: stopping {names}")
-            self.backend.stop([record.workers[i] for i in stop], STOP_GRACE)
+            self.backend.stop([record.workers[i] for i in stop], STOP_GRACE,
+                              "after the chief finished")  # fmt: skip
             return record
         index = roles.evaluator_restart(pairs, self.restarted)
         if index is not None:
@@ -66,7 +67,8 @@ class Sidecar:
             return None
         self.say(f"the training finished {timeout} s ago: stopping the evaluator (it evaluates "
                  "the newest checkpoint first)")  # fmt: skip
-        self.backend.stop([record.workers[i] for i in waiting], float(timeout))
+        self.backend.stop([record.workers[i] for i in waiting], float(timeout),
+                          "after the training finished")  # fmt: skip
         self._done_at = float("inf")  # asked once
         return record
 

@@ -21,7 +21,7 @@ from enum import Enum
 
 from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.engine.failures import NEVER_JOINED, FailureKind
-from orchestrator.model.answers import WorkerProbe
+from orchestrator.model.answers import BY_DOWN, WorkerProbe
 
 
 class WorkerState(str, Enum):
@@ -69,7 +69,7 @@ def classify(probe: WorkerProbe | None, expect: Expectation | None = None) -> Cl
         if code == 0:
             return _exited_zero(probe, expect or Expectation())
         if probe.stop_requested:
-            return Classification(WorkerState.STOPPED, "stopped by orchestrate down")
+            return _stopped(probe)
         if code == EXIT_PREEMPTED:
             return Classification(WorkerState.STOPPED, "preempted: saved a checkpoint and exited")
         how = f"killed by {exit_record.signal}" if exit_record.signal else f"exit {code}"
@@ -83,10 +83,14 @@ def classify(probe: WorkerProbe | None, expect: Expectation | None = None) -> Cl
             return Classification(WorkerState.RUNNING)
         return Classification(WorkerState.STARTING)
     if probe.stop_requested:
-        return Classification(WorkerState.STOPPED, "stopped by orchestrate down")
+        return _stopped(probe)
     if not probe.exists or probe.pid is None:
         return Classification(WorkerState.PENDING)
     return Classification(WorkerState.FAILED, "process vanished without recording an exit")
+
+
+def _stopped(probe: WorkerProbe) -> Classification:
+    return Classification(WorkerState.STOPPED, f"stopped {probe.stopped_by or BY_DOWN}")
 
 
 def _exited_zero(probe: WorkerProbe, expect: Expectation) -> Classification:

@@ -229,7 +229,8 @@ class Supervisor:
         # in a collective without it), its tail read after. A stalled one still writes: before.
         stalled = failure.kind is FailureKind.STALLED
         tail = self._log_tail(failure.worker) if stalled else ()
-        stop_run(self.record, self.backend, grace=survivors_grace(failure, job), standbys=False)
+        stop_run(self.record, self.backend, grace=survivors_grace(failure, job), standbys=False,
+                 by=f"after {failure.worker} ended the attempt")  # fmt: skip
         tail = tail if stalled else self._log_tail(failure.worker)
         why = give_up_reason(failure, restarts, job)
         self.events.failure(failure, restart, why, explain(failure.kind, tail))

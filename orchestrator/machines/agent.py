@@ -136,8 +136,9 @@ class HostAgent:
         finally:
             session.close()
 
-    def stop(self, run_dirs: list[str], grace: float) -> dict[str, StopAnswer]:
-        return self._call("stop", parse_stop, timeout=grace + 30, run_dirs=run_dirs, grace=grace)
+    def stop(self, run_dirs: list[str], grace: float, by: str) -> dict[str, StopAnswer]:
+        return self._call("stop", parse_stop, timeout=grace + 30, run_dirs=run_dirs, grace=grace,
+                          by=by)  # fmt: skip
 
     def stacks(
         self,

@@ -24,6 +24,7 @@ from orchestrator.machines.agent import PROBE, HostAgent
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession, Runner
 from orchestrator.model.answers import (
+    BY_DOWN,
     CheckpointListing,
     FileListing,
     StackAnswer,
@@ -226,9 +227,11 @@ class Machines:
             raise HostError(host.name, f"the agent could not {verb}: {answer['error']}")
         return answer
 
-    def stop(self, workers: Sequence[WorkerRecord], grace: float) -> GroupResult[str, StopAnswer]:
+    def stop(
+        self, workers: Sequence[WorkerRecord], grace: float, by: str = BY_DOWN
+    ) -> GroupResult[str, StopAnswer]:
         def stop(group: list[WorkerRecord]) -> dict[str, StopAnswer]:
-            answers = self.agent(group[0].host).stop([w.run_dir for w in group], grace)
+            answers = self.agent(group[0].host).stop([w.run_dir for w in group], grace, by)
             return {w.name: answers.get(w.run_dir, StopAnswer("not running")) for w in group}
 
         return per_machine(workers, lambda w: w.name, lambda w: machine_key(w.host), stop)

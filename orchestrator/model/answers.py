@@ -120,6 +120,8 @@ class WorkerProbe:
     progress: Progress | None = None
     exit: ExitRecord | None = None
     stop_requested: bool = False
+    # Who asked, as "stopped ..." reads on: "by orchestrate down", "after beta ended the attempt".
+    stopped_by: str | None = None
     usage: Usage | None = None
     node: str | None = None  # where a scheduler placed the worker, when one did
     # Why a scheduler still holds the worker in its queue (Slurm's Reason); None once it runs.
@@ -136,6 +138,7 @@ class WorkerProbe:
             progress=Progress.parse(data.get("progress")),
             exit=ExitRecord.parse(data.get("exit")),
             stop_requested=bool(data.get("stop_requested")),
+            stopped_by=text(data.get("stopped_by")),
             usage=Usage.parse(data.get("usage")),
         )
 
@@ -201,6 +204,10 @@ def parse_stop(data: Mapping[str, Any]) -> dict[str, StopAnswer]:
         run_dir: StopAnswer(str(outcome), tuple(int(p) for p in left.get(run_dir, ())))
         for run_dir, outcome in data["outcome"].items()
     }
+
+
+# Who stopped a worker, when a stop request does not say (older agents, `orchestrate down`).
+BY_DOWN = "by orchestrate down"
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from orchestrator.fanout import GroupResult
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import (
+    BY_DOWN,
     CheckpointListing,
     FileListing,
     StackAnswer,
@@ -69,6 +70,7 @@ class FakeBackend(Backend):
     started: list[list[str]] = field(default_factory=list)  # worker names of each start
     stops: list[list[str]] = field(default_factory=list)
     graces: list[float] = field(default_factory=list)  # the grace of each stop
+    stopped_by: list[str] = field(default_factory=list)  # who asked, for each stop
     probes: int = 0
     # Worker name -> the stacks its faulthandler writes (absent: it cannot answer).
     stack_texts: dict[str, str] = field(default_factory=dict)
@@ -170,9 +172,12 @@ class FakeBackend(Backend):
             ok[worker.name] = WorkerProbe.parse(states[min(poll, len(states) - 1)], now=2.0)
         return GroupResult(ok, failed)
 
-    def stop(self, workers: Sequence[WorkerRecord], grace: float) -> GroupResult[str, StopAnswer]:
+    def stop(
+        self, workers: Sequence[WorkerRecord], grace: float, by: str = BY_DOWN
+    ) -> GroupResult[str, StopAnswer]:
         self.stops.append([w.name for w in workers])
         self.graces.append(grace)
+        self.stopped_by.append(by)
         return GroupResult({w.name: StopAnswer("stopped") for w in workers})
 
     def stacks(

@@ -112,8 +112,17 @@ def test_a_script_that_exits_0_below_its_steps_fails_as_stopped_short(
     assert "stopped at step 5 of 300" in result.stderr
     assert "after 0 restart(s)" in result.stderr  # not retried: it would stop there again
     status = cli.status()
-    assert [(w["state"], w["failure_kind"], w["target_steps"]) for w in status["workers"]] == [
-        ("failed", "stopped short", 300)] * 2  # fmt: skip
+    # The first to exit stopped short; its peer either did too or, still finishing under load,
+    # was stopped by the supervisor after it (and says so).
+    verdicts = {w["name"]: (w["state"], w["failure_kind"], w["target_steps"], w["reason"])
+                for w in status["workers"]}  # fmt: skip
+    short = ("failed", "stopped short", 300, "stopped at step 5 of 300")
+    first = next(name for name, verdict in verdicts.items() if verdict == short)
+    peer = {"alpha": "beta", "beta": "alpha"}[first]
+    assert verdicts[peer] in (
+        short,
+        ("stopped", None, 300, f"stopped after {first} ended the attempt"),
+    )
     assert "target 300" in cli("tail", "-n", "50", check=True).stdout  # the script was told
 
 

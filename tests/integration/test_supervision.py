@@ -75,11 +75,17 @@ def test_max_restarts_exceeded_ends_with_a_root_cause(cli: Cli, reaper: list[str
 
 
 def test_permanent_exit_code_is_not_retried(cli: Cli, reaper: list[str]) -> None:
-    make_job(cli, {"permanent_exit_codes": [3]}, FAIL_WORKER="beta", FAIL_HOW="permanent")
+    # alpha still has 35 steps (7 s) to go when beta fails: the supervisor stops it.
+    make_job(cli, {"permanent_exit_codes": [3]}, FAIL_WORKER="beta", FAIL_HOW="permanent",
+             DELAY=0.2)  # fmt: skip
     result = cli("up", "--skip-checks", "inv.yaml")
     reaper.append(cli.record()["run_id"])
     assert result.returncode == 1
     assert "after 0 restart(s) because exit code 3 is marked permanent" in result.stderr
+    # The survivor reads as stopped by its supervisor, not by `orchestrate down`.
+    workers = {w["name"]: (w["state"], w["reason"].split(":")[0]) for w in cli.status()["workers"]}
+    assert workers == {"alpha": ("stopped", "stopped after beta ended the attempt"),
+                       "beta": ("failed", "exit 3")}  # fmt: skip
 
 
 def test_killed_worker_restarts_the_cluster_which_then_finishes(

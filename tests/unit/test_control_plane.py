@@ -32,6 +32,7 @@ from orchestrator.engine.supervise import Supervisor
 from orchestrator.machines import pool
 from orchestrator.machines.agent import host_program
 from orchestrator.machines.remote import hostprobe
+from orchestrator.model.answers import BY_DOWN
 from tests.fakes.backend import FakeBackend, running
 
 
@@ -131,9 +132,9 @@ def test_down_wakes_the_supervisor_instead_of_waiting_for_its_next_poll(tmp_path
     class Stoppable(FakeBackend):
         stopped = False
 
-        def stop(self, workers: Any, grace: float) -> Any:
+        def stop(self, workers: Any, grace: float, by: str = BY_DOWN) -> Any:
             self.stopped = True
-            return super().stop(workers, grace)
+            return super().stop(workers, grace, by)
 
         def probe(self, workers: Any) -> Any:
             if self.stopped:

@@ -21,6 +21,7 @@ from orchestrator.engine.supervise import Supervisor
 from orchestrator.engine.tfconfig import tf_config
 from orchestrator.errors import InventoryError
 from orchestrator.export.tfjob import problems, tfjob
+from orchestrator.model.answers import BY_DOWN
 from orchestrator.model.inventory import Host, Inventory, Job
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.fakes.planning import plan_workers
@@ -303,10 +304,10 @@ def test_a_trainjob_export_refuses_roles(tmp_path: Path) -> None:
 class StoppingBackend(FakeBackend):
     """The fake backend whose stop ends the stopped workers: their next probe says exit 0."""
 
-    def stop(self, workers: Any, grace: float) -> Any:
+    def stop(self, workers: Any, grace: float, by: str = BY_DOWN) -> Any:
         for worker in workers:
             self.scripts[worker.name] = {self.attempt: [exited(0, 10)]}
-        return super().stop(workers, grace)
+        return super().stop(workers, grace, by)
 
 
 def test_the_evaluator_gets_stall_timeout_after_the_training_then_sigterm(tmp_path: Path) -> None:

@@ -42,6 +42,14 @@ def test_stop_request_turns_a_signal_death_into_stopped() -> None:
     assert classify(probe(stop_requested=True)).state is S.STOPPED
 
 
+def test_a_stopped_worker_says_who_stopped_it() -> None:
+    by_supervisor = probe(exit={"returncode": -15}, stop_requested=True,
+                          stopped_by="after beta ended the attempt")  # fmt: skip
+    assert classify(by_supervisor).reason == "stopped after beta ended the attempt"
+    # A request that does not say (an older agent's file): `orchestrate down`.
+    assert classify(probe(stop_requested=True)).reason == "stopped by orchestrate down"
+
+
 def test_vanished_supervisor_is_failed() -> None:
     verdict = classify(probe(alive=False))
     assert verdict.state is S.FAILED and "vanished" in (verdict.reason or "")

@@ -14,6 +14,7 @@ and each task's host stands for that machine here.
 
 from __future__ import annotations
 
+import json
 import posixpath
 import tempfile
 import time
@@ -31,6 +32,7 @@ from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.pool import Machines, expand_uploads
 from orchestrator.machines.runner import LocalRunner, Runner
 from orchestrator.model.answers import (
+    BY_DOWN,
     CheckpointListing,
     ExitRecord,
     FileListing,
@@ -164,13 +166,15 @@ class SlurmBackend(Backend):
                                              node.strip() if node else None)  # fmt: skip
         return GroupResult(ok=ok, failed=files.failed)
 
-    def stop(self, workers: Sequence[WorkerRecord], grace: float) -> GroupResult[str, StopAnswer]:
+    def stop(
+        self, workers: Sequence[WorkerRecord], grace: float, by: str = BY_DOWN
+    ) -> GroupResult[str, StopAnswer]:
         states = self._states(workers)
         for worker in workers:  # so the workers' ending reads as stopped, not failed
             state = states[worker.name]
             if state is not None and state.active:
                 self._write(worker.host, posixpath.join(worker.run_dir, "stop_requested"),
-                            str(time.time()))  # fmt: skip
+                            json.dumps({"at": time.time(), "by": by}))  # fmt: skip
         outcome: dict[str, StopAnswer] = {}
         for job in {s.job_id for s in states.values() if s is not None and s.active}:
             outcome_of_job = self._stop_job(job, grace)

@@ -1060,6 +1060,7 @@ def cmd_probe(request):
             "progress": _read_json(os.path.join(path, "progress.json")),
             "exit": _read_json(os.path.join(path, "exit.json")),
             "stop_requested": os.path.exists(os.path.join(path, "stop_requested")),
+            "stopped_by": _stopped_by(path),
         }
     live_workers = [p["worker_pid"] for p in probes.values() if p["alive"] and p["worker_pid"]]
     usage = _usage(live_workers)
@@ -1090,8 +1091,21 @@ def _group_alive(pgid, known):
     return any(_in_group(pid, pgid) for pid in known if pid) or bool(_process_group_members(pgid))
 
 
+def _stop_request(by):
+    """The stop_requested file: when, and who asked (so a survivor stopped by its supervisor
+    does not read as stopped by `orchestrate down`)."""
+    return json.dumps({"at": time.time(), "by": by})
+
+
+def _stopped_by(run_dir):
+    request = _read_json(os.path.join(run_dir, "stop_requested"))
+    by = request.get("by") if isinstance(request, dict) else None  # older files: a bare time
+    return by if isinstance(by, str) else None
+
+
 def cmd_stop(request):
     grace = float(request.get("grace", 10.0))
+    by = str(request.get("by") or "by orchestrate down")
     run_dirs = request["run_dirs"]
     groups, known = {}, {}
     for run_dir in run_dirs:
@@ -1101,7 +1115,7 @@ def cmd_stop(request):
             # Only a worker still running is "stopped"; one that already ended keeps its verdict
             # (its supervisor lives on for a moment after writing exit.json).
             if not os.path.exists(os.path.join(path, "exit.json")):
-                _write_text(os.path.join(path, "stop_requested"), str(time.time()))
+                _write_text(os.path.join(path, "stop_requested"), _stop_request(by))
             groups[run_dir] = pid
             known[run_dir] = (pid, _read_int(os.path.join(path, "worker.pid")))
             _signal_group(pid, signal.SIGTERM)
@@ -1110,7 +1124,7 @@ def cmd_stop(request):
         elif pid is None and _private_chain_made(_run_chain(path)):
             # Never started: a launch still on its way is refused when it arrives. (Where
             # {job}/runs is not safely ours, a launch is refused anyway: nothing written.)
-            _write_text(os.path.join(path, "stop_requested"), str(time.time()))
+            _write_text(os.path.join(path, "stop_requested"), _stop_request(by))
 
     def still_alive(alive):
         return {r: g for r, g in alive.items() if _group_alive(g, known[r])}
