@@ -53,10 +53,12 @@ class Classification:
 class Expectation:
     """What the job asks of a worker that exits 0: the step it must reach (a script job's
     `steps:`; None: the target the worker itself reports, if any) and whether it is one of
-    several workers, which must all join one cluster."""
+    several workers, which must all join one cluster; an evaluator (role: evaluator) ends
+    when it is stopped, at whatever checkpoint it had evaluated, and that is no failure."""
 
     target_steps: int | None = None
     cluster: bool = False
+    evaluator: bool = False
 
 
 def classify(probe: WorkerProbe | None, expect: Expectation | None = None) -> Classification:
@@ -98,6 +100,8 @@ def _exited_zero(probe: WorkerProbe, expect: Expectation) -> Classification:
     alone), or stopped below the job's target (a script's `steps:`: once it reported a step; a
     script that reports none is not checked) or below the target it reported itself."""
     failed = WorkerState.FAILED
+    if expect.evaluator and probe.stop_requested:
+        return _stopped(probe)
     if expect.cluster and probe.exit is not None and probe.exit.joined is False:
         return Classification(failed, NEVER_JOINED, FailureKind.LEFT_EARLY)
     step = probe.progress.step if probe.progress else None

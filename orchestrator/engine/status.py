@@ -13,7 +13,7 @@ from orchestrator.engine.pace import pace_outlier
 from orchestrator.engine.roles import STOPPED_AFTER_CHIEF, chief_succeeded, run_state
 from orchestrator.engine.state import Expectation, WorkerState, classify
 from orchestrator.model.answers import WorkerProbe
-from orchestrator.model.inventory import ROLE_WORKER
+from orchestrator.model.inventory import ROLE_EVALUATOR, ROLE_WORKER
 from orchestrator.model.reading import integer, number, number_as_written, text, texts
 from orchestrator.model.records import Restart, RunRecord, SchedulerState, WorkerRecord
 
@@ -180,12 +180,13 @@ class RunStatus:
         )
 
 
-def expectation(record: RunRecord) -> Expectation:
-    """What the run's job asks of a worker that exits 0 (state.Expectation): a script job's
-    `steps:` is its target (the built-in loop reports its own), and more than one worker must
-    form one cluster."""
+def expectation(record: RunRecord, worker: WorkerRecord) -> Expectation:
+    """What the run's job asks of `worker` if it exits 0 (state.Expectation): a script job's
+    `steps:` is its target (the built-in loop reports its own), more than one worker must
+    form one cluster, and an evaluator may be stopped anywhere."""
     job = record.inventory.job
-    return Expectation(job.steps if job.script is not None else None, len(record.workers) > 1)
+    return Expectation(job.steps if job.script is not None else None, len(record.workers) > 1,
+                       evaluator=worker.host.role == ROLE_EVALUATOR)  # fmt: skip
 
 
 def worker_status(
@@ -244,11 +245,14 @@ def worker_status(
 
 def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
     probes = backend.probe(record.workers)
-    expect = expectation(record)
+    unreachable = {name: error.message for name, error in probes.failed.items()}
     statuses = [
-        worker_status(worker, None, unreachable=probes.failed[worker.name].message, expect=expect)
-        if worker.name in probes.failed
-        else worker_status(worker, probes.ok[worker.name], expect=expect)
+        worker_status(
+            worker,
+            probes.ok.get(worker.name),
+            unreachable.get(worker.name),
+            expectation(record, worker),
+        )
         for worker in record.workers
     ]
     if record.stop_requested:

@@ -302,11 +302,14 @@ def test_a_trainjob_export_refuses_roles(tmp_path: Path) -> None:
 
 
 class StoppingBackend(FakeBackend):
-    """The fake backend whose stop ends the stopped workers: their next probe says exit 0."""
+    """The fake backend whose stop ends the stopped workers as the agent does: their next probe
+    says exit 0 at step 5 of 10, with the stop request and who made it."""
 
     def stop(self, workers: Any, grace: float, by: str = BY_DOWN) -> Any:
         for worker in workers:
-            self.scripts[worker.name] = {self.attempt: [exited(0, 10)]}
+            ended = exited(0, 5) | {"stop_requested": True, "stopped_by": by}
+            ended["progress"]["target_steps"] = 10
+            self.scripts[worker.name] = {self.attempt: [ended]}
         return super().stop(workers, grace, by)
 
 
@@ -322,6 +325,9 @@ def test_the_evaluator_gets_stall_timeout_after_the_training_then_sigterm(tmp_pa
     assert time.monotonic() - started >= 1.0  # it waited stall_timeout for the evaluator
     assert status.state is S.SUCCEEDED
     assert backend.stops == [["e"]] and backend.graces == [1.0]  # SIGTERM, a grace to evaluate
+    # Its exit 0 below the target is its end when stopped, not an early exit.
+    evaluator = status.workers[1]
+    assert (evaluator.state, evaluator.reason) == (S.STOPPED, "stopped after the training finished")
 
 
 def test_a_dead_evaluator_is_neither_replaced_by_a_spare_nor_counted(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from orchestrator.engine.failures import FailureKind
+from orchestrator.engine.state import Expectation, classify, overall
 from orchestrator.engine.state import WorkerState as S
-from orchestrator.engine.state import classify, overall
 from orchestrator.model.answers import WorkerProbe
 
 
@@ -48,6 +49,19 @@ def test_a_stopped_worker_says_who_stopped_it() -> None:
     assert classify(by_supervisor).reason == "stopped after beta ended the attempt"
     # A request that does not say (an older agent's file): `orchestrate down`.
     assert classify(probe(stop_requested=True)).reason == "stopped by orchestrate down"
+
+
+def test_an_evaluator_stopped_below_the_target_is_stopped_a_worker_is_not() -> None:
+    stopped_short = {"exit": {"returncode": 0}, "progress": {"step": 5, "target_steps": 10},
+                     "stop_requested": True}  # fmt: skip
+    evaluator = classify(probe(**stopped_short), Expectation(evaluator=True))
+    assert (evaluator.state, evaluator.reason) == (S.STOPPED, "stopped by orchestrate down")
+    # A worker's exit 0 may have raced the stop (it left early on its own): still a failure.
+    assert classify(probe(**stopped_short), Expectation()).kind is FailureKind.EARLY_EXIT
+    # An evaluator that left early on its own is no better.
+    on_its_own = probe(**{**stopped_short, "stop_requested": False})
+    alone = classify(on_its_own, Expectation(evaluator=True))
+    assert alone.kind is FailureKind.EARLY_EXIT
 
 
 def test_vanished_supervisor_is_failed() -> None:
