@@ -18,7 +18,8 @@ from orchestrator.model.inventory import ROLE_CHIEF, ROLE_EVALUATOR, ROLE_WORKER
 # How often an evaluator that failed is started again, alone, before it is left failed.
 EVALUATOR_RESTARTS = 3
 
-STOPPED_AFTER_CHIEF = "stopped: the chief finished"
+# Who stopped a ParameterServerStrategy chief's ps and workers, as their status says it.
+STOPPED_AFTER_CHIEF = "after the chief finished"
 
 
 def labelled(name: str, role: str) -> str:

@@ -37,7 +37,7 @@ class Sidecar:
             names = ", ".join(status.workers[i].name for i in stop)
             self.say(f"the chief finished: stopping {names}")
             self.backend.stop([record.workers[i] for i in stop], STOP_GRACE,
-                              "after the chief finished")  # fmt: skip
+                              roles.STOPPED_AFTER_CHIEF)  # fmt: skip
             return record
         index = roles.evaluator_restart(pairs, self.restarted)
         if index is not None:

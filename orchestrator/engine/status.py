@@ -10,7 +10,7 @@ from orchestrator.contract import STEP_CALL_SECONDS, STEP_SECONDS
 from orchestrator.engine.eta import run_eta, worker_eta
 from orchestrator.engine.failures import classify_exit, explain
 from orchestrator.engine.pace import pace_outlier
-from orchestrator.engine.roles import STOPPED_AFTER_CHIEF, chief_succeeded, run_state
+from orchestrator.engine.roles import run_state
 from orchestrator.engine.state import Expectation, WorkerState, classify
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.inventory import ROLE_EVALUATOR, ROLE_WORKER
@@ -264,9 +264,6 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
             for s in statuses
         ]
     statuses.sort(key=lambda s: s.index)
-    if chief_succeeded((s.role, s.state) for s in statuses):  # stopped by the supervisor
-        statuses = [replace(s, reason=STOPPED_AFTER_CHIEF) if s.state is WorkerState.STOPPED
-                    else s for s in statuses]  # fmt: skip
     return RunStatus(
         run_id=record.run_id,
         job=record.job_name,

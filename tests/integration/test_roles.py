@@ -75,7 +75,7 @@ def test_ps_script_survives_the_loss_of_its_ps_and_ends_with_the_chief(
     states = {w["name"]: (w["state"], w["reason"]) for w in status["workers"]}
     assert states["chief"][0] == "succeeded"
     for name in ("worker-0", "worker-1", "ps-0"):
-        assert states[name] == ("stopped", "stopped: the chief finished"), states
+        assert states[name] == ("stopped", "stopped after the chief finished"), states
     assert latest_checkpoint(cli) == "ckpt-20"  # the chief's last checkpoint, at the target
     log = next((cli.cwd / "work" / "ps_fit" / "runs").glob("*/attempt-1/chief/worker.log"))
     resumed = [line for line in log.read_text().splitlines() if line.startswith("starting at")]
