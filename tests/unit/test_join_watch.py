@@ -101,6 +101,12 @@ def test_a_one_worker_task_is_not_watched() -> None:
     assert watch.port is None and watch.joined() is None
 
 
+def test_a_long_life_is_sampled_ever_more_rarely() -> None:
+    # A script job that never listens is watched all its life: 5 s apart after 5 minutes.
+    ages = (0, 29.9, 30, 299.9, 300, 86400)
+    assert [procwatch._sample_interval(age, 0.2) for age in ages] == [0.2, 0.2, 1, 1, 5, 5]
+
+
 # --- shipped: the programs carry procwatch.py and safefiles.py -------------------------------
 
 # Each program as it leaves the controller, and the modules it must carry.

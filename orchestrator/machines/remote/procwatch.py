@@ -92,9 +92,15 @@ def loads_tensorflow(pids):
     return False
 
 
+def _sample_interval(age, first):
+    return first if age < 30 else 1.0 if age < 300 else 5.0
+
+
 class JoinWatch:
     """Samples, in a thread, whether the worker pid (or a process it started) loaded TensorFlow
-    and listened on its TF_CONFIG port: every 0.2 s for 30 s, then every second, until it did.
+    and listened on its TF_CONFIG port: every 0.2 s for 30 s, every second for 5 minutes, then
+    every 5 s, until it did (a script that never listens is sampled all its life: what it did
+    persists, a mapped library and a listening socket, so the rarer samples lose nothing).
     joined(): True, False, or None when not known (one task, no TensorFlow, no /proc)."""
 
     def __init__(self, pid, tf_config, interval=0.2):
@@ -121,7 +127,7 @@ class JoinWatch:
                 self.listened = heard
             if heard:
                 return
-            self._stop.wait(interval if time.time() - started < 30 else 1.0)
+            self._stop.wait(_sample_interval(time.time() - started, interval))
 
     def joined(self):
         self._stop.set()
