@@ -28,6 +28,7 @@ for step in range(1, steps + 1):
     print("step", step, flush=True)
     time.sleep(float(os.environ.get("DELAY", "0.05")))
 if os.environ["ORCHESTRATE_WORKER"] == os.environ.get("FAIL_WORKER"):
+    time.sleep(1)  # after its peers' exit 0: else the supervisor stops them, which is no success
     raise SystemExit("boom: " + os.environ["ORCHESTRATE_WORKER"])
 """
 
