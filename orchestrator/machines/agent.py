@@ -16,6 +16,7 @@ from orchestrator.errors import HostError
 from orchestrator.machines.bundle import shipped_program
 from orchestrator.machines.runner import LineSession, Runner
 from orchestrator.model.answers import (
+    BY_DOWN,
     CheckpointListing,
     FileListing,
     HostInfo,
@@ -136,7 +137,7 @@ class HostAgent:
         finally:
             session.close()
 
-    def stop(self, run_dirs: list[str], grace: float, by: str) -> dict[str, StopAnswer]:
+    def stop(self, run_dirs: list[str], grace: float, by: str = BY_DOWN) -> dict[str, StopAnswer]:
         return self._call("stop", parse_stop, timeout=grace + 30, run_dirs=run_dirs, grace=grace,
                           by=by)  # fmt: skip
 
