@@ -14,6 +14,7 @@ from orchestrator.config.loader import load_inventory
 from orchestrator.engine.tfconfig import tf_config
 from orchestrator.errors import InventoryError
 from orchestrator.machines.kinds.ssh import openssh_argv
+from orchestrator.machines.sshsettings import SshSettings
 from tests.conftest import Cli
 
 INI = """\
@@ -75,6 +76,7 @@ def test_ini_inventory_resolves_like_the_equivalent_yaml(project: Path):
     assert [tf_config(from_ansible, i) for i in range(2)] == [tf_config(plain, i) for i in range(2)]
     assert tf_config(from_ansible, 1)["cluster"]["worker"] == ["10.231.0.11:20000",
                                                                "10.231.0.12:20001"]  # fmt: skip
+    assert isinstance(from_ansible.hosts[1].settings, SshSettings)
     assert from_ansible.hosts[1].settings.ssh_port == 2222  # templated by Ansible
     assert from_ansible.hosts[0].python == "python3"  # auto_silent means our default
 
@@ -166,6 +168,7 @@ def test_an_ssh_config_alias_gives_its_hostname_to_tf_config(tmp_path: Path):
     )
     inventory = load_inventory(tmp_path / "inv.yaml")
     first = inventory.hosts[0]
+    assert isinstance(first.settings, SshSettings)
     assert (first.address, first.settings.ssh_host) == ("10.233.2.11", "gpu-a")
     assert tf_config(inventory, 0)["cluster"]["worker"] == ["10.233.2.11:20000",
                                                             "10.233.2.12:20000"]  # fmt: skip

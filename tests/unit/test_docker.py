@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from orchestrator.config.loader import load_inventory
+from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.inventory import Inventory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,6 +139,7 @@ def test_ssh_settings_match_the_image(inventory: Inventory) -> None:
     for host in inventory.hosts:
         service = services[host.name]
         user = service["environment"]["SSH_USER"]
+        assert isinstance(host.settings, SshSettings)
         assert host.settings.ssh_user == user == env["SSH_USER"]
         assert re.search(rf"useradd .*\b{user}\b", user_run)
         assert f"usermod -p '*' {user}" in user_run  # not locked: sshd (UsePAM no) takes keys

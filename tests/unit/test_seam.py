@@ -83,6 +83,7 @@ def test_run_records_round_trip_with_kind_settings_and_failure_kinds(tmp_path: P
     store.save(record)
     loaded = store.load("run1")
     assert loaded == record
+    assert isinstance(loaded.workers[0].host.settings, SshSettings)
     assert loaded.workers[0].host.settings.ssh_port == 2222
     assert loaded.restarts[0].signature == ("a", "disk full", 4)
     assert store.stop_flag("run1").parent == store.lock_path("run1").parent

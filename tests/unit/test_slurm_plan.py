@@ -26,6 +26,7 @@ from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState, classify
 from orchestrator.errors import InventoryError
 from orchestrator.machines.kinds import kind_of
+from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.answers import ExitRecord, WorkerProbe
 from orchestrator.model.preflight import PreflightOptions
 from orchestrator.model.records import RunRecord, WorkerRecord
@@ -138,8 +139,10 @@ def test_a_login_node_takes_the_ssh_kinds_keys_and_ssh_config(tmp_path: Path) ->
     assert login.settings.ssh_host_key_policy == "accept-new" and login.python == "python3"
     # The tasks stand for the login node: what reaches their "host" reaches it.
     task = inventory.hosts[0]
+    assert isinstance(task.settings, SshSettings)
     assert kind_of(task).name == "ssh" and task.settings.target == "hpc"
-    assert kind_of(task).login_details(task).port == 2222  # ~/.ssh/config as for a host
+    details = kind_of(task).login_details(task)
+    assert details is not None and details.port == 2222  # ~/.ssh/config as for a host
     from orchestrator.backends.slurm.backend import login_host
 
     host = login_host(inventory.slurm)

@@ -119,10 +119,12 @@ def test_a_stall_keeps_every_workers_stacks_and_blames_the_one_the_others_wait_f
                      "b": recorded("script-user-wait.txt")},
     )  # fmt: skip
     hosts = (Host("a", "10.0.0.1", 20000), Host("b", "10.0.0.2", 20000))
-    job = Job("demo", script="t.py", restart_backoff=0, stall_timeout=0.2)
+    # A sub-second stall (an inventory asks for whole seconds) keeps the test fast.
+    job = Job("demo", script="t.py", restart_backoff=0, stall_timeout=0.2)  # type: ignore[arg-type]
     inventory = Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts, job)
     store, outcome = supervise(tmp_path, backend, inventory)
-    final, messages = outcome  # type: ignore[misc]
+    assert isinstance(outcome, tuple), outcome
+    final, messages = outcome
     assert final.state is WorkerState.SUCCEEDED
     (restart,) = store.load().restarts
     # The watch saw `a` first; the stacks say a waits for b.
@@ -140,7 +142,8 @@ def test_a_stall_with_workers_that_cannot_answer_still_restarts(tmp_path: Path) 
     backend = FakeBackend(scripts={"a": {0: [running(3)], 1: [exited(0, 5)]},
                                    "b": {0: [running(3)], 1: [exited(0, 5)]}})  # fmt: skip
     hosts = (Host("a", "10.0.0.1", 20000), Host("b", "10.0.0.2", 20000))
-    job = Job("demo", script="t.py", restart_backoff=0, stall_timeout=0.2)
+    # A sub-second stall (an inventory asks for whole seconds) keeps the test fast.
+    job = Job("demo", script="t.py", restart_backoff=0, stall_timeout=0.2)  # type: ignore[arg-type]
     inventory = Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts, job)
     store, _ = supervise(tmp_path, backend, inventory)
     (restart,) = store.load().restarts
@@ -169,7 +172,8 @@ def test_the_dashboard_serves_the_kept_stacks_of_each_restart_as_escaped_text(
                           " in f\n"},
     )  # fmt: skip
     hosts = (Host("a", "10.0.0.1", 20000), Host("b", "10.0.0.2", 20000))
-    job = Job("demo", script="t.py", restart_backoff=0, stall_timeout=0.2)
+    # A sub-second stall (an inventory asks for whole seconds) keeps the test fast.
+    job = Job("demo", script="t.py", restart_backoff=0, stall_timeout=0.2)  # type: ignore[arg-type]
     store, _ = supervise(
         tmp_path, backend, Inventory(str(tmp_path / "i"), str(tmp_path), hosts, job)
     )

@@ -25,23 +25,25 @@ from orchestrator.engine.policy import (
 )
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState
-from orchestrator.engine.status import collect_status
+from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import JobFailed
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.preflight import Finding, PreflightReport, Status
-from tests.fakes.backend import FakeBackend, exited, running
+from tests.fakes.backend import FakeBackend, Script, exited, running
 
 
-def inventory(tmp_path: Path, spares: int = 0, **job: object) -> Inventory:
+def inventory(tmp_path: Path, spares: int = 0, **job: Any) -> Inventory:
     hosts = tuple(Host(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
     extra = tuple(Host(f"spare{i}", f"10.0.1.{i + 1}", 20000) for i in range(spares))
     options = {"script": "train.py", "restart_backoff": 0, "max_restarts": 3, **job}
     return Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts,
-                     Job("demo", **options), extra)  # type: ignore[arg-type]  # fmt: skip
+                     Job("demo", **options), extra)  # fmt: skip
 
 
-def supervise(tmp_path: Path, backend: FakeBackend, inv: Inventory) -> tuple[RunStore, object]:
+def supervise(
+    tmp_path: Path, backend: FakeBackend, inv: Inventory
+) -> tuple[RunStore, JobFailed | tuple[RunStatus, list[str]]]:
     store = RunStore(tmp_path / "state")
     record = start_run(inv, store, backend)
     messages: list[str] = []
@@ -59,7 +61,8 @@ def test_a_crash_restarts_the_whole_cluster_and_the_next_attempt_succeeds(tmp_pa
               1: [running(3), exited(0, 5)]},
     })  # fmt: skip
     store, outcome = supervise(tmp_path, backend, inventory(tmp_path))
-    final, messages = outcome  # type: ignore[misc]
+    assert isinstance(outcome, tuple), outcome
+    final, messages = outcome
     assert final.state is WorkerState.SUCCEEDED
     assert backend.started == [["a", "b"], ["a", "b"]]
     assert backend.stops[0] == ["a", "b"]  # the rest of the failed attempt is stopped first
@@ -117,7 +120,7 @@ def test_permanent_exit_code_and_max_restarts(tmp_path: Path) -> None:
     _, error = supervise(tmp_path, backend, inventory(tmp_path, permanent_exit_codes=(3,)))
     assert isinstance(error, JobFailed) and "exit code 3 is marked permanent" in error.message
 
-    steps = {n: {i: [exited(1, i)] for i in range(3)} for n in "a"}
+    steps: dict[str, Script] = {n: {i: [exited(1, i)] for i in range(3)} for n in "a"}
     backend = FakeBackend(scripts=steps)
     _, error = supervise(tmp_path / "2", backend, inventory(tmp_path, max_restarts=2))
     assert isinstance(error, JobFailed) and "it used all 2 restarts" in error.message
@@ -134,7 +137,8 @@ def test_a_dead_host_is_replaced_by_a_spare_and_without_one_the_run_stops(tmp_pa
     original = backend.start
     backend.start = kill_b_after_first_start  # type: ignore[method-assign]
     store, outcome = supervise(tmp_path, backend, inventory(tmp_path, spares=1))
-    final, messages = outcome  # type: ignore[misc]
+    assert isinstance(outcome, tuple), outcome
+    final, messages = outcome
     assert final.state is WorkerState.SUCCEEDED
     assert [h.name for h in store.load().inventory.hosts] == ["a", "spare0"]
     assert any("b does not answer; spare spare0 takes its place" in m for m in messages)
@@ -211,34 +215,37 @@ class SchedulerLikeBackend(FakeBackend):
 
 
 def test_a_preempted_attempt_is_resubmitted_where_the_backend_says_so(tmp_path: Path) -> None:
-    scripts = {name: {0: [running(4), exited(75, 6)], 1: [running(7), exited(0, 9)]}
-               for name in "ab"}  # fmt: skip
+    scripts: dict[str, Script] = {
+        name: {0: [running(4), exited(75, 6)], 1: [running(7), exited(0, 9)]} for name in "ab"
+    }
     store, outcome = supervise(tmp_path, SchedulerLikeBackend(scripts=scripts), inventory(tmp_path))
-    final, _messages = outcome  # type: ignore[misc]
+    assert isinstance(outcome, tuple), outcome
+    final, _messages = outcome
     assert final.state is WorkerState.SUCCEEDED
     (restart,) = store.load().restarts
     assert (restart.kind, restart.attempt) == ("preempted", 0)
     # On hosts the same preemption ends the run with a hint to resume (nothing gives nodes back).
     hosts_store, hosts = supervise(tmp_path / "hosts", FakeBackend(scripts=scripts),
                                    inventory(tmp_path))  # fmt: skip
-    stopped, _ = hosts  # type: ignore[misc]
+    assert isinstance(hosts, tuple), hosts
+    stopped, _ = hosts
     assert stopped.state is WorkerState.STOPPED and not hosts_store.load().restarts
     with pytest.raises(JobFailed, match="preempted"):
         conclude(stopped, hosts_store.load())
 
 
 class _Steps(Sequence[Mapping[str, Any]]):
-    """A worker that runs `count` polls (one step each), then succeeds: built lazily, so the
+    """A worker that runs `polls` polls (one step each), then succeeds: built lazily, so the
     script itself holds no memory that grows with the run."""
 
-    def __init__(self, count: int) -> None:
-        self.count = count
+    def __init__(self, polls: int) -> None:
+        self.polls = polls  # not `count`: that is Sequence's method
 
     def __len__(self) -> int:
-        return self.count + 1
+        return self.polls + 1
 
     def __getitem__(self, index: int) -> Mapping[str, Any]:  # type: ignore[override]
-        return running(index, target_steps=self.count) if index < self.count else exited(0, index)
+        return running(index, target_steps=self.polls) if index < self.polls else exited(0, index)
 
 
 def test_the_supervisors_memory_stays_flat_over_thousands_of_polls(tmp_path: Path) -> None:
@@ -269,11 +276,12 @@ def test_preemptions_spend_no_restart_and_failures_keep_their_budget(tmp_path: P
     # max_restarts 1: three preemptions in a row, then one crash, then success.
     attempts = {0: [running(2), exited(75, 3)], 1: [running(4), exited(75, 5)],
                 2: [running(6), exited(75, 7)], 4: [running(10), exited(0, 12)]}  # fmt: skip
-    scripts = {"a": {**attempts, 3: [running(8), exited(1, 9)]},
+    scripts: dict[str, Script] = {"a": {**attempts, 3: [running(8), exited(1, 9)]},
                "b": {**attempts, 3: [running(8), exited(1, 9)]}}  # fmt: skip
     store, outcome = supervise(tmp_path, SchedulerLikeBackend(scripts=scripts),
                                inventory(tmp_path, max_restarts=1))  # fmt: skip
-    final, messages = outcome  # type: ignore[misc]
+    assert isinstance(outcome, tuple), outcome
+    final, messages = outcome
     assert final.state is WorkerState.SUCCEEDED
     kinds = [r.kind for r in store.load().restarts]
     assert kinds == ["preempted", "preempted", "preempted", "crashed"], kinds
@@ -310,7 +318,7 @@ def test_a_task_jobs_survivors_are_killed_at_once_and_a_preemptions_peers_may_sa
 ) -> None:
     # A task job's survivors can save nothing: their only answer to SIGTERM is a vote in a
     # collective the dead peer never joins.
-    task = {"script": None, "task": "worker.examples.shapes:task", "steps": 5}
+    task: dict[str, Any] = {"script": None, "task": "worker.examples.shapes:task", "steps": 5}
     backend = FakeBackend(scripts={"a": {0: [exited(-9, 2)], 1: [exited(0, 5)]},
                                    "b": {0: [running(2)], 1: [exited(0, 5)]}})  # fmt: skip
     supervise(tmp_path, backend, inventory(tmp_path, **task))
@@ -369,7 +377,8 @@ def test_the_supervisor_checks_and_prepares_through_the_backend_interface_only(
               1: [running(3), exited(0, 5)]},
     })  # fmt: skip
     _store, outcome = supervise(tmp_path, backend, inventory(tmp_path))
-    final, messages = outcome  # type: ignore[misc]
+    assert isinstance(outcome, tuple), outcome
+    final, messages = outcome
     assert final.state is WorkerState.SUCCEEDED
     assert backend.checked == ["demo", "demo"]  # the partition seen, then gone
     assert any("restart waits for the network: b: a cannot reach b" in m for m in messages)

@@ -29,14 +29,19 @@ from orchestrator.engine.runstore import RunStore
 from orchestrator.machines import kinds
 from orchestrator.machines.kinds.base import Kind
 from orchestrator.machines.runner import CommandResult, LineSession, LocalRunner, Runner
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import Host, KindSettings
 from orchestrator.values import Checker, Key, checkers, string
 from tests.conftest import free_ports, wait_for
 
 
 @dataclass(frozen=True)
-class SandboxSettings:
+class SandboxSettings(KindSettings):
     sandbox_root: str = "/nonexistent"
+
+
+def sandbox_root(host: Host) -> str:
+    assert isinstance(host.settings, SandboxSettings), host.settings
+    return host.settings.sandbox_root
 
 
 class SandboxRunner(Runner):
@@ -44,7 +49,7 @@ class SandboxRunner(Runner):
 
     def __init__(self, host: Host) -> None:
         super().__init__(host.name)
-        self.home = host.settings.sandbox_root
+        self.home = sandbox_root(host)
         self.local = LocalRunner(host.name)
         self.copies: list[str] = []
 
@@ -84,7 +89,7 @@ class SandboxKind(Kind):
     default_python: ClassVar[str] = sys.executable
 
     def machine_key(self, host: Host) -> tuple[str, ...]:
-        return ("sandbox", host.settings.sandbox_root)
+        return ("sandbox", sandbox_root(host))
 
     def runner(self, host: Host) -> Runner:
         return SandboxRunner(host)
