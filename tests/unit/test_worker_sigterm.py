@@ -13,7 +13,7 @@ import sys
 import time
 import types
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -95,20 +95,29 @@ def test_a_notice_from_tensorflow_counts_as_a_sigterm():
 
 # The loop, with TensorFlow imported but no strategy, no step function and no files.
 
+if TYPE_CHECKING:  # the fakes stand for these, and mypy holds them to their signatures
+    from worker.summaries import ProfileWindow, Summaries
+    from worker.train import CheckpointSaver, Preemption, Window
+else:  # importing worker.train imports TensorFlow, which only the tf-marked tests need
+    ProfileWindow = Summaries = CheckpointSaver = Preemption = Window = object
+
 
 class FakeValue:
     def numpy(self) -> float:
         return 1.0
 
 
-class FakeWindow:
+class FakeWindow(Window):
     steps = FakeValue()
+
+    def __init__(self) -> None:  # none of the real one's TensorFlow state
+        pass
 
     def read_and_reset(self, with_accuracy: bool) -> tuple[float, None]:
         return 1.0, None
 
 
-class FakeSaver:
+class FakeSaver(CheckpointSaver):
     def __init__(self) -> None:
         self.saves: list[int] = []
         self.saved_step: int | None = None
@@ -118,8 +127,11 @@ class FakeSaver:
         self.saved_step = step
 
 
-class FakeSummaries:
+class FakeSummaries(Summaries):
     closed = False
+
+    def __init__(self) -> None:  # none of the real one's TensorFlow state
+        pass
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         pass
@@ -128,7 +140,10 @@ class FakeSummaries:
         self.closed = True
 
 
-class FakeProfile:
+class FakeProfile(ProfileWindow):
+    def __init__(self) -> None:  # none of the real one's TensorFlow state
+        pass
+
     def before_step(self, step: int) -> None:
         pass
 
@@ -139,7 +154,7 @@ class FakeProfile:
         return ()
 
 
-class AgreedAt:
+class AgreedAt(Preemption):
     """The cluster's decision, scripted: every worker agrees to stop at this step's check."""
 
     check_every = 10

@@ -1433,7 +1433,7 @@ class _Input:
     """The session's request lines, read straight from its file descriptor (no hidden buffer),
     so that `watch` can select on it: a line the controller writes while a watch waits wakes it."""
 
-    serving = None  # the session's _Input, while main() serves one
+    serving: "_Input | None" = None  # the session's _Input, while main() serves one
 
     def __init__(self, fd):
         self.fd = fd
