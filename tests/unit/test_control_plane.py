@@ -46,7 +46,7 @@ def test_hostprobe_finds_the_versions_importlib_metadata_finds() -> None:
     names = sorted({d.metadata["Name"] for d in importlib.metadata.distributions()})
     names += ["surely-not-installed-here", "tf-nightly"]
     found = program("hostprobe.py")["_versions"](names)
-    expected = {}
+    expected: dict[str, str | None] = {}
     for name in names:
         try:
             expected[name] = importlib.metadata.version(name)

@@ -38,6 +38,11 @@ def write_checkpoint(directory: Path, step: int) -> None:
     (directory / f"ckpt-{step}.index").write_bytes(b"")
 
 
+def write_checkpoints(directory: Path, *steps: int) -> None:
+    for step in steps:
+        write_checkpoint(directory, step)
+
+
 class Polls(threading.Event):
     """The stop flag; each wait() between polls runs the next scripted action (the training)."""
 
@@ -100,10 +105,10 @@ def test_checkpoints_written_while_busy_are_skipped_for_the_newest_until_the_fin
 ) -> None:
     checkpoints = tmp_path / "checkpoints"
     write_checkpoint(checkpoints, 10)
-    polls = Polls([lambda: [write_checkpoint(checkpoints, s) for s in (50, 60)]])
+    polls = Polls([lambda: write_checkpoints(checkpoints, 50, 60)])
     harness = Harness(checkpoints, final_step=60, polls=polls)
     # While ckpt-10 is evaluated, 20 and 30 appear; while 30 is, 40; while it sleeps, 50 and 60.
-    harness.during["ckpt-10"] = lambda: [write_checkpoint(checkpoints, s) for s in (20, 30)]
+    harness.during["ckpt-10"] = lambda: write_checkpoints(checkpoints, 20, 30)
     harness.during["ckpt-30"] = lambda: write_checkpoint(checkpoints, 40)
     outcome = harness.run()
     assert outcome.how == "final"

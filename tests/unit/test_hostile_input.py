@@ -145,6 +145,7 @@ def test_a_workdir_with_a_space_stays_one_sbatch_option(tmp_path: Path) -> None:
     specs = plan_workers(
         inventory, "run1", {"task0": "/shared/my runs", "task1": "/shared/my runs"}
     )
+    assert inventory.slurm is not None
     script = batch_script(inventory.slurm, inventory.job, specs,
                           output="/shared/my runs/slurm-%j.out")  # fmt: skip
     lines = [line for line in script.splitlines() if line.startswith("#SBATCH")]

@@ -94,6 +94,7 @@ def test_the_lease_programs_clashes_merge_by_holder() -> None:
          "unknown": {}},
     ]  # fmt: skip
     (clash,) = parse_clashes("h1", answer)
+    assert clash.holder is not None
     assert (clash.ports, clash.gpus, clash.holder.user) == ((20000,), (0, 1), "bob")
     assert clash.wanted == "a port of 20000-20000; 2 GPU(s) of the pool 0,1"
     assert parse_clashes("h1", "garbage") == []

@@ -54,7 +54,7 @@ from orchestrator.model.inventory import (
     NotifyTarget,
 )
 from orchestrator.model.records import Restart, RunRecord
-from tests.fakes.backend import FakeBackend, exited, running
+from tests.fakes.backend import FakeBackend, Script, exited, running
 
 HEAD = (
     "hosts:\n  - {name: a, address: localhost, port: 20001, connection: local}\n"
@@ -311,7 +311,7 @@ def test_a_run_given_up_is_told_failed_once(tmp_path: Path) -> None:
 
 
 def test_a_preemption_that_ends_a_run_on_hosts_is_told_preempted(tmp_path: Path) -> None:
-    scripts = {name: {0: [running(4), exited(75, 6)]} for name in "ab"}
+    scripts: dict[str, Script] = {name: {0: [running(4), exited(75, 6)]} for name in "ab"}
     backend = FakeBackend(scripts=scripts)  # hosts: nothing resubmits, the run ends stopped
     store = RunStore(tmp_path / "state")
     record = start_run(fake_inventory(tmp_path, recording(tmp_path)), store, backend)

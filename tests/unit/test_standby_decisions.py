@@ -27,7 +27,7 @@ from orchestrator.fanout import GroupResult
 from orchestrator.machines.remote import agent
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import WorkerRecord
-from orchestrator.model.workers import WorkerSpec
+from orchestrator.model.workers import Started, WorkerSpec
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.fakes.planning import plan_workers
 
@@ -184,7 +184,7 @@ class StandbyBackend(FakeBackend):
     standby_dirs: list[str] = field(default_factory=list)  # the slots' run dirs, in order
     standby_polls: list[int] = field(default_factory=list)  # the polls made before each ask
 
-    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, int]:
+    def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, Started]:
         self.events.append("start")
         return super().start(specs)
 
@@ -242,7 +242,8 @@ def test_a_resumed_worker_has_stepped_only_past_the_step_it_began_at(tmp_path: P
 
 def test_no_standby_when_no_restart_is_left_or_warm_restarts_are_off(tmp_path: Path) -> None:
     script = {0: [running(1), running(2), exited(0, 3)]}
-    for index, job in enumerate(({"max_restarts": 0}, {"warm_restarts": False})):
+    jobs: tuple[dict[str, object], ...] = ({"max_restarts": 0}, {"warm_restarts": False})
+    for index, job in enumerate(jobs):
         backend = StandbyBackend(scripts={"a": script, "b": script})
         state = run_supervised(tmp_path / str(index), backend, inventory(tmp_path, **job))
         assert state is WorkerState.SUCCEEDED
@@ -286,7 +287,7 @@ def lingering(**fields: object) -> dict[str, object]:
     """The standby run r1 left lingering: released by its end (`until`), its attempt over."""
     base: dict[str, object] = {"backs": R1_ATTEMPT, "agent": AGENT, "until": 1000.0,
                                "backing_alive": False}  # fmt: skip
-    return standby(**{**base, **fields})
+    return standby(ENV, **{**base, **fields})
 
 
 def verdict(state: dict[str, object] | None, backs: str = R2_ATTEMPT,

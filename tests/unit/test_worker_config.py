@@ -171,12 +171,12 @@ def test_load_task_returns_the_training_task(fake_module):
     assert load_task("fake_worker_tasks:good") is expected
 
 
-def test_training_task_defaults_and_frozen():
+def test_training_task_defaults_and_frozen() -> None:
     task = TrainingTask(model=lambda: None, dataset=lambda: None)
     assert callable(task.optimizer) and callable(task.loss)
     assert task.learning_rate is None and task.num_classes is None
     with pytest.raises(AttributeError):
-        task.steps = 3  # type: ignore[misc]
+        task.steps = 3  # type: ignore[attr-defined]  # frozen: no attribute can be set
 
 
 @pytest.mark.parametrize(
@@ -192,7 +192,7 @@ def test_training_task_defaults_and_frozen():
         (lambda m: setattr(m, "task", dict), "fake_worker_tasks:task", "returned dict, not a"),
         (lambda m: setattr(m, "task", lambda: 1 / 0), "fake_worker_tasks:task", "ZeroDivision"),
         (
-            lambda m: setattr(m, "task", lambda: TrainingTask(model=None, dataset=list)),
+            lambda m: setattr(m, "task", lambda: TrainingTask(model=None, dataset=list)),  # type: ignore[arg-type]
             "fake_worker_tasks:task",
             "TrainingTask.model must be callable",
         ),

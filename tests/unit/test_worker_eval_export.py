@@ -51,7 +51,9 @@ def test_bad_eval_and_export_flags_exit_2(capsys, flags, message):
     assert err.startswith(message) and len(err.strip().splitlines()) == 1
 
 
-def test_eval_every_needs_an_eval_dataset(capsys, monkeypatch):
+def test_eval_every_needs_an_eval_dataset(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     module = types.ModuleType("fake_eval_tasks")
     module.task = lambda: TrainingTask(model=lambda: None, dataset=lambda: None)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
@@ -61,7 +63,7 @@ def test_eval_every_needs_an_eval_dataset(capsys, monkeypatch):
     assert "--eval-every 2: task 'fake_eval_tasks:task' has no eval_dataset" in err
 
 
-def test_eval_dataset_must_be_callable():
+def test_eval_dataset_must_be_callable() -> None:
     with pytest.raises(TaskError, match=r"TrainingTask\.eval_dataset must be callable"):
         TrainingTask(model=lambda: None, dataset=lambda: None, eval_dataset=[1, 2])  # type: ignore[arg-type]
     assert TrainingTask(model=lambda: None, dataset=lambda: None).eval_dataset is None

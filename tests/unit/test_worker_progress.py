@@ -138,7 +138,11 @@ def _imported_modules(path: str) -> set[str]:
         alias.name
         for node in ast.walk(tree)
         if isinstance(node, ast.Import | ast.ImportFrom)
-        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module)])
+        for alias in (
+            node.names
+            if isinstance(node, ast.Import)
+            else [ast.alias(node.module or "." * node.level)]
+        )
     }
 
 
