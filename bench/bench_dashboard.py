@@ -81,7 +81,10 @@ def main() -> None:
     try:
         while chief_step(cwd) < 20:
             time.sleep(1)
-        results = [("without", *window(cwd, options.seconds, None))]
+        # (window, steps/s, dashboard CPU %, pushed KiB/s: None without a dashboard)
+        results: list[tuple[str, float, float, float | None]] = [
+            ("without", *window(cwd, options.seconds, None), None)
+        ]
         command = [sys.executable, "-m", "orchestrator", "dashboard", "--port", "0"]
         server = subprocess.Popen(command, cwd=cwd, env=ENV, stdout=subprocess.PIPE, text=True)
         assert server.stdout is not None
@@ -98,8 +101,8 @@ def main() -> None:
             time.sleep(2)
             received.clear()
             rate, cpu = window(cwd, options.seconds, process)
-            results.append((f"{count} client(s)", rate, cpu))
-            results[-1] += (sum(received) / options.seconds / 1024,)
+            kib_per_s = sum(received) / options.seconds / 1024
+            results.append((f"{count} client(s)", rate, cpu, kib_per_s))
     finally:
         stop.set()
         if server is not None:
@@ -108,8 +111,8 @@ def main() -> None:
         orchestrate(cwd, "down", "--grace", "5")
     print(f"{options.seconds:g} s windows, load average {os.getloadavg()[0]:.2f}")
     print(f"{'window':<14} {'steps/s':>8} {'dashboard CPU %':>16} {'pushed KiB/s':>13}")
-    for name, rate, cpu, *sent in results:
-        pushed = f"{sent[0]:.1f}" if sent else "-"
+    for name, rate, cpu, sent in results:
+        pushed = f"{sent:.1f}" if sent is not None else "-"
         shown = f"{cpu:.1f}" if name != "without" else "-"
         print(f"{name:<14} {rate:>8.2f} {shown:>16} {pushed:>13}")
 

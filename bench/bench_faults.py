@@ -29,6 +29,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.backends.hosts.backend import HostBackend
@@ -36,6 +37,9 @@ from orchestrator.config.loader import load_inventory
 from orchestrator.engine.lifecycle import start_run, stop_run
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor
+from orchestrator.fanout import GroupResult
+from orchestrator.model.answers import BY_DOWN, StopAnswer
+from orchestrator.model.records import WorkerRecord
 from tests.conftest import free_ports
 
 SCRIPT = """\
@@ -64,10 +68,12 @@ class MarkingBackend(HostBackend):
         super().__init__()
         self.marks = marks
 
-    def stop(self, workers, grace):  # type: ignore[no-untyped-def]
+    def stop(
+        self, workers: Sequence[WorkerRecord], grace: float, by: str = BY_DOWN
+    ) -> GroupResult[str, StopAnswer]:
         if "fault" in self.marks and "seen" not in self.marks:
             self.marks["seen"] = time.monotonic()
-        return super().stop(workers, grace)
+        return super().stop(workers, grace, by)
 
 
 def _step(run_dir: Path) -> int:

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -48,8 +49,8 @@ def main() -> None:
         with NamespaceCluster(1, "orchbm", base_dir=root / "cluster") as cluster:
             (root / "sleep.py").write_text(SCRIPT)
             job = {"name": "sleepy", "script": "sleep.py", "stall_timeout": 3600}
-            host = {"name": "h1", "address": cluster.hosts[0].address,
-                    "workdir": str(cluster.hosts[0].workdir)}  # fmt: skip
+            host: dict[str, Any] = {"name": "h1", "address": cluster.hosts[0].address,
+                                   "workdir": str(cluster.hosts[0].workdir)}  # fmt: skip
             hosts = [host, {**host, "name": "h2", "port": 20001}]
             path = write_inventory(root / "inv.yaml", cluster, job, hosts=hosts)
             store = RunStore(root / "state")

@@ -104,7 +104,7 @@ def child_memory_limit(limit_mib: int) -> dict:
     tf.config.set_logical_device_configuration(
         gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mib)]
     )
-    result = {"logical_gpus": len(tf.config.list_logical_devices("GPU"))}
+    result: dict[str, object] = {"logical_gpus": len(tf.config.list_logical_devices("GPU"))}
     allocate_mib(tf, max(1, limit_mib // 4))
     result["small_fits"] = True
     try:
