@@ -72,7 +72,7 @@ class Cli:
     def status(self) -> dict[str, Any]:
         return json.loads(self("status", "--json", check=True).stdout)
 
-    def status_when(self, predicate: Callable[[dict[str, Any]], bool], timeout: float) -> Any:
+    def status_when(self, predicate: Callable[[dict[str, Any]], object], timeout: float) -> Any:
         """Poll `status --json` (the run may not be recorded yet) until predicate holds."""
 
         def poll() -> dict[str, Any] | None:

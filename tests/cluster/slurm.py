@@ -160,7 +160,7 @@ class SlurmCluster:
         # Daemons of an earlier, crashed session: found by their config path, never by name.
         for process in psutil.process_iter(["cmdline"]):
             with contextlib.suppress(psutil.Error):
-                argv = process.info["cmdline"] or ()
+                argv: list[str] = process.info["cmdline"] or []
                 ours = any(str(self.base) in part for part in argv)
                 if ours and Path(argv[0]).name in (*DAEMONS, "slurmstepd", "sshd"):
                     process.kill()

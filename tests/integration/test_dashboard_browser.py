@@ -17,6 +17,7 @@ import signal
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -72,7 +73,7 @@ def dashboard_processes(run_id: str) -> list[psutil.Process]:
     return found
 
 
-def test_page_follows_training_and_a_restart(cli: Cli, reaper: list[str], browser) -> None:  # type: ignore[no-untyped-def]
+def test_page_follows_training_and_a_restart(cli: Cli, reaper: list[str], browser: Any) -> None:
     driver = browser
     local_tf_inventory(cli, steps=100_000, log_every=5, checkpoint_every=25, restart_backoff=0)
     port = free_ports(1)[0]
@@ -174,7 +175,9 @@ return {pwned: window.__pwned === undefined ? null : window.__pwned, injected: i
 """
 
 
-def test_hostile_strings_stay_text_and_the_token_form(cli: Cli, reaper: list[str], browser) -> None:  # type: ignore[no-untyped-def]
+def test_hostile_strings_stay_text_and_the_token_form(
+    cli: Cli, reaper: list[str], browser: Any
+) -> None:
     driver = browser
     (cli.cwd / "train.py").write_text(HOSTILE_SCRIPT.format(hostile=HOSTILE))
     port = free_ports(1)[0]

@@ -35,8 +35,8 @@ def script_inventory(cli: Cli, script: str, *, hosts: int = 2, **job: Any) -> Pa
         "env": {"TF_CPP_MIN_LOG_LEVEL": "2", **job.pop("env", {})},
         **job,
     }
-    hosts = [f"name: worker-{i}, address: localhost, port: {p}" for i, p in enumerate(ports)]
-    return local_inventory(cli, hosts, settings)
+    entries = [f"name: worker-{i}, address: localhost, port: {p}" for i, p in enumerate(ports)]
+    return local_inventory(cli, entries, settings)
 
 
 def checksums(cli: Cli, job: str) -> dict[str, str]:

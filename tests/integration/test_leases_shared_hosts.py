@@ -9,6 +9,7 @@ waits for a `go` file, then counts its steps, so that a test sees the leases whi
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -153,7 +154,15 @@ def by_user(listing: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def ports_of(log: str) -> list[str]:
-    return json.loads(re.search(r"^TF_CONFIG (.*)$", log, re.M).group(1))["cluster"]["worker"]
+    match = re.search(r"^TF_CONFIG (.*)$", log, re.M)
+    assert match is not None, log
+    return json.loads(match.group(1))["cluster"]["worker"]
+
+
+def visible_devices(log: str) -> set[str]:
+    match = re.search(r"CUDA_VISIBLE_DEVICES (\S+)", log)
+    assert match is not None, log
+    return set(match.group(1).split(","))
 
 
 @pytest.fixture
@@ -190,7 +199,7 @@ def test_two_users_get_distinct_ports_train_and_see_each_other(
 
     # TF_CONFIG holds the leased ports, the same list on every worker of a job.
     for job, leased in ((ours, mine), (theirs, other)):
-        wait_for(lambda job=job: job.printed(3), 30)
+        wait_for(functools.partial(job.printed, 3), 30)
         endpoints = {tuple(ports_of(log)) for log in job.logs().values()}
         assert len(endpoints) == 1
         assert [int(e.rsplit(":", 1)[1]) for e in endpoints.pop()] == [
@@ -212,11 +221,7 @@ def test_gpus_are_leased_apart_and_a_third_job_is_told_who_holds_them(
     assert first.up("-d").returncode == 0
     assert second.up("-d").returncode == 0
     wait_for(lambda: first.printed(1) and second.printed(1), 30)
-    devices = [
-        set(re.search(r"CUDA_VISIBLE_DEVICES (\S+)", next(iter(j.logs().values()))).group(1)
-            .split(","))
-        for j in (first, second)
-    ]  # fmt: skip
+    devices = [visible_devices(next(iter(j.logs().values()))) for j in (first, second)]
     assert all(len(d) == 2 for d in devices) and devices[0].isdisjoint(devices[1]), devices
 
     refused = third.up("-d")

@@ -72,9 +72,9 @@ def test_healthy_cluster_passes_leaves_nothing_and_up_proceeds(
     code, items, _ = findings(cli)
     assert code == 0, failed(items)
     checks = {(f["host"], f["check"]) for f in items if f["status"] == "ok"}
-    for host in ("host1", "host2", "host3"):
+    for name in ("host1", "host2", "host3"):
         for check in ("ssh", "python", "port", "reachable", "proxy", "workdir", "checkpoints"):
-            assert (host, check) in checks
+            assert (name, check) in checks
     reachable = next(f for f in items if f["host"] == "host1" and f["check"] == "reachable")
     assert reachable["detail"] == f"port {DEFAULT_PORT} reachable from host2, host3"
     for host in cluster.hosts:

@@ -32,6 +32,7 @@ if resolver.task_type in ("worker", "ps"):
 
 strategy = tf.distribute.ParameterServerStrategy(resolver)
 steps = target_steps(20)
+assert steps is not None  # the default stands in when the job sets none
 x, y = common.data()
 
 

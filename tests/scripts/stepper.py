@@ -42,7 +42,11 @@ for step in range(start + 1, steps + 1):
         f.write(str(step))
     os.replace(ckpt + ".tmp", ckpt)
     with open(progress + ".tmp", "w") as f:
-        progress_fields = {"step": step, "target_steps": steps, "checkpoint_step": step}
+        progress_fields: dict[str, float] = {
+            "step": step,
+            "target_steps": steps,
+            "checkpoint_step": step,
+        }
         if os.environ.get("REPORT_RATE"):
             progress_fields["steps_per_sec"] = 1 / float(os.environ.get("DELAY", "0.02"))
         json.dump(progress_fields, f)
