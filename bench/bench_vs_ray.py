@@ -21,8 +21,11 @@ restarts on, checkpoint_every 50). Per repeat, methods alternating (the order fl
                dashboard and agents; orchestrate: `up` itself with its supervisor, the agent
                session, the host supervisors and the standbys)
   recovery     SIGKILL of worker 1 -> both workers' first step of the next attempt
-  shutdown     a stop request (Ray: SIGINT to the driver, Ctrl-C; orchestrate: `orchestrate
-               down`) -> every process of the launcher and its workers gone
+  shutdown     STEADY_S after the recovery (a stop in a long run's steady state, not in the
+               restart's wake, when orchestrate's standbys for the next restart import
+               TensorFlow beside everything), a stop request (Ray: SIGINT to the driver, Ctrl-C;
+               orchestrate: `orchestrate down`) -> every process of the launcher and its
+               workers gone
 
 Medians over the repeats and the paired ratio orchestrate/Ray per figure (below 1: orchestrate
 ahead; steps/s: above 1). The machine's load average is printed with every sample.
@@ -296,6 +299,7 @@ def orchestrate_trial(root: Path) -> Sample:
         killed = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         sample.recovery_s = wait(lambda: firsts(1), what="orchestrate recovery") - killed
+        time.sleep(STEADY_S)
         supervisors = [p.pid for p in psutil.process_iter(["cmdline"])
                        if str(root) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
         pids = family([up.pid, *supervisors])
@@ -344,6 +348,7 @@ def ray_trial(root: Path, python: Path) -> Sample:
         killed = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         sample.recovery_s = wait(lambda: firsts(2), what="ray recovery") - killed
+        time.sleep(STEADY_S)
         pids = family([driver.pid])
         asked = time.monotonic()
         driver.send_signal(signal.SIGINT)
