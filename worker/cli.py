@@ -223,6 +223,14 @@ def check_task_fits(config: cfg.WorkerConfig, task: TrainingTask) -> None:
         )
 
 
+# What the training raised, kept with its traceback until the process exits (worker/__main__
+# leaves with os._exit). The traceback's frames hold the loop's distributed dataset iterators;
+# freeing them as main returned ran TensorFlow's iterator destructors, which blocked until the
+# stop's SIGKILL (a worker that took over a standby, preempted by `down`: "killed" after the 10 s
+# grace, its checkpoint saved).
+_RAISED: list[BaseException] = []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # -h/--help still prints and exits 0 through argparse's own SystemExit.
     argv = sys.argv[1:] if argv is None else argv
@@ -243,9 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # eval dataset): still a user mistake, found before the first step.
         print(f"worker: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    except Preempted:
+    except Preempted as exc:
+        _RAISED.append(exc)
         return EXIT_PREEMPTED  # the loop has logged the step and written the progress file
-    except Exception:
+    except Exception as exc:
+        _RAISED.append(exc)
         traceback.print_exc()
         sys.stderr.flush()
         return EXIT_TRAINING_ERROR
