@@ -1052,6 +1052,8 @@ def cmd_probe(request):
     for run_dir in request["run_dirs"]:
         path = _expand(run_dir)
         pid = _read_int(os.path.join(path, "pid"))
+        stop_path = os.path.join(path, "stop_requested")
+        stopped = os.path.exists(stop_path)
         probes[run_dir] = {
             "exists": os.path.isdir(path),
             "pid": pid,
@@ -1059,8 +1061,8 @@ def cmd_probe(request):
             "worker_pid": _read_int(os.path.join(path, "worker.pid")),
             "progress": _read_json(os.path.join(path, "progress.json")),
             "exit": _read_json(os.path.join(path, "exit.json")),
-            "stop_requested": os.path.exists(os.path.join(path, "stop_requested")),
-            "stopped_by": _stopped_by(path),
+            "stop_requested": stopped,
+            "stopped_by": _stopped_by(stop_path) if stopped else None,  # read only when there
         }
     live_workers = [p["worker_pid"] for p in probes.values() if p["alive"] and p["worker_pid"]]
     usage = _usage(live_workers)
@@ -1097,8 +1099,8 @@ def _stop_request(by):
     return json.dumps({"at": time.time(), "by": by})
 
 
-def _stopped_by(run_dir):
-    request = _read_json(os.path.join(run_dir, "stop_requested"))
+def _stopped_by(stop_path):
+    request = _read_json(stop_path)
     by = request.get("by") if isinstance(request, dict) else None  # older files: a bare time
     return by if isinstance(by, str) else None
 
