@@ -27,6 +27,9 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 # tests none stay unless an inventory sets `linger:` (tests/integration/test_linger.py), so
 # that a test's run leaves no process behind and the suite's memory stays flat.
 os.environ.setdefault("ORCHESTRATE_LINGER", "0")
+# Nor does a run start standbys (about one TensorFlow import per worker slot, wasted unless the
+# test restarts): the tests about warm restarts set `warm_restarts: true` in their inventory.
+os.environ.setdefault("ORCHESTRATE_WARM_RESTARTS", "0")
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTTPS_PROXY")
 
 
@@ -306,10 +309,34 @@ def dashboard_view(
     return document, lines
 
 
+# Lanes for pytest-xdist's `--dist loadgroup` (scripts/test.sh): the tests of one lane run one
+# after another in one xdist worker, beside the other lanes. A cluster exists once per machine
+# (one subnet each), so each kind's tests share a lane and its session-scoped cluster; local
+# TensorFlow runs are CPU-bound, so they take turns in their own lane instead of crowding the two
+# cores; everything else (plain tests, unit tests) fills in wherever a worker is free. First
+# matching marker wins: a Slurm test that trains is in the Slurm lane.
+LANES = ("slurm", "docker", "netns", "tf")
+
+
+def lane_of(item: pytest.Item) -> str | None:
+    return next((lane for lane in LANES if item.get_closest_marker(lane)), None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`root` tests make files owned by another account (chown): as a developer without root
-    they are skipped and say why; CI runs them as root, and its unprivileged rerun deselects
-    them (scripts/unit-tests-unprivileged.sh)."""
+    """Every test under tests/unit is marked `unit` (CI runs most of them unprivileged, once:
+    scripts/unit-tests-unprivileged.sh), and every test gets its lane (LANES).
+
+    `root` tests make files owned by another account (chown): as a developer without root
+    they are skipped and say why; CI runs them as root, and its unprivileged run deselects
+    them."""
+    unit_dir = REPO / "tests" / "unit"
+    for item in items:
+        if unit_dir in item.path.parents:
+            item.add_marker(pytest.mark.unit)
+        lane = lane_of(item)
+        if lane is not None:
+            item.add_marker(pytest.mark.xdist_group(lane))
     if os.geteuid() == 0:
         return
     needs_root = pytest.mark.skip(reason="needs root: chowns files to another account")

@@ -54,7 +54,7 @@ from orchestrator.engine.locks import (
 )
 from orchestrator.engine.notify import RunEvents, missing_notify_secrets
 from orchestrator.engine.plan import new_run_id
-from orchestrator.engine.policy import conclude, linger_seconds
+from orchestrator.engine.policy import conclude, linger_seconds, with_warm_default
 from orchestrator.engine.queue import Withdrawn, pending, wait_for_leases, withdraw
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_env
@@ -215,6 +215,7 @@ def start_and_supervise(
     wait for held leases (engine/queue.py) instead of failing."""
     secrets = secret_values(inventory.job.secret_env, os.environ, doing="'up'")  # before anything
     linger_seconds(inventory.job, os.environ)  # a bad $ORCHESTRATE_LINGER: refused before too
+    inventory = with_warm_default(inventory, os.environ)
     missing_notify_secrets(inventory.notify, os.environ, doing="'up'")
     waiting = pending(context.store)
     if waiting is not None:  # it holds the start lock while it waits

@@ -122,7 +122,8 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
         "how long a restart waits, spending no restart, while the hosts cannot reach each "
         "other's TensorFlow port; then the run fails naming the blocked pairs",
         integer(0, 86400)),
-    Key("warm_restarts", "boolean", "`true` for `task:`, `false` for `script:`",
+    Key("warm_restarts", "boolean",
+        "`true` for `task:`, `false` for `script:` (or `$ORCHESTRATE_WARM_RESTARTS`: 0 or 1)",
         "keep, per worker slot, a standby Python that has imported TensorFlow, so a restart "
         "skips the import; `false`: every attempt starts its workers afresh. Off for scripts "
         "unless set: a script may set TensorFlow's variables (`TF_USE_LEGACY_KERAS`, "

@@ -12,7 +12,7 @@ at once, however often, and counts for neither max_restarts nor "the same failur
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.contract import EXIT_PREEMPTED
@@ -30,7 +30,7 @@ from orchestrator.errors import (
     JobFailed,
     Problem,
 )
-from orchestrator.model.inventory import Job
+from orchestrator.model.inventory import Inventory, Job
 from orchestrator.model.records import Restart, RunRecord
 
 MAX_BACKOFF = 300
@@ -212,6 +212,24 @@ def linger_seconds(job: Job, environ: Mapping[str, str]) -> int:
             hint=f"set {LINGER_ENV} to a number of seconds, or job.linger in the inventory",
         )
     return int(text)
+
+
+WARM_RESTARTS_ENV = "ORCHESTRATE_WARM_RESTARTS"  # job.warm_restarts where it is left out (CI: 0)
+
+
+def with_warm_default(inventory: Inventory, environ: Mapping[str, str]) -> Inventory:
+    """The inventory with job.warm_restarts from $ORCHESTRATE_WARM_RESTARTS (0 or 1) where the
+    inventory leaves it out; unset or empty: as the inventory says (on for `task:`). Resolved
+    once, at `up`: the run's record keeps the value, so its supervisors and restarts agree."""
+    text = environ.get(WARM_RESTARTS_ENV, "").strip()
+    if inventory.job.warm_restarts is not None or not text:
+        return inventory
+    if text not in ("0", "1"):
+        raise InventoryError(
+            [Problem(f"${WARM_RESTARTS_ENV}", None, "", f"expected 0 or 1, got {text!r}")],
+            hint=f"set {WARM_RESTARTS_ENV} to 0 or 1, or job.warm_restarts in the inventory",
+        )
+    return replace(inventory, job=replace(inventory.job, warm_restarts=text == "1"))
 
 
 def backoff(job: Job, restarts_so_far: int) -> float:

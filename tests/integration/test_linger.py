@@ -28,7 +28,7 @@ def leftovers(cli: Cli) -> list[str]:
 
 
 def up(cli: Cli, reaper: list[str], steps: int, **job: Any) -> dict[str, Any]:
-    local_tf_inventory(cli, steps=steps, checkpoint_every=STEPS, **job)
+    local_tf_inventory(cli, steps=steps, checkpoint_every=STEPS, warm_restarts=True, **job)
     result = cli("up", "--skip-checks", "inv.yaml", timeout=300)
     reaper.append(cli.record()["run_id"])
     assert result.returncode == 0, result.stderr

@@ -64,7 +64,7 @@ def test_two_workers_train_then_resume(cli: Cli, reaper: list[str]) -> None:
 
 
 def test_status_while_training_and_down_in_the_middle(cli: Cli, reaper: list[str]) -> None:
-    local_tf_inventory(cli, steps=100_000)
+    local_tf_inventory(cli, steps=100_000, warm_restarts=True)  # the first standbys: below
     cli("up", "--detach", "inv.yaml", check=True)
     run_id = cli.record()["run_id"]
     reaper.append(run_id)

@@ -202,7 +202,7 @@ def test_tensorflow_worker_killed_mid_training_resumes_warm_to_exactly_the_targe
     """SIGKILL of a worker: the new attempt's workers are the slots' standbys (TensorFlow
     imported while the first attempt trained), and training resumes from the checkpoint to
     exactly the target step; the run's end leaves no standby behind."""
-    local_tf_inventory(cli, steps=300, checkpoint_every=50, restart_backoff=1)
+    local_tf_inventory(cli, steps=300, checkpoint_every=50, restart_backoff=1, warm_restarts=True)
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     seen: list[int] = []
     try:

@@ -18,7 +18,7 @@ from orchestrator import contract
 from orchestrator.config.loader import load_inventory
 from orchestrator.contract import BOOT_MARKER, booted
 from orchestrator.engine.lifecycle import first_standbys, start_run
-from orchestrator.engine.policy import linger_seconds
+from orchestrator.engine.policy import linger_seconds, with_warm_default
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.supervise import Supervisor
@@ -369,6 +369,26 @@ def test_linger_is_a_job_key_with_a_default_the_environment_may_set(tmp_path: Pa
     with pytest.raises(InventoryError) as caught:
         load_inventory(path)
     assert "job.linger" in caught.value.message
+
+
+def test_warm_restarts_left_out_take_the_environments_default(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text(textwrap.dedent(JOB_INVENTORY))
+    inventory = load_inventory(path)
+    assert inventory.job.warm_restarts is None and inventory.job.warm  # a task: on
+    assert with_warm_default(inventory, {}).job.warm
+    assert with_warm_default(inventory, {"ORCHESTRATE_WARM_RESTARTS": " "}).job.warm
+    off = with_warm_default(inventory, {"ORCHESTRATE_WARM_RESTARTS": "0"})
+    assert off.job.warm_restarts is False and not off.job.warm
+    assert off.hosts == inventory.hosts and off.job.task == inventory.job.task
+    with pytest.raises(InventoryError) as caught:
+        with_warm_default(inventory, {"ORCHESTRATE_WARM_RESTARTS": "yes"})
+    assert "ORCHESTRATE_WARM_RESTARTS" in caught.value.message
+    # What the inventory says wins, and then the variable is not even read.
+    path.write_text(textwrap.dedent(JOB_INVENTORY) + "  warm_restarts: true\n")
+    kept = load_inventory(path)
+    assert with_warm_default(kept, {"ORCHESTRATE_WARM_RESTARTS": "0"}).job.warm
+    assert with_warm_default(kept, {"ORCHESTRATE_WARM_RESTARTS": "yes"}).job.warm
 
 
 def test_a_run_that_ended_leaves_its_standbys_lingering_unless_linger_is_0(
