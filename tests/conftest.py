@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,8 @@ from typing import Any
 
 import psutil
 import pytest
+
+from tests.cluster.pytest_support import SharedCluster
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,6 +100,21 @@ class Cli:
 @pytest.fixture
 def cli(tmp_path: Path) -> Cli:
     return Cli(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def namespace_hosts() -> Iterator[SharedCluster]:
+    """The session's namespace cluster (tests/cluster/pytest_support.py), shared by the modules
+    of the netns lane: each takes the hosts it needs with `.hosts(count)`, reset between them."""
+    # Not pytest's 0700 temporary directory: a second user's login reads authorized_keys here.
+    base = Path(tempfile.mkdtemp(prefix="orch-cluster-", dir="/tmp"))
+    base.chmod(0o755)
+    shared = SharedCluster(base)
+    try:
+        yield shared
+    finally:
+        shared.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def worker_env(run_dir: Path, tf_config: str | None = None, **extra: str) -> dict[str, str]:
@@ -337,9 +356,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         lane = lane_of(item)
         if lane is not None:
             item.add_marker(pytest.mark.xdist_group(lane))
-    if os.geteuid() == 0:
-        return
-    needs_root = pytest.mark.skip(reason="needs root: chowns files to another account")
-    for item in items:
-        if "root" in item.keywords:
-            item.add_marker(needs_root)
+    if os.geteuid() != 0:
+        needs_root = pytest.mark.skip(reason="needs root: chowns files to another account")
+        for item in items:
+            if "root" in item.keywords:
+                item.add_marker(needs_root)
+
+
+@pytest.hookimpl(trylast=True)  # after xdist named each test's group
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Lanes that silently mixed would run two clusters on one subnet at once: refuse instead."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and session.config.getvalue("loadgroup"):
+        unnamed = [item.nodeid for item in session.items
+                   if lane_of(item) and "@" not in item.nodeid]  # fmt: skip
+        if unnamed:
+            raise pytest.UsageError(
+                f"pytest-xdist gave {unnamed[0]} no group: this pytest and pytest-xdist do not "
+                "work together; install the versions pyproject.toml pins"
+            )

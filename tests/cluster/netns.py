@@ -855,6 +855,26 @@ class NamespaceCluster:
             (root / before.lstrip("/") / "cgroup.procs").write_text(str(host.sshd_pid))
             _remove_cgroup(group, root / before.lstrip("/"))
 
+    def reset(self) -> None:
+        """Back to what start() left, for the next user of a long-lived cluster (one per test
+        session): no process in a host but its sshd, which runs its default configuration
+        again (SFTP on) with no session left open, open firewalls, no traffic shaping, empty
+        working directories. Keys, addresses and known_hosts stay as they are."""
+        ip = self._ip or _tool("ip")
+        for host in self.hosts:
+            self.restart_sshd(host, sftp=True)  # kills every session and what it started
+            _kill(pid for pid in self.pids_in(host) if pid != host.sshd_pid)
+            flush = "".join(f"iptables -w -t {table} -F; iptables -w -t {table} -X; "
+                            for table in ("filter", "nat", "mangle", "raw"))  # fmt: skip
+            policies = "".join(f"iptables -w -P {chain} ACCEPT; "
+                               for chain in ("INPUT", "FORWARD", "OUTPUT"))  # fmt: skip
+            self.exec_in(host, ["sh", "-c", flush + policies], check=True, capture_output=True)
+            # tc: "Cannot delete qdisc with handle of zero" when there is none to delete.
+            _run([_tool("tc"), "qdisc", "del", "dev", host.veth, "root"], check=False)
+            _run([ip, "-n", host.namespace, "link", "set", "dev", "eth0", "up"])
+            shutil.rmtree(host.workdir, ignore_errors=True)
+            host.workdir.mkdir(parents=True)
+
     def restart_sshd(self, host: ClusterHost, *, sftp: bool = True) -> None:
         """Restart the host's sshd with or without its SFTP subsystem (a hardened server)."""
         self.stop_sshd(host, kill_sessions=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 
 from tests.cluster.inventories import write_inventory
 from tests.cluster.netns import NamespaceCluster
-from tests.cluster.pytest_support import namespace_cluster_fixture
+from tests.cluster.pytest_support import SharedCluster
 from tests.conftest import Cli
 from tests.unit.test_ansible_source import INI
 
@@ -23,8 +22,8 @@ PRINT_TF_CONFIG = "import os\nprint('tf_config', os.environ['TF_CONFIG'], flush=
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
-    yield from namespace_cluster_fixture(2, base_dir=tmp_path_factory.mktemp("cluster"))
+def cluster(namespace_hosts: SharedCluster) -> NamespaceCluster:
+    return namespace_hosts.hosts(2)
 
 
 def tf_configs(cli: Cli) -> list[dict[str, Any]]:

@@ -9,22 +9,21 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from tests.cluster.inventories import host_entries
 from tests.cluster.inventories import write_inventory as cluster_inventory
 from tests.cluster.netns import ClusterError, NamespaceCluster
-from tests.cluster.pytest_support import namespace_cluster_fixture
+from tests.cluster.pytest_support import SharedCluster
 from tests.conftest import Cli
 
 pytestmark = [pytest.mark.netns, pytest.mark.tf]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
-    yield from namespace_cluster_fixture(3, base_dir=tmp_path_factory.mktemp("cluster"))
+def cluster(namespace_hosts: SharedCluster) -> NamespaceCluster:
+    return namespace_hosts.hosts(3)
 
 
 def test_lost_chief_host_is_replaced_by_a_spare_from_the_mirrored_checkpoint(

@@ -26,7 +26,7 @@ import pytest
 
 from tests.cluster.inventories import host_entries, write_inventory
 from tests.cluster.netns import NamespaceCluster
-from tests.cluster.pytest_support import namespace_cluster_fixture
+from tests.cluster.pytest_support import SharedCluster
 from tests.conftest import Cli, detached_supervisors, run_processes, wait_for
 
 pytestmark = pytest.mark.netns
@@ -59,11 +59,10 @@ def shared_root() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def cluster(shared_root: Path) -> Iterator[NamespaceCluster]:
-    # sshd reads authorized_keys as the user logging in: the second user must reach it.
-    base = shared_root / "cluster"
-    base.mkdir(mode=0o755)
-    yield from namespace_cluster_fixture(3, base_dir=base)
+def cluster(namespace_hosts: SharedCluster) -> NamespaceCluster:
+    # sshd reads authorized_keys as the user logging in: the shared cluster's directory is
+    # world-traversable for that.
+    return namespace_hosts.hosts(3)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import paramiko
@@ -28,6 +27,7 @@ from tests.cluster.netns import (
 )
 from tests.cluster.pytest_support import (
     NETNS_UNAVAILABLE,
+    SharedCluster,
     namespace_cluster_fixture,
     requires_netns,
 )
@@ -119,10 +119,15 @@ def _assert_gone(cluster: NamespaceCluster, sshd_pids: list[int]) -> None:
 
 
 @pytest.fixture(scope="class")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
-    # One cluster for TestTwoHosts; it is stopped when the class ends, because the subnet
-    # is fixed and the tests after the class build clusters of their own.
-    yield from namespace_cluster_fixture(2, base_dir=tmp_path_factory.mktemp("netns"))
+def cluster(namespace_hosts: SharedCluster) -> NamespaceCluster:
+    # Two hosts of the session's cluster for TestTwoHosts; the tests after the class build
+    # clusters of their own on the one subnet, so they free it first (own_subnet).
+    return namespace_hosts.hosts(2)
+
+
+@pytest.fixture
+def own_subnet(namespace_hosts: SharedCluster) -> None:
+    namespace_hosts.free_subnet()
 
 
 class TestTwoHosts:
@@ -226,7 +231,7 @@ class TestTwoHosts:
         assert other.bridge not in list_links()
 
 
-def test_stop_removes_everything(tmp_path: Path) -> None:
+def test_stop_removes_everything(tmp_path: Path, own_subnet: None) -> None:
     cluster = NamespaceCluster(2, base_dir=tmp_path / "c").start()
     sshd_pids = [h.sshd_pid for h in cluster.hosts if h.sshd_pid]
     # A stray process inside a namespace (a worker, say) must go too.
@@ -242,7 +247,7 @@ def test_stop_removes_everything(tmp_path: Path) -> None:
     cluster.stop()  # idempotent
 
 
-def test_teardown_when_the_body_raises(tmp_path: Path) -> None:
+def test_teardown_when_the_body_raises(tmp_path: Path, own_subnet: None) -> None:
     fixture = namespace_cluster_fixture(1, base_dir=tmp_path / "fixture")
     cluster = next(fixture)
     sshd_pids = [h.sshd_pid for h in cluster.hosts if h.sshd_pid]
@@ -259,7 +264,7 @@ def test_teardown_when_the_body_raises(tmp_path: Path) -> None:
     _assert_gone(ctx_cluster, sshd_pids)
 
 
-def test_cleanup_leftovers_after_a_crashed_run(tmp_path: Path) -> None:
+def test_cleanup_leftovers_after_a_crashed_run(tmp_path: Path, own_subnet: None) -> None:
     prefix = "orlt"
     # A process that builds a cluster and dies without stopping it, like a killed test run.
     crash = textwrap.dedent(

@@ -16,7 +16,7 @@ import pytest
 from tests.cluster.inventories import DEFAULT_PORT, host_entries
 from tests.cluster.inventories import write_inventory as cluster_inventory
 from tests.cluster.netns import ClusterHost, NamespaceCluster
-from tests.cluster.pytest_support import namespace_cluster_fixture
+from tests.cluster.pytest_support import SharedCluster
 from tests.conftest import Cli
 
 pytestmark = pytest.mark.netns
@@ -30,8 +30,8 @@ HOLD = (  # a process that holds port 20000 for a minute
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
-    yield from namespace_cluster_fixture(3, base_dir=tmp_path_factory.mktemp("cluster"))
+def cluster(namespace_hosts: SharedCluster) -> NamespaceCluster:
+    return namespace_hosts.hosts(3)
 
 
 @pytest.fixture

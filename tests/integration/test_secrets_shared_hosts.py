@@ -27,7 +27,7 @@ import pytest
 from tests.cluster.inventories import host_entries
 from tests.cluster.inventories import write_inventory as cluster_inventory
 from tests.cluster.netns import NamespaceCluster
-from tests.cluster.pytest_support import namespace_cluster_fixture
+from tests.cluster.pytest_support import SharedCluster
 from tests.conftest import Cli, clean_env, wait_for
 
 pytestmark = pytest.mark.netns
@@ -59,8 +59,8 @@ def shared_root() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
-    yield from namespace_cluster_fixture(2, base_dir=tmp_path_factory.mktemp("cluster"))
+def cluster(namespace_hosts: SharedCluster) -> NamespaceCluster:
+    return namespace_hosts.hosts(2)
 
 
 @pytest.fixture(scope="module")

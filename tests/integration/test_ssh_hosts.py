@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 from tests.cluster.inventories import host_entries
 from tests.cluster.inventories import write_inventory as cluster_inventory
 from tests.cluster.netns import ClusterHost, NamespaceCluster
-from tests.cluster.pytest_support import namespace_cluster_fixture
+from tests.cluster.pytest_support import SharedCluster
 from tests.conftest import Cli, dashboard_view, free_ports, serve_tensorboard, wait_for
 
 pytestmark = pytest.mark.netns
@@ -38,8 +37,8 @@ for step in range(1, steps + 1):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
-    yield from namespace_cluster_fixture(2, base_dir=tmp_path_factory.mktemp("cluster"))
+def cluster(namespace_hosts: SharedCluster) -> NamespaceCluster:
+    return namespace_hosts.hosts(2)
 
 
 def write_inventory(cli: Cli, cluster: NamespaceCluster, job: dict[str, Any], **kw: Any) -> Path:
