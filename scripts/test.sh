@@ -7,9 +7,10 @@
 #   - the checks (ruff, mypy, lint-imports, the manual) run beside pytest, their output shown
 #     when they end;
 #   - as root, the unprivileged unit run runs beside pytest too;
-#   - pytest itself runs its lanes side by side (pytest-xdist, --dist loadgroup): the Slurm, the
-#     Docker and the namespace clusters' tests, the local TensorFlow runs one at a time, and
-#     the plain tests wherever a worker is free (tests/conftest.py LANES).
+#   - pytest itself runs its lanes side by side (pytest-xdist, --dist loadgroup): the Slurm and
+#     Docker clusters' tests, the namespace cluster's, the local TensorFlow runs in two lanes,
+#     and the plain tests wherever a worker is free (tests/conftest.py LANES);
+#   - then the tests that measure the machine (marker quiet) run alone.
 # Extra arguments go to pytest (`bash scripts/test.sh -k inventory`); `-n 0` runs it serially.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,20 +40,25 @@ checks() {
 checks >"$logs/checks.log" 2>&1 &
 checks_pid=$!
 
-unit_selection=()
+lanes="not quiet"
 unprivileged_pid=
 if [ "$(id -u)" = 0 ]; then
     # The unit tests that need neither root nor TensorFlow run as an unprivileged user, and only
     # there; this pytest runs the rest (integration, and the unit tests marked tf or root).
-    unit_selection=(-m "not unit or tf or root")
+    lanes="not quiet and (not unit or tf or root)"
     bash scripts/unit-tests-unprivileged.sh >"$logs/unprivileged.log" 2>&1 &
     unprivileged_pid=$!
 fi
+# A -m of your own selects the tests instead: one run, in the lanes, the quiet ones among them.
+own_selection=0
+for argument in "$@"; do
+    case "$argument" in -m | -m?*) own_selection=1 ;; esac
+done
 
 status=0
 # pytest exits 5 when it collects nothing: that fails the run (status stays non-zero).
 .venv/bin/python -m pytest -n 4 --dist loadgroup --durations=0 --durations-min=1 \
-    "${unit_selection[@]}" "$@" || status=$?
+    -m "$lanes" "$@" || status=$?
 
 echo "--- checks: ruff, ruff format, mypy, lint-imports, mkdocs --strict"
 checks_status=0
@@ -66,7 +72,19 @@ if [ -n "$unprivileged_pid" ]; then
     cat "$logs/unprivileged.log"
     echo "--- unprivileged unit tests exited $unprivileged_status"
 fi
-echo "--- pytest exited $status"
-if [ "$status" -ne 0 ]; then exit "$status"; fi
-if [ "$checks_status" -ne 0 ]; then exit "$checks_status"; fi
-exit "$unprivileged_status"
+
+# The tests that measure the machine, alone now that nothing else runs. Their selection may be
+# empty (extra arguments such as -k): exit 5 then counts as nothing to do, since the run above
+# ran tests.
+quiet_status=0
+if [ "$own_selection" -eq 0 ]; then
+    echo "--- pytest, the quiet tests alone (marker quiet)"
+    .venv/bin/python -m pytest -n 0 --durations=0 --durations-min=1 -m quiet "$@" \
+        || quiet_status=$?
+    if [ "$quiet_status" -eq 5 ] && [ "$status" -eq 0 ]; then quiet_status=0; fi
+fi
+
+echo "--- pytest exited $status; the quiet tests $quiet_status"
+for code in "$status" "$quiet_status" "$checks_status" "$unprivileged_status"; do
+    if [ "$code" -ne 0 ]; then exit "$code"; fi
+done

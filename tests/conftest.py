@@ -330,15 +330,28 @@ def dashboard_view(
 
 # Lanes for pytest-xdist's `--dist loadgroup` (scripts/test.sh): the tests of one lane run one
 # after another in one xdist worker, beside the other lanes. A cluster exists once per machine
-# (one subnet each), so each kind's tests share a lane and its session-scoped cluster; local
-# TensorFlow runs are CPU-bound, so they take turns in their own lane instead of crowding the two
-# cores; everything else (plain tests, unit tests) fills in wherever a worker is free. First
-# matching marker wins: a Slurm test that trains is in the Slurm lane.
-LANES = ("slurm", "docker", "netns", "tf")
+# (one subnet each), so each kind's tests share a lane and its session-scoped cluster (Slurm and
+# Docker, a session fixture each, share one: together they last about as long as the others);
+# local TensorFlow runs are CPU-bound, so they take turns in two lanes instead of crowding the
+# two cores; everything else (plain tests, unit tests) fills in wherever a worker is free.
+# First matching marker wins: a Slurm test that trains is in the clusters lane.
+LANES = {"slurm": "clusters", "docker": "clusters", "netns": "netns", "tf": "tf"}
+# The modules of the second TensorFlow lane: about half of the lanes' time, as measured in CI
+# (docs/development.md has the table). Any split is correct; this one is balanced.
+SECOND_TF_LANE = frozenset({
+    "test_stacks", "test_faults_checkpoints", "test_supervision", "test_evaluator_watch",
+    "test_linger", "test_worker_training", "test_worker_tensorboard_devices", "test_quick_start",
+    "test_warm_restarts",
+})  # fmt: skip
 
 
 def lane_of(item: pytest.Item) -> str | None:
-    return next((lane for lane in LANES if item.get_closest_marker(lane)), None)
+    marker = next((m for m in LANES if item.get_closest_marker(m)), None)
+    if marker is None:
+        return None
+    if LANES[marker] == "tf" and item.path.stem in SECOND_TF_LANE:
+        return "tf2"
+    return LANES[marker]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks

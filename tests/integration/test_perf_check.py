@@ -18,7 +18,8 @@ from tests.cluster.netns import NamespaceCluster
 from tests.cluster.pytest_support import SharedCluster
 from tests.conftest import Cli
 
-pytestmark = pytest.mark.netns
+# quiet: it measures the hosts' compute and links, so it runs alone, after the lanes (test.sh).
+pytestmark = [pytest.mark.netns, pytest.mark.quiet]
 
 JOB = {"name": "demo", "script": "train.py"}
 PERF_CHECKS = ("compute", "throughput")

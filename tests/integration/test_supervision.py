@@ -213,7 +213,9 @@ def test_tensorflow_worker_killed_mid_training_resumes_warm_to_exactly_the_targe
         # on a loaded machine the 300 steps could otherwise end first.
         for worker in workers:
             worker.suspend()
-        standbys = wait_for(lambda: ready_standbys(cli), timeout=180, what="ready standbys")
+        taken = {worker.pid for worker in workers}
+        standbys = wait_for(lambda: ready_standbys(cli, taken), timeout=180,
+                            what="ready standbys")  # fmt: skip
         workers[1].kill()
         workers[0].resume()
         while up.poll() is None:
@@ -238,15 +240,20 @@ def test_tensorflow_worker_killed_mid_training_resumes_warm_to_exactly_the_targe
     assert run_processes(run_id) == []
 
 
-def ready_standbys(cli: Cli) -> list[int] | None:
-    """Both slots' standby children (pids, in worker order) once they imported TensorFlow."""
+def ready_standbys(cli: Cli, taken: set[int]) -> list[int] | None:
+    """Both slots' standby children (pids, in worker order) once they imported TensorFlow. Not
+    the first attempt's own: `up` started its workers as standbys too, and until the supervisor
+    starts the next ones their claimed directory may still say `ready` (their pids: `taken`)."""
     pids = []
     for worker in cli.record()["workers"]:
         run_dir = Path(worker["run_dir"])
         standby = run_dir.parents[3] / "standby" / run_dir.name  # {job}/standby/{name}
-        if not (standby / "ready").exists():
+        if not (standby / "ready").exists() or not (standby / "spec.json").exists():
+            return None  # not imported yet, or claimed (claimed.json)
+        pid = int((standby / "worker.pid").read_text())
+        if pid in taken:
             return None
-        pids.append(int((standby / "worker.pid").read_text()))
+        pids.append(pid)
     return pids
 
 
