@@ -137,6 +137,23 @@ def first_failure(status: RunStatus) -> Failure | None:
     return causes[0] if causes else None
 
 
+# How long a failure that is only a consequence (its collective aborted: a peer went away) waits
+# for its cause to show up before the attempt is given up with it. The dead peer's own exit can
+# be recorded after its peers' on a busy machine: deciding on the first exit seen named the
+# wrong worker (docs/supervision.md).
+CAUSE_WINDOW = 5.0
+
+
+def awaits_cause(failure: Failure, status: RunStatus, waited: float) -> bool:
+    """Whether to look again before acting on `failure` (first_failure's choice), `waited`
+    seconds after it was first seen: it is a consequence (PEER_LOST), a worker it may be the
+    consequence of has not failed yet, and the window is not over."""
+    if failure.kind is not FailureKind.PEER_LOST or waited >= CAUSE_WINDOW:
+        return False
+    return any(w.state in (WorkerState.RUNNING, WorkerState.UNKNOWN) for w in status.workers
+               if w.name != failure.worker)  # fmt: skip
+
+
 def _exit_kind(worker: WorkerStatus) -> FailureKind:
     if worker.exit_code is None:
         return FailureKind.VANISHED

@@ -41,6 +41,7 @@ from orchestrator.engine.notify import RunEvents
 from orchestrator.engine.policy import (
     HOST_LOCAL_FAILURES,
     StallWatch,
+    awaits_cause,
     backoff,
     failed_restarts,
     file_mtime,
@@ -93,6 +94,7 @@ class Supervisor:
         self._mirrored_step = -1
         self._standbys_for = -1  # the attempt whose slots last got standbys
         self._answered = ""  # the id of the last stop request this supervisor carried out
+        self._consequence_seen: float | None = None  # when a peer-lost failure was first seen
         self.linger = linger_seconds(record.inventory.job, os.environ)
         self.events = RunEvents(store, record, say)  # notify: targets, told in the background
         self.sidecar = Sidecar(backend, say)  # what the hosts' roles ask of the loop
@@ -149,9 +151,14 @@ class Supervisor:
                 self.store.save(acted)
                 continue
             pairs = [(w.role, w.state) for w in status.workers]
-            failure = first_failure(only(status, roles.training(pairs))) or self.watch.check(
+            training = only(status, roles.training(pairs))
+            failure = first_failure(training) or self.watch.check(
                 only(status, roles.watched(pairs)), time.monotonic()
             )
+            if failure is not None and self._awaits_cause(failure, training):
+                self._pause()  # ends at once when the next exit is recorded
+                continue
+            self._consequence_seen = None
             if failure is not None:
                 done = [w.name for w in status.workers if w.state is WorkerState.SUCCEEDED]
                 failure = early_exit(failure, done)
@@ -159,6 +166,14 @@ class Supervisor:
             else:
                 self._start_standbys(status)
                 self._pause()
+
+    def _awaits_cause(self, failure: Failure, training: RunStatus) -> bool:
+        """A peer's aborted collective is a consequence: its cause (the peer that died) may be
+        recorded a moment later; look again within policy.CAUSE_WINDOW before acting."""
+        now = time.monotonic()
+        if self._consequence_seen is None:
+            self._consequence_seen = now
+        return awaits_cause(failure, training, now - self._consequence_seen)
 
     def _stop_as_asked(self) -> bool:
         """Carry out `down`'s stop request over this supervisor's sessions and answer it; False

@@ -379,6 +379,9 @@ def write_inventory(cli: Cli) -> Path:
         log_every=10,
         stall_timeout=60,
         restart_backoff=1,
+        # A task's default, which the tests otherwise turn off ($ORCHESTRATE_WARM_RESTARTS=0):
+        # here the run keeps standbys in the containers for its restart over SSH, as a user's does.
+        warm_restarts=True,
     )
     path = cli.cwd / "inventory.yaml"
     path.write_text(yaml.safe_dump(inventory, sort_keys=False))

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.cluster.inventories import host_entries
@@ -200,8 +201,15 @@ def test_a_partition_between_hosts_waits_without_spending_restarts(
     first, second = cluster.hosts[:2]
     up = Output(cli.popen("up", "--skip-checks", "inv.yaml"))
     try:
-        cli.status_when(lambda s: (s["workers"][0]["checkpoint_step"] or 0) >= 100, 240)
+        status = cli.status_when(lambda s: (s["workers"][0]["checkpoint_step"] or 0) >= 100, 240)
+        # Held while the partition goes in: on a busy machine the last 300 steps took less
+        # than the status poll that saw step 100, and the run ended before the rule was there.
+        workers = [psutil.Process(w["pid"]) for w in status["workers"]]
+        for worker in workers:
+            worker.suspend()
         with iptables_rule(cluster, second, "INPUT", "-s", first.address, "-j", "DROP"):
+            for worker in workers:
+                worker.resume()
             waiting = up.wait_for("restart waits for the network", timeout=180)
             time.sleep(3)
         code, out, err = up.finish(timeout=300)

@@ -15,10 +15,12 @@ from orchestrator.engine.control import _read_answer
 from orchestrator.engine.failures import Failure, FailureKind
 from orchestrator.engine.lifecycle import start_run
 from orchestrator.engine.policy import (
+    CAUSE_WINDOW,
     SCRIPT_SURVIVOR_GRACE,
     STOP_GRACE,
     TASK_SURVIVOR_GRACE,
     StallWatch,
+    awaits_cause,
     conclude,
     first_failure,
     survivors_grace,
@@ -208,6 +210,49 @@ def test_first_failure_is_the_earliest_exit_not_the_lowest_index(tmp_path: Path)
     record = start_run(inventory(tmp_path), store, backend)
     failure = first_failure(collect_status(record, backend))
     assert failure is not None and (failure.worker, failure.kind) == ("b", FailureKind.KILLED)
+
+
+ABORTED = ["UnavailableError: Collective ops is aborted by: recvmsg:Connection reset by peer"]
+
+
+def test_a_peers_aborted_collective_waits_for_its_cause_which_is_named(tmp_path: Path) -> None:
+    # a's abort is recorded first; b, killed, still reads running on that probe (a busy host
+    # writes its exit record late): the restart names b, not a.
+    backend = FakeBackend(scripts={
+        "a": {0: [exited(1, 3, error=ABORTED[0], tail=ABORTED, finished_at=2.0)],
+              1: [running(3), exited(0, 5)]},
+        "b": {0: [running(3), running(3), exited(-9, 3, finished_at=1.0)],
+              1: [running(3), exited(0, 5)]},
+    })  # fmt: skip
+    store, outcome = supervise(tmp_path, backend, inventory(tmp_path))
+    assert isinstance(outcome, tuple), outcome
+    (restart,) = store.load().restarts
+    assert (restart.worker, restart.kind) == ("b", "killed")
+
+
+def test_an_abort_waits_only_while_a_peer_may_still_fail_and_at_most_the_window(
+    tmp_path: Path,
+) -> None:
+    aborted = exited(1, 3, error=ABORTED[0], tail=ABORTED)
+
+    def status_with(b: dict[str, Any], name: str) -> RunStatus:
+        backend = FakeBackend(scripts={"a": {0: [aborted]}, "b": {0: [b]}})
+        record = start_run(inventory(tmp_path / name), RunStore(tmp_path / name), backend)
+        return collect_status(record, backend)
+
+    b_running = status_with(running(3), "running")
+    failure = first_failure(b_running)
+    assert failure is not None and (failure.worker, failure.kind) == ("a", FailureKind.PEER_LOST)
+    assert awaits_cause(failure, b_running, waited=0.0)
+    assert awaits_cause(failure, b_running, waited=CAUSE_WINDOW - 0.1)
+    assert not awaits_cause(failure, b_running, waited=CAUSE_WINDOW)
+    b_done = status_with(exited(0, 5), "done")
+    failure = first_failure(b_done)
+    assert failure is not None and not awaits_cause(failure, b_done, waited=0.0)
+    b_killed = status_with(exited(-9, 3), "killed")
+    failure = first_failure(b_killed)
+    assert failure is not None and failure.kind is FailureKind.KILLED  # a cause: at once
+    assert not awaits_cause(failure, b_killed, waited=0.0)
 
 
 class SchedulerLikeBackend(FakeBackend):
