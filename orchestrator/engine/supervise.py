@@ -107,6 +107,9 @@ class Supervisor:
         try:
             status = self._run()
             ended = True
+            # First: a queued neighbour waits for the leases, not for the standbys or the
+            # notifications below (they hold none).
+            release_leases(self.record.inventory, self.record.run_id, self.backend)
         except JobFailed as error:
             ended = True
             release_leases(self.record.inventory, self.record.run_id, self.backend)
@@ -116,7 +119,6 @@ class Supervisor:
             with suppress(OrchestrateError):  # a host not answering: its standbys linger out
                 end_standbys(self.record, self.backend, self.linger if ended else 0)
             self.events.close()  # a bounded wait for the notifications still queued
-        release_leases(self.record.inventory, self.record.run_id, self.backend)  # it ended
         return status
 
     def _run(self) -> RunStatus:

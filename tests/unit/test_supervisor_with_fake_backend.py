@@ -255,6 +255,25 @@ def test_an_abort_waits_only_while_a_peer_may_still_fail_and_at_most_the_window(
     assert not awaits_cause(failure, b_killed, waited=0.0)
 
 
+class StandbyOrderBackend(FakeBackend):
+    """Records the standbys' discard beside the lease calls, to see their order."""
+
+    def discard_standbys(self, workers: Sequence[Any]) -> Any:
+        self.lease_calls.append(("discard standbys", ""))
+        return super().discard_standbys(workers)
+
+
+def test_a_run_that_ended_lets_go_of_its_leases_before_it_sees_to_its_standbys(
+    tmp_path: Path,
+) -> None:
+    backend = StandbyOrderBackend(scripts={"a": {0: [exited(0, 5)]}, "b": {0: [exited(0, 5)]}})
+    store, outcome = supervise(tmp_path, backend, inventory(tmp_path))
+    assert isinstance(outcome, tuple), outcome
+    run_id = store.load().run_id
+    ended = [call for call in backend.lease_calls if call[0] not in ("take", "withdraw")]
+    assert ended[:2] == [("release", run_id), ("discard standbys", "")], ended
+
+
 class SchedulerLikeBackend(FakeBackend):
     resubmits_preempted = True  # as the Slurm backend: a preempted attempt is submitted again
 
