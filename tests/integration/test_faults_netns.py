@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -20,7 +21,7 @@ import pytest
 
 from tests.cluster.inventories import host_entries
 from tests.cluster.inventories import write_inventory as cluster_inventory
-from tests.cluster.netns import ClusterError, NamespaceCluster
+from tests.cluster.netns import ClusterError, ClusterHost, NamespaceCluster
 from tests.cluster.pytest_support import SharedCluster
 from tests.conftest import Cli, wait_for
 from tests.scripts import STEPPER
@@ -61,6 +62,35 @@ def script_job(cli: Cli, **env: Any) -> dict[str, Any]:
     shutil.copyfile(STEPPER, cli.cwd / "train.py")
     return {"name": "demo", "script": "train.py", "restart_backoff": 0, "stall_timeout": 4,
             "env": {"STEPS": 300, "DELAY": 0.05, **env}}  # fmt: skip
+
+
+def hold_at_checkpoint(
+    hosts: list[ClusterHost], job: str, step: int, timeout: float
+) -> list[psutil.Process]:
+    """Suspend the first attempt's workers as soon as the chief's progress file (read on its host,
+    no CLI in between) reports a checkpoint at `step` or later; the caller resumes them."""
+
+    def attempt_dir(host: ClusterHost) -> Path | None:
+        found = sorted((host.workdir / job / "runs").glob(f"*/attempt-0/{host.name}"))
+        return found[0] if found else None
+
+    def chief_at_step() -> bool:
+        chief = attempt_dir(hosts[0])
+        try:
+            progress = json.loads((chief / "progress.json").read_text()) if chief else {}
+        except (OSError, ValueError):  # not written yet, or caught mid-write
+            return False
+        return (progress.get("checkpoint_step") or 0) >= step
+
+    wait_for(chief_at_step, timeout=timeout, what=f"a checkpoint at step {step}", interval=0.05)
+    workers = []
+    for host in hosts:
+        directory = attempt_dir(host)
+        assert directory is not None, host.name
+        worker = psutil.Process(int((directory / "worker.pid").read_text()))
+        worker.suspend()
+        workers.append(worker)
+    return workers
 
 
 @contextlib.contextmanager
@@ -201,12 +231,9 @@ def test_a_partition_between_hosts_waits_without_spending_restarts(
     first, second = cluster.hosts[:2]
     up = Output(cli.popen("up", "--skip-checks", "inv.yaml"))
     try:
-        status = cli.status_when(lambda s: (s["workers"][0]["checkpoint_step"] or 0) >= 100, 240)
         # Held while the partition goes in: on a busy machine the last 300 steps took less
-        # than the status poll that saw step 100, and the run ended before the rule was there.
-        workers = [psutil.Process(w["pid"]) for w in status["workers"]]
-        for worker in workers:
-            worker.suspend()
+        # than one status poll, and the run ended before the rule was there.
+        workers = hold_at_checkpoint([first, second], "shapes", step=100, timeout=240)
         with iptables_rule(cluster, second, "INPUT", "-s", first.address, "-j", "DROP"):
             for worker in workers:
                 worker.resume()
