@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import json
 import os
 import shutil
@@ -134,15 +136,41 @@ def worker_env(run_dir: Path, tf_config: str | None = None, **extra: str) -> dic
     return env
 
 
+# Ports for the tests' own workers and servers: below the kernel's ephemeral range (32768 and up
+# here), where no outgoing connection of a test beside this one can take a port between its
+# check and the worker's bind (a TensorFlow worker then fails "Could not start gRPC server"),
+# and in a band of their own per xdist worker, so two lanes never hand out the same one.
+PORT_BASE, PORT_BAND, PORT_BANDS = 22000, 2000, 5
+
+
+@functools.cache  # one cycle per process: a port is handed out again only after the band
+def _port_cycle() -> Iterator[int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...; unset: not in a lane
+    index = int(worker[2:]) if worker[2:].isdigit() else PORT_BANDS - 1
+    start = PORT_BASE + (index % PORT_BANDS) * PORT_BAND
+    return itertools.cycle(range(start, start + PORT_BAND))
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("0.0.0.0", port))  # as a TensorFlow worker binds it
+        except OSError:
+            return False
+    return True
+
+
 def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    """`count` distinct ports that nothing on this machine listens on now (see PORT_BASE)."""
+    ports = _port_cycle()
+    found: list[int] = []
+    for _ in range(PORT_BAND):
+        port = next(ports)
+        if _bindable(port):
+            found.append(port)
+            if len(found) == count:
+                return found
+    raise RuntimeError(f"fewer than {count} free ports in this worker's band of {PORT_BAND}")
 
 
 def local_inventory(cli: Cli, hosts: list[str], job: dict[str, Any]) -> Path:
