@@ -255,6 +255,20 @@ def wait_for(
     raise AssertionError(f"{what} not met within {timeout} s")
 
 
+@contextlib.contextmanager
+def busy_cpus(loops: int | None = None) -> Iterator[None]:
+    """The machine busy as a user's workstation is: `loops` busy loops (default one per CPU) at
+    the test's own priority beside what the test does, ended when the block ends."""
+    count = loops or os.cpu_count() or 2
+    started = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for loop in started:
+            loop.kill()
+            loop.wait()
+
+
 def detached_supervisors(run_id: str) -> list[psutil.Process]:
     """The `orchestrate supervise RUN_ID` process of the run (`up --detach`), if it is alive."""
     found = []

@@ -10,6 +10,7 @@ from typing import Any
 
 from orchestrator.contract import HISTORY_FILE
 from orchestrator.dashboard.charts import Marker, Series, line_chart
+from orchestrator.engine.policy import first_failure
 from orchestrator.engine.roles import labelled
 from orchestrator.engine.snapshot import Snapshot
 from orchestrator.engine.state import WorkerState
@@ -40,16 +41,17 @@ def root_cause(record: RunRecord, status: RunStatus) -> str | None:
     """The page's "root cause": one line saying why the run failed, or None.
 
     The supervisor's verdict when it gave up (the record's `outcome`, shown whatever the state);
-    else, while the run's state is failed, the failed worker that ended first (earliest
-    `finished_at`; one with no end time counts as the last), as "name at step N: reason"."""
+    else, while the run's state is failed, the supervisor's own choice of the failed worker
+    (policy.first_failure: a cause before the peers that aborted because of it, then the
+    earliest `finished_at`), as "name at step N: reason"."""
     if record.outcome:
         return record.outcome
-    failed = [w for w in status.workers if w.state is WorkerState.FAILED]
-    if not failed or status.state is not WorkerState.FAILED:
+    failure = first_failure(status) if status.state is WorkerState.FAILED else None
+    if failure is None:
         return None
-    first = min(failed, key=lambda w: w.finished_at or float("inf"))
-    where = f" at step {first.step}" if first.step is not None else ""
-    return f"{labelled(first.name, first.role)}{where}: {first.reason or 'failed'}"
+    role = next(w.role for w in status.workers if w.name == failure.worker)
+    where = f" at step {failure.step}" if failure.step is not None else ""
+    return f"{labelled(failure.worker, role)}{where}: {failure.reason}"
 
 
 def timeline(

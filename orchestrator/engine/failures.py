@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from orchestrator.contract import EXIT_PREEMPTED, EXIT_USAGE
@@ -147,6 +147,23 @@ HINTS: dict[FailureKind, str] = {
     ),
 }
 
+# What TensorFlow prints in a worker whose collective, coordination service or barrier gave up
+# because another worker went away (strings of TensorFlow 2.x's runtime): a worker whose tail
+# shows one of these is a consequence of another's failure, not a cause of its own.
+_ABORT_SIGNATURES = (
+    r"Collective ops is aborted",
+    r"could be from a previous operation",  # the next collective after an abort
+    r"\[Op:Collective\w*\]",
+    r"remote task has failed",  # the coordination service's heartbeat timeout
+    r"error polling",  # the coordination service handing a peer's error to every task
+    r"Shutdown barrier (in coordination service )?has failed",
+    r"[Uu]nhealthy",
+    r"UnavailableError",
+    r"Socket closed",
+    r"Connection reset by peer",
+    r"failed to connect to all addresses",
+)
+
 # Checked in order against the log tail: the first match names the kind.
 _LOG_PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
     (FailureKind.DISK_FULL, re.compile(r"No space left on device|ENOSPC|Disk quota exceeded")),
@@ -161,10 +178,12 @@ _LOG_PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
                 r"unsupported type \(<class '[\w.]*PerReplica'>\)|"
                 r"is not available with Keras 3")),
     (FailureKind.IMPORT_ERROR, re.compile(r"\b(ModuleNotFoundError|ImportError)\b")),
-    (FailureKind.PEER_LOST,
-     re.compile(r"Collective ops is aborted|[Uu]nhealthy|UnavailableError|Socket closed|"
-                r"Connection reset by peer|failed to connect to all addresses")),
+    (FailureKind.PEER_LOST, re.compile("|".join(_ABORT_SIGNATURES))),
 )  # fmt: skip
+
+# Signals sent from outside the worker: its log holds nothing of the kill, so an abort it
+# printed earlier is not why it ended (TensorFlow's own aborts end by SIGABRT, and are read).
+_EXTERNAL_SIGNALS = frozenset({-9, -15, 137, 143})
 
 
 def classify_exit(returncode: int | None, log_tail: Sequence[str]) -> FailureKind:
@@ -176,8 +195,9 @@ def classify_exit(returncode: int | None, log_tail: Sequence[str]) -> FailureKin
     if returncode == EXIT_USAGE:
         return FailureKind.USAGE
     text = "\n".join(log_tail)
+    external = returncode in _EXTERNAL_SIGNALS
     for kind, pattern in _LOG_PATTERNS:
-        if pattern.search(text):
+        if pattern.search(text) and not (external and kind is FailureKind.PEER_LOST):
             return kind
     if returncode is not None and (returncode < 0 or returncode > 128):
         return FailureKind.KILLED
@@ -207,6 +227,16 @@ def explain(kind: FailureKind, log_tail: Sequence[str] = ()) -> str | None:
                 f"by python: on every host"
             )
     return HINTS.get(kind)
+
+
+def with_consequences(cause: Failure, aborted: Sequence[str]) -> Failure:
+    """The cause, its reason naming the peers that aborted because of it: the user reads one
+    line, and it says both which machine to look at and why the others failed too."""
+    if not aborted:
+        return cause
+    names = ", ".join(aborted[:-1]) + (" and " if len(aborted) > 1 else "") + aborted[-1]
+    reason = f"{cause.reason} ({names} aborted because {cause.worker} died)"
+    return replace(cause, reason=reason, consequences=tuple(aborted))
 
 
 def early_exit(failure: Failure, exited_ok: Sequence[str]) -> Failure:
@@ -239,6 +269,8 @@ class Failure:
     reason: str  # for people: may carry varying details (temp file names, times)
     step: int | None
     exit_code: int | None = None
+    # Peers whose collective aborted because of this failure (their own exits say peer lost).
+    consequences: tuple[str, ...] = ()
 
     @property
     def signature(self) -> tuple[str, str, int | None]:

@@ -22,6 +22,7 @@ from orchestrator.engine.failures import (
     classify_exit,
     explain,
     permanent_reason,
+    with_consequences,
 )
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
@@ -123,9 +124,10 @@ def _stall_kind(worker: WorkerStatus) -> FailureKind:
 def first_failure(status: RunStatus) -> Failure | None:
     """The worker that failed first (earliest exit): the others usually fail because of it.
 
-    A worker whose collective was aborted (peer lost) is a symptom: when another failed worker
-    shows a cause of its own (killed, vanished without an exit record, an error), that one is
-    reported even if its exit was recorded later or not at all."""
+    Decided over every exit recorded so far, not the first seen: a worker whose collective was
+    aborted (peer lost) is a consequence; when another failed worker shows a cause of its own
+    (killed, vanished without an exit record, an error), that one is reported even if its exit
+    was recorded later, and the aborted ones are named as what followed from it."""
     failed = sorted(
         (w for w in status.workers if w.state is WorkerState.FAILED),
         key=lambda w: (w.finished_at or float("inf"), w.index),
@@ -133,8 +135,11 @@ def first_failure(status: RunStatus) -> Failure | None:
     failures = [
         Failure(w.name, _exit_kind(w), w.reason or "failed", w.step, w.exit_code) for w in failed
     ]
-    causes = [f for f in failures if f.kind is not FailureKind.PEER_LOST] or failures
-    return causes[0] if causes else None
+    causes = [f for f in failures if f.kind is not FailureKind.PEER_LOST]
+    if not causes:
+        return failures[0] if failures else None
+    aborted = [f.worker for f in failures if f.kind is FailureKind.PEER_LOST]
+    return with_consequences(causes[0], aborted)
 
 
 # How long a failure that is only a consequence (its collective aborted: a peer went away) waits
