@@ -6,6 +6,8 @@ OrchestrateError
 │   └── LeaseClash      a port or GPU the run needs is leased to another job (exit 4)
 ├── QueueWithdrawn      a queued `up` stopped waiting (Ctrl-C, `down`): nothing started (130)
 ├── HostError           a host could not be reached or a command on it failed (exit 3)
+│   ├── ConnectError    the host could not be reached or logged into
+│   └── HostAnswerError a host program answered what orchestrate will not read (a lost host)
 ├── PreflightFailed     `check` found a problem that blocks the run (exit 5)
 ├── ExportRefused       `export` would print what the target would reject (exit 2)
 ├── SecretMissing       a job.secret_env variable is not set where its value is needed (exit 2)
@@ -88,6 +90,20 @@ class HostError(OrchestrateError):
 
 class ConnectError(HostError):
     """The host could not be reached or logged into (as opposed to a command failing there)."""
+
+
+class HostAnswerError(HostError):
+    """A host program's answer broke the decoder's bounds (size, encoding, nesting, shape): it is
+    untrusted input, so the host counts as lost, never as a traceback (machines/answerline.py)."""
+
+    def __init__(self, host: str, verb: str, message: str) -> None:
+        super().__init__(
+            host,
+            f"answered `{verb}` with {message}",
+            hint="something other than orchestrate's host program answered, or it was damaged on "
+            "the way: check the host's 'python' and what its login shell prints",
+        )
+        self.verb = verb
 
 
 class HostErrors(OrchestrateError):

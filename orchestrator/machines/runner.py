@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from orchestrator.errors import HostError
+from orchestrator.machines.answerline import LINE_CAP, decode_answer
 
 
 @dataclass(frozen=True)
@@ -40,13 +41,15 @@ class CommandResult:
 
 class LineSession:
     """A command kept running on a host that answers one JSON line per JSON line it reads:
-    several requests for the price of one process start. Closing its input ends it."""
+    several requests for the price of one process start. Closing its input ends it.
+    `read_line(timeout, limit)` returns one line of at most `limit` bytes (answerline.py decodes
+    it: a host's answer is untrusted, and is never read whole before it is bounded)."""
 
     def __init__(
         self,
         host_name: str,
         writer: IO[bytes],
-        read_line: Callable[[float], bytes],
+        read_line: Callable[[float, int], bytes],
         close: Callable[[], None],
         errors: Callable[[], bytes] = lambda: b"",
         *,
@@ -76,7 +79,7 @@ class LineSession:
     def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
         try:
             self._write(message)
-            line = self._read_line(timeout)
+            line = self._read_line(timeout, LINE_CAP + 1)
         except (OSError, TimeoutError, EOFError) as exc:
             # A socket timeout says nothing by itself (its str() is empty).
             why = str(exc) or (
@@ -90,10 +93,7 @@ class LineSession:
                 "the program ended without answering" + (f": {' '.join(said)}" if said else ""),
                 hint="check that the host's 'python' is a working Python 3",
             )
-        try:
-            return dict(json.loads(line))
-        except ValueError as exc:
-            raise HostError(self.host_name, f"the session answered {line[:200]!r}") from exc
+        return decode_answer(self.host_name, str(message.get("verb", "?")), line)
 
     def close(self) -> None:
         """End of input, then wait (a while) for the program to exit."""
@@ -187,20 +187,22 @@ class LocalRunner(Runner):
         assert process.stdin and process.stdout and process.stderr
         stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
 
-        def read_line(timeout: float) -> bytes:
+        def read_line(timeout: float, limit: int) -> bytes:
             if not select.select([stdout], [], [], timeout)[0]:
                 raise TimeoutError(f"no answer within {timeout:g} s")
-            return stdout.readline()
+            return stdout.readline(limit)
 
         def close() -> None:
+            # Its output closed first: a program blocked writing an answer nobody reads (one
+            # refused as too long) ends with EPIPE instead of holding this wait.
             with contextlib.suppress(OSError):
                 stdin.close()
+            stdout.close()
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-            stdout.close()
             stderr.close()
 
         # stderr is read only once the program has ended: it writes there only when it fails.

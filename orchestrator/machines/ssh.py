@@ -266,9 +266,9 @@ class SshRunner(Runner):
         stdout = channel.makefile("rb")
         stderr = channel.makefile_stderr("rb")
 
-        def read_line(timeout: float) -> bytes:
+        def read_line(timeout: float, limit: int) -> bytes:
             channel.settimeout(timeout)
-            return bytes(stdout.readline())
+            return bytes(stdout.readline(limit))
 
         def close(wait: bool = True) -> None:
             # End of input ends the remote program; closing the channel ends the rest. The

@@ -260,4 +260,4 @@ def scripted_session(
         def flush(self) -> None:
             pass
 
-    return LineSession(name, Writer(), lambda _timeout: pending.pop(0), lambda: None)  # type: ignore[arg-type]
+    return LineSession(name, Writer(), lambda _timeout, _limit: pending.pop(0), lambda: None)  # type: ignore[arg-type]
