@@ -1,10 +1,12 @@
-"""The host agent as it is shipped (machines/bundle.py), in a real local `up` of a script job:
-its JoinWatch (machines/remote/procwatch.py, carried inside the agent's text) says each worker
-joined its cluster. The hosts' interpreter is the system's python3, where orchestrate is not
-installed, and the controller's working directory (that of the agents' `python -c`) holds
-planted procwatch.py and safefiles.py that end any process importing them: the agent can only
-have used the copies it carried. No TensorFlow: a stand-in library named like its framework
-library is what the watch looks for (tests/unit/test_join_watch.py has the same stand-in)."""
+"""The host programs as they are shipped (machines/bundle.py), in a real local `check`, `up`,
+`status` and `jobs` of a script job: the agent's JoinWatch (procwatch.py, carried inside the
+agent's text) says each worker joined its cluster. The hosts' interpreter is the system's
+python3, where orchestrate is not installed, run through a wrapper that gives every process it
+starts a PYTHONPATH and a user site of a neighbour's; those and the controller's working
+directory (that of the host programs' `python -c`) hold planted modules named like the standard
+library's and the shipped ones (tests/planted.py): no host program may import one (issue 40).
+No TensorFlow: a stand-in library named like its framework library is what the watch looks for
+(tests/unit/test_join_watch.py has the same stand-in)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Cli, clean_env, free_ports
+from tests.planted import all_imports, host_program_imports, plant, user_site
 
 SYSTEM_PYTHON = "/usr/bin/python3"
-PLANTED = "import sys\nsys.stderr.write('the planted copy was imported')\nsys.exit(9)\n"
 
 
 def _libm_path() -> str:
@@ -52,17 +54,28 @@ def test_the_shipped_agent_watches_a_local_script_job_join(cli: Cli) -> None:
         time.sleep(1.5)  # the watch samples every 0.2 s
         """)
     )
-    for module in ("procwatch", "safefiles"):
-        (cli.cwd / f"{module}.py").write_text(PLANTED)
+    marker = cli.cwd / "planted-imports.txt"
+    plant(cli.cwd, marker)  # the working directory every local host program starts in
+    plant(cli.cwd / "shared-libs", marker)  # a neighbour's directory on PYTHONPATH
+    plant(user_site(SYSTEM_PYTHON, cli.cwd / "userbase"), marker)
+    python = cli.cwd / "python3"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={cli.cwd / 'shared-libs'} "
+                      f"PYTHONUSERBASE={cli.cwd / 'userbase'} exec {SYSTEM_PYTHON} \"$@\"\n")  # fmt: skip
+    python.chmod(0o755)
     hosts = "\n".join(
-        f"  - {{name: worker-{i}, address: localhost, port: {port}, python: {SYSTEM_PYTHON}}}"
+        f"  - {{name: worker-{i}, address: localhost, port: {port}, python: {python}}}"
         for i, port in enumerate(free_ports(2))
     )
     inventory = cli.cwd / "inv.yaml"
     inventory.write_text("defaults: {connection: local, workdir: ./work}\nhosts:\n" + hosts
                          + f"\njob: {{name: stand-in, script: {script}}}\n")  # fmt: skip
-    result = cli("up", "--skip-checks", str(inventory), timeout=120)
+    checked = cli("check", str(inventory), timeout=120)  # the host probe
+    assert "hostprobe" not in checked.stdout + checked.stderr, checked.stdout + checked.stderr
+    result = cli("up", "--skip-checks", str(inventory), timeout=120)  # leases, agent, minders
     assert result.returncode == 0, result.stdout + result.stderr
+    assert cli("status", timeout=60).returncode == 0
+    assert cli("jobs", str(inventory), timeout=60).returncode == 0  # the lease listing
+    assert host_program_imports(marker) == [], all_imports(marker)
     runs = sorted((cli.cwd / "work" / "stand-in" / "runs").glob("*/attempt-0/worker-*"))
     assert [run.name for run in runs] == ["worker-0", "worker-1"]
     for run in runs:

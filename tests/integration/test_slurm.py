@@ -25,6 +25,7 @@ import pytest
 
 from tests.cluster.slurm import LOGIN_ALIAS, PARTITION, SlurmCluster, unavailable_reason
 from tests.conftest import clean_env, dashboard_view
+from tests.planted import all_imports, host_program_imports, plant
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
 REPO = Path(__file__).resolve().parents[2]
@@ -306,14 +307,17 @@ def test_the_exported_script_runs_under_plain_sbatch(orchestrate: Orchestrate) -
     assert exported.returncode == 0, exported.stderr
     script = orchestrate.cwd / "train.sbatch"
     script.write_text(exported.stdout)
-    # The launcher carries JoinWatch and the file helpers (machines/bundle.py): copies planted
-    # in the submit directory, the tasks' working directory and so `python -c`'s sys.path[0],
-    # would end a task that imported them.
-    assert "# orchestrate: launcher.py shipped with procwatch.py, safefiles.py" in exported.stdout
-    for module in ("procwatch", "safefiles"):
-        (orchestrate.cwd / f"{module}.py").write_text("import sys\nsys.exit(9)\n")
+    # The launcher carries JoinWatch and the file helpers (machines/bundle.py), and starts
+    # isolated: modules planted in the submit directory (the launcher's working directory) and
+    # on the tasks' PYTHONPATH, named like the standard library's and the shipped ones, are
+    # never imported by it (tests/planted.py; issue 40).
+    assert "shipped with procwatch.py" in exported.stdout
+    marker = orchestrate.cwd / "planted-imports.txt"
+    plant(orchestrate.cwd, marker)
+    plant(orchestrate.cwd / "site-libs", marker)
+    submit_env = {**orchestrate.env, "PYTHONPATH": str(orchestrate.cwd / "site-libs")}
     submitted = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], cwd=orchestrate.cwd,
-                               env=orchestrate.env, capture_output=True, text=True, timeout=180,
+                               env=submit_env, capture_output=True, text=True, timeout=180,
                                check=False)  # fmt: skip
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
@@ -323,6 +327,7 @@ def test_the_exported_script_runs_under_plain_sbatch(orchestrate: Orchestrate) -
         assert (record["returncode"], record.get("joined")) == (0, True), record
         assert json.loads((attempt / task / "progress.json").read_text())["step"] == 30
     assert (orchestrate.cwd / "shared" / "shapes" / "checkpoints" / "checkpoint").exists()
+    assert host_program_imports(marker) == [], all_imports(marker)
 
 
 def _flat(text: str) -> str:

@@ -1,7 +1,9 @@
 """The exported TrainJob's launcher, run as the two pods would run it (the container's command
 and args, JOB_COMPLETION_INDEX 0 and 1) with JobSet's host names swapped for 127.0.0.1 ports,
 gives the workers TF_CONFIGs with which a real two-worker MultiWorkerMirroredStrategy job trains.
-One short run (about 20 s on two CPU cores)."""
+One short run (about 20 s on two CPU cores). The pods' PYTHONPATH holds modules named like the
+standard library's and the shipped ones (tests/planted.py): the launcher imports none (issue 40).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from orchestrator.contract import CHECKPOINT_DIR_ENV
 from orchestrator.export import trainjob_launcher
 from orchestrator.export.trainjob import problems, trainjob
 from tests.conftest import free_ports, worker_env
+from tests.planted import all_imports, host_program_imports, plant
 
 pytestmark = pytest.mark.tf
 
@@ -49,6 +52,8 @@ def test_two_pods_launched_from_the_runtime_train_together(tmp_path: Path) -> No
     assert args[0] == "python" and str(checkpoints) in args
     command = [sys.executable, *container["command"][1:], sys.executable, *args[1:]]
     local = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    marker = tmp_path / "planted-imports.txt"
+    plant(tmp_path / "image-libs", marker)  # a directory on the image's PYTHONPATH
     processes = []
     for index in range(2):
         run_dir = tmp_path / f"pod{index}"
@@ -56,6 +61,7 @@ def test_two_pods_launched_from_the_runtime_train_together(tmp_path: Path) -> No
         pod_env = worker_env(run_dir, None, **{**env, CHECKPOINT_DIR_ENV: str(checkpoints)})
         pod_env[trainjob_launcher.WORKERS_ENV] = json.dumps(local)
         pod_env[trainjob_launcher.INDEX_ENV] = str(index)  # what the Indexed Job gives each pod
+        pod_env["PYTHONPATH"] = str(tmp_path / "image-libs")
         processes.append(
             subprocess.Popen(
                 command,
@@ -87,3 +93,4 @@ def test_two_pods_launched_from_the_runtime_train_together(tmp_path: Path) -> No
         assert (progress["step"], progress["checkpoint_step"]) == (20, 20)
     assert "(chief)" in results[0][1] and "(chief)" not in results[1][1]
     assert (checkpoints / "checkpoint").exists()  # the chief wrote them
+    assert host_program_imports(marker) == [], all_imports(marker)

@@ -20,6 +20,7 @@ from orchestrator.machines.remote import agent as agent_program
 from orchestrator.machines.runner import LocalRunner
 from tests.conftest import REPO, Cli, clean_env, free_ports, run_processes, wait_for
 from tests.fakes.planning import plan_workers
+from tests.planted import all_imports, host_program_imports, plant
 from tests.scripts import STEPPER
 
 pytestmark = pytest.mark.tf
@@ -116,12 +117,21 @@ def test_a_launch_takes_a_matching_standby_and_discards_one_with_another_environ
 ) -> None:
     """The host agent itself (the real one, through the local runner): standbys started with
     TOKEN=old; attempt 1's alpha has the same environment and is handed to its standby, beta's
-    secret was rotated, so beta's standby is discarded and beta starts cold."""
+    secret was rotated, so beta's standby is discarded and beta starts cold. The host's Python
+    has a neighbour's directory on its PYTHONPATH: neither the agent, the standby's minder nor
+    the one it execs at the hand-over imports the modules planted there (issue 40)."""
     inventory = load_inventory(stepper_inventory(cli))
     run_id = "20260101-000000-beef"
     reaper.append(run_id)
     workdirs = {h.name: h.workdir for h in inventory.hosts}
-    agent = HostAgent(LocalRunner("local"), sys.executable)
+    marker = cli.cwd / "planted-imports.txt"
+    plant(cli.cwd / "shared-libs", marker)
+    python = cli.cwd / "python3"
+    python.write_text(
+        f'#!/bin/sh\nPYTHONPATH={cli.cwd / "shared-libs"} exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    agent = HostAgent(LocalRunner("local"), str(python))
     old = plan_workers(inventory, run_id, workdirs, attempt=0, secrets={"TOKEN": "old"})
     answers = agent.standby([spec.standby_request(linger=120) for spec in old])
     assert set(answers.values()) == {"started"}, answers
@@ -152,6 +162,7 @@ def test_a_launch_takes_a_matching_standby_and_discards_one_with_another_environ
         agent.stop([alpha.run_dir, beta.run_dir], grace=2)
         agent.discard_standbys([alpha.run_dir, beta.run_dir])
     assert run_processes(run_id) == []
+    assert host_program_imports(marker) == [], all_imports(marker)
 
 
 def alive(pid: int) -> bool:
