@@ -45,6 +45,15 @@ def plant(
         (directory / f"{name}.py").write_text(text)
 
 
+def python_with(path: Path, python: str, **env: Path) -> str:
+    """A host's `python`: `python` with these variables set (a login environment of a shared
+    machine: every process started through it, host programs and workers, gets them)."""
+    settings = " ".join(f"{name}={value}" for name, value in env.items())
+    path.write_text(f'#!/bin/sh\n{settings} exec {python} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 def user_site(python: str, user_base: Path) -> Path:
     """Where `python` looks for the user's site-packages under PYTHONUSERBASE=user_base."""
     found = subprocess.run(

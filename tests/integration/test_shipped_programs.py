@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Cli, clean_env, free_ports
-from tests.planted import all_imports, host_program_imports, plant, user_site
+from tests.planted import all_imports, host_program_imports, plant, python_with, user_site
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 
@@ -58,10 +58,12 @@ def test_the_shipped_agent_watches_a_local_script_job_join(cli: Cli) -> None:
     plant(cli.cwd, marker)  # the working directory every local host program starts in
     plant(cli.cwd / "shared-libs", marker)  # a neighbour's directory on PYTHONPATH
     plant(user_site(SYSTEM_PYTHON, cli.cwd / "userbase"), marker)
-    python = cli.cwd / "python3"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={cli.cwd / 'shared-libs'} "
-                      f"PYTHONUSERBASE={cli.cwd / 'userbase'} exec {SYSTEM_PYTHON} \"$@\"\n")  # fmt: skip
-    python.chmod(0o755)
+    python = python_with(
+        cli.cwd / "python3",
+        SYSTEM_PYTHON,
+        PYTHONPATH=cli.cwd / "shared-libs",
+        PYTHONUSERBASE=cli.cwd / "userbase",
+    )
     hosts = "\n".join(
         f"  - {{name: worker-{i}, address: localhost, port: {port}, python: {python}}}"
         for i, port in enumerate(free_ports(2))

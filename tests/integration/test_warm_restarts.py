@@ -20,7 +20,7 @@ from orchestrator.machines.remote import agent as agent_program
 from orchestrator.machines.runner import LocalRunner
 from tests.conftest import REPO, Cli, clean_env, free_ports, run_processes, wait_for
 from tests.fakes.planning import plan_workers
-from tests.planted import all_imports, host_program_imports, plant
+from tests.planted import all_imports, host_program_imports, plant, python_with
 from tests.scripts import STEPPER
 
 pytestmark = pytest.mark.tf
@@ -126,12 +126,8 @@ def test_a_launch_takes_a_matching_standby_and_discards_one_with_another_environ
     workdirs = {h.name: h.workdir for h in inventory.hosts}
     marker = cli.cwd / "planted-imports.txt"
     plant(cli.cwd / "shared-libs", marker)
-    python = cli.cwd / "python3"
-    python.write_text(
-        f'#!/bin/sh\nPYTHONPATH={cli.cwd / "shared-libs"} exec {sys.executable} "$@"\n'
-    )
-    python.chmod(0o755)
-    agent = HostAgent(LocalRunner("local"), str(python))
+    python = python_with(cli.cwd / "python3", sys.executable, PYTHONPATH=cli.cwd / "shared-libs")
+    agent = HostAgent(LocalRunner("local"), python)
     old = plan_workers(inventory, run_id, workdirs, attempt=0, secrets={"TOKEN": "old"})
     answers = agent.standby([spec.standby_request(linger=120) for spec in old])
     assert set(answers.values()) == {"started"}, answers
