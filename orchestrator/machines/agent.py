@@ -41,7 +41,7 @@ LEASES = "leases.py"
 @cache
 def host_program(name: str) -> str:
     """A stdlib-only program that runs on hosts (agent.py, hostprobe.py) as it is sent: with
-    the machines/remote/ modules it imports (bundle.py)."""
+    the hostside/ modules it imports (bundle.py)."""
     return shipped_program(name)
 
 

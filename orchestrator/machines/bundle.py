@@ -1,11 +1,11 @@
-"""The shipped form of a stdlib-only program: its source with the machines/remote/ modules it
+"""The shipped form of a stdlib-only program: its source with the hostside/ modules it
 imports carried in front of it, as one text. Pure.
 
 A program is sent alone (`python -c SOURCE` over SSH or locally, the agent's copy of itself in
 a run directory, the launcher inside a Slurm batch script), so what it imports of its own has to
 travel inside it. The text first puts each module it imports (procwatch, safefiles, and theirs,
 dependencies first) into sys.modules under its plain name, then runs the program, whose shipped
-branch imports them by that name (`if __package__: from orchestrator.machines.remote import ...
+branch imports them by that name (`if __package__: from orchestrator.hostside import ...
 else: import procwatch`). A host never looks for them on its sys.path: nothing planted in the
 working directory, nor an orchestrate installed there (a container's image), is imported.
 """
@@ -17,7 +17,7 @@ import threading
 from functools import cache
 from importlib import resources
 
-REMOTE = "orchestrator.machines.remote"
+REMOTE = "orchestrator.hostside"
 # CPython 3.11's ast.parse is not safe in several threads at once (it fails with "SystemError:
 # AST constructor recursion depth mismatch"; python/cpython#106905), and the fan-out opens every
 # host's session from its own thread: one parse at a time, and each program bundled once.
@@ -26,7 +26,7 @@ _PARSING = threading.Lock()
 
 @cache
 def remote_source(name: str) -> str:
-    """The source of machines/remote/NAME (e.g. "agent.py")."""
+    """The source of hostside/NAME (e.g. "agent.py")."""
     return resources.files(REMOTE).joinpath(name).read_text(encoding="utf-8")
 
 
@@ -36,7 +36,7 @@ def _shipped_modules() -> frozenset[str]:
 
 
 def imported(source: str) -> list[str]:
-    """The machines/remote/ modules `source` imports by their plain name (`import procwatch`)."""
+    """The hostside/ modules `source` imports by their plain name (`import procwatch`)."""
     shipped = _shipped_modules()
     found = []
     with _PARSING:
@@ -57,7 +57,7 @@ def companions(source: str) -> list[str]:
         if name in order:
             return
         if name in path:
-            raise ValueError(f"machines/remote/{name}.py imports itself: {' -> '.join(path)}")
+            raise ValueError(f"hostside/{name}.py imports itself: {' -> '.join(path)}")
         for needed in imported(remote_source(f"{name}.py")):
             visit(needed, (*path, name))
         order.append(name)
@@ -68,7 +68,7 @@ def companions(source: str) -> list[str]:
 
 
 def bundle(source: str, label: str) -> str:
-    """`source` as it is shipped: unchanged when it imports nothing of machines/remote/."""
+    """`source` as it is shipped: unchanged when it imports nothing of hostside/."""
     names = companions(source)
     if not names:
         return source
@@ -93,5 +93,5 @@ def bundle(source: str, label: str) -> str:
 
 @cache
 def shipped_program(name: str) -> str:
-    """machines/remote/NAME as it is sent to a host."""
+    """hostside/NAME as it is sent to a host."""
     return bundle(remote_source(name), name)

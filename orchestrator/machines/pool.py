@@ -1,7 +1,7 @@
 """Every machine the controller works on: one runner and one agent session kept open for each.
 
 Workers that share a machine share a connection, made by the host's connection kind; the
-stdlib-only agent (remote/agent.py) does the work on the machine. Every agent call (probes,
+stdlib-only agent (hostside/agent.py) does the work on the machine. Every agent call (probes,
 launches, stops, listings) goes through one session kept open per machine, so neither repeated
 polls nor the several steps of a start pay a login shell and a Python start each: at 64 hosts
 each such round cost as much as reaching the hosts at all. Both backends use it: the hosts

@@ -1,5 +1,5 @@
 """The host agent as it is shipped (machines/bundle.py), in a real local `up` of a script job:
-its JoinWatch (machines/remote/procwatch.py, carried inside the agent's text) says each worker
+its JoinWatch (hostside/procwatch.py, carried inside the agent's text) says each worker
 joined its cluster. The hosts' interpreter is the system's python3, where orchestrate is not
 installed, and the controller's working directory (that of the agents' `python -c`) holds
 planted procwatch.py and safefiles.py that end any process importing them: the agent can only

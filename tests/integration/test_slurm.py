@@ -309,9 +309,12 @@ def test_the_exported_script_runs_under_plain_sbatch(orchestrate: Orchestrate) -
     # The launcher carries JoinWatch and the file helpers (machines/bundle.py): copies planted
     # in the submit directory, the tasks' working directory and so `python -c`'s sys.path[0],
     # would end a task that imported them.
-    assert "# orchestrate: launcher.py shipped with procwatch.py, safefiles.py" in exported.stdout
-    for module in ("procwatch", "safefiles"):
-        (orchestrate.cwd / f"{module}.py").write_text("import sys\nsys.exit(9)\n")
+    label = "# orchestrate: slurm_launcher.py shipped with "
+    header = next(line for line in exported.stdout.splitlines() if line.startswith(label))
+    shipped = header[len(label) :].split(" (")[0].split(", ")
+    assert {"procwatch.py", "safefiles.py"} <= set(shipped), header
+    for module in shipped:
+        (orchestrate.cwd / module).write_text("import sys\nsys.exit(9)\n")
     submitted = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], cwd=orchestrate.cwd,
                                env=orchestrate.env, capture_output=True, text=True, timeout=180,
                                check=False)  # fmt: skip

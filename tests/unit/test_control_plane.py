@@ -29,9 +29,9 @@ from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import collect_status
 from orchestrator.engine.supervise import Supervisor
+from orchestrator.hostside import hostprobe
 from orchestrator.machines import pool
 from orchestrator.machines.agent import host_program
-from orchestrator.machines.remote import hostprobe
 from orchestrator.model.answers import BY_DOWN
 from tests.fakes.backend import FakeBackend, running
 

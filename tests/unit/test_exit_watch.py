@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+from orchestrator.hostside import agent
 from orchestrator.machines.agent import HostAgent
-from orchestrator.machines.remote import agent
 from orchestrator.machines.runner import LocalRunner
 from tests.fakes.backend import FakeBackend
 

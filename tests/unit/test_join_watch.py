@@ -1,5 +1,5 @@
 """JoinWatch: whether a worker listened on its TensorFlow port, sampled from /proc. One module,
-machines/remote/procwatch.py, shipped inside the host agent and the Slurm launcher
+hostside/procwatch.py, shipped inside the host agent and the Slurm launcher
 (machines/bundle.py); run here against real processes: one that listens on its port, one that
 never does, and one that never loads TensorFlow (a stand-in "TensorFlow": a copy of libm named
 like its framework library, which is what the watch looks for in /proc/PID/maps). Then each
@@ -22,10 +22,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator.backends.slurm import launcher, script
+from orchestrator.backends.slurm import script
+from orchestrator.hostside import agent, leases, procwatch, safefiles
+from orchestrator.hostside import slurm_launcher as launcher
 from orchestrator.machines import bundle
 from orchestrator.machines.agent import host_program
-from orchestrator.machines.remote import agent, leases, procwatch, safefiles
 
 
 def config(port: int, workers: int = 2, index: int = 0) -> str:
@@ -131,7 +132,7 @@ def test_each_shipped_program_carries_the_modules_it_imports(name: str) -> None:
     exec(compile(source, name, "exec"), namespace)  # our own source
     for module in needed:  # the carried copy, though orchestrate is importable in this process
         assert namespace[module].__file__ == f"<shipped {module}.py>"
-        assert namespace[module] is not sys.modules[f"orchestrator.machines.remote.{module}"]
+        assert namespace[module] is not sys.modules[f"orchestrator.hostside.{module}"]
     if "procwatch" in needed:  # and the program uses it
         assert namespace["procwatch"].cluster_port(config(20000, index=1)) == 20001
 

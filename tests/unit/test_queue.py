@@ -16,7 +16,7 @@ import pytest
 from orchestrator.engine.queue import Withdrawn, controller_ticket, pending, wait_for_leases
 from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import LeaseClash
-from orchestrator.machines.remote import leases as program
+from orchestrator.hostside import leases as program
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.leases import Clash, Holder, parse_clashes, queue_reason
 from tests.fakes.backend import FakeBackend

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.slurm import launcher
 from orchestrator.backends.slurm.backend import task_probe
 from orchestrator.backends.slurm.commands import (
     JobState,
@@ -25,6 +24,7 @@ from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState, classify
 from orchestrator.errors import InventoryError
+from orchestrator.hostside import slurm_launcher as launcher
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.answers import ExitRecord, WorkerProbe

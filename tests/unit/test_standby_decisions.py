@@ -24,7 +24,7 @@ from orchestrator.engine.state import WorkerState
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import InventoryError, RunStateError
 from orchestrator.fanout import GroupResult
-from orchestrator.machines.remote import agent
+from orchestrator.hostside import agent
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec

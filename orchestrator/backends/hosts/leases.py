@@ -1,5 +1,5 @@
 """Leases of the hosts backend: one request per machine and lease directory to the host's lease
-program (machines/remote/leases.py), whose keeper holds what it took until the run ends.
+program (hostside/leases.py), whose keeper holds what it took until the run ends.
 
 The requests and the inventory with what was leased are pure (`lease_request`, `resolved`);
 `take`, `release` and `listing` fan them out through Machines.

@@ -54,7 +54,7 @@ import sys
 import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
-    from orchestrator.machines.remote import safefiles
+    from orchestrator.hostside import safefiles
 else:  # shipped: machines/bundle.py carries it in front of this file's source
     import safefiles  # type: ignore[no-redef]
 

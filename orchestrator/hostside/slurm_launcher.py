@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 if __package__:  # imported as part of orchestrate: script.py, the controller's tests
-    from orchestrator.machines.remote import procwatch, safefiles
+    from orchestrator.hostside import procwatch, safefiles
 else:  # shipped: machines/bundle.py carries them in front of this file's source
     import procwatch  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
@@ -100,7 +100,7 @@ def tf_config(nodes, port, index):
     }
 
 
-# Shared with the host agent (machines/remote/safefiles.py): the same checks, the same files.
+# Shared with the host agent (hostside/safefiles.py): the same checks, the same files.
 _write_json = safefiles.write_json
 _write = safefiles.write_text
 _make_private_dirs = safefiles.make_private_dirs

@@ -87,7 +87,7 @@ import sys
 import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
-    from orchestrator.machines.remote import procwatch, safefiles
+    from orchestrator.hostside import procwatch, safefiles
 else:  # shipped: machines/bundle.py carries them in front of this file's source
     import procwatch  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
