@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult, fan_out, per_machine
-from orchestrator.machines.agent import PROBE, HostAgent
+from orchestrator.machines.hostclient import PROBE, HostAgent
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession, Runner
 from orchestrator.model.answers import (

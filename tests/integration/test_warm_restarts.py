@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.config.loader import load_inventory
 from orchestrator.hostside import agent as agent_program
-from orchestrator.machines.agent import HostAgent
+from orchestrator.machines.hostclient import HostAgent
 from orchestrator.machines.runner import LocalRunner
 from tests.conftest import REPO, Cli, clean_env, free_ports, run_processes, wait_for
 from tests.fakes.planning import plan_workers

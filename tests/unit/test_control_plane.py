@@ -31,7 +31,7 @@ from orchestrator.engine.status import collect_status
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.hostside import hostprobe
 from orchestrator.machines import pool
-from orchestrator.machines.agent import host_program
+from orchestrator.machines.hostclient import host_program
 from orchestrator.model.answers import BY_DOWN
 from tests.fakes.backend import FakeBackend, running
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from orchestrator.hostside import agent
-from orchestrator.machines.agent import HostAgent
+from orchestrator.machines.hostclient import HostAgent
 from orchestrator.machines.runner import LocalRunner
 from tests.fakes.backend import FakeBackend
 

@@ -27,7 +27,7 @@ from orchestrator.engine.exports import pull_export
 from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import HostError, InventoryError
 from orchestrator.export import tfjob, trainjob
-from orchestrator.machines.agent import host_program
+from orchestrator.machines.hostclient import host_program
 from orchestrator.model.answers import CheckpointListing, FileListing
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.records import RunRecord, WorkerRecord

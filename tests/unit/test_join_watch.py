@@ -26,7 +26,7 @@ from orchestrator.backends.slurm import script
 from orchestrator.hostside import agent, leases, procwatch, safefiles
 from orchestrator.hostside import slurm_launcher as launcher
 from orchestrator.machines import bundle
-from orchestrator.machines.agent import host_program
+from orchestrator.machines.hostclient import host_program
 
 
 def config(port: int, workers: int = 2, index: int = 0) -> str:

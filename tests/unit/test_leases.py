@@ -22,7 +22,7 @@ from orchestrator.engine.state import WorkerState
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import InventoryError, JobFailed, LeaseClash
 from orchestrator.hostside import leases as program
-from orchestrator.machines.agent import host_program
+from orchestrator.machines.hostclient import host_program
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.leases import Clash, Holder, clash_message, clock, parse_clashes
 from tests.fakes.backend import FakeBackend, exited, running

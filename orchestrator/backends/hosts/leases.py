@@ -29,7 +29,7 @@ from orchestrator.model.leases import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.machines.agent import HostAgent
+    from orchestrator.machines.hostclient import HostAgent
     from orchestrator.model.inventory import Host, Inventory
 
 GroupKey = tuple[tuple[str, ...], str]  # (machine key, lease_dir)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from orchestrator.fanout import fan_out
-from orchestrator.machines.agent import request
+from orchestrator.machines.hostclient import request
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import ComputeProbe, Inspection, Transfer, parsed

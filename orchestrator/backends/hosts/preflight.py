@@ -31,7 +31,7 @@ from orchestrator.contract import (
 )
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult, fan_out
-from orchestrator.machines.agent import request
+from orchestrator.machines.hostclient import request
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import Connections, Inspection, PeerProbe, parsed

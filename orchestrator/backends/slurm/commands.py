@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from orchestrator.errors import HostError
-from orchestrator.machines.agent import host_program
+from orchestrator.machines.hostclient import host_program
 from orchestrator.machines.runner import CommandResult, Runner
 
 SLURM = "slurm"  # the name errors carry: the scheduler, not one host

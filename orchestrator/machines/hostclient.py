@@ -1,6 +1,7 @@
-"""Calls the host-side programs (agent.py, hostprobe.py) through a Runner and parses their answers.
+"""The host client: calls the host-side programs (hostside/agent.py, hostprobe.py, leases.py)
+through a Runner and parses their answers.
 
-Both programs read requests as JSON lines on standard input and answer each with one line, so a
+The programs read requests as JSON lines on standard input and answer each with one line, so a
 call is: start `python -c SOURCE`, send the request, read the answer. Nothing of a request is ever
 on a command line. A long-lived session serves many requests for one process start.
 """
