@@ -39,6 +39,7 @@ from typing import Any
 from orchestrator.contract import CHECKPOINT_DIR_ENV, KERAS_LEGACY, LEGACY_KERAS_ENV
 from orchestrator.engine.plan import worker_argv
 from orchestrator.hostside import pod_launcher
+from orchestrator.machines.bundle import shipped_program
 from orchestrator.model.inventory import Host, Inventory, Job
 
 API_GROUP = "trainer.kubeflow.org"
@@ -74,7 +75,8 @@ SCHEMA_PATHS = {
     "TrainingRuntime": HERE / "trainer-trainingruntime-v1alpha1.schema.json",
     "TrainJob": HERE / "trainer-trainjob-v1alpha1.schema.json",
 }
-LAUNCHER_SOURCE = Path(pod_launcher.__file__).read_text(encoding="utf-8")
+# The pod's command runs it as `python -c SOURCE ARGV...`: with the modules it imports (contract).
+LAUNCHER_SOURCE = shipped_program("pod_launcher.py")
 
 
 def worker_hosts(name: str, count: int, port: int = PORT) -> list[str]:

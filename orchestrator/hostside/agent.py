@@ -87,8 +87,10 @@ import sys
 import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
+    from orchestrator import contract
     from orchestrator.hostside import procwatch, safefiles
 else:  # shipped: machines/bundle.py carries them in front of this file's source
+    import contract  # type: ignore[no-redef]
     import procwatch  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
 
@@ -96,18 +98,16 @@ LOG_TAIL_LINES = 20
 STANDBY_DIR_NAME = "standby"
 DISCARDED_MARKER = "standbys_discarded"  # in {job}/runs/{run_id}
 STANDBY_MODULE = "worker.standby"
-BOOT_MARKER = "# orchestrate boot"  # contract.BOOT_MARKER: a script's stacks boot begins so
 HANDOVER_WAIT = 5.0  # seconds a launch waits for a claimed standby to take the attempt
 # What differs between two attempts of one slot and is read only after TensorFlow's import:
-# not part of the environment a standby must share with the attempt it serves. The names are
-# orchestrator.contract's (this file is stdlib-only and sent alone).
+# not part of the environment a standby must share with the attempt it serves.
 # CUDA_VISIBLE_DEVICES too: read when a device is first used (the strategy), not at the import,
 # and a GPU lease may give the next run other devices.
-PER_ATTEMPT_ENV = ("TF_CONFIG", "ORCHESTRATE_RUN_DIR", "ORCHESTRATE_PROGRESS_FILE",
+PER_ATTEMPT_ENV = (contract.TF_CONFIG_ENV, contract.RUN_DIR_ENV, contract.PROGRESS_FILE_ENV,
                    "CUDA_VISIBLE_DEVICES")  # fmt: skip
 # What differs between two runs of a job (a lingering standby serves the next run), read only
 # by orchestrate's worker, after the import.
-PER_RUN_ENV = ("ORCHESTRATE_RUN_ID",)
+PER_RUN_ENV = (contract.RUN_ID_ENV,)
 # Set per SSH connection, never read by TensorFlow: a warm worker gets the launching agent's.
 PER_CONNECTION_ENV = ("SSH_CLIENT", "SSH_CONNECTION", "SSH_AUTH_SOCK", "XDG_SESSION_ID")
 
@@ -268,7 +268,7 @@ def runnable_argv(argv):
     import."""
     if len(argv) >= 3 and argv[1] == "-m":
         return ("module", argv[2], list(argv[3:]))
-    if len(argv) >= 4 and argv[1] == "-c" and argv[2].startswith(BOOT_MARKER):
+    if len(argv) >= 4 and argv[1] == "-c" and argv[2].startswith(contract.BOOT_MARKER):
         return ("script", argv[3], list(argv[4:]))
     if len(argv) >= 2 and not argv[1].startswith("-"):
         return ("script", argv[1], list(argv[2:]))
@@ -821,7 +821,7 @@ def supervise(run_dir, adopt=None):
         tf_config = handle.read()
     env = dict(os.environ)
     env.update(spec["env"])
-    env["TF_CONFIG"] = tf_config
+    env[contract.TF_CONFIG_ENV] = tf_config
     started = time.time()
     if adopt is not None:
         child = _adopted(run_dir, spec, env, adopt)
@@ -1231,8 +1231,8 @@ def cmd_make_dirs(request):
 
 
 # --- stacks on request (issue 26) --------------------------------------------------------------
-STACKS_FILE = "stacks.txt"  # contract.STACKS_FILE: the worker's faulthandler appends here
-STACKS_PID_FILE = "stacks.pid"  # contract.STACKS_PID_FILE: the process that registered it
+STACKS_FILE = contract.STACKS_FILE  # the worker's faulthandler appends here
+STACKS_PID_FILE = contract.STACKS_PID_FILE  # the process that registered it
 STACKS_SETTLE = 0.15  # seconds a dump must stop growing before it counts as complete
 
 

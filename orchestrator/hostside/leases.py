@@ -54,8 +54,10 @@ import sys
 import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
+    from orchestrator import contract
     from orchestrator.hostside import safefiles
-else:  # shipped: machines/bundle.py carries it in front of this file's source
+else:  # shipped: machines/bundle.py carries them in front of this file's source
+    import contract  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
 
 RECORD_MAX_BYTES = 64 * 1024
@@ -736,7 +738,7 @@ def _start_keeper(request, ports, gpus, shared):
 def run_processes(run_id, uid, skip=()):
     """This account's processes of the run: supervisors and workers (their environment names
     the run), not its standbys (whose command lines name a standby directory)."""
-    wanted = f"ORCHESTRATE_RUN_ID={run_id}".encode()
+    wanted = f"{contract.RUN_ID_ENV}={run_id}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in skip:

@@ -32,13 +32,15 @@ import time
 from typing import TYPE_CHECKING
 
 # Annotations naming a generic are strings, never evaluated: the node's python3 may be older than
-# the controller's (this file has no __future__ import and runs on Python 3.6 too).
+# the controller's (Python 3.7 or newer: contract.py; a shipped program has no __future__ import).
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 if __package__:  # imported as part of orchestrate: script.py, the controller's tests
+    from orchestrator import contract
     from orchestrator.hostside import procwatch, safefiles
 else:  # shipped: machines/bundle.py carries them in front of this file's source
+    import contract  # type: ignore[no-redef]
     import procwatch  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
 
@@ -46,7 +48,6 @@ PLAN_ENV = "ORCHESTRATE_SLURM_PLAN"
 JOB_ID_PLACEHOLDER = "{SLURM_JOB_ID}"
 SUBMIT_DIR_PLACEHOLDER = "{SLURM_SUBMIT_DIR}"
 LOG_TAIL_LINES = 20
-EXIT_PREEMPTED = 75  # contract.EXIT_PREEMPTED (this file imports nothing of orchestrate)
 
 
 def _split_top_level(text):
@@ -166,7 +167,7 @@ def _prepare_run_dir(task: dict, fill: "Callable[[str], str]") -> str:
 def _worker_env(task: dict, fill: "Callable[[str], str]", config: dict) -> "dict[str, str]":
     env = dict(os.environ)
     env.update({key: fill(value) for key, value in task["env"].items()})
-    env["TF_CONFIG"] = json.dumps(config)
+    env[contract.TF_CONFIG_ENV] = json.dumps(config)
     return env
 
 
@@ -236,7 +237,7 @@ def _forward_stacks(child: "subprocess.Popen[bytes]", run_dir: str) -> None:
     """SIGUSR2 to the worker's registered pid (stacks.pid, contract.STACKS_PID_FILE), only if
     it is the worker or its child: a process without the handler would die of SIGUSR2."""
     try:
-        with open(os.path.join(run_dir, "stacks.pid"), encoding="utf-8") as handle:
+        with open(os.path.join(run_dir, contract.STACKS_PID_FILE), encoding="utf-8") as handle:
             pid = int(handle.read().strip())
         if child.poll() is None and (pid == child.pid or _parent_of(pid) == child.pid):
             os.kill(pid, signal.SIGUSR2)
@@ -298,7 +299,7 @@ def _copy_redacted(child: "subprocess.Popen[bytes]", log_path: str, secrets: "li
 def _srun_exit(index: int, returncode: int) -> int:
     """Says how the worker exited, and picks the launcher's own exit code for srun."""
     print(f"task {index} on {socket.gethostname()}: worker exited {returncode}", flush=True)
-    if returncode == EXIT_PREEMPTED:
+    if returncode == contract.EXIT_PREEMPTED:
         # Not a bad exit for srun: the peers are saving at the same step and exit 75 too. Were
         # it one, --kill-on-bad-exit would SIGTERM them while they finish (measured: a peer
         # then dies of it after its save). exit.json keeps the 75 for the supervisor.

@@ -194,7 +194,7 @@ def test_tf_config_from_the_allocation() -> None:
         "cluster": {"worker": ["n1:20000", "n2:20000"]},
         "task": {"type": "worker", "index": 1},
     }
-    assert launcher.EXIT_PREEMPTED == EXIT_PREEMPTED
+    assert launcher.contract.EXIT_PREEMPTED == EXIT_PREEMPTED  # the contract's, carried with it
 
 
 def test_the_batch_script_is_self_contained_and_bash_parses_it(tmp_path: Path) -> None:

@@ -110,7 +110,7 @@ def test_the_command_lines_a_standby_runs() -> None:
         "script", "/job/train.py", ["--lr", "1"],
     )  # fmt: skip
     assert agent.runnable_argv([PYTHON, "-c", "print(1)", "x.py"]) is None  # other code: no
-    assert agent.BOOT_MARKER == BOOT_MARKER  # the agent is sent alone: its own copy
+    assert agent.contract.BOOT_MARKER == BOOT_MARKER  # the contract's, carried with the agent
 
 
 def inventory(tmp_path: Path, **job: object) -> Inventory:
