@@ -1,1 +1,2 @@
-"""The stdlib-only programs sent to a host as `python -c SOURCE` (never imported here)."""
+"""What orchestrate runs on a worker host, a Slurm node or a pod: stdlib-only programs shipped as
+text (machines/bundle.py), importing only each other and orchestrator.contract."""

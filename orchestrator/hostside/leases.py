@@ -1,7 +1,8 @@
 """Leases on a host: ports and GPUs that one run holds against every other job of every user.
 
 STANDARD LIBRARY ONLY, sent as `python -c SOURCE` like agent.py; requests as JSON lines on
-standard input, one JSON answer per line. A verb that fails answers {"error": "..."}.
+standard input, one JSON answer per line (protocol.py's serve loop). A verb that fails answers
+{"error": "..."}.
 
 Verbs:
   acquire lease_dir run_id job controller idle workers [dry_run]
@@ -10,7 +11,7 @@ Verbs:
                   all say share); a run's resources that its live keeper holds are kept. Taken
                   resources pass to a keeper: a small process of its own session that holds the
                   locks until the run's end, `release`, or `idle` seconds without a worker or
-                  supervisor of the run on this host (its standbys do not count). `dry_run`:
+                  minder of the run on this host (its standbys do not count). `dry_run`:
                   what would be taken, nothing held. A clash answers who holds what.
   release lease_dir run_id   stop this account's keepers of the run: its leases are free
   list lease_dir             every live holder's record, any user; records ignored, and why;
@@ -55,9 +56,11 @@ import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator import contract
-    from orchestrator.hostside import safefiles
+    from orchestrator.hostside import protocol, rundir, safefiles
 else:  # shipped: machines/bundle.py carries them in front of this file's source
     import contract  # type: ignore[no-redef]
+    import protocol  # type: ignore[no-redef]
+    import rundir  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
 
 RECORD_MAX_BYTES = 64 * 1024
@@ -736,9 +739,10 @@ def _start_keeper(request, ports, gpus, shared):
 
 
 def run_processes(run_id, uid, skip=()):
-    """This account's processes of the run: supervisors and workers (their environment names
+    """This account's processes of the run: minders and workers (their environment names
     the run), not its standbys (whose command lines name a standby directory)."""
     wanted = f"{contract.RUN_ID_ENV}={run_id}".encode()
+    standby = f"/{rundir.STANDBY_DIR_NAME}/".encode()  # a standby's minder-to-be: not yet the run's
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in skip:
@@ -754,7 +758,7 @@ def run_processes(run_id, uid, skip=()):
             continue
         if wanted not in environ:
             continue
-        if b"/standby/" in cmdline and b"supervise" not in cmdline:
+        if standby in cmdline and protocol.SUPERVISE.encode() not in cmdline:
             continue
         found.append(int(entry))
     return found
@@ -830,26 +834,9 @@ def cmd_list(request):
     return {"holders": live, "ignored": ignored + bad, "tickets": tickets, "now": time.time()}
 
 
-VERBS = {"acquire": cmd_acquire, "release": cmd_release, "list": cmd_list,
-         "withdraw": cmd_withdraw}  # fmt: skip
-
-
-def answer(request):
-    verb = request.get("verb")
-    if verb not in VERBS:
-        return {"error": f"unknown verb {verb!r}; known: {', '.join(VERBS)}"}
-    try:
-        return VERBS[verb](request)
-    except Exception as exc:  # one failed request must not end the session
-        return {"error": f"{verb}: {type(exc).__name__}: {exc}"}
-
-
-def serve(lines, out):
-    for line in lines:
-        if line.strip():
-            out.write(json.dumps(answer(json.loads(line))) + "\n")
-            out.flush()
+VERBS = {protocol.ACQUIRE: cmd_acquire, protocol.RELEASE: cmd_release, protocol.LIST: cmd_list,
+         protocol.WITHDRAW: cmd_withdraw}  # fmt: skip
 
 
 if __name__ == "__main__":
-    serve(sys.stdin, sys.stdout)
+    protocol.serve(sys.stdin, sys.stdout, VERBS)

@@ -2,9 +2,10 @@
 its JoinWatch (hostside/procwatch.py, carried inside the agent's text) says each worker
 joined its cluster. The hosts' interpreter is the system's python3, where orchestrate is not
 installed, and the controller's working directory (that of the agents' `python -c`) holds
-planted procwatch.py and safefiles.py that end any process importing them: the agent can only
-have used the copies it carried. No TensorFlow: a stand-in library named like its framework
-library is what the watch looks for (tests/unit/test_join_watch.py has the same stand-in)."""
+planted copies of every module the agent carries (procwatch.py, rundir.py, contract.py, ...)
+that end any process importing them: the agent can only have used the copies it carried. No
+TensorFlow: a stand-in library named like its framework library is what the watch looks for
+(tests/unit/test_join_watch.py has the same stand-in)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.machines.bundle import companions, hostside_source
 from tests.conftest import Cli, clean_env, free_ports
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -52,7 +54,9 @@ def test_the_shipped_agent_watches_a_local_script_job_join(cli: Cli) -> None:
         time.sleep(1.5)  # the watch samples every 0.2 s
         """)
     )
-    for module in ("procwatch", "safefiles"):
+    carried = companions(hostside_source("agent.py"))
+    assert {"procwatch", "rundir", "contract"} <= set(carried)
+    for module in carried:
         (cli.cwd / f"{module}.py").write_text(PLANTED)
     hosts = "\n".join(
         f"  - {{name: worker-{i}, address: localhost, port: {port}, python: {SYSTEM_PYTHON}}}"
@@ -68,5 +72,7 @@ def test_the_shipped_agent_watches_a_local_script_job_join(cli: Cli) -> None:
     for run in runs:
         record = json.loads((run / "exit.json").read_text())
         assert (record["returncode"], record.get("joined")) == (0, True), record
-        shipped = (run / "agent.py").read_text()  # the supervisor's copy: the modules inside
-        assert shipped.startswith("# orchestrate: agent.py shipped with procwatch.py"), shipped[:80]
+        shipped = (run / "agent.py").read_text()  # the minder's copy: the modules inside
+        header = shipped.splitlines()[0]
+        assert header.startswith("# orchestrate: agent.py shipped with "), header
+        assert all(f"{module}.py" in header for module in carried), header

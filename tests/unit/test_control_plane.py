@@ -57,7 +57,11 @@ def test_hostprobe_finds_the_versions_importlib_metadata_finds() -> None:
 
 
 def test_the_agent_makes_directories_and_private_run_directories(tmp_path: Path) -> None:
-    answer = program("agent.py")["answer"]
+    agent = program("agent.py")  # as it is sent: its protocol module carried with it
+
+    def answer(request: dict[str, Any]) -> dict[str, Any]:
+        return agent["protocol"].answer(agent["VERBS"], request)
+
     runs = tmp_path / "job" / "runs"
     run_dir = runs / "r1" / "attempt-0" / "a"
     private = [str(runs), str(runs / "r1"), str(runs / "r1" / "attempt-0"), str(run_dir)]

@@ -24,7 +24,17 @@ import pytest
 
 from orchestrator.backends.slurm import script
 from orchestrator.export import trainjob
-from orchestrator.hostside import agent, leases, pod_launcher, procwatch, safefiles
+from orchestrator.hostside import (
+    agent,
+    control,
+    hostprobe,
+    leases,
+    minder,
+    pod_launcher,
+    procwatch,
+    rundir,
+    safefiles,
+)
 from orchestrator.hostside import slurm_launcher as launcher
 from orchestrator.machines import bundle
 from orchestrator.machines.hostclient import host_program
@@ -113,13 +123,18 @@ def test_a_long_life_is_sampled_ever_more_rarely() -> None:
 
 # Each program as it leaves the controller, and the modules it must carry.
 SHIPPED = {
-    "agent.py": (lambda: host_program("agent.py"), ("contract", "procwatch", "safefiles")),
-    "leases.py": (lambda: host_program("leases.py"), ("contract", "safefiles")),
+    "agent.py": (lambda: host_program("agent.py"),
+                 ("protocol", "contract", "safefiles", "rundir", "control", "files", "procwatch",
+                  "minder", "standbypolicy", "standbys")),
+    "hostprobe.py": (lambda: host_program("hostprobe.py"), ("contract", "protocol")),
+    "leases.py": (lambda: host_program("leases.py"),
+                  ("contract", "protocol", "safefiles", "rundir")),
     "launcher.py": (lambda: script.LAUNCHER_SOURCE, ("contract", "procwatch", "safefiles")),
     "pod_launcher.py": (lambda: trainjob.LAUNCHER_SOURCE, ("contract",)),
-}
-USERS = {"agent.py": agent, "leases.py": leases, "launcher.py": launcher,
-         "pod_launcher.py": pod_launcher}  # fmt: skip
+}  # fmt: skip
+CARRIED = sorted({module for _, needed in SHIPPED.values() for module in needed})
+USERS = {"agent.py": agent, "hostprobe.py": hostprobe, "leases.py": leases,
+         "launcher.py": launcher, "pod_launcher.py": pod_launcher}  # fmt: skip
 # Where the controller imports each carried module from.
 PACKAGED = {"contract": "orchestrator.contract"}
 # Planted where a host would look for a module of that name (the working directory of
@@ -136,29 +151,30 @@ def test_each_shipped_program_carries_the_modules_it_imports(name: str) -> None:
     namespace: dict[str, Any] = {"__name__": "shipped"}  # not __main__: nothing is served
     exec(compile(source, name, "exec"), namespace)  # our own source
     for module in needed:  # the carried copy, though orchestrate is importable in this process
-        assert namespace[module].__file__ == f"<shipped {module}.py>"
-        packaged = PACKAGED.get(module, f"orchestrator.hostside.{module}")
-        assert namespace[module] is not sys.modules[packaged]
+        carried = sys.modules[module]  # the bundle put it there, under its plain name
+        assert carried.__file__ == f"<shipped {module}.py>"
+        assert carried is not sys.modules[PACKAGED.get(module, f"orchestrator.hostside.{module}")]
+        assert namespace.get(module, carried) is carried  # what the program imported
     if "procwatch" in needed:  # and the program uses it
-        assert namespace["procwatch"].cluster_port(config(20000, index=1)) == 20001
+        assert sys.modules["procwatch"].cluster_port(config(20000, index=1)) == 20001
 
 
 def test_a_program_that_imports_nothing_of_its_own_is_sent_unchanged() -> None:
-    assert host_program("hostprobe.py") == bundle.hostside_source("hostprobe.py")
     assert host_program("withenv.py") == bundle.hostside_source("withenv.py")
 
 
 def test_the_users_share_one_join_watch_and_one_set_of_file_helpers() -> None:
-    assert agent.procwatch is procwatch and launcher.procwatch is procwatch
+    assert minder.procwatch is procwatch and launcher.procwatch is procwatch
     assert agent.safefiles is safefiles is launcher.safefiles is leases.safefiles
-    assert not hasattr(agent, "JoinWatch") and not hasattr(launcher, "JoinWatch")
+    assert minder.rundir is rundir is leases.rundir is control.rundir
+    assert not hasattr(minder, "JoinWatch") and not hasattr(launcher, "JoinWatch")
 
 
 def isolated(tmp_path: Path) -> dict[str, str]:
-    """A directory holding planted contract.py, procwatch.py and safefiles.py, and an
+    """A directory holding a planted copy of every module a program carries, and an
     environment in which Python finds nothing but the standard library (-S below: no
     site-packages, so no orchestrate), as on a host with a bare interpreter."""
-    for module in ("contract", "procwatch", "safefiles"):
+    for module in CARRIED:
         (tmp_path / f"{module}.py").write_text(PLANTED)
     return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
 
@@ -173,12 +189,12 @@ def test_the_shipped_agent_runs_on_the_standard_library_alone(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     assert "error" not in json.loads(done.stdout), done.stdout
     assert oct((tmp_path / "r").stat().st_mode & 0o777) == oct(0o700)  # safefiles did it
-    # The supervisor's form: the agent's source written to a run directory and run as a file,
+    # The minder's form: the agent's source written to a run directory and run as a file,
     # beside a planted procwatch.py: its JoinWatch says whether a stand-in worker joined.
     run = tmp_path / "run"
     run.mkdir()
     (run / "agent.py").write_text(host_program("agent.py"))
-    for module in ("contract", "procwatch", "safefiles"):
+    for module in CARRIED:
         (run / f"{module}.py").write_text(PLANTED)
     argv, port = stand_in(tmp_path, tensorflow=True, listen=True)
     (run / "tf_config.json").write_text(config(port))
