@@ -129,7 +129,8 @@ SHIPPED = {
     "hostprobe.py": (lambda: host_program("hostprobe.py"), ("contract", "protocol")),
     "leases.py": (lambda: host_program("leases.py"),
                   ("contract", "leasepolicy", "protocol", "safefiles", "rundir")),
-    "launcher.py": (lambda: script.LAUNCHER_SOURCE, ("contract", "procwatch", "safefiles")),
+    "launcher.py": (lambda: script.LAUNCHER_SOURCE,
+                    ("contract", "procwatch", "safefiles", "rundir")),
     "pod_launcher.py": (lambda: trainjob.LAUNCHER_SOURCE, ("contract",)),
 }  # fmt: skip
 CARRIED = sorted({module for _, needed in SHIPPED.values() for module in needed})
@@ -166,7 +167,7 @@ def test_a_program_that_imports_nothing_of_its_own_is_sent_unchanged() -> None:
 def test_the_users_share_one_join_watch_and_one_set_of_file_helpers() -> None:
     assert minder.procwatch is procwatch and launcher.procwatch is procwatch
     assert agent.safefiles is safefiles is launcher.safefiles is leases.safefiles
-    assert minder.rundir is rundir is leases.rundir is control.rundir
+    assert minder.rundir is rundir is launcher.rundir is leases.rundir is control.rundir
     assert not hasattr(minder, "JoinWatch") and not hasattr(launcher, "JoinWatch")
 
 
