@@ -229,7 +229,7 @@ def _container(inventory: Inventory, image: str | None, checkpoints: str, *, sec
     container: dict[str, Any] = {
         "name": NODE,
         "image": image or "",
-        "command": ["python", "-c", LAUNCHER_SOURCE],
+        "command": ["python", "-c", LAUNCHER_SOURCE],  # spawn point: the pod's launcher
         "args": list(worker_argv(in_image, host, run_dir, checkpoints, in_place=True)),
         "workingDir": cwd,
         "env": [{"name": key, "value": value} for key, value in env.items()]

@@ -84,6 +84,7 @@ def cmd_launch(request):
     # the worker from it: no file on the host ever holds them.
     env = dict(os.environ, **spec["env"], **secrets)
     argv = protocol.minder_argv(sys.executable, agent_path, run_dir)
+    # spawn point: the run's minder, `agent.py supervise RUN_DIR`, detached
     pid = minder.spawn_daemon(argv, env, os.path.join(run_dir, rundir.WORKER_LOG))
     safefiles.write_text(os.path.join(run_dir, rundir.PID_FILE), str(pid))
     return {protocol.PID_KEY: pid, "run_dir": run_dir, "warm": False, "cold_reason": cold_reason}

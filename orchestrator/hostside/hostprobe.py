@@ -170,7 +170,7 @@ def _serve(server, deadline):
 def _start_listener(port, seconds):
     """Bind the port in a detached child; return its pid, or the errno of a failed bind."""
     ready_read, ready_write = os.pipe()
-    pid = os.fork()
+    pid = os.fork()  # spawn point: the temporary listener, forked (no exec)
     if pid == 0:
         os.close(ready_read)
         os.setsid()
@@ -449,7 +449,7 @@ def cmd_compute(spec):
     if spec.get("start"):
         _stop_computer()
         env = dict(os.environ, **dict.fromkeys(ONE_THREAD, "1"))
-        child = subprocess.Popen(
+        child = subprocess.Popen(  # spawn point: the compute probe's Python
             [sys.executable, "-c", COMPUTE_CHILD, json.dumps(spec["start"])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True, env=env,

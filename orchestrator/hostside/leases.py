@@ -474,7 +474,7 @@ def _start_keeper(request, ports, gpus, shared):
     own = _open_lock(base + ".lock")
     fcntl.flock(own, fcntl.LOCK_EX)  # a new file: nobody else holds it
     read_end, write_end = os.pipe()
-    middle = os.fork()
+    middle = os.fork()  # spawn point: the keeper, forked twice (no exec)
     if middle == 0:
         status = 1
         try:

@@ -49,7 +49,7 @@ def spawn_daemon(argv, env, log_path):
             daemon = os.fork()
             if daemon == 0:
                 _become_daemon(log_path)
-                os.execve(argv[0], argv, env)  # spawn point: a minder, a standby's
+                os.execve(argv[0], argv, env)  # the callers' spawn points: a minder, a standby
             os.write(write_end, f"{daemon}\n".encode())
             status = 0
         finally:

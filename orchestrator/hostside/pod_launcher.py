@@ -58,7 +58,7 @@ def problem(workers, index_text, jobset_name):
 def run(argv, env):
     """The worker's exit code (128+N for a death by signal N); until it exits, SIGTERM and
     SIGINT are passed on (pod deletion, preemption: the built-in loop saves and exits 75)."""
-    child = subprocess.Popen(argv, env=env)
+    child = subprocess.Popen(argv, env=env)  # spawn point: the pod's worker
 
     def forward(signum, _frame):
         if child.poll() is None:

@@ -159,7 +159,7 @@ def _start_worker(
     log_fd = rundir.open_log(os.path.join(run_dir, rundir.WORKER_LOG))
     log = open(log_fd, "ab")  # noqa: SIM115 - the child owns it
     try:
-        return subprocess.Popen(
+        return subprocess.Popen(  # spawn point: the task's worker
             [fill(a) for a in task["argv"]],
             cwd=os.path.expanduser(fill(task["cwd"])),
             env=env,

@@ -282,6 +282,7 @@ def _start_standby(backs, spec):
     child_env = dict(os.environ, **spec["env"], **secrets)
     agent_path = os.path.join(sdir, rundir.AGENT_FILE)
     argv = protocol.standby_argv(sys.executable, agent_path, sdir)
+    # spawn point: a standby, `agent.py standby STANDBY_DIR`, detached
     pid = minder.spawn_daemon(argv, child_env, os.path.join(sdir, rundir.STANDBY_LOG))
     safefiles.write_text(os.path.join(sdir, rundir.PID_FILE), str(pid))
     return f"started ({why})" if replaced else "started"

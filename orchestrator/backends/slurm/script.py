@@ -102,7 +102,7 @@ def batch_script(
     body = json.dumps(plan(spec, specs, job.secret_env), indent=1)
     if PLAN_END in body:  # a value that would end the here-document early
         raise ValueError(f"a job value contains {PLAN_END}")
-    srun = [
+    srun = [  # spawn point: srun starts the launcher, one task per node
         "srun", "--kill-on-bad-exit=1", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}",
         "--ntasks-per-node=1", spec.python, "-c",
     ]  # fmt: skip
