@@ -1,5 +1,7 @@
 """A worker's run directory and a slot's standby directory: the names of their files, and the
-records and logs written there, once for the agent's minder, the Slurm launcher and the pod.
+records and logs written there, once for the agent (its minder, standbys and verbs), the lease
+program and the Slurm launcher. (A TrainJob's pod has no run directory: the pod launcher needs
+none of this.)
 
 STANDARD LIBRARY ONLY (shipped with the programs that import it, machines/bundle.py). The
 controller imports the names too (it reads these files through the agent, or, on Slurm, writes
