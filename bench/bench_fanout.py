@@ -42,7 +42,7 @@ from pathlib import Path
 
 from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.fanout import fan_out
-from orchestrator.machines.agent import agent_source
+from orchestrator.machines.hostclient import agent_source
 from orchestrator.machines.runner import CommandResult
 from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.inventory import Host

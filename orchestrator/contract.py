@@ -1,7 +1,9 @@
 """What the controller and the worker agree on: one definition of each, imported by both.
 
 STANDARD LIBRARY ONLY, and no import of the rest of `orchestrator`: the worker imports this module
-on training hosts, and the controller imports it without TensorFlow.
+on training hosts, the controller imports it without TensorFlow, and the host programs
+(orchestrator/hostside/) carry its source as `contract` (machines/bundle.py), so it must run on a
+host's Python 3.7 or newer.
 """
 
 from __future__ import annotations

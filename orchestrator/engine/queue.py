@@ -1,6 +1,6 @@
 """The queue (`up --queue`, `job.queue: true`): wait for the leases a run needs instead of
 failing on a clash, in the order of arrival on every host (the hosts' lease program keeps the
-tickets and decides, machines/remote/leases.py), then take them.
+tickets and decides, hostside/leases.py), then take them.
 
 While it waits, the state directory holds `queued.json` (the run id, job, reason and the
 waiting process): `status` shows the run as pending with the reason, `down` withdraws it

@@ -4,8 +4,8 @@ them. Pure apart from reading the vendored schemas and the launcher's source.
 
 Trainer v2 has no TensorFlow runtime, so the runtime is a plain one (`mlPolicy` with only
 `numNodes`, no framework policy) whose `node` replicated job runs the image under
-trainjob_launcher.py: the launcher writes each pod's TF_CONFIG from the worker list computed here
-(JobSet's pod host names `{name}-node-0-{i}.{name}:2222`) and the pod's JOB_COMPLETION_INDEX.
+hostside/pod_launcher.py: the launcher writes each pod's TF_CONFIG from the worker list computed
+here (JobSet's pod host names `{name}-node-0-{i}.{name}:2222`) and the pod's JOB_COMPLETION_INDEX.
 
 Semantics, as close to the TFJob export as Trainer v2 (JobSet over Indexed Jobs) allows:
 - restarts: the Job has backoffLimit 0, so any failed pod fails its Job and JobSet recreates the
@@ -38,7 +38,8 @@ from typing import Any
 
 from orchestrator.contract import CHECKPOINT_DIR_ENV, KERAS_LEGACY, LEGACY_KERAS_ENV
 from orchestrator.engine.plan import worker_argv
-from orchestrator.export import trainjob_launcher
+from orchestrator.hostside import pod_launcher
+from orchestrator.machines.bundle import shipped_program
 from orchestrator.model.inventory import Host, Inventory, Job
 
 API_GROUP = "trainer.kubeflow.org"
@@ -74,7 +75,8 @@ SCHEMA_PATHS = {
     "TrainingRuntime": HERE / "trainer-trainingruntime-v1alpha1.schema.json",
     "TrainJob": HERE / "trainer-trainjob-v1alpha1.schema.json",
 }
-LAUNCHER_SOURCE = Path(trainjob_launcher.__file__).read_text(encoding="utf-8")
+# The pod's command runs it as `python -c SOURCE ARGV...`: with the modules it imports (contract).
+LAUNCHER_SOURCE = shipped_program("pod_launcher.py")
 
 
 def worker_hosts(name: str, count: int, port: int = PORT) -> list[str]:
@@ -219,7 +221,7 @@ def _container(inventory: Inventory, image: str | None, checkpoints: str, *, sec
     # the job's directory beside the checkpoints: on the claim with --pvc.
     run_dir = posixpath.join(posixpath.dirname(checkpoints), "runs", "trainjob", "attempt-0", NODE)
     env = {**job.env, "PYTHONUNBUFFERED": "1", CHECKPOINT_DIR_ENV: checkpoints,
-           trainjob_launcher.WORKERS_ENV: json.dumps(workers)}  # fmt: skip
+           pod_launcher.WORKERS_ENV: json.dumps(workers)}  # fmt: skip
     if job.keras == KERAS_LEGACY:
         env[LEGACY_KERAS_ENV] = "1"
     if job.files:
@@ -227,11 +229,11 @@ def _container(inventory: Inventory, image: str | None, checkpoints: str, *, sec
     container: dict[str, Any] = {
         "name": NODE,
         "image": image or "",
-        "command": ["python", "-c", LAUNCHER_SOURCE],
+        "command": ["python", "-c", LAUNCHER_SOURCE],  # spawn point: the pod's launcher
         "args": list(worker_argv(in_image, host, run_dir, checkpoints, in_place=True)),
         "workingDir": cwd,
         "env": [{"name": key, "value": value} for key, value in env.items()]
-        + [{"name": trainjob_launcher.JOBSET_NAME_ENV, "valueFrom": {"fieldRef": {
+        + [{"name": pod_launcher.JOBSET_NAME_ENV, "valueFrom": {"fieldRef": {
             "fieldPath": f"metadata.labels['{JOBSET_NAME_LABEL}']"}}}]
         + [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret or "", "key": key}}}
            for key in job.secret_env],
@@ -601,10 +603,10 @@ def _launcher_rules(runtime: dict[str, Any], jobset_name: str) -> list[str]:
     for rjob in _replicated_jobs(runtime):
         for container in _pod_spec(rjob).get("containers") or []:
             for entry in container.get("env") or []:
-                if entry.get("name") == trainjob_launcher.WORKERS_ENV:
+                if entry.get("name") == pod_launcher.WORKERS_ENV:
                     workers = json.loads(entry.get("value") or "[]")
                     if workers != worker_hosts(jobset_name, len(workers)) or len(workers) != nodes:
-                        return [f"TrainingRuntime {trainjob_launcher.WORKERS_ENV}: the worker list "
+                        return [f"TrainingRuntime {pod_launcher.WORKERS_ENV}: the worker list "
                                 f"is not the {nodes} pods of TrainJob {jobset_name!r}"]  # fmt: skip
     return []
 

@@ -1,13 +1,20 @@
-"""The shipped form of a stdlib-only program: its source with the machines/remote/ modules it
-imports carried in front of it, as one text. Pure.
+"""The shipped form of a stdlib-only program: its source with the modules it imports carried in
+front of it, as one text. Pure.
 
 A program is sent alone (`python -c SOURCE` over SSH or locally, the agent's copy of itself in
-a run directory, the launcher inside a Slurm batch script), so what it imports of its own has to
-travel inside it. The text first puts each module it imports (procwatch, safefiles, and theirs,
-dependencies first) into sys.modules under its plain name, then runs the program, whose shipped
-branch imports them by that name (`if __package__: from orchestrator.machines.remote import ...
-else: import procwatch`). A host never looks for them on its sys.path: nothing planted in the
-working directory, nor an orchestrate installed there (a container's image), is imported.
+a run directory, the launcher inside a Slurm batch script, the pod's command of a TrainJob), so
+what it imports of its own has to travel inside it: the modules of orchestrator/hostside/, and
+orchestrator/contract.py (what the controller, the worker and the host programs agree on). The
+text first puts each module it imports (procwatch, rundir, contract, and theirs, dependencies
+first) into sys.modules under its plain name, then runs the program, whose shipped branch
+imports them by that name (`if __package__: from orchestrator.hostside import rundir else:
+import rundir`; `from orchestrator import contract` else `import contract`). A host never looks
+for them on its sys.path: nothing planted in the working directory, nor an orchestrate
+installed there (a container's image), is imported.
+
+Host programs need Python 3.7 or newer: contract.py has `from __future__ import annotations`.
+A program itself never has a __future__ import: the text in front of it would make it a
+SyntaxError (only a carried module may have one, compiled on its own).
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ import threading
 from functools import cache
 from importlib import resources
 
-REMOTE = "orchestrator.machines.remote"
+HOSTSIDE = "orchestrator.hostside"
+# The one module of orchestrator outside hostside/ that host programs import: by this plain name.
+CONTRACT = "contract"
 # CPython 3.11's ast.parse is not safe in several threads at once (it fails with "SystemError:
 # AST constructor recursion depth mismatch"; python/cpython#106905), and the fan-out opens every
 # host's session from its own thread: one parse at a time, and each program bundled once.
@@ -25,18 +34,20 @@ _PARSING = threading.Lock()
 
 
 @cache
-def remote_source(name: str) -> str:
-    """The source of machines/remote/NAME (e.g. "agent.py")."""
-    return resources.files(REMOTE).joinpath(name).read_text(encoding="utf-8")
+def hostside_source(name: str) -> str:
+    """The source of hostside/NAME (e.g. "agent.py"); "contract.py" is orchestrator/contract.py."""
+    package = "orchestrator" if name == f"{CONTRACT}.py" else HOSTSIDE
+    return resources.files(package).joinpath(name).read_text(encoding="utf-8")
 
 
 def _shipped_modules() -> frozenset[str]:
-    names = (entry.name for entry in resources.files(REMOTE).iterdir())
-    return frozenset(n[: -len(".py")] for n in names if n.endswith(".py") and n != "__init__.py")
+    names = (entry.name for entry in resources.files(HOSTSIDE).iterdir())
+    own = {n[: -len(".py")] for n in names if n.endswith(".py") and n != "__init__.py"}
+    return frozenset({*own, CONTRACT})
 
 
 def imported(source: str) -> list[str]:
-    """The machines/remote/ modules `source` imports by their plain name (`import procwatch`)."""
+    """The shippable modules `source` imports by their plain name (`import procwatch`)."""
     shipped = _shipped_modules()
     found = []
     with _PARSING:
@@ -57,8 +68,8 @@ def companions(source: str) -> list[str]:
         if name in order:
             return
         if name in path:
-            raise ValueError(f"machines/remote/{name}.py imports itself: {' -> '.join(path)}")
-        for needed in imported(remote_source(f"{name}.py")):
+            raise ValueError(f"{name}.py imports itself: {' -> '.join((*path, name))}")
+        for needed in imported(hostside_source(f"{name}.py")):
             visit(needed, (*path, name))
         order.append(name)
 
@@ -68,12 +79,12 @@ def companions(source: str) -> list[str]:
 
 
 def bundle(source: str, label: str) -> str:
-    """`source` as it is shipped: unchanged when it imports nothing of machines/remote/."""
+    """`source` as it is shipped: unchanged when it imports nothing shippable."""
     names = companions(source)
     if not names:
         return source
-    entries = "".join(f"    ({name!r}, {remote_source(name + '.py')!r}),\n" for name in names)
-    # Python 3.6 and newer (a Slurm node's python3 may be old); names kept out of the program's.
+    entries = "".join(f"    ({name!r}, {hostside_source(name + '.py')!r}),\n" for name in names)
+    # Python 3.7 and newer (contract.py's __future__ import); names kept out of the program's.
     preamble = (
         f"# orchestrate: {label} shipped with {', '.join(n + '.py' for n in names)} "
         "(orchestrator/machines/bundle.py)\n"
@@ -93,5 +104,5 @@ def bundle(source: str, label: str) -> str:
 
 @cache
 def shipped_program(name: str) -> str:
-    """machines/remote/NAME as it is sent to a host."""
-    return bundle(remote_source(name), name)
+    """hostside/NAME as it is sent to a host (a Slurm node, a pod)."""
+    return bundle(hostside_source(name), name)

@@ -1,7 +1,7 @@
 """Every machine the controller works on: one runner and one agent session kept open for each.
 
 Workers that share a machine share a connection, made by the host's connection kind; the
-stdlib-only agent (remote/agent.py) does the work on the machine. Every agent call (probes,
+stdlib-only agent (hostside/agent.py) does the work on the machine. Every agent call (probes,
 launches, stops, listings) goes through one session kept open per machine, so neither repeated
 polls nor the several steps of a start pay a login shell and a Python start each: at 64 hosts
 each such round cost as much as reaching the hosts at all. Both backends use it: the hosts
@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult, fan_out, per_machine
-from orchestrator.machines.agent import PROBE, HostAgent
+from orchestrator.hostside import protocol
+from orchestrator.machines.hostclient import HOSTPROBE, HostAgent
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession, Runner
 from orchestrator.model.answers import (
@@ -157,8 +158,8 @@ class Machines:
             group = groups[key]
             fields = {"run_dirs": [w.run_dir for w in group], "timeout": timeout}
             try:
-                answer = self._ask(group[0].host, "watch", timeout + PROBE_TIMEOUT, fields)
-                answers[key] = bool(answer.get("changed"))
+                answer = self._ask(group[0].host, protocol.WATCH, timeout + PROBE_TIMEOUT, fields)
+                answers[key] = bool(answer.get(protocol.CHANGED_KEY))
             except HostError:
                 answers[key] = True  # the probe that follows says what became of it
             if answers[key] or len(answers) == len(groups):
@@ -186,10 +187,10 @@ class Machines:
         session = self._watching.get(key)
         if session is not None:
             with suppress(OSError, HostError):
-                session.notify({"verb": "wake"})
+                session.notify({protocol.VERB: protocol.WAKE})
 
     def _probe_machine(self, host: Host, run_dirs: list[str]) -> dict[str, WorkerProbe]:
-        answer = self._ask(host, "probe", PROBE_TIMEOUT, {"run_dirs": run_dirs})
+        answer = self._ask(host, protocol.PROBE, PROBE_TIMEOUT, {"run_dirs": run_dirs})
         probes = parsed(host.name, parse_probe_answer, answer)
         key = session_key(host)
         for run_dir, probe in probes.items():  # what wait_for_change watches
@@ -214,17 +215,18 @@ class Machines:
                 wait = max(wait, SESSION_START_TIMEOUT)
             try:
                 session = session or HostAgent(self.runner(host), host.python).session()
-                if verb == "watch":
+                if verb == protocol.WATCH:
                     self._watching[key] = session  # _wake ends it early
-                answer = session.request({"verb": verb, **fields}, timeout=wait)
+                answer = session.request({protocol.VERB: verb, **fields}, timeout=wait)
             except HostError:
                 self._forget(machine_key(host), session)
                 raise
             finally:
                 self._watching.pop(key, None)
             self._sessions[key] = session
-        if "error" in answer:
-            raise HostError(host.name, f"the agent could not {verb}: {answer['error']}")
+        if protocol.ERROR_KEY in answer:
+            error = answer[protocol.ERROR_KEY]
+            raise HostError(host.name, f"the agent could not {verb}: {error}")
         return answer
 
     def stop(
@@ -338,7 +340,7 @@ class Machines:
         }
 
     def preflight_session(self, host: Host) -> LineSession:
-        return self.agent(host).session(PROBE)
+        return self.agent(host).session(HOSTPROBE)
 
 
 def _close_quietly(closers: list[Callable[[], None]]) -> None:

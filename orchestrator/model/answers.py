@@ -1,4 +1,5 @@
 """Typed answers of the host-side programs (agent.py, hostprobe.py), parsed once at the seam.
+The keys both ends read are hostside/protocol.py's.
 
 The programs speak JSON; everything above the backend reads these frozen dataclasses, so a
 misspelt field is a type error instead of a silent None. Parsing is lenient about extra fields
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.errors import HostError
+from orchestrator.hostside import protocol
 from orchestrator.model.reading import integer, mapping, number, text, texts
 
 
@@ -145,8 +147,9 @@ class WorkerProbe:
 
 def parse_probe(data: Mapping[str, Any]) -> dict[str, WorkerProbe]:
     """The agent's probe answer: one WorkerProbe per run directory asked about."""
-    now = number(data.get("now")) or 0.0
-    return {run_dir: WorkerProbe.parse(probe, now) for run_dir, probe in data["runs"].items()}
+    now = number(data.get(protocol.NOW_KEY)) or 0.0
+    runs = data[protocol.RUNS_KEY]
+    return {run_dir: WorkerProbe.parse(probe, now) for run_dir, probe in runs.items()}
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,7 @@ class StandbyInfo:
 
 def parse_standbys(data: Mapping[str, Any]) -> dict[str, list[StandbyInfo]]:
     """The agent's `standbys` answer: per job directory asked about, the standbys alive."""
-    listing = mapping(data.get("standbys"))
+    listing = mapping(data.get(protocol.STANDBYS_KEY))
     return {
         str(job): [StandbyInfo.parse(e) for e in entries if isinstance(e, dict)]
         for job, entries in listing.items()
@@ -199,10 +202,10 @@ class StopAnswer:
 
 
 def parse_stop(data: Mapping[str, Any]) -> dict[str, StopAnswer]:
-    left = mapping(data.get("left"))
+    left = mapping(data.get(protocol.LEFT_KEY))
     return {
         run_dir: StopAnswer(str(outcome), tuple(int(p) for p in left.get(run_dir, ())))
-        for run_dir, outcome in data["outcome"].items()
+        for run_dir, outcome in data[protocol.OUTCOME_KEY].items()
     }
 
 
@@ -223,13 +226,13 @@ class StackAnswer:
 
 def parse_stacks(data: Mapping[str, Any]) -> dict[str, StackAnswer]:
     answers = {}
-    for run_dir, value in mapping(data.get("stacks")).items():
+    for run_dir, value in mapping(data.get(protocol.STACKS_KEY)).items():
         entry = mapping(value)
-        stacks, error = text(entry.get("stacks")), text(entry.get("error"))
+        stacks, error = text(entry.get(protocol.STACKS_KEY)), text(entry.get(protocol.ERROR_KEY))
         if stacks is None:
             error = error or "it did not answer"
         answers[run_dir] = StackAnswer(stacks, None if stacks is not None else error,
-                                       text(entry.get("native")))  # fmt: skip
+                                       text(entry.get(protocol.NATIVE_KEY)))  # fmt: skip
     return answers
 
 
@@ -244,10 +247,10 @@ class CheckpointListing:
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> CheckpointListing:
-        files = {str(k): int(v) for k, v in mapping(data.get("files")).items()}
-        latest = text(data.get("latest"))
-        listed = texts(data.get("checkpoints")) or ((latest,) if latest else ())
-        return cls(str(data["directory"]), latest, files, listed)
+        files = {str(k): int(v) for k, v in mapping(data.get(protocol.FILES_KEY)).items()}
+        latest = text(data.get(protocol.LATEST_KEY))
+        listed = texts(data.get(protocol.CHECKPOINTS_KEY)) or ((latest,) if latest else ())
+        return cls(str(data[protocol.DIRECTORY_KEY]), latest, files, listed)
 
     @property
     def size_bytes(self) -> int:
@@ -261,8 +264,9 @@ class FileListing:
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> FileListing:
-        files = {str(k): (int(v[0]), float(v[1])) for k, v in mapping(data.get("files")).items()}
-        return cls(str(data["root"]), files)
+        listed = mapping(data.get(protocol.FILES_KEY))
+        files = {str(k): (int(v[0]), float(v[1])) for k, v in listed.items()}
+        return cls(str(data[protocol.ROOT_KEY]), files)
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ class Host:
     gpu_memory_limit_mb: int | None = None
     visible_gpus: tuple[int, ...] | None = None
     logical_gpus: int | None = None
-    # Leases on the host against every other job (machines/remote/leases.py): `port: auto`
+    # Leases on the host against every other job (hostside/leases.py): `port: auto`
     # (port_range set, port 0 until leased) and `gpus: N`; a leasing host leases its port too.
     port_range: tuple[int, int] | None = None
     gpus: int | None = None  # GPUs leased from visible_gpus (or nvidia-smi -L)

@@ -1,4 +1,4 @@
-"""Leases of ports and GPUs on hosts (machines/remote/leases.py keeps them): who holds what, a
+"""Leases of ports and GPUs on hosts (hostside/leases.py keeps them): who holds what, a
 clash, and the answers of the lease program, parsed once. Pure.
 
 A holder's record was written by any user of the host: the host program validated it, and what

@@ -20,8 +20,16 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.machines.bundle import companions, hostside_source
 from tests.conftest import Cli, clean_env, free_ports
-from tests.planted import all_imports, host_program_imports, plant, python_with, user_site
+from tests.planted import (
+    ALL_NAMES,
+    all_imports,
+    host_program_imports,
+    plant,
+    python_with,
+    user_site,
+)
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 
@@ -54,10 +62,13 @@ def test_the_shipped_agent_watches_a_local_script_job_join(cli: Cli) -> None:
         time.sleep(1.5)  # the watch samples every 0.2 s
         """)
     )
+    carried = companions(hostside_source("agent.py"))
+    assert {"procwatch", "rundir", "contract"} <= set(carried)
+    names = ALL_NAMES + tuple(carried)
     marker = cli.cwd / "planted-imports.txt"
-    plant(cli.cwd, marker)  # the working directory every local host program starts in
-    plant(cli.cwd / "shared-libs", marker)  # a neighbour's directory on PYTHONPATH
-    plant(user_site(SYSTEM_PYTHON, cli.cwd / "userbase"), marker)
+    plant(cli.cwd, marker, names)  # the working directory every local host program starts in
+    plant(cli.cwd / "shared-libs", marker, names)  # a neighbour's directory on PYTHONPATH
+    plant(user_site(SYSTEM_PYTHON, cli.cwd / "userbase"), marker, names)
     python = python_with(
         cli.cwd / "python3",
         SYSTEM_PYTHON,
@@ -83,5 +94,7 @@ def test_the_shipped_agent_watches_a_local_script_job_join(cli: Cli) -> None:
     for run in runs:
         record = json.loads((run / "exit.json").read_text())
         assert (record["returncode"], record.get("joined")) == (0, True), record
-        shipped = (run / "agent.py").read_text()  # the supervisor's copy: the modules inside
-        assert shipped.startswith("# orchestrate: agent.py shipped with procwatch.py"), shipped[:80]
+        shipped = (run / "agent.py").read_text()  # the minder's copy: the modules inside
+        header = shipped.splitlines()[0]
+        assert header.startswith("# orchestrate: agent.py shipped with "), header
+        assert all(f"{module}.py" in header for module in carried), header

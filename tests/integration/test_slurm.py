@@ -25,7 +25,7 @@ import pytest
 
 from tests.cluster.slurm import LOGIN_ALIAS, PARTITION, SlurmCluster, unavailable_reason
 from tests.conftest import clean_env, dashboard_view
-from tests.planted import all_imports, host_program_imports, plant
+from tests.planted import ALL_NAMES, all_imports, host_program_imports, plant
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
 REPO = Path(__file__).resolve().parents[2]
@@ -309,12 +309,16 @@ def test_the_exported_script_runs_under_plain_sbatch(orchestrate: Orchestrate) -
     script.write_text(exported.stdout)
     # The launcher carries JoinWatch and the file helpers (machines/bundle.py), and starts
     # isolated: modules planted in the submit directory (the launcher's working directory) and
-    # on the tasks' PYTHONPATH, named like the standard library's and the shipped ones, are
-    # never imported by it (tests/planted.py; issue 40).
-    assert "shipped with procwatch.py" in exported.stdout
+    # on the tasks' PYTHONPATH, named like the standard library's and like every module it
+    # carries, are never imported by it (tests/planted.py; issue 40).
+    label = "# orchestrate: slurm_launcher.py shipped with "
+    header = next(line for line in exported.stdout.splitlines() if line.startswith(label))
+    shipped = header[len(label) :].split(" (")[0].split(", ")
+    assert {"procwatch.py", "safefiles.py"} <= set(shipped), header
+    names = ALL_NAMES + tuple(name.removesuffix(".py") for name in shipped)
     marker = orchestrate.cwd / "planted-imports.txt"
-    plant(orchestrate.cwd, marker)
-    plant(orchestrate.cwd / "site-libs", marker)
+    plant(orchestrate.cwd, marker, names)
+    plant(orchestrate.cwd / "site-libs", marker, names)
     submit_env = {**orchestrate.env, "PYTHONPATH": str(orchestrate.cwd / "site-libs")}
     submitted = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], cwd=orchestrate.cwd,
                                env=submit_env, capture_output=True, text=True, timeout=180,

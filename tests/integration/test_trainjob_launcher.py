@@ -16,8 +16,8 @@ import pytest
 
 from orchestrator.config.loader import load_inventory
 from orchestrator.contract import CHECKPOINT_DIR_ENV
-from orchestrator.export import trainjob_launcher
 from orchestrator.export.trainjob import problems, trainjob
+from orchestrator.hostside import pod_launcher
 from tests.conftest import free_ports, worker_env
 from tests.planted import all_imports, host_program_imports, plant
 
@@ -41,7 +41,7 @@ def test_two_pods_launched_from_the_runtime_train_together(tmp_path: Path) -> No
     replicated = documents[0]["spec"]["template"]["spec"]["replicatedJobs"][0]
     container = replicated["template"]["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    exported = json.loads(env[trainjob_launcher.WORKERS_ENV])
+    exported = json.loads(env[pod_launcher.WORKERS_ENV])
     assert exported == ["shapes-node-0-0.shapes:2222", "shapes-node-0-1.shapes:2222"]
 
     # The pods' /checkpoints mount becomes a temporary directory, their python this one.
@@ -59,8 +59,8 @@ def test_two_pods_launched_from_the_runtime_train_together(tmp_path: Path) -> No
         run_dir = tmp_path / f"pod{index}"
         run_dir.mkdir()
         pod_env = worker_env(run_dir, None, **{**env, CHECKPOINT_DIR_ENV: str(checkpoints)})
-        pod_env[trainjob_launcher.WORKERS_ENV] = json.dumps(local)
-        pod_env[trainjob_launcher.INDEX_ENV] = str(index)  # what the Indexed Job gives each pod
+        pod_env[pod_launcher.WORKERS_ENV] = json.dumps(local)
+        pod_env[pod_launcher.INDEX_ENV] = str(index)  # what the Indexed Job gives each pod
         pod_env["PYTHONPATH"] = str(tmp_path / "image-libs")
         processes.append(
             subprocess.Popen(

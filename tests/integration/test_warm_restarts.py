@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from orchestrator.config.loader import load_inventory
-from orchestrator.machines.agent import HostAgent
-from orchestrator.machines.remote import agent as agent_program
+from orchestrator.hostside import rundir
+from orchestrator.machines.hostclient import HostAgent
 from orchestrator.machines.runner import LocalRunner
 from tests.conftest import REPO, Cli, clean_env, free_ports, run_processes, wait_for
 from tests.fakes.planning import plan_workers
@@ -131,7 +131,7 @@ def test_a_launch_takes_a_matching_standby_and_discards_one_with_another_environ
     old = plan_workers(inventory, run_id, workdirs, attempt=0, secrets={"TOKEN": "old"})
     answers = agent.standby([spec.standby_request(linger=120) for spec in old])
     assert set(answers.values()) == {"started"}, answers
-    directories = [Path(agent_program.standby_dir(spec.run_dir)) for spec in old]
+    directories = [Path(rundir.standby_dir(spec.run_dir)) for spec in old]
     wait_for(lambda: all((d / "ready").exists() for d in directories), 120, "standbys ready")
     standby = {d.name: int((d / "worker.pid").read_text()) for d in directories}
     alpha, _ = plan_workers(inventory, run_id, workdirs, attempt=1, secrets={"TOKEN": "old"})

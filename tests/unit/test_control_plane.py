@@ -29,9 +29,9 @@ from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import collect_status
 from orchestrator.engine.supervise import Supervisor
+from orchestrator.hostside import hostprobe
 from orchestrator.machines import pool
-from orchestrator.machines.agent import host_program
-from orchestrator.machines.remote import hostprobe
+from orchestrator.machines.hostclient import host_program
 from orchestrator.model.answers import BY_DOWN
 from tests.fakes.backend import FakeBackend, running
 
@@ -57,7 +57,11 @@ def test_hostprobe_finds_the_versions_importlib_metadata_finds() -> None:
 
 
 def test_the_agent_makes_directories_and_private_run_directories(tmp_path: Path) -> None:
-    answer = program("agent.py")["answer"]
+    agent = program("agent.py")  # as it is sent: its protocol module carried with it
+
+    def answer(request: dict[str, Any]) -> dict[str, Any]:
+        return agent["protocol"].answer(agent["VERBS"], request)
+
     runs = tmp_path / "job" / "runs"
     run_dir = runs / "r1" / "attempt-0" / "a"
     private = [str(runs), str(runs / "r1"), str(runs / "r1" / "attempt-0"), str(run_dir)]

@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.machines.agent import HostAgent
-from orchestrator.machines.remote import agent
+from orchestrator.hostside import control, protocol
+from orchestrator.machines.hostclient import HostAgent
 from orchestrator.machines.runner import LocalRunner
 from tests.fakes.backend import FakeBackend
 
@@ -22,7 +22,7 @@ def supervisor(run_dir: Path) -> subprocess.Popen[bytes]:
     (run_dir / "pid").write_text(str(process.pid))
     (run_dir / "worker.pid").write_text(str(process.pid))
     deadline = time.monotonic() + 10  # until its exec: before it, /proc shows pytest's argv
-    while not agent._is_our_supervisor(process.pid, str(run_dir)):
+    while not control.is_our_minder(process.pid, str(run_dir)):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     return process
@@ -33,7 +33,7 @@ def test_a_watched_exit_ends_the_wait_at_once(tmp_path: Path) -> None:
     answers: list[tuple[dict[str, object], float]] = []
 
     def watch() -> None:
-        answer = agent.cmd_watch({"run_dirs": [str(tmp_path)], "timeout": 30})
+        answer = control.cmd_watch({"run_dirs": [str(tmp_path)], "timeout": 30})
         answers.append((answer, time.monotonic()))
 
     try:
@@ -61,9 +61,9 @@ def test_an_ended_worker_is_told_at_once_and_a_running_one_waits_out_the_timeout
     (ended / "exit.json").write_text("{}")
     process = supervisor(running)
     try:
-        assert agent.cmd_watch({"run_dirs": [str(ended)], "timeout": 30}) == {"changed": True}
+        assert control.cmd_watch({"run_dirs": [str(ended)], "timeout": 30}) == {"changed": True}
         start = time.monotonic()
-        assert agent.cmd_watch({"run_dirs": [str(running)], "timeout": 0.3}) == {"changed": False}
+        assert control.cmd_watch({"run_dirs": [str(running)], "timeout": 0.3}) == {"changed": False}
         assert time.monotonic() - start >= 0.3
     finally:
         process.kill()
@@ -107,19 +107,19 @@ def test_a_wake_already_sent_ends_the_watch_that_follows_it_at_once(tmp_path: Pa
     process = supervisor(tmp_path)
     read, write = os.pipe()
     os.write(write, b'{"verb": "wake"}\n')
-    agent._Input.serving = agent._Input(read)
+    lines = protocol.RequestLines.serving = protocol.RequestLines(read)
     try:
-        assert next(iter(agent._Input.serving)) == '{"verb": "wake"}'  # read: nothing pending now
+        assert next(iter(lines)) == '{"verb": "wake"}'  # read: nothing pending now
         os.write(write, b'{"verb": "wake"}\n')
         start = time.monotonic()
-        answer = agent.cmd_watch({"run_dirs": [str(tmp_path)], "timeout": 30})
+        answer = control.cmd_watch({"run_dirs": [str(tmp_path)], "timeout": 30})
         assert answer == {"changed": False, "woken": True}
         assert time.monotonic() - start < 5
         os.close(write)  # and the end of input wakes it too
-        agent._Input.serving = agent._Input(read)
-        assert agent.cmd_watch({"run_dirs": [str(tmp_path)], "timeout": 30})["woken"] is True
+        protocol.RequestLines.serving = protocol.RequestLines(read)
+        assert control.cmd_watch({"run_dirs": [str(tmp_path)], "timeout": 30})["woken"] is True
     finally:
-        agent._Input.serving = None
+        protocol.RequestLines.serving = None
         os.close(read)
         process.kill()
         process.wait()
@@ -140,6 +140,6 @@ def test_the_polling_wait_ends_when_woken_and_lasts_its_timeout_otherwise() -> N
 
 
 def test_a_process_seen_first_gets_its_cpu_share_over_its_life() -> None:
-    assert agent._average_percent(1.0, 4.0) == 25.0
-    assert agent._average_percent(3.0, 2.0) == 150.0  # two threads busy
-    assert agent._average_percent(1.0, 0.0) == 0.0
+    assert control.average_percent(1.0, 4.0) == 25.0
+    assert control.average_percent(3.0, 2.0) == 150.0  # two threads busy
+    assert control.average_percent(1.0, 0.0) == 0.0

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import hostside
 from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script, sbatch_quote
 from orchestrator.config.loader import load_inventory
 from orchestrator.engine.checkpoints import Mirror, spread_latest_checkpoint
@@ -26,8 +27,7 @@ from orchestrator.engine.exports import pull_export
 from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import HostError, InventoryError
 from orchestrator.export import tfjob, trainjob
-from orchestrator.machines import remote
-from orchestrator.machines.agent import host_program
+from orchestrator.machines.hostclient import host_program
 from orchestrator.model.answers import CheckpointListing, FileListing
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.records import RunRecord, WorkerRecord
@@ -35,7 +35,7 @@ from orchestrator.values import NAME_PATTERN
 from tests.fakes.backend import FakeBackend
 from tests.fakes.planning import plan_workers
 
-REMOTE = Path(remote.__file__).parent
+HOSTSIDE = Path(hostside.__file__).parent
 OTHER_UID = 65534  # nobody: another account (the tests run as root, which may chown)
 HOSTS = """\
 defaults:
@@ -339,7 +339,7 @@ def test_withenv_gives_the_command_values_from_stdin_only(tmp_path: Path) -> Non
              "print(open(f'/proc/{os.getppid()}/cmdline').read())")  # fmt: skip
     request = {"argv": [sys.executable, "-c", probe], "env": {"TRACKER_API_KEY": secret},
                "timeout": 30}  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", (REMOTE / "withenv.py").read_text()],
+    done = subprocess.run([sys.executable, "-c", (HOSTSIDE / "withenv.py").read_text()],
                           input=json.dumps(request) + "\n", capture_output=True, text=True,
                           timeout=30, check=True)  # fmt: skip
     answer = json.loads(done.stdout)

@@ -1,5 +1,5 @@
 """JoinWatch: whether a worker listened on its TensorFlow port, sampled from /proc. One module,
-machines/remote/procwatch.py, shipped inside the host agent and the Slurm launcher
+hostside/procwatch.py, shipped inside the host agent and the Slurm launcher
 (machines/bundle.py); run here against real processes: one that listens on its port, one that
 never does, and one that never loads TensorFlow (a stand-in "TensorFlow": a copy of libm named
 like its framework library, which is what the watch looks for in /proc/PID/maps). Then each
@@ -22,10 +22,22 @@ from typing import Any
 
 import pytest
 
-from orchestrator.backends.slurm import launcher, script
+from orchestrator.backends.slurm import script
+from orchestrator.export import trainjob
+from orchestrator.hostside import (
+    agent,
+    control,
+    hostprobe,
+    leases,
+    minder,
+    pod_launcher,
+    procwatch,
+    rundir,
+    safefiles,
+)
+from orchestrator.hostside import slurm_launcher as launcher
 from orchestrator.machines import bundle
-from orchestrator.machines.agent import host_program
-from orchestrator.machines.remote import agent, leases, procwatch, safefiles
+from orchestrator.machines.hostclient import host_program
 
 
 def config(port: int, workers: int = 2, index: int = 0) -> str:
@@ -107,15 +119,25 @@ def test_a_long_life_is_sampled_ever_more_rarely() -> None:
     assert [procwatch._sample_interval(age, 0.2) for age in ages] == [0.2, 0.2, 1, 1, 5, 5]
 
 
-# --- shipped: the programs carry procwatch.py and safefiles.py -------------------------------
+# --- shipped: the programs carry the modules they import (procwatch.py, contract.py, ...) -----
 
 # Each program as it leaves the controller, and the modules it must carry.
 SHIPPED = {
-    "agent.py": (lambda: host_program("agent.py"), ("procwatch", "safefiles")),
-    "leases.py": (lambda: host_program("leases.py"), ("safefiles",)),
-    "launcher.py": (lambda: script.LAUNCHER_SOURCE, ("procwatch", "safefiles")),
-}
-USERS = {"agent.py": agent, "leases.py": leases, "launcher.py": launcher}
+    "agent.py": (lambda: host_program("agent.py"),
+                 ("protocol", "contract", "safefiles", "rundir", "control", "files", "procwatch",
+                  "minder", "standbypolicy", "standbys")),
+    "hostprobe.py": (lambda: host_program("hostprobe.py"), ("contract", "protocol")),
+    "leases.py": (lambda: host_program("leases.py"),
+                  ("contract", "leasepolicy", "protocol", "safefiles", "rundir")),
+    "launcher.py": (lambda: script.LAUNCHER_SOURCE,
+                    ("contract", "procwatch", "safefiles", "rundir")),
+    "pod_launcher.py": (lambda: trainjob.LAUNCHER_SOURCE, ("contract",)),
+}  # fmt: skip
+CARRIED = sorted({module for _, needed in SHIPPED.values() for module in needed})
+USERS = {"agent.py": agent, "hostprobe.py": hostprobe, "leases.py": leases,
+         "launcher.py": launcher, "pod_launcher.py": pod_launcher}  # fmt: skip
+# Where the controller imports each carried module from.
+PACKAGED = {"contract": "orchestrator.contract"}
 # Planted where a host would look for a module of that name (the working directory of
 # `python -c`, the directory of a program run as a file): importing it must never happen.
 PLANTED = "import sys\nsys.stderr.write('the planted copy was imported')\nsys.exit(9)\n"
@@ -126,32 +148,34 @@ def test_each_shipped_program_carries_the_modules_it_imports(name: str) -> None:
     source, needed = SHIPPED[name][0](), SHIPPED[name][1]
     assert bundle.companions(inspect.getsource(USERS[name])) == list(needed)
     for module in needed:
-        assert repr(bundle.remote_source(f"{module}.py")) in source, module
+        assert repr(bundle.hostside_source(f"{module}.py")) in source, module
     namespace: dict[str, Any] = {"__name__": "shipped"}  # not __main__: nothing is served
     exec(compile(source, name, "exec"), namespace)  # our own source
     for module in needed:  # the carried copy, though orchestrate is importable in this process
-        assert namespace[module].__file__ == f"<shipped {module}.py>"
-        assert namespace[module] is not sys.modules[f"orchestrator.machines.remote.{module}"]
+        carried = sys.modules[module]  # the bundle put it there, under its plain name
+        assert carried.__file__ == f"<shipped {module}.py>"
+        assert carried is not sys.modules[PACKAGED.get(module, f"orchestrator.hostside.{module}")]
+        assert namespace.get(module, carried) is carried  # what the program imported
     if "procwatch" in needed:  # and the program uses it
-        assert namespace["procwatch"].cluster_port(config(20000, index=1)) == 20001
+        assert sys.modules["procwatch"].cluster_port(config(20000, index=1)) == 20001
 
 
 def test_a_program_that_imports_nothing_of_its_own_is_sent_unchanged() -> None:
-    assert host_program("hostprobe.py") == bundle.remote_source("hostprobe.py")
-    assert host_program("withenv.py") == bundle.remote_source("withenv.py")
+    assert host_program("withenv.py") == bundle.hostside_source("withenv.py")
 
 
 def test_the_users_share_one_join_watch_and_one_set_of_file_helpers() -> None:
-    assert agent.procwatch is procwatch and launcher.procwatch is procwatch
+    assert minder.procwatch is procwatch and launcher.procwatch is procwatch
     assert agent.safefiles is safefiles is launcher.safefiles is leases.safefiles
-    assert not hasattr(agent, "JoinWatch") and not hasattr(launcher, "JoinWatch")
+    assert minder.rundir is rundir is launcher.rundir is leases.rundir is control.rundir
+    assert not hasattr(minder, "JoinWatch") and not hasattr(launcher, "JoinWatch")
 
 
 def isolated(tmp_path: Path) -> dict[str, str]:
-    """A directory holding planted procwatch.py and safefiles.py, and an environment in which
-    Python finds nothing but the standard library (-S below: no site-packages, so no
-    orchestrate), as on a host with a bare interpreter."""
-    for module in ("procwatch", "safefiles"):
+    """A directory holding a planted copy of every module a program carries, and an
+    environment in which Python finds nothing but the standard library (-S below: no
+    site-packages, so no orchestrate), as on a host with a bare interpreter."""
+    for module in CARRIED:
         (tmp_path / f"{module}.py").write_text(PLANTED)
     return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
 
@@ -166,12 +190,12 @@ def test_the_shipped_agent_runs_on_the_standard_library_alone(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     assert "error" not in json.loads(done.stdout), done.stdout
     assert oct((tmp_path / "r").stat().st_mode & 0o777) == oct(0o700)  # safefiles did it
-    # The supervisor's form: the agent's source written to a run directory and run as a file,
+    # The minder's form: the agent's source written to a run directory and run as a file,
     # beside a planted procwatch.py: its JoinWatch says whether a stand-in worker joined.
     run = tmp_path / "run"
     run.mkdir()
     (run / "agent.py").write_text(host_program("agent.py"))
-    for module in ("procwatch", "safefiles"):
+    for module in CARRIED:
         (run / f"{module}.py").write_text(PLANTED)
     argv, port = stand_in(tmp_path, tensorflow=True, listen=True)
     (run / "tf_config.json").write_text(config(port))
@@ -212,7 +236,7 @@ def test_programs_are_bundled_from_many_threads_at_once() -> None:
 
     from orchestrator.machines import bundle
 
-    source = bundle.remote_source("agent.py")
+    source = bundle.hostside_source("agent.py")
     expected = bundle.imported(source)
     with ThreadPoolExecutor(max_workers=16) as pool:
         found = list(pool.map(lambda _: bundle.imported(source), range(200)))

@@ -21,8 +21,8 @@ from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import InventoryError, JobFailed, LeaseClash
-from orchestrator.machines.agent import host_program
-from orchestrator.machines.remote import leases as program
+from orchestrator.hostside import leasepolicy as policy
+from orchestrator.machines.hostclient import host_program
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.leases import Clash, Holder, clash_message, clock, parse_clashes
 from tests.fakes.backend import FakeBackend, exited, running
@@ -44,15 +44,15 @@ NAME = f"lease-1001-{RUN}-0123456789ab.json"
 
 
 def test_the_runs_own_port_and_gpus_come_first() -> None:
-    assert program.port_candidates(None, 20000, 20003) == [20000, 20001, 20002, 20003]
-    assert program.port_candidates(20002, 20000, 20003) == [20002, 20000, 20001, 20003]
-    assert program.port_candidates(30000, 20000, 20001) == [20000, 20001]  # out of range
-    assert program.gpu_candidates([0, 1, 2, 3], [2, 3]) == [2, 3, 0, 1]
-    assert program.gpu_candidates([0, 1], [5]) == [0, 1]
+    assert policy.port_candidates(None, 20000, 20003) == [20000, 20001, 20002, 20003]
+    assert policy.port_candidates(20002, 20000, 20003) == [20002, 20000, 20001, 20003]
+    assert policy.port_candidates(30000, 20000, 20001) == [20000, 20001]  # out of range
+    assert policy.gpu_candidates([0, 1, 2, 3], [2, 3]) == [2, 3, 0, 1]
+    assert policy.gpu_candidates([0, 1], [5]) == [0, 1]
 
 
 def test_a_valid_record_is_read_and_every_malformed_one_is_refused_with_why() -> None:
-    record, why = program.validate_record(good_record(), 1001, NAME)
+    record, why = policy.validate_record(good_record(), 1001, NAME)
     assert why is None and record["user"] == "bob" and record["gpus"] == [0, 1]
     cases = {
         "belongs to uid": (good_record(), 1002, NAME),  # another account wrote bob's record
@@ -69,7 +69,7 @@ def test_a_valid_record_is_read_and_every_malformed_one_is_refused_with_why() ->
         "ports is not a list": (good_record(ports=list(range(2000))), 1001, NAME),
     }
     for expected, (data, owner, name) in cases.items():
-        record, why = program.validate_record(data, owner, name)
+        record, why = policy.validate_record(data, owner, name)
         assert record is None and expected in why, (expected, why)
 
 

@@ -16,7 +16,8 @@ import pytest
 from orchestrator.engine.queue import Withdrawn, controller_ticket, pending, wait_for_leases
 from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import LeaseClash
-from orchestrator.machines.remote import leases as program
+from orchestrator.hostside import leasepolicy as policy
+from orchestrator.hostside import leases as program
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.leases import Clash, Holder, parse_clashes, queue_reason
 from tests.fakes.backend import FakeBackend
@@ -44,47 +45,47 @@ def needs(gpus: tuple[int, ...] = (), count: int = 0, ports: tuple[int, ...] = (
 def test_a_later_one_gpu_job_waits_behind_an_earlier_two_gpu_ticket_of_the_same_pool() -> None:
     big = ticket("big", 10.0, (0, 1), 2)
     small = ticket("small", 20.0, (0, 1), 1)
-    free, ahead = program.may_take(small["needs"], program.order(small), [big, small])
+    free, ahead = policy.may_take(small["needs"], policy.order(small), [big, small])
     assert not free and [t["run_id"] for t in ahead] == ["big"] and ahead[0]["gpus"] == [0, 1]
     # The earliest never waits for a later one: no two runs wait for each other.
-    assert program.may_take(big["needs"], program.order(big), [big, small]) == (True, [])
+    assert policy.may_take(big["needs"], policy.order(big), [big, small]) == (True, [])
 
 
 def test_only_tickets_for_the_same_resources_are_waited_behind() -> None:
     other_pool = ticket("other", 1.0, (2, 3), 2)
     other_port = ticket("port", 2.0, ports=(23457,))
     mine = needs((0, 1), 1, ports=(23456,))
-    assert program.may_take(mine, (30.0, 0, RUN), [other_pool, other_port]) == (True, [])
+    assert policy.may_take(mine, (30.0, 0, RUN), [other_pool, other_port]) == (True, [])
     same_port = ticket("same", 3.0, ports=(23456,))
-    free, ahead = program.may_take(mine, (30.0, 0, RUN), [same_port])
+    free, ahead = policy.may_take(mine, (30.0, 0, RUN), [same_port])
     assert not free and ahead[0]["ports"] == [23456] and ahead[0]["gpus"] == []
 
 
 def test_a_run_without_a_ticket_arrives_now_behind_every_ticket() -> None:
     waiting = ticket("waiting", 1e12, (0,), 1)  # even one from a clock far ahead
-    free, _ = program.may_take(needs((0,), 1), (float("inf"), 0, RUN), [waiting])
+    free, _ = policy.may_take(needs((0,), 1), (float("inf"), 0, RUN), [waiting])
     assert not free
     # Same arrival: the order is still total (user, then run), the same on every host.
     a, b = ticket("a", 5.0, (0,), 1, uid=1), ticket("b", 5.0, (0,), 1, uid=1)
-    assert program.may_take(a["needs"], program.order(a), [b])[0]
-    assert not program.may_take(b["needs"], program.order(b), [a])[0]
+    assert policy.may_take(a["needs"], policy.order(a), [b])[0]
+    assert not policy.may_take(b["needs"], policy.order(b), [a])[0]
 
 
 def test_a_ticket_lives_while_its_controller_does() -> None:
     t = ticket("t", 100.0)
     here = ("boot", "pid:[1]")
-    assert program.ticket_alive(t, 1000.0, here, lambda pid: 7)  # the same process
-    assert not program.ticket_alive(t, 100.0, here, lambda pid: None)  # gone
-    assert not program.ticket_alive(t, 100.0, here, lambda pid: 8)  # the pid reused
+    assert policy.ticket_alive(t, 1000.0, here, lambda pid: 7)  # the same process
+    assert not policy.ticket_alive(t, 100.0, here, lambda pid: None)  # gone
+    assert not policy.ticket_alive(t, 100.0, here, lambda pid: 8)  # the pid reused
     elsewhere = ("other-boot", "pid:[1]")  # another machine: its last refresh counts
-    assert program.ticket_alive(t, 100.0 + program.TICKET_TTL, elsewhere, lambda pid: None)
-    assert not program.ticket_alive(t, 101.0 + program.TICKET_TTL, elsewhere, lambda pid: 7)
+    assert policy.ticket_alive(t, 100.0 + policy.TICKET_TTL, elsewhere, lambda pid: None)
+    assert not policy.ticket_alive(t, 101.0 + policy.TICKET_TTL, elsewhere, lambda pid: 7)
 
 
 def test_a_valid_ticket_is_read_and_malformed_ones_are_refused_with_why() -> None:
     name = f"ticket-1001-{RUN}.json"
     good = ticket(RUN, 5.0, (0, 1), 2)
-    parsed, why = program.validate_ticket(good, 1001, name)
+    parsed, why = policy.validate_ticket(good, 1001, name)
     assert why is None and parsed["needs"]["pools"] == [{"gpus": [0, 1], "count": 2}]
     cases = {
         "belongs to uid": (good, 1002, name),
@@ -96,7 +97,7 @@ def test_a_valid_ticket_is_read_and_malformed_ones_are_refused_with_why() -> Non
         "user": ({**good, "user": "../etc"}, 1001, name),
     }
     for expected, (data, owner, file_name) in cases.items():
-        record, why = program.validate_ticket(data, owner, file_name)
+        record, why = policy.validate_ticket(data, owner, file_name)
         assert record is None and expected in why, (expected, why)
 
 

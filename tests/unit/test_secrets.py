@@ -25,7 +25,7 @@ from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import REDACTED, looks_secret, scrub, secret_values, shown_env
 from orchestrator.errors import InventoryError, SecretMissing
 from orchestrator.export.tfjob import problems, tfjob
-from orchestrator.machines.agent import HostAgent
+from orchestrator.machines.hostclient import HostAgent
 from orchestrator.machines.runner import LocalRunner
 from orchestrator.model.preflight import Status
 from orchestrator.model.workers import private_dirs

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.slurm import launcher
 from orchestrator.backends.slurm.backend import task_probe
 from orchestrator.backends.slurm.commands import (
     JobState,
@@ -25,6 +24,7 @@ from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState, classify
 from orchestrator.errors import InventoryError
+from orchestrator.hostside import slurm_launcher as launcher
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.answers import ExitRecord, WorkerProbe
@@ -194,7 +194,7 @@ def test_tf_config_from_the_allocation() -> None:
         "cluster": {"worker": ["n1:20000", "n2:20000"]},
         "task": {"type": "worker", "index": 1},
     }
-    assert launcher.EXIT_PREEMPTED == EXIT_PREEMPTED
+    assert launcher.contract.EXIT_PREEMPTED == EXIT_PREEMPTED  # the contract's, carried with it
 
 
 def test_the_batch_script_is_self_contained_and_bash_parses_it(tmp_path: Path) -> None:

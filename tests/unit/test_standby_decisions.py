@@ -24,7 +24,8 @@ from orchestrator.engine.state import WorkerState
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import InventoryError, RunStateError
 from orchestrator.fanout import GroupResult
-from orchestrator.machines.remote import agent
+from orchestrator.hostside import rundir, standbys
+from orchestrator.hostside import standbypolicy as policy
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec
@@ -42,16 +43,16 @@ def standby(env: dict[str, str] = ENV, **fields: object) -> dict[str, object]:
     """A standby's state as the agent reads it: spec.json's fields, alive, ready."""
     salt = "0123"
     state: dict[str, object] = {"python": PYTHON, "salt": salt, "alive": True, "ready": True,
-                                "digest": agent.env_digest(salt, PYTHON, env)}  # fmt: skip
+                                "digest": policy.env_digest(salt, PYTHON, env)}  # fmt: skip
     state.update(fields)
     return state
 
 
 def test_a_standby_with_the_same_interpreter_and_environment_may_serve() -> None:
-    assert agent.standby_refusal(standby(), ARGV, ENV) is None
+    assert policy.standby_refusal(standby(), ARGV, ENV) is None
     # Still importing TensorFlow: it reads the hand-over after the import, sooner than a cold
     # start would have imported it (`up` starts the first attempt's before its checks).
-    assert agent.standby_refusal(standby(ready=False), ARGV, ENV) is None
+    assert policy.standby_refusal(standby(ready=False), ARGV, ENV) is None
 
 
 @pytest.mark.parametrize(
@@ -71,14 +72,14 @@ def test_a_standby_with_the_same_interpreter_and_environment_may_serve() -> None
 def test_a_standby_is_refused_when_anything_before_the_import_differs(
     state: dict[str, object] | None, argv: list[str], env: dict[str, str], why: str
 ) -> None:
-    refusal = agent.standby_refusal(state, argv, env)
+    refusal = policy.standby_refusal(state, argv, env)
     assert refusal is not None and why in refusal
 
 
 def test_only_per_attempt_values_may_differ_between_a_standby_and_its_attempt() -> None:
     base = {"PATH": "/usr/bin", "SSH_CONNECTION": "10.0.0.1 51234 10.0.0.2 22"}
-    first = agent.import_env(base, {"ORCHESTRATE_RUN_DIR": "/r/attempt-0/w", "X": "1"}, {"S": "v"})
-    second = agent.import_env(
+    first = policy.import_env(base, {"ORCHESTRATE_RUN_DIR": "/r/attempt-0/w", "X": "1"}, {"S": "v"})
+    second = policy.import_env(
         {**base, "SSH_CONNECTION": "10.0.0.1 60000 10.0.0.2 22"},
         {"ORCHESTRATE_RUN_DIR": "/r/attempt-1/w", "ORCHESTRATE_PROGRESS_FILE": "/p", "X": "1"},
         {"S": "v"},
@@ -86,31 +87,31 @@ def test_only_per_attempt_values_may_differ_between_a_standby_and_its_attempt() 
     assert first == second == {"PATH": "/usr/bin", "X": "1", "S": "v"}
     # The agent is sent alone (stdlib only): its copy of the names is contract's.
     assert {contract.TF_CONFIG_ENV, contract.RUN_DIR_ENV, contract.PROGRESS_FILE_ENV} <= set(
-        agent.PER_ATTEMPT_ENV
+        policy.PER_ATTEMPT_ENV
     )
-    assert contract.RUN_ID_ENV not in agent.PER_ATTEMPT_ENV  # the same for every attempt
-    assert contract.RUN_ID_ENV in agent.PER_RUN_ENV  # but not for the job's next run
-    assert "SSH_CONNECTION" in agent.PER_CONNECTION_ENV
+    assert contract.RUN_ID_ENV not in policy.PER_ATTEMPT_ENV  # the same for every attempt
+    assert contract.RUN_ID_ENV in policy.PER_RUN_ENV  # but not for the job's next run
+    assert "SSH_CONNECTION" in policy.PER_CONNECTION_ENV
 
 
 def test_the_digest_hides_the_values_and_depends_on_the_salt() -> None:
-    digest = agent.env_digest("a", PYTHON, ENV)
-    assert "s3cret" not in digest and digest != agent.env_digest("b", PYTHON, ENV)
+    digest = policy.env_digest("a", PYTHON, ENV)
+    assert "s3cret" not in digest and digest != policy.env_digest("b", PYTHON, ENV)
 
 
 def test_the_command_lines_a_standby_runs() -> None:
-    assert agent.runnable_argv(ARGV) == ("module", "worker", ARGV[3:])
-    assert agent.runnable_argv([PYTHON, "/job/train.py", "--lr", "1"]) == (
+    assert policy.runnable_argv(ARGV) == ("module", "worker", ARGV[3:])
+    assert policy.runnable_argv([PYTHON, "/job/train.py", "--lr", "1"]) == (
         "script", "/job/train.py", ["--lr", "1"],
     )  # fmt: skip
-    assert agent.runnable_argv([PYTHON, "-u", "train.py"]) is None
-    assert agent.runnable_argv([PYTHON]) is None
+    assert policy.runnable_argv([PYTHON, "-u", "train.py"]) is None
+    assert policy.runnable_argv([PYTHON]) is None
     # A script behind the stacks boot (what plan_workers gives a script job) is a script.
-    assert agent.runnable_argv(list(booted((PYTHON, "/job/train.py", "--lr", "1")))) == (
+    assert policy.runnable_argv(list(booted((PYTHON, "/job/train.py", "--lr", "1")))) == (
         "script", "/job/train.py", ["--lr", "1"],
     )  # fmt: skip
-    assert agent.runnable_argv([PYTHON, "-c", "print(1)", "x.py"]) is None  # other code: no
-    assert agent.BOOT_MARKER == BOOT_MARKER  # the agent is sent alone: its own copy
+    assert policy.runnable_argv([PYTHON, "-c", "print(1)", "x.py"]) is None  # other code: no
+    assert policy.contract.BOOT_MARKER == BOOT_MARKER  # the contract's, carried with the agent
 
 
 def inventory(tmp_path: Path, **job: object) -> Inventory:
@@ -122,14 +123,14 @@ def inventory(tmp_path: Path, **job: object) -> Inventory:
 
 def test_one_standby_per_job_and_slot_shared_by_the_jobs_runs(tmp_path: Path) -> None:
     specs = plan_workers(inventory(tmp_path), "r1", {"a": "/w", "b": "/w"}, attempt=2)
-    assert agent.standby_dir(specs[0].run_dir) == "/w/demo/standby/a"
-    assert agent.run_of(specs[0].run_dir) == "/w/demo/runs/r1"
+    assert rundir.standby_dir(specs[0].run_dir) == "/w/demo/standby/a"
+    assert rundir.run_of(specs[0].run_dir) == "/w/demo/runs/r1"
     next_attempt = plan_workers(inventory(tmp_path), "r1", {"a": "/w", "b": "/w"}, attempt=3)
-    assert agent.standby_dir(next_attempt[0].run_dir) == agent.standby_dir(specs[0].run_dir)
+    assert rundir.standby_dir(next_attempt[0].run_dir) == rundir.standby_dir(specs[0].run_dir)
     # The next run (a new run id) finds the slot's standby where the last one left it.
     next_run = plan_workers(inventory(tmp_path), "r2", {"a": "/w", "b": "/w"}, attempt=0)
-    assert agent.standby_dir(next_run[0].run_dir) == agent.standby_dir(specs[0].run_dir)
-    assert agent.standby_dir(next_run[1].run_dir) == "/w/demo/standby/b"
+    assert rundir.standby_dir(next_run[0].run_dir) == rundir.standby_dir(specs[0].run_dir)
+    assert rundir.standby_dir(next_run[1].run_dir) == "/w/demo/standby/b"
 
 
 def test_the_launch_carries_the_job_setting_and_the_standby_request_the_secrets(
@@ -292,7 +293,7 @@ def lingering(**fields: object) -> dict[str, object]:
 
 def verdict(state: dict[str, object] | None, backs: str = R2_ATTEMPT,
             env: dict[str, str] = ENV, now: float = 900.0) -> tuple[str, str | None]:  # fmt: skip
-    return agent.standby_verdict(state, backs, PYTHON, env, AGENT, now=now)
+    return policy.standby_verdict(state, backs, PYTHON, env, AGENT, now=now)
 
 
 def test_the_next_run_takes_the_standby_the_last_one_left_lingering() -> None:
@@ -328,28 +329,28 @@ def test_a_standby_of_another_run_that_still_runs_is_left_alone() -> None:
     busy = standby(backs=R1_ATTEMPT, agent=AGENT, backing_alive=True)  # r1 trains, not released
     action, reason = verdict(busy)
     assert action == "leave" and "serves run r1, which still runs" in (reason or "")
-    assert agent.foreign_standby(busy, R2_ATTEMPT) == reason
-    assert agent.foreign_standby(busy, "/w/demo/runs/r1/attempt-3/a") is None  # r1's own
-    assert agent.foreign_standby(lingering(), R2_ATTEMPT) is None
+    assert policy.foreign_standby(busy, R2_ATTEMPT) == reason
+    assert policy.foreign_standby(busy, "/w/demo/runs/r1/attempt-3/a") is None  # r1's own
+    assert policy.foreign_standby(lingering(), R2_ATTEMPT) is None
 
 
 def test_the_gpus_an_attempt_sees_are_set_per_attempt_outside_the_digest() -> None:
     """CUDA_VISIBLE_DEVICES is read when a device is first used (the strategy), after the
     hand-over: a standby imported with GPU 0 serves a run given GPU 1 (no GPU here: the
     decision only; the worker's environment is the attempt's, see worker/standby.become)."""
-    first = agent.import_env({"PATH": "/usr/bin"}, {"CUDA_VISIBLE_DEVICES": "0", "X": "1"}, {})
-    second = agent.import_env({"PATH": "/usr/bin"}, {"CUDA_VISIBLE_DEVICES": "1", "X": "1"}, {})
+    first = policy.import_env({"PATH": "/usr/bin"}, {"CUDA_VISIBLE_DEVICES": "0", "X": "1"}, {})
+    second = policy.import_env({"PATH": "/usr/bin"}, {"CUDA_VISIBLE_DEVICES": "1", "X": "1"}, {})
     assert first == second == {"PATH": "/usr/bin", "X": "1"}
-    assert verdict(lingering(digest=agent.env_digest("0123", PYTHON, first)), env=second)[0] == (
+    assert verdict(lingering(digest=policy.env_digest("0123", PYTHON, first)), env=second)[0] == (
         "take"
     )
 
 
 def test_the_listing_says_which_standbys_linger_and_how_long() -> None:
-    line = agent.standby_summary("a", {**lingering(pid=10, worker_pid=11)}, 940.0, 587 << 20)
+    line = policy.standby_summary("a", {**lingering(pid=10, worker_pid=11)}, 940.0, 587 << 20)
     assert line["lingering"] is True and line["left_s"] == 60.0 and line["run_id"] == "r1"
     assert (line["pid"], line["worker_pid"], line["rss_bytes"]) == (10, 11, 587 << 20)
-    waiting = agent.standby_summary("a", standby(backs=R2_ATTEMPT), 940.0, None)
+    waiting = policy.standby_summary("a", standby(backs=R2_ATTEMPT), 940.0, None)
     assert waiting["lingering"] is False and waiting["left_s"] is None
 
 
@@ -407,8 +408,8 @@ def test_a_run_that_ended_leaves_its_standbys_lingering_unless_linger_is_0(
 
 
 def test_the_run_id_is_the_next_runs_own_outside_the_digest() -> None:
-    first = agent.import_env({}, {contract.RUN_ID_ENV: "r1", contract.WORKER_ENV: "a"}, {})
-    second = agent.import_env({}, {contract.RUN_ID_ENV: "r2", contract.WORKER_ENV: "a"}, {})
+    first = policy.import_env({}, {contract.RUN_ID_ENV: "r1", contract.WORKER_ENV: "a"}, {})
+    second = policy.import_env({}, {contract.RUN_ID_ENV: "r2", contract.WORKER_ENV: "a"}, {})
     assert first == second == {contract.WORKER_ENV: "a"}
 
 
@@ -419,14 +420,14 @@ def test_a_package_installed_since_the_standbys_import_makes_it_stale(tmp_path: 
     site.mkdir(parents=True)
     ready = tmp_path / "ready"
     ready.write_text(json.dumps({"package_dirs": {str(site): site.stat().st_mtime_ns}}))
-    assert agent._packages_changed(str(ready)) is None
+    assert standbys.packages_changed(str(ready)) is None
     (site / "newpkg").mkdir()
     os.utime(site, ns=(site.stat().st_atime_ns, site.stat().st_mtime_ns + 1))
-    assert agent._packages_changed(str(ready)) == str(site)
+    assert standbys.packages_changed(str(ready)) == str(site)
     stale = lingering(packages_changed=str(site))
     action, why = verdict(stale)
     assert action == "replace" and f"packages changed in {site}" in (why or "")
-    assert f"packages changed in {site}" in (agent.standby_refusal(stale, ARGV, ENV) or "")
+    assert f"packages changed in {site}" in (policy.standby_refusal(stale, ARGV, ENV) or "")
 
 
 def test_a_standby_becomes_a_worker_with_the_attempts_gpus(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ import pytest
 import yaml
 
 from orchestrator.config.loader import load_inventory
-from orchestrator.export import trainjob_launcher
 from orchestrator.export.trainjob import (
     LAUNCHER_SOURCE,
     SCHEMA_PATHS,
@@ -25,6 +24,7 @@ from orchestrator.export.trainjob import (
     trainjob,
     worker_hosts,
 )
+from orchestrator.hostside import pod_launcher
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,7 +121,7 @@ def test_the_exported_example_validates() -> None:
     assert container["args"][:3] == ["python", "-m", "worker"]
     assert "/checkpoints/shapes/checkpoints" in container["args"]
     env = env_of(container)
-    assert json.loads(env[trainjob_launcher.WORKERS_ENV]) == [
+    assert json.loads(env[pod_launcher.WORKERS_ENV]) == [
         "shapes-node-0-0.shapes:2222",
         "shapes-node-0-1.shapes:2222",
     ]
@@ -157,7 +157,7 @@ def test_a_script_job_with_env_secrets_gpus_and_a_pvc_validates(script_inventory
     env = env_of(container)
     assert env["WANDB_PROJECT"] == "demo"
     assert env["WANDB_API_KEY"] == {"secretKeyRef": {"name": "wandb", "key": "WANDB_API_KEY"}}
-    assert len(json.loads(env[trainjob_launcher.WORKERS_ENV])) == 3
+    assert len(json.loads(env[pod_launcher.WORKERS_ENV])) == 3
     assert documents[0]["spec"]["mlPolicy"]["numNodes"] == 3
     assert documents[0]["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 5
     codes = rjob(documents)["template"]["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]
@@ -319,21 +319,21 @@ def test_what_a_trainjob_cannot_carry_is_refused(tmp_path: Path, script_inventor
 
 def test_the_launcher_gives_each_index_its_tf_config(tmp_path: Path) -> None:
     workers = worker_hosts("shapes", 2)
-    assert trainjob_launcher.problem(workers, "1", "shapes") is None
-    assert "must be Indexed" in str(trainjob_launcher.problem(workers, "", ""))
-    assert "the export has 2 workers" in str(trainjob_launcher.problem(workers, "2", ""))
-    assert "--name other" in str(trainjob_launcher.problem(workers, "0", "other"))
+    assert pod_launcher.problem(workers, "1", "shapes") is None
+    assert "must be Indexed" in str(pod_launcher.problem(workers, "", ""))
+    assert "the export has 2 workers" in str(pod_launcher.problem(workers, "2", ""))
+    assert "--name other" in str(pod_launcher.problem(workers, "0", "other"))
     show = "import json,os,sys; print(os.environ['TF_CONFIG']); sys.exit(int(sys.argv[1]))"
     env = {
         **os.environ,
-        trainjob_launcher.WORKERS_ENV: json.dumps(workers),
-        trainjob_launcher.INDEX_ENV: "1",
+        pod_launcher.WORKERS_ENV: json.dumps(workers),
+        pod_launcher.INDEX_ENV: "1",
     }
     launched = [sys.executable, "-c", LAUNCHER_SOURCE, sys.executable, "-c", show]
     result = subprocess.run([*launched, "7"], env=env, capture_output=True, text=True, check=False)
     assert result.returncode == 7  # the worker's code, for the podFailurePolicy
     config = json.loads(result.stdout.splitlines()[-1])
     assert config == {"cluster": {"worker": workers}, "task": {"type": "worker", "index": 1}}
-    env[trainjob_launcher.JOBSET_NAME_ENV] = "other"
+    env[pod_launcher.JOBSET_NAME_ENV] = "other"
     result = subprocess.run([*launched, "0"], env=env, capture_output=True, text=True, check=False)
     assert result.returncode == 2 and "exported for 'shapes'" in result.stderr

@@ -26,7 +26,7 @@ from orchestrator.model.preflight import CHECK, Finding, PreflightOptions, Prefl
 from orchestrator.model.workers import Started
 
 if TYPE_CHECKING:
-    from orchestrator.machines.agent import HostAgent
+    from orchestrator.machines.hostclient import HostAgent
     from orchestrator.model.inventory import Host, Inventory, LoginDetails
     from orchestrator.model.leases import LeaseListing
     from orchestrator.model.workers import WorkerSpec

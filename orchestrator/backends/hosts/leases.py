@@ -1,5 +1,5 @@
 """Leases of the hosts backend: one request per machine and lease directory to the host's lease
-program (machines/remote/leases.py), whose keeper holds what it took until the run ends.
+program (hostside/leases.py), whose keeper holds what it took until the run ends.
 
 The requests and the inventory with what was leased are pure (`lease_request`, `resolved`);
 `take`, `release` and `listing` fan them out through Machines.
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import HostError, HostErrors, LeaseClash
 from orchestrator.fanout import fan_out
+from orchestrator.hostside import protocol
 from orchestrator.model.leases import (
     KEEPER_IDLE_SECONDS,
     Acquired,
@@ -29,7 +30,7 @@ from orchestrator.model.leases import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.machines.agent import HostAgent
+    from orchestrator.machines.hostclient import HostAgent
     from orchestrator.model.inventory import Host, Inventory
 
 GroupKey = tuple[tuple[str, ...], str]  # (machine key, lease_dir)
@@ -116,7 +117,7 @@ def take(
                                 dry_run=dry_run)  # fmt: skip
         if ticket is not None:
             request["ticket"] = dict(ticket)
-        answer = agent(hosts[0]).leases("acquire", **request)
+        answer = agent(hosts[0]).leases(protocol.ACQUIRE, **request)
         try:
             return Acquired.parse(hosts[0].name, answer)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -139,7 +140,7 @@ def take(
 
 
 def _release(agent: HostAgent, lease_dir: str, run_id: str) -> None:
-    agent.leases("release", timeout=30, lease_dir=lease_dir, run_id=run_id)
+    agent.leases(protocol.RELEASE, timeout=30, lease_dir=lease_dir, run_id=run_id)
 
 
 def release(
@@ -165,7 +166,7 @@ def withdraw(
     fan_out(
         groups,
         lambda key: agent(groups[key][0]).leases(
-            "withdraw", timeout=30, lease_dir=key[1], run_id=run_id
+            protocol.WITHDRAW, timeout=30, lease_dir=key[1], run_id=run_id
         ),
     )
 
@@ -181,7 +182,7 @@ def listing(
         groups.setdefault((machine_key(host), host.lease_dir), []).append(host)
 
     def ask(key: GroupKey) -> dict[str, Any]:
-        return agent(groups[key][0]).leases("list", timeout=30, lease_dir=key[1])
+        return agent(groups[key][0]).leases(protocol.LIST, timeout=30, lease_dir=key[1])
 
     answers = fan_out(groups, ask)
     leases: list[Lease] = []

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from orchestrator.fanout import fan_out
-from orchestrator.machines.agent import request
+from orchestrator.hostside import protocol
+from orchestrator.machines.hostclient import request
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import ComputeProbe, Inspection, Transfer, parsed
@@ -256,7 +257,7 @@ def measure_compute(perf: PerfPlan, sessions: Mapping[str, LineSession]) -> dict
     settings = {"gpu": perf.gpu, "cpu_size": CPU_MATRIX, "gpu_size": GPU_MATRIX}
 
     def ask(name: str, **spec: object) -> ComputeProbe:
-        answer = request(sessions[name], "compute", COMPUTE_TIMEOUT + 30, **spec)
+        answer = request(sessions[name], protocol.COMPUTE, COMPUTE_TIMEOUT + 30, **spec)
         return parsed(name, ComputeProbe.parse, answer)
 
     started = fan_out(names, lambda n: ask(n, start=settings, timeout=COMPUTE_TIMEOUT))
@@ -272,7 +273,7 @@ def measure_compute(perf: PerfPlan, sessions: Mapping[str, LineSession]) -> dict
             for name, window in windows.ok.items():
                 if window.gflops is not None:
                     best[name] = max(best.get(name, 0.0), window.gflops)
-    fan_out(ready, lambda n: request(sessions[n], "compute", 30, stop=True))
+    fan_out(ready, lambda n: request(sessions[n], protocol.COMPUTE, 30, stop=True))
     for name in ready:
         probe = probes[name]
         gflops = best.get(name)
@@ -299,14 +300,14 @@ def run_perf_round(
     links = ring_links(names)
     if not links:
         return findings
-    sinks = fan_out(names, lambda n: request(sessions[n], "sink", 30, timeout=LINK_TIMEOUT))
+    sinks = fan_out(names, lambda n: request(sessions[n], protocol.SINK, 30, timeout=LINK_TIMEOUT))
     transfers: dict[tuple[str, str], Transfer] = {}
 
     def send(link: tuple[str, str]) -> Transfer:
         source, target = link
         answer = request(
             sessions[source],
-            "send",
+            protocol.SEND,
             LINK_TIMEOUT * 3 + LINK_SECONDS + 30,
             address=perf.hosts[target].address,
             port=sinks.ok[target].get("port"),

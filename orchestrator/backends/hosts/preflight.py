@@ -31,7 +31,8 @@ from orchestrator.contract import (
 )
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult, fan_out
-from orchestrator.machines.agent import request
+from orchestrator.hostside import protocol
+from orchestrator.machines.hostclient import request
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import Connections, Inspection, PeerProbe, parsed
@@ -387,7 +388,7 @@ def run_preflight(
         session = sessions[host.name] = machines.preflight_session(host)
         answer = request(
             session,
-            "inspect",
+            protocol.INSPECT,
             probe_timeout + 30,
             port=host.port,
             # The lists live in one place: contract.py
@@ -409,7 +410,7 @@ def run_preflight(
             {name: hosts[name] for name in reports},
             lambda host: request(
                 sessions[host.name],
-                "cleanup",
+                protocol.CLEANUP,
                 30,
                 listener_pid=reports[host.name].listener_pid,
                 token=token if host is inventory.hosts[0] else None,
@@ -458,7 +459,7 @@ def _connect_round(
             for p in listening
             if p.name != host.name
         ]
-        answer = request(sessions[host.name], "connect", timeout + 30,
+        answer = request(sessions[host.name], protocol.CONNECT, timeout + 30,
                          peers=peers, timeout=timeout, token=token)  # fmt: skip
         return parsed(host.name, Connections.parse, answer)
 

@@ -14,7 +14,6 @@ and each task's host stands for that machine here.
 
 from __future__ import annotations
 
-import json
 import posixpath
 import tempfile
 import time
@@ -28,6 +27,7 @@ from orchestrator.backends.slurm.commands import SLURM, JobState, Slurm
 from orchestrator.backends.slurm.script import batch_script, exports_all
 from orchestrator.errors import HostError
 from orchestrator.fanout import GroupResult
+from orchestrator.hostside import rundir
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.pool import Machines, expand_uploads
 from orchestrator.machines.runner import LocalRunner, Runner
@@ -161,7 +161,8 @@ class SlurmBackend(Backend):
         ok: dict[str, WorkerProbe] = {}
         for worker in workers:
             if worker.name in files.ok:
-                node = self.read_text(worker.host, posixpath.join(worker.run_dir, "node"))
+                node = self.read_text(worker.host,
+                                      posixpath.join(worker.run_dir, rundir.NODE_FILE))  # fmt: skip
                 ok[worker.name] = task_probe(files.ok[worker.name], states[worker.name],
                                              node.strip() if node else None)  # fmt: skip
         return GroupResult(ok=ok, failed=files.failed)
@@ -173,8 +174,8 @@ class SlurmBackend(Backend):
         for worker in workers:  # so the workers' ending reads as stopped, not failed
             state = states[worker.name]
             if state is not None and state.active:
-                self._write(worker.host, posixpath.join(worker.run_dir, "stop_requested"),
-                            json.dumps({"at": time.time(), "by": by}))  # fmt: skip
+                self._write(worker.host, posixpath.join(worker.run_dir, rundir.STOP_FILE),
+                            rundir.stop_request(by))  # fmt: skip
         outcome: dict[str, StopAnswer] = {}
         for job in {s.job_id for s in states.values() if s is not None and s.active}:
             outcome_of_job = self._stop_job(job, grace)

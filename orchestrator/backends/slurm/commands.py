@@ -11,11 +11,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from orchestrator.errors import HostError
-from orchestrator.machines.agent import host_program
+from orchestrator.machines.hostclient import host_program
 from orchestrator.machines.runner import CommandResult, Runner
 
 SLURM = "slurm"  # the name errors carry: the scheduler, not one host
-WITH_ENV = "withenv.py"  # machines/remote/withenv.py: a command with environment from stdin
+WITH_ENV = "withenv.py"  # hostside/withenv.py: a command with environment from stdin
 # Job states in which the job's tasks may still run (squeue's long names).
 ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
                            "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT"})  # fmt: skip

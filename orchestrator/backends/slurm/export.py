@@ -7,9 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.backends.base import Planner
-from orchestrator.backends.slurm.launcher import JOB_ID_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER
 from orchestrator.backends.slurm.script import batch_script
 from orchestrator.config.sources.slurm import slurm_workers
+from orchestrator.hostside.slurm_launcher import JOB_ID_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.slurm import SlurmSpec

@@ -1,10 +1,11 @@
 """The batch script of one attempt: what `up` submits and `export --format sbatch` prints. Pure.
 
-Self-contained: the launcher (launcher.py) and the plan (each task's run directory, argv and
-environment) are embedded, so plain `sbatch script.sh` runs it where orchestrate is not installed
-(a task job needs the worker package on the nodes). One task per node under
-`srun --kill-on-bad-exit=1`: a failed task ends the step, as one dead MultiWorkerMirroredStrategy
-worker ends the cluster anyway. `--no-requeue`: the supervisor submits the next attempt itself.
+Self-contained: the launcher (hostside/slurm_launcher.py, bundled) and the plan (each task's run
+directory, argv and environment) are embedded, so plain `sbatch script.sh` runs it where
+orchestrate is not installed (a task job needs the worker package on the nodes). One task per
+node under `srun --kill-on-bad-exit=1`: a failed task ends the step, as one dead
+MultiWorkerMirroredStrategy worker ends the cluster anyway. `--no-requeue`: the supervisor
+submits the next attempt itself.
 """
 
 from __future__ import annotations
@@ -13,19 +14,17 @@ import json
 import re
 import shlex
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.backends.slurm import launcher
-from orchestrator.machines.bundle import bundle
+from orchestrator.machines.bundle import shipped_program
 from orchestrator.model.slurm import SlurmSpec
 
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Job
     from orchestrator.model.workers import WorkerSpec
 
-# The launcher as srun runs it: with the machines/remote/ modules it imports (procwatch, ...).
-LAUNCHER_SOURCE = bundle(Path(launcher.__file__).read_text(encoding="utf-8"), "launcher.py")
+# The launcher as srun runs it: with the hostside/ modules it imports (procwatch, ...).
+LAUNCHER_SOURCE = shipped_program("slurm_launcher.py")
 PLAN_END = "ORCHESTRATE_PLAN_END"
 LAUNCHER_END = "ORCHESTRATE_LAUNCHER_END"
 SBATCH_SPECIAL = re.compile(r"[\"'\\#]")
@@ -103,7 +102,7 @@ def batch_script(
     body = json.dumps(plan(spec, specs, job.secret_env), indent=1)
     if PLAN_END in body:  # a value that would end the here-document early
         raise ValueError(f"a job value contains {PLAN_END}")
-    srun = [
+    srun = [  # spawn point: srun starts the launcher, one task per node
         "srun", "--kill-on-bad-exit=1", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}",
         "--ntasks-per-node=1", spec.python, "-c",
     ]  # fmt: skip

@@ -1,9 +1,10 @@
 """The host-side preflight probe, sent like agent.py: `python -c SOURCE`.
 
 STANDARD LIBRARY ONLY. One process per host serves the whole check: it reads one JSON request per
-line on stdin ({"verb": ..., ...}, agent.py's shape) and answers each with one JSON line, so the
-three rounds cost one process start and no new SSH command. At end of input it stops any
-listener it started, so a controller that dies mid-check leaves nothing behind. The verbs:
+line on stdin ({"verb": ..., ...}, protocol.py's serve loop, as the agent does) and answers each
+with one JSON line, so the three rounds cost one process start and no new SSH command. At end of
+input it stops any listener it started, so a controller that dies mid-check leaves nothing
+behind. The verbs:
 
   inspect SPEC_JSON   Python and package versions, proxy variables, free space of directories;
                       whether the TensorFlow port is free (by binding it) and, if not, which
@@ -31,6 +32,13 @@ import signal
 import socket
 import sys
 import time
+
+if __package__:  # imported as part of orchestrate: the controller's tests
+    from orchestrator import contract
+    from orchestrator.hostside import protocol
+else:  # shipped: machines/bundle.py carries them in front of this file's source
+    import contract  # type: ignore[no-redef]
+    import protocol  # type: ignore[no-redef]
 
 PROXY_VARIABLES = (
     "http_proxy", "https_proxy", "grpc_proxy", "no_proxy", "no_grpc_proxy",
@@ -135,7 +143,7 @@ def _holder(port):
                 environ = dict(
                     item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item
                 )
-            for key in (b"ORCHESTRATE_RUN_ID", b"ORCHESTRATE_WORKER"):
+            for key in (contract.RUN_ID_ENV.encode(), contract.WORKER_ENV.encode()):
                 if key in environ:
                     holder[key.decode().lower()] = environ[key].decode("utf-8", "replace")
             return holder
@@ -162,7 +170,7 @@ def _serve(server, deadline):
 def _start_listener(port, seconds):
     """Bind the port in a detached child; return its pid, or the errno of a failed bind."""
     ready_read, ready_write = os.pipe()
-    pid = os.fork()
+    pid = os.fork()  # spawn point: the temporary listener, forked (no exec)
     if pid == 0:
         os.close(ready_read)
         os.setsid()
@@ -189,6 +197,9 @@ def _start_listener(port, seconds):
     return None, int(answer)
 
 
+LISTENERS: list = []  # the temporary listeners' pids, stopped at end of input
+
+
 def cmd_inspect(spec):
     report = {
         "python": sys.version.split()[0],
@@ -197,6 +208,8 @@ def cmd_inspect(spec):
         "directories": [_directory(path) for path in spec["directories"]],
     }
     pid, error = _start_listener(spec["port"], spec["listen_seconds"])
+    if pid:
+        LISTENERS.append(pid)  # stopped at end of input at the latest
     report["listener_pid"] = pid
     report["port_error"] = os.strerror(error) if error else None
     report["holder"] = _holder(spec["port"]) if error == errno.EADDRINUSE else None
@@ -436,7 +449,7 @@ def cmd_compute(spec):
     if spec.get("start"):
         _stop_computer()
         env = dict(os.environ, **dict.fromkeys(ONE_THREAD, "1"))
-        child = subprocess.Popen(
+        child = subprocess.Popen(  # spawn point: the compute probe's Python
             [sys.executable, "-c", COMPUTE_CHILD, json.dumps(spec["start"])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True, env=env,
@@ -560,22 +573,14 @@ def cmd_send(spec):
     return {"status": "ok", "sent": sent, **answer, "rate": rate}
 
 
-VERBS = {"inspect": cmd_inspect, "connect": cmd_connect, "cleanup": cmd_cleanup,
-         "compute": cmd_compute, "sink": cmd_sink, "send": cmd_send}  # fmt: skip
+VERBS = {protocol.INSPECT: cmd_inspect, protocol.CONNECT: cmd_connect,
+         protocol.CLEANUP: cmd_cleanup, protocol.COMPUTE: cmd_compute, protocol.SINK: cmd_sink,
+         protocol.SEND: cmd_send}  # fmt: skip
 
 
 def serve(lines, out):
-    listeners = []
-    for line in lines:
-        if not line.strip():
-            continue
-        request = json.loads(line)
-        answer = VERBS[request["verb"]](request)
-        if answer.get("listener_pid"):
-            listeners.append(answer["listener_pid"])
-        out.write(json.dumps(answer) + "\n")
-        out.flush()
-    for pid in listeners:  # end of input: the controller is done, or gone
+    protocol.serve(lines, out, VERBS)
+    for pid in LISTENERS:  # end of input: the controller is done, or gone
         cmd_cleanup({"listener_pid": pid})
     for server in SINKS:
         server.close()

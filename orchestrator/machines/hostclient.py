@@ -1,6 +1,7 @@
-"""Calls the host-side programs (agent.py, hostprobe.py) through a Runner and parses their answers.
+"""The host client: calls the host-side programs (hostside/agent.py, hostprobe.py, leases.py)
+through a Runner and parses their answers.
 
-Both programs read requests as JSON lines on standard input and answer each with one line, so a
+The programs read requests as JSON lines on standard input and answer each with one line, so a
 call is: start `python -c SOURCE`, send the request, read the answer. Nothing of a request is ever
 on a command line. A long-lived session serves many requests for one process start.
 """
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 
 from orchestrator.contract import CHECKPOINT_COMPANIONS
 from orchestrator.errors import HostError
+from orchestrator.hostside import protocol
 from orchestrator.machines.bundle import shipped_program
 from orchestrator.machines.runner import LineSession, Runner
 from orchestrator.model.answers import (
@@ -32,16 +34,17 @@ from orchestrator.model.answers import (
 )
 
 T = TypeVar("T")
+# The host programs, by their file in orchestrator/hostside/.
 AGENT = "agent.py"
-STACKS_ANSWER_MARGIN = 0.5  # seconds of a stacks request left for the answer's way back
-PROBE = "hostprobe.py"
+HOSTPROBE = "hostprobe.py"
 LEASES = "leases.py"
+STACKS_ANSWER_MARGIN = 0.5  # seconds of a stacks request left for the answer's way back
 
 
 @cache
 def host_program(name: str) -> str:
     """A stdlib-only program that runs on hosts (agent.py, hostprobe.py) as it is sent: with
-    the machines/remote/ modules it imports (bundle.py)."""
+    the modules it imports (bundle.py)."""
     return shipped_program(name)
 
 
@@ -52,9 +55,10 @@ def agent_source() -> str:
 def request(session: LineSession, verb: str, wait: float, /, **fields: Any) -> dict[str, Any]:
     """One request on an open session, answered within `wait` seconds; an {"error": ...}
     answer becomes a HostError."""
-    answer = session.request({"verb": verb, **fields}, timeout=wait)
-    if "error" in answer:
-        raise HostError(session.host_name, f"the agent could not {verb}: {answer['error']}")
+    answer = session.request({protocol.VERB: verb, **fields}, timeout=wait)
+    if protocol.ERROR_KEY in answer:
+        error = answer[protocol.ERROR_KEY]
+        raise HostError(session.host_name, f"the agent could not {verb}: {error}")
     return answer
 
 
@@ -86,47 +90,48 @@ class HostAgent:
         return parsed(self.runner.host_name, parse, self._ask(verb, timeout, fields))
 
     def info(self) -> HostInfo:
-        return self._call("info", HostInfo.parse, timeout=30)
+        return self._call(protocol.INFO, HostInfo.parse, timeout=30)
 
     def launch(self, spec: dict[str, Any]) -> int:
         spec = dict(spec, agent_source=agent_source())
-        return self._call("launch", lambda answer: int(answer["pid"]), spec=spec)
+        return self._call(protocol.LAUNCH, lambda answer: int(answer[protocol.PID_KEY]), spec=spec)
 
     def probe(self, run_dirs: list[str]) -> dict[str, WorkerProbe]:
-        return self._call("probe", parse_probe, timeout=30, run_dirs=run_dirs)
+        return self._call(protocol.PROBE, parse_probe, timeout=30, run_dirs=run_dirs)
 
     def checkpoint(self, directory: str) -> CheckpointListing:
-        return self._call("checkpoint", CheckpointListing.parse, timeout=30, directory=directory,
-                          companions=list(CHECKPOINT_COMPANIONS))  # fmt: skip
+        return self._call(protocol.CHECKPOINT, CheckpointListing.parse, timeout=30,
+                          directory=directory, companions=list(CHECKPOINT_COMPANIONS))  # fmt: skip
 
     def adopt_checkpoint(self, directory: str, name: str, checkpoints: list[str]) -> None:
-        self._call("adopt-checkpoint", dict, timeout=30, directory=directory, name=name,
+        self._call(protocol.ADOPT_CHECKPOINT, dict, timeout=30, directory=directory, name=name,
                    checkpoints=checkpoints)  # fmt: skip
 
     def files(self, directory: str) -> FileListing:
-        return self._call("files", FileListing.parse, directory=directory)
+        return self._call(protocol.FILES, FileListing.parse, directory=directory)
 
     def make_dirs(self, directories: list[str], private: list[str]) -> None:
         """Create `directories` (parents too) and the run's `private` ones (0700)."""
-        self._call("make-dirs", dict, timeout=30, directories=directories, private_dirs=private)
+        self._call(protocol.MAKE_DIRS, dict, timeout=30, directories=directories,
+                   private_dirs=private)  # fmt: skip
 
     def standby(self, specs: list[dict[str, Any]]) -> dict[str, str]:
         """Start (or keep) a standby per spec; what happened, by the run directory it backs."""
         specs = [dict(spec, agent_source=agent_source()) for spec in specs]
-        return self._call("standby", _string_map("standbys"), specs=specs)
+        return self._call(protocol.STANDBY, _string_map(protocol.STANDBYS_KEY), specs=specs)
 
     def discard_standbys(self, run_dirs: list[str]) -> dict[str, str]:
-        return self._call("discard-standbys", _string_map("outcome"), timeout=30,
-                          run_dirs=run_dirs)  # fmt: skip
+        return self._call(protocol.DISCARD_STANDBYS, _string_map(protocol.OUTCOME_KEY),
+                          timeout=30, run_dirs=run_dirs)  # fmt: skip
 
     def linger_standbys(self, run_dirs: list[str], seconds: float) -> dict[str, str]:
         """The run ended: its slots' standbys stay `seconds` for the job's next run."""
-        return self._call("linger-standbys", _string_map("outcome"), timeout=30,
-                          run_dirs=run_dirs, seconds=seconds)  # fmt: skip
+        return self._call(protocol.LINGER_STANDBYS, _string_map(protocol.OUTCOME_KEY),
+                          timeout=30, run_dirs=run_dirs, seconds=seconds)  # fmt: skip
 
     def standbys(self, job_dirs: list[str]) -> dict[str, list[StandbyInfo]]:
         """The standbys alive in each job directory (lingering or waiting for a restart)."""
-        return self._call("standbys", parse_standbys, timeout=30, job_dirs=job_dirs)
+        return self._call(protocol.STANDBYS, parse_standbys, timeout=30, job_dirs=job_dirs)
 
     def leases(self, verb: str, timeout: float = 60.0, **fields: Any) -> dict[str, Any]:
         """One request to the lease program (leases.py: acquire, release, list), in a session
@@ -138,8 +143,8 @@ class HostAgent:
             session.close()
 
     def stop(self, run_dirs: list[str], grace: float, by: str = BY_DOWN) -> dict[str, StopAnswer]:
-        return self._call("stop", parse_stop, timeout=grace + 30, run_dirs=run_dirs, grace=grace,
-                          by=by)  # fmt: skip
+        return self._call(protocol.STOP, parse_stop, timeout=grace + 30, run_dirs=run_dirs,
+                          grace=grace, by=by)  # fmt: skip
 
     def stacks(
         self,
@@ -156,14 +161,14 @@ class HostAgent:
         `native` (py-spy) may take longer: its own few seconds."""
         waits = max(wait - STACKS_ANSWER_MARGIN, 0.5)
         timeout = max(wait, waits + 0.2) + (10.0 if native else 0.0)
-        return self._call("stacks", parse_stacks, timeout, run_dirs=run_dirs, wait=waits,
+        return self._call(protocol.STACKS, parse_stacks, timeout, run_dirs=run_dirs, wait=waits,
                           native=native, send=send, offsets=offsets or {})  # fmt: skip
 
     def stack_offsets(self, run_dirs: list[str]) -> dict[str, int]:
         def parse(answer: dict[str, Any]) -> dict[str, int]:
-            return {str(k): int(v) for k, v in answer["offsets"].items()}
+            return {str(k): int(v) for k, v in answer[protocol.OFFSETS_KEY].items()}
 
-        return self._call("stacks", parse, 30, run_dirs=run_dirs, mark=True)
+        return self._call(protocol.STACKS, parse, 30, run_dirs=run_dirs, mark=True)
 
 
 def _string_map(key: str) -> Callable[[dict[str, Any]], dict[str, str]]:

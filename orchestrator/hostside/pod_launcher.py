@@ -1,9 +1,10 @@
 """The launcher each pod of an exported TrainJob starts: it writes the pod's TF_CONFIG and runs
 the worker under it, passing SIGTERM on (the worker saves a checkpoint) and its exit code out.
 
-STANDARD LIBRARY ONLY: its source is the `node` container's command (`python -c SOURCE ARGV...`)
-in the TrainingRuntime that trainjob.py writes, so the image needs nothing of orchestrate but the
-worker package (for a task job). The worker list comes from the export, in the environment
+STANDARD LIBRARY ONLY: its source, with contract.py carried in front of it (machines/bundle.py),
+is the `node` container's command (`python -c SOURCE ARGV...`) in the TrainingRuntime that
+trainjob.py writes, so the image needs nothing of orchestrate but the worker package (for a task
+job) and a Python 3.7 or newer. The worker list comes from the export, in the environment
 (ORCHESTRATE_TF_WORKERS, JSON: JobSet's stable pod host names `{name}-node-0-{i}.{name}:{port}`,
 which exist because the TrainJob's JobSet has that name); the pod reads only the index the
 Indexed Job gives it, JOB_COMPLETION_INDEX. Index 0 is the chief.
@@ -19,10 +20,14 @@ import signal
 import subprocess
 import sys
 
+if __package__:  # imported as part of orchestrate: trainjob.py, the controller's tests
+    from orchestrator import contract
+else:  # shipped: machines/bundle.py carries it in front of this file's source
+    import contract  # type: ignore[no-redef]
+
 WORKERS_ENV = "ORCHESTRATE_TF_WORKERS"
 JOBSET_NAME_ENV = "ORCHESTRATE_JOBSET_NAME"
 INDEX_ENV = "JOB_COMPLETION_INDEX"
-EXIT_USAGE = 2  # contract.EXIT_USAGE (this file imports nothing of orchestrate)
 
 
 def tf_config(workers, index):
@@ -53,7 +58,7 @@ def problem(workers, index_text, jobset_name):
 def run(argv, env):
     """The worker's exit code (128+N for a death by signal N); until it exits, SIGTERM and
     SIGINT are passed on (pod deletion, preemption: the built-in loop saves and exits 75)."""
-    child = subprocess.Popen(argv, env=env)
+    child = subprocess.Popen(argv, env=env)  # spawn point: the pod's worker
 
     def forward(signum, _frame):
         if child.poll() is None:
@@ -73,13 +78,13 @@ def main():
         found = "no worker command (the container's args)"
     if found is not None:
         print(f"orchestrate launcher: {found}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
+        return contract.EXIT_USAGE
     index = int(index_text)
     config = tf_config(workers, index)
     env = dict(os.environ)
-    env["TF_CONFIG"] = json.dumps(config)
+    env[contract.TF_CONFIG_ENV] = json.dumps(config)
     role = " (chief)" if index == 0 else ""
-    said = f"worker {index} of {len(workers)}{role}, TF_CONFIG {env['TF_CONFIG']}"
+    said = f"worker {index} of {len(workers)}{role}, TF_CONFIG {env[contract.TF_CONFIG_ENV]}"
     print(f"orchestrate launcher: {said}", flush=True)
     try:
         return run(sys.argv[1:], env)

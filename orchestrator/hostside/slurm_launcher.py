@@ -14,11 +14,11 @@ are never in the plan or the script: sbatch exports them from the submitting env
 "{SLURM_SUBMIT_DIR}" in them are replaced by Slurm's values (the exported script uses them), and
 a leading "~/" is the node's home.
 
-Files in a task's run directory: node, pid, worker.pid, worker.log, progress.json (the worker's),
-stacks.txt and stacks.pid (the worker's stack dumps on SIGUSR2, which this launcher passes on),
-exit.json ({"returncode", "signal", "started_at", "finished_at", "error", "log_tail", and
-"joined" for a task of a multi-worker job that loaded TensorFlow: whether it listened on its
-port, JoinWatch).
+Files in a task's run directory (rundir.py names them): node, pid, worker.pid, worker.log,
+progress.json (the worker's), stacks.txt and stacks.pid (the worker's stack dumps on SIGUSR2,
+which this launcher passes on), exit.json (rundir.record_exit's, as the agent's minder writes it,
+with "joined" for a task of a multi-worker job that loaded TensorFlow: whether it listened on
+its port, JoinWatch).
 """
 
 import json
@@ -32,21 +32,22 @@ import time
 from typing import TYPE_CHECKING
 
 # Annotations naming a generic are strings, never evaluated: the node's python3 may be older than
-# the controller's (this file has no __future__ import and runs on Python 3.6 too).
+# the controller's (Python 3.7 or newer: contract.py; a shipped program has no __future__ import).
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 if __package__:  # imported as part of orchestrate: script.py, the controller's tests
-    from orchestrator.machines.remote import procwatch, safefiles
+    from orchestrator import contract
+    from orchestrator.hostside import procwatch, rundir, safefiles
 else:  # shipped: machines/bundle.py carries them in front of this file's source
+    import contract  # type: ignore[no-redef]
     import procwatch  # type: ignore[no-redef]
+    import rundir  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
 
 PLAN_ENV = "ORCHESTRATE_SLURM_PLAN"
 JOB_ID_PLACEHOLDER = "{SLURM_JOB_ID}"
 SUBMIT_DIR_PLACEHOLDER = "{SLURM_SUBMIT_DIR}"
-LOG_TAIL_LINES = 20
-EXIT_PREEMPTED = 75  # contract.EXIT_PREEMPTED (this file imports nothing of orchestrate)
 
 
 def _split_top_level(text):
@@ -100,47 +101,11 @@ def tf_config(nodes, port, index):
     }
 
 
-# Shared with the host agent (machines/remote/safefiles.py): the same checks, the same files.
+# Shared with the host agent: the same checks, the same files (safefiles.py, rundir.py).
 _write_json = safefiles.write_json
 _write = safefiles.write_text
 _make_private_dirs = safefiles.make_private_dirs
 UnsafeDirectory = safefiles.UnsafeDirectory
-
-
-def _log_tail(log_path, count=LOG_TAIL_LINES):
-    try:
-        with open(log_path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 64 * 1024))
-            lines = handle.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return []
-    return [line for line in lines if line.strip()][-count:]
-
-
-def _record_exit(run_dir, returncode, started, error, joined=None, *, secrets=()):
-    name = None
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-    tail = _log_tail(os.path.join(run_dir, "worker.log"))
-    if secrets:  # worker.log is redacted already; exit.json is what status and reasons show
-        tail = [_redact(line.encode(), secrets).decode("utf-8", "replace") for line in tail]
-    if error is None and returncode > 0 and tail:
-        error = tail[-1]
-    record = {
-        "returncode": returncode,
-        "signal": name,
-        "started_at": started,
-        "finished_at": time.time(),
-        "error": error,
-        "log_tail": tail if returncode != 0 else [],
-    }
-    if joined is not None:  # JoinWatch's verdict: a multi-worker task that loaded TensorFlow
-        record["joined"] = joined
-    _write_json(os.path.join(run_dir, "exit.json"), record)
 
 
 def _filler(job_id: str, submit_dir: str) -> "Callable[[str], str]":
@@ -158,15 +123,15 @@ def _prepare_run_dir(task: dict, fill: "Callable[[str], str]") -> str:
     run_dir = os.path.expanduser(fill(task["run_dir"]))
     _make_private_dirs([os.path.expanduser(fill(d)) for d in task.get("private_dirs", [])])
     os.makedirs(run_dir, exist_ok=True)
-    _write(os.path.join(run_dir, "node"), socket.gethostname())
-    _write(os.path.join(run_dir, "pid"), str(os.getpid()))
+    _write(os.path.join(run_dir, rundir.NODE_FILE), socket.gethostname())
+    _write(os.path.join(run_dir, rundir.PID_FILE), str(os.getpid()))
     return run_dir
 
 
 def _worker_env(task: dict, fill: "Callable[[str], str]", config: dict) -> "dict[str, str]":
     env = dict(os.environ)
     env.update({key: fill(value) for key, value in task["env"].items()})
-    env["TF_CONFIG"] = json.dumps(config)
+    env[contract.TF_CONFIG_ENV] = json.dumps(config)
     return env
 
 
@@ -176,7 +141,7 @@ def _refuse_missing_secrets(index: int, run_dir: str, started: float, missing: "
         "them where you run sbatch (and keep sbatch's --export=ALL)"
     )
     print(f"task {index}: {error}", flush=True)
-    _record_exit(run_dir, 2, started, error)
+    rundir.record_exit(run_dir, 2, started, error)
     return 2
 
 
@@ -191,12 +156,10 @@ def _start_worker(
 ) -> "subprocess.Popen[bytes] | None":
     """The worker, writing to worker.log (`piped`: to a pipe this launcher copies there); None,
     with exit.json written, when it cannot start."""
-    log_fd = os.open(
-        os.path.join(run_dir, "worker.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
-    )
+    log_fd = rundir.open_log(os.path.join(run_dir, rundir.WORKER_LOG))
     log = open(log_fd, "ab")  # noqa: SIM115 - the child owns it
     try:
-        return subprocess.Popen(
+        return subprocess.Popen(  # spawn point: the task's worker
             [fill(a) for a in task["argv"]],
             cwd=os.path.expanduser(fill(task["cwd"])),
             env=env,
@@ -205,7 +168,7 @@ def _start_worker(
             stderr=subprocess.STDOUT,
         )
     except OSError as exc:
-        _record_exit(run_dir, 127, started, f"cannot start {task['argv'][0]}: {exc}")
+        rundir.record_exit(run_dir, 127, started, f"cannot start {task['argv'][0]}: {exc}")
         return None
     finally:
         if piped:
@@ -228,7 +191,7 @@ def _wait_forwarding_signals(
         signal.signal(signum, forward)
     signal.signal(signal.SIGUSR2, lambda _signum, _frame: _forward_stacks(child, run_dir))
     if secrets is not None:
-        _copy_redacted(child, os.path.join(run_dir, "worker.log"), secrets)
+        _copy_redacted(child, os.path.join(run_dir, rundir.WORKER_LOG), secrets)
     return child.wait()
 
 
@@ -236,7 +199,7 @@ def _forward_stacks(child: "subprocess.Popen[bytes]", run_dir: str) -> None:
     """SIGUSR2 to the worker's registered pid (stacks.pid, contract.STACKS_PID_FILE), only if
     it is the worker or its child: a process without the handler would die of SIGUSR2."""
     try:
-        with open(os.path.join(run_dir, "stacks.pid"), encoding="utf-8") as handle:
+        with open(os.path.join(run_dir, contract.STACKS_PID_FILE), encoding="utf-8") as handle:
             pid = int(handle.read().strip())
         if child.poll() is None and (pid == child.pid or _parent_of(pid) == child.pid):
             os.kill(pid, signal.SIGUSR2)
@@ -249,48 +212,15 @@ def _parent_of(pid: int) -> int:
         return int(handle.read().rsplit(")", 1)[1].split()[1])
 
 
-# --- secrets a script prints: the host agent's redaction (issue 25) ----------------------------
-
-REDACTED = b"[redacted]"
-
-
-def _secret_values(names: "list[str]") -> "list[bytes]":
-    """The job's secret values (in this launcher's environment, from sbatch), longest first;
-    values under 4 characters are left alone, as secretenv.scrub and the host agent do."""
-    values = {os.environ.get(name, "").encode() for name in names}
-    return sorted((v for v in values if len(v) >= 4), key=len, reverse=True)
-
-
-def _redact(data: bytes, secrets: "list[bytes]") -> bytes:
-    for value in secrets:
-        data = data.replace(value, REDACTED)
-    return data
+# --- secrets a script prints: the host agent's redaction (issue 25, rundir.py) ------------------
 
 
 def _copy_redacted(child: "subprocess.Popen[bytes]", log_path: str, secrets: "list[bytes]") -> None:
     """The worker's output into worker.log line by line, each secret value as [redacted], until
     it ends (or the worker did, and a process it left holds the pipe)."""
-    import select
-
-    assert child.stdout is not None
-    source = child.stdout.fileno()
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    pending = b""
+    log = rundir.open_log(log_path)
     try:
-        while True:
-            if not select.select([source], [], [], 1.0)[0]:
-                if child.poll() is not None:
-                    break
-                continue
-            chunk = os.read(source, 65536)
-            if not chunk:
-                break
-            pending += chunk
-            cut = pending.rfind(b"\n") + 1 if len(pending) < 1 << 20 else len(pending)
-            os.write(log, _redact(pending[:cut], secrets))
-            pending = pending[cut:]
-        if pending:
-            os.write(log, _redact(pending, secrets))
+        rundir.copy_output(child, lambda chunk: os.write(log, chunk), secrets)
     finally:
         os.close(log)
 
@@ -298,7 +228,7 @@ def _copy_redacted(child: "subprocess.Popen[bytes]", log_path: str, secrets: "li
 def _srun_exit(index: int, returncode: int) -> int:
     """Says how the worker exited, and picks the launcher's own exit code for srun."""
     print(f"task {index} on {socket.gethostname()}: worker exited {returncode}", flush=True)
-    if returncode == EXIT_PREEMPTED:
+    if returncode == contract.EXIT_PREEMPTED:
         # Not a bad exit for srun: the peers are saving at the same step and exit 75 too. Were
         # it one, --kill-on-bad-exit would SIGTERM them while they finish (measured: a peer
         # then dies of it after its save). exit.json keeps the 75 for the supervisor.
@@ -323,20 +253,20 @@ def main():
         print(f"task {index}: {exc}", file=sys.stderr, flush=True)
         return 3
     config = tf_config(nodes, plan["port"], index)
-    _write_json(os.path.join(run_dir, "tf_config.json"), config)
+    _write_json(os.path.join(run_dir, rundir.TF_CONFIG_FILE), config)
     env = _worker_env(task, fill, config)
     started = time.time()
     missing = [name for name in plan.get("secret_env", []) if name not in os.environ]
     if missing:
         return _refuse_missing_secrets(index, run_dir, started, missing)
-    secrets = _secret_values(plan.get("secret_env", []))
+    secrets = rundir.secret_values(plan.get("secret_env", []), os.environ)
     child = _start_worker(task, fill, env, run_dir, started, piped=bool(secrets))
     if child is None:
         return 127
-    _write(os.path.join(run_dir, "worker.pid"), str(child.pid))
+    _write(os.path.join(run_dir, rundir.WORKER_PID_FILE), str(child.pid))
     watch = procwatch.JoinWatch(child.pid, config)
     returncode = _wait_forwarding_signals(child, run_dir, secrets if secrets else None)
-    _record_exit(run_dir, returncode, started, None, watch.joined(), secrets=secrets)
+    rundir.record_exit(run_dir, returncode, started, None, watch.joined(), secrets=secrets)
     return _srun_exit(index, returncode)
 
 

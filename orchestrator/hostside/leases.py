@@ -1,7 +1,9 @@
 """Leases on a host: ports and GPUs that one run holds against every other job of every user.
 
 STANDARD LIBRARY ONLY, sent as `python -c SOURCE` like agent.py; requests as JSON lines on
-standard input, one JSON answer per line. A verb that fails answers {"error": "..."}.
+standard input, one JSON answer per line (protocol.py's serve loop). A verb that fails answers
+{"error": "..."}. This module locks files and forks keepers; what is valid, what to try and who
+may take what are decided in leasepolicy.py (pure).
 
 Verbs:
   acquire lease_dir run_id job controller idle workers [dry_run]
@@ -10,7 +12,7 @@ Verbs:
                   all say share); a run's resources that its live keeper holds are kept. Taken
                   resources pass to a keeper: a small process of its own session that holds the
                   locks until the run's end, `release`, or `idle` seconds without a worker or
-                  supervisor of the run on this host (its standbys do not count). `dry_run`:
+                  minder of the run on this host (its standbys do not count). `dry_run`:
                   what would be taken, nothing held. A clash answers who holds what.
   release lease_dir run_id   stop this account's keepers of the run: its leases are free
   list lease_dir             every live holder's record, any user; records ignored, and why;
@@ -20,7 +22,7 @@ Verbs:
 The queue (`up --queue`): `acquire` with `ticket` (the run's arrival time, and its controller's
 pid, process start time, boot id and pid namespace) writes the run's ticket beside the leases,
 `ticket-{uid}-{run_id}.json`: what it needs (fixed ports, GPUs of a pool) and since when. A run
-takes new resources only when no earlier live ticket needs any of them (may_take, pure; every
+takes new resources only when no earlier live ticket needs any of them (may_take; every
 acquire obeys it, queued or not); a blocked or clashing queued acquire keeps its ticket and is
 asked again. A ticket lives while its controller does: on this machine (same boot id and pid
 namespace) the process itself is looked at; else it expires TICKET_TTL seconds after its last
@@ -35,7 +37,7 @@ no secret. The directory is created sticky and world-writable (1777), like /tmp.
 
 Other users' files are untrusted input: opened with O_NOFOLLOW and O_NONBLOCK after an lstat,
 only regular files, a record only when its owner is the uid it claims and every field is what
-it should be (validate_record, pure); anything else is ignored and named, never followed.
+it should be (leasepolicy.validate_record); anything else is ignored and named, never followed.
 """
 
 import contextlib
@@ -54,204 +56,23 @@ import sys
 import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
-    from orchestrator.machines.remote import safefiles
-else:  # shipped: machines/bundle.py carries it in front of this file's source
+    from orchestrator import contract
+    from orchestrator.hostside import leasepolicy as policy
+    from orchestrator.hostside import protocol, rundir, safefiles
+else:  # shipped: machines/bundle.py carries them in front of this file's source
+    import contract  # type: ignore[no-redef]
+    import leasepolicy as policy  # type: ignore[no-redef]
+    import protocol  # type: ignore[no-redef]
+    import rundir  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
 
 RECORD_MAX_BYTES = 64 * 1024
 POLL = 1.0  # seconds between the keeper's looks at the run's processes
-TICKET_TTL = 30.0  # seconds a ticket of a controller on another machine lives unrefreshed
-TICKET_NAME = re.compile(r"^ticket-(\d{1,10})-([A-Za-z0-9_.-]{1,64})\.json$")
-RECORD_NAME = re.compile(r"^lease-(\d{1,10})-([A-Za-z0-9_.-]{1,64})-([0-9a-f]{8,32})\.json$")
-NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")  # user, job, run id
-HOSTNAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$")
 OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class Hostile(Exception):
     """A file in the lease directory that is not what orchestrate writes there."""
-
-
-# --- pure decisions ---------------------------------------------------------------------------
-
-
-def port_candidates(keep, low, high):
-    """The ports to try for `port: auto`, in order: the run's own one first (a restart keeps
-    it), then the range from its low end."""
-    ports = list(range(low, high + 1))
-    if keep in ports:
-        ports.remove(keep)
-        ports.insert(0, keep)
-    return ports
-
-
-def gpu_candidates(pool, keep):
-    """The GPUs to try, in order: the run's own ones first, then the pool's order."""
-    keep = [g for g in keep or () if g in pool]
-    return keep + [g for g in pool if g not in keep]
-
-
-def validate_record(data, owner_uid, file_name):
-    """(record, None) or (None, why it is ignored). `owner_uid`: the file's owner (lstat);
-    `file_name`: its name, which repeats the uid and run id. Pure."""
-    match = RECORD_NAME.fullmatch(file_name)
-    if not match:
-        return None, "not a lease record's name"
-    if not isinstance(data, dict):
-        return None, "not a JSON object"
-
-    def text(key, pattern):
-        value = data.get(key)
-        return value if isinstance(value, str) and pattern.fullmatch(value) else None
-
-    def whole(value, low, high):
-        ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-        return value if ok else None
-
-    uid = whole(data.get("uid"), 0, 2**32)
-    if uid is None or uid != owner_uid or str(uid) != match.group(1):
-        return None, f"claims uid {data.get('uid')!r} but belongs to uid {owner_uid}"
-    record = {
-        "user": text("user", NAME),
-        "uid": uid,
-        "job": text("job", NAME),
-        "run_id": text("run_id", NAME),
-        "controller": text("controller", HOSTNAME),
-        "pid": whole(data.get("pid"), 1, 2**31),
-    }
-    for key, value in record.items():
-        if value is None:
-            return None, f"{key} is missing or malformed"
-    if record["run_id"] != match.group(2):
-        return None, "its run id differs from its name's"
-    since = data.get("since")
-    if isinstance(since, bool) or not isinstance(since, (int, float)) or not math.isfinite(since):
-        return None, "since is missing or malformed"
-    record["since"] = float(since)
-    for key, high in (("ports", 65535), ("gpus", 4095)):
-        values = data.get(key)
-        if not isinstance(values, list) or len(values) > 1024:
-            return None, f"{key} is not a list"
-        if any(whole(v, 0 if key == "gpus" else 1, high) is None for v in values):
-            return None, f"{key} holds a value that is no {key[:-1]}"
-        record[key] = sorted(set(values))
-    record["shared_gpus"] = data.get("shared_gpus") is True
-    return record, None
-
-
-def validate_ticket(data, owner_uid, file_name):
-    """(ticket, None) or (None, why it is ignored): a queued run's ticket, checked like a
-    lease record (its owner is the uid it claims, every field what it should be). Pure."""
-    match = TICKET_NAME.fullmatch(file_name)
-    if not match:
-        return None, "not a ticket's name"
-    if not isinstance(data, dict):
-        return None, "not a JSON object"
-
-    def whole(value, low, high):
-        ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-        return value if ok else None
-
-    def real(value):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return float(value) if ok and math.isfinite(value) else None
-
-    uid = whole(data.get("uid"), 0, 2**32)
-    if uid is None or uid != owner_uid or str(uid) != match.group(1):
-        return None, f"claims uid {data.get('uid')!r} but belongs to uid {owner_uid}"
-    ticket = {"uid": uid}
-    for key, pattern in (("user", NAME), ("job", NAME), ("run_id", NAME),
-                         ("controller", HOSTNAME)):  # fmt: skip
-        value = data.get(key)
-        if not (isinstance(value, str) and pattern.fullmatch(value)):
-            return None, f"{key} is missing or malformed"
-        ticket[key] = value
-    if ticket["run_id"] != match.group(2):
-        return None, "its run id differs from its name's"
-    for key in ("arrival", "seen"):
-        ticket[key] = real(data.get(key))
-        if ticket[key] is None:
-            return None, f"{key} is missing or malformed"
-    ticket["pid"] = whole(data.get("pid"), 1, 2**31)
-    ticket["starttime"] = whole(data.get("starttime"), 0, 2**63)
-    if ticket["pid"] is None or ticket["starttime"] is None:
-        return None, "pid or starttime is missing or malformed"
-    for key in ("boot_id", "pidns"):
-        value = data.get(key)
-        ticket[key] = value if isinstance(value, str) and len(value) <= 64 else ""
-    needs = data.get("needs")
-    if not isinstance(needs, dict):
-        return None, "needs is not an object"
-    ports, pools = needs.get("ports"), needs.get("pools")
-    if (
-        not isinstance(ports, list)
-        or len(ports) > 1024
-        or any(whole(p, 1, 65535) is None for p in ports)
-    ):
-        return None, "needs.ports is not a list of ports"
-    if not isinstance(pools, list) or len(pools) > 1024:
-        return None, "needs.pools is not a list"
-    clean = []
-    for pool in pools:
-        gpus = pool.get("gpus") if isinstance(pool, dict) else None
-        count = whole(pool.get("count"), 1, 4096) if isinstance(pool, dict) else None
-        if (
-            not isinstance(gpus, list)
-            or count is None
-            or len(gpus) > 4096
-            or any(whole(g, 0, 4095) is None for g in gpus)
-        ):
-            return None, "needs.pools holds an entry that is no pool of GPUs"
-        clean.append({"gpus": sorted(set(gpus)), "count": count})
-    ticket["needs"] = {"ports": sorted(set(ports)), "pools": clean}
-    return ticket, None
-
-
-def needs_of(workers, pool_of):
-    """What a request's workers need that another job could hold: their fixed ports and the
-    GPUs of their pools (`pool_of(worker)`; a port of a range is plentiful, not queued for)."""
-    ports = sorted({w["port"] for w in workers if w.get("range") is None and w.get("port")})
-    pools = [{"gpus": sorted(set(pool_of(w))), "count": int(w["gpus"])}
-             for w in workers if w.get("gpus")]  # fmt: skip
-    return {"ports": ports, "pools": pools}
-
-
-def overlap(a, b):
-    """The resources both needs name: (ports, GPUs). Pure."""
-    ports = sorted(set(a["ports"]) & set(b["ports"]))
-    gpus_a = {g for pool in a["pools"] for g in pool["gpus"]}
-    gpus_b = {g for pool in b["pools"] for g in pool["gpus"]}
-    return ports, sorted(gpus_a & gpus_b)
-
-
-def order(ticket):
-    """A ticket's place in the queue: by arrival, then user and run (one total order on every
-    host, so that two runs never wait for each other)."""
-    return (ticket["arrival"], ticket["uid"], ticket["run_id"])
-
-
-def may_take(needs, place, tickets):
-    """Whether a run needing `needs`, at `place` in the queue (order(); its arrival is now when
-    it has no ticket), may take them now: (True, []) or (False, the earlier tickets that wait
-    for some of them, each with what they share). `tickets`: the live ones of this host, the
-    run's own among them or not. Pure."""
-    ahead = []
-    for ticket in sorted(tickets, key=order):
-        if order(ticket) >= place:
-            break
-        ports, gpus = overlap(needs, ticket["needs"])
-        if ports or gpus:
-            ahead.append(dict(ticket, ports=ports, gpus=gpus))
-    return not ahead, ahead
-
-
-def ticket_alive(ticket, now, here, started_at):
-    """Whether the ticket's controller lives: on this machine (`here`: this boot id and pid
-    namespace) its process (`started_at(pid)`: its start time, None when gone) is looked at;
-    else it was refreshed within TICKET_TTL seconds. Pure."""
-    if ticket["boot_id"] and (ticket["boot_id"], ticket["pidns"]) == here:
-        return started_at(ticket["pid"]) == ticket["starttime"]
-    return now - ticket["seen"] <= TICKET_TTL
 
 
 # --- files of the lease directory ------------------------------------------------------------
@@ -384,7 +205,7 @@ def scan(lease_dir):
     """(live records with their file names, ignored files with why). Records of dead keepers
     are stale: this account's are removed, others' left alone and not named."""
     live, ignored = [], []
-    for name, owner, record, why in _validated(lease_dir, "lease-", validate_record):
+    for name, owner, record, why in _validated(lease_dir, "lease-", policy.validate_record):
         if record is None:
             ignored.append(_ignored(lease_dir, name, owner, why))
             continue
@@ -398,13 +219,6 @@ def scan(lease_dir):
         record["file"] = name
         live.append(record)
     return live, ignored
-
-
-def _holder(live, kind, number):
-    for record in live:
-        if number in record[kind]:
-            return {k: record[k] for k in ("user", "uid", "job", "run_id", "controller", "since")}
-    return None
 
 
 def _bindable(port):
@@ -463,18 +277,18 @@ def scan_tickets(lease_dir):
     live: this account's are removed, others' left alone and not named."""
     live, ignored = [], []
     now, where = time.time(), here()
-    for name, owner, ticket, why in _validated(lease_dir, "ticket-", validate_ticket):
+    for name, owner, ticket, why in _validated(lease_dir, "ticket-", policy.validate_ticket):
         if ticket is None:
             ignored.append(_ignored(lease_dir, name, owner, why))
             continue
-        if not ticket_alive(ticket, now, where, started_at):
+        if not policy.ticket_alive(ticket, now, where, started_at):
             if owner == os.getuid():
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(lease_dir, name))
             continue
         ticket["file"] = name
         live.append(ticket)
-    return sorted(live, key=order), ignored
+    return sorted(live, key=policy.order), ignored
 
 
 def _write_ticket(request, needs, old):
@@ -506,14 +320,6 @@ def cmd_withdraw(request):
         return {"withdrawn": True}
     except FileNotFoundError:
         return {"withdrawn": False}
-
-
-def _queue_clash(ahead):
-    """The earlier tickets a run waits behind, as a clash answer (kind `queue`)."""
-    keys = ("user", "uid", "job", "run_id", "controller", "arrival")
-    return {"worker": "", "kind": "queue",
-            "holders": [dict({k: t[k] for k in keys}, since=t["arrival"], ports=t["ports"],
-                             gpus=t["gpus"]) for t in ahead]}  # fmt: skip
 
 
 # --- acquire, release, list -------------------------------------------------------------------
@@ -598,17 +404,17 @@ def _queue_turn(request, lease_dir):
     """None when the run may go on and take; else the answer that it waits behind earlier
     tickets. A queued run's ticket is written (or refreshed) first, and stays."""
     tickets, ignored = scan_tickets(lease_dir)
-    needs = needs_of(request["workers"], gpu_pool)
+    needs = policy.needs_of(request["workers"], gpu_pool)
     own = [t for t in tickets if t["uid"] == os.getuid() and t["run_id"] == request["run_id"]]
     if request.get("ticket"):
         ticket = _write_ticket(request, needs, own[0] if own else None)
-        place = order(ticket)
+        place = policy.order(ticket)
     else:  # not queued: it arrives now, behind every ticket
         place = (math.inf, os.getuid(), request["run_id"])
-    free, ahead = may_take(needs, place, [t for t in tickets if t not in own])
+    free, ahead = policy.may_take(needs, place, [t for t in tickets if t not in own])
     if free:
         return None
-    return {"clashes": [_queue_clash(ahead)], "ignored": ignored,
+    return {"clashes": [policy.queue_clash(ahead)], "ignored": ignored,
             "queued": bool(request.get("ticket"))}  # fmt: skip
 
 
@@ -618,7 +424,7 @@ def _acquire_port(worker, taking):
     if span is None:  # a fixed port: that one, or a clash
         candidates = [worker.get("port")]
     else:
-        candidates = port_candidates(worker.get("keep_port"), span[0], span[1])
+        candidates = policy.port_candidates(worker.get("keep_port"), span[0], span[1])
     held = []
     for port in candidates:
         if port in taking.used["ports"]:
@@ -630,7 +436,7 @@ def _acquire_port(worker, taking):
             return port
         if span is None or _bindable(port):
             held.append(port)  # else something that is no lease listens there
-    taking.clashes.append(_clash(worker, taking, "ports", held))
+    taking.clashes.append(policy.clash(worker, taking.live, "ports", held))
     return None
 
 
@@ -641,7 +447,7 @@ def _acquire_gpus(worker, taking):
     pool = gpu_pool(worker)
     share = bool(worker.get("share"))
     chosen, held = [], []
-    for gpu in gpu_candidates(pool, worker.get("keep_gpus")):
+    for gpu in policy.gpu_candidates(pool, worker.get("keep_gpus")):
         if len(chosen) == count:
             break
         if gpu in taking.used["gpus"]:
@@ -651,34 +457,13 @@ def _acquire_gpus(worker, taking):
         else:
             held.append(gpu)
     if len(chosen) < count:
-        clash = _clash(worker, taking, "gpus", held)
+        clash = policy.clash(worker, taking.live, "gpus", held)
         clash["wanted_gpus"] = count
         clash["pool"] = pool
         taking.clashes.append(clash)
         return None
     taking.used["gpus"].update(chosen)
     return sorted(chosen)
-
-
-def _clash(worker, taking, kind, held):
-    holders = {}
-    unknown = []
-    for number in held:
-        holder = _holder(taking.live, kind, number)
-        if holder is None:
-            unknown.append(number)
-            continue
-        key = (holder["uid"], holder["run_id"])
-        entry = holders.setdefault(key, dict(holder, ports=[], gpus=[]))
-        entry[kind].append(number)
-    return {
-        "worker": worker["name"],
-        "kind": kind,
-        "port": worker.get("port"),
-        "range": worker.get("range"),
-        "holders": list(holders.values()),
-        "unknown": {kind: unknown} if unknown else {},
-    }
 
 
 def _start_keeper(request, ports, gpus, shared):
@@ -689,7 +474,7 @@ def _start_keeper(request, ports, gpus, shared):
     own = _open_lock(base + ".lock")
     fcntl.flock(own, fcntl.LOCK_EX)  # a new file: nobody else holds it
     read_end, write_end = os.pipe()
-    middle = os.fork()
+    middle = os.fork()  # spawn point: the keeper, forked twice (no exec)
     if middle == 0:
         status = 1
         try:
@@ -734,9 +519,10 @@ def _start_keeper(request, ports, gpus, shared):
 
 
 def run_processes(run_id, uid, skip=()):
-    """This account's processes of the run: supervisors and workers (their environment names
+    """This account's processes of the run: minders and workers (their environment names
     the run), not its standbys (whose command lines name a standby directory)."""
-    wanted = f"ORCHESTRATE_RUN_ID={run_id}".encode()
+    wanted = f"{contract.RUN_ID_ENV}={run_id}".encode()
+    standby = f"/{rundir.STANDBY_DIR_NAME}/".encode()  # a standby's minder-to-be: not yet the run's
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in skip:
@@ -752,7 +538,7 @@ def run_processes(run_id, uid, skip=()):
             continue
         if wanted not in environ:
             continue
-        if b"/standby/" in cmdline and b"supervise" not in cmdline:
+        if standby in cmdline and protocol.SUPERVISE.encode() not in cmdline:
             continue
         found.append(int(entry))
     return found
@@ -828,26 +614,9 @@ def cmd_list(request):
     return {"holders": live, "ignored": ignored + bad, "tickets": tickets, "now": time.time()}
 
 
-VERBS = {"acquire": cmd_acquire, "release": cmd_release, "list": cmd_list,
-         "withdraw": cmd_withdraw}  # fmt: skip
-
-
-def answer(request):
-    verb = request.get("verb")
-    if verb not in VERBS:
-        return {"error": f"unknown verb {verb!r}; known: {', '.join(VERBS)}"}
-    try:
-        return VERBS[verb](request)
-    except Exception as exc:  # one failed request must not end the session
-        return {"error": f"{verb}: {type(exc).__name__}: {exc}"}
-
-
-def serve(lines, out):
-    for line in lines:
-        if line.strip():
-            out.write(json.dumps(answer(json.loads(line))) + "\n")
-            out.flush()
+VERBS = {protocol.ACQUIRE: cmd_acquire, protocol.RELEASE: cmd_release, protocol.LIST: cmd_list,
+         protocol.WITHDRAW: cmd_withdraw}  # fmt: skip
 
 
 if __name__ == "__main__":
-    serve(sys.stdin, sys.stdout)
+    protocol.serve(sys.stdin, sys.stdout, VERBS)

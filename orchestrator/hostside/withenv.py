@@ -1,11 +1,12 @@
 """Runs one command with environment variables that arrive on standard input, never in argv.
 
-STANDARD LIBRARY ONLY, sent as `python -c SOURCE` like agent.py (runs on Python 3.6 too). One
-JSON request line, {"argv": [...], "env": {NAME: VALUE}, "timeout": SECONDS}, is answered with
-one JSON line, {"returncode", "stdout", "stderr"} or {"error"}; then the next, until end of
-input. What it is for: `sbatch` on a Slurm login node with job.secret_env's values in its
-environment, so that `--export=ALL` passes them to the tasks, while no command line (visible to
-every user there in `ps`) and no file on the login node ever holds one.
+STANDARD LIBRARY ONLY, sent as `python -c SOURCE` like agent.py; it imports nothing shipped (no
+contract.py, which needs 3.7), so it still runs on Python 3.6. One JSON request line,
+{"argv": [...], "env": {NAME: VALUE}, "timeout": SECONDS}, is answered with one JSON line,
+{"returncode", "stdout", "stderr"} or {"error"}; then the next, until end of input. What it is
+for: `sbatch` on a Slurm login node with job.secret_env's values in its environment, so that
+`--export=ALL` passes them to the tasks, while no command line (visible to every user there in
+`ps`) and no file on the login node ever holds one.
 """
 
 import json

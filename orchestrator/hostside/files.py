@@ -1,0 +1,100 @@
+"""The agent's file verbs: the checkpoints of a directory (and making a copied one the latest),
+every file under a directory, and the directories a run needs before files are copied in.
+
+STANDARD LIBRARY ONLY (part of the agent, shipped with it: machines/bundle.py).
+"""
+
+import contextlib
+import os
+
+if __package__:  # imported as part of orchestrate: the controller's tests
+    from orchestrator.hostside import protocol, rundir, safefiles
+else:  # shipped: machines/bundle.py carries them in front of the agent's source
+    import protocol  # type: ignore[no-redef]
+    import rundir  # type: ignore[no-redef]
+    import safefiles  # type: ignore[no-redef]
+
+STATE_FILE = "checkpoint"  # TensorFlow's list of a directory's checkpoints
+
+
+def _checkpoint_names(directory):
+    """The checkpoints TensorFlow's state file lists, oldest first, the latest last."""
+    latest, listed = None, []
+    try:
+        with open(os.path.join(directory, STATE_FILE), encoding="utf-8") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                name = os.path.basename(value.strip().strip('"'))
+                if key == "model_checkpoint_path":
+                    latest = name
+                elif key == "all_model_checkpoint_paths" and name not in listed:
+                    listed.append(name)
+    except OSError:
+        return []
+    if latest is None:
+        return []
+    return [name for name in listed if name != latest] + [latest]
+
+
+def cmd_checkpoint(request):
+    """The latest checkpoint and the earlier ones the state file keeps, with their files: a
+    host that resumes needs all of them, so that it can fall back to the same earlier one as
+    the chief when the latest cannot be loaded."""
+    directory = rundir.expand(request["directory"])
+    names = _checkpoint_names(directory)
+    files, present = {}, []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        entries = []
+    for name in names:
+        mine = [e for e in entries if e.startswith(name + ".")]
+        if mine:
+            present.append(name)
+        for entry in mine:
+            files[entry] = os.path.getsize(os.path.join(directory, entry))
+    for extra in request.get("companions", []):  # files that travel with the checkpoints
+        if present and extra in entries:
+            files[extra] = os.path.getsize(os.path.join(directory, extra))
+    latest = names[-1] if names and names[-1] in present else None
+    return {protocol.DIRECTORY_KEY: directory, protocol.LATEST_KEY: latest,
+            protocol.CHECKPOINTS_KEY: present, protocol.FILES_KEY: files}  # fmt: skip
+
+
+def cmd_adopt_checkpoint(request):
+    """Make `name` (its files already copied in) the latest checkpoint of the directory, with
+    `checkpoints` the ones listed before it."""
+    directory, name = rundir.expand(request["directory"]), request["name"]
+    names = [n for n in request.get("checkpoints", [name]) if n != name] + [name]
+    state = os.path.join(directory, STATE_FILE)
+    umask = os.umask(0)
+    os.umask(umask)  # the state file keeps the user's umask, like the checkpoints beside it
+    fd, tmp = safefiles.temp_beside(state, 0o666 & ~umask)
+    with open(fd, "w", encoding="utf-8") as handle:
+        # Relative paths: TensorFlow resolves them against this directory on this host.
+        handle.write(f'model_checkpoint_path: "{name}"\n')
+        handle.writelines(f'all_model_checkpoint_paths: "{n}"\n' for n in names)
+    os.replace(tmp, state)  # last, so a half-copied checkpoint is never the latest
+    return {protocol.DIRECTORY_KEY: directory, protocol.LATEST_KEY: name}
+
+
+def cmd_files(request):
+    """Every file under the directory, with its size and modification time."""
+    root = rundir.expand(request["directory"])
+    found = {}
+    for directory, _dirs, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            with contextlib.suppress(OSError):
+                stat = os.stat(path)
+                found[os.path.relpath(path, root)] = [stat.st_size, stat.st_mtime]
+    return {protocol.ROOT_KEY: root, protocol.FILES_KEY: found}
+
+
+def cmd_make_dirs(request):
+    """Create the directories (parents too) and the private ones (0700) before files are
+    copied in: no shell command per host."""
+    rundir.make_private_dirs(request.get("private_dirs", []))  # first: checked before any is used
+    for path in request.get("directories", []):
+        os.makedirs(rundir.expand(path), exist_ok=True)
+    return {"made": True}

@@ -1,0 +1,238 @@
+"""Leases on a host, the pure part: which records and tickets are valid, which ports and GPUs
+to try, and whether a queued run may take what it needs (leases.py does the locking).
+
+STANDARD LIBRARY ONLY (shipped with the lease program: machines/bundle.py). Other users' files
+are untrusted input: a record or ticket counts only when its owner is the uid it claims and
+every field is what it should be; anything else is ignored, and why is said.
+"""
+
+import math
+import re
+
+TICKET_TTL = 30.0  # seconds a ticket of a controller on another machine lives unrefreshed
+TICKET_NAME = re.compile(r"^ticket-(\d{1,10})-([A-Za-z0-9_.-]{1,64})\.json$")
+RECORD_NAME = re.compile(r"^lease-(\d{1,10})-([A-Za-z0-9_.-]{1,64})-([0-9a-f]{8,32})\.json$")
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")  # user, job, run id
+HOSTNAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$")
+
+
+def port_candidates(keep, low, high):
+    """The ports to try for `port: auto`, in order: the run's own one first (a restart keeps
+    it), then the range from its low end."""
+    ports = list(range(low, high + 1))
+    if keep in ports:
+        ports.remove(keep)
+        ports.insert(0, keep)
+    return ports
+
+
+def gpu_candidates(pool, keep):
+    """The GPUs to try, in order: the run's own ones first, then the pool's order."""
+    keep = [g for g in keep or () if g in pool]
+    return keep + [g for g in pool if g not in keep]
+
+
+def validate_record(data, owner_uid, file_name):
+    """(record, None) or (None, why it is ignored). `owner_uid`: the file's owner (lstat);
+    `file_name`: its name, which repeats the uid and run id. Pure."""
+    match = RECORD_NAME.fullmatch(file_name)
+    if not match:
+        return None, "not a lease record's name"
+    if not isinstance(data, dict):
+        return None, "not a JSON object"
+
+    def text(key, pattern):
+        value = data.get(key)
+        return value if isinstance(value, str) and pattern.fullmatch(value) else None
+
+    def whole(value, low, high):
+        ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+        return value if ok else None
+
+    uid = whole(data.get("uid"), 0, 2**32)
+    if uid is None or uid != owner_uid or str(uid) != match.group(1):
+        return None, f"claims uid {data.get('uid')!r} but belongs to uid {owner_uid}"
+    record = {
+        "user": text("user", NAME),
+        "uid": uid,
+        "job": text("job", NAME),
+        "run_id": text("run_id", NAME),
+        "controller": text("controller", HOSTNAME),
+        "pid": whole(data.get("pid"), 1, 2**31),
+    }
+    for key, value in record.items():
+        if value is None:
+            return None, f"{key} is missing or malformed"
+    if record["run_id"] != match.group(2):
+        return None, "its run id differs from its name's"
+    since = data.get("since")
+    if isinstance(since, bool) or not isinstance(since, (int, float)) or not math.isfinite(since):
+        return None, "since is missing or malformed"
+    record["since"] = float(since)
+    for key, high in (("ports", 65535), ("gpus", 4095)):
+        values = data.get(key)
+        if not isinstance(values, list) or len(values) > 1024:
+            return None, f"{key} is not a list"
+        if any(whole(v, 0 if key == "gpus" else 1, high) is None for v in values):
+            return None, f"{key} holds a value that is no {key[:-1]}"
+        record[key] = sorted(set(values))
+    record["shared_gpus"] = data.get("shared_gpus") is True
+    return record, None
+
+
+def validate_ticket(data, owner_uid, file_name):
+    """(ticket, None) or (None, why it is ignored): a queued run's ticket, checked like a
+    lease record (its owner is the uid it claims, every field what it should be). Pure."""
+    match = TICKET_NAME.fullmatch(file_name)
+    if not match:
+        return None, "not a ticket's name"
+    if not isinstance(data, dict):
+        return None, "not a JSON object"
+
+    def real(value):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return float(value) if ok and math.isfinite(value) else None
+
+    uid = _whole(data.get("uid"), 0, 2**32)
+    if uid is None or uid != owner_uid or str(uid) != match.group(1):
+        return None, f"claims uid {data.get('uid')!r} but belongs to uid {owner_uid}"
+    ticket = {"uid": uid}
+    for key, pattern in (("user", NAME), ("job", NAME), ("run_id", NAME),
+                         ("controller", HOSTNAME)):  # fmt: skip
+        value = data.get(key)
+        if not (isinstance(value, str) and pattern.fullmatch(value)):
+            return None, f"{key} is missing or malformed"
+        ticket[key] = value
+    if ticket["run_id"] != match.group(2):
+        return None, "its run id differs from its name's"
+    for key in ("arrival", "seen"):
+        ticket[key] = real(data.get(key))
+        if ticket[key] is None:
+            return None, f"{key} is missing or malformed"
+    ticket["pid"] = _whole(data.get("pid"), 1, 2**31)
+    ticket["starttime"] = _whole(data.get("starttime"), 0, 2**63)
+    if ticket["pid"] is None or ticket["starttime"] is None:
+        return None, "pid or starttime is missing or malformed"
+    for key in ("boot_id", "pidns"):
+        value = data.get(key)
+        ticket[key] = value if isinstance(value, str) and len(value) <= 64 else ""
+    ticket["needs"], why = _valid_needs(data.get("needs"))
+    return (ticket, None) if why is None else (None, why)
+
+
+def _whole(value, low, high):
+    ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    return value if ok else None
+
+
+def _valid_needs(needs):
+    """A ticket's needs, cleaned, and None; or None and why they are refused."""
+    if not isinstance(needs, dict):
+        return None, "needs is not an object"
+    ports, pools = needs.get("ports"), needs.get("pools")
+    if (
+        not isinstance(ports, list)
+        or len(ports) > 1024
+        or any(_whole(p, 1, 65535) is None for p in ports)
+    ):
+        return None, "needs.ports is not a list of ports"
+    if not isinstance(pools, list) or len(pools) > 1024:
+        return None, "needs.pools is not a list"
+    clean = []
+    for pool in pools:
+        gpus = pool.get("gpus") if isinstance(pool, dict) else None
+        count = _whole(pool.get("count"), 1, 4096) if isinstance(pool, dict) else None
+        if (
+            not isinstance(gpus, list)
+            or count is None
+            or len(gpus) > 4096
+            or any(_whole(g, 0, 4095) is None for g in gpus)
+        ):
+            return None, "needs.pools holds an entry that is no pool of GPUs"
+        clean.append({"gpus": sorted(set(gpus)), "count": count})
+    return {"ports": sorted(set(ports)), "pools": clean}, None
+
+
+def needs_of(workers, pool_of):
+    """What a request's workers need that another job could hold: their fixed ports and the
+    GPUs of their pools (`pool_of(worker)`; a port of a range is plentiful, not queued for)."""
+    ports = sorted({w["port"] for w in workers if w.get("range") is None and w.get("port")})
+    pools = [{"gpus": sorted(set(pool_of(w))), "count": int(w["gpus"])}
+             for w in workers if w.get("gpus")]  # fmt: skip
+    return {"ports": ports, "pools": pools}
+
+
+def overlap(a, b):
+    """The resources both needs name: (ports, GPUs). Pure."""
+    ports = sorted(set(a["ports"]) & set(b["ports"]))
+    gpus_a = {g for pool in a["pools"] for g in pool["gpus"]}
+    gpus_b = {g for pool in b["pools"] for g in pool["gpus"]}
+    return ports, sorted(gpus_a & gpus_b)
+
+
+def order(ticket):
+    """A ticket's place in the queue: by arrival, then user and run (one total order on every
+    host, so that two runs never wait for each other)."""
+    return (ticket["arrival"], ticket["uid"], ticket["run_id"])
+
+
+def may_take(needs, place, tickets):
+    """Whether a run needing `needs`, at `place` in the queue (order(); its arrival is now when
+    it has no ticket), may take them now: (True, []) or (False, the earlier tickets that wait
+    for some of them, each with what they share). `tickets`: the live ones of this host, the
+    run's own among them or not. Pure."""
+    ahead = []
+    for ticket in sorted(tickets, key=order):
+        if order(ticket) >= place:
+            break
+        ports, gpus = overlap(needs, ticket["needs"])
+        if ports or gpus:
+            ahead.append(dict(ticket, ports=ports, gpus=gpus))
+    return not ahead, ahead
+
+
+def ticket_alive(ticket, now, here, started_at):
+    """Whether the ticket's controller lives: on this machine (`here`: this boot id and pid
+    namespace) its process (`started_at(pid)`: its start time, None when gone) is looked at;
+    else it was refreshed within TICKET_TTL seconds. Pure."""
+    if ticket["boot_id"] and (ticket["boot_id"], ticket["pidns"]) == here:
+        return started_at(ticket["pid"]) == ticket["starttime"]
+    return now - ticket["seen"] <= TICKET_TTL
+
+
+def holder(live, kind, number):
+    """Who holds resource `number` of `kind` ("ports", "gpus") among the live records."""
+    for record in live:
+        if number in record[kind]:
+            return {k: record[k] for k in ("user", "uid", "job", "run_id", "controller", "since")}
+    return None
+
+
+def clash(worker, live, kind, held):
+    """A worker's clash: who holds the resources it could not take (`held`), by run."""
+    holders = {}
+    unknown = []
+    for number in held:
+        holder_ = holder(live, kind, number)
+        if holder_ is None:
+            unknown.append(number)
+            continue
+        key = (holder_["uid"], holder_["run_id"])
+        entry = holders.setdefault(key, dict(holder_, ports=[], gpus=[]))
+        entry[kind].append(number)
+    return {
+        "worker": worker["name"],
+        "kind": kind,
+        "port": worker.get("port"),
+        "range": worker.get("range"),
+        "holders": list(holders.values()),
+        "unknown": {kind: unknown} if unknown else {},
+    }
+
+
+def queue_clash(ahead):
+    """The earlier tickets a run waits behind, as a clash answer (kind `queue`)."""
+    keys = ("user", "uid", "job", "run_id", "controller", "arrival")
+    return {"worker": "", "kind": "queue",
+            "holders": [dict({k: t[k] for k in keys}, since=t["arrival"], ports=t["ports"],
+                             gpus=t["gpus"]) for t in ahead]}  # fmt: skip

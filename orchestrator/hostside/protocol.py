@@ -1,0 +1,156 @@
+"""How the controller speaks to the host programs: every verb's name, what each request carries,
+the answer keys both ends read, and the one serve loop.
+
+STANDARD LIBRARY ONLY (shipped with the programs, machines/bundle.py). A program is started as
+`python -c SOURCE`; requests arrive as JSON lines on its standard input, never as arguments (a
+launch spec carries the job's environment, and argv is visible to every user of the host in
+`ps`), each {"verb": V, ...fields}; each is answered with one JSON line, until end of input. A
+verb that fails answers {"error": "..."} and the session goes on.
+
+The agent (agent.py) and its fields:
+  info                                  home directory, hostname, Python version
+  launch spec                           start a worker under a minder (or hand it to a standby)
+  probe run_dirs                        liveness, progress and exit record of each run
+  stop run_dirs grace [by]              SIGTERM each run's process group, SIGKILL after grace
+  watch run_dirs timeout                answer when one of these runs ends (or a `wake` line)
+  stacks run_dirs wait [send offsets mark native]
+                                        every thread's Python stack of each worker
+  checkpoint directory [companions]     the checkpoints TensorFlow's state file lists there
+  adopt-checkpoint directory name checkpoints
+                                        make `name` the latest checkpoint there
+  files directory                       every file under it with its size and time
+  make-dirs directories private_dirs    create directories, the private ones 0700
+  standby specs                         per worker slot, a standby that imported TensorFlow
+  discard-standbys run_dirs             stop the run's standbys for good
+  linger-standbys run_dirs seconds      the run ended: its standbys stay for the next run
+  standbys job_dirs                     the standbys alive in each job directory
+The host probe (hostprobe.py), each with the check's spec as its fields:
+  inspect  connect  cleanup             the preflight's rounds
+  compute  sink  send                   `check --perf`'s
+The lease program (leases.py):
+  acquire lease_dir run_id job controller idle workers [dry_run ticket]
+  release lease_dir run_id   list lease_dir   withdraw lease_dir run_id
+A `wake` line is no request and gets no answer: it ends a watch that waits.
+"""
+
+import json
+import os
+
+VERB = "verb"  # the request's field that names its verb
+WAKE = "wake"
+
+# --- the agent ---------------------------------------------------------------------------------
+INFO = "info"
+LAUNCH = "launch"
+PROBE = "probe"
+STOP = "stop"
+WATCH = "watch"
+STACKS = "stacks"
+CHECKPOINT = "checkpoint"
+ADOPT_CHECKPOINT = "adopt-checkpoint"
+FILES = "files"
+MAKE_DIRS = "make-dirs"
+STANDBY = "standby"
+DISCARD_STANDBYS = "discard-standbys"
+LINGER_STANDBYS = "linger-standbys"
+STANDBYS = "standbys"
+
+# --- the host probe ----------------------------------------------------------------------------
+INSPECT = "inspect"
+CONNECT = "connect"
+CLEANUP = "cleanup"
+COMPUTE = "compute"
+SINK = "sink"
+SEND = "send"
+
+# --- the lease program -------------------------------------------------------------------------
+ACQUIRE = "acquire"
+RELEASE = "release"
+LIST = "list"
+WITHDRAW = "withdraw"
+
+# --- answer keys the programs write and the controller's parsers read ---------------------------
+ERROR_KEY = "error"  # any verb: it failed, the session goes on
+NOW_KEY = "now"  # the host's clock (probe, standbys, list)
+RUNS_KEY = "runs"  # probe: per run directory
+PID_KEY = "pid"  # launch: the minder's
+OUTCOME_KEY = "outcome"  # stop, discard-standbys, linger-standbys: per run directory
+LEFT_KEY = "left"  # stop: pids alive after SIGKILL
+STANDBYS_KEY = "standbys"  # standby: per backed run directory; standbys: per job directory
+STACKS_KEY = "stacks"  # stacks: per run directory, and each one's dump
+NATIVE_KEY = "native"  # stacks: py-spy's dump
+OFFSETS_KEY = "offsets"  # stacks with `mark`: the stack files' sizes
+CHANGED_KEY = "changed"  # watch: a worker ended
+FILES_KEY = "files"  # checkpoint, files: the files found
+LATEST_KEY = "latest"  # checkpoint, adopt-checkpoint
+CHECKPOINTS_KEY = "checkpoints"  # checkpoint: every one listed, the latest last
+DIRECTORY_KEY = "directory"  # checkpoint
+ROOT_KEY = "root"  # files
+
+# --- the agent's own command lines (argv: no job value is ever in one) ----------------------------
+SUPERVISE = "supervise"  # agent.py supervise RUN_DIR [--adopt PID IN OUT]: the run's minder
+ADOPT = "--adopt"  # a standby's child, inherited across its exec
+STANDBY_ARGV = "standby"  # agent.py standby STANDBY_DIR: a standby's minder-to-be
+
+
+def minder_argv(python, agent_path, run_dir, adopt=()):
+    """The command line of a run's minder: the agent's copy in the run directory, which names
+    the directory (how a probe tells the minder's pid from a reused one). `adopt`: (pid, stdin
+    fd, stdout fd) of a standby's child that this minder takes over."""
+    argv = [python, agent_path, SUPERVISE, run_dir]
+    return [*argv, ADOPT, *map(str, adopt)] if adopt else argv
+
+
+def standby_argv(python, agent_path, standby_dir):
+    return [python, agent_path, STANDBY_ARGV, standby_dir]
+
+
+def answer(handlers, request):
+    """`request` answered by its verb's handler; a failure, or an unknown verb, is an answer
+    too ({"error": ...}): one failed request never ends the session."""
+    verb = request.get(VERB)
+    if verb not in handlers:
+        return {ERROR_KEY: f"unknown verb {verb!r}; known: {', '.join(handlers)}"}
+    try:
+        return handlers[verb](request)
+    except Exception as exc:
+        return {ERROR_KEY: f"{verb}: {type(exc).__name__}: {exc}"}
+
+
+def serve(lines, out, handlers):
+    """One JSON answer per JSON request line until end of input: a controller polling every
+    second pays for one Python start, not one per poll. A `wake` line gets no answer: it only
+    ends a watch that waits (it may come just after the watch ended by itself)."""
+    for line in lines:
+        if line.strip():
+            request = json.loads(line)
+            if request.get(VERB) == WAKE:
+                continue
+            out.write(json.dumps(answer(handlers, request)) + "\n")
+            out.flush()
+
+
+class RequestLines:
+    """The session's request lines, read straight from its file descriptor (no hidden buffer),
+    so that a verb can select on it: a line the controller writes while a watch waits wakes it."""
+
+    serving: "RequestLines | None" = None  # the session's, while agent.main serves one
+
+    def __init__(self, fd):
+        self.fd = fd
+        self._buffer = b""
+
+    def pending(self):
+        return b"\n" in self._buffer
+
+    def __iter__(self):
+        while True:
+            while b"\n" not in self._buffer:
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    if self._buffer.strip():
+                        yield self._buffer.decode("utf-8", "replace")
+                    return
+                self._buffer += chunk
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            yield line.decode("utf-8", "replace")
