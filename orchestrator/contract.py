@@ -120,6 +120,14 @@ def device_setting_problems(
 # would die of SIGUSR2's default action (a wrapper shell, a worker started before this existed).
 STACKS_FILE = "stacks.txt"
 STACKS_PID_FILE = "stacks.pid"
+# How every host program is started (the agent and its minders, the host probe, the lease
+# program, the Slurm launcher and node probe, the pod launcher, withenv): `python -I`, isolated.
+# Neither the working directory, PYTHONPATH nor the user's site-packages is on its sys.path, so
+# a json.py or fcntl.py another user leaves in a shared directory, or on a path a login script
+# adds, is never imported into it (what it imports of orchestrate's travels inside its text:
+# machines/bundle.py). Workers are the job's own programs and keep the job's environment.
+ISOLATED = ("-I",)
+
 BOOT_MARKER = "# orchestrate boot"  # how a script's boot begins (the agent's standbys look)
 
 _kept: list[object] = []  # the open stacks file: faulthandler writes to its descriptor

@@ -36,9 +36,10 @@ finally:  # ImportError for a name with no real module (psutil not installed): a
 """
 
 
-def plant(
-    directory: Path, marker: Path, names: tuple[str, ...] = STDLIB_NAMES + SHIPPED_NAMES
-) -> None:
+ALL_NAMES = STDLIB_NAMES + SHIPPED_NAMES
+
+
+def plant(directory: Path, marker: Path, names: tuple[str, ...] = ALL_NAMES) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for name in names:
         text = PLANTED.format(marker=str(marker), directory=str(directory.resolve()))

@@ -36,7 +36,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract import CHECKPOINT_DIR_ENV, KERAS_LEGACY, LEGACY_KERAS_ENV
+from orchestrator.contract import CHECKPOINT_DIR_ENV, ISOLATED, KERAS_LEGACY, LEGACY_KERAS_ENV
 from orchestrator.engine.plan import worker_argv
 from orchestrator.hostside import pod_launcher
 from orchestrator.machines.bundle import shipped_program
@@ -229,7 +229,7 @@ def _container(inventory: Inventory, image: str | None, checkpoints: str, *, sec
     container: dict[str, Any] = {
         "name": NODE,
         "image": image or "",
-        "command": ["python", "-c", LAUNCHER_SOURCE],  # spawn point: the pod's launcher
+        "command": ["python", *ISOLATED, "-c", LAUNCHER_SOURCE],  # spawn point: the pod's launcher
         "args": list(worker_argv(in_image, host, run_dir, checkpoints, in_place=True)),
         "workingDir": cwd,
         "env": [{"name": key, "value": value} for key, value in env.items()]

@@ -60,7 +60,7 @@ def _versions(packages):
     match across hosts."""
     wanted = {_project(name): name for name in packages}
     found = dict.fromkeys(packages)
-    for directory in sys.path:
+    for directory in _worker_path():
         try:
             entries = sorted(os.listdir(directory or "."))
         except OSError:
@@ -72,6 +72,23 @@ def _versions(packages):
                 continue
             found[name] = _metadata_version(os.path.join(directory or ".", entry))
     return found
+
+
+def _worker_path():
+    """The directories a worker started by this interpreter imports from. This program runs
+    isolated (`python -I`: no PYTHONPATH, no user site, no working directory on its sys.path),
+    a worker does not: PYTHONPATH comes first, the user site before the site-packages. They are
+    only listed here (package metadata read as data), never imported from."""
+    import site  # already loaded at start-up: no import from the host's directories
+
+    extra = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    path = [entry for entry in sys.path if entry]
+    user = site.getusersitepackages()
+    packages = [
+        i for i, entry in enumerate(path) if entry.endswith(("site-packages", "dist-packages"))
+    ]
+    path.insert(packages[0] if packages else len(path), user)
+    return list(dict.fromkeys(extra + path))
 
 
 def _project(name):
@@ -449,10 +466,13 @@ def cmd_compute(spec):
     if spec.get("start"):
         _stop_computer()
         env = dict(os.environ, **dict.fromkeys(ONE_THREAD, "1"))
+        # Not isolated: it imports NumPy or TensorFlow as a worker would (PYTHONPATH, the user
+        # site). Started in the user's home, so `-c`'s first sys.path entry is a directory the
+        # user owns, not wherever this probe was started from.
         child = subprocess.Popen(  # spawn point: the compute probe's Python
             [sys.executable, "-c", COMPUTE_CHILD, json.dumps(spec["start"])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            text=True, env=env,
+            text=True, env=env, cwd=os.path.expanduser("~"),
         )  # fmt: skip
         COMPUTERS["child"] = child
         line = _read_line(child.stdout, spec["timeout"])

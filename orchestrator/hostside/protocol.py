@@ -36,6 +36,11 @@ A `wake` line is no request and gets no answer: it ends a watch that waits.
 import json
 import os
 
+if __package__:  # imported as part of orchestrate: the controller, the tests
+    from orchestrator import contract
+else:  # shipped: machines/bundle.py carries it in front of the program's source
+    import contract  # type: ignore[no-redef]
+
 VERB = "verb"  # the request's field that names its verb
 WAKE = "wake"
 
@@ -97,12 +102,12 @@ def minder_argv(python, agent_path, run_dir, adopt=()):
     """The command line of a run's minder: the agent's copy in the run directory, which names
     the directory (how a probe tells the minder's pid from a reused one). `adopt`: (pid, stdin
     fd, stdout fd) of a standby's child that this minder takes over."""
-    argv = [python, agent_path, SUPERVISE, run_dir]
+    argv = [python, *contract.ISOLATED, agent_path, SUPERVISE, run_dir]
     return [*argv, ADOPT, *map(str, adopt)] if adopt else argv
 
 
 def standby_argv(python, agent_path, standby_dir):
-    return [python, agent_path, STANDBY_ARGV, standby_dir]
+    return [python, *contract.ISOLATED, agent_path, STANDBY_ARGV, standby_dir]
 
 
 def answer(handlers, request):

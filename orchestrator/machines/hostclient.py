@@ -12,7 +12,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any, TypeVar
 
-from orchestrator.contract import CHECKPOINT_COMPANIONS
+from orchestrator.contract import CHECKPOINT_COMPANIONS, ISOLATED
 from orchestrator.errors import HostError
 from orchestrator.hostside import protocol
 from orchestrator.machines.bundle import shipped_program
@@ -76,7 +76,7 @@ class HostAgent:
 
     def session(self, program: str = AGENT) -> LineSession:
         """The program serving requests until the session closes."""
-        return self.runner.session([self.python, "-c", host_program(program)])
+        return self.runner.session([self.python, *ISOLATED, "-c", host_program(program)])
 
     def _ask_once(self, verb: str, timeout: float, fields: dict[str, Any]) -> dict[str, Any]:
         session = self.session()

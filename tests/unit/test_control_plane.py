@@ -85,14 +85,14 @@ def write_local_inventory(tmp_path: Path, python: str = sys.executable) -> Path:
 
 
 def agent_sessions() -> list[int]:
-    """This process's children that are agent sessions (`python -c <agent source>`)."""
+    """This process's children that are agent sessions (`python -I -c <agent source>`)."""
     found = []
     for child in psutil.Process().children():
         try:
             argv = child.cmdline()
         except psutil.Error:
             continue
-        if len(argv) >= 3 and argv[1] == "-c" and argv[2] == host_program("agent.py"):
+        if argv[1:4] == ["-I", "-c", host_program("agent.py")]:
             found.append(child.pid)
     return found
 

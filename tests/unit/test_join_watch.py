@@ -124,7 +124,7 @@ def test_a_long_life_is_sampled_ever_more_rarely() -> None:
 # Each program as it leaves the controller, and the modules it must carry.
 SHIPPED = {
     "agent.py": (lambda: host_program("agent.py"),
-                 ("protocol", "contract", "safefiles", "rundir", "control", "files", "procwatch",
+                 ("contract", "protocol", "safefiles", "rundir", "control", "files", "procwatch",
                   "minder", "standbypolicy", "standbys")),
     "hostprobe.py": (lambda: host_program("hostprobe.py"), ("contract", "protocol")),
     "leases.py": (lambda: host_program("leases.py"),

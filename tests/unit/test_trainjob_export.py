@@ -117,7 +117,7 @@ def test_the_exported_example_validates() -> None:
     }
     container = node(documents)
     assert container["image"] == "me/train:1"
-    assert container["command"] == ["python", "-c", LAUNCHER_SOURCE]
+    assert container["command"] == ["python", "-I", "-c", LAUNCHER_SOURCE]  # isolated
     assert container["args"][:3] == ["python", "-m", "worker"]
     assert "/checkpoints/shapes/checkpoints" in container["args"]
     env = env_of(container)
@@ -329,7 +329,7 @@ def test_the_launcher_gives_each_index_its_tf_config(tmp_path: Path) -> None:
         pod_launcher.WORKERS_ENV: json.dumps(workers),
         pod_launcher.INDEX_ENV: "1",
     }
-    launched = [sys.executable, "-c", LAUNCHER_SOURCE, sys.executable, "-c", show]
+    launched = [sys.executable, "-I", "-c", LAUNCHER_SOURCE, sys.executable, "-c", show]
     result = subprocess.run([*launched, "7"], env=env, capture_output=True, text=True, check=False)
     assert result.returncode == 7  # the worker's code, for the podFailurePolicy
     config = json.loads(result.stdout.splitlines()[-1])

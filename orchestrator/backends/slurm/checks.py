@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from orchestrator.backends.slurm.commands import SLURM, Slurm, parse_node_states, usable
-from orchestrator.contract import TF_PACKAGES
+from orchestrator.contract import ISOLATED, TF_PACKAGES
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.model.preflight import Finding, PreflightReport, Status
 from orchestrator.model.workers import checkpoint_dir, job_dir
@@ -32,13 +32,18 @@ if TYPE_CHECKING:
     from orchestrator.model.inventory import Host, Inventory
 
 # Run by every task of the preflight step: versions, then the shared-directory answers.
+# Run isolated (python -I) like every host program: it imports nothing from the node's
+# directories. What the worker will find (its working directory, PYTHONPATH, the user site, then
+# the interpreter's own path) is searched as data, without importing from it.
 NODE_PROBE = """
-import importlib.metadata as md, importlib.util as iu, json, os, socket, sys
+import importlib.machinery as im, importlib.metadata as md, json, os, site, socket, sys
+extra = [os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+path = extra + [p for p in sys.path if p] + [site.getusersitepackages()]
 def version(name):
-    try:
-        return md.version(name)
-    except md.PackageNotFoundError:
-        return None
+    return next((d.version for d in md.distributions(name=name, path=path)), None)
+def findable(name):  # as an import would find it, through the worker's path
+    finders = (f for f in sys.meta_path if hasattr(f, "find_spec"))
+    return any(f.find_spec(name, path if f is im.PathFinder else None) for f in finders)
 tf = next((v for v in map(version, TF_PACKAGES) if v), None)
 node = socket.gethostname()
 seen = {}
@@ -52,7 +57,7 @@ for directory, token in DIRECTORIES.items():
     except OSError as exc:
         seen[directory] = str(exc)
 print(json.dumps({"node": node, "python": sys.version.split()[0], "tensorflow": tf,
-                  "worker": iu.find_spec("worker") is not None, "seen": seen}))
+                  "worker": findable("worker"), "seen": seen}))
 """
 
 
@@ -87,7 +92,7 @@ def slurm_preflight(
             f"--chdir={chdir}", "--job-name=orchestrate-check",
             *([f"--partition={spec.partition}"] if spec.partition else []),
             *([f"--account={spec.account}"] if spec.account else []),
-            spec.python, "-c", source]  # fmt: skip
+            spec.python, *ISOLATED, "-c", source]  # fmt: skip
     try:
         result = slurm.run(argv, timeout=max(120.0, timeout))
     except HostError as error:

@@ -10,6 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from orchestrator.contract import ISOLATED
 from orchestrator.errors import HostError
 from orchestrator.machines.hostclient import host_program
 from orchestrator.machines.runner import CommandResult, Runner
@@ -119,7 +120,7 @@ class Slurm:
         self, argv: list[str], env: Mapping[str, str], python: str, timeout: float = 60.0
     ) -> CommandResult:
         runner = self.runner
-        session = runner.session([python, "-c", host_program(WITH_ENV)])
+        session = runner.session([python, *ISOLATED, "-c", host_program(WITH_ENV)])
         try:
             answer = session.request({"argv": argv, "env": dict(env), "timeout": timeout},
                                      timeout=timeout + 30)  # fmt: skip

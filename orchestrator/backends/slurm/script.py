@@ -16,6 +16,7 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from orchestrator.contract import ISOLATED
 from orchestrator.machines.bundle import shipped_program
 from orchestrator.model.slurm import SlurmSpec
 
@@ -104,7 +105,7 @@ def batch_script(
         raise ValueError(f"a job value contains {PLAN_END}")
     srun = [  # spawn point: srun starts the launcher, one task per node
         "srun", "--kill-on-bad-exit=1", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}",
-        "--ntasks-per-node=1", spec.python, "-c",
+        "--ntasks-per-node=1", spec.python, *ISOLATED, "-c",
     ]  # fmt: skip
     lines = [
         "#!/bin/bash",
