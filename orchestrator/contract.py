@@ -2,7 +2,7 @@
 
 STANDARD LIBRARY ONLY, and no import of the rest of `orchestrator`: the worker imports this module
 on training hosts, the controller imports it without TensorFlow, and the host programs
-(orchestrator/hostside/) carry its source as `contract` (machines/bundle.py), so it must run on a
+(orchestrator/hostside/) carry its source as `contract` (hostside/bundle.py), so it must run on a
 host's Python 3.7 or newer.
 """
 
@@ -125,7 +125,7 @@ STACKS_PID_FILE = "stacks.pid"
 # Neither the working directory, PYTHONPATH nor the user's site-packages is on its sys.path, so
 # a json.py or fcntl.py another user leaves in a shared directory, or on a path a login script
 # adds, is never imported into it (what it imports of orchestrate's travels inside its text:
-# machines/bundle.py). Workers are the job's own programs and keep the job's environment.
+# hostside/bundle.py). Workers are the job's own programs and keep the job's environment.
 ISOLATED = ("-I",)
 
 BOOT_MARKER = "# orchestrate boot"  # how a script's boot begins (the agent's standbys look)

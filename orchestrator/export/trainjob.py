@@ -39,7 +39,7 @@ from typing import Any
 from orchestrator.contract import CHECKPOINT_DIR_ENV, ISOLATED, KERAS_LEGACY, LEGACY_KERAS_ENV
 from orchestrator.engine.plan import worker_argv
 from orchestrator.hostside import pod_launcher
-from orchestrator.machines.bundle import shipped_program
+from orchestrator.hostside.bundle import shipped_program
 from orchestrator.model.inventory import Host, Inventory, Job
 
 API_GROUP = "trainer.kubeflow.org"

@@ -1,2 +1,2 @@
 """What orchestrate runs on a worker host, a Slurm node or a pod: stdlib-only programs shipped as
-text (machines/bundle.py), importing only each other and orchestrator.contract."""
+text (hostside/bundle.py), importing only each other and orchestrator.contract."""

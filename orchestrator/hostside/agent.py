@@ -1,7 +1,7 @@
 """The host-side agent: the only orchestrate code on a training host besides the worker.
 
 STANDARD LIBRARY ONLY. The controller sends this file's source with every call
-(`python -c SOURCE`), the modules it imports carried in front of it (machines/bundle.py), so a
+(`python -c SOURCE`), the modules it imports carried in front of it (hostside/bundle.py), so a
 host needs nothing but a Python interpreter (3.7 or newer). It serves the verbs of protocol.py
 (its table lists them and their fields) as JSON lines on standard input until end of input:
   info, launch                 here
@@ -35,7 +35,7 @@ if __package__:  # imported as part of orchestrate: the controller's tests
         safefiles,
         standbys,
     )
-else:  # shipped: machines/bundle.py carries them in front of this file's source
+else:  # shipped: hostside/bundle.py carries them in front of this file's source
     import control  # type: ignore[no-redef]
     import files  # type: ignore[no-redef]
     import minder  # type: ignore[no-redef]

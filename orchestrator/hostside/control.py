@@ -1,7 +1,7 @@
 """The agent's process control: which processes are a run's (its minder's process group), and
 the verbs that look at them or signal them: probe, stop, stacks, watch.
 
-STANDARD LIBRARY ONLY (part of the agent, shipped with it: machines/bundle.py); psutil only
+STANDARD LIBRARY ONLY (part of the agent, shipped with it: hostside/bundle.py); psutil only
 where a host happens to have it, for the probe's CPU and memory figures. Only this account's
 processes count as a run's minder (pid reuse, or another user's job, is ignored), and only they
 are ever signalled.
@@ -14,7 +14,7 @@ import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator.hostside import protocol, rundir, safefiles
-else:  # shipped: machines/bundle.py carries them in front of the agent's source
+else:  # shipped: hostside/bundle.py carries them in front of the agent's source
     import protocol  # type: ignore[no-redef]
     import rundir  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]

@@ -1,7 +1,7 @@
 """The agent's file verbs: the checkpoints of a directory (and making a copied one the latest),
 every file under a directory, and the directories a run needs before files are copied in.
 
-STANDARD LIBRARY ONLY (part of the agent, shipped with it: machines/bundle.py).
+STANDARD LIBRARY ONLY (part of the agent, shipped with it: hostside/bundle.py).
 """
 
 import contextlib
@@ -9,7 +9,7 @@ import os
 
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator.hostside import protocol, rundir, safefiles
-else:  # shipped: machines/bundle.py carries them in front of the agent's source
+else:  # shipped: hostside/bundle.py carries them in front of the agent's source
     import protocol  # type: ignore[no-redef]
     import rundir  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]

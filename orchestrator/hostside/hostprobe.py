@@ -36,7 +36,7 @@ import time
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator import contract
     from orchestrator.hostside import protocol
-else:  # shipped: machines/bundle.py carries them in front of this file's source
+else:  # shipped: hostside/bundle.py carries them in front of this file's source
     import contract  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
 

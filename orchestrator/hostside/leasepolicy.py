@@ -1,7 +1,7 @@
 """Leases on a host, the pure part: which records and tickets are valid, which ports and GPUs
 to try, and whether a queued run may take what it needs (leases.py does the locking).
 
-STANDARD LIBRARY ONLY (shipped with the lease program: machines/bundle.py). Other users' files
+STANDARD LIBRARY ONLY (shipped with the lease program: hostside/bundle.py). Other users' files
 are untrusted input: a record or ticket counts only when its owner is the uid it claims and
 every field is what it should be; anything else is ignored, and why is said.
 """

@@ -1,7 +1,7 @@
 """The per-worker minder: a detached daemon that starts one worker, copies its output into
 worker.log and records its exit.
 
-STANDARD LIBRARY ONLY (part of the agent, shipped with it: machines/bundle.py). The agent's
+STANDARD LIBRARY ONLY (part of the agent, shipped with it: hostside/bundle.py). The agent's
 `launch` starts it as `agent.py supervise RUN_DIR` from the agent's copy in the run directory
 (spawn_daemon: its own session, so it survives the SSH connection and the controller's terminal
 closing); a standby becomes one by exec'ing `agent.py supervise RUN_DIR --adopt PID IN OUT`,
@@ -20,7 +20,7 @@ import time
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator import contract
     from orchestrator.hostside import procwatch, rundir, safefiles
-else:  # shipped: machines/bundle.py carries them in front of the agent's source
+else:  # shipped: hostside/bundle.py carries them in front of the agent's source
     import contract  # type: ignore[no-redef]
     import procwatch  # type: ignore[no-redef]
     import rundir  # type: ignore[no-redef]

@@ -1,7 +1,7 @@
 """The launcher each pod of an exported TrainJob starts: it writes the pod's TF_CONFIG and runs
 the worker under it, passing SIGTERM on (the worker saves a checkpoint) and its exit code out.
 
-STANDARD LIBRARY ONLY: its source, with contract.py carried in front of it (machines/bundle.py),
+STANDARD LIBRARY ONLY: its source, with contract.py carried in front of it (hostside/bundle.py),
 is the `node` container's command (`python -c SOURCE ARGV...`) in the TrainingRuntime that
 trainjob.py writes, so the image needs nothing of orchestrate but the worker package (for a task
 job) and a Python 3.7 or newer. The worker list comes from the export, in the environment
@@ -22,7 +22,7 @@ import sys
 
 if __package__:  # imported as part of orchestrate: trainjob.py, the controller's tests
     from orchestrator import contract
-else:  # shipped: machines/bundle.py carries it in front of this file's source
+else:  # shipped: hostside/bundle.py carries it in front of this file's source
     import contract  # type: ignore[no-redef]
 
 WORKERS_ENV = "ORCHESTRATE_TF_WORKERS"

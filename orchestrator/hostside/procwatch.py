@@ -3,7 +3,7 @@ multi-worker cluster that loaded TensorFlow and never listened on its port never
 MultiWorkerMirroredStrategy; it trained alone.
 
 STANDARD LIBRARY ONLY, and Python 3.7 or newer (a Slurm node's python3 may be old). Shipped, not
-installed: machines/bundle.py carries this file's source in front of the programs that import it
+installed: hostside/bundle.py carries this file's source in front of the programs that import it
 (the host agent, hostside/agent.py, and the Slurm launcher, hostside/slurm_launcher.py),
 so it runs on a host, a Slurm node or a container with nothing of orchestrate installed, and
 never the copy of an orchestrate that is installed there.

@@ -1,7 +1,7 @@
 """How the controller speaks to the host programs: every verb's name, what each request carries,
 the answer keys both ends read, and the one serve loop.
 
-STANDARD LIBRARY ONLY (shipped with the programs, machines/bundle.py). A program is started as
+STANDARD LIBRARY ONLY (shipped with the programs, hostside/bundle.py). A program is started as
 `python -c SOURCE`; requests arrive as JSON lines on its standard input, never as arguments (a
 launch spec carries the job's environment, and argv is visible to every user of the host in
 `ps`), each {"verb": V, ...fields}; each is answered with one JSON line, until end of input. A
@@ -38,7 +38,7 @@ import os
 
 if __package__:  # imported as part of orchestrate: the controller, the tests
     from orchestrator import contract
-else:  # shipped: machines/bundle.py carries it in front of the program's source
+else:  # shipped: hostside/bundle.py carries it in front of the program's source
     import contract  # type: ignore[no-redef]
 
 VERB = "verb"  # the request's field that names its verb

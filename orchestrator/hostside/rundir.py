@@ -3,7 +3,7 @@ records and logs written there, once for the agent (its minder, standbys and ver
 program and the Slurm launcher. (A TrainJob's pod has no run directory: the pod launcher needs
 none of this.)
 
-STANDARD LIBRARY ONLY (shipped with the programs that import it, machines/bundle.py). The
+STANDARD LIBRARY ONLY (shipped with the programs that import it, hostside/bundle.py). The
 controller imports the names too (it reads these files through the agent, or, on Slurm, writes
 stop_requested itself): a file name is written here and nowhere else
 (tests/unit/test_rundir_names.py).
@@ -28,7 +28,7 @@ import time
 if __package__:  # imported as part of orchestrate: the controller, its tests
     from orchestrator import contract
     from orchestrator.hostside import safefiles
-else:  # shipped: machines/bundle.py carries them in front of the program's source
+else:  # shipped: hostside/bundle.py carries them in front of the program's source
     import contract  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
 

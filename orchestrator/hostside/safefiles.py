@@ -3,7 +3,7 @@ enter, checked on the opened directory itself, and files created 0600 or replace
 through a temporary file nobody could have planted.
 
 STANDARD LIBRARY ONLY, and Python 3.7 or newer (a Slurm node's python3 may be old). Shipped, not
-installed: machines/bundle.py carries this file's source in front of the programs that import it
+installed: hostside/bundle.py carries this file's source in front of the programs that import it
 (the host agent, the lease program and the Slurm launcher, all in hostside/).
 """
 

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 if __package__:  # imported as part of orchestrate: script.py, the controller's tests
     from orchestrator import contract
     from orchestrator.hostside import procwatch, rundir, safefiles
-else:  # shipped: machines/bundle.py carries them in front of this file's source
+else:  # shipped: hostside/bundle.py carries them in front of this file's source
     import contract  # type: ignore[no-redef]
     import procwatch  # type: ignore[no-redef]
     import rundir  # type: ignore[no-redef]

@@ -1,7 +1,7 @@
 """Which standby may serve which attempt: the pure decisions of warm restarts (standbys.py acts
 on them).
 
-STANDARD LIBRARY ONLY (part of the agent, shipped with it: machines/bundle.py). Every function
+STANDARD LIBRARY ONLY (part of the agent, shipped with it: hostside/bundle.py). Every function
 here is pure: a standby is its spec.json's fields with what the agent saw of it (`alive`: its
 minder runs; `backing_alive`: the attempt it backs runs; `ready`, `packages_changed`).
 """
@@ -13,7 +13,7 @@ import os
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator import contract
     from orchestrator.hostside import rundir
-else:  # shipped: machines/bundle.py carries them in front of the agent's source
+else:  # shipped: hostside/bundle.py carries them in front of the agent's source
     import contract  # type: ignore[no-redef]
     import rundir  # type: ignore[no-redef]
 

@@ -2,7 +2,7 @@
 (worker/standby.py) and waits to be told what to run, so that the slot's next attempt skips the
 import. Start, take, hand over, linger, discard, and the standby's own loop.
 
-STANDARD LIBRARY ONLY (part of the agent, shipped with it: machines/bundle.py). Which standby
+STANDARD LIBRARY ONLY (part of the agent, shipped with it: hostside/bundle.py). Which standby
 may serve which attempt is decided in standbypolicy.py; this module acts on its verdicts.
 
 A launch whose slot has a standby hands the attempt to it when the standby may serve it
@@ -34,7 +34,7 @@ import time
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator.hostside import control, minder, protocol, rundir, safefiles
     from orchestrator.hostside import standbypolicy as policy
-else:  # shipped: machines/bundle.py carries them in front of the agent's source
+else:  # shipped: hostside/bundle.py carries them in front of the agent's source
     import control  # type: ignore[no-redef]
     import minder  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from orchestrator.contract import CHECKPOINT_COMPANIONS, ISOLATED
 from orchestrator.errors import HostError
 from orchestrator.hostside import protocol
-from orchestrator.machines.bundle import shipped_program
+from orchestrator.hostside.bundle import shipped_program
 from orchestrator.machines.runner import LineSession, Runner
 from orchestrator.model.answers import (
     BY_DOWN,

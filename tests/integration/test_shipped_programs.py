@@ -1,4 +1,4 @@
-"""The host programs as they are shipped (machines/bundle.py), in a real local `check`, `up`,
+"""The host programs as they are shipped (hostside/bundle.py), in a real local `check`, `up`,
 `status` and `jobs` of a script job: the agent's JoinWatch (procwatch.py, carried inside the
 agent's text) says each worker joined its cluster. The hosts' interpreter is the system's
 python3, where orchestrate is not installed, run through a wrapper that gives every process it
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.machines.bundle import companions, hostside_source
+from orchestrator.hostside.bundle import companions, hostside_source
 from tests.conftest import Cli, clean_env, free_ports
 from tests.planted import (
     ALL_NAMES,

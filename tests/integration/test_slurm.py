@@ -307,7 +307,7 @@ def test_the_exported_script_runs_under_plain_sbatch(orchestrate: Orchestrate) -
     assert exported.returncode == 0, exported.stderr
     script = orchestrate.cwd / "train.sbatch"
     script.write_text(exported.stdout)
-    # The launcher carries JoinWatch and the file helpers (machines/bundle.py), and starts
+    # The launcher carries JoinWatch and the file helpers (hostside/bundle.py), and starts
     # isolated: modules planted in the submit directory (the launcher's working directory) and
     # on the tasks' PYTHONPATH, named like the standard library's and like every module it
     # carries, are never imported by it (tests/planted.py; issue 40).

@@ -1,6 +1,6 @@
 """JoinWatch: whether a worker listened on its TensorFlow port, sampled from /proc. One module,
 hostside/procwatch.py, shipped inside the host agent and the Slurm launcher
-(machines/bundle.py); run here against real processes: one that listens on its port, one that
+(hostside/bundle.py); run here against real processes: one that listens on its port, one that
 never does, and one that never loads TensorFlow (a stand-in "TensorFlow": a copy of libm named
 like its framework library, which is what the watch looks for in /proc/PID/maps). Then each
 shipped program: it carries the module and imports that copy, never one found where it runs."""
@@ -26,6 +26,7 @@ from orchestrator.backends.slurm import script
 from orchestrator.export import trainjob
 from orchestrator.hostside import (
     agent,
+    bundle,
     control,
     hostprobe,
     leases,
@@ -36,7 +37,6 @@ from orchestrator.hostside import (
     safefiles,
 )
 from orchestrator.hostside import slurm_launcher as launcher
-from orchestrator.machines import bundle
 from orchestrator.machines.hostclient import host_program
 
 
@@ -234,7 +234,7 @@ def test_programs_are_bundled_from_many_threads_at_once() -> None:
     # run; this loop rarely reproduces it on its own, the cache check below always applies).
     from concurrent.futures import ThreadPoolExecutor
 
-    from orchestrator.machines import bundle
+    from orchestrator.hostside import bundle
 
     source = bundle.hostside_source("agent.py")
     expected = bundle.imported(source)

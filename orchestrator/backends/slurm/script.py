@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from orchestrator.contract import ISOLATED
-from orchestrator.machines.bundle import shipped_program
+from orchestrator.hostside.bundle import shipped_program
 from orchestrator.model.slurm import SlurmSpec
 
 if TYPE_CHECKING:

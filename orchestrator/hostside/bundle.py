@@ -40,9 +40,13 @@ def hostside_source(name: str) -> str:
     return resources.files(package).joinpath(name).read_text(encoding="utf-8")
 
 
+# The package's face, and this module: the controller's, never carried to a host.
+NOT_SHIPPED = ("__init__.py", "bundle.py")
+
+
 def _shipped_modules() -> frozenset[str]:
     names = (entry.name for entry in resources.files(HOSTSIDE).iterdir())
-    own = {n[: -len(".py")] for n in names if n.endswith(".py") and n != "__init__.py"}
+    own = {n[: -len(".py")] for n in names if n.endswith(".py") and n not in NOT_SHIPPED}
     return frozenset({*own, CONTRACT})
 
 
@@ -87,7 +91,7 @@ def bundle(source: str, label: str) -> str:
     # Python 3.7 and newer (contract.py's __future__ import); names kept out of the program's.
     preamble = (
         f"# orchestrate: {label} shipped with {', '.join(n + '.py' for n in names)} "
-        "(orchestrator/machines/bundle.py)\n"
+        "(orchestrator/hostside/bundle.py)\n"
         "import sys as _bundle_sys, types as _bundle_types\n"
         "for _bundle_name, _bundle_source in (\n"
         f"{entries}"
