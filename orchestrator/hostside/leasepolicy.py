@@ -9,8 +9,11 @@ every field is what it should be; anything else is ignored, and why is said.
 import math
 import re
 
+CLOCK_SKEW = 300.0  # seconds a host's clock may run ahead of the one that wrote a time
+EARLIEST = 946684800.0  # 2000-01-01: no record or ticket is older (a time before is forged)
 TICKET_TTL = 30.0  # seconds a ticket of a controller on another machine lives unrefreshed
 TICKET_NAME = re.compile(r"^ticket-(\d{1,10})-([A-Za-z0-9_.-]{1,64})\.json$")
+LEGACY_LOCK = re.compile(r"^(port|gpu)-\d{1,5}\.lock$")  # an older orchestrate's leases
 RECORD_NAME = re.compile(r"^lease-(\d{1,10})-([A-Za-z0-9_.-]{1,64})-([0-9a-f]{8,32})\.json$")
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")  # user, job, run id
 HOSTNAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$")
@@ -32,9 +35,33 @@ def gpu_candidates(pool, keep):
     return keep + [g for g in pool if g not in keep]
 
 
-def validate_record(data, owner_uid, file_name):
-    """(record, None) or (None, why it is ignored). `owner_uid`: the file's owner (lstat);
-    `file_name`: its name, which repeats the uid and run id. Pure."""
+def moment(value, now):
+    """A time a file says (seconds since the epoch) as a float, or None where it is no number or
+    not finite; given `now`, also where it is before EARLIEST or after `now` beyond CLOCK_SKEW
+    (seen: 1e300 or arrival: -1e300 would put a forged ticket first forever, and no clock can
+    show them)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    if now is not None and not EARLIEST <= value <= now + CLOCK_SKEW:
+        return None
+    return float(value)
+
+
+def claims_owner(data, owner_uid, owner_name, uid_in_name):
+    """Why the file's uid or user is not its owner's, or None. Pure."""
+    uid = data.get("uid")
+    whole = isinstance(uid, int) and not isinstance(uid, bool)
+    if not whole or uid != owner_uid or str(uid) != uid_in_name:
+        return f"claims uid {uid!r} but belongs to uid {owner_uid}"
+    if owner_name is not None and data.get("user") != owner_name:
+        return f"claims user {data.get('user')!r} but belongs to {owner_name}"
+    return None
+
+
+def validate_record(data, owner_uid, file_name, owner_name=None, now=None):
+    """(record, None) or (None, why it is ignored). `owner_uid`: the file's owner (lstat), and
+    `owner_name` that account's name; `file_name`: its name, which repeats the uid and run id;
+    `now`: the time, which `since` may not be later than. Pure."""
     match = RECORD_NAME.fullmatch(file_name)
     if not match:
         return None, "not a lease record's name"
@@ -49,9 +76,10 @@ def validate_record(data, owner_uid, file_name):
         ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
         return value if ok else None
 
-    uid = whole(data.get("uid"), 0, 2**32)
-    if uid is None or uid != owner_uid or str(uid) != match.group(1):
-        return None, f"claims uid {data.get('uid')!r} but belongs to uid {owner_uid}"
+    forged = claims_owner(data, owner_uid, owner_name, match.group(1))
+    if forged is not None:
+        return None, forged
+    uid = owner_uid
     record = {
         "user": text("user", NAME),
         "uid": uid,
@@ -65,10 +93,9 @@ def validate_record(data, owner_uid, file_name):
             return None, f"{key} is missing or malformed"
     if record["run_id"] != match.group(2):
         return None, "its run id differs from its name's"
-    since = data.get("since")
-    if isinstance(since, bool) or not isinstance(since, (int, float)) or not math.isfinite(since):
-        return None, "since is missing or malformed"
-    record["since"] = float(since)
+    record["since"] = moment(data.get("since"), now)
+    if record["since"] is None:
+        return None, f"since is missing, malformed or out of range ({data.get('since')!r})"
     for key, high in (("ports", 65535), ("gpus", 4095)):
         values = data.get(key)
         if not isinstance(values, list) or len(values) > 1024:
@@ -80,23 +107,20 @@ def validate_record(data, owner_uid, file_name):
     return record, None
 
 
-def validate_ticket(data, owner_uid, file_name):
+def validate_ticket(data, owner_uid, file_name, owner_name=None, now=None):
     """(ticket, None) or (None, why it is ignored): a queued run's ticket, checked like a
-    lease record (its owner is the uid it claims, every field what it should be). Pure."""
+    lease record (its owner is the uid and user it claims, every field what it should be, its
+    times within range of `now`). Pure."""
     match = TICKET_NAME.fullmatch(file_name)
     if not match:
         return None, "not a ticket's name"
     if not isinstance(data, dict):
         return None, "not a JSON object"
 
-    def real(value):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return float(value) if ok and math.isfinite(value) else None
-
-    uid = _whole(data.get("uid"), 0, 2**32)
-    if uid is None or uid != owner_uid or str(uid) != match.group(1):
-        return None, f"claims uid {data.get('uid')!r} but belongs to uid {owner_uid}"
-    ticket = {"uid": uid}
+    forged = claims_owner(data, owner_uid, owner_name, match.group(1))
+    if forged is not None:
+        return None, forged
+    ticket = {"uid": owner_uid}
     for key, pattern in (("user", NAME), ("job", NAME), ("run_id", NAME),
                          ("controller", HOSTNAME)):  # fmt: skip
         value = data.get(key)
@@ -106,9 +130,9 @@ def validate_ticket(data, owner_uid, file_name):
     if ticket["run_id"] != match.group(2):
         return None, "its run id differs from its name's"
     for key in ("arrival", "seen"):
-        ticket[key] = real(data.get(key))
+        ticket[key] = moment(data.get(key), now)
         if ticket[key] is None:
-            return None, f"{key} is missing or malformed"
+            return None, f"{key} is missing, malformed or out of range ({data.get(key)!r})"
     ticket["pid"] = _whole(data.get("pid"), 1, 2**31)
     ticket["starttime"] = _whole(data.get("starttime"), 0, 2**63)
     if ticket["pid"] is None or ticket["starttime"] is None:

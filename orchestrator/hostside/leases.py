@@ -28,16 +28,23 @@ asked again. A ticket lives while its controller does: on this machine (same boo
 namespace) the process itself is looked at; else it expires TICKET_TTL seconds after its last
 acquire refreshed it.
 
-A lease is an flock on `{lease_dir}/port-N.lock` or `gpu-N.lock` (exclusive; shared for GPUs
-whose leases say share), held by the keeper: the kernel frees it when the keeper dies, so a
-dead run never holds one. Beside them, per keeper, `lease-{uid}-{run_id}-{token}.lock` (the
-keeper holds it: alive or not, for anyone) and `.json`, its record: user, uid, job, run id,
-controller, since, ports, GPUs, the keeper's pid. Records are readable by every user and hold
-no secret. The directory is created sticky and world-writable (1777), like /tmp.
+A lease on a port or GPU is a claim (claims.py): an abstract Unix socket named after the lease
+directory and the resource, bound by the keeper (exclusive; for GPUs whose leases say share,
+one name per sharer below it). No file holds it, so no file anyone creates, deletes or renames
+in the lease directory can make two keepers hold one resource, and the kernel frees it when the
+keeper dies. Beside them, per keeper, `lease-{uid}-{run_id}-{token}.lock` (the keeper holds its
+flock: alive or not, for anyone) and `.json`, its record: user, uid, job, run id, controller,
+since, ports, GPUs, the keeper's pid. Records say who holds what; they hold nothing. They are
+readable by every user and hold no secret. The directory is made sticky and world-writable
+(1777), like /tmp, and used only when it is this account's or root's and sticky.
+An older orchestrate's keepers held flocks on `port-N.lock` and `gpu-N.lock`: a held one still
+counts as taken (looked at, never created).
 
 Other users' files are untrusted input: opened with O_NOFOLLOW and O_NONBLOCK after an lstat,
-only regular files, a record only when its owner is the uid it claims and every field is what
-it should be (leasepolicy.validate_record); anything else is ignored and named, never followed.
+only regular files of a bounded size and nesting, a record or ticket only when its owner is the
+uid and user it claims, its times are within range and every field is what it should be
+(leasepolicy); anything else is ignored and named (path, owner, why), never followed, and blocks
+nothing.
 """
 
 import contextlib
@@ -57,9 +64,10 @@ import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator import contract
+    from orchestrator.hostside import claims, protocol, rundir, safefiles
     from orchestrator.hostside import leasepolicy as policy
-    from orchestrator.hostside import protocol, rundir, safefiles
 else:  # shipped: hostside/bundle.py carries them in front of this file's source
+    import claims  # type: ignore[no-redef]
     import contract  # type: ignore[no-redef]
     import leasepolicy as policy  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
@@ -79,43 +87,46 @@ class Hostile(Exception):
 
 
 def _ensure_dir(lease_dir):
-    """The lease directory, created sticky 1777; one that another account made unsafe (no
-    sticky bit, a symlink, not a directory) is refused: its locks could be swapped."""
+    """The lease directory: made sticky 1777 where it is missing; accepted when it is this
+    account's or root's with the sticky bit (how an admin shares one), else refused naming its
+    owner. Another account's directory is never trusted: its owner may remove or rename every
+    file in it, the records and queue tickets of every user."""
     with contextlib.suppress(FileExistsError):
         os.makedirs(os.path.dirname(lease_dir) or "/", exist_ok=True)
         os.mkdir(lease_dir, 0o1777)
         os.chmod(lease_dir, 0o1777)  # the umask took bits off
     info = os.lstat(lease_dir)
     if not stat.S_ISDIR(info.st_mode):
-        raise RuntimeError(f"lease_dir {lease_dir} is not a directory")
+        raise RuntimeError(f"lease_dir {lease_dir} is not a directory (a link?): choose another")
     if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != 0o1777:
         os.chmod(lease_dir, 0o1777)
         info = os.lstat(lease_dir)
-    if info.st_uid not in (0, os.getuid()) and not info.st_mode & stat.S_ISVTX:
-        raise RuntimeError(
-            f"lease_dir {lease_dir} belongs to uid {info.st_uid} and is not sticky: another "
-            "account could replace its locks; remove it or choose another lease_dir"
-        )
+    if info.st_uid == os.getuid() or (info.st_uid == 0 and info.st_mode & stat.S_ISVTX):
+        return
+    raise RuntimeError(
+        f"lease_dir {lease_dir} belongs to {_user_name(info.st_uid)}, not to you or to root "
+        "with the sticky bit: its owner could remove your leases' records and queue tickets. "
+        f"Ask an admin to make it shared (sudo install -d -o root -m 1777 {lease_dir}), or "
+        "set lease_dir to a directory of your own"
+    )
 
 
-def _open_lock(path, create=True):
-    """An fd on a lock file, never through a symlink or onto a fifo or device."""
+def _user_name(uid):
+    name = _account(uid)
+    return f"uid {uid} ({name})" if name != str(uid) else f"uid {uid}"
+
+
+def _open_lock(path):
+    """An fd on an existing lock file, never through a symlink or onto a fifo or device."""
     try:
         fd = os.open(path, OPEN_FLAGS)
     except FileNotFoundError:
-        if not create:
-            raise
-        try:  # O_EXCL: a file another account made meanwhile is opened as theirs, below
-            fd = os.open(path, OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
-            os.fchmod(fd, 0o644)  # readable by every account whatever the umask
-        except FileExistsError:
-            fd = os.open(path, OPEN_FLAGS)
+        raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise Hostile("a symlink") from None
         raise Hostile(f"cannot be opened ({exc.strerror})") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise Hostile("not a regular file")
     return fd
@@ -131,14 +142,15 @@ def _try_lock(fd, shared=False):
         raise
 
 
-def _lock_free(path):
-    """Whether nobody holds the lock file at `path` (a shared look: it never blocks a holder)."""
+def _lock_free(path, shared_holders_count=False):
+    """Whether nobody holds the lock file at `path`. A shared look by default: it never blocks
+    a holder, and sees an exclusive one; `shared_holders_count` sees shared holders too."""
     try:
-        fd = _open_lock(path, create=False)
+        fd = _open_lock(path)
     except (FileNotFoundError, Hostile):
         return True
     try:
-        return _try_lock(fd, shared=True)
+        return _try_lock(fd, shared=not shared_holders_count)
     finally:
         os.close(fd)
 
@@ -171,6 +183,8 @@ def _read_record(lease_dir, name):
         return json.loads(raw.decode("utf-8")), info.st_uid
     except (UnicodeDecodeError, ValueError):
         raise Hostile("not JSON") from None
+    except RecursionError:  # json's C parser recurses: '[' * 60000 is no ValueError
+        raise Hostile("JSON nested too deep") from None
 
 
 def _validated(lease_dir, prefix, validate):
@@ -189,7 +203,7 @@ def _validated(lease_dir, prefix, validate):
             data, owner = _read_record(lease_dir, name)
             if data is None:
                 continue
-            entry, why = validate(data, owner, name)
+            entry, why = validate(data, owner, name, _account(owner), time.time())
         except Hostile as exc:
             entry, why = None, str(exc)
         except OSError as exc:
@@ -197,8 +211,20 @@ def _validated(lease_dir, prefix, validate):
         yield name, owner, entry, why
 
 
+def _account(uid):
+    """The name records and tickets of `uid` carry: its account's, else the number (a uid
+    with no account, as in some containers); None for no uid."""
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 def _ignored(lease_dir, name, owner, why):
-    return {"file": os.path.join(lease_dir, name), "owner_uid": owner, "reason": why}
+    return {"file": os.path.join(lease_dir, name), "owner_uid": owner,
+            "owner_name": _account(owner), "reason": why}  # fmt: skip
 
 
 def scan(lease_dir):
@@ -210,7 +236,7 @@ def scan(lease_dir):
             ignored.append(_ignored(lease_dir, name, owner, why))
             continue
         lock = os.path.join(lease_dir, name[: -len(".json")] + ".lock")
-        if _lock_free(lock):
+        if _owner(lock) != owner or _lock_free(lock):  # a lock another account put beside
             if owner == os.getuid():
                 for stale in (lock, os.path.join(lease_dir, name)):
                     with contextlib.suppress(OSError):
@@ -218,7 +244,24 @@ def scan(lease_dir):
             continue
         record["file"] = name
         live.append(record)
-    return live, ignored
+    return live, ignored + _hostile_locks(lease_dir)
+
+
+def _hostile_locks(lease_dir):
+    """Files named like an older orchestrate's resource locks that are none (a fifo, a link, one
+    nobody may open): they block nothing, and are named so that their owner can be asked."""
+    found = []
+    with contextlib.suppress(FileNotFoundError):
+        for name in sorted(os.listdir(lease_dir)):
+            if policy.LEGACY_LOCK.fullmatch(name):
+                path = os.path.join(lease_dir, name)
+                try:
+                    os.close(_open_lock(path))
+                except Hostile as exc:
+                    found.append(_ignored(lease_dir, name, _owner(path), str(exc)))
+                except FileNotFoundError:
+                    continue
+    return found
 
 
 def _bindable(port):
@@ -295,7 +338,7 @@ def _write_ticket(request, needs, old):
     """Write (or refresh) the run's ticket: its arrival stays what it was first."""
     lease_dir, run_id, queue = request["lease_dir"], request["run_id"], request["ticket"]
     ticket = {
-        "user": pwd.getpwuid(os.getuid()).pw_name,
+        "user": _account(os.getuid()),
         "uid": os.getuid(),
         "job": request["job"],
         "run_id": run_id,
@@ -326,40 +369,59 @@ def cmd_withdraw(request):
 
 
 class _Taking:
-    """One acquire: what the run holds already, the locks taken so far (fds, released unless
-    handed to a keeper), the clashes and the hostile files met."""
+    """One acquire: what the run holds already, the claims taken so far (sockets, released
+    unless handed to a keeper), the clashes and the hostile files met."""
 
     def __init__(self, lease_dir, live, mine):
         self.lease_dir = lease_dir
+        self.space = claims.space(lease_dir)
         self.live = live
         self.own = {"ports": {p for r in mine for p in r["ports"]},
                     "gpus": {g for r in mine for g in r["gpus"]}}  # fmt: skip
         self.used = {"ports": set(), "gpus": set()}  # by this request's earlier workers
         self.new = {"ports": [], "gpus": []}
-        self.fds = []
+        self.held = []  # claims.py's sockets: the keeper inherits them
         self.clashes = []
         self.ignored = []
 
     def take(self, kind, number, shared=False):
-        """True if taken now; False if held elsewhere (or the file is hostile)."""
-        path = os.path.join(self.lease_dir, f"{kind[:-1]}-{number}.lock")
-        try:
-            fd = _open_lock(path)
-        except Hostile as exc:
-            self.ignored.append({"file": path, "owner_uid": _owner(path), "reason": str(exc)})
+        """True if taken now (claims.py); False if another holder may not share it."""
+        if _legacy_held(self.lease_dir, kind, number):
             return False
-        if _try_lock(fd, shared):
-            self.fds.append(fd)
-            self.new[kind].append(number)
-            return True
-        os.close(fd)
-        return False
+        held = claims.claim(self.space, kind, number, shared)
+        if held is None:
+            return False
+        self.held.append(held)
+        self.new[kind].append(number)
+        return True
+
+    def unknown_holders(self, kind, numbers):
+        """Who holds these resources without a record: the uid a claim's holder answers with,
+        else the owner of an older orchestrate's lock file that is held."""
+        found = {}
+        for number in numbers:
+            uid = claims.holder_uid(self.space, kind, number)
+            if uid is None and _legacy_held(self.lease_dir, kind, number):
+                uid = _owner(_legacy_path(self.lease_dir, kind, number))
+            if uid is not None:
+                found[str(number)] = uid
+        return found
 
     def close(self):
-        for fd in self.fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.fds = []
+        for held in self.held:
+            held.close()
+        self.held = []
+
+
+def _legacy_path(lease_dir, kind, number):
+    return os.path.join(lease_dir, f"{kind[:-1]}-{number}.lock")
+
+
+def _legacy_held(lease_dir, kind, number):
+    """Whether an older orchestrate's keeper holds the resource through its lock file (leases
+    were flocks on port-N.lock and gpu-N.lock before claims.py): while a host's users upgrade,
+    both kinds of keeper run. Only looked at, never created nor locked for a lease."""
+    return not _lock_free(_legacy_path(lease_dir, kind, number), shared_holders_count=True)
 
 
 def _owner(path):
@@ -376,9 +438,10 @@ def cmd_acquire(request):
     live, ignored = scan(lease_dir)
     mine = [r for r in live if r["uid"] == os.getuid() and r["run_id"] == run_id]
     if not mine and not request.get("dry_run"):  # a restart keeps what it holds, unqueued
-        waiting = _queue_turn(request, lease_dir)
+        waiting, bad_tickets = _queue_turn(request, lease_dir)
+        ignored += bad_tickets  # named also when they are in nobody's way
         if waiting is not None:
-            return dict(waiting, ignored=ignored + waiting["ignored"])
+            return dict(waiting, ignored=ignored)
     taking = _Taking(lease_dir, live, mine)
     assigned, shared = {}, False
     try:
@@ -392,7 +455,7 @@ def cmd_acquire(request):
             return {"clashes": taking.clashes, "ignored": ignored,
                     "queued": bool(request.get("ticket"))}  # fmt: skip
         keeper = None
-        if taking.fds and not request.get("dry_run"):
+        if taking.held and not request.get("dry_run"):
             keeper = _start_keeper(request, sorted(taking.new["ports"]),
                                    sorted(taking.new["gpus"]), shared)  # fmt: skip
         return {"assigned": assigned, "ignored": ignored, "keeper": keeper, "kept": bool(mine)}
@@ -401,8 +464,9 @@ def cmd_acquire(request):
 
 
 def _queue_turn(request, lease_dir):
-    """None when the run may go on and take; else the answer that it waits behind earlier
-    tickets. A queued run's ticket is written (or refreshed) first, and stays."""
+    """(None when the run may go on and take, else the answer that it waits behind earlier
+    tickets; the ticket files ignored). A queued run's ticket is written (or refreshed) first,
+    and stays."""
     tickets, ignored = scan_tickets(lease_dir)
     needs = policy.needs_of(request["workers"], gpu_pool)
     own = [t for t in tickets if t["uid"] == os.getuid() and t["run_id"] == request["run_id"]]
@@ -413,9 +477,9 @@ def _queue_turn(request, lease_dir):
         place = (math.inf, os.getuid(), request["run_id"])
     free, ahead = policy.may_take(needs, place, [t for t in tickets if t not in own])
     if free:
-        return None
-    return {"clashes": [policy.queue_clash(ahead)], "ignored": ignored,
-            "queued": bool(request.get("ticket"))}  # fmt: skip
+        return None, ignored
+    answer = {"clashes": [policy.queue_clash(ahead)], "queued": bool(request.get("ticket"))}
+    return answer, ignored
 
 
 def _acquire_port(worker, taking):
@@ -436,7 +500,7 @@ def _acquire_port(worker, taking):
             return port
         if span is None or _bindable(port):
             held.append(port)  # else something that is no lease listens there
-    taking.clashes.append(policy.clash(worker, taking.live, "ports", held))
+    taking.clashes.append(_clash(worker, taking, "ports", held))
     return None
 
 
@@ -457,7 +521,7 @@ def _acquire_gpus(worker, taking):
         else:
             held.append(gpu)
     if len(chosen) < count:
-        clash = policy.clash(worker, taking.live, "gpus", held)
+        clash = _clash(worker, taking, "gpus", held)
         clash["wanted_gpus"] = count
         clash["pool"] = pool
         taking.clashes.append(clash)
@@ -466,13 +530,23 @@ def _acquire_gpus(worker, taking):
     return sorted(chosen)
 
 
+def _clash(worker, taking, kind, held):
+    clash = policy.clash(worker, taking.live, kind, held)
+    unknown = clash["unknown"].get(kind, [])
+    if unknown:
+        clash["unknown_uids"] = taking.unknown_holders(kind, unknown)
+    return clash
+
+
 def _start_keeper(request, ports, gpus, shared):
     """Hand the taken locks (this process's open fds, inherited) to a new keeper; its pid."""
     lease_dir = request["lease_dir"]
     token = os.urandom(6).hex()
     base = os.path.join(lease_dir, f"lease-{os.getuid()}-{request['run_id']}-{token}")
-    own = _open_lock(base + ".lock")
-    fcntl.flock(own, fcntl.LOCK_EX)  # a new file: nobody else holds it
+    # O_EXCL under a random name: never a file someone else made (nor one they could lock)
+    own = os.open(base + ".lock", OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
+    os.fchmod(own, 0o644)  # readable by every account whatever the umask
+    fcntl.flock(own, fcntl.LOCK_EX)
     read_end, write_end = os.pipe()
     middle = os.fork()  # spawn point: the keeper, forked twice (no exec)
     if middle == 0:
@@ -502,7 +576,7 @@ def _start_keeper(request, ports, gpus, shared):
     os.close(read_end)
     pid = int(answer.split()[0])
     record = {
-        "user": pwd.getpwuid(os.getuid()).pw_name,
+        "user": _account(os.getuid()),
         "uid": os.getuid(),
         "job": request["job"],
         "run_id": request["run_id"],

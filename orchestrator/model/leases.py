@@ -82,16 +82,21 @@ class Ignored:
     file: str
     reason: str
     owner_uid: int | None = None
+    owner_name: str | None = None
 
     @classmethod
     def parse(cls, host: str, data: Any) -> Ignored:
         data = data if isinstance(data, dict) else {}
         return cls(host, text(data.get("file")) or "?", text(data.get("reason")) or "?",
-                   integer(data.get("owner_uid")))  # fmt: skip
+                   integer(data.get("owner_uid")), text(data.get("owner_name")))  # fmt: skip
 
     def describe(self) -> str:
-        owner = f" (owner uid {self.owner_uid})" if self.owner_uid is not None else ""
-        return f"{self.host}: ignored {self.file}{owner}: {self.reason}"
+        owner = ""
+        if self.owner_uid is not None:
+            named = f" {self.owner_name}" if self.owner_name else ""
+            owner = f" (owner uid {self.owner_uid}{named})"
+        return (f"{self.host}: ignored {self.file}{owner}: {self.reason}; it blocks nothing, "
+                "its owner or an admin may remove it")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class Clash:
     gpus: tuple[int, ...] = ()
     wanted: str = ""  # "a port of 20000-20099", "2 GPUs of 0,1,2,3"
     queued: bool = False  # not held: an earlier queued run's ticket waits for them
+    uids: tuple[int, ...] = ()  # without a record: the uids the holding processes run as
 
     def describe(self, now: float | None = None) -> str:
         held = _resources(self.ports, self.gpus)
@@ -113,11 +119,19 @@ class Clash:
             return (f"{self.host}: {held} {verb} waited for by {h.user}'s job {h.job} "
                     f"(run {h.run_id}), queued since {clock(h.since, now)}")  # fmt: skip
         if self.holder is None:
-            who = "a process without a valid lease record (see the ignored records)"
+            who = _recordless(self.uids)
         else:
             h = self.holder
             who = f"{h.user}'s job {h.job} (run {h.run_id}) since {clock(h.since, now)}"
         return f"{self.host}: {held} {verb} held by {who}"
+
+
+def _recordless(uids: Sequence[int]) -> str:
+    """Who holds a resource without a lease record: a live process, never a file."""
+    if not uids:
+        return "a process without a valid lease record (see the ignored records)"
+    owners = ", ".join(f"uid {uid}" for uid in uids)
+    return f"a live process of {owners} without a lease record (not orchestrate's job: ask them)"
 
 
 def _resources(ports: Sequence[int], gpus: Sequence[int]) -> str:
@@ -159,13 +173,22 @@ def parse_clashes(host: str, clashes: Any) -> list[Clash]:
             slot[kind] += _ints(data.get(kind) if isinstance(data, dict) else None)
         unknown = entry.get("unknown")
         if isinstance(unknown, dict) and unknown.get(kind):
-            slot = merged.setdefault(None, {"holder": None, "ports": [], "gpus": []})
+            slot = merged.setdefault(None, {"holder": None, "ports": [], "gpus": [], "uids": []})
             slot[kind] += _ints(unknown.get(kind))
+            uids = entry.get("unknown_uids")
+            slot["uids"] += _ints(list(uids.values()) if isinstance(uids, dict) else None)
         if not entry.get("holders") and not (isinstance(unknown, dict) and unknown.get(kind)):
-            merged.setdefault(None, {"holder": None, "ports": [], "gpus": []})
+            merged.setdefault(None, {"holder": None, "ports": [], "gpus": [], "uids": []})
     what = "; ".join(dict.fromkeys(w for w in wanted if w))
     return queued + [
-        Clash(host, slot["holder"], _sorted(slot["ports"]), _sorted(slot["gpus"]), what)
+        Clash(
+            host,
+            slot["holder"],
+            _sorted(slot["ports"]),
+            _sorted(slot["gpus"]),
+            what,
+            uids=_sorted(slot.get("uids", [])),
+        )
         for slot in merged.values()
     ]
 
@@ -177,7 +200,7 @@ def queue_reason(clashes: Sequence[Clash], now: float | None = None) -> str:
     for c in clashes:
         what = ", ".join(_resources(c.ports, c.gpus).split(" and ")) if c.ports or c.gpus else ""
         if c.holder is None:
-            who = "a process without a valid lease record"
+            who = _recordless(c.uids)
         else:
             queued = ", queued earlier" if c.queued else ""
             who = f"{c.holder.user}'s job {c.holder.job} (run {c.holder.run_id}{queued})"
@@ -332,7 +355,13 @@ class LeaseListing:
             "jobs": [job.to_json() for job in self.jobs],
             "queued": [job.to_json() for job in self.queued],
             "ignored": [
-                {"host": i.host, "file": i.file, "reason": i.reason, "owner_uid": i.owner_uid}
+                {
+                    "host": i.host,
+                    "file": i.file,
+                    "reason": i.reason,
+                    "owner_uid": i.owner_uid,
+                    "owner_name": i.owner_name,
+                }
                 for i in self.ignored
             ],
             "unreachable": dict(self.failed),

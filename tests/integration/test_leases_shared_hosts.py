@@ -149,7 +149,7 @@ def _gone() -> contextlib.suppress:
 
 
 def is_agent(cmdline: list[str]) -> bool:
-    return cmdline[:2] == [SYSTEM_PYTHON, "-c"] and "The host-side agent" in cmdline[2]
+    return cmdline[:3] == [SYSTEM_PYTHON, "-I", "-c"] and "The host-side agent" in cmdline[3]
 
 
 def by_user(listing: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -128,7 +128,7 @@ SHIPPED = {
                   "minder", "standbypolicy", "standbys")),
     "hostprobe.py": (lambda: host_program("hostprobe.py"), ("contract", "protocol")),
     "leases.py": (lambda: host_program("leases.py"),
-                  ("contract", "leasepolicy", "protocol", "safefiles", "rundir")),
+                  ("claims", "contract", "leasepolicy", "protocol", "safefiles", "rundir")),
     "launcher.py": (lambda: script.LAUNCHER_SOURCE,
                     ("contract", "procwatch", "safefiles", "rundir")),
     "pod_launcher.py": (lambda: trainjob.LAUNCHER_SOURCE, ("contract",)),

@@ -191,7 +191,7 @@ def test_hostile_files_are_ignored_and_named_never_followed(tmp_path: Path) -> N
     os.mkfifo(leases / "port-41000.lock")  # opening it for reading would block forever
     (leases / "port-41001.lock").symlink_to(secret)
     answer = acquire(leases, "run-h", dict(AUTO, gpus=None), dry_run=True)
-    assert answer["assigned"]["w"]["port"] == 41002
+    assert answer["assigned"]["w"]["port"] == 41000  # no file holds a port: they block nothing
     reasons = {Path(i["file"]).name: i["reason"] for i in answer["ignored"]}
     assert reasons == {
         f"lease-0-{RUN}-0123456789ab.json": "not a regular file (a link, a fifo?)",
@@ -210,7 +210,11 @@ def test_a_lease_dir_made_unsafe_by_another_account_is_refused(tmp_path: Path) -
     unsafe.chmod(0o777)
     os.chown(unsafe, 12345, 12345)
     answer = acquire(unsafe, "run-u", AUTO)
-    assert "is not sticky" in answer["error"]
+    assert "belongs to uid 12345, not to you or to root with the sticky bit" in answer["error"]
+    unsafe.chmod(0o1777)  # sticky, yet its owner may remove anyone's files in it
+    assert "belongs to uid 12345" in acquire(unsafe, "run-u", AUTO)["error"]
+    os.chown(unsafe, 0, 0)  # how an admin shares one: root's, sticky
+    assert acquire(unsafe, "run-u", AUTO, dry_run=True)["assigned"]["w"]["port"] == 41000
 
 
 # --- the inventory and the plan --------------------------------------------------------------

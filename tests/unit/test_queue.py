@@ -131,6 +131,10 @@ def test_the_reason_names_the_holder_and_the_earlier_tickets() -> None:
 # --- the host program: real tickets in a real lease directory ----------------------------------
 
 
+# Arrivals the lease program takes for real: after 2000, not in the future (leasepolicy.moment).
+T0 = 1.7e9
+
+
 def gpu_worker(count: int) -> dict[str, Any]:
     return {"name": "w", "port": None, "range": [21000, 21099], "gpus": count, "pool": [0, 1]}
 
@@ -152,9 +156,9 @@ def test_tickets_keep_the_order_and_a_withdrawn_or_dead_one_lets_the_next_go(
     try:
         # The two-GPU run queues first (GPU 0 is held), then a one-GPU run: GPU 1 is free,
         # yet the one-GPU run waits behind the earlier ticket.
-        big = acquire(lease_dir, "big", gpu_worker(2), ticket=queued(10.0))
+        big = acquire(lease_dir, "big", gpu_worker(2), ticket=queued(T0 + 10.0))
         assert big["queued"] and big["clashes"][0]["kind"] == "gpus"
-        small = acquire(lease_dir, "small", gpu_worker(1), ticket=queued(20.0, sleeper.pid))
+        small = acquire(lease_dir, "small", gpu_worker(1), ticket=queued(T0 + 20.0, sleeper.pid))
         assert small["queued"] and small["clashes"][0]["kind"] == "queue"
         assert small["clashes"][0]["holders"][0]["run_id"] == "big"
         unqueued = acquire(lease_dir, "plain", gpu_worker(1))  # no ticket: behind them all
@@ -164,12 +168,12 @@ def test_tickets_keep_the_order_and_a_withdrawn_or_dead_one_lets_the_next_go(
         assert stat_mode(lease_dir / f"ticket-{os.getuid()}-big.json") == 0o644
 
         # A refreshed ticket keeps its first arrival.
-        acquire(lease_dir, "big", gpu_worker(2), ticket=queued(99.0))
-        assert listing(lease_dir)["tickets"][0]["arrival"] == 10.0
+        acquire(lease_dir, "big", gpu_worker(2), ticket=queued(T0 + 99.0))
+        assert listing(lease_dir)["tickets"][0]["arrival"] == T0 + 10.0
 
         # The holder ends: the two-GPU run takes both; its start withdraws its ticket.
         ask({"verb": "release", "lease_dir": str(lease_dir), "run_id": "holder"})
-        assert acquire(lease_dir, "big", gpu_worker(2), ticket=queued(10.0))["assigned"]
+        assert acquire(lease_dir, "big", gpu_worker(2), ticket=queued(T0 + 10.0))["assigned"]
         assert ask({"verb": "withdraw", "lease_dir": str(lease_dir), "run_id": "big"}) == [
             {"withdrawn": True}
         ]
