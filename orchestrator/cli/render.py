@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.table import Table
 from rich.text import Text
 
@@ -25,7 +27,7 @@ STATE_STYLES = {
 
 
 def duration(seconds: float | None) -> str:
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):  # int(inf) raises: unknown, not a crash
         return "-"
     seconds = int(seconds)
     hours, rest = divmod(seconds, 3600)
