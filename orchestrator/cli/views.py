@@ -32,6 +32,7 @@ from orchestrator.engine.status import collect_status
 from orchestrator.engine.tensorboard import events_are_remote, local_event_dir, pull_events
 from orchestrator.errors import MissingTool, PartialFailure
 from orchestrator.model.leases import clock
+from orchestrator.model.printable import strict_json
 
 
 @cli.command()
@@ -47,7 +48,7 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
     waiting = pending(context.store)
     if waiting is not None and run_id in (None, waiting.run_id):
         if as_json:
-            click.echo(json.dumps(waiting.to_json(), indent=2))
+            click.echo(strict_json(waiting.to_json(), indent=2))
         else:
             console.print(f"run {waiting.run_id}  job {waiting.job}  pending since "
                           f"{clock(waiting.since)}: {waiting.reason}", markup=False,
@@ -61,7 +62,7 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
     if as_json:
         data = result.to_json()
         data["standbys"] = [s.to_json() for s in standbys.values()]
-        click.echo(json.dumps(data, indent=2))
+        click.echo(strict_json(data, indent=2))
     else:
         console.print(status_table(result))
         for line in standby_lines(standbys):
