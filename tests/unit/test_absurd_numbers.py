@@ -13,10 +13,11 @@ import pytest
 
 from orchestrator.cli.render import duration, progress_line, status_table
 from orchestrator.engine.eta import MAX_ETA_SECONDS, eta_seconds
+from orchestrator.engine.policy import conclude
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus, worker_status
 from orchestrator.model.answers import Progress, WorkerProbe
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.printable import strict_json
 from orchestrator.model.reading import (
     INTEGER_LIMIT,
@@ -28,7 +29,7 @@ from orchestrator.model.reading import (
     rate,
     steps,
 )
-from orchestrator.model.records import WorkerRecord
+from orchestrator.model.records import RunRecord, WorkerRecord
 
 ABSURD = [math.nan, math.inf, -math.inf, float("1e999"), 10**400, -(10**400)]
 
@@ -93,16 +94,18 @@ def test_a_duration_that_is_not_a_number_shows_as_unknown(seconds: float) -> Non
     assert duration(seconds) == "-"
 
 
+HOST = Host("alpha", "localhost", 2222)
+RECORD = WorkerRecord(name="alpha", index=0, host=HOST, run_dir="/r/alpha",
+                      log_path="/r/alpha/worker.log", checkpoint_dir="/r/ckpt", pid=7)  # fmt: skip
+
+
 def probe_of(progress: dict[str, Any], **fields: Any) -> WorkerProbe:
     return WorkerProbe.parse({"exists": True, "pid": 7, "alive": True, "progress": progress,
                               **fields}, now=100.0)  # fmt: skip
 
 
 def running(progress: dict[str, Any], **fields: Any) -> WorkerStatus:
-    record = WorkerRecord(name="alpha", index=0, host=Host("alpha", "localhost", 2222),
-                          run_dir="/r/alpha", log_path="/r/alpha/worker.log",
-                          checkpoint_dir="/r/ckpt", pid=7)  # fmt: skip
-    return worker_status(record, probe_of(progress, **fields))
+    return worker_status(RECORD, probe_of(progress, **fields))
 
 
 def test_the_reported_absurdities_render_and_serialise_as_unknown() -> None:
@@ -137,6 +140,16 @@ def test_a_snapshot_read_back_bounds_its_numbers_too() -> None:
     assert WorkerStatus.from_json(written) == dataclasses.replace(
         running({"step": 3, "target_steps": 300, "steps_per_sec": 2.0}), log_tail=()
     )
+
+
+def test_a_success_with_an_unknown_val_loss_is_concluded() -> None:
+    # A NaN val_loss beside a real val_accuracy reads as absent: the conclusion says "-".
+    record = RunRecord("r1", Inventory("inv.yaml", ".", (HOST,), Job("demo", script="t.py")),
+                       0.0, workers=(RECORD,))  # fmt: skip
+    done = running({"step": 5, "val_loss": math.nan, "val_accuracy": 0.5},
+                   exit={"returncode": 0}, alive=False)  # fmt: skip
+    final = RunStatus("r1", "demo", WorkerState.SUCCEEDED, (done,))
+    assert "val_loss - val_accuracy 0.500" in conclude(final, record)
 
 
 def _refuse(name: str) -> None:
