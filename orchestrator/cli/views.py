@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -32,7 +33,7 @@ from orchestrator.engine.status import collect_status
 from orchestrator.engine.tensorboard import events_are_remote, local_event_dir, pull_events
 from orchestrator.errors import MissingTool, PartialFailure
 from orchestrator.model.leases import clock
-from orchestrator.model.printable import strict_json
+from orchestrator.model.printable import printable, strict_json
 
 
 @cli.command()
@@ -87,6 +88,13 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
     help="Print the same line of several workers once, as [worker-0,1,2] (within 1 s with -f). "
     "Default: on when the output is a terminal.",
 )
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="Print each line as the worker wrote it, escape sequences (its colours) included. "
+    "Without it, control characters are shown as escapes (ESC as \\x1b): a log line cannot "
+    "retitle, clear or otherwise drive your terminal.",
+)
 @run_option
 @pass_context
 def tail_command(  # noqa: PLR0917 - click passes every option by position
@@ -95,13 +103,16 @@ def tail_command(  # noqa: PLR0917 - click passes every option by position
     follow_logs: bool,
     lines: int,
     group: bool | None,
+    raw: bool,
     run_id: str | None,
 ) -> None:
     """Print the last lines of every worker's log (or the named ones), each prefixed by its name.
 
     With -f, keep following all of them until Ctrl-C. On a terminal (or with --group) a line
-    that several workers print alike is printed once, prefixed by all of them.
+    that several workers print alike is printed once, prefixed by all of them. A line's control
+    characters are shown as escapes unless --raw.
     """
+    shown: Callable[[str], str] = (lambda line: line) if raw else printable
     record = context.store.load(run_id)
     workers = select_workers(record, names)
     width = max(len(w.name) for w in workers)
@@ -113,9 +124,10 @@ def tail_command(  # noqa: PLR0917 - click passes every option by position
 
     def echo(grouped: Line) -> None:
         if len(grouped.workers) == 1:
-            click.echo(f"{prefixes[grouped.workers[0]]} {grouped.text}")
+            click.echo(f"{prefixes[grouped.workers[0]]} {shown(grouped.text)}")
         else:
-            click.echo(f"{click.style(f'[{label(grouped.workers)}]', bold=True)} {grouped.text}")
+            group_prefix = click.style(f"[{label(grouped.workers)}]", bold=True)
+            click.echo(f"{group_prefix} {shown(grouped.text)}")
 
     if group is None:
         group = sys.stdout.isatty()
@@ -128,7 +140,7 @@ def tail_command(  # noqa: PLR0917 - click passes every option by position
                     else last_lines(workers, backend, lines)
                 )
                 for name, line in stream:
-                    click.echo(f"{prefixes[name]} {line}")
+                    click.echo(f"{prefixes[name]} {shown(line)}")
             elif not follow_logs:
                 logs = last_lines(workers, backend, lines)
                 by_worker = [(w.name, [line for n, line in logs if n == w.name]) for w in workers]
@@ -169,16 +181,17 @@ def stacks_command(
     workers = select_workers(record, names)
     with open_backend(record.inventory) as backend:
         found = collect(backend, workers, wait, native)
+    # The stacks are the hosts' text (a file name, a thread's name): shown, never obeyed.
     for members, text in grouped(found.texts):
         same = " (identical stacks)" if len(members) > 1 else ""
         click.secho(f"== {', '.join(members)}{same}", bold=True)
-        click.echo(text.rstrip("\n") + "\n")
+        click.echo(printable(text.rstrip("\n"), multiline=True) + "\n")
     for name, native_text in found.native.items():
         click.secho(f"== {name}: native frames (py-spy)", bold=True)
-        click.echo(native_text.rstrip("\n") + "\n")
+        click.echo(printable(native_text.rstrip("\n"), multiline=True) + "\n")
     for name, why in found.silent.items():
-        click.secho(f"== {name}: no stacks: {why}", fg="red")
-    click.echo(found.summary().describe())
+        click.secho(f"== {name}: no stacks: {printable(why)}", fg="red")
+    click.echo(printable(found.summary().describe(), multiline=True))
     if found.silent:
         raise PartialFailure(
             f"{', '.join(found.silent)} did not answer with stacks",
