@@ -7,11 +7,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import resource
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator.cli.render import duration, progress_line, status_table
+from orchestrator.dashboard import model
 from orchestrator.engine.eta import MAX_ETA_SECONDS, eta_seconds
 from orchestrator.engine.policy import conclude
 from orchestrator.engine.state import WorkerState
@@ -31,6 +36,7 @@ from orchestrator.model.reading import (
 )
 from orchestrator.model.records import RunRecord, WorkerRecord
 
+REPO = Path(__file__).resolve().parents[2]
 ABSURD = [math.nan, math.inf, -math.inf, float("1e999"), 10**400, -(10**400)]
 
 
@@ -150,6 +156,49 @@ def test_a_success_with_an_unknown_val_loss_is_concluded() -> None:
                    exit={"returncode": 0}, alive=False)  # fmt: skip
     final = RunStatus("r1", "demo", WorkerState.SUCCEEDED, (done,))
     assert "val_loss - val_accuracy 0.500" in conclude(final, record)
+
+
+# The dashboard's charts read the worker's history file itself.
+
+
+def charted(points: tuple[tuple[float, float], ...]) -> str:
+    """line_chart of `points` in a child process bounded in time and memory: the chart of a
+    value of 1e-13 or 1e-320 once looped forever, growing a list of ticks."""
+    code = ("from orchestrator.dashboard.charts import Series, line_chart\n"
+            f"print(line_chart('steps/s', [Series(0, {points!r})]))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=REPO, preexec_fn=_at_most_a_gib, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _at_most_a_gib() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
+
+
+def test_a_chart_of_tiny_real_values_has_ticks() -> None:
+    svg = charted(((1.0, 1e-13), (2.0, 3e-14)))  # a loss converged to 1e-13
+    assert "<polyline" in svg and "1e-13" in svg
+
+
+@pytest.mark.parametrize(
+    "points",
+    [((1.0, 1e-320), (2.0, 2e-320)), ((1.0, 1e308), (2.0, -1e308)), ((-1e308, 1.0), (1e308, 2.0))],
+)
+def test_a_chart_of_absurd_values_says_so_instead_of_hanging_or_raising(
+    points: tuple[tuple[float, float], ...],
+) -> None:
+    svg = charted(points)
+    assert "no chart can scale" in svg and "<polyline" not in svg
+
+
+def test_a_history_line_of_a_400_digit_number_is_skipped_or_a_gap() -> None:
+    huge = 10**400
+    history = model.parse_history(f'{{"step": {huge}, "loss": 1}}\n{{"step": 2, "loss": {huge}}}\n'
+                                  '{"step": 3, "loss": 0.5}\n')  # fmt: skip
+    assert [p["step"] for p in history] == [2, 3]
+    (series,) = model.curve({0: history}, "loss")
+    assert math.isnan(series.points[0][1]) and series.points[1] == (3.0, 0.5)
 
 
 def _refuse(name: str) -> None:
