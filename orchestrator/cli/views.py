@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
@@ -34,6 +34,7 @@ from orchestrator.engine.tensorboard import events_are_remote, local_event_dir, 
 from orchestrator.errors import MissingTool, PartialFailure
 from orchestrator.model.leases import clock
 from orchestrator.model.printable import printable, strict_json
+from orchestrator.model.records import WorkerRecord
 
 
 @cli.command()
@@ -112,23 +113,9 @@ def tail_command(  # noqa: PLR0917 - click passes every option by position
     that several workers print alike is printed once, prefixed by all of them. A line's control
     characters are shown as escapes unless --raw.
     """
-    shown: Callable[[str], str] = (lambda line: line) if raw else printable
     record = context.store.load(run_id)
     workers = select_workers(record, names)
-    width = max(len(w.name) for w in workers)
-    colors = ["cyan", "magenta", "green", "yellow", "blue", "red"]
-    prefixes = {
-        w.name: click.style(f"{w.name:<{width}} |", fg=colors[w.index % len(colors)])
-        for w in workers
-    }
-
-    def echo(grouped: Line) -> None:
-        if len(grouped.workers) == 1:
-            click.echo(f"{prefixes[grouped.workers[0]]} {shown(grouped.text)}")
-        else:
-            group_prefix = click.style(f"[{label(grouped.workers)}]", bold=True)
-            click.echo(f"{group_prefix} {shown(grouped.text)}")
-
+    echo = _log_printer(workers, raw)
     if group is None:
         group = sys.stdout.isatty()
     with open_backend(record.inventory) as backend:
@@ -140,7 +127,7 @@ def tail_command(  # noqa: PLR0917 - click passes every option by position
                     else last_lines(workers, backend, lines)
                 )
                 for name, line in stream:
-                    click.echo(f"{prefixes[name]} {shown(line)}")
+                    echo(Line((name,), line))
             elif not follow_logs:
                 logs = last_lines(workers, backend, lines)
                 by_worker = [(w.name, [line for n, line in logs if n == w.name]) for w in workers]
@@ -155,6 +142,31 @@ def tail_command(  # noqa: PLR0917 - click passes every option by position
                         echo(grouped)
         except KeyboardInterrupt:
             return  # the normal way to end `tail -f`
+
+
+def _log_printer(workers: Sequence[WorkerRecord], raw: bool) -> Callable[[Line], None]:
+    """How `tail` prints a line of one worker or of several: after who printed it (in the
+    worker's colour), printable unless `raw`; raw, as written, escapes included, even into a
+    pipe (where click.echo would strip colours, and only those)."""
+    width = max(len(w.name) for w in workers)
+    colors = ["cyan", "magenta", "green", "yellow", "blue", "red"]
+    prefixes = {
+        w.name: click.style(f"{w.name:<{width}} |", fg=colors[w.index % len(colors)])
+        for w in workers
+    }
+
+    def echo(line: Line) -> None:
+        if len(line.workers) == 1:
+            prefix = prefixes[line.workers[0]]
+        else:
+            prefix = click.style(f"[{label(line.workers)}]", bold=True)
+        if raw:
+            click.echo(f"{prefix} ", nl=False)
+            click.echo(line.text, color=True)
+        else:
+            click.echo(f"{prefix} {printable(line.text)}")
+
+    return echo
 
 
 @cli.command(name="stacks")
