@@ -2,7 +2,7 @@
 real local runs of a plain script job (no TensorFlow), through the real CLI:
 
 - a log line with ESC]0;...BEL ESC[2J shows escaped in `up`'s output, `status` and `tail`
-  (`tail --raw` keeps it as written);
+  (`tail --raw` keeps it as written), and so does a lease file of that name in `jobs`, `check`;
 - a progress file reporting steps_per_sec=1e-320, a NaN loss and an infinite accuracy: a
   foreground `up` supervises the run to success, `status` shows the numbers as unknown, and
   every command with --json prints strict JSON.
@@ -75,6 +75,25 @@ def test_a_workers_escape_sequences_are_shown_never_obeyed(cli: Cli, reaper: lis
     assert json.loads(cli("status", "--json").stdout)["workers"][0]["reason"].endswith(
         f"{HOSTILE}boom"
     )
+
+
+def test_a_lease_file_named_with_escapes_is_shown_escaped_by_jobs_and_check(cli: Cli) -> None:
+    # The issue's neighbour: a file in the shared lease directory that retitled and cleared the
+    # terminal of whoever listed it.
+    leases = cli.cwd / "leases"
+    leases.mkdir(mode=0o1777)
+    leases.chmod(0o1777)
+    (leases / f"lease-{HOSTILE}.json").write_text("not json")
+    (port,) = free_ports(1)
+    (cli.cwd / "train.py").write_text("print(1)\n")
+    local_inventory(cli, [f"name: alpha, address: localhost, port: auto, "
+                          f"port_range: [{port}, {port}], lease_dir: {leases}"],
+                    {"name": "demo", "script": "train.py"})  # fmt: skip
+    jobs = cli("jobs", "inv.yaml", check=True)
+    assert_escaped(jobs.stdout + jobs.stderr)
+    assert f"ignored {leases}/lease-{SHOWN}.json" in jobs.stderr
+    check = cli("check", "inv.yaml", check=True)  # port: auto: it asks the lease directory
+    assert_escaped(check.stdout + check.stderr)
 
 
 def strict(text: str) -> Any:
