@@ -26,19 +26,26 @@ print("step 1 \\x1b[32mgreen\\x1b[0m", flush=True)
 raise SystemExit({HOSTILE!r} + "boom")
 """
 
-# Reports absurd numbers at every step, then succeeds.
+# Reports absurd numbers at every step, then succeeds: it holds at step 1 until the test has
+# looked at it running (the file `go-on` in its directory), however loaded the machine is.
 REPORTS_ABSURD_NUMBERS = """\
 import json, os, time
 progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
-for step in range(1, 9):
-    report = {"step": step, "target_steps": 10**400, "loss": float("nan"),
-              "accuracy": float("inf"), "steps_per_sec": 1e-320, "val_loss": -1e999,
-              "checkpoint_step": -3}
+def report(step):
+    numbers = {"step": step, "target_steps": 10**400, "loss": float("nan"),
+               "accuracy": float("inf"), "steps_per_sec": 1e-320, "val_loss": -1e999,
+               "checkpoint_step": -3}
     with open(progress + ".tmp", "w") as f:
-        f.write(json.dumps(report))  # NaN, Infinity, -Infinity: Python's json writes them
+        f.write(json.dumps(numbers))  # NaN, Infinity, -Infinity: Python's json writes them
     os.replace(progress + ".tmp", progress)
     print("step", step, flush=True)
-    time.sleep(0.4)
+report(1)
+deadline = time.time() + 300
+while not os.path.exists("go-on") and time.time() < deadline:
+    time.sleep(0.1)
+for step in range(2, 9):
+    report(step)
+    time.sleep(0.05)
 """
 
 
@@ -120,8 +127,10 @@ def test_absurd_numbers_show_as_unknown_and_every_json_output_is_strict(
         table = cli("status")
         assert table.returncode == 0 and "Traceback" not in table.stderr, table.stderr
         assert "alpha" in table.stdout and "ETA" not in table.stdout
-        out, err = up.communicate(timeout=120)
+        (cli.cwd / "go-on").touch()
+        out, err = up.communicate(timeout=300)
     finally:
+        (cli.cwd / "go-on").touch()  # whatever failed, the worker ends by itself
         if up.poll() is None:
             up.kill()
             up.communicate()
