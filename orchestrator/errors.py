@@ -10,6 +10,7 @@ OrchestrateError
 │   └── HostAnswerError a host program answered what orchestrate will not read (a lost host)
 ├── PreflightFailed     `check` found a problem that blocks the run (exit 5)
 ├── ExportRefused       `export` would print what the target would reject (exit 2)
+├── ScriptRefused       a value would end a generated script's embedded text early (exit 2)
 ├── SecretMissing       a job.secret_env variable is not set where its value is needed (exit 2)
 └── JobFailed           the training job ended with a failed worker (exit 1)
 
@@ -130,6 +131,13 @@ class PreflightFailed(OrchestrateError):
 
 class ExportRefused(OrchestrateError):
     """The exported manifest or script would be rejected where it is meant to go."""
+
+    exit_code = 2
+
+
+class ScriptRefused(OrchestrateError):
+    """A value would end the batch script's embedded plan or launcher early (it holds their
+    here-documents' end marker): refused before a script is written."""
 
     exit_code = 2
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
 from rich.text import Text
 
 from orchestrator import __version__
@@ -14,10 +17,35 @@ from orchestrator.engine.runstore import DEFAULT_STATE_DIR, RunStore
 from orchestrator.errors import (
     OrchestrateError,
 )
+from orchestrator.model.printable import printable
+
+
+class PlainTextConsole(Console):
+    """A Console that passes on no control character it was handed (issue 41): a worker's log
+    line, a host's error or a lease file's name printed here cannot retitle or clear the
+    terminal it reaches, or the log a detached supervisor writes.
+
+    Every string goes through model/printable before Rich reads it (Rich itself drops BEL and
+    CR but keeps ESC); a Text built elsewhere is checked once rendered, before Rich adds its
+    own styles and cursor moves (segments marked as control). The render layer (render.py)
+    makes the cells of host text printable itself, so that a table is measured as it shows."""
+
+    def render_str(self, text: str, **options: Any) -> Text:
+        return super().render_str(printable(text, multiline=True), **options)
+
+    def render(
+        self, renderable: RenderableType, options: ConsoleOptions | None = None
+    ) -> Iterable[Segment]:
+        for segment in super().render(renderable, options):
+            if segment.control or segment.text.isprintable():
+                yield segment
+            else:
+                yield segment._replace(text=printable(segment.text, multiline=True))
+
 
 # Piped output is read by people too (CI logs, `| less`): give tables room instead of 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 160)
-errors = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+console = PlainTextConsole(width=None if sys.stdout.isatty() else 160)
+errors = PlainTextConsole(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 EXIT_INTERRUPTED = 130
 
@@ -77,7 +105,9 @@ def main() -> None:
     try:
         cli.main(standalone_mode=False, prog_name="orchestrate")
     except OrchestrateError as error:
-        errors.print(Text.assemble(("error: ", "bold red"), error.message), highlight=False)
+        # A host's error carries its words (stderr, an answer): shown, never obeyed.
+        message = printable(error.message, multiline=True)
+        errors.print(Text.assemble(("error: ", "bold red"), message), highlight=False)
         if error.hint:
             errors.print(f"hint: {error.hint}", markup=False, highlight=False)
         sys.exit(error.exit_code)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -13,6 +12,7 @@ from orchestrator.backends.registry import open_backend
 from orchestrator.cli.app import cli, console, errors
 from orchestrator.config.loader import load_inventory
 from orchestrator.model.inventory import Host, Inventory, LoginDetails
+from orchestrator.model.printable import strict_json
 
 
 def _row(host: Host, role: str, backend: Backend) -> dict[str, object]:
@@ -51,7 +51,7 @@ def hosts(inventory_file: Path, as_json: bool) -> None:
         rows += [_row(h, "spare", backend) for h in inventory.spares]
     if as_json:
         for row in rows:
-            console.print(json.dumps(row), markup=False, highlight=False, soft_wrap=True)
+            console.print(strict_json(row), markup=False, highlight=False, soft_wrap=True)
         return
     table = Table(
         title=f"{len(inventory.hosts)} worker(s) of {inventory_file}", title_justify="left"

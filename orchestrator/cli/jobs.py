@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -11,6 +10,7 @@ from orchestrator.backends.registry import open_backend
 from orchestrator.cli.app import cli, console, errors
 from orchestrator.cli.render import jobs_table, queue_table
 from orchestrator.config.loader import load_inventory
+from orchestrator.model.printable import strict_json
 
 
 @cli.command()
@@ -29,7 +29,7 @@ def jobs(inventory_file: Path, as_json: bool) -> None:
     with open_backend(inventory) as backend:
         listing = backend.leases(inventory)
     if as_json:
-        click.echo(json.dumps(listing.to_json(), indent=2))
+        click.echo(strict_json(listing.to_json(), indent=2))
         return
     if listing.jobs:
         console.print(jobs_table(listing))

@@ -27,6 +27,7 @@ from orchestrator.model.preflight import (
     PreflightReport,
     Status,
 )
+from orchestrator.model.printable import strict_json
 
 CHECK_RUN_ID = "check"  # no run of that id exists: a dry lease keeps nothing of any run
 
@@ -135,7 +136,7 @@ def check(
         inventory = take_leases(inventory, CHECK_RUN_ID, backend, _warn, dry_run=True)
         report = run_checks(inventory, backend, probe_timeout, min_free_gb, perf=perf)
     if as_json:
-        click.echo(json.dumps([f.to_json() for f in report.findings], indent=2))
+        click.echo(strict_json([f.to_json() for f in report.findings], indent=2))
     else:
         show_findings(report, only_problems=False)
     if report.blocking:

@@ -1,6 +1,13 @@
-"""Turn statuses into terminal tables and plain lines. Builds renderables; never prints."""
+"""Turn statuses into terminal tables and plain lines. Builds renderables; never prints.
+
+What a host, a worker or another user's file said (a reason, a devices list, a lease holder,
+a finding's detail) goes into a table as plain Text through model/printable: its control
+characters shown as escapes, its brackets not read as Rich markup, its cells measured as
+they will show. The lines these functions return are printable already."""
 
 from __future__ import annotations
+
+import math
 
 from rich.table import Table
 from rich.text import Text
@@ -12,6 +19,7 @@ from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.answers import StandbyInfo
 from orchestrator.model.leases import LeaseListing, clock
 from orchestrator.model.preflight import PreflightReport, Status
+from orchestrator.model.printable import printable
 
 STATE_STYLES = {
     WorkerState.PENDING: "dim",
@@ -24,8 +32,13 @@ STATE_STYLES = {
 }
 
 
+def shown(value: str) -> Text:
+    """A table cell of text orchestrate did not write: printable, and no markup."""
+    return Text(printable(value))
+
+
 def duration(seconds: float | None) -> str:
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):  # int(inf) raises: unknown, not a crash
         return "-"
     seconds = int(seconds)
     hours, rest = divmod(seconds, 3600)
@@ -60,12 +73,12 @@ def status_table(status: RunStatus) -> Table:
         (status.state.value, STATE_STYLES[status.state]),
     )
     if status.restarts:
-        last = status.restarts[-1].describe()
+        last = printable(status.restarts[-1].describe())
         title.append(f"  attempt {status.attempt}, {len(status.restarts)} restart(s), last: {last}")
     if status.eta_seconds is not None:
         title.append(f"  ETA {duration(status.eta_seconds)}")
     if status.outcome:
-        title.append(f"\n{status.outcome}", style="red")
+        title.append("\n" + printable(status.outcome), style="red")
     table = Table(title=title, title_justify="left", expand=False)
     for column in (
         "worker", "#", "host", "state", "pid", "step", "loss", "acc", "val_loss", "val_acc", "ckpt"
@@ -76,9 +89,9 @@ def status_table(status: RunStatus) -> Table:
     table.add_column("devices")
     for w in status.workers:
         table.add_row(
-            labelled(w.name, w.role),
+            shown(labelled(w.name, w.role)),
             str(w.index),
-            w.host,
+            shown(w.host),
             Text(w.state.value, STATE_STYLES[w.state]),
             str(w.pid or "-"),
             step_text(w),
@@ -91,7 +104,7 @@ def status_table(status: RunStatus) -> Table:
             duration(w.uptime),
             number(w.cpu_percent, 3),
             size(w.rss_bytes),
-            devices(w.devices),
+            shown(devices(w.devices)),
         )
     return table
 
@@ -110,7 +123,7 @@ def standby_lines(standbys: dict[str, StandbyInfo]) -> list[str]:
         ready = "" if standby.ready else ", importing TensorFlow"
         lines.append(f"standby {name}: {what}, pid {standby.worker_pid or standby.pid}"
                      f"{ready}, {size(standby.rss_bytes)}")  # fmt: skip
-    return lines
+    return [printable(line) for line in lines]
 
 
 def problems(status: RunStatus) -> list[str]:
@@ -123,7 +136,8 @@ def problems(status: RunStatus) -> list[str]:
             if w.hint:
                 lines.append(f"  what to do: {w.hint}")
     lines += [f"{w.name}: {w.note}" for w in status.workers if w.note]
-    return lines + ([f"pace: {status.pace}"] if status.pace else [])
+    lines += [f"pace: {status.pace}"] if status.pace else []
+    return [printable(line) for line in lines]
 
 
 def progress_line(worker: WorkerStatus) -> str:
@@ -141,7 +155,7 @@ def progress_line(worker: WorkerStatus) -> str:
         parts.append(f"ETA {duration(worker.eta_seconds)}")
     if worker.reason and worker.state in (WorkerState.FAILED, WorkerState.UNKNOWN):
         parts.append(worker.reason)
-    return "  ".join(parts)
+    return printable("  ".join(parts))
 
 
 FINDING_STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red"}
@@ -154,14 +168,15 @@ def findings_table(report: PreflightReport) -> Table:
     for finding in report.findings:
         status = finding.status.value
         table.add_row(
-            finding.host, finding.check, Text(status, FINDING_STYLES[status]), finding.detail
-        )
+            shown(finding.host), shown(finding.check), Text(status, FINDING_STYLES[status]),
+            shown(finding.detail),
+        )  # fmt: skip
     return table
 
 
 def finding_hints(report: PreflightReport) -> list[str]:
     return [
-        f"{f.host} {f.check}: {f.hint}"
+        printable(f"{f.host} {f.check}: {f.hint}")
         for f in report.findings
         if f.status is not Status.OK and f.hint
     ]
@@ -182,8 +197,8 @@ def firewall_script(rules: list[HostRules], fmt: str) -> str:
 
 
 def jobs_table(listing: LeaseListing) -> Table:
-    """`orchestrate jobs`: one row per run holding leases. Every cell is plain Text: the
-    records come from other users of the hosts."""
+    """`orchestrate jobs`: one row per run holding leases. Every cell is printable plain Text:
+    the records come from other users of the hosts."""
     table = Table(title="jobs holding leases", title_justify="left", expand=False)
     for column in ("user", "job", "run", "controller", "hosts", "ports", "GPUs", "since"):
         table.add_column(column)
@@ -191,7 +206,7 @@ def jobs_table(listing: LeaseListing) -> Table:
         holder = job.holder
         gpus = "; ".join(f"{host}: {','.join(map(str, ids))}" for host, ids in job.gpus.items())
         table.add_row(
-            *(Text(value) for value in (
+            *(shown(value) for value in (
                 holder.user, holder.job, holder.run_id, holder.controller,
                 ", ".join(job.hosts), ",".join(map(str, job.ports)) or "-", gpus or "-",
                 clock(holder.since),
@@ -217,7 +232,7 @@ def queue_table(listing: LeaseListing) -> Table:
             for host, t in job.hosts.items() if t.ports or t.count
         )  # fmt: skip
         table.add_row(
-            *(Text(value) for value in (
+            *(shown(value) for value in (
                 str(place), holder.user, holder.job, holder.run_id, holder.controller,
                 ", ".join(job.hosts), wants or "-", clock(holder.since),
             ))

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 from rich.console import Group
 from rich.live import Live
+from rich.text import Text
 
 from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import open_backend
@@ -63,6 +64,7 @@ from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.engine.supervise import STANDBY_SLACK, Supervisor
 from orchestrator.errors import MissingTool, PartialFailure, QueueWithdrawn, RunStateError
 from orchestrator.model.inventory import Inventory
+from orchestrator.model.printable import printable
 from orchestrator.model.records import RunRecord
 
 PLAIN_REPORT_EVERY = 15.0  # seconds between progress lines when the output is not a terminal
@@ -341,8 +343,8 @@ def _view() -> Iterator[tuple[Callable[[RunStatus], None], Callable[[str], None]
     if console.is_terminal:
         with Live(console=console, auto_refresh=False, transient=False) as live:
             yield (
-                lambda status: live.update(
-                    Group(status_table(status), *problems(status)), refresh=True
+                lambda status: live.update(  # a problem's line is plain text, not markup
+                    Group(status_table(status), *map(Text, problems(status))), refresh=True
                 ),
                 lambda message: live.console.print(message, markup=False, highlight=False),
             )
@@ -390,7 +392,8 @@ def _supervise_here(store: RunStore, backend: Backend, record: RunRecord, interv
 
 
 def _finish(final: RunStatus, record: RunRecord) -> None:
-    errors.print(f"[green]{conclude(final, record)}[/]", highlight=False)
+    # The conclusion names the root cause, a worker's own words: printable, and not markup.
+    errors.print(Text(printable(conclude(final, record)), style="green"), highlight=False)
 
 
 @cli.command(hidden=True)

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
@@ -32,6 +33,8 @@ from orchestrator.engine.status import collect_status
 from orchestrator.engine.tensorboard import events_are_remote, local_event_dir, pull_events
 from orchestrator.errors import MissingTool, PartialFailure
 from orchestrator.model.leases import clock
+from orchestrator.model.printable import printable, strict_json
+from orchestrator.model.records import WorkerRecord
 
 
 @cli.command()
@@ -47,7 +50,7 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
     waiting = pending(context.store)
     if waiting is not None and run_id in (None, waiting.run_id):
         if as_json:
-            click.echo(json.dumps(waiting.to_json(), indent=2))
+            click.echo(strict_json(waiting.to_json(), indent=2))
         else:
             console.print(f"run {waiting.run_id}  job {waiting.job}  pending since "
                           f"{clock(waiting.since)}: {waiting.reason}", markup=False,
@@ -61,7 +64,7 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
     if as_json:
         data = result.to_json()
         data["standbys"] = [s.to_json() for s in standbys.values()]
-        click.echo(json.dumps(data, indent=2))
+        click.echo(strict_json(data, indent=2))
     else:
         console.print(status_table(result))
         for line in standby_lines(standbys):
@@ -86,6 +89,13 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
     help="Print the same line of several workers once, as [worker-0,1,2] (within 1 s with -f). "
     "Default: on when the output is a terminal.",
 )
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="Print each line as the worker wrote it, escape sequences (its colours) included. "
+    "Without it, control characters are shown as escapes (ESC as \\x1b): a log line cannot "
+    "retitle, clear or otherwise drive your terminal.",
+)
 @run_option
 @pass_context
 def tail_command(  # noqa: PLR0917 - click passes every option by position
@@ -94,28 +104,18 @@ def tail_command(  # noqa: PLR0917 - click passes every option by position
     follow_logs: bool,
     lines: int,
     group: bool | None,
+    raw: bool,
     run_id: str | None,
 ) -> None:
     """Print the last lines of every worker's log (or the named ones), each prefixed by its name.
 
     With -f, keep following all of them until Ctrl-C. On a terminal (or with --group) a line
-    that several workers print alike is printed once, prefixed by all of them.
+    that several workers print alike is printed once, prefixed by all of them. A line's control
+    characters are shown as escapes unless --raw.
     """
     record = context.store.load(run_id)
     workers = select_workers(record, names)
-    width = max(len(w.name) for w in workers)
-    colors = ["cyan", "magenta", "green", "yellow", "blue", "red"]
-    prefixes = {
-        w.name: click.style(f"{w.name:<{width}} |", fg=colors[w.index % len(colors)])
-        for w in workers
-    }
-
-    def echo(grouped: Line) -> None:
-        if len(grouped.workers) == 1:
-            click.echo(f"{prefixes[grouped.workers[0]]} {grouped.text}")
-        else:
-            click.echo(f"{click.style(f'[{label(grouped.workers)}]', bold=True)} {grouped.text}")
-
+    echo = _log_printer(workers, raw)
     if group is None:
         group = sys.stdout.isatty()
     with open_backend(record.inventory) as backend:
@@ -127,7 +127,7 @@ def tail_command(  # noqa: PLR0917 - click passes every option by position
                     else last_lines(workers, backend, lines)
                 )
                 for name, line in stream:
-                    click.echo(f"{prefixes[name]} {line}")
+                    echo(Line((name,), line))
             elif not follow_logs:
                 logs = last_lines(workers, backend, lines)
                 by_worker = [(w.name, [line for n, line in logs if n == w.name]) for w in workers]
@@ -142,6 +142,31 @@ def tail_command(  # noqa: PLR0917 - click passes every option by position
                         echo(grouped)
         except KeyboardInterrupt:
             return  # the normal way to end `tail -f`
+
+
+def _log_printer(workers: Sequence[WorkerRecord], raw: bool) -> Callable[[Line], None]:
+    """How `tail` prints a line of one worker or of several: after who printed it (in the
+    worker's colour), printable unless `raw`; raw, as written, escapes included, even into a
+    pipe (where click.echo would strip colours, and only those)."""
+    width = max(len(w.name) for w in workers)
+    colors = ["cyan", "magenta", "green", "yellow", "blue", "red"]
+    prefixes = {
+        w.name: click.style(f"{w.name:<{width}} |", fg=colors[w.index % len(colors)])
+        for w in workers
+    }
+
+    def echo(line: Line) -> None:
+        if len(line.workers) == 1:
+            prefix = prefixes[line.workers[0]]
+        else:
+            prefix = click.style(f"[{label(line.workers)}]", bold=True)
+        if raw:
+            click.echo(f"{prefix} ", nl=False)
+            click.echo(line.text, color=True)
+        else:
+            click.echo(f"{prefix} {printable(line.text)}")
+
+    return echo
 
 
 @cli.command(name="stacks")
@@ -168,16 +193,17 @@ def stacks_command(
     workers = select_workers(record, names)
     with open_backend(record.inventory) as backend:
         found = collect(backend, workers, wait, native)
+    # The stacks are the hosts' text (a file name, a thread's name): shown, never obeyed.
     for members, text in grouped(found.texts):
         same = " (identical stacks)" if len(members) > 1 else ""
         click.secho(f"== {', '.join(members)}{same}", bold=True)
-        click.echo(text.rstrip("\n") + "\n")
+        click.echo(printable(text.rstrip("\n"), multiline=True) + "\n")
     for name, native_text in found.native.items():
         click.secho(f"== {name}: native frames (py-spy)", bold=True)
-        click.echo(native_text.rstrip("\n") + "\n")
+        click.echo(printable(native_text.rstrip("\n"), multiline=True) + "\n")
     for name, why in found.silent.items():
-        click.secho(f"== {name}: no stacks: {why}", fg="red")
-    click.echo(found.summary().describe())
+        click.secho(f"== {name}: no stacks: {printable(why)}", fg="red")
+    click.echo(printable(found.summary().describe(), multiline=True))
     if found.silent:
         raise PartialFailure(
             f"{', '.join(found.silent)} did not answer with stacks",

@@ -25,7 +25,12 @@ from orchestrator.config.sources.hosts import (
     hosts_source,
     parse_hosts,
 )
-from orchestrator.config.sources.slurm import LOGIN_KEY_ENTRIES, SLURM_KEY_ENTRIES, slurm_source
+from orchestrator.config.sources.slurm import (
+    LOGIN_KEY_ENTRIES,
+    SLURM_KEY_ENTRIES,
+    check_batch_script_values,
+    slurm_source,
+)
 from orchestrator.config.sync import SYNC_KEY_ENTRIES, parse_sync
 from orchestrator.contract import (
     EXPORT_FORMATS,
@@ -326,6 +331,8 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
     if job is not None:
         _check_job_fits_hosts(job, hosts, document, report)
         check_roles(placed, spares, job, document, report)
+        if isinstance(scheduler, SlurmSpec):
+            check_batch_script_values(job, document, report)
     min_hosts = _parse_min_hosts(document, len(hosts), report)
     setup = parse_setup(document["setup"], line_of(document, "setup"), report) \
         if "setup" in document else ()  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
@@ -28,18 +29,25 @@ class Marker:
 
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """Round tick values covering [low, high] (1, 2, 5 times a power of ten apart)."""
+    """Round tick values covering [low, high] (1, 2, 5 times a power of ten apart); none for a
+    range no float step splits: wider than the largest float (-1e308 to 1e308), or narrower
+    than the smallest normal one (a worker that reports 1e-320)."""
     if not math.isfinite(low) or not math.isfinite(high):
         return []
     if high <= low:
         high = low + (abs(low) or 1.0)
     raw = (high - low) / max(count - 1, 1)
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    if not sys.float_info.min < raw < math.inf:
+        return []
+    exponent = math.floor(math.log10(raw))
+    step = next(m * 10.0**exponent for m in (1, 2, 5, 10) if m * 10.0**exponent >= raw)
     first = math.floor(low / step) * step
-    ticks = [round(first, 12)]
-    while ticks[-1] < high:
-        ticks.append(round(ticks[-1] + step, 12))
+    # A decimal more than the step has: the float noise of first + n * step rounds away (a
+    # fixed 12 decimals rounded a step of 5e-14 to 0, and the ticks never reached `high`).
+    digits = max(0, 1 - exponent)
+    ticks = [round(first, digits)]
+    while ticks[-1] < high and len(ticks) <= 2 * count:
+        ticks.append(round(first + len(ticks) * step, digits))
     return ticks
 
 
@@ -84,15 +92,13 @@ def line_chart(
         f'<text x="{LEFT}" y="16" class="chart-title">{escape(title)}</text>'
     )
     if not points:
-        message = escape(empty or "no data yet")
-        return (
-            f'{head}<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" '
-            f'class="chart-empty">{message}</text></svg>'
-        )
+        return _message(head, empty or "no data yet")
     steps = [p[0] for p in points] + [m.step for m in markers]
     values = [p[1] for p in points]
     x_ticks = nice_ticks(min(steps), max(steps))
     y_ticks = nice_ticks(min(0.0, *values), max(values))  # from 0: the scale stays honest
+    if not x_ticks or not y_ticks:
+        return _message(head, "values no chart can scale (a step or value near 1e308, 1e-320)")
     scale = _Scale(x_ticks[0], x_ticks[-1], y_ticks[0], y_ticks[-1])
     parts = [
         head,
@@ -104,6 +110,14 @@ def line_chart(
         "</svg>",
     ]
     return "".join(parts)
+
+
+def _message(head: str, message: str) -> str:
+    """The chart's box with a line of text instead of lines."""
+    return (
+        f'{head}<text x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" '
+        f'class="chart-empty">{escape(message)}</text></svg>'
+    )
 
 
 @dataclass(frozen=True)

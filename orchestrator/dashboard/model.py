@@ -15,6 +15,7 @@ from orchestrator.engine.roles import labelled
 from orchestrator.engine.snapshot import Snapshot
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.model.reading import number as finite_number
 from orchestrator.model.records import RunRecord
 
 __all__ = ["HISTORY_FILE"]  # watch.py reads the worker's history file by this name
@@ -69,16 +70,15 @@ def timeline(
 
 def parse_history(text: str) -> list[dict[str, Any]]:
     """Lines of progress-history.jsonl; a line being appended (half written) is skipped, and so
-    is one without a finite step. A metric may be NaN or infinite (json reads NaN, Infinity):
-    the chart draws a gap there."""
+    is one without a finite step (model/reading's: a 400-digit one is none). A metric may be NaN
+    or infinite (json reads NaN, Infinity): the chart draws a gap there."""
     points = []
     for line in text.splitlines():
         try:
             point = json.loads(line)
         except ValueError:
             continue
-        step = point.get("step") if isinstance(point, dict) else None
-        if isinstance(step, int | float) and not isinstance(step, bool) and math.isfinite(step):
+        if isinstance(point, dict) and finite_number(point.get("step")) is not None:
             points.append(point)
     return points
 
@@ -88,13 +88,20 @@ def curve(history: Mapping[int, Sequence[Mapping[str, Any]]], key: str) -> list[
         Series(
             attempt,
             tuple(
-                (float(p["step"]), float(p[key]))
+                (float(p["step"]), _value(p[key]))
                 for p in points
                 if isinstance(p.get(key), int | float)
             ),
         )
         for attempt, points in sorted(history.items())
     ]
+
+
+def _value(value: float) -> float:
+    """A metric as the chart reads it: one that is not a finite float (an integer of 400
+    digits) is a gap, as NaN is."""
+    found = finite_number(value)
+    return math.nan if found is None else found
 
 
 def charts(record: RunRecord, history: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, str]:

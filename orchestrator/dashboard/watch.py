@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import posixpath
 import threading
 import time
@@ -35,6 +34,7 @@ from orchestrator.engine.snapshot import Snapshot, read_snapshot
 from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.errors import HostError, OrchestrateError
 from orchestrator.model.inventory import Inventory
+from orchestrator.model.printable import finite
 from orchestrator.model.records import RunRecord, WorkerRecord
 
 LOG_BACKLOG = 300  # lines kept per run for a viewer that connects late
@@ -226,7 +226,7 @@ class RunWatch:
         return status.state.finished
 
     def _set(self, document: dict[str, Any]) -> None:
-        document = _strict(document)  # NaN has no JSON spelling: the browser's parser rejects it
+        document = finite(document)  # NaN has no JSON spelling: the browser's parser rejects it
         serialized = json.dumps(document, allow_nan=False)
         with self._lock:
             self._document = document
@@ -346,17 +346,6 @@ def web_link(url: object) -> bool:
     except ValueError:
         return False
     return parts.scheme in {"http", "https"} and bool(parts.netloc)
-
-
-def _strict(value: Any) -> Any:
-    """`value` with every non-finite float (NaN, infinities) as None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _strict(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_strict(item) for item in value]
-    return value
 
 
 def _offer(queue: asyncio.Queue[tuple[str, str]], item: tuple[str, str]) -> None:

@@ -4,15 +4,20 @@ notifications show. Pure.
 A running worker's ETA is its steps left over its latest rate (the steps/s its progress file
 reports); the run's is the longest of its workers' (the cluster finishes with its slowest
 worker). None where nothing can be said: a worker not running (finished, failed, not started
-yet), no step, no target or no rate yet, or the target reached.
+yet), no step, no target or no rate yet, or the target reached; and where the estimate is not
+one: past MAX_ETA_SECONDS, or not a finite number (the readers of model/reading.py keep absurd
+rates out; this holds whatever a caller passes).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Protocol
 
 from orchestrator.engine.state import WorkerState
+
+MAX_ETA_SECONDS = 100 * 365 * 86400.0  # a century: beyond it the rate says nothing of the end
 
 
 class Progress(Protocol):
@@ -28,9 +33,15 @@ class Progress(Protocol):
 
 def eta_seconds(step: int | None, target: int | None, rate: float | None) -> float | None:
     """Seconds until `step` reaches `target` at `rate` steps/s."""
-    if step is None or not target or not rate or rate <= 0 or step >= target:
+    if step is None or not target or rate is None or step >= target:
         return None
-    return (target - step) / rate
+    if not (rate > 0 and math.isfinite(rate)):  # NaN, negative, infinite: no estimate
+        return None
+    try:
+        seconds = (target - step) / rate
+    except OverflowError:  # integers too large for a float
+        return None
+    return seconds if math.isfinite(seconds) and seconds <= MAX_ETA_SECONDS else None
 
 
 def worker_eta(worker: Progress) -> float | None:

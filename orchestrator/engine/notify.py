@@ -44,6 +44,7 @@ from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus
 from orchestrator.errors import JobFailed, SecretMissing
 from orchestrator.model.inventory import NotifyTarget
+from orchestrator.model.printable import printable
 from orchestrator.model.records import Restart, RunRecord
 from orchestrator.paths import is_loopback
 
@@ -134,10 +135,10 @@ def _post(target: NotifyTarget, payload: bytes, headers: Mapping[str, str]) -> s
     try:
         with opener.open(request, timeout=target.timeout) as response:
             response.read(65536)
-            return f"HTTP {response.status} {response.reason}".strip()
+            return _short(f"HTTP {response.status} {response.reason}")
     except urllib.error.HTTPError as error:
         said = _short(error.read(4096).decode("utf-8", "replace")) if error.fp else ""
-        why = f"HTTP {error.code} {error.reason}".strip() + (f": {said}" if said else "")
+        why = _short(f"HTTP {error.code} {error.reason}") + (f": {said}" if said else "")
         if 300 <= error.code < 400:
             why += " (redirects are not followed)"
         raise NotDelivered(why, retry=error.code >= 500 or error.code in (408, 429)) from error
@@ -186,7 +187,10 @@ def _run_command(target: NotifyTarget, payload: bytes, base_dir: str, name: str)
 
 
 def _short(text: str) -> str:
-    line = " ".join(text.split())
+    """A server's or a command's own words (an error body, a reason phrase, stderr), as the
+    supervisor's log and `notify --test` show them: one line, printable (an escape sequence in
+    a webhook's answer is shown, never sent to a terminal), at most ANSWER_LIMIT characters."""
+    line = printable(" ".join(text.split()))
     return line if len(line) <= ANSWER_LIMIT else line[: ANSWER_LIMIT - 3] + "..."
 
 

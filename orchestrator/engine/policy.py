@@ -266,7 +266,9 @@ def conclude(final: RunStatus, record: RunRecord) -> str:
         chief = final.workers[0]
         evaluated = ""
         if chief.val_accuracy is not None:  # the final evaluation, over the whole eval split
-            evaluated = f"; val_loss {chief.val_loss:.4g} val_accuracy {chief.val_accuracy:.3f}"
+            # val_loss may be unknown where val_accuracy is not (a NaN loss reads as absent).
+            loss = "-" if chief.val_loss is None else f"{chief.val_loss:.4g}"
+            evaluated = f"; val_loss {loss} val_accuracy {chief.val_accuracy:.3f}"
         return (
             f"job {final.job} succeeded at step {steps}{restarts}{evaluated}; "
             f"checkpoints in {record.workers[0].checkpoint_dir}"

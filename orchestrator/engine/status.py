@@ -14,7 +14,15 @@ from orchestrator.engine.roles import run_state
 from orchestrator.engine.state import Expectation, WorkerState, classify
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.inventory import ROLE_EVALUATOR, ROLE_WORKER
-from orchestrator.model.reading import integer, number, number_as_written, text, texts
+from orchestrator.model.reading import (
+    integer,
+    number,
+    number_as_written,
+    rate,
+    steps,
+    text,
+    texts,
+)
 from orchestrator.model.records import Restart, RunRecord, SchedulerState, WorkerRecord
 
 
@@ -88,12 +96,12 @@ class WorkerStatus:
             state=state,
             reason=text(data.get("reason")),
             pid=integer(data.get("pid")),
-            step=integer(data.get("step")),
-            target_steps=integer(data.get("target_steps")),
+            step=steps(data.get("step")),
+            target_steps=steps(data.get("target_steps")),
             loss=number_as_written(data.get("loss")),
             accuracy=number_as_written(data.get("accuracy")),
-            checkpoint_step=integer(data.get("checkpoint_step")),
-            steps_per_sec=number_as_written(data.get("steps_per_sec")),
+            checkpoint_step=steps(data.get("checkpoint_step")),
+            steps_per_sec=rate(data.get("steps_per_sec")),
             val_loss=number_as_written(data.get("val_loss")),
             val_accuracy=number_as_written(data.get("val_accuracy")),
             uptime=number_as_written(data.get("uptime")),
@@ -107,7 +115,7 @@ class WorkerStatus:
             failure_kind=text(data.get("failure_kind")),
             hint=text(data.get("hint")),
             queued=data.get("queued") is True,
-            start_step=integer(data.get("start_step")),
+            start_step=steps(data.get("start_step")),
             step_call_seconds=number_as_written(data.get("step_call_seconds")),
             step_seconds=number_as_written(data.get("step_seconds")),
             role=text(data.get("role")) or ROLE_WORKER,
@@ -204,7 +212,7 @@ def worker_status(
         exit_record.started_at if exit_record else None
     )
     ended = exit_record.finished_at if exit_record and not alive else None
-    uptime = ((ended or (probe.now if probe else 0.0)) - started) if started else None
+    uptime = _elapsed(started, ended or (probe.now if probe else 0.0))
     kind = hint = None
     if verdict.state is WorkerState.FAILED and exit_record is not None:
         failure = verdict.kind or classify_exit(exit_record.returncode, exit_record.log_tail)
@@ -241,6 +249,18 @@ def worker_status(
         step_seconds=number(progress.fields.get(STEP_SECONDS)) if progress else None,
         role=worker.host.role,
     )
+
+
+LONGEST_UPTIME = 100 * 365 * 86400.0  # seconds: a longer (or negative) one is a clock's error
+
+
+def _elapsed(start: float | None, end: float) -> float | None:
+    """Seconds from `start` to `end`, two clock readings of a host: None without a start, or
+    where they are not a process's life (each finite, they may still be 1e308 apart)."""
+    if not start:
+        return None
+    seconds = end - start
+    return seconds if 0 <= seconds <= LONGEST_UPTIME else None
 
 
 def collect_status(record: RunRecord, backend: Backend) -> RunStatus:

@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.errors import HostError
 from orchestrator.hostside import protocol
-from orchestrator.model.reading import integer, mapping, number, text, texts
+from orchestrator.model.reading import integer, mapping, number, rate, steps, text, texts
 
 
 @dataclass(frozen=True)
@@ -49,13 +49,13 @@ class Progress:
         if not isinstance(data, dict):
             return None
         return cls(
-            step=integer(data.get("step")),
-            start_step=integer(data.get("start_step")),
-            target_steps=integer(data.get("target_steps")),
+            step=steps(data.get("step")),
+            start_step=steps(data.get("start_step")),
+            target_steps=steps(data.get("target_steps")),
             loss=number(data.get("loss")),
             accuracy=number(data.get("accuracy")),
-            checkpoint_step=integer(data.get("checkpoint_step")),
-            steps_per_sec=number(data.get("steps_per_sec")),
+            checkpoint_step=steps(data.get("checkpoint_step")),
+            steps_per_sec=rate(data.get("steps_per_sec")),
             val_loss=number(data.get("val_loss")),
             val_accuracy=number(data.get("val_accuracy")),
             devices=texts(data.get("devices")),

@@ -7,6 +7,27 @@ from typing import Any
 
 DEFAULT_PORT = 20000
 
+# The batch script (backends/slurm/script.py) carries the plan and the launcher as quoted
+# here-documents, each ended by a line that is its marker: no value in it may hold one. What
+# each embeds, for the message that refuses such a value.
+PLAN_END = "ORCHESTRATE_PLAN_END"
+LAUNCHER_END = "ORCHESTRATE_LAUNCHER_END"
+END_MARKERS = {
+    PLAN_END: "plan (each task's directory, command and environment)",
+    LAUNCHER_END: "launcher",
+}
+
+
+def end_marker_in(value: str) -> str | None:
+    """The batch script's end marker that `value` holds, if any."""
+    return next((marker for marker in END_MARKERS if marker in value), None)
+
+
+def end_marker_problem(marker: str) -> str:
+    """Why a value holding `marker` is refused, as "KEY <this>" reads."""
+    return (f"contains {marker}, the line that ends the batch script's embedded "
+            f"{END_MARKERS[marker]}: a value must not hold it")  # fmt: skip
+
 
 @dataclass(frozen=True)
 class LoginNode:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from orchestrator.config.loader import load_inventory
 from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState, classify
-from orchestrator.errors import InventoryError
+from orchestrator.errors import InventoryError, ScriptRefused
 from orchestrator.hostside import slurm_launcher as launcher
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.sshsettings import SshSettings
@@ -325,3 +326,51 @@ def test_a_login_node_that_refuses_is_named_by_every_view(tmp_path: Path) -> Non
         assert "login node 127.0.0.1" in (status.scheduler.reason or "")
         with pytest.raises(ConnectError, match=r"login node 127\.0\.0\.1"):
             backend.preflight(inventory, PreflightOptions(probe_timeout=5.0, min_free_bytes=0))
+
+
+# The batch script's here-document end markers in a job value (issue 41): exit 2 naming it.
+
+MARKED_JOB = ("job:\n  script: train.py\n  steps: 10\n"
+              "  env: {FOO: 'x ORCHESTRATE_LAUNCHER_END y'}\n"
+              "  args: ['--ok', 'a\\nORCHESTRATE_PLAN_END\\nb']\n")  # fmt: skip
+
+
+def test_a_slurm_inventory_naming_an_end_marker_is_refused_with_its_line(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print(1)\n")
+    message = problems(tmp_path, "slurm:\n  nodes: 2\n" + MARKED_JOB)
+    assert ("slurm.yaml:6: job.env.FOO: contains ORCHESTRATE_LAUNCHER_END, the line that ends "
+            "the batch script's embedded launcher") in message  # fmt: skip
+    assert "slurm.yaml:7: job.args: contains ORCHESTRATE_PLAN_END" in message
+
+
+def test_the_batch_script_refuses_an_end_marker_in_any_value_naming_it(tmp_path: Path) -> None:
+    inventory = load_inventory(write(tmp_path, "slurm:\n  nodes: 2\n" + JOB))
+    assert inventory.slurm is not None
+    marked = replace(inventory.job, env={"FOO": "x ORCHESTRATE_PLAN_END"})
+    specs = plan_workers(inventory, "run1", {h.name: "/shared/o" for h in inventory.hosts})
+    with pytest.raises(ScriptRefused, match=r"^job\.env\.FOO contains ORCHESTRATE_PLAN_END") as e:
+        batch_script(inventory.slurm, marked, specs)
+    assert e.value.exit_code == 2
+    # A value the job does not name (a path): the plan is named instead.
+    deep = {h.name: "/shared/ORCHESTRATE_LAUNCHER_END" for h in inventory.hosts}
+    with pytest.raises(ScriptRefused, match=r"^the plan \(a path.*LAUNCHER_END"):
+        batch_script(inventory.slurm, inventory.job, plan_workers(inventory, "run1", deep))
+
+
+def orchestrate(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd,
+                          capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
+
+
+def test_export_sbatch_and_up_of_a_marked_job_exit_2_without_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print(1)\n")
+    hosts = "hosts:\n  - {name: a, address: 10.0.0.1, port: 2222}\n"
+    (tmp_path / "inv.yaml").write_text(hosts + MARKED_JOB)
+    (tmp_path / "slurm.yaml").write_text("slurm:\n  nodes: 2\n" + MARKED_JOB)
+    for args in (("export", "inv.yaml", "--format", "sbatch"),
+                 ("export", "slurm.yaml", "--format", "sbatch"), ("up", "slurm.yaml")):  # fmt: skip
+        done = orchestrate(tmp_path, *args)
+        assert done.returncode == 2 and done.stdout == "", (args, done.stderr)
+        assert "job.env.FOO: contains" in done.stderr or "job.env.FOO contains" in done.stderr
+        assert "ORCHESTRATE_LAUNCHER_END" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / ".orchestrate").exists()  # up stopped before anything was recorded

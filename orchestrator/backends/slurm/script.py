@@ -17,8 +17,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from orchestrator.contract import ISOLATED
+from orchestrator.errors import ScriptRefused
 from orchestrator.hostside.bundle import shipped_program
-from orchestrator.model.slurm import SlurmSpec
+from orchestrator.model.slurm import (
+    LAUNCHER_END,
+    PLAN_END,
+    SlurmSpec,
+    end_marker_in,
+    end_marker_problem,
+)
 
 if TYPE_CHECKING:
     from orchestrator.model.inventory import Job
@@ -26,8 +33,6 @@ if TYPE_CHECKING:
 
 # The launcher as srun runs it: with the hostside/ modules it imports (procwatch, ...).
 LAUNCHER_SOURCE = shipped_program("slurm_launcher.py")
-PLAN_END = "ORCHESTRATE_PLAN_END"
-LAUNCHER_END = "ORCHESTRATE_LAUNCHER_END"
 SBATCH_SPECIAL = re.compile(r"[\"'\\#]")
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -97,12 +102,24 @@ def _secret_comment(job: Job) -> list[str]:
     ]
 
 
+def refuse_end_markers(job: Job, body: str) -> None:
+    """ScriptRefused (exit 2) naming the value that holds an end marker of the batch script's
+    here-documents: the job's own values by their key, else the plan's (a path)."""
+    named = [*((f"job.env.{key}", f"{key}={value}") for key, value in job.env.items()),
+             *(("job.args", arg) for arg in job.args),
+             ("the plan (a path, or a value orchestrate sets)", body)]  # fmt: skip
+    for key, value in named:
+        marker = end_marker_in(value)
+        if marker is not None:
+            raise ScriptRefused(f"{key} {end_marker_problem(marker)}",
+                                hint="change that value; no script was written")  # fmt: skip
+
+
 def batch_script(
     spec: SlurmSpec, job: Job, specs: Sequence[WorkerSpec], output: str | None = None
 ) -> str:
     body = json.dumps(plan(spec, specs, job.secret_env), indent=1)
-    if PLAN_END in body:  # a value that would end the here-document early
-        raise ValueError(f"a job value contains {PLAN_END}")
+    refuse_end_markers(job, body)
     srun = [  # spawn point: srun starts the launcher, one task per node
         "srun", "--kill-on-bad-exit=1", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}",
         "--ntasks-per-node=1", spec.python, *ISOLATED, "-c",

@@ -31,8 +31,14 @@ from typing import Any
 from orchestrator.config.report import Report, line_of
 from orchestrator.config.sources.hosts import Placed
 from orchestrator.machines import kinds
-from orchestrator.model.inventory import DEFAULT_CONNECTION, Host
-from orchestrator.model.slurm import DEFAULT_PORT, LoginNode, SlurmSpec
+from orchestrator.model.inventory import DEFAULT_CONNECTION, Host, Job
+from orchestrator.model.slurm import (
+    DEFAULT_PORT,
+    LoginNode,
+    SlurmSpec,
+    end_marker_in,
+    end_marker_problem,
+)
 from orchestrator.paths import controller_path
 from orchestrator.values import (
     PORT,
@@ -45,7 +51,7 @@ from orchestrator.values import (
     integer,
     string,
 )
-from orchestrator.yamlsource import LineMap
+from orchestrator.yamlsource import LineList, LineMap
 
 # Slurm's --time formats.
 TIME_PATTERN = re.compile(r"^(\d+(:\d{2}){0,2}|\d+-\d+(:\d{2}){0,2})$")
@@ -214,6 +220,23 @@ def slurm_workers(spec: SlurmSpec, base: Path) -> list[Placed]:
                         python=spec.python, workdir=spec.workdir, settings=settings)  # fmt: skip
         placed.append((f"slurm.{name}", None, host))
     return placed
+
+
+def check_batch_script_values(job: Job, document: LineMap, report: Report) -> None:
+    """The job's values the batch script carries (its env, args and script) hold none of the
+    script's end markers (model/slurm.END_MARKERS): said with their lines, before `up`
+    starts anything or `export` prints a script."""
+    block = document["job"]
+    env, args = block.get("env"), block.get("args")
+    lines = args.item_lines if isinstance(args, LineList) else []
+    values = [*((line_of(env, k), f"job.env.{k}", f"{k}={v}") for k, v in job.env.items()),
+              *((lines[i] if i < len(lines) else None, "job.args", arg)
+                for i, arg in enumerate(job.args)),
+              (line_of(block, "script"), "job.script", job.script or "")]  # fmt: skip
+    for line, key, value in values:
+        marker = end_marker_in(value)
+        if marker is not None:
+            report.add(line, key, end_marker_problem(marker))
 
 
 # Without `login:` the files of a Slurm run are read where `orchestrate` runs (the login node);
