@@ -48,220 +48,30 @@ nothing.
 """
 
 import contextlib
-import errno
 import fcntl
-import json
 import math
 import os
-import pwd
 import re
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator import contract
-    from orchestrator.hostside import claims, protocol, rundir, safefiles
+    from orchestrator.hostside import claims, leasedir, protocol, rundir, safefiles
     from orchestrator.hostside import leasepolicy as policy
 else:  # shipped: hostside/bundle.py carries them in front of this file's source
     import claims  # type: ignore[no-redef]
     import contract  # type: ignore[no-redef]
+    import leasedir  # type: ignore[no-redef]
     import leasepolicy as policy  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
     import rundir  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
 
-RECORD_MAX_BYTES = 64 * 1024
 POLL = 1.0  # seconds between the keeper's looks at the run's processes
-OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-class Hostile(Exception):
-    """A file in the lease directory that is not what orchestrate writes there."""
-
-
-# --- files of the lease directory ------------------------------------------------------------
-
-
-def _ensure_dir(lease_dir):
-    """The lease directory: made sticky 1777 where it is missing; accepted when it is this
-    account's or root's with the sticky bit (how an admin shares one), else refused naming its
-    owner. Another account's directory is never trusted: its owner may remove or rename every
-    file in it, the records and queue tickets of every user."""
-    with contextlib.suppress(FileExistsError):
-        os.makedirs(os.path.dirname(lease_dir) or "/", exist_ok=True)
-        os.mkdir(lease_dir, 0o1777)
-        os.chmod(lease_dir, 0o1777)  # the umask took bits off
-    info = os.lstat(lease_dir)
-    if not stat.S_ISDIR(info.st_mode):
-        raise RuntimeError(f"lease_dir {lease_dir} is not a directory (a link?): choose another")
-    if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != 0o1777:
-        os.chmod(lease_dir, 0o1777)
-        info = os.lstat(lease_dir)
-    if info.st_uid == os.getuid() or (info.st_uid == 0 and info.st_mode & stat.S_ISVTX):
-        return
-    raise RuntimeError(
-        f"lease_dir {lease_dir} belongs to {_user_name(info.st_uid)}, not to you or to root "
-        "with the sticky bit: its owner could remove your leases' records and queue tickets. "
-        f"Ask an admin to make it shared (sudo install -d -o root -m 1777 {lease_dir}), or "
-        "set lease_dir to a directory of your own"
-    )
-
-
-def _user_name(uid):
-    name = _account(uid)
-    return f"uid {uid} ({name})" if name != str(uid) else f"uid {uid}"
-
-
-def _open_lock(path):
-    """An fd on an existing lock file, never through a symlink or onto a fifo or device."""
-    try:
-        fd = os.open(path, OPEN_FLAGS)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise Hostile("a symlink") from None
-        raise Hostile(f"cannot be opened ({exc.strerror})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise Hostile("not a regular file")
-    return fd
-
-
-def _try_lock(fd, shared=False):
-    try:
-        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        return True
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return False
-        raise
-
-
-def _lock_free(path, shared_holders_count=False):
-    """Whether nobody holds the lock file at `path`. A shared look by default: it never blocks
-    a holder, and sees an exclusive one; `shared_holders_count` sees shared holders too."""
-    try:
-        fd = _open_lock(path)
-    except (FileNotFoundError, Hostile):
-        return True
-    try:
-        return _try_lock(fd, shared=not shared_holders_count)
-    finally:
-        os.close(fd)
-
-
-def _read_record(lease_dir, name):
-    """A record file's JSON and owner, read without following a link. Raises Hostile."""
-    path = os.path.join(lease_dir, name)
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return None, None
-    if not stat.S_ISREG(info.st_mode):
-        raise Hostile("not a regular file (a link, a fifo?)")
-    if info.st_size > RECORD_MAX_BYTES:
-        raise Hostile(f"larger than {RECORD_MAX_BYTES} bytes")
-    try:
-        fd = os.open(path, OPEN_FLAGS)
-    except FileNotFoundError:
-        return None, None
-    except OSError as exc:
-        raise Hostile(f"cannot be read ({exc.strerror})") from None
-    try:
-        opened = os.fstat(fd)
-        if (opened.st_ino, opened.st_dev) != (info.st_ino, info.st_dev):
-            raise Hostile("replaced while it was read")
-        raw = os.read(fd, RECORD_MAX_BYTES + 1)
-    finally:
-        os.close(fd)
-    try:
-        return json.loads(raw.decode("utf-8")), info.st_uid
-    except (UnicodeDecodeError, ValueError):
-        raise Hostile("not JSON") from None
-    except RecursionError:  # json's C parser recurses: '[' * 60000 is no ValueError
-        raise Hostile("JSON nested too deep") from None
-
-
-def _validated(lease_dir, prefix, validate):
-    """Each `prefix*.json` file of the lease directory as (name, owner uid, the validated entry
-    or None, why not); a missing directory has none. Files are read without following links."""
-    try:
-        names = sorted(os.listdir(lease_dir))
-    except FileNotFoundError:
-        return
-    for name in names:
-        if not name.startswith(prefix) or not name.endswith(".json"):
-            continue
-        owner = None
-        try:
-            owner = os.lstat(os.path.join(lease_dir, name)).st_uid
-            data, owner = _read_record(lease_dir, name)
-            if data is None:
-                continue
-            entry, why = validate(data, owner, name, _account(owner), time.time())
-        except Hostile as exc:
-            entry, why = None, str(exc)
-        except OSError as exc:
-            entry, why = None, f"cannot be read ({exc.strerror})"
-        yield name, owner, entry, why
-
-
-def _account(uid):
-    """The name records and tickets of `uid` carry: its account's, else the number (a uid
-    with no account, as in some containers); None for no uid."""
-    if uid is None:
-        return None
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def _ignored(lease_dir, name, owner, why):
-    return {"file": os.path.join(lease_dir, name), "owner_uid": owner,
-            "owner_name": _account(owner), "reason": why}  # fmt: skip
-
-
-def scan(lease_dir):
-    """(live records with their file names, ignored files with why). Records of dead keepers
-    are stale: this account's are removed, others' left alone and not named."""
-    live, ignored = [], []
-    for name, owner, record, why in _validated(lease_dir, "lease-", policy.validate_record):
-        if record is None:
-            ignored.append(_ignored(lease_dir, name, owner, why))
-            continue
-        lock = os.path.join(lease_dir, name[: -len(".json")] + ".lock")
-        if _owner(lock) != owner or _lock_free(lock):  # a lock another account put beside
-            if owner == os.getuid():
-                for stale in (lock, os.path.join(lease_dir, name)):
-                    with contextlib.suppress(OSError):
-                        os.remove(stale)
-            continue
-        record["file"] = name
-        live.append(record)
-    return live, ignored + _hostile_locks(lease_dir)
-
-
-def _hostile_locks(lease_dir):
-    """Files named like an older orchestrate's resource locks that are none (a fifo, a link, one
-    nobody may open): they block nothing, and are named so that their owner can be asked."""
-    found = []
-    with contextlib.suppress(FileNotFoundError):
-        for name in sorted(os.listdir(lease_dir)):
-            if policy.LEGACY_LOCK.fullmatch(name):
-                path = os.path.join(lease_dir, name)
-                try:
-                    os.close(_open_lock(path))
-                except Hostile as exc:
-                    found.append(_ignored(lease_dir, name, _owner(path), str(exc)))
-                except FileNotFoundError:
-                    continue
-    return found
 
 
 def _bindable(port):
@@ -295,50 +105,11 @@ def gpu_pool(worker):
 # --- tickets of queued runs --------------------------------------------------------------------
 
 
-def here():
-    """This machine's boot id and this process's pid namespace: where a pid means a process."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
-            boot = handle.read().strip()
-        return boot, os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return "", ""
-
-
-def started_at(pid):
-    """The start time (clock ticks after boot) of process `pid`, None when there is none."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def scan_tickets(lease_dir):
-    """(live tickets with their file names, ignored files with why). Expired tickets are not
-    live: this account's are removed, others' left alone and not named."""
-    live, ignored = [], []
-    now, where = time.time(), here()
-    for name, owner, ticket, why in _validated(lease_dir, "ticket-", policy.validate_ticket):
-        if ticket is None:
-            ignored.append(_ignored(lease_dir, name, owner, why))
-            continue
-        if not policy.ticket_alive(ticket, now, where, started_at):
-            if owner == os.getuid():
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(lease_dir, name))
-            continue
-        ticket["file"] = name
-        live.append(ticket)
-    return sorted(live, key=policy.order), ignored
-
-
 def _write_ticket(request, needs, old):
     """Write (or refresh) the run's ticket: its arrival stays what it was first."""
     lease_dir, run_id, queue = request["lease_dir"], request["run_id"], request["ticket"]
     ticket = {
-        "user": _account(os.getuid()),
+        "user": leasedir.account(os.getuid()),
         "uid": os.getuid(),
         "job": request["job"],
         "run_id": run_id,
@@ -386,7 +157,7 @@ class _Taking:
 
     def take(self, kind, number, shared=False):
         """True if taken now (claims.py); False if another holder may not share it."""
-        if _legacy_held(self.lease_dir, kind, number):
+        if leasedir.legacy_held(self.lease_dir, kind, number):
             return False
         held = claims.claim(self.space, kind, number, shared)
         if held is None:
@@ -401,8 +172,8 @@ class _Taking:
         found = {}
         for number in numbers:
             uid = claims.holder_uid(self.space, kind, number)
-            if uid is None and _legacy_held(self.lease_dir, kind, number):
-                uid = _owner(_legacy_path(self.lease_dir, kind, number))
+            if uid is None and leasedir.legacy_held(self.lease_dir, kind, number):
+                uid = leasedir.owner_of(leasedir.legacy_path(self.lease_dir, kind, number))
             if uid is not None:
                 found[str(number)] = uid
         return found
@@ -413,29 +184,11 @@ class _Taking:
         self.held = []
 
 
-def _legacy_path(lease_dir, kind, number):
-    return os.path.join(lease_dir, f"{kind[:-1]}-{number}.lock")
-
-
-def _legacy_held(lease_dir, kind, number):
-    """Whether an older orchestrate's keeper holds the resource through its lock file (leases
-    were flocks on port-N.lock and gpu-N.lock before claims.py): while a host's users upgrade,
-    both kinds of keeper run. Only looked at, never created nor locked for a lease."""
-    return not _lock_free(_legacy_path(lease_dir, kind, number), shared_holders_count=True)
-
-
-def _owner(path):
-    try:
-        return os.lstat(path).st_uid
-    except OSError:
-        return None
-
-
 def cmd_acquire(request):
     lease_dir = request["lease_dir"]
     run_id = request["run_id"]
-    _ensure_dir(lease_dir)
-    live, ignored = scan(lease_dir)
+    leasedir.ensure_dir(lease_dir)
+    live, ignored = leasedir.scan(lease_dir)
     mine = [r for r in live if r["uid"] == os.getuid() and r["run_id"] == run_id]
     if not mine and not request.get("dry_run"):  # a restart keeps what it holds, unqueued
         waiting, bad_tickets = _queue_turn(request, lease_dir)
@@ -467,7 +220,7 @@ def _queue_turn(request, lease_dir):
     """(None when the run may go on and take, else the answer that it waits behind earlier
     tickets; the ticket files ignored). A queued run's ticket is written (or refreshed) first,
     and stays."""
-    tickets, ignored = scan_tickets(lease_dir)
+    tickets, ignored = leasedir.scan_tickets(lease_dir)
     needs = policy.needs_of(request["workers"], gpu_pool)
     own = [t for t in tickets if t["uid"] == os.getuid() and t["run_id"] == request["run_id"]]
     if request.get("ticket"):
@@ -544,7 +297,7 @@ def _start_keeper(request, ports, gpus, shared):
     token = os.urandom(6).hex()
     base = os.path.join(lease_dir, f"lease-{os.getuid()}-{request['run_id']}-{token}")
     # O_EXCL under a random name: never a file someone else made (nor one they could lock)
-    own = os.open(base + ".lock", OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
+    own = os.open(base + ".lock", leasedir.OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
     os.fchmod(own, 0o644)  # readable by every account whatever the umask
     fcntl.flock(own, fcntl.LOCK_EX)
     read_end, write_end = os.pipe()
@@ -576,7 +329,7 @@ def _start_keeper(request, ports, gpus, shared):
     os.close(read_end)
     pid = int(answer.split()[0])
     record = {
-        "user": _account(os.getuid()),
+        "user": leasedir.account(os.getuid()),
         "uid": os.getuid(),
         "job": request["job"],
         "run_id": request["run_id"],
@@ -655,7 +408,7 @@ def _holds(pid, path):
 
 def cmd_release(request):
     lease_dir, run_id = request["lease_dir"], request["run_id"]
-    live, _ = scan(lease_dir)
+    live, _ = leasedir.scan(lease_dir)
     mine = [r for r in live if r["uid"] == os.getuid() and r["run_id"] == run_id]
     released = {"ports": [], "gpus": []}
     for record in mine:
@@ -664,9 +417,9 @@ def cmd_release(request):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record["pid"], signal.SIGTERM)
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not _lock_free(base + ".lock"):
+        while time.monotonic() < deadline and not leasedir.lock_free(base + ".lock"):
             time.sleep(0.02)
-        if not _lock_free(base + ".lock") and _holds(record["pid"], base + ".lock"):
+        if not leasedir.lock_free(base + ".lock") and _holds(record["pid"], base + ".lock"):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record["pid"], signal.SIGKILL)
         for path in (base + ".json", base + ".lock"):
@@ -679,10 +432,10 @@ def cmd_release(request):
 
 def cmd_list(request):
     lease_dir = request["lease_dir"]
-    live, ignored = scan(lease_dir)
+    live, ignored = leasedir.scan(lease_dir)
     for record in live:
         record.pop("file", None)
-    tickets, bad = scan_tickets(lease_dir)
+    tickets, bad = leasedir.scan_tickets(lease_dir)
     for ticket in tickets:
         ticket.pop("file", None)
     return {"holders": live, "ignored": ignored + bad, "tickets": tickets, "now": time.time()}

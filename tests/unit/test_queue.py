@@ -16,8 +16,8 @@ import pytest
 from orchestrator.engine.queue import Withdrawn, controller_ticket, pending, wait_for_leases
 from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import LeaseClash
+from orchestrator.hostside import leasedir
 from orchestrator.hostside import leasepolicy as policy
-from orchestrator.hostside import leases as program
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.leases import Clash, Holder, parse_clashes, queue_reason
 from tests.fakes.backend import FakeBackend
@@ -142,7 +142,7 @@ def gpu_worker(count: int) -> dict[str, Any]:
 def queued(arrival: float, pid: int | None = None) -> dict[str, Any]:
     mine = controller_ticket(arrival)
     if pid is not None:  # another process of this machine (its start time)
-        mine.update(pid=pid, starttime=program.started_at(pid))
+        mine.update(pid=pid, starttime=leasedir.started_at(pid))
     return mine
 
 
