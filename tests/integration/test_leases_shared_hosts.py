@@ -316,6 +316,68 @@ def test_a_run_killed_on_its_host_frees_its_leases_and_hostile_records_are_named
     assert ports_of(log)[0].endswith(":20000")  # the one the killed run held
 
 
+# --- a neighbour with files only (issue 41) ------------------------------------------------------
+
+
+def test_a_neighbours_file_operations_neither_double_book_nor_block_a_gpu(
+    cluster: NamespaceCluster, shared_root: Path, jobs: list[Job], peer: str
+) -> None:
+    """The second real user does every file operation it may in the lease directory (make
+    files under the names an older orchestrate locked, delete, rename and recreate them, make
+    them unreadable or a fifo, forge a ticket in root's name with times no clock shows, write
+    deep JSON) while root's job holds GPU 1 and port 20000: its own job is refused each time,
+    naming root's; `jobs` shows one holder; root's next job is blocked by none of it."""
+    victim, neighbour, later = jobs  # root, the peer, root
+    for job in jobs:
+        job.write(cluster, shared_root, hosts=1, port_range="20000-20000", visible_gpus=[1],
+                  gpus=1)  # fmt: skip
+    lease_dir = shared_root / f"leases-{cluster.hosts[0].name}"
+    lease_dir.mkdir(mode=0o1777, exist_ok=True)  # as an admin shares one: root's, sticky
+    lease_dir.chmod(0o1777)
+
+    def as_peer(script: str) -> None:
+        subprocess.run(["runuser", "-u", peer, "--", "sh", "-c", f"cd {lease_dir} && {script}"],
+                       check=True)  # fmt: skip
+
+    as_peer("touch gpu-1.lock port-20000.lock")  # theirs, before root's keeper comes
+    assert victim.up("-d").returncode == 0
+    wait_for(lambda: victim.printed(1), 30)
+    held = f"port 20000 and GPU 1 are held by root's job {victim.name} (run {victim.run_id})"
+    for script in (
+        "rm -f gpu-1.lock port-20000.lock && touch gpu-1.lock port-20000.lock",
+        "mv gpu-1.lock moved.lock && mv port-20000.lock moved2.lock",
+        "touch gpu-1.lock && chmod 000 gpu-1.lock && mkfifo port-20000.lock",
+    ):
+        as_peer(script)
+        refused = neighbour.up("-d")
+        assert refused.returncode == 4, (script, refused.stderr)
+        assert held in " ".join(refused.stderr.split()), (script, refused.stderr)
+        holders = victim.jobs()["jobs"]
+        assert [j["run_id"] for j in holders] == [victim.run_id], (script, holders)
+    uid = peer_uid(peer)
+    forged = {"user": "root", "uid": uid, "job": "j", "run_id": "forged", "controller": "x",
+              "arrival": -1e300, "seen": 1e300, "pid": 1, "starttime": 0,
+              "needs": {"ports": [20000], "pools": [{"gpus": [1], "count": 1}]}}  # fmt: skip
+    as_peer(f"echo '{json.dumps(forged)}' > ticket-{uid}-forged.json")
+    as_peer(f"printf '%060000d' 0 | tr 0 '[' > ticket-{uid}-deep.json")
+    assert victim.finish()["state"] == "succeeded"
+    victim.run_id = ""
+    wait_for(lambda: later.jobs()["jobs"] == [], LEASE_RELEASE_S, "root's leases released")
+
+    started = later.up("-d")  # behind no forged ticket
+    assert started.returncode == 0, started.stderr
+    listing = later.jobs()
+    assert [j["run_id"] for j in listing["jobs"]] == [later.run_id] and listing["queued"] == []
+    reasons = {Path(i["file"]).name: (i["owner_uid"], i["reason"]) for i in listing["ignored"]}
+    assert reasons[f"ticket-{uid}-forged.json"] == (
+        uid,
+        f"claims user 'root' but belongs to {peer}",
+    )
+    assert reasons[f"ticket-{uid}-deep.json"] == (uid, "JSON nested too deep")
+    assert reasons["port-20000.lock"] == (uid, "not a regular file")
+    assert later.finish()["state"] == "succeeded"
+
+
 # --- the queue (issue 30): `up -d --queue` waits its turn -----------------------------------------
 
 
