@@ -151,6 +151,10 @@ def validated(lease_dir, prefix, validate):
             entry, why = None, str(exc)
         except OSError as exc:
             entry, why = None, f"cannot be read ({exc.strerror})"
+        except (TypeError, ValueError, KeyError, OverflowError, RecursionError) as exc:
+            # The one place a file's content can fail a check in a way nobody foresaw: it is
+            # one more file ignored and named, never an error of the whole listing.
+            entry, why = None, f"not a record orchestrate writes ({type(exc).__name__})"
         yield name, owner, entry, why
 
 

@@ -144,8 +144,12 @@ def _resources(ports: Sequence[int], gpus: Sequence[int]) -> str:
 
 
 def clock(since: float, now: float | None = None) -> str:
-    """10:42 today; with the date before that."""
-    moment = time.localtime(since)
+    """10:42 today; with the date before that; `?` for a time no clock shows (a host running an
+    older lease program may still send one)."""
+    try:
+        moment = time.localtime(since)
+    except (OverflowError, ValueError, OSError):
+        return "?"
     today = time.localtime(time.time() if now is None else now)
     if (moment.tm_year, moment.tm_yday) == (today.tm_year, today.tm_yday):
         return time.strftime("%H:%M", moment)

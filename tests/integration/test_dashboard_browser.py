@@ -184,8 +184,14 @@ def test_hostile_strings_stay_text_and_the_token_form(
     driver = browser
     (cli.cwd / "train.py").write_text(HOSTILE_SCRIPT.format(hostile=HOSTILE))
     port = free_ports(1)[0]
+    # A neighbour's file in the lease directory, named to inject markup and escapes (issue 41).
+    leases = cli.cwd / "leases"
+    leases.mkdir(mode=0o1777)
+    planted = f"lease-{HOSTILE[0]}\x1b]0;pwned\x07.json"
+    (leases / planted).write_text("{}")
     (cli.cwd / "inv.yaml").write_text(textwrap.dedent(f"""\
-        defaults: {{connection: local, workdir: ./work}}
+        defaults: {{connection: local, workdir: ./work, gpus: 1, visible_gpus: [0],
+                    lease_dir: '{leases}'}}
         hosts: [{{name: alpha, address: localhost, port: {port}}}]
         job: {{name: hostile, script: train.py, max_restarts: 0, env: {{REPO: '{REPO}'}}}}
         """))  # fmt: skip
@@ -211,6 +217,8 @@ def test_hostile_strings_stay_text_and_the_token_form(
         cause = wait_for(lambda: text("#root-cause"), timeout=30, what="the root cause")
         assert "failed: " + HOSTILE[0] in cause or HOSTILE[1] in cause, cause
         assert HOSTILE[0] in text("#workers")  # the device names, as text
+        ignored = wait_for(lambda: text("#leases-ignored"), timeout=30, what="ignored leases")
+        assert f"lease-{HOSTILE[0]}" in ignored, ignored  # the neighbour's file name, as text
         # The NaN and Infinity are gaps: the curve before them and the point after them.
         assert (
             driver.execute_script("return document.querySelectorAll('#chart-loss polyline').length")

@@ -22,6 +22,7 @@ import pytest
 from orchestrator.hostside import claims
 from orchestrator.hostside import leasepolicy as policy
 from orchestrator.machines.hostclient import host_program
+from orchestrator.model.leases import clock
 
 NEIGHBOUR = 65534  # nobody: another account, with files and processes only
 NEIGHBOUR_NAME = pwd.getpwuid(NEIGHBOUR).pw_name
@@ -61,6 +62,7 @@ def test_times_and_owners_a_file_claims_are_checked() -> None:
     assert "belongs to uid 8" in str(policy.claims_owner({"uid": 7}, 8, None, "7"))
     said = policy.claims_owner({"uid": 7, "user": "root"}, 7, "amy", "7")
     assert said == "claims user 'root' but belongs to amy"
+    assert clock(1e300) == clock(-1e300) == "?"  # an older host's answer: no OverflowError
 
 
 # --- the lease program, two accounts --------------------------------------------------------------
