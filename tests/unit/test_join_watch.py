@@ -126,7 +126,7 @@ SHIPPED = {
     "agent.py": (lambda: host_program("agent.py"),
                  ("contract", "protocol", "safefiles", "rundir", "control", "files", "procwatch",
                   "minder", "standbypolicy", "standbys")),
-    "hostprobe.py": (lambda: host_program("hostprobe.py"), ("contract", "protocol")),
+    "hostprobe.py": (lambda: host_program("hostprobe.py"), ("contract", "perfprobe", "protocol")),
     "leases.py": (lambda: host_program("leases.py"),
                   ("claims", "contract", "leasepolicy", "leasedir", "protocol", "safefiles",
                    "rundir")),
