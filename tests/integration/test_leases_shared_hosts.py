@@ -320,7 +320,11 @@ def test_a_run_killed_on_its_host_frees_its_leases_and_hostile_records_are_named
 
 
 def test_a_neighbours_file_operations_neither_double_book_nor_block_a_gpu(
-    cluster: NamespaceCluster, shared_root: Path, jobs: list[Job], peer: str
+    cluster: NamespaceCluster,
+    shared_root: Path,
+    jobs: list[Job],
+    peer: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """The second real user does every file operation it may in the lease directory (make
     files under the names an older orchestrate locked, delete, rename and recreate them, make
@@ -334,6 +338,14 @@ def test_a_neighbours_file_operations_neither_double_book_nor_block_a_gpu(
     lease_dir = shared_root / f"leases-{cluster.hosts[0].name}"
     lease_dir.mkdir(mode=0o1777, exist_ok=True)  # as an admin shares one: root's, sticky
     lease_dir.chmod(0o1777)
+    uid = peer_uid(peer)
+
+    def remove_the_neighbours_files() -> None:  # the module's queue tests count the tickets
+        for path in lease_dir.iterdir():
+            if path.lstat().st_uid == uid:
+                path.unlink()
+
+    request.addfinalizer(remove_the_neighbours_files)
 
     def as_peer(script: str) -> None:
         subprocess.run(["runuser", "-u", peer, "--", "sh", "-c", f"cd {lease_dir} && {script}"],
@@ -354,7 +366,6 @@ def test_a_neighbours_file_operations_neither_double_book_nor_block_a_gpu(
         assert held in " ".join(refused.stderr.split()), (script, refused.stderr)
         holders = victim.jobs()["jobs"]
         assert [j["run_id"] for j in holders] == [victim.run_id], (script, holders)
-    uid = peer_uid(peer)
     forged = {"user": "root", "uid": uid, "job": "j", "run_id": "forged", "controller": "x",
               "arrival": -1e300, "seen": 1e300, "pid": 1, "starttime": 0,
               "needs": {"ports": [20000], "pools": [{"gpus": [1], "count": 1}]}}  # fmt: skip
