@@ -1,0 +1,1 @@
+"""The script the golden inventories run: only its name reaches the exports."""
