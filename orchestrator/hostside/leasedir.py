@@ -18,8 +18,10 @@ import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator.hostside import leasepolicy as policy
-else:  # shipped: hostside/bundle.py carries it in front of the lease program
+    from orchestrator.hostside import protocol
+else:  # shipped: hostside/bundle.py carries them in front of the lease program
     import leasepolicy as policy  # type: ignore[no-redef]
+    import protocol  # type: ignore[no-redef]
 
 RECORD_MAX_BYTES = 64 * 1024
 OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -40,13 +42,13 @@ def ensure_dir(lease_dir):
         os.chmod(lease_dir, 0o1777)  # the umask took bits off
     info = os.lstat(lease_dir)
     if not stat.S_ISDIR(info.st_mode):
-        raise RuntimeError(f"lease_dir {lease_dir} is not a directory (a link?): choose another")
+        raise protocol.Refused(f"lease_dir {lease_dir} is not a directory (a link?): choose one")
     if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != 0o1777:
         os.chmod(lease_dir, 0o1777)
         info = os.lstat(lease_dir)
     if info.st_uid == os.getuid() or (info.st_uid == 0 and info.st_mode & stat.S_ISVTX):
         return
-    raise RuntimeError(
+    raise protocol.Refused(
         f"lease_dir {lease_dir} belongs to {user_name(info.st_uid)}, not to you or to root "
         "with the sticky bit: its owner could remove your leases' records and queue tickets. "
         f"Ask an admin to make it shared (sudo install -d -o root -m 1777 {lease_dir}), or "

@@ -95,7 +95,7 @@ def gpu_pool(worker):
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
                                  timeout=30, check=False)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RuntimeError(
+        raise protocol.Refused(
             f"gpus: {worker['gpus']} needs a pool of GPUs: nvidia-smi -L failed ({exc}); "
             "set visible_gpus to the host's GPU ids"
         ) from None

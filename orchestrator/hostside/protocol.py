@@ -110,6 +110,11 @@ def standby_argv(python, agent_path, standby_dir):
     return [python, *contract.ISOLATED, agent_path, STANDBY_ARGV, standby_dir]
 
 
+class Refused(Exception):
+    """A request a host program will not carry out, for a reason its user can act on (a lease
+    directory another account owns): answered with the message alone, no exception's name."""
+
+
 def answer(handlers, request):
     """`request` answered by its verb's handler; a failure, or an unknown verb, is an answer
     too ({"error": ...}): one failed request never ends the session."""
@@ -118,6 +123,8 @@ def answer(handlers, request):
         return {ERROR_KEY: f"unknown verb {verb!r}; known: {', '.join(handlers)}"}
     try:
         return handlers[verb](request)
+    except Refused as exc:
+        return {ERROR_KEY: str(exc)}
     except Exception as exc:
         return {ERROR_KEY: f"{verb}: {type(exc).__name__}: {exc}"}
 

@@ -55,10 +55,17 @@ def agent_source() -> str:
 def request(session: LineSession, verb: str, wait: float, /, **fields: Any) -> dict[str, Any]:
     """One request on an open session, answered within `wait` seconds; an {"error": ...}
     answer becomes a HostError."""
+    return ask(session, "agent", verb, wait, fields)
+
+
+def ask(
+    session: LineSession, program: str, verb: str, wait: float, fields: dict[str, Any]
+) -> dict[str, Any]:
+    """`request` of a named program: its refusal says which program refused."""
     answer = session.request({protocol.VERB: verb, **fields}, timeout=wait)
     if protocol.ERROR_KEY in answer:
         error = answer[protocol.ERROR_KEY]
-        raise HostError(session.host_name, f"the agent could not {verb}: {error}")
+        raise HostError(session.host_name, f"the {program} could not {verb}: {error}")
     return answer
 
 
@@ -135,10 +142,10 @@ class HostAgent:
 
     def leases(self, verb: str, timeout: float = 60.0, **fields: Any) -> dict[str, Any]:
         """One request to the lease program (leases.py: acquire, release, list), in a session
-        of its own: the locks it takes pass to a keeper that outlives the session."""
+        of its own: the claims it takes pass to a keeper that outlives the session."""
         session = self.session(LEASES)
         try:
-            return request(session, verb, timeout, **fields)
+            return ask(session, "lease program", verb, timeout, fields)
         finally:
             session.close()
 
