@@ -18,10 +18,11 @@ import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator.hostside import leasepolicy as policy
-    from orchestrator.hostside import protocol
+    from orchestrator.hostside import protocol, safefiles
 else:  # shipped: hostside/bundle.py carries them in front of the lease program
     import leasepolicy as policy  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
+    import safefiles  # type: ignore[no-redef]
 
 RECORD_MAX_BYTES = 64 * 1024
 OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -48,17 +49,13 @@ def ensure_dir(lease_dir):
         info = os.lstat(lease_dir)
     if info.st_uid == os.getuid() or (info.st_uid == 0 and info.st_mode & stat.S_ISVTX):
         return
+    owner = safefiles.owner_name(info.st_uid)
     raise protocol.Refused(
-        f"lease_dir {lease_dir} belongs to {user_name(info.st_uid)}, not to you or to root "
+        f"lease_dir {lease_dir} belongs to {owner}, not to you or to root "
         "with the sticky bit: its owner could remove your leases' records and queue tickets. "
         f"Ask an admin to make it shared (sudo install -d -o root -m 1777 {lease_dir}), or "
         "set lease_dir to a directory of your own"
     )
-
-
-def user_name(uid):
-    name = account(uid)
-    return f"uid {uid} ({name})" if name != str(uid) else f"uid {uid}"
 
 
 def open_lock(path):

@@ -128,7 +128,7 @@ SHIPPED = {
                   "minder", "standbypolicy", "standbys")),
     "hostprobe.py": (lambda: host_program("hostprobe.py"), ("contract", "perfprobe", "protocol")),
     "leases.py": (lambda: host_program("leases.py"),
-                  ("claims", "contract", "leasepolicy", "protocol", "leasedir", "safefiles",
+                  ("claims", "contract", "leasepolicy", "protocol", "safefiles", "leasedir",
                    "rundir")),
     "launcher.py": (lambda: script.LAUNCHER_SOURCE,
                     ("contract", "procwatch", "safefiles", "rundir")),
