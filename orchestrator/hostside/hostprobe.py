@@ -29,11 +29,12 @@ import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator import contract
-    from orchestrator.hostside import perfprobe, protocol
+    from orchestrator.hostside import perfprobe, protocol, workerpath
 else:  # shipped: hostside/bundle.py carries them in front of this file's source
     import contract  # type: ignore[no-redef]
     import perfprobe  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
+    import workerpath  # type: ignore[no-redef]
 
 PROXY_VARIABLES = (
     "http_proxy", "https_proxy", "grpc_proxy", "no_proxy", "no_grpc_proxy",
@@ -55,7 +56,7 @@ def _versions(packages):
     match across hosts."""
     wanted = {_project(name): name for name in packages}
     found = dict.fromkeys(packages)
-    for directory in _worker_path():
+    for directory in workerpath.worker_path():
         try:
             entries = sorted(os.listdir(directory or "."))
         except OSError:
@@ -67,23 +68,6 @@ def _versions(packages):
                 continue
             found[name] = _metadata_version(os.path.join(directory or ".", entry))
     return found
-
-
-def _worker_path():
-    """The directories a worker started by this interpreter imports from. This program runs
-    isolated (`python -I`: no PYTHONPATH, no user site, no working directory on its sys.path),
-    a worker does not: PYTHONPATH comes first, the user site before the site-packages. They are
-    only listed here (package metadata read as data), never imported from."""
-    import site  # already loaded at start-up: no import from the host's directories
-
-    extra = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    path = [entry for entry in sys.path if entry]
-    user = site.getusersitepackages()
-    packages = [
-        i for i, entry in enumerate(path) if entry.endswith(("site-packages", "dist-packages"))
-    ]
-    path.insert(packages[0] if packages else len(path), user)
-    return list(dict.fromkeys(extra + path))
 
 
 def _project(name):

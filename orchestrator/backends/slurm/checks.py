@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from orchestrator.backends.slurm.commands import SLURM, Slurm, parse_node_states, usable
 from orchestrator.contract import ISOLATED, TF_PACKAGES
 from orchestrator.errors import ConnectError, HostError
+from orchestrator.hostside.bundle import bundle
 from orchestrator.model.preflight import Finding, PreflightReport, Status
 from orchestrator.model.workers import checkpoint_dir, job_dir
 
@@ -32,13 +33,12 @@ if TYPE_CHECKING:
     from orchestrator.model.inventory import Host, Inventory
 
 # Run by every task of the preflight step: versions, then the shared-directory answers.
-# Run isolated (python -I) like every host program: it imports nothing from the node's
-# directories. What the worker will find (its working directory, PYTHONPATH, the user site, then
-# the interpreter's own path) is searched as data, without importing from it.
+# Run isolated (python -I) like every host program, with hostside/workerpath.py carried in front
+# of it (bundle): what the worker will find is searched as data, never imported from.
 NODE_PROBE = """
-import importlib.machinery as im, importlib.metadata as md, json, os, site, socket, sys
-extra = [os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-path = extra + [p for p in sys.path if p] + [site.getusersitepackages()]
+import importlib.machinery as im, importlib.metadata as md, json, os, socket, sys
+import workerpath
+path = workerpath.worker_path(os.getcwd())
 def version(name):
     return next((d.version for d in md.distributions(name=name, path=path)), None)
 def findable(name):  # as an import would find it, through the worker's path
@@ -85,8 +85,11 @@ def slurm_preflight(
     for path, token in directories.items():
         runner.run(["sh", "-c", 'printf %s "$1" > "$2"', "sh", token,
                     posixpath.join(path, ".orchestrate-shared-check")])  # fmt: skip
-    source = NODE_PROBE.replace("TF_PACKAGES", repr(TF_PACKAGES)).replace(
-        "DIRECTORIES", repr(directories)
+    source = bundle(
+        NODE_PROBE.replace("TF_PACKAGES", repr(TF_PACKAGES)).replace(
+            "DIRECTORIES", repr(directories)
+        ),
+        "node probe",
     )
     argv = ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",
             f"--chdir={chdir}", "--job-name=orchestrate-check",

@@ -1,0 +1,25 @@
+"""Where a worker started by this interpreter will import from. STANDARD LIBRARY ONLY; shipped
+with the host probe (hostprobe.py) and the Slurm node probe (backends/slurm/checks.py).
+
+Both probes run isolated (`python -I`: no working directory, PYTHONPATH or user site on their
+own sys.path, so nothing planted there runs in them); a worker does not. They answer what the
+worker will find (TensorFlow's version, the worker package) by reading these directories as
+data: package metadata, finders given a path, never an import from them.
+"""
+
+import os
+import site
+import sys
+
+SITE_DIRECTORIES = ("site-packages", "dist-packages")  # dist-packages: Debian's python3
+
+
+def worker_path(cwd=None):
+    """A worker's sys.path: `cwd` (a `python -m` worker's first entry) and PYTHONPATH first,
+    then this interpreter's own path with the user site before its site-packages."""
+    extra = [cwd] if cwd else []
+    extra += [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    path = [entry for entry in sys.path if entry]
+    sites = [i for i, entry in enumerate(path) if entry.endswith(SITE_DIRECTORIES)]
+    path.insert(sites[0] if sites else len(path), site.getusersitepackages())
+    return list(dict.fromkeys(extra + path))
