@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.config.loader import key_reference
+from orchestrator.backends.registry import key_reference
 from orchestrator.engine.failures import DETERMINISTIC, HINTS, MEANINGS, FailureKind
 
 

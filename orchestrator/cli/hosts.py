@@ -8,9 +8,8 @@ import click
 from rich.table import Table
 
 from orchestrator.backends.base import Backend
-from orchestrator.backends.registry import open_backend
+from orchestrator.backends.registry import load_inventory, open_backend
 from orchestrator.cli.app import cli, console, errors
-from orchestrator.config.loader import load_inventory
 from orchestrator.model.inventory import Host, Inventory, LoginDetails
 from orchestrator.model.printable import strict_json
 

@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.text import Text
 
 from orchestrator.backends.base import Backend
-from orchestrator.backends.registry import open_backend
+from orchestrator.backends.registry import load_inventory, open_backend
 from orchestrator.cli.app import (
     Context,
     StoppedWatching,
@@ -37,7 +37,6 @@ from orchestrator.cli.preflight import (
     show_findings,
 )
 from orchestrator.cli.render import duration, problems, progress_line, status_table
-from orchestrator.config.loader import load_inventory
 from orchestrator.engine.control import stop_everything, watch
 from orchestrator.engine.lifecycle import (
     DEFAULT_GRACE,

@@ -4,8 +4,9 @@ MultiWorkerMirroredStrategy (the default, and every task job) makes worker 0 the
 `role: chief` there is a mistake. `job.strategy: parameter-server` (a ParameterServerStrategy
 `script:`) needs exactly one chief, at least one ps and one worker; its cluster cannot shrink or
 take a spare (a ps holds variables no spare has). At most one evaluator, which evaluates the
-chief's checkpoints: it must see the chief's checkpoint directory. Ansible sources stay all-worker
-and Slurm refuses roles, for now.
+chief's checkpoints: it must see the chief's checkpoint directory. A host source whose hosts
+cannot carry roles says how it refuses them (its `RoleRule`: Ansible sources stay all-worker and
+Slurm refuses parameter-server, for now).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import posixpath
 from collections.abc import Sequence
 
 from orchestrator.config.report import Report, line_of
+from orchestrator.config.sources.base import RoleRule
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import (
     ROLE_CHIEF,
@@ -36,27 +38,24 @@ def check_roles(
     job: Job,
     document: LineMap,
     report: Report,
+    *,
+    refused: RoleRule | None = None,
 ) -> None:
-    """Every problem of the roles at once (report.add with the file's lines)."""
+    """Every problem of the roles at once (report.add with the file's lines); `refused`: how
+    the inventory's host source refuses roles, if it does."""
     found = document.get("job")
     block: LineMap = found if isinstance(found, LineMap) else LineMap()
-    source = next((key for key in ("slurm", "ansible") if key in document), "hosts")
     strategy_line = line_of(block, "strategy") if "strategy" in block else block.line
     ps_job = job.strategy == STRATEGY_PS
-    if source == "slurm" and ps_job:
-        report.add(strategy_line, "job.strategy", "parameter-server is not supported on "
-                   "Slurm yet (its tasks are all workers); list the hosts in 'hosts:'")  # fmt: skip
-        return
-    if source == "ansible":
-        for where, line, host in placed:
-            if host.role != ROLE_WORKER:
-                report.add(line, f"{where}.role", f"{host.role}: the hosts of an Ansible "
-                           "inventory are all workers; list the hosts with 'hosts:' to give "
-                           "them roles")  # fmt: skip
+    if refused is not None:
+        if refused.host is not None:  # else its hosts cannot carry a role at all
+            for where, line, host in placed:
+                if host.role != ROLE_WORKER:
+                    report.add(line, f"{where}.role", refused.host.format(role=host.role))
         if ps_job:
-            report.add(strategy_line, "job.strategy", "parameter-server needs roles, "
-                       "which an Ansible inventory lacks; list them in 'hosts:'")  # fmt: skip
-        return
+            report.add(strategy_line, "job.strategy", refused.strategy)
+        if ps_job or refused.host is not None:
+            return
     for where, line, host in spares:
         if host.role != ROLE_WORKER:
             report.add(line, f"{where}.role",

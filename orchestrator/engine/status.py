@@ -290,7 +290,7 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         attempt=record.attempt,
         restarts=record.restarts,
         outcome=record.outcome,
-        scheduler=backend.scheduler_state(record),
+        scheduler=backend.scheduler.scheduler_state(record) if backend.scheduler else None,
         state=run_state((s.role, s.state) for s in statuses),
         workers=tuple(statuses),
     )

@@ -1,8 +1,9 @@
 """The record of a run, as the state directory keeps it (engine/runstore.py writes and reads
 the files): the inventory as it was at `up`, the current attempt's workers, every restart.
 
-Decoding lives here with the types; the one thing it cannot know, which settings type a
-connection kind has, is passed in (`SettingsReader`, from the backends' registry).
+Decoding lives here with the types; what it cannot know, which settings type a connection kind
+has and how a host source's placement reads back, is passed in (`SettingsReader`,
+`PlacementReader`, from the backends' registry).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from orchestrator.model.inventory import (
     Inventory,
     Job,
     NotifyTarget,
+    Placement,
     SyncSpec,
 )
-from orchestrator.model.slurm import LoginNode, SlurmSpec
 
 # (connection kind, its settings as JSON) -> the kind's settings object
 SettingsReader = Callable[[str, Mapping[str, Any]], Any]
+# (a recorded inventory as JSON, the settings reader) -> its host source and its placement
+PlacementReader = Callable[[Mapping[str, Any], SettingsReader], tuple[str | None, Any]]
 
 
 @dataclass(frozen=True)
@@ -113,13 +116,17 @@ class RunRecord:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], settings: SettingsReader) -> RunRecord:
-        """`settings` turns a host's settings as JSON back into its connection kind's type."""
+    def from_json(
+        cls, data: dict[str, Any], settings: SettingsReader, placements: PlacementReader
+    ) -> RunRecord:
+        """`settings` turns a host's settings as JSON back into its connection kind's type,
+        `placements` the inventory's host source and placement into theirs."""
 
         def host(fields: dict[str, Any]) -> Host:
             return _host(fields, settings)
 
-        scheduled = data["inventory"].get("slurm") is not None
+        source, placement = placements(data["inventory"], settings)
+        scheduled = placement is not None
         workers = tuple(
             WorkerRecord(**{**_job_id_of_old(worker, scheduled), "host": host(worker["host"])})
             for worker in data["workers"]
@@ -127,7 +134,7 @@ class RunRecord:
         return cls(
             **{
                 **data,
-                "inventory": _inventory(data["inventory"], host, settings),
+                "inventory": _inventory(data["inventory"], host, source, placement),
                 "workers": workers,
                 "restarts": tuple(Restart(**r) for r in data.get("restarts", ())),
                 "dropped": tuple(host(h) for h in data.get("dropped", ())),
@@ -154,7 +161,10 @@ def _host(data: dict[str, Any], settings: SettingsReader) -> Host:
 
 
 def _inventory(
-    data: dict[str, Any], host: Callable[[dict[str, Any]], Host], settings: SettingsReader
+    data: dict[str, Any],
+    host: Callable[[dict[str, Any]], Host],
+    source: str | None,
+    placement: Placement | None,
 ) -> Inventory:
     # JSON turns tuples into lists; the frozen dataclasses want them back.
     job: dict[str, Any] = {
@@ -169,20 +179,10 @@ def _inventory(
         min_hosts=data.get("min_hosts"),
         setup=tuple(data.get("setup", ())),
         sync=_sync(data.get("sync")),
-        slurm=_slurm(data.get("slurm"), settings),
+        host_source=source,
+        placement=placement,
         notify=tuple(_notify(t) for t in data.get("notify", ())),
     )
-
-
-def _slurm(data: dict[str, Any] | None, settings: SettingsReader) -> SlurmSpec | None:
-    if data is None:  # a record of a run on hosts (or from before Slurm was a host source)
-        return None
-    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    login = fields.get("login")
-    if login is not None:  # the SSH kind's settings, as a host's are read back
-        ssh = settings(DEFAULT_CONNECTION, login.get("settings") or {})
-        fields["login"] = LoginNode(login["address"], login.get("python", "python3"), ssh)
-    return SlurmSpec(**fields)
 
 
 def _sync(data: dict[str, Any] | None) -> SyncSpec | None:

@@ -62,5 +62,9 @@ class SlurmSpec:
     sbatch_args: tuple[str, ...] = ()  # passed verbatim as #SBATCH lines, never through a shell
     login: LoginNode | None = None  # None: Slurm's commands and the files are on this machine
 
+    @property
+    def gpus_per_worker(self) -> int | None:  # model.inventory.Placement
+        return self.gpus_per_node
+
     def worker_name(self, index: int) -> str:
         return f"task{index}"

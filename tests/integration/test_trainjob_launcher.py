@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.contract import CHECKPOINT_DIR_ENV
 from orchestrator.export.trainjob import problems, trainjob
 from orchestrator.hostside import pod_launcher

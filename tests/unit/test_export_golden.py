@@ -65,9 +65,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from orchestrator.backends.registry import load_inventory
 from orchestrator.backends.slurm import script as slurm_script
 from orchestrator.cli import export as cli_export
-from orchestrator.config.loader import load_inventory
 from orchestrator.errors import ExportRefused
 from orchestrator.export import trainjob as trainjob_export
 from orchestrator.model.inventory import Inventory

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.errors import InventoryError
 
 GOOD = """\

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.engine import roles
 from orchestrator.engine.lifecycle import start_run
 from orchestrator.engine.runstore import RunStore

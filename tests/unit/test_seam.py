@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from orchestrator.backends.registry import load_inventory
 from orchestrator.cli.render import status_table
-from orchestrator.config.loader import load_inventory
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.status import worker_status
 from orchestrator.errors import HostError, HostErrors, InventoryError

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.export.trainjob import (
     LAUNCHER_SOURCE,
     SCHEMA_PATHS,

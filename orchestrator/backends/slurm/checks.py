@@ -26,6 +26,7 @@ from orchestrator.contract import ISOLATED, TF_PACKAGES
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.hostside.bundle import bundle
 from orchestrator.model.preflight import Finding, PreflightReport, Status
+from orchestrator.model.slurm import SlurmSpec
 from orchestrator.model.workers import checkpoint_dir, job_dir
 
 if TYPE_CHECKING:
@@ -66,8 +67,8 @@ def slurm_preflight(
     login: Host | None = None,
 ) -> PreflightReport:  # fmt: skip
     """`login`: the login node when it is not this machine (slurm.login)."""
-    spec = inventory.slurm
-    assert spec is not None
+    spec = inventory.placement
+    assert isinstance(spec, SlurmSpec)
     viewer = login.name if login else "this machine"
     findings = [_partition(slurm, spec.partition, spec.nodes, login)]
     if findings[0].status is Status.FAIL:

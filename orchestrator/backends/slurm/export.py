@@ -18,11 +18,12 @@ from orchestrator.model.slurm import SlurmSpec
 def sbatch_script(inventory: Inventory, plan: Planner) -> str:
     """`export --format sbatch`: the batch script `up` submits, to submit by hand (for a hosts:
     inventory, one node per host). `plan` is the engine's plan_workers."""
-    spec = inventory.slurm or SlurmSpec(nodes=len(inventory.hosts), port=inventory.hosts[0].port)
+    placed = inventory.placement if isinstance(inventory.placement, SlurmSpec) else None
+    spec = placed or SlurmSpec(nodes=len(inventory.hosts), port=inventory.hosts[0].port)
     # Submitted by hand on the cluster (a login node's `sbatch FILE`, or `ssh LOGIN sbatch <
     # FILE`): the tasks start where it was submitted and find the files there, login: or not.
     spec = replace(spec, login=None)
-    if inventory.slurm is None or inventory.slurm.login is not None:  # tasks, from the nodes
+    if placed is None or placed.login is not None:  # tasks, from the nodes
         workers = slurm_workers(spec, Path(inventory.base_dir))
         inventory = replace(inventory, hosts=tuple(host for _, _, host in workers))
     # Each submission names its run after its job id; the tasks start where it was submitted.

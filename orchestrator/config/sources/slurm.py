@@ -24,12 +24,13 @@ the controller reads their files on the shared filesystem from the login node: t
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.report import Report, line_of
-from orchestrator.config.sources.hosts import Placed
+from orchestrator.config.sources.base import HostSource, Placed, RoleRule
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import DEFAULT_CONNECTION, Host, Job
 from orchestrator.model.slurm import (
@@ -52,6 +53,9 @@ from orchestrator.values import (
     string,
 )
 from orchestrator.yamlsource import LineList, LineMap
+
+if TYPE_CHECKING:
+    from orchestrator.model.records import SettingsReader
 
 # Slurm's --time formats.
 TIME_PATTERN = re.compile(r"^(\d+(:\d{2}){0,2}|\d+-\d+(:\d{2}){0,2})$")
@@ -250,7 +254,35 @@ def slurm_source(
     return (slurm_workers(spec, base) if spec else []), spec
 
 
+def spec_from_json(data: Mapping[str, Any], settings: SettingsReader) -> SlurmSpec:
+    """The SlurmSpec a run record kept (`login:`'s settings are the SSH kind's, read back as a
+    host's are)."""
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    login = fields.get("login")
+    if login is not None:
+        ssh = settings(DEFAULT_CONNECTION, login.get("settings") or {})
+        fields["login"] = LoginNode(login["address"], login.get("python", "python3"), ssh)
+    return SlurmSpec(**fields)
+
+
 _LOCAL = next(kinds.get(name) for name in kinds.names()
               if kinds.get(name).shares_files_with_controller)  # fmt: skip
 _SSH = kinds.get(DEFAULT_CONNECTION)
+
+SOURCE = HostSource(
+    Key("slurm", "mapping (`slurm:` keys)", "",
+        "Slurm places the workers: one per node of one batch job"),
+    slurm_source,
+    blocks=(
+        ("slurm", "a Slurm cluster instead of `hosts:`", SLURM_KEY_ENTRIES),
+        ("slurm.login", "the login node Slurm is driven through, with the SSH keys of a host",
+         (*LOGIN_KEY_ENTRIES, *_SSH.key_entries)),
+    ),
+    roles=RoleRule("parameter-server is not supported on Slurm yet (its tasks are all "
+                   "workers); list the hosts in 'hosts:'"),
+    no_setup="applies to hosts reached over SSH (hosts: or ansible:); on Slurm, prepare the "
+    "nodes' shared environment",
+    check_job=check_batch_script_values,
+    placement_from_json=spec_from_json,
+)  # fmt: skip
 __all__ = ["DEFAULT_PORT", "parse_slurm", "slurm_workers"]
