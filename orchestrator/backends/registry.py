@@ -23,7 +23,7 @@ from orchestrator.errors import InventoryError
 from orchestrator.machines import kinds
 
 if TYPE_CHECKING:
-    from orchestrator.model.inventory import Inventory, Placement
+    from orchestrator.model.inventory import Inventory, SourceSettings
     from orchestrator.model.records import SettingsReader
     from orchestrator.values import Key
 
@@ -144,24 +144,35 @@ def host_settings(connection: str, data: Mapping[str, Any]) -> Any:
     return kinds.get(connection).settings_from_json(data)
 
 
-def placement_of(
+def source_settings_of(
     data: Mapping[str, Any], settings: SettingsReader
-) -> tuple[str | None, Placement | None]:
-    """A recorded inventory's host source and its placement read back as the source's own type
-    (model.records.PlacementReader). Records from before `host_source` kept a placement under
-    its block's key."""
-    name, raw = data.get("host_source"), data.get("placement")
+) -> tuple[str | None, SourceSettings | None]:
+    """A recorded inventory's host source, and that source's settings read back as its own type
+    (model.records.SourceSettingsReader). Records from before `host_source` kept the settings
+    under the block's key."""
+    name, raw = data.get("host_source"), data.get("source_settings")
     if name is None:
-        older = [e for e in _TABLE.values() if e.source.placement_from_json is not None]
+        older = [e for e in _TABLE.values() if e.source.settings_from_json is not None]
         name = next((e.name for e in older if data.get(e.name) is not None), None)
         raw = data.get(name) if name is not None else None
     entry = _TABLE.get(name) if name is not None else None
-    reader = entry.source.placement_from_json if entry is not None else None
+    reader = entry.source.settings_from_json if entry is not None else None
     return name, reader(raw, settings) if reader is not None and raw is not None else None
 
 
 __all__: Sequence[str] = [
-    "BACKEND_FORMATS", "Entry", "entry_of", "export_writer", "host_settings", "host_sources",
-    "key_reference", "load_inventory", "load_inventory_text", "open_backend", "placement_of",
-    "register", "serves", "unregister",
+    "BACKEND_FORMATS",
+    "Entry",
+    "entry_of",
+    "export_writer",
+    "host_settings",
+    "host_sources",
+    "key_reference",
+    "load_inventory",
+    "load_inventory_text",
+    "open_backend",
+    "register",
+    "serves",
+    "source_settings_of",
+    "unregister",
 ]  # fmt: skip

@@ -173,7 +173,7 @@ JOB_KEYS: dict[str, Checker] = checkers(JOB_KEY_ENTRIES)
 LIST_JOB_KEYS = ("args", "env", "secret_env", "files", "permanent_exit_codes")
 
 # A host source (config/sources/base.HostSource) turns its top-level block into the workers, in
-# TF_CONFIG order, and its placement if it places them itself. An inventory takes exactly one;
+# TF_CONFIG order, and its own settings if it places them itself. An inventory takes exactly one;
 # spares (and later min_hosts) apply to whatever it produced.
 # The top level's keys besides the host sources (exactly one of them).
 TOP_KEY_ENTRIES: tuple[Key, ...] = (
@@ -297,7 +297,7 @@ def parse_inventory(
     for key in PER_HOST_ONLY:
         if key in defaults:
             report.add(line_of(defaults, key), f"defaults.{key}", "must be set on each host")
-    source, placed, placement = _workers(document, defaults, report, base_dir, sources)
+    source, placed, source_settings = _workers(document, defaults, report, base_dir, sources)
     spares = parse_hosts(document, defaults, report, base_dir, key="spares")
     _check_unique_hosts(placed + spares, report)
     hosts = [host for _, _, host in placed]
@@ -331,7 +331,7 @@ def parse_inventory(
         setup=setup,
         sync=sync,
         host_source=source.name if source is not None else None,
-        placement=placement,
+        source_settings=source_settings,
         perf_check=perf,
         notify=notify,
     )
@@ -399,7 +399,7 @@ def _workers(
     document: LineMap, defaults: LineMap, report: Report, base: Path,
     sources: Sequence[HostSource],
 ) -> tuple[HostSource | None, list[Placed], Any]:  # fmt: skip
-    """The one source the document uses, its workers and its placement."""
+    """The one source the document uses, its workers and its settings."""
     present = [source for source in sources if source.name in document]
     names = ", ".join(source.name for source in sources)
     if len(present) > 1:
@@ -412,8 +412,8 @@ def _workers(
     if not present:
         report.add(document.line, sources[0].name, f"missing; list the workers with one of {names}")
         return None, [], None
-    placed, placement = present[0].parse(document, defaults, report, base)
-    return present[0], placed, placement
+    placed, source_settings = present[0].parse(document, defaults, report, base)
+    return present[0], placed, source_settings
 
 
 def _check_unique_hosts(placed: list[Placed], report: Report) -> None:

@@ -180,7 +180,7 @@ class Job:
         return self.task is not None if self.warm_restarts is None else self.warm_restarts
 
 
-class Placement(Protocol):
+class SourceSettings(Protocol):
     """The settings of what places the workers when the inventory does not list where they run
     (a scheduler's: model/slurm.SlurmSpec for `slurm:`); a frozen dataclass, kept in the run
     record."""
@@ -209,17 +209,17 @@ class Inventory:
     host_source: str | None = None
     # Its settings when the source places the workers itself (a scheduler; then `hosts` are
     # its tasks); None: the workers run on `hosts` as listed.
-    placement: Placement | None = None
+    source_settings: SourceSettings | None = None
     # `preflight: {perf: true}`: `up`'s check runs the performance round too.
     perf_check: bool = False
     notify: tuple[NotifyTarget, ...] = ()  # told of the run's events (engine/notify.py)
 
     @property
     def gpus_per_worker(self) -> int | None:
-        """The GPUs one worker asks for: its placement's (Slurm's gpus_per_node), else the most
-        visible_gpus of a host; None when no GPU is named."""
-        if self.placement is not None:
-            return self.placement.gpus_per_worker
+        """The GPUs one worker asks for: its source's settings' (Slurm's gpus_per_node), else the
+        most visible_gpus of a host; None when no GPU is named."""
+        if self.source_settings is not None:
+            return self.source_settings.gpus_per_worker
         counts = [len(h.visible_gpus) for h in self.hosts if h.visible_gpus]
         return max(counts) if counts else None
 

@@ -2,8 +2,8 @@
 the files): the inventory as it was at `up`, the current attempt's workers, every restart.
 
 Decoding lives here with the types; what it cannot know, which settings type a connection kind
-has and how a host source's placement reads back, is passed in (`SettingsReader`,
-`PlacementReader`, from the backends' registry).
+has and how a host source's own settings read back, is passed in (`SettingsReader`,
+`SourceSettingsReader`, from the backends' registry).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from orchestrator.model.inventory import (
     Inventory,
     Job,
     NotifyTarget,
-    Placement,
+    SourceSettings,
     SyncSpec,
 )
 
 # (connection kind, its settings as JSON) -> the kind's settings object
 SettingsReader = Callable[[str, Mapping[str, Any]], Any]
-# (a recorded inventory as JSON, the settings reader) -> its host source and its placement
-PlacementReader = Callable[[Mapping[str, Any], SettingsReader], tuple[str | None, Any]]
+# (a recorded inventory as JSON, the settings reader) -> its host source and that source's settings
+SourceSettingsReader = Callable[[Mapping[str, Any], SettingsReader], tuple[str | None, Any]]
 
 
 @dataclass(frozen=True)
@@ -117,16 +117,16 @@ class RunRecord:
 
     @classmethod
     def from_json(
-        cls, data: dict[str, Any], settings: SettingsReader, placements: PlacementReader
+        cls, data: dict[str, Any], settings: SettingsReader, sources: SourceSettingsReader
     ) -> RunRecord:
         """`settings` turns a host's settings as JSON back into its connection kind's type,
-        `placements` the inventory's host source and placement into theirs."""
+        `sources` the inventory's host source and that source's settings into theirs."""
 
         def host(fields: dict[str, Any]) -> Host:
             return _host(fields, settings)
 
-        source, placement = placements(data["inventory"], settings)
-        scheduled = placement is not None
+        source, source_settings = sources(data["inventory"], settings)
+        scheduled = source_settings is not None
         workers = tuple(
             WorkerRecord(**{**_job_id_of_old(worker, scheduled), "host": host(worker["host"])})
             for worker in data["workers"]
@@ -134,7 +134,7 @@ class RunRecord:
         return cls(
             **{
                 **data,
-                "inventory": _inventory(data["inventory"], host, source, placement),
+                "inventory": _inventory(data["inventory"], host, source, source_settings),
                 "workers": workers,
                 "restarts": tuple(Restart(**r) for r in data.get("restarts", ())),
                 "dropped": tuple(host(h) for h in data.get("dropped", ())),
@@ -164,7 +164,7 @@ def _inventory(
     data: dict[str, Any],
     host: Callable[[dict[str, Any]], Host],
     source: str | None,
-    placement: Placement | None,
+    source_settings: SourceSettings | None,
 ) -> Inventory:
     # JSON turns tuples into lists; the frozen dataclasses want them back.
     job: dict[str, Any] = {
@@ -180,7 +180,7 @@ def _inventory(
         setup=tuple(data.get("setup", ())),
         sync=_sync(data.get("sync")),
         host_source=source,
-        placement=placement,
+        source_settings=source_settings,
         notify=tuple(_notify(t) for t in data.get("notify", ())),
     )
 

@@ -63,7 +63,7 @@ class SlurmSpec:
     login: LoginNode | None = None  # None: Slurm's commands and the files are on this machine
 
     @property
-    def gpus_per_worker(self) -> int | None:  # model.inventory.Placement
+    def gpus_per_worker(self) -> int | None:  # model.inventory.SourceSettings
         return self.gpus_per_node
 
     def worker_name(self, index: int) -> str:

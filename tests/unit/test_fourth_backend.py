@@ -80,7 +80,7 @@ def test_check_and_up_on_a_backend_registered_from_outside(pool: Path) -> None:
     record = RunStore(pool / "state").load()
     # The record names its host source and keeps the pool's own settings, read back as such.
     assert record.inventory.host_source == "pool"
-    assert record.inventory.placement == PoolSpec(2, record.inventory.hosts[0].port,
+    assert record.inventory.source_settings == PoolSpec(2, record.inventory.hosts[0].port,
                                                   str(pool / "pool"))  # fmt: skip
     for index, worker in enumerate(record.workers):
         log = Path(worker.log_path)

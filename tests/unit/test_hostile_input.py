@@ -146,8 +146,8 @@ def test_a_workdir_with_a_space_stays_one_sbatch_option(tmp_path: Path) -> None:
     specs = plan_workers(
         inventory, "run1", {"task0": "/shared/my runs", "task1": "/shared/my runs"}
     )
-    assert isinstance(inventory.placement, SlurmSpec)
-    script = batch_script(inventory.placement, inventory.job, specs,
+    assert isinstance(inventory.source_settings, SlurmSpec)
+    script = batch_script(inventory.source_settings, inventory.job, specs,
                           output="/shared/my runs/slurm-%j.out")  # fmt: skip
     lines = [line for line in script.splitlines() if line.startswith("#SBATCH")]
     assert '#SBATCH "--output=/shared/my runs/slurm-%j.out"' in lines

@@ -178,10 +178,10 @@ def test_the_launcher_refuses_a_task_without_its_secrets(tmp_path: Path) -> None
 def test_the_batch_script_names_secrets_and_holds_no_value(tmp_path: Path) -> None:
     head = "slurm:\n  nodes: 2\n"
     inventory = load_inventory(inventory_file(tmp_path, "  secret_env: [TOKEN_X]\n", head))
-    assert isinstance(inventory.placement, SlurmSpec)
+    assert isinstance(inventory.source_settings, SlurmSpec)
     specs = plan_workers(inventory, "r", {h.name: "/s" for h in inventory.hosts},
                          secrets={"TOKEN_X": "v4lue"})  # fmt: skip
-    script = batch_script(inventory.placement, inventory.job, specs)
+    script = batch_script(inventory.source_settings, inventory.job, specs)
     assert "v4lue" not in script and '"secret_env": [\n  "TOKEN_X"\n ]' in script
     assert "# Secrets (job.secret_env) are never written here: export TOKEN_X" in script
 

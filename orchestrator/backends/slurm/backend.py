@@ -76,7 +76,7 @@ class SlurmBackend(Backend, Scheduler):
 
     @classmethod
     def for_inventory(cls, inventory: Inventory | None) -> SlurmBackend:
-        spec = inventory.placement if inventory is not None else None
+        spec = inventory.source_settings if inventory is not None else None
         if inventory is None or not isinstance(spec, SlurmSpec):
             raise ValueError("a Slurm backend serves an inventory with its `slurm:` block")
         return cls(spec, inventory.job)

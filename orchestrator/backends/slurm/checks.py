@@ -67,7 +67,7 @@ def slurm_preflight(
     login: Host | None = None,
 ) -> PreflightReport:  # fmt: skip
     """`login`: the login node when it is not this machine (slurm.login)."""
-    spec = inventory.placement
+    spec = inventory.source_settings
     assert isinstance(spec, SlurmSpec)
     viewer = login.name if login else "this machine"
     findings = [_partition(slurm, spec.partition, spec.nodes, login)]

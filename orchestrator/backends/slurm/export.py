@@ -18,7 +18,7 @@ from orchestrator.model.slurm import SlurmSpec
 def sbatch_script(inventory: Inventory, plan: Planner) -> str:
     """`export --format sbatch`: the batch script `up` submits, to submit by hand (for a hosts:
     inventory, one node per host). `plan` is the engine's plan_workers."""
-    placed = inventory.placement if isinstance(inventory.placement, SlurmSpec) else None
+    placed = inventory.source_settings if isinstance(inventory.source_settings, SlurmSpec) else None
     spec = placed or SlurmSpec(nodes=len(inventory.hosts), port=inventory.hosts[0].port)
     # Submitted by hand on the cluster (a login node's `sbatch FILE`, or `ssh LOGIN sbatch <
     # FILE`): the tasks start where it was submitted and find the files there, login: or not.

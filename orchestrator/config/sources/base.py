@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from orchestrator.config.report import Report
-    from orchestrator.model.inventory import Host, Job, Placement
+    from orchestrator.model.inventory import Host, Job, SourceSettings
     from orchestrator.model.records import SettingsReader
     from orchestrator.values import Key
     from orchestrator.yamlsource import LineMap
 
 Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
 # (the document, `defaults:`, the report, the inventory's directory) -> the workers in
-# TF_CONFIG order, and the source's placement when it places them itself (else None).
+# TF_CONFIG order, and the source's own settings when it places them itself (else None).
 SourceParser = Callable[["LineMap", "LineMap", "Report", Path], tuple[list["Placed"], Any]]
 # A block of the manual's key reference: (where, what it is, its entries).
 Block = tuple[str, str, tuple["Key", ...]]
@@ -48,8 +48,8 @@ class HostSource:
     no_setup: str | None = None
     # Checks of `job:` this source adds (what its launcher cannot carry), with lines.
     check_job: Callable[[Job, LineMap, Report], None] | None = None
-    # Its placement read back from a run record (PlacementReader's part for this source).
-    placement_from_json: Callable[[Mapping[str, Any], SettingsReader], Placement] | None = None
+    # Its settings read back from a run record (SourceSettingsReader's part for this source).
+    settings_from_json: Callable[[Mapping[str, Any], SettingsReader], SourceSettings] | None = None
 
     @property
     def name(self) -> str:

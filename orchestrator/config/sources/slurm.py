@@ -283,6 +283,6 @@ SOURCE = HostSource(
     no_setup="applies to hosts reached over SSH (hosts: or ansible:); on Slurm, prepare the "
     "nodes' shared environment",
     check_job=check_batch_script_values,
-    placement_from_json=spec_from_json,
+    settings_from_json=spec_from_json,
 )  # fmt: skip
 __all__ = ["DEFAULT_PORT", "parse_slurm", "slurm_workers"]

@@ -55,8 +55,8 @@ class PoolBackend(Backend):
 
     @classmethod
     def for_inventory(cls, inventory: Inventory | None) -> PoolBackend:
-        assert inventory is not None and isinstance(inventory.placement, PoolSpec)
-        return cls(inventory.placement)
+        assert inventory is not None and isinstance(inventory.source_settings, PoolSpec)
+        return cls(inventory.source_settings)
 
     def close(self) -> None:
         for child in self.children.values():

@@ -31,7 +31,7 @@ POOL_KEYS = checkers(POOL_KEY_ENTRIES)
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """The pool's placement (model.inventory.Placement), kept in the run record."""
+    """The pool's settings (model.inventory.SourceSettings), kept in the run record."""
 
     slots: int
     base_port: int
@@ -73,5 +73,5 @@ SOURCE = HostSource(
     blocks=(("pool", "a pool of local processes (tests/fakes/pool)", POOL_KEY_ENTRIES),),
     roles=RoleRule("parameter-server needs roles; a pool's slots are all workers"),
     no_setup="applies to hosts; a pool's slots share this machine's environment",
-    placement_from_json=spec_from_json,
+    settings_from_json=spec_from_json,
 )
