@@ -19,22 +19,20 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract import CHECKPOINT_DIR_ENV, EXIT_PREEMPTED
-from orchestrator.engine.plan import worker_argv
+from orchestrator.contract import EXIT_PREEMPTED
+from orchestrator.engine.launch import in_image, worker_launch
 from orchestrator.model.inventory import (
     ROLE_CHIEF,
     ROLE_EVALUATOR,
     ROLE_PS,
     ROLE_WORKER,
-    Host,
     Inventory,
-    Job,
 )
+from orchestrator.model.launch import Placement, WorkerLaunch
 
 API_VERSION = "kubeflow.org/v1"
 CONTAINER = "tensorflow"  # the operator finds the TensorFlow container by this name
@@ -137,39 +135,38 @@ def _container(
     role: str = ROLE_WORKER,
 ) -> dict[str, Any]:
     """The TensorFlow container: the worker under EXIT_WRAPPER, the checkpoint volume mounted."""
+    launch = _launch(inventory, checkpoints, role)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image or "",
         "command": ["/bin/sh", "-c", EXIT_WRAPPER, "orchestrate-worker"],
-        "args": _container_argv(inventory, checkpoints, role),
-        "env": _container_env(inventory.job, checkpoints, secret),
+        "args": list(launch.argv),
+        "env": _container_env(launch, secret),
         "ports": [{"name": PORT_NAME, "containerPort": PORT}],
         "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}],
     }
-    gpus = inventory.gpus_per_worker
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    if launch.gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": launch.gpus}}
     return container
 
 
-def _container_argv(inventory: Inventory, checkpoints: str, role: str) -> list[str]:
-    # The container's worker: the image's python, no host-specific GPU indices (the pod gets its
-    # own GPUs, numbered from 0), a script in the image's working directory.
-    job = inventory.job
-    first = next(h for h in inventory.hosts if h.role == role)
-    container_host: Host = replace(first, python="python", visible_gpus=None)
-    job_for_image = replace(job, script=posixpath.basename(job.script)) if job.script else job
-    return list(worker_argv(job_for_image, container_host, ".", checkpoints))
+def _launch(inventory: Inventory, checkpoints: str, role: str) -> WorkerLaunch:
+    """The first worker of `role` as a replica of its type runs it: the image's python, the
+    pod's own GPUs (numbered from 0), paths relative to the image's working directory."""
+    index = next(i for i, host in enumerate(inventory.hosts) if host.role == role)
+    place = Placement(python="python", job_dir="", checkpoint_dir=checkpoints, cwd=".",
+                      script=in_image(inventory.job.script, "."), host_gpus=False,
+                      booted=False)  # fmt: skip
+    return worker_launch(inventory, index, place)
 
 
-def _container_env(job: Job, checkpoints: str, secret: str | None) -> list[dict[str, Any]]:
-    """The job's variables and the wrapper's by value; job.secret_env's from the Secret."""
-    permanent = " ".join(str(code) for code in job.permanent_exit_codes)
-    env = {**job.env, "PYTHONUNBUFFERED": "1", CHECKPOINT_DIR_ENV: checkpoints,
-           "ORCHESTRATE_PERMANENT_EXIT_CODES": permanent}  # fmt: skip
+def _container_env(launch: WorkerLaunch, secret: str | None) -> list[dict[str, Any]]:
+    """The worker's variables and the wrapper's by value; job.secret_env's from the Secret."""
+    permanent = " ".join(str(code) for code in launch.permanent_exit_codes)
+    env = {**launch.env, "ORCHESTRATE_PERMANENT_EXIT_CODES": permanent}
     return [{"name": key, "value": value} for key, value in env.items()] + [
         {"name": key, "valueFrom": {"secretKeyRef": {"name": secret or "", "key": key}}}
-        for key in job.secret_env
+        for key in launch.secret_env
     ]
 
 

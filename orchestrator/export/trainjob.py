@@ -31,16 +31,16 @@ import json
 import posixpath
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract import CHECKPOINT_DIR_ENV, ISOLATED, KERAS_LEGACY, LEGACY_KERAS_ENV
-from orchestrator.engine.plan import worker_argv
+from orchestrator.contract import ISOLATED
+from orchestrator.engine.launch import in_image, worker_launch
 from orchestrator.hostside import pod_launcher
 from orchestrator.hostside.bundle import shipped_program
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job
+from orchestrator.model.launch import Placement, WorkerLaunch
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = f"{API_GROUP}/v1alpha1"
@@ -211,39 +211,41 @@ def _runtime(
 
 def _container(inventory: Inventory, image: str | None, checkpoints: str, *, secret: str | None,
                workdir: str, workers: list[str]) -> dict[str, Any]:  # fmt: skip
-    job = inventory.job
-    # The image's python, no host-specific GPU indices (the pod's GPUs are numbered from 0).
-    host: Host = replace(inventory.hosts[0], python="python", visible_gpus=None)
-    in_image = replace(job, script=posixpath.join(workdir, posixpath.basename(job.script))) \
-        if job.script else job  # fmt: skip
-    cwd = files_dir(inventory) if job.files else workdir
-    # A run directory in the layout of model/workers.py puts the model export (job.export) in
-    # the job's directory beside the checkpoints: on the claim with --pvc.
-    run_dir = posixpath.join(posixpath.dirname(checkpoints), "runs", "trainjob", "attempt-0", NODE)
-    env = {**job.env, "PYTHONUNBUFFERED": "1", CHECKPOINT_DIR_ENV: checkpoints,
-           pod_launcher.WORKERS_ENV: json.dumps(workers)}  # fmt: skip
-    if job.keras == KERAS_LEGACY:
-        env[LEGACY_KERAS_ENV] = "1"
-    if job.files:
-        env["PYTHONPATH"] = cwd  # a task module or a script's import among the files
+    launch = _launch(inventory, checkpoints, workdir, workers)
     container: dict[str, Any] = {
         "name": NODE,
         "image": image or "",
         "command": ["python", *ISOLATED, "-c", LAUNCHER_SOURCE],  # spawn point: the pod's launcher
-        "args": list(worker_argv(in_image, host, run_dir, checkpoints, in_place=True)),
-        "workingDir": cwd,
-        "env": [{"name": key, "value": value} for key, value in env.items()]
+        "args": list(launch.argv),
+        "workingDir": launch.cwd,
+        "env": [{"name": key, "value": value} for key, value in launch.env.items()]
         + [{"name": pod_launcher.JOBSET_NAME_ENV, "valueFrom": {"fieldRef": {
             "fieldPath": f"metadata.labels['{JOBSET_NAME_LABEL}']"}}}]
         + [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret or "", "key": key}}}
-           for key in job.secret_env],
+           for key in launch.secret_env],
         "ports": [{"name": PORT_NAME, "containerPort": PORT}],
         "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}],
     }  # fmt: skip
-    gpus = inventory.gpus_per_worker
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    if launch.gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": launch.gpus}}
     return container
+
+
+def _launch(
+    inventory: Inventory, checkpoints: str, workdir: str, workers: list[str]
+) -> WorkerLaunch:
+    """Every pod's worker (the first host's, as all are workers): the image's python, the pod's
+    own GPUs (numbered from 0), the script in the image under `workdir`, the model export in
+    the job's directory beside the checkpoints (on the claim with --pvc)."""
+    cwd = files_dir(inventory) if inventory.job.files else workdir
+    place_env = {pod_launcher.WORKERS_ENV: json.dumps(workers)}
+    if inventory.job.files:
+        place_env["PYTHONPATH"] = cwd  # a task module or a script's import among the files
+    place = Placement(python="python", job_dir=posixpath.dirname(checkpoints),
+                      checkpoint_dir=checkpoints, cwd=cwd,
+                      script=in_image(inventory.job.script, workdir), place_env=place_env,
+                      host_gpus=False, booted=False)  # fmt: skip
+    return worker_launch(inventory, 0, place)
 
 
 def dump(documents: Sequence[dict[str, Any]]) -> str:

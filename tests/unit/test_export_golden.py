@@ -10,7 +10,7 @@ output is compared with golden/<format>/<job>.<ext>.
 | ------------ | ----------------------------------------------- | -------- | -------- | -------- |
 | task         | job.task, env, secret_env, --namespace, --pvc   | stored   | stored   | stored   |
 | script       | job.script, args, env, secret_env, exit codes   | stored   | stored   | stored   |
-| legacy       | keras: legacy (a script)                        | stored   | DRIFT    | stored   |
+| legacy       | keras: legacy (a script)                        | stored   | stored   | stored   |
 | gpus         | slurm: with gpus_per_node (a task)              | stored   | stored   | stored   |
 | visible-gpus | hosts' visible_gpus, gpu_memory_growth (a task) | DRIFT    | stored   | stored   |
 | ps           | chief, ps, worker, evaluator (PS script), --pvc | DRIFT    | stored   | refused  |
@@ -19,8 +19,6 @@ output is compared with golden/<format>/<job>.<ext>.
 Known drift for issue 42: today's output is wrong, so no golden file freezes it.
 test_the_known_drift_is_still_there fails once a drift is fixed: then store its golden file
 (--update, below) and take it out of the row's `drift`.
-- legacy x tfjob: the Worker container's env lacks `TF_USE_LEGACY_KERAS: '1'`; the sbatch plan
-  (every task's env) and the TrainJob's `node` container set it, as `up` does on hosts.
 - visible-gpus x sbatch: no `#SBATCH --gpus-per-node=2`, and neither `--visible-gpus` nor
   `--gpu-memory-growth` in the tasks' argv (the hosts become plain Slurm tasks): the script asks
   Slurm for no GPU, where tfjob and trainjob limit `nvidia.com/gpu: 2` (the hosts' visible_gpus,
@@ -108,8 +106,7 @@ ROLES_REFUSED = "a TrainJob's pods are all workers"
 ROWS = (
     Row("task", (*IMAGE, *SECRET, "--namespace", "ml", *PVC)),
     Row("script", (*IMAGE, *SECRET)),
-    Row("legacy", drift={"tfjob": Drift("no TF_USE_LEGACY_KERAS in the worker env",
-                                        lambda out: "TF_USE_LEGACY_KERAS" not in out)}),
+    Row("legacy"),
     Row("gpus"),
     Row("visible-gpus", drift={"sbatch": Drift(
         "no GPU asked of Slurm (--gpus-per-node) nor passed on (--visible-gpus)",

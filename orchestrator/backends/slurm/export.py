@@ -27,7 +27,7 @@ def sbatch_script(inventory: Inventory, plan: Planner) -> str:
         inventory = replace(inventory, hosts=tuple(host for _, _, host in workers))
     # Each submission names its run after its job id; the tasks start where it was submitted.
     workdirs = {host.name: spec.workdir for host in inventory.hosts}
-    specs = [replace(s, cwd=SUBMIT_DIR_PLACEHOLDER)
+    specs = [replace(s, launch=replace(s.launch, cwd=SUBMIT_DIR_PLACEHOLDER))
              for s in plan(inventory, f"slurm-{JOB_ID_PLACEHOLDER}", workdirs,
                            reads_in_place=_from_the_nodes)]  # fmt: skip
     return batch_script(spec, inventory.job, specs)
