@@ -96,10 +96,10 @@ def worker(argv: list[str], env: dict[str, str], secrets: list[str], gpus: int |
 
 
 def by_role(workers: Iterator[tuple[str, Worker]]) -> dict[str, Worker]:
-    """The first worker of each role (the others differ only in their placement)."""
+    """Each role's worker: all of a role differ only in their placement."""
     found: dict[str, Worker] = {}
     for role, one in workers:
-        found.setdefault(role, one)
+        assert found.setdefault(role, one) == one, f"two {role}s differ: {found[role]}, {one}"
     return found
 
 
@@ -162,8 +162,9 @@ def container_worker(container: dict[str, Any]) -> Worker:
 
 def tfjob(row: golden.Row) -> dict[str, Worker]:
     replicas = yaml.safe_load(exported(row, "tfjob"))["spec"]["tfReplicaSpecs"]
-    return by_role((REPLICA_ROLES[kind], container_worker(spec["template"]["spec"]["containers"][0]))
-                   for kind, spec in replicas.items())  # fmt: skip
+    containers = ((kind, spec["template"]["spec"]["containers"][0])
+                  for kind, spec in replicas.items())  # fmt: skip
+    return by_role((REPLICA_ROLES[kind], container_worker(c)) for kind, c in containers)
 
 
 def trainjob(row: golden.Row) -> dict[str, Worker]:
