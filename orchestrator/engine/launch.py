@@ -9,7 +9,6 @@ no launcher can start a worker another one would start differently.
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import replace
 
 from orchestrator.contract import (
@@ -135,8 +134,3 @@ def evaluator_argv(job: Job, python: str, checkpoints: str) -> tuple[str, ...]:
         "--steps", str(job.steps),
         "--batch-size", str(job.batch_size),
     )  # fmt: skip
-
-
-def in_image(script: str | None, directory: str) -> str | None:
-    """Where a job's script is in a container image: its name, in `directory`."""
-    return posixpath.join(directory, posixpath.basename(script)) if script else None
