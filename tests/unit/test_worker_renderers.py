@@ -20,6 +20,11 @@ What differs by design is where the worker runs, and only that is taken out firs
   directory, the model export's directory, and --visible-gpus (a host's GPU indices).
 
 A cell of `refused` must exit 2 (ExportRefused): Slurm and TrainJob run workers only.
+
+Run against the code before issue 42's worker definition, it failed on five cells: steps and
+legacy (the TFJob had no ORCHESTRATE_TARGET_STEPS, no TF_USE_LEGACY_KERAS), visible-gpus (the
+batch script asked Slurm for no GPU and dropped --gpu-memory-growth), and ps and evaluator
+(the batch script ran every role as a worker instead of refusing them).
 """
 
 from __future__ import annotations
