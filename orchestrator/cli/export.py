@@ -153,7 +153,8 @@ def _export_trainjob(
     secret: str | None,
     workdir: str,
 ) -> None:
-    from orchestrator.export.trainjob import dump, files_dir, problems, refusals, trainjob
+    from orchestrator.export.trainjob import dump, files_dir, refusals, trainjob
+    from orchestrator.export.trainjob_admission import problems
 
     refused = refusals(inventory, pvc, secret)
     if not image:

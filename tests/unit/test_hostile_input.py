@@ -26,7 +26,7 @@ from orchestrator.engine.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.engine.exports import pull_export
 from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import HostError, InventoryError
-from orchestrator.export import tfjob, trainjob
+from orchestrator.export import kubernetes, tfjob
 from orchestrator.machines.hostclient import host_program
 from orchestrator.model.answers import CheckpointListing, FileListing
 from orchestrator.model.inventory import Host, Inventory
@@ -137,7 +137,7 @@ def test_name_patterns_match_whole_strings() -> None:
     assert NAME_PATTERN.fullmatch("shapes") and not NAME_PATTERN.fullmatch("shapes\n")
     manifest = {"apiVersion": tfjob.API_VERSION, "kind": "TFJob", "metadata": {"name": "a\n"}}
     assert any("DNS-1035" in p for p in tfjob.problems(manifest))
-    assert trainjob.DNS_1035.fullmatch("a\n") is None  # every check calls fullmatch
+    assert kubernetes.DNS_1035.fullmatch("a\n") is None  # every check calls fullmatch
 
 
 def test_a_workdir_with_a_space_stays_one_sbatch_option(tmp_path: Path) -> None:

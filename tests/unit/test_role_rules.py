@@ -5,6 +5,7 @@ evaluator restarts alone) over the fake backend."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -300,6 +301,28 @@ def test_a_trainjob_export_refuses_roles(tmp_path: Path) -> None:
                for r in refused), refused  # fmt: skip
     plain = load_inventory(write(tmp_path, "  - {name: a, address: localhost, port: 20000}\n"))
     assert refusals(plain, "claim", None) == []
+
+
+def test_the_hosts_command_shows_each_hosts_role(tmp_path: Path) -> None:
+    """`orchestrate hosts` (table and --json) of a parameter-server inventory with an
+    evaluator: the chief first, then each host's own role, as status shows them."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli.hosts import hosts
+
+    evaluator = "  - {name: judge, role: evaluator, address: localhost, port: 20004}\n"
+    path = write(tmp_path, PS_HOSTS + evaluator, PS_JOB)
+    shown = CliRunner().invoke(hosts, ["--json", str(path)])
+    assert shown.exit_code == 0, shown.output
+    rows = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [(r["name"], r["role"]) for r in rows] == [
+        ("boss", "chief"), ("w0", "worker"), ("ps0", "ps"), ("w1", "worker"),
+        ("judge", "evaluator")]  # fmt: skip
+    table = CliRunner().invoke(hosts, [str(path)], terminal_width=200)
+    cells = [[cell.strip() for cell in line.split("│")[1:3]]
+             for line in table.stdout.splitlines() if line.startswith("│")]  # fmt: skip
+    assert cells == [["boss", "chief"], ["w0", "worker"], ["ps0", "ps"],
+                     ["w1", "worker"], ["judge", "evaluator"]]  # fmt: skip
 
 
 class StoppingBackend(FakeBackend):

@@ -69,7 +69,7 @@ class MissingGroup(Exception):
 def parse_ansible(
     document: LineMap, defaults: LineMap, report: Report, base: Path
 ) -> tuple[list[Placed], None]:
-    """The host source's entry point (inventory.HOST_SOURCES): the workers, no scheduler."""
+    """The host source's entry point (its SOURCE's parser): the workers, no scheduler."""
     return _ansible_hosts(document, defaults, report, base), None
 
 
