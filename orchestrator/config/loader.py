@@ -172,10 +172,10 @@ JOB_KEYS: dict[str, Checker] = checkers(JOB_KEY_ENTRIES)
 # Keys parsed by their own functions below (lists and mappings, checked per item).
 LIST_JOB_KEYS = ("args", "env", "secret_env", "files", "permanent_exit_codes")
 
-# A host source (config/sources/base.HostSource) turns its top-level block into the workers, in
-# TF_CONFIG order, and its own settings if it places them itself. An inventory takes exactly one;
-# spares (and later min_hosts) apply to whatever it produced.
-# The top level's keys besides the host sources (exactly one of them).
+# The top level's keys besides the host sources. A host source (config/sources/base.HostSource,
+# passed in by the caller) turns its top-level block into the workers, in TF_CONFIG order, and
+# its own settings if it places them itself. An inventory takes exactly one; spares (and later
+# min_hosts) apply to whatever it produced.
 TOP_KEY_ENTRIES: tuple[Key, ...] = (
     Key("defaults", "mapping of host keys", "`{}`",
         "every key here applies to every host (and spare) unless the host sets it"),
