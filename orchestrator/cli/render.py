@@ -75,6 +75,8 @@ def status_table(status: RunStatus) -> Table:
     if status.restarts:
         last = printable(status.restarts[-1].describe())
         title.append(f"  attempt {status.attempt}, {len(status.restarts)} restart(s), last: {last}")
+    for line in status.alone:  # ParameterServerStrategy workers started again by themselves
+        title.append(f"\n{printable(line)}")
     if status.eta_seconds is not None:
         title.append(f"  ETA {duration(status.eta_seconds)}")
     if status.outcome:

@@ -113,6 +113,12 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
         "evaluation", POSITIVE),
     Key("max_restarts", "integer, at least 0", "`3`",
         "restarts of the whole cluster before the run fails", integer(0)),
+    Key("max_worker_restarts", "integer, at least 0", "`6`",
+        "under `strategy: parameter-server`: how often each `worker` task that failed is "
+        "started again by itself, at its address, while the chief and the ps keep training "
+        "(a lost ps or chief restarts the cluster: `max_restarts`); once a worker has used "
+        "them all, its next failure fails the run. `0`: a lost worker fails the run",
+        integer(0)),
     Key("restart_backoff", "integer, 0 to 3600 (seconds)", "`5`",
         "seconds before the first restart, doubling after each", integer(0, 3600)),
     Key("partition_timeout", "integer, 0 to 86400 (seconds)", "`600`",

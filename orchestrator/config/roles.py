@@ -2,11 +2,12 @@
 
 MultiWorkerMirroredStrategy (the default, and every task job) makes worker 0 the chief: a
 `role: chief` there is a mistake. `job.strategy: parameter-server` (a ParameterServerStrategy
-`script:`) needs exactly one chief, at least one ps and one worker; its cluster cannot shrink or
-take a spare (a ps holds variables no spare has). At most one evaluator, which evaluates the
-chief's checkpoints: it must see the chief's checkpoint directory. A host source whose hosts
-cannot carry roles says how it refuses them (its `RoleRule`: Ansible sources stay all-worker and
-Slurm refuses parameter-server, for now).
+`script:`, or the built-in loop's ClusterCoordinator for a `task:`) needs exactly one chief, at
+least one ps and one worker; its cluster cannot shrink or take a spare (a ps holds variables no
+spare has; a lost worker is started again at its own address). `max_worker_restarts` is its
+alone. At most one evaluator, which evaluates the chief's checkpoints: it must see the chief's
+checkpoint directory. A host source whose hosts cannot carry roles says how it refuses them (its
+`RoleRule`: Ansible sources stay all-worker and Slurm refuses parameter-server, for now).
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def check_roles(
         for key in ("spares", "min_hosts"):
             if key in document:
                 report.add(line_of(document, key), key, "not under job.strategy: "
-                           "parameter-server: a lost task restarts the whole cluster as listed "
-                           "(its ps hold the variables)")  # fmt: skip
+                           "parameter-server: a lost ps or chief restarts the whole cluster "
+                           "as listed (its ps hold the variables), a lost worker restarts at "
+                           "its address")  # fmt: skip
     _check_evaluator(placed, job, report)
 
 
@@ -76,16 +78,21 @@ def _check_strategy(
     counts = {role: [p for p in placed if p[2].role == role] for role in
               (ROLE_CHIEF, ROLE_PS, ROLE_WORKER)}  # fmt: skip
     if job.strategy != STRATEGY_PS:
+        if "max_worker_restarts" in block:
+            report.add(line_of(block, "max_worker_restarts"), "job.max_worker_restarts",
+                       "applies under job.strategy: parameter-server only (there a lost "
+                       "worker restarts by itself); this job restarts the whole cluster: "
+                       "max_restarts")  # fmt: skip
         for where, line, host in counts[ROLE_CHIEF] + counts[ROLE_PS]:
             report.add(line, f"{where}.role", (
                 f"{host.role} needs job.strategy: parameter-server"
                 + (f"; under {job.strategy} the first worker is the chief: leave role unset"
                    if host.role == ROLE_CHIEF else "")))  # fmt: skip
         return
-    if job.task is not None:
-        report.add(strategy_line, "job.strategy", "parameter-server runs a job.script (a "
-                   "ParameterServerStrategy script); the built-in loop (job.task) is "
-                   "multi-worker")  # fmt: skip
+    if job.task is not None and job.steps_per_call > 1:
+        report.add(line_of(block, "steps_per_call"), "job.steps_per_call", "not under "
+                   "job.strategy: parameter-server: each step is a closure the chief "
+                   "schedules on a worker; leave it at 1")  # fmt: skip
     found = ", ".join(f"{len(counts[r])} {r}" for r in counts)
     if len(counts[ROLE_CHIEF]) != 1 or not counts[ROLE_PS] or not counts[ROLE_WORKER]:
         report.add(strategy_line, "job.strategy", f"parameter-server needs exactly one "

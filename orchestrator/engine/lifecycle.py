@@ -95,7 +95,8 @@ def launch_attempt(
 
 def start_alone(record: RunRecord, backend: Backend, index: int, alone: int) -> RunRecord:
     """Start the worker at `index` again by itself (the evaluator, whose failure is not the
-    training's), in a run directory of its own; the record with its new place."""
+    training's; a ParameterServerStrategy worker, whose chief goes on), with the same TF_CONFIG
+    and port, in a run directory of its own; the record with its new place."""
     secrets = secret_values(record.inventory.job.secret_env, os.environ, doing="starting it")
     workdirs = backend.workdirs(record.inventory.hosts).raise_if_failed("reaching the hosts")
     specs = plan_workers(record.inventory, record.run_id, dict(workdirs), record.attempt, secrets,

@@ -23,7 +23,7 @@ from orchestrator.contract import (
 )
 from orchestrator.engine.launch import worker_launch
 from orchestrator.engine.tfconfig import tf_config
-from orchestrator.model.inventory import ROLE_EVALUATOR, Host, Inventory, Job
+from orchestrator.model.inventory import ROLE_EVALUATOR, ROLE_WORKER, Host, Inventory, Job
 from orchestrator.model.launch import Placement
 from orchestrator.model.workers import WorkerSpec, checkpoint_dir, job_dir, sync_dir
 
@@ -101,11 +101,13 @@ def plan_workers(
     Each attempt of a run (a restart after a failure) gets fresh run directories. `secrets`: the
     values of job.secret_env (secretenv.secret_values), for the workers' environment only.
     `reads_in_place`: the backend's answer whether a host's worker sees this machine's files.
-    `alone`: the evaluator's Nth start alone in this attempt (its own run directory)."""
+    `alone`: the Nth start alone of an evaluator, or of a ParameterServerStrategy worker (its
+    own run directory)."""
     specs = []
     for index, host in enumerate(inventory.hosts):
         directory = job_dir(inventory.job, workdirs[host.name])
-        leaf = host.name + (f"-restart{alone}" if alone and host.role == ROLE_EVALUATOR else "")
+        alone_role = host.role in (ROLE_EVALUATOR, ROLE_WORKER)
+        leaf = host.name + (f"-restart{alone}" if alone and alone_role else "")
         run_dir = posixpath.join(directory, "runs", run_id, f"attempt-{attempt}", leaf)
         in_place = reads_in_place(host)
         place = host_placement(inventory, host, directory, run_id, run_dir, in_place=in_place)

@@ -1,5 +1,7 @@
-"""The supervisor's part for the hosts' roles (roles.py decides): once a ParameterServerStrategy
-chief exited 0, stop the ps and workers it leaves serving; start a failed evaluator again alone
+"""The supervisor's part for the hosts' roles (roles.py and policy.py decide): once a
+ParameterServerStrategy chief exited 0, stop the ps and workers it leaves serving; start a failed
+ParameterServerStrategy worker again by itself while the chief and the ps go on (its own budget,
+job.max_worker_restarts, kept in the run's record); start a failed evaluator again alone
 (its failure is not the training's); once the training succeeded, give the evaluator up to
 stall_timeout for the final checkpoint, then SIGTERM it (it evaluates the newest checkpoint it
 has not evaluated and exits 0)."""
@@ -13,19 +15,26 @@ from dataclasses import dataclass, replace
 from orchestrator.backends.base import Backend
 from orchestrator.engine import roles
 from orchestrator.engine.lifecycle import start_alone
+from orchestrator.engine.policy import worker_failure, worker_restart
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus
 from orchestrator.errors import OrchestrateError
 from orchestrator.model.inventory import ROLE_EVALUATOR
-from orchestrator.model.records import RunRecord
+from orchestrator.model.records import Restart, RunRecord, alone_counts, restarted_alone
 
 STOP_GRACE = 5.0  # a ps or worker of a finished chief: it only serves
+
+
+def _no_event(line: str, restart: Restart) -> None:
+    pass
 
 
 @dataclass
 class Sidecar:
     backend: Backend
     say: Callable[[str], None]
+    # Told of each worker restarted by itself (the notify targets): its line and why.
+    told: Callable[[str, Restart], None] = _no_event
     restarted: int = 0  # the evaluator's starts alone, this attempt
     _done_at: float | None = None  # when the training was first seen succeeded
 
@@ -39,6 +48,9 @@ class Sidecar:
             self.backend.stop([record.workers[i] for i in stop], STOP_GRACE,
                               roles.STOPPED_AFTER_CHIEF)  # fmt: skip
             return record
+        index = worker_restart(status, record.alone, record.inventory.job)
+        if index is not None:
+            return self._restart_worker(record, status, index)
         index = roles.evaluator_restart(pairs, self.restarted)
         if index is not None:
             self.restarted += 1
@@ -51,6 +63,25 @@ class Sidecar:
                 self.say(f"could not start the evaluator again: {error.message}")
                 return record
         return self._end_evaluator(record, status)
+
+    def _restart_worker(self, record: RunRecord, status: RunStatus, index: int) -> RunRecord:
+        """Start the failed worker at `index` again by itself, at its address; the record
+        counts the restart whether or not the start worked (a start that failed is tried
+        again at the next poll, while the budget lasts)."""
+        worker = status.workers[index]
+        failure = worker_failure(worker)
+        restart = Restart(time.time(), record.attempt, worker.name, failure.reason, worker.step,
+                          failure.kind.value)  # fmt: skip
+        record = replace(record, alone=(*record.alone, restart))
+        number = alone_counts(record.alone)[worker.name]
+        line = restarted_alone(worker.name, number, record.inventory.job.max_worker_restarts)
+        self.say(f"{line}: {restart.describe()}")
+        self.told(line, restart)
+        try:
+            return start_alone(record, self.backend, index, number)
+        except OrchestrateError as error:
+            self.say(f"could not start {worker.name} again: {error.message}")
+            return record
 
     def _end_evaluator(self, record: RunRecord, status: RunStatus) -> RunRecord | None:
         training = [w for w in status.workers if w.role != ROLE_EVALUATOR]

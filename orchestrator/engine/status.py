@@ -23,7 +23,13 @@ from orchestrator.model.reading import (
     text,
     texts,
 )
-from orchestrator.model.records import Restart, RunRecord, SchedulerState, WorkerRecord
+from orchestrator.model.records import (
+    Restart,
+    RunRecord,
+    SchedulerState,
+    WorkerRecord,
+    alone_lines,
+)
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,8 @@ class RunStatus:
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None
     scheduler: SchedulerState | None = None  # a scheduler's view of the attempt (Slurm job)
+    # "worker w1 restarted (2 of 6), the chief continued": per worker restarted by itself
+    alone: tuple[str, ...] = ()
 
     @property
     def pace(self) -> str | None:
@@ -154,6 +162,7 @@ class RunStatus:
             "attempt": self.attempt,
             "restarts": len(self.restarts),
             "last_restart": last.__dict__ if last else None,
+            "restarted_alone": list(self.alone),
             "outcome": self.outcome,
             "scheduler": self.scheduler.to_json() if self.scheduler else None,
             "workers": [w.to_json() for w in self.workers],
@@ -185,6 +194,7 @@ class RunStatus:
             restarts=_restarts(data.get("restarts"), data.get("last_restart")),
             outcome=text(data.get("outcome")),
             scheduler=_scheduler(data.get("scheduler")),
+            alone=texts(data.get("restarted_alone")),
         )
 
 
@@ -289,6 +299,7 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         job=record.job_name,
         attempt=record.attempt,
         restarts=record.restarts,
+        alone=alone_lines(record.alone, record.inventory.job.max_worker_restarts),
         outcome=record.outcome,
         scheduler=backend.scheduler.scheduler_state(record) if backend.scheduler else None,
         state=run_state((s.role, s.state) for s in statuses),

@@ -147,6 +147,11 @@ class Job:
     # stall_timeout seconds has failed; the cluster is restarted up to max_restarts times.
     stall_timeout: int = 300
     max_restarts: int = 3
+    # Under job.strategy: parameter-server, how often each worker task is started again by
+    # itself, at its address, while the chief and the ps keep running (a lost ps or chief
+    # restarts the cluster, as above). 6: Kubernetes' Job backoffLimit default (TFJob's own
+    # replica default is restartPolicy Never, and its backoffLimit unset means no limit).
+    max_worker_restarts: int = 6
     restart_backoff: int = 5  # seconds before the first restart, doubling after each
     # How long a restart waits (without spending a restart) while hosts cannot reach each
     # other's TensorFlow port, before the run fails naming the blocked pairs.

@@ -60,6 +60,27 @@ class Restart:
         return f"{self.worker}{step}: {self.reason}"
 
 
+def restarted_alone(worker: str, number: int, budget: int) -> str:
+    """How a worker's restart by itself reads everywhere (supervisor, status, dashboard,
+    events): its number among the worker's job.max_worker_restarts."""
+    return f"worker {worker} restarted ({number} of {budget}), the chief continued"
+
+
+def alone_lines(alone: tuple[Restart, ...], budget: int) -> tuple[str, ...]:
+    """One line per worker that was restarted by itself, for its latest restart, in the
+    order of their first."""
+    counts = alone_counts(alone)
+    return tuple(restarted_alone(worker, number, budget) for worker, number in counts.items())
+
+
+def alone_counts(alone: tuple[Restart, ...]) -> dict[str, int]:
+    """How often each worker was restarted by itself, in the order of their first."""
+    counts: dict[str, int] = {}
+    for restart in alone:
+        counts[restart.worker] = counts.get(restart.worker, 0) + 1
+    return counts
+
+
 @dataclass(frozen=True)
 class SchedulerState:
     """A scheduler's view of a run's current attempt, for status (Slurm: its batch job)."""
@@ -105,6 +126,10 @@ class RunRecord:
     stop_requested: bool = field(default=False, compare=False)
     # A scheduler's job id for each attempt, in order (Slurm: one batch job per attempt).
     scheduler_jobs: tuple[str, ...] = ()
+    # Workers started again by themselves while the rest of the attempt went on (under
+    # ParameterServerStrategy): why each was, in order; they spend job.max_worker_restarts,
+    # never max_restarts.
+    alone: tuple[Restart, ...] = ()
 
     @property
     def job_name(self) -> str:
@@ -139,6 +164,7 @@ class RunRecord:
                 "restarts": tuple(Restart(**r) for r in data.get("restarts", ())),
                 "dropped": tuple(host(h) for h in data.get("dropped", ())),
                 "scheduler_jobs": tuple(data.get("scheduler_jobs", ())),
+                "alone": tuple(Restart(**r) for r in data.get("alone", ())),
             }
         )
 
