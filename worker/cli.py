@@ -141,7 +141,9 @@ def _add_strategy_and_trace_flags(parser: argparse.ArgumentParser) -> None:
         choices=cfg.STRATEGIES,
         default=cfg.STRATEGY_MULTI_WORKER,
         help="multi-worker: MultiWorkerMirroredStrategy over TF_CONFIG's cluster (default); "
-        "mirrored: MirroredStrategy over this host's devices only (no TF_CONFIG)",
+        "mirrored: MirroredStrategy over this host's devices only (no TF_CONFIG); "
+        "parameter-server: ParameterServerStrategy, the chief's ClusterCoordinator sends the "
+        "steps to the workers, the ps hold the variables, worker and ps tasks only serve",
     )
     parser.add_argument(
         "--profile-steps",
@@ -236,15 +238,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         config = parse_config(argv, os.environ)
+        if config.cluster.serves:  # a ParameterServerStrategy worker or ps: the chief steps
+            return _serve(config)
         task = load_task(config.task)
         check_task_fits(config, task)
     except (cfg.ConfigError, TaskError) as exc:
         print(f"worker: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    from worker import train  # TensorFlow: only now that the inputs are known to be good.
+    # TensorFlow: only now that the inputs are known to be good.
+    from worker import psloop, train
 
     try:
-        train.run(config, task)
+        if config.cluster.parameter_server:
+            psloop.run(config, task)
+        else:
+            train.run(config, task)
     except (cfg.ConfigError, TaskError) as exc:
         # A setting only the host can refute (a GPU index it lacks, a batch that does not split
         # over its devices), or a dataset that only TensorFlow can measure (an infinite or empty
@@ -259,4 +267,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         traceback.print_exc()
         sys.stderr.flush()
         return EXIT_TRAINING_ERROR
+    return EXIT_OK
+
+
+def _serve(config: cfg.WorkerConfig) -> int:
+    """A ParameterServerStrategy worker or ps task: its server, until it is stopped (never
+    returns in a run: the chief's end stops it)."""
+    from worker import psloop
+
+    psloop.serve(config)
     return EXIT_OK
