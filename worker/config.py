@@ -160,17 +160,17 @@ def parse_tf_config(text: str | None, strategy: str = STRATEGY_MULTI_WORKER) -> 
         raise ConfigError(f"TF_CONFIG cluster needs a non-empty 'worker' list: {text!r}")
     if strategy == STRATEGY_PS:
         return _parameter_server_cluster(cluster, task, text)
-    # The built-in loop is MultiWorkerMirroredStrategy: plain worker clusters only (worker 0 is
-    # the chief). An evaluator task runs `python -m worker.evaluate --watch`, outside the
-    # cluster; chief and ps tasks are ParameterServerStrategy's, for a job.script.
+    # Under MultiWorkerMirroredStrategy: plain worker clusters only (worker 0 is the chief). An
+    # evaluator task runs `python -m worker.evaluate --watch`, outside the cluster; chief and ps
+    # tasks are ParameterServerStrategy's (--strategy parameter-server, or a job.script).
     if task.get("type") == "evaluator":
         raise ConfigError("TF_CONFIG: an 'evaluator' task runs 'python -m worker.evaluate "
                           f"--watch', not the training loop: {text!r}")  # fmt: skip
     other_roles = sorted(set(cluster) - {"worker"})
     if other_roles or task.get("type") != "worker":
         raise ConfigError(
-            "TF_CONFIG: the training loop (MultiWorkerMirroredStrategy) runs only 'worker' "
-            f"tasks; chief and ps tasks are for a ParameterServerStrategy script: {text!r}"
+            "TF_CONFIG: the training loop under MultiWorkerMirroredStrategy runs only 'worker' "
+            f"tasks; chief and ps tasks need --strategy {STRATEGY_PS}: {text!r}"
         )
     index = task.get("index")
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workers):

@@ -111,8 +111,12 @@ def test_the_evaluator_is_in_no_cluster_and_runs_worker_evaluate(tmp_path: Path)
      "  - {name: p, role: ps, address: localhost, port: 20003}\n"
      "  - {name: b, address: localhost, port: 20001}\n", PS_JOB, "",
      "found 2 chief, 1 ps, 1 worker"),
-    (PS_HOSTS, "task: pkg.mod:task\n  steps: 5\n  strategy: parameter-server", "",
-     "job.strategy: parameter-server runs a job.script"),
+    (PS_HOSTS, "task: pkg.mod:task\n  steps: 5\n  strategy: parameter-server\n"
+     "  steps_per_call: 5", "", "inv.yaml:12: job.steps_per_call: not under job.strategy: "
+     "parameter-server: each step is a closure the chief schedules on a worker"),
+    ("  - {name: a, address: localhost, port: 20000}\n", "script: train.py\n"
+     "  max_worker_restarts: 2", "", "inv.yaml:7: job.max_worker_restarts: applies under "
+     "job.strategy: parameter-server only"),
     (PS_HOSTS, PS_JOB, "min_hosts: 2\n", "inv.yaml:12: min_hosts: not under job.strategy: "
      "parameter-server"),
     (PS_HOSTS, PS_JOB, "spares:\n  - {name: s, address: localhost, port: 20010}\n",
@@ -201,7 +205,8 @@ def test_run_state_and_who_counts() -> None:
     assert roles.run_state(done) is S.SUCCEEDED and roles.to_stop(done) == []
     training = [("chief", S.RUNNING), ("worker", S.STARTING), ("ps", S.STARTING)]
     assert roles.watched(training) == [0]  # only the chief's steps
-    assert roles.training(training) == [0, 1, 2]  # any lost task restarts the cluster
+    # Any lost task is the training's: a worker that cannot restart alone restarts the cluster.
+    assert roles.training(training) == [0, 1, 2]
     assert roles.run_state([("chief", S.RUNNING), ("ps", S.FAILED)]) is S.FAILED
     mwms = [("worker", S.RUNNING), ("worker", S.RUNNING), ("evaluator", S.FAILED)]
     assert roles.run_state(mwms) is S.RUNNING  # its failure is not the training's
