@@ -28,7 +28,6 @@ from orchestrator.model.records import Restart, WorkerRecord
 from tests.fakes.backend import FakeBackend, exited, running
 
 S = WorkerState
-PS = "parameter-server"
 SERVING = {"exists": True, "pid": 100, "alive": True, "worker_pid": 101, "progress": None}
 STOPPED = {**exited(-15), "stop_requested": True}
 HOSTS = (Host("boss", "10.0.0.1", 1, role="chief"), Host("w0", "10.0.0.2", 1),
@@ -52,7 +51,7 @@ def lost(worker: str, times: int) -> tuple[Restart, ...]:
 
 
 def test_which_lost_worker_restarts_alone_and_when_the_run_fails_instead() -> None:
-    job = Job("demo", script="t.py", strategy=PS)
+    job = Job("demo", script="t.py", strategy="parameter-server")
     killed = run_of(running(5), SERVING, exited(-9, 5), SERVING)
     assert worker_restart(killed, (), job) == 2  # w1, while the chief and the ps go on
     assert worker_restart(killed, lost("w0", 6), job) == 2  # w0's budget is not w1's
@@ -69,7 +68,7 @@ def test_which_lost_worker_restarts_alone_and_when_the_run_fails_instead() -> No
     )
     assert worker_budget_spent(failure, "worker", lost("w1", 5), job) is None
     assert worker_budget_spent(failure, "ps", lost("w1", 6), job) is None
-    none = Job("demo", script="t.py", strategy=PS, max_worker_restarts=0)
+    none = Job("demo", script="t.py", strategy="parameter-server", max_worker_restarts=0)
     assert worker_restart(killed, (), none) is None
     assert worker_budget_spent(failure, "worker", (), none) == (
         "max_worker_restarts is 0: a lost worker fails the run"
@@ -83,7 +82,7 @@ def fake_ps_run(tmp_path: Path, backend: FakeBackend, **job: Any) -> tuple[Super
     out = tmp_path / "events.jsonl"
     target = NotifyTarget(command=("sh", "-c", f"cat >> '{out}'; echo >> '{out}'"))
     inventory = Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), HOSTS,
-                          Job("demo", script="t.py", steps=20, strategy=PS, restart_backoff=0,
+                          Job("demo", script="t.py", steps=20, strategy="parameter-server", restart_backoff=0,
                               **job), notify=(target,))  # fmt: skip
     store = RunStore(tmp_path / "state")
     supervisor = Supervisor(store, backend, start_run(inventory, store, backend), interval=0)
