@@ -53,11 +53,12 @@ def by_name(status: dict[str, Any], name: str) -> dict[str, Any]:
     return next(w for w in status["workers"] if w["name"] == name)
 
 
-def kill_a_worker_under_a_held_chief(cli: Cli, at: int) -> int:
+def kill_a_worker_under_a_held_chief(cli: Cli, reaper: list[str], at: int) -> int:
     """Once the chief's checkpoint reached step `at`: the chief held (psutil suspend) while
     worker-1 is SIGKILLed and seen started again by itself, then let go; the chief's pid."""
     status = cli.status_when(lambda s: (by_name(s, "chief")["checkpoint_step"] or 0) >= at,
                              timeout=180)  # fmt: skip
+    reaper.append(status["run_id"])
     chief = psutil.Process(by_name(status, "chief")["pid"])
     lost = by_name(status, "worker-1")["pid"]
     chief.suspend()  # the training waits at the point of the kill, whatever the machine's load
@@ -80,10 +81,9 @@ def test_a_ps_script_keeps_its_chief_through_a_lost_worker_restarts_after_its_ps
     ps_inventory(cli, steps=30)
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     try:
-        chief_pid = kill_a_worker_under_a_held_chief(cli, at=5)
+        chief_pid = kill_a_worker_under_a_held_chief(cli, reaper, at=5)
         status = cli.status_when(lambda s: (by_name(s, "chief")["checkpoint_step"] or 0) >= 15,
                                  timeout=180)  # fmt: skip
-        reaper.append(status["run_id"])
         assert status["attempt"] == 0 and by_name(status, "chief")["pid"] == chief_pid
         assert status["restarted_alone"] == [
             "worker worker-1 restarted (1 of 6), the chief continued"]  # fmt: skip
@@ -132,8 +132,7 @@ def test_the_built_in_loop_under_parameter_server_keeps_its_chief_through_a_lost
     })  # fmt: skip
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     try:
-        chief_pid = kill_a_worker_under_a_held_chief(cli, at=50)
-        reaper.append(cli.record()["run_id"])
+        chief_pid = kill_a_worker_under_a_held_chief(cli, reaper, at=50)
         out, err = up.communicate(timeout=300)
     finally:
         up.kill()
