@@ -139,7 +139,10 @@ def test_the_built_in_loop_under_parameter_server_keeps_its_chief_through_a_lost
     assert up.returncode == 0, f"{out}\n{err}"
     assert "worker worker-1 restarted (1 of 6), the chief continued: worker-1" in out
     status = cli.status()
-    assert status["state"] == "succeeded" and status["attempt"] == 0 and status["restarts"] == 0
+    assert (status["state"], status["attempt"], status["restarts"]) == ("succeeded", 0, 0), (
+        status["last_restart"],
+        out,
+    )
     chief = by_name(status, "chief")
     assert (chief["step"], chief["checkpoint_step"]) == (200, 200)
     assert chief["val_accuracy"] is not None  # the final evaluation, on the chief
