@@ -82,8 +82,8 @@ def fake_ps_run(tmp_path: Path, backend: FakeBackend, **job: Any) -> tuple[Super
     out = tmp_path / "events.jsonl"
     target = NotifyTarget(command=("sh", "-c", f"cat >> '{out}'; echo >> '{out}'"))
     inventory = Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), HOSTS,
-                          Job("demo", script="t.py", steps=20, strategy="parameter-server", restart_backoff=0,
-                              **job), notify=(target,))  # fmt: skip
+                          Job("demo", script="t.py", steps=20, strategy="parameter-server",
+                              restart_backoff=0, **job), notify=(target,))  # fmt: skip
     store = RunStore(tmp_path / "state")
     supervisor = Supervisor(store, backend, start_run(inventory, store, backend), interval=0)
     return supervisor, store
