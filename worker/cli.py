@@ -245,14 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (cfg.ConfigError, TaskError) as exc:
         print(f"worker: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    # TensorFlow: only now that the inputs are known to be good.
-    from worker import psloop, train
-
     try:
-        if config.cluster.parameter_server:
-            psloop.run(config, task)
-        else:
-            train.run(config, task)
+        _train(config, task)
     except (cfg.ConfigError, TaskError) as exc:
         # A setting only the host can refute (a GPU index it lacks, a batch that does not split
         # over its devices), or a dataset that only TensorFlow can measure (an infinite or empty
@@ -268,6 +262,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.flush()
         return EXIT_TRAINING_ERROR
     return EXIT_OK
+
+
+def _train(config: cfg.WorkerConfig, task: TrainingTask) -> None:
+    """The loop of the config's strategy; TensorFlow is imported only now that the inputs are
+    known to be good."""
+    if config.cluster.parameter_server:
+        from worker import psloop
+
+        psloop.run(config, task)
+    else:
+        from worker import train
+
+        train.run(config, task)
 
 
 def _serve(config: cfg.WorkerConfig) -> int:
