@@ -130,7 +130,6 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    sigterm = watch_sigterm()
     if config.seed is not None:
         import keras
 
@@ -152,6 +151,7 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
     if start_step == 0:
         summaries.inputs(dataset, step=0)
     with_accuracy = has_integer_labels(dataset.element_spec)
+    sigterm = watch_sigterm()
     with strategy.scope():  # plain variables on the ps, which every worker's steps add to
         window = Window(config.batch_size)
     step = make_ps_train_step(
@@ -176,6 +176,9 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
         evaluator=chief_evaluator(config, state, task),
     )
     iterator = per_worker_iterator(strategy, coordinator, task, config.batch_size)
+    # Again: the per-worker datasets' creation puts the default action back (measured: the chief
+    # died of `down`'s SIGTERM instead of saving); a SIGTERM counted before still counts.
+    sigterm.install()
     final_step = loop.run(iterator, start_step)
     export(config, state)
     return final_step

@@ -13,11 +13,12 @@ from typing import Any
 from orchestrator.backends.base import Backend
 from orchestrator.engine.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.engine.plan import new_run_id, plan_workers
+from orchestrator.engine.roles import stop_order
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import secret_values
 from orchestrator.errors import HostErrors, OrchestrateError
 from orchestrator.fanout import GroupResult
-from orchestrator.model.answers import BY_DOWN
+from orchestrator.model.answers import BY_DOWN, StopAnswer
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import RunRecord, WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec, job_dir_of_run
@@ -270,8 +271,12 @@ def stop_run(
 ) -> StopReport:
     """SIGTERM every worker's process group, SIGKILL what is left after `grace` seconds; with
     `standbys`, the slots' standbys and the run's leases go too (the run ends; a restart keeps
-    them). `by` says who stopped them, in their status."""
-    answers = backend.stop(record.workers, grace, by)
+    them). `by` says who stopped them, in their status. A ParameterServerStrategy chief is
+    stopped before its ps and workers (roles.stop_order)."""
+    answers: GroupResult[str, StopAnswer] = GroupResult()
+    for group in stop_order([w.host.role for w in record.workers]):
+        stopped = backend.stop([record.workers[i] for i in group], grace, by)
+        answers = GroupResult({**answers.ok, **stopped.ok}, {**answers.failed, **stopped.failed})
     if standbys:
         if backend.keeper is not None:  # a host not answering: its standby lingers out
             backend.keeper.discard_standbys(record.workers)

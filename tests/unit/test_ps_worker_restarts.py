@@ -15,7 +15,7 @@ from rich.console import Console
 from orchestrator.cli.render import status_table
 from orchestrator.config.loader import load_inventory
 from orchestrator.dashboard.model import timeline
-from orchestrator.engine.lifecycle import start_run
+from orchestrator.engine.lifecycle import start_run, stop_run
 from orchestrator.engine.policy import worker_budget_spent, worker_failure, worker_restart
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState
@@ -147,7 +147,8 @@ def test_a_worker_that_keeps_failing_ends_the_run_with_its_root_cause(tmp_path: 
         message
     )
     assert "the worker that failed first: w1" in message and tail[0] in message
-    assert backend.stops[-1] == ["boss", "w0", "w1", "p"]  # the run ends: everyone stopped
+    # The run ends: everyone stopped, the chief first (its save needs the ps).
+    assert backend.stops[-2:] == [["boss"], ["w0", "w1", "p"]]
     outcome = store.load().outcome or ""  # what status and the dashboard show
     assert outcome.startswith("gave up: w1: ") and "max_worker_restarts: 2" in outcome
     assert len(store.load().alone) == 2 and store.load().restarts == ()
@@ -165,3 +166,16 @@ def test_the_inventory_key_and_its_refusals(tmp_path: Path) -> None:
                     "  max_worker_restarts: 2\n")  # fmt: skip
     assert load_inventory(path).job.max_worker_restarts == 2  # a task job under ps loads
     assert Job("demo").max_worker_restarts == 6
+
+
+def test_down_stops_a_ps_chief_before_the_ps_it_saves_from(tmp_path: Path) -> None:
+    backend = FakeBackend(scripts={"boss": {0: [running(5)]}})
+    supervisor, _ = fake_ps_run(tmp_path, backend)
+    stop_run(supervisor.record, backend, grace=10.0)
+    assert backend.stops == [["boss"], ["w0", "w1", "p"]] and backend.graces == [10.0, 10.0]
+    plain = FakeBackend()
+    inventory = Inventory(str(tmp_path / "inv.yaml"), str(tmp_path),
+                          (Host("a", "10.0.0.1", 1), Host("b", "10.0.0.2", 1)),
+                          Job("demo", script="t.py"))  # fmt: skip
+    stop_run(start_run(inventory, RunStore(tmp_path / "plain"), plain), plain, grace=10.0)
+    assert plain.stops == [["a", "b"]]  # MultiWorkerMirrored: all at once
