@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from orchestrator.backends.registry import load_inventory
 from orchestrator.cli.render import status_table
-from orchestrator.config.loader import load_inventory
 from orchestrator.dashboard.model import timeline
 from orchestrator.engine.lifecycle import start_run, stop_run
 from orchestrator.engine.policy import worker_budget_spent, worker_failure, worker_restart
