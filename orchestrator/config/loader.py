@@ -311,7 +311,8 @@ def parse_inventory(
     if job is not None:
         _check_job_fits_hosts(job, hosts, document, report)
         refused = source.roles if source is not None else None
-        check_roles(placed, spares, job, document, report, refused=refused)
+        own = source.check_roles if source is not None else None
+        check_roles(placed, spares, job, document, report, refused=refused, own=own)
         if source is not None and source.check_job is not None:
             source.check_job(job, document, report)
     min_hosts = _parse_min_hosts(document, len(hosts), report)

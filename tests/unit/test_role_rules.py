@@ -162,12 +162,12 @@ def test_an_evaluator_on_another_ssh_machine_is_refused_on_the_same_one_accepted
     assert load_inventory(same).hosts[1].role == "evaluator"
 
 
-def test_slurm_refuses_parameter_server_and_ansible_stays_all_worker(tmp_path: Path) -> None:
+def test_slurm_parameter_server_needs_roles_and_ansible_stays_all_worker(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("")
     slurm = tmp_path / "slurm.yaml"
     slurm.write_text("slurm:\n  nodes: 3\njob:\n  name: demo\n  script: train.py\n"
                      "  strategy: parameter-server\n")  # fmt: skip
-    assert any("slurm.yaml:6: job.strategy: parameter-server is not supported on Slurm" in p
+    assert any("slurm.yaml:6: job.strategy: parameter-server on Slurm needs slurm.roles" in p
                for p in problems_of(slurm))  # fmt: skip
     (tmp_path / "hosts.ini").write_text("[trainers]\nnode1 tf_port=20000 role=chief\n")
     ansible = tmp_path / "ansible.yaml"

@@ -8,7 +8,7 @@ workers, and hands them to the loader (config/ never imports backends/). Each so
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,9 @@ Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its l
 # (the document, `defaults:`, the report, the inventory's directory) -> the workers in
 # TF_CONFIG order, and the source's own settings when it places them itself (else None).
 SourceParser = Callable[["LineMap", "LineMap", "Report", Path], tuple[list["Placed"], Any]]
+# A source's own check of the roles it gives its workers (placed, the job, the document, the
+# report), with lines: Slurm's `slurm.roles` counts against the job's strategy.
+OwnRoles = Callable[[Sequence["Placed"], "Job", "LineMap", "Report"], None]
 # A block of the manual's key reference: (where, what it is, its entries).
 Block = tuple[str, str, tuple["Key", ...]]
 
@@ -44,6 +47,7 @@ class HostSource:
     parse: SourceParser
     blocks: tuple[Block, ...] = ()  # its own keys, for the key reference (the manual)
     roles: RoleRule | None = None  # None: hosts take `role:` as under `hosts:`
+    check_roles: OwnRoles | None = None  # roles given its own way, checked by it
     # Why `setup:` and `sync:` do not apply (a scheduler's nodes come prepared); None: they do.
     no_setup: str | None = None
     # Checks of `job:` this source adds (what its launcher cannot carry), with lines.
