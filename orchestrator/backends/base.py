@@ -68,6 +68,10 @@ class Backend(Lifecycle, Logs, Files, Preparation, Reach):
     # hosts themselves, not by a scheduler's settings): a command that meets an earlier run's
     # inventory of the same backend asks this one (its open sessions) instead of a second.
     one_for_all: ClassVar[bool] = False
+    # A worker that restarts by itself (a ParameterServerStrategy worker, the evaluator) is
+    # started again in place by its own launcher, which records each restart in its run
+    # directory (WorkerProbe.restarts); the supervisor only records them, never starts one.
+    restarts_in_place: ClassVar[bool] = False
 
     @classmethod
     def for_inventory(cls, inventory: Inventory | None) -> Backend:

@@ -18,8 +18,16 @@ from orchestrator.contract import (
     TARGET_STEPS_ENV,
     booted,
 )
+from orchestrator.engine.roles import EVALUATOR_RESTARTS
 from orchestrator.engine.tfconfig import task_of
-from orchestrator.model.inventory import ROLE_EVALUATOR, Host, Inventory, Job
+from orchestrator.model.inventory import (
+    ROLE_EVALUATOR,
+    ROLE_WORKER,
+    STRATEGY_PS,
+    Host,
+    Inventory,
+    Job,
+)
 from orchestrator.model.launch import Placement, WorkerLaunch
 from orchestrator.model.workers import export_dir
 
@@ -41,7 +49,19 @@ def worker_launch(inventory: Inventory, index: int, place: Placement) -> WorkerL
         checkpoint_dir=place.checkpoint_dir,
         permanent_exit_codes=job.permanent_exit_codes,
         gpus=inventory.gpus_per_worker,
+        restarts_alone=restarts_alone(job, host.role),
     )
+
+
+def restarts_alone(job: Job, role: str) -> int:
+    """How often a worker of `role` restarts by itself (WorkerLaunch.restarts_alone): a
+    ParameterServerStrategy worker its job.max_worker_restarts, the evaluator
+    roles.EVALUATOR_RESTARTS, any other none (a lost one restarts the cluster)."""
+    if role == ROLE_EVALUATOR:
+        return EVALUATOR_RESTARTS
+    if role == ROLE_WORKER and job.strategy == STRATEGY_PS:
+        return job.max_worker_restarts
+    return 0
 
 
 def worker_env(job: Job, host: Host, place: Placement) -> dict[str, str]:

@@ -56,3 +56,8 @@ class WorkerLaunch:
     checkpoint_dir: str
     permanent_exit_codes: tuple[int, ...]
     gpus: int | None = None  # per worker, from a scheduler; None: none asked for
+    # How often it is started again by itself, at its address, while the rest of the cluster
+    # goes on (a ParameterServerStrategy worker, the evaluator); 0: its failure is the
+    # cluster's. A launcher that restarts in place (Slurm's) reads it; on hosts the supervisor
+    # does the same from the job.
+    restarts_alone: int = 0

@@ -14,8 +14,8 @@ output is compared with golden/<format>/<job>.<ext>.
 | legacy       | keras: legacy (a script)                        | stored   | stored   | stored   |
 | gpus         | slurm: with gpus_per_node (a task)              | stored   | stored   | stored   |
 | visible-gpus | hosts' visible_gpus, gpu_memory_growth (a task) | stored   | stored   | stored   |
-| ps           | chief, ps, worker, evaluator (PS script), --pvc | refused  | stored   | refused  |
-| evaluator    | two workers and an evaluator (a task), --pvc    | refused  | stored   | refused  |
+| ps           | chief, ps, worker, evaluator (PS script), --pvc | stored   | stored   | refused  |
+| evaluator    | two workers and an evaluator (a task), --pvc    | stored   | stored   | refused  |
 
 Known drift: a cell whose output is wrong, so no golden file freezes it (none today; issue 42
 fixed the four it found: legacy x tfjob had no TF_USE_LEGACY_KERAS; visible-gpus x sbatch asked
@@ -26,9 +26,9 @@ Every launcher and export renders one worker definition (engine/launch.py);
 test_worker_renderers.py checks that they start the same workers.
 
 Refused, rightly (exit 2, ExportRefused; test_the_refusals_stand checks that they still are):
-- ps x trainjob and evaluator x trainjob: a TrainJob's pods are all workers;
-- ps x sbatch and evaluator x sbatch: the batch script's tasks are all workers (every task's
-  TF_CONFIG is a worker's); roles on Slurm are a later issue.
+- ps x trainjob and evaluator x trainjob: a TrainJob's pods are all workers.
+ps x sbatch and evaluator x sbatch were refused until issue 45 (roles on Slurm): each task of
+the batch script's plan now carries its role, and the launcher writes its TF_CONFIG from it.
 
 The inputs make the output deterministic; nothing is rewritten after the export:
 - each inventory is loaded (so validated) from golden/inventories/ and re-rooted at ROOT (its
@@ -96,8 +96,7 @@ class Row:
     refused: Mapping[str, str] = field(default_factory=dict)  # format -> what the refusal says
 
 
-ROLES_REFUSED = {"trainjob": "a TrainJob's pods are all workers",
-                 "sbatch": "the batch script's tasks are all workers"}  # fmt: skip
+ROLES_REFUSED = {"trainjob": "a TrainJob's pods are all workers"}
 ROWS = (
     Row("task", (*IMAGE, *SECRET, "--namespace", "ml", *PVC)),
     Row("script", (*IMAGE, *SECRET)),

@@ -19,7 +19,8 @@ What differs by design is where the worker runs, and only that is taken out firs
   script (contract.booted: its stacks go to a run directory, which a pod lacks), the script's
   directory, the model export's directory, and --visible-gpus (a host's GPU indices).
 
-A cell of `refused` must exit 2 (ExportRefused): Slurm and TrainJob run workers only.
+A cell of `refused` must exit 2 (ExportRefused): a TrainJob runs workers only (Slurm runs every
+role since issue 45: its ps and evaluator rows compare sbatch too).
 
 Run against the code before issue 42's worker definition, it failed on five cells: steps and
 legacy (the TFJob had no ORCHESTRATE_TARGET_STEPS, no TF_USE_LEGACY_KERAS), visible-gpus (the
@@ -146,8 +147,9 @@ def sbatch(row: golden.Row) -> dict[str, Worker]:
     option = next((line for line in script.splitlines()
                    if line.startswith("#SBATCH --gpus-per-node=")), None)  # fmt: skip
     gpus = int(option.split("=", 1)[1]) if option else None
-    # Every task's TF_CONFIG is a worker's (hostside/slurm_launcher.py).
-    return by_role(("worker", worker(t["argv"], t["env"], plan["secret_env"], gpus))
+    # Each task's role is the plan's (a worker where the job has none): the launcher's
+    # TF_CONFIG type (hostside/slurm_launcher.py).
+    return by_role((t.get("role", "worker"), worker(t["argv"], t["env"], plan["secret_env"], gpus))
                    for t in plan["tasks"])  # fmt: skip
 
 
@@ -204,8 +206,8 @@ ROWS = (
     Row("legacy", "keras: legacy"),
     Row("gpus", "Slurm GPUs (gpus_per_node)", not_for=("hosts",)),
     Row("visible-gpus", "hosts' visible_gpus and gpu_memory_growth"),
-    Row("ps", "chief, ps, worker and evaluator roles", refused=("sbatch", "trainjob")),
-    Row("evaluator", "workers and an evaluator", refused=("sbatch", "trainjob")),
+    Row("ps", "chief, ps, worker and evaluator roles", refused=("trainjob",)),
+    Row("evaluator", "workers and an evaluator", refused=("trainjob",)),
 )
 
 

@@ -73,6 +73,7 @@ def login_host(spec: SlurmSpec) -> Host | None:
 class SlurmBackend(Backend, Scheduler):
     resubmits_preempted = True
     shared_checkpoints = True
+    restarts_in_place = True  # a task's launcher: the allocation stays, so do its address
 
     @classmethod
     def for_inventory(cls, inventory: Inventory | None) -> SlurmBackend:

@@ -9,7 +9,6 @@ from pathlib import Path
 from orchestrator.backends.base import Planner
 from orchestrator.backends.slurm.script import batch_script
 from orchestrator.config.sources.slurm import slurm_workers
-from orchestrator.errors import ExportRefused
 from orchestrator.hostside.slurm_launcher import JOB_ID_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import ROLE_WORKER, Host, Inventory
@@ -18,11 +17,14 @@ from orchestrator.model.slurm import SlurmSpec
 
 def sbatch_script(inventory: Inventory, plan: Planner) -> str:
     """`export --format sbatch`: the batch script `up` submits, to submit by hand (for a hosts:
-    inventory, one node per host). `plan` is the engine's plan_workers."""
-    refuse_roles(inventory)
+    inventory, one node per host, each task with its host's role). `plan` is the engine's
+    plan_workers."""
     placed = inventory.source_settings if isinstance(inventory.source_settings, SlurmSpec) else None
-    spec = placed or SlurmSpec(nodes=len(inventory.hosts), port=inventory.hosts[0].port,
-                               gpus_per_node=inventory.gpus_per_worker)  # fmt: skip
+    roles = tuple(host.role for host in inventory.hosts)  # the chief first, the evaluator last
+    spec = placed or SlurmSpec(
+        nodes=len(inventory.hosts), port=inventory.hosts[0].port,
+        gpus_per_node=inventory.gpus_per_worker,
+        roles=roles if set(roles) != {ROLE_WORKER} else ())  # fmt: skip
     # Submitted by hand on the cluster (a login node's `sbatch FILE`, or `ssh LOGIN sbatch <
     # FILE`): the tasks start where it was submitted and find the files there, login: or not.
     spec = replace(spec, login=None)
@@ -34,19 +36,6 @@ def sbatch_script(inventory: Inventory, plan: Planner) -> str:
              for s in plan(inventory, f"slurm-{JOB_ID_PLACEHOLDER}", workdirs,
                            reads_in_place=_from_the_nodes)]  # fmt: skip
     return batch_script(spec, inventory.job, specs)
-
-
-def refuse_roles(inventory: Inventory) -> None:
-    """ExportRefused (exit 2) for hosts of another role than worker: every task's TF_CONFIG is
-    a worker's (hostside/slurm_launcher.py), so a chief, ps or evaluator would train as one."""
-    roles = sorted({host.role for host in inventory.hosts} - {ROLE_WORKER})
-    if roles:
-        raise ExportRefused(
-            f"hosts with role {', '.join(roles)}: the batch script's tasks are all workers "
-            "(Slurm runs no chief, ps or evaluator yet)",
-            hint="use --format tfjob, which writes Chief, PS, Worker and Evaluator replica "
-            "specs, or run the job on its hosts with 'orchestrate up'",
-        )
 
 
 def as_tasks(inventory: Inventory, spec: SlurmSpec) -> Inventory:
