@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from orchestrator.backends.base import Backend
 from orchestrator.engine import roles
@@ -36,10 +36,41 @@ class Sidecar:
     # Told of each worker restarted by itself (the notify targets): its line and why.
     told: Callable[[str, Restart], None] = _no_event
     restarted: int = 0  # the evaluator's starts alone, this attempt
+    # The evaluator's restarts in place already said (the workers' are in the record).
+    _seen: set[tuple[str, float]] = field(default_factory=set)
     _done_at: float | None = None  # when the training was first seen succeeded
 
     def act(self, record: RunRecord, status: RunStatus) -> RunRecord | None:
         """What the roles ask for now; the record when it did something (None: nothing)."""
+        mirrored = self._mirror_in_place(record, status)
+        acted = self._act(mirrored or record, status)
+        return acted or mirrored
+
+    def _mirror_in_place(self, record: RunRecord, status: RunStatus) -> RunRecord | None:
+        """The restarts in place that workers' launchers made since the last poll (Slurm),
+        told and recorded as the supervisor's own restarts alone are: a worker's spend its
+        job.max_worker_restarts in the record; the evaluator's are said. None: none new."""
+        known = {(r.worker, r.at) for r in record.alone} | self._seen
+        new = [r for w in status.workers for r in w.restarted if (r.worker, r.at) not in known]
+        if not new:
+            return None
+        roles_of = {w.name: w.role for w in status.workers}
+        for restart in sorted(new, key=lambda r: r.at):
+            if roles_of[restart.worker] == ROLE_EVALUATOR:
+                self._seen.add((restart.worker, restart.at))
+                count = sum(1 for name, _ in self._seen if name == restart.worker)
+                self.say(f"the evaluator {restart.worker} failed ({restart.reason}); its "
+                         f"launcher started it again in place ({count})")  # fmt: skip
+                continue
+            record = replace(record, alone=(*record.alone, restart))
+            number = alone_counts(record.alone)[restart.worker]
+            line = restarted_alone(restart.worker, number,
+                                   record.inventory.job.max_worker_restarts)  # fmt: skip
+            self.say(f"{line}: {restart.describe()}")
+            self.told(line, restart)
+        return record
+
+    def _act(self, record: RunRecord, status: RunStatus) -> RunRecord | None:
         pairs = [(w.role, w.state) for w in status.workers]
         stop = roles.to_stop(pairs)
         if stop:
@@ -48,6 +79,8 @@ class Sidecar:
             self.backend.stop([record.workers[i] for i in stop], STOP_GRACE,
                               roles.STOPPED_AFTER_CHIEF)  # fmt: skip
             return record
+        if self.backend.restarts_in_place:  # the launchers restart, _mirror_in_place tells
+            return self._end_evaluator(record, status)
         index = worker_restart(status, record.alone, record.inventory.job)
         if index is not None:
             return self._restart_worker(record, status, index)

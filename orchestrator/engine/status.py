@@ -66,6 +66,9 @@ class WorkerStatus:
     step_call_seconds: float | None = None
     step_seconds: float | None = None
     role: str = ROLE_WORKER  # its task type in TF_CONFIG (the host's role:)
+    # Its earlier exits this attempt, each followed by a start again in place by its launcher
+    # (Slurm: a ParameterServerStrategy worker, the evaluator); the supervisor records them.
+    restarted: tuple[Restart, ...] = ()
 
     @property
     def stepped(self) -> bool:
@@ -80,7 +83,8 @@ class WorkerStatus:
         return worker_eta(self)
 
     def to_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k != "log_tail"}
+        # The restarts in place are the run's record's (RunStatus.alone says them).
+        data = {k: v for k, v in self.__dict__.items() if k not in ("log_tail", "restarted")}
         data["state"] = self.state.value
         return data
 
@@ -273,15 +277,31 @@ def _elapsed(start: float | None, end: float) -> float | None:
     return seconds if 0 <= seconds <= LONGEST_UPTIME else None
 
 
+def in_place_restarts(name: str, probe: WorkerProbe | None, attempt: int) -> tuple[Restart, ...]:
+    """The worker's earlier exits in this attempt that its launcher followed with a start again
+    in place, each as the Restart the run's record keeps (the same reasons as a failure's)."""
+    found = []
+    for restart in probe.restarts if probe else ():
+        ended = restart.exit
+        how = f"killed by {ended.signal}" if ended.signal else f"exit {ended.returncode}"
+        kind = classify_exit(ended.returncode, ended.log_tail).value
+        reason = f"{how}: {ended.error}" if ended.error else how
+        found.append(Restart(ended.finished_at or 0.0, attempt, name, reason, restart.step, kind))
+    return tuple(found)
+
+
 def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
     probes = backend.probe(record.workers)
     unreachable = {name: error.message for name, error in probes.failed.items()}
     statuses = [
-        worker_status(
-            worker,
-            probes.ok.get(worker.name),
-            unreachable.get(worker.name),
-            expectation(record, worker),
+        replace(
+            worker_status(
+                worker,
+                probes.ok.get(worker.name),
+                unreachable.get(worker.name),
+                expectation(record, worker),
+            ),
+            restarted=in_place_restarts(worker.name, probes.ok.get(worker.name), record.attempt),
         )
         for worker in record.workers
     ]
