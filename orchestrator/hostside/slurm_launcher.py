@@ -300,7 +300,8 @@ def main():
 # answers at the same address. Each restart is recorded in restarts.json (rundir.RESTARTS_FILE),
 # which the supervisor reads through its probe; only the last exit is exit.json, and only that
 # one reaches srun (whose --kill-on-bad-exit then ends the step).
-_SIGNALLED: "list[int]" = []  # the stop signals this launcher passed on: a worker they end is not restarted
+# The stop signals this launcher passed on: a worker they end is not restarted.
+_SIGNALLED: "list[int]" = []
 KEPT_RESTARTS = 100  # restarts.json keeps the newest ones (the count is the supervisor's)
 
 

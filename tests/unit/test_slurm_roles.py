@@ -101,14 +101,14 @@ def test_the_plan_carries_each_tasks_role_and_the_launcher_writes_the_hosts_tf_c
 ) -> None:
     inventory = inventory_of(tmp_path, "{chief: 1, worker: 2, ps: 2, evaluator: 1}")
     specs = plan_workers(inventory, "r", {h.name: "/shared" for h in inventory.hosts})
-    tasks = plan(inventory.slurm, specs)["tasks"]
-    assert [(t["role"], t["task_index"]) for t in tasks] == [
-        ("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0), ("ps", 1), ("evaluator", 0)]  # fmt: skip
+    tasks: list[dict[str, Any]] = plan(inventory.slurm, specs)["tasks"]  # type: ignore[assignment]
+    assert [(t["role"], t["task_index"]) for t in tasks] == [("chief", 0), ("worker", 0),
+        ("worker", 1), ("ps", 0), ("ps", 1), ("evaluator", 0)]  # fmt: skip
     # Restarts in place: the workers their job.max_worker_restarts, the evaluator its three.
     assert [t.get("restarts") for t in tasks] == [None, 6, 6, None, None, 3]
     nodes = [f"gpu{i:02d}" for i in range(6)]  # as Slurm gave them, in SLURM_PROCID order
-    placed = replace(inventory, hosts=tuple(replace(h, address=n)
-                                            for h, n in zip(inventory.hosts, nodes, strict=True)))  # fmt: skip
+    hosts = zip(inventory.hosts, nodes, strict=True)
+    placed = replace(inventory, hosts=tuple(replace(h, address=n) for h, n in hosts))
     roles = [t["role"] for t in tasks]
     for index, task in enumerate(tasks):
         config = launcher_tf_config(nodes, 2345, index, roles)
@@ -119,9 +119,10 @@ def test_the_plan_carries_each_tasks_role_and_the_launcher_writes_the_hosts_tf_c
         launcher_tf_config(nodes[:4], 2345, 0, roles)
     # A job without roles keeps the plan it had: no role keys, every task a worker.
     plain = load_inventory(write(tmp_path, "  nodes: 2\n", MWMS_JOB))
-    plain_tasks = plan(plain.slurm, plan_workers(plain, "r", {h.name: "/s" for h in plain.hosts}))
-    assert all(set(t) == {"run_dir", "private_dirs", "cwd", "argv", "env"}
-               for t in plain_tasks["tasks"])  # fmt: skip
+    assert plain.slurm is not None
+    plain_specs = plan_workers(plain, "r", {h.name: "/s" for h in plain.hosts})
+    plain_tasks: list[dict[str, Any]] = plan(plain.slurm, plain_specs)["tasks"]  # type: ignore[assignment]
+    assert all(set(t) == {"run_dir", "private_dirs", "cwd", "argv", "env"} for t in plain_tasks)
     assert launcher_tf_config(["a", "b"], 1, 1) == {
         "cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}  # fmt: skip
     script = batch_script(inventory.slurm, inventory.job, specs)
