@@ -284,6 +284,9 @@ def main():
     returncode = _run_worker(index, task, started)
     if returncode is None:
         return 127
+    if _ENDED:
+        print(f"task {index}: stopped {task['ends_by']}", flush=True)
+        return 0  # not a bad exit: srun's --kill-on-bad-exit would end the others' last work
     if config["task"]["type"] == EVALUATOR and returncode != 0:
         # The evaluator's failure is not the training's: exit.json keeps it for the
         # supervisor, and srun's --kill-on-bad-exit leaves the training tasks running.
@@ -318,6 +321,7 @@ def _run_worker(index, task, how):
             return None
         _write(os.path.join(run_dir, rundir.WORKER_PID_FILE), str(child.pid))
         watch = procwatch.JoinWatch(child.pid, how["config"])
+        _end_with(task, fill, run_dir, child)
         returncode = _wait_forwarding_signals(child, run_dir, secrets if secrets else None)
         joined = watch.joined()
         again = len(history) < budget and restartable(
@@ -330,6 +334,41 @@ def _run_worker(index, task, how):
         _write_json(os.path.join(run_dir, rundir.RESTARTS_FILE), history[-KEPT_RESTARTS:])
         print(f"task {index}: worker exited {returncode}; started again in place "
               f"({len(history)} of {budget})", flush=True)  # fmt: skip
+
+
+# Set once the tasks this one ends with (the plan's "ends_with") exited 0, and its worker was
+# stopped for it: a ParameterServerStrategy ps or worker after its chief, the evaluator after
+# the training. The launcher then tells srun it succeeded.
+_ENDED: "list[bool]" = []
+END_POLL = 1.0  # seconds between looks at the others' exit records
+
+
+def _end_with(task, fill, run_dir, child):
+    """Watches, in a thread, the exit records of the tasks in task["ends_with"]: once every one
+    says 0, stop_requested (by task["ends_by"]) and SIGTERM to the worker."""
+    ends_with = [os.path.expanduser(fill(d)) for d in task.get("ends_with", [])]
+    if not ends_with:
+        return
+    import threading  # not at the top: most tasks end with nobody
+
+    def succeeded(directory):
+        record = rundir.read_exit(directory)
+        return isinstance(record, dict) and record.get("returncode") == 0
+
+    def watch():
+        while child.poll() is None:
+            if all(succeeded(d) for d in ends_with):
+                _write(
+                    os.path.join(run_dir, rundir.STOP_FILE), rundir.stop_request(task["ends_by"])
+                )
+                _ENDED.append(True)
+                _SIGNALLED.append(signal.SIGTERM)
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
+                return
+            time.sleep(END_POLL)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def restartable(returncode, joined, permanent, signalled, stop_requested):

@@ -106,6 +106,8 @@ def test_the_plan_carries_each_tasks_role_and_the_launcher_writes_the_hosts_tf_c
         ("worker", 1), ("ps", 0), ("ps", 1), ("evaluator", 0)]  # fmt: skip
     # Restarts in place: the workers their job.max_worker_restarts, the evaluator its three.
     assert [t.get("restarts") for t in tasks] == [None, 6, 6, None, None, 3]
+    # The ps and workers end with the chief, the evaluator with the training (the chief).
+    assert [t.get("ends_with") for t in tasks] == [None, *[[tasks[0]["run_dir"]]] * 5]
     nodes = [f"gpu{i:02d}" for i in range(6)]  # as Slurm gave them, in SLURM_PROCID order
     hosts = zip(inventory.hosts, nodes, strict=True)
     placed = replace(inventory, hosts=tuple(replace(h, address=n) for h, n in hosts))
@@ -206,6 +208,40 @@ def test_a_spent_budget_ends_the_step_and_the_evaluator_never_does(tmp_path: Pat
     returncode, run_dir = launch(tmp_path / "e", "evaluator", restarts=1, kills=5, last=0)
     assert returncode == 0  # the training goes on; exit.json keeps the evaluator's failure
     assert json.loads((run_dir / "exit.json").read_text())["returncode"] == -9
+
+
+def test_a_serving_worker_ends_with_its_chief_and_srun_is_told_it_succeeded(
+    tmp_path: Path,
+) -> None:
+    """A ParameterServerStrategy worker serves until stopped: its launcher stops it once the
+    chief's exit record says 0 (so an exported batch job ends without a supervisor), marks it
+    stopped by whom, never restarts it, and exits 0 to srun."""
+    chief_dir = tmp_path / "chief"
+    chief_dir.mkdir()
+    run_dir = tmp_path / "t1"
+    serving = "import time\nprint('serving', flush=True)\nwhile True: time.sleep(0.1)\n"
+    worker = {"run_dir": str(run_dir), "cwd": str(tmp_path), "env": {}, "role": "worker",
+              "task_index": 0, "argv": [sys.executable, "-c", serving], "restarts": 6,
+              "permanent": [], "ends_with": [str(chief_dir)],
+              "ends_by": "after the chief finished"}  # fmt: skip
+    chief = {**worker, "role": "chief", "run_dir": str(chief_dir), "restarts": 0}
+    env = {"ORCHESTRATE_SLURM_PLAN": json.dumps({"port": 2222, "tasks": [chief, worker]}),
+           "SLURM_PROCID": "1", "SLURM_JOB_ID": "9", "SLURM_STEP_NODELIST": "n[1-2]",
+           "PATH": "/usr/bin:/bin"}  # fmt: skip
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER_SOURCE], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            launcher.wait(timeout=3)  # serving while the chief trains
+        (chief_dir / "exit.json").write_text(json.dumps({"returncode": 0}))
+        output, _ = launcher.communicate(timeout=30)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, output
+    assert "stopped after the chief finished" in output
+    assert json.loads((run_dir / "exit.json").read_text())["returncode"] == -15
+    assert json.loads((run_dir / "stop_requested").read_text())["by"] == "after the chief finished"
+    assert not (run_dir / "restarts.json").exists()
 
 
 class InPlaceBackend(FakeBackend):

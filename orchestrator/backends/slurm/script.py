@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from orchestrator.contract import ISOLATED
 from orchestrator.errors import ScriptRefused
 from orchestrator.hostside.bundle import shipped_program
-from orchestrator.model.inventory import ROLE_WORKER
+from orchestrator.model.inventory import ROLE_CHIEF, ROLE_EVALUATOR, ROLE_PS, ROLE_WORKER
 from orchestrator.model.slurm import (
     LAUNCHER_END,
     PLAN_END,
@@ -49,9 +49,26 @@ def plan(
         "port": spec.port,
         "secret_env": list(secret_env),
         "tasks": [{"run_dir": s.run_dir, "private_dirs": list(s.private_dirs), "cwd": s.cwd,
-                   "argv": list(s.argv), "env": dict(s.env), **_roles(s, roles)}
+                   "argv": list(s.argv), "env": dict(s.env), **_roles(s, roles),
+                   **_ends_with(s, ordered)}
                   for s in ordered],
     }  # fmt: skip
+
+
+def _ends_with(spec: WorkerSpec, specs: Sequence[WorkerSpec]) -> dict[str, object]:
+    """The run directories whose exit 0 ends this task, so a batch job ends once its training
+    did, supervised or not: a ParameterServerStrategy ps or worker only serves, so it ends with
+    the chief; the evaluator with the training (the chief, or every worker). Its launcher then
+    stops its worker (the evaluator evaluates the newest checkpoint first) and tells srun it
+    succeeded."""
+    role = spec.launch.role
+    chief = [s.run_dir for s in specs if s.launch.role == ROLE_CHIEF]
+    if role in (ROLE_PS, ROLE_WORKER) and chief:
+        return {"ends_with": chief, "ends_by": "after the chief finished"}
+    if role == ROLE_EVALUATOR:
+        training = chief or [s.run_dir for s in specs if s.launch.role == ROLE_WORKER]
+        return {"ends_with": training, "ends_by": "after the training finished"}
+    return {}
 
 
 def _roles(spec: WorkerSpec, roles: bool) -> dict[str, object]:

@@ -127,7 +127,12 @@ ORCHESTRATE_SLURM_PLAN=$(cat <<'ORCHESTRATE_PLAN_END'
    "restarts": 3,
    "permanent": [
     2
-   ]
+   ],
+   "ends_with": [
+    "~/orchestrate/evaluator/runs/slurm-{SLURM_JOB_ID}/attempt-0/task0",
+    "~/orchestrate/evaluator/runs/slurm-{SLURM_JOB_ID}/attempt-0/task1"
+   ],
+   "ends_by": "after the training finished"
   }
  ]
 }

@@ -63,7 +63,11 @@ ORCHESTRATE_SLURM_PLAN=$(cat <<'ORCHESTRATE_PLAN_END'
     "ORCHESTRATE_CHECKPOINT_DIR": "/shared/ckpt"
    },
    "role": "ps",
-   "task_index": 0
+   "task_index": 0,
+   "ends_with": [
+    "~/orchestrate/ps/runs/slurm-{SLURM_JOB_ID}/attempt-0/task0"
+   ],
+   "ends_by": "after the chief finished"
   },
   {
    "run_dir": "~/orchestrate/ps/runs/slurm-{SLURM_JOB_ID}/attempt-0/task2",
@@ -93,7 +97,11 @@ ORCHESTRATE_SLURM_PLAN=$(cat <<'ORCHESTRATE_PLAN_END'
    "restarts": 6,
    "permanent": [
     2
-   ]
+   ],
+   "ends_with": [
+    "~/orchestrate/ps/runs/slurm-{SLURM_JOB_ID}/attempt-0/task0"
+   ],
+   "ends_by": "after the chief finished"
   },
   {
    "run_dir": "~/orchestrate/ps/runs/slurm-{SLURM_JOB_ID}/attempt-0/task3",
@@ -123,7 +131,11 @@ ORCHESTRATE_SLURM_PLAN=$(cat <<'ORCHESTRATE_PLAN_END'
    "restarts": 3,
    "permanent": [
     2
-   ]
+   ],
+   "ends_with": [
+    "~/orchestrate/ps/runs/slurm-{SLURM_JOB_ID}/attempt-0/task0"
+   ],
+   "ends_by": "after the training finished"
   }
  ]
 }
