@@ -635,3 +635,30 @@ def test_a_parameter_server_job_trains_on_its_roles_and_a_lost_worker_restarts_i
     nodes = [(attempt / f"task{i}" / "node").read_text().strip() for i in range(4)]
     assert len(set(nodes)) == 4 and cluster["worker"][0] == f"{nodes[1]}:20000", (nodes, cluster)
     assert len(final["scheduler"]["jobs"]) == 1  # one allocation throughout
+
+
+def test_an_exported_parameter_server_script_ends_with_its_chief_under_plain_sbatch(
+    orchestrate: Orchestrate,
+) -> None:
+    """The same roles exported (`export --format sbatch`) and submitted by hand: nothing
+    supervises it, yet the batch job ends once the chief reached its target (the ps and workers,
+    which only serve, are stopped by their launchers), every task a success to Slurm."""
+    job = ["  name: shapes", "  task: worker.examples.shapes:task", "  steps: 30",
+           "  batch_size: 16", "  log_every: 10", "  strategy: parameter-server"]  # fmt: skip
+    path = orchestrate.inventory(steps=30, job=job, nodes=4, partition=ROLES_PARTITION,
+                                 roles={"chief": 1, "worker": 2, "ps": 1})  # fmt: skip
+    exported = orchestrate("export", str(path), "--format", "sbatch")
+    assert exported.returncode == 0, exported.stderr
+    script = orchestrate.cwd / "ps.sbatch"
+    script.write_text(exported.stdout)
+    submitted = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], cwd=orchestrate.cwd,
+                               env=orchestrate.env, capture_output=True, text=True, timeout=180,
+                               check=False)  # fmt: skip
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr  # ended by itself
+    job_id = submitted.stdout.strip().split(";")[0]
+    attempt = orchestrate.cwd / "shared" / "shapes" / "runs" / f"slurm-{job_id}" / "attempt-0"
+    assert json.loads((attempt / "task0" / "exit.json").read_text())["returncode"] == 0
+    assert json.loads((attempt / "task0" / "progress.json").read_text())["step"] == 30
+    for task in ("task1", "task2", "task3"):
+        stop = json.loads((attempt / task / "stop_requested").read_text())
+        assert stop["by"] == "after the chief finished", (task, stop)
