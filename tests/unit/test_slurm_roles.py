@@ -15,13 +15,15 @@ from typing import Any, ClassVar
 
 import pytest
 
+from orchestrator.backends.registry import load_inventory
 from orchestrator.backends.slurm.script import batch_script, plan
-from orchestrator.config.loader import load_inventory
 from orchestrator.engine.tfconfig import tf_config as hosts_tf_config
 from orchestrator.errors import InventoryError, JobFailed
 from orchestrator.hostside.slurm_launcher import restartable
 from orchestrator.hostside.slurm_launcher import tf_config as launcher_tf_config
+from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import Restart
+from orchestrator.model.slurm import SlurmSpec
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.fakes.planning import plan_workers
 from tests.unit.test_ps_worker_restarts import SERVING, STOPPED, events, fake_ps_run
@@ -38,6 +40,12 @@ def write(tmp_path: Path, slurm: str, job: str = PS_JOB) -> Path:
     return path
 
 
+def spec_of(inventory: Inventory) -> SlurmSpec:
+    spec = inventory.source_settings
+    assert isinstance(spec, SlurmSpec), spec
+    return spec
+
+
 def problems_of(path: Path) -> list[str]:
     with pytest.raises(InventoryError) as refused:
         load_inventory(path)
@@ -46,14 +54,14 @@ def problems_of(path: Path) -> list[str]:
 
 def test_roles_give_each_task_its_role_in_tensorflows_order_and_the_nodes(tmp_path: Path) -> None:
     inventory = load_inventory(write(tmp_path, "  roles: {ps: 1, worker: 2, chief: 1}\n"))
-    assert inventory.slurm is not None and inventory.slurm.nodes == 4
+    assert spec_of(inventory).nodes == 4
     assert [(h.name, h.role) for h in inventory.hosts] == [
         ("task0", "chief"), ("task1", "worker"), ("task2", "worker"), ("task3", "ps")]  # fmt: skip
     both = load_inventory(write(tmp_path, "  nodes: 3\n  roles: {worker: 2, evaluator: 1}\n",
                                 MWMS_JOB))  # fmt: skip
     assert [h.role for h in both.hosts] == ["worker", "worker", "evaluator"]
     plain = load_inventory(write(tmp_path, "  nodes: 2\n", MWMS_JOB))
-    assert plain.slurm is not None and plain.slurm.roles == ()
+    assert spec_of(plain).roles == ()
     assert {h.role for h in plain.hosts} == {"worker"}
 
 
@@ -92,7 +100,7 @@ def test_each_bad_slurm_roles_combination_names_its_line(
     assert any(expected in problem for problem in found), found
 
 
-def inventory_of(tmp_path: Path, roles: str, job: str = PS_JOB) -> Any:
+def inventory_of(tmp_path: Path, roles: str, job: str = PS_JOB) -> Inventory:
     return load_inventory(write(tmp_path, f"  roles: {roles}\n  port: 2345\n", job))
 
 
@@ -101,7 +109,7 @@ def test_the_plan_carries_each_tasks_role_and_the_launcher_writes_the_hosts_tf_c
 ) -> None:
     inventory = inventory_of(tmp_path, "{chief: 1, worker: 2, ps: 2, evaluator: 1}")
     specs = plan_workers(inventory, "r", {h.name: "/shared" for h in inventory.hosts})
-    tasks: list[dict[str, Any]] = plan(inventory.slurm, specs)["tasks"]  # type: ignore[assignment]
+    tasks: list[dict[str, Any]] = plan(spec_of(inventory), specs)["tasks"]  # type: ignore[assignment]
     assert [(t["role"], t["task_index"]) for t in tasks] == [("chief", 0), ("worker", 0),
         ("worker", 1), ("ps", 0), ("ps", 1), ("evaluator", 0)]  # fmt: skip
     # Restarts in place: the workers their job.max_worker_restarts, the evaluator its three.
@@ -121,13 +129,12 @@ def test_the_plan_carries_each_tasks_role_and_the_launcher_writes_the_hosts_tf_c
         launcher_tf_config(nodes[:4], 2345, 0, roles)
     # A job without roles keeps the plan it had: no role keys, every task a worker.
     plain = load_inventory(write(tmp_path, "  nodes: 2\n", MWMS_JOB))
-    assert plain.slurm is not None
     plain_specs = plan_workers(plain, "r", {h.name: "/s" for h in plain.hosts})
-    plain_tasks: list[dict[str, Any]] = plan(plain.slurm, plain_specs)["tasks"]  # type: ignore[assignment]
+    plain_tasks: list[dict[str, Any]] = plan(spec_of(plain), plain_specs)["tasks"]  # type: ignore[assignment]
     assert all(set(t) == {"run_dir", "private_dirs", "cwd", "argv", "env"} for t in plain_tasks)
     assert launcher_tf_config(["a", "b"], 1, 1) == {
         "cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}  # fmt: skip
-    script = batch_script(inventory.slurm, inventory.job, specs)
+    script = batch_script(spec_of(inventory), inventory.job, specs)
     assert "--nodes=6" in script and "(1 chief, 2 worker, 2 ps, 1 evaluator)" in script
 
 
