@@ -185,6 +185,33 @@ def local_inventory(cli: Cli, hosts: list[str], job: dict[str, Any]) -> Path:
     return path
 
 
+def first_run_dir(job_root: Path, name: str, attempt: int = 0) -> Path | None:
+    """The run directory of worker `name` in `attempt` of the job's first run, if it exists yet."""
+    found = sorted(job_root.glob(f"runs/*/attempt-{attempt}/{name}"))
+    return found[0] if found else None
+
+
+def progress_in(run_dir: Path | None) -> dict[str, Any]:
+    """A worker's progress file, read directly (no CLI in between: a `status` poll can take
+    seconds on a busy machine, longer than a fast run has left); {} before it is written, or when
+    caught mid-write."""
+    try:
+        return json.loads((run_dir / "progress.json").read_text()) if run_dir else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def suspend_workers(run_dirs: list[Path | None]) -> list[psutil.Process]:
+    """Suspend the worker of each run directory (its worker.pid); the caller resumes them."""
+    workers = []
+    for run_dir in run_dirs:
+        assert run_dir is not None
+        worker = psutil.Process(int((run_dir / "worker.pid").read_text()))
+        worker.suspend()
+        workers.append(worker)
+    return workers
+
+
 def local_tf_inventory(cli: Cli, **job: Any) -> Path:
     """Two local workers, chief and other, training the bundled example; `job` overrides keys."""
     ports = free_ports(2)

@@ -13,7 +13,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -23,7 +22,7 @@ from tests.cluster.inventories import host_entries
 from tests.cluster.inventories import write_inventory as cluster_inventory
 from tests.cluster.netns import ClusterError, ClusterHost, NamespaceCluster
 from tests.cluster.pytest_support import SharedCluster
-from tests.conftest import Cli, wait_for
+from tests.conftest import Cli, first_run_dir, progress_in, suspend_workers, wait_for
 from tests.scripts import STEPPER
 
 pytestmark = pytest.mark.netns
@@ -70,27 +69,12 @@ def hold_at_checkpoint(
     """Suspend the first attempt's workers as soon as the chief's progress file (read on its host,
     no CLI in between) reports a checkpoint at `step` or later; the caller resumes them."""
 
-    def attempt_dir(host: ClusterHost) -> Path | None:
-        found = sorted((host.workdir / job / "runs").glob(f"*/attempt-0/{host.name}"))
-        return found[0] if found else None
-
     def chief_at_step() -> bool:
-        chief = attempt_dir(hosts[0])
-        try:
-            progress = json.loads((chief / "progress.json").read_text()) if chief else {}
-        except (OSError, ValueError):  # not written yet, or caught mid-write
-            return False
-        return (progress.get("checkpoint_step") or 0) >= step
+        chief = first_run_dir(hosts[0].workdir / job, hosts[0].name)
+        return (progress_in(chief).get("checkpoint_step") or 0) >= step
 
     wait_for(chief_at_step, timeout=timeout, what=f"a checkpoint at step {step}", interval=0.05)
-    workers = []
-    for host in hosts:
-        directory = attempt_dir(host)
-        assert directory is not None, host.name
-        worker = psutil.Process(int((directory / "worker.pid").read_text()))
-        worker.suspend()
-        workers.append(worker)
-    return workers
+    return suspend_workers([first_run_dir(host.workdir / job, host.name) for host in hosts])
 
 
 @contextlib.contextmanager

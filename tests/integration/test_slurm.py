@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from tests.cluster.slurm import (
@@ -32,7 +31,14 @@ from tests.cluster.slurm import (
     SlurmCluster,
     unavailable_reason,
 )
-from tests.conftest import clean_env, dashboard_view
+from tests.conftest import (
+    clean_env,
+    dashboard_view,
+    first_run_dir,
+    progress_in,
+    suspend_workers,
+    wait_for,
+)
 from tests.planted import ALL_NAMES, all_imports, host_program_imports, plant
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
@@ -122,16 +128,6 @@ def laptop(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     base.mkdir(parents=True)
     os.chmod(base.parent, 0o755)
     return Orchestrate(slurm_cluster, base, laptop=True)
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def run_processes(run_id: str) -> list[int]:
@@ -589,26 +585,24 @@ def test_a_parameter_server_job_trains_on_its_roles_and_a_lost_worker_restarts_i
     slurm.port on its node), so the cluster gets two more slurmd (network namespaces, about a
     second each to start) in a partition of their own, and the product runs as it does on a
     real cluster; several tasks per node would need a port per task that it does not have."""
-    job = ["  name: shapes", "  task: worker.examples.shapes:task", "  steps: 100",
+    job = ["  name: shapes", "  task: worker.examples.shapes:task", "  steps: 200",
            "  checkpoint_every: 50", "  batch_size: 16", "  log_every: 10",
            "  strategy: parameter-server"]  # fmt: skip
     roles = {"chief": 1, "worker": 2, "ps": 1}
-    path = orchestrate.inventory(steps=100, job=job, nodes=4, partition=ROLES_PARTITION,
+    path = orchestrate.inventory(steps=200, job=job, nodes=4, partition=ROLES_PARTITION,
                                  roles=roles)  # fmt: skip
     up = orchestrate("up", "--detach", str(path))
     assert up.returncode == 0, up.stderr
-
-    def stepping() -> dict[str, Any] | None:
-        status = orchestrate.status(polling=True)
-        chief = next((w for w in status["workers"] if w["name"] == "task0"), None)
-        return status if chief and (chief["step"] or 0) >= 20 else None
-
-    status = wait_for(stepping, 180, "the chief's step 20")
-    assert [w["role"] for w in status["workers"]] == ["chief", "worker", "worker", "ps"]
-    chief = psutil.Process(by_task(status, "task0")["pid"])
-    lost = by_task(status, "task1")["pid"]
-    chief.suspend()  # the training waits at the point of the kill
+    # The chief is held as soon as its own progress file (on the shared file system, no CLI in
+    # between) says it trains: a `status` poll can take longer than the rest of the run.
+    job_root = orchestrate.cwd / "shared" / "shapes"
+    wait_for(lambda: (progress_in(first_run_dir(job_root, "task0")).get("step") or 0) >= 10,
+             180, "the chief's step 10", interval=0.05)  # fmt: skip
+    (chief,) = suspend_workers([first_run_dir(job_root, "task0")])  # the training waits here
     try:
+        status = orchestrate.status(polling=True)
+        assert [w["role"] for w in status["workers"]] == ["chief", "worker", "worker", "ps"]
+        lost = by_task(status, "task1")["pid"]
         os.kill(lost, signal.SIGKILL)
         wait_for(lambda: by_task(orchestrate.status(polling=True), "task1")["pid"]
                  not in (None, lost), 60, "task1's worker started again")  # fmt: skip
@@ -617,11 +611,11 @@ def test_a_parameter_server_job_trains_on_its_roles_and_a_lost_worker_restarts_i
     final = wait_finished(orchestrate, timeout=240)
     assert (final["state"], final["attempt"], final["restarts"]) == ("succeeded", 0, 0), final
     assert final["restarted_alone"] == ["worker task1 restarted (1 of 6), the chief continued"]
-    assert by_task(final, "task0")["step"] == 100
+    assert by_task(final, "task0")["step"] == 200
     attempt = orchestrate.cwd / "shared" / "shapes" / "runs" / final["run_id"] / "attempt-0"
     assert int((attempt / "task0" / "worker.pid").read_text()) == chief.pid  # the same chief
     log = (attempt / "task0" / "worker.log").read_text()
-    assert "worker: finished at step 100" in log and log.count("worker: first step done") == 1
+    assert "worker: finished at step 200" in log and log.count("worker: first step done") == 1
     (restart,) = json.loads((attempt / "task1" / "restarts.json").read_text())
     assert restart["signal"] == "SIGKILL"
     configs = [json.loads((attempt / f"task{i}" / "tf_config.json").read_text())

@@ -11,15 +11,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from tests.conftest import (
     Cli,
+    first_run_dir,
     free_ports,
     local_tf_inventory,
+    progress_in,
     restored_steps,
     run_processes,
+    suspend_workers,
     wait_for,
 )
 from tests.scripts import STEPPER
@@ -202,19 +204,19 @@ def test_tensorflow_worker_killed_mid_training_resumes_warm_to_exactly_the_targe
     """SIGKILL of a worker: the new attempt's workers are the slots' standbys (TensorFlow
     imported while the first attempt trained), and training resumes from the checkpoint to
     exactly the target step; the run's end leaves no standby behind."""
-    # 600 steps: on a quiet machine 300 could end between the status that saw the first
-    # checkpoint and the suspension below (seen in a CI run: the worker's pid was gone).
     local_tf_inventory(cli, steps=600, checkpoint_every=50, restart_backoff=1, warm_restarts=True)
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     seen: list[int] = []
+    job_root = cli.cwd / "work" / "shapes"
     try:
-        status = cli.status_when(lambda s: s["workers"][0]["checkpoint_step"], timeout=120)
-        seen.append(status["workers"][0]["checkpoint_step"])
-        workers = [psutil.Process(w["pid"]) for w in status["workers"]]
-        # Hold the training (and free the CPU) until both standbys have imported TensorFlow:
-        # on a loaded machine the steps could otherwise end first.
-        for worker in workers:
-            worker.suspend()
+        # Hold the training (and free the CPU) as soon as the chief's own progress file names
+        # its first checkpoint, until both standbys have imported TensorFlow: a `status` poll
+        # in between could take longer than the rest of the run (seen in CI runs, with 300 and
+        # with 600 steps: the worker's pid was gone by the time the test held it).
+        first = wait_for(lambda: progress_in(first_run_dir(job_root, "chief")).get(
+            "checkpoint_step"), 120, "the first checkpoint", interval=0.05)  # fmt: skip
+        seen.append(first)
+        workers = suspend_workers([first_run_dir(job_root, name) for name in ("chief", "other")])
         taken = {worker.pid for worker in workers}
         standbys = wait_for(lambda: ready_standbys(cli, taken), timeout=180,
                             what="ready standbys")  # fmt: skip
