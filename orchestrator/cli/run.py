@@ -236,8 +236,10 @@ def start_and_supervise(
             run_id = new_run_id()
             # The run's leases (port: auto, gpus: N) first: the checks check the leased ports.
             with ExitStack() as held:
+                queued_at = time.time()  # goodput's queue: the wait for the run's turn
                 if queue:  # its turn first: then held_leases keeps what its keepers hold
                     _wait_in_queue(context, inventory, run_id, backend)
+                queue_seconds = time.time() - queued_at if queue else 0.0
                 leased = held.enter_context(held_leases(inventory, run_id, backend, _say))
                 measured = not skip_checks and leased.perf_check
                 if measured:  # the standbys' TensorFlow import would slow the compute probes
@@ -255,6 +257,7 @@ def start_and_supervise(
                     force_setup=force_setup,
                     prepared=prepared,
                     run_id=run_id,
+                    queue_seconds=queue_seconds,
                 )
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
         if with_dashboard:

@@ -6,7 +6,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.backends.base import Backend
-from orchestrator.contract import STEP_CALL_SECONDS, STEP_SECONDS
+from orchestrator.contract import (
+    CHECKPOINT_SECONDS,
+    EVAL_SECONDS,
+    FIRST_STEP_AT,
+    STEP_CALL_SECONDS,
+    STEP_SECONDS,
+)
 from orchestrator.engine.eta import run_eta, worker_eta
 from orchestrator.engine.failures import classify_exit, explain
 from orchestrator.engine.pace import pace_outlier
@@ -60,6 +66,14 @@ class WorkerStatus:
     step_call_seconds: float | None = None
     step_seconds: float | None = None
     role: str = ROLE_WORKER  # its task type in TF_CONFIG (the host's role:)
+    # Goodput's inputs (engine/goodput.py): its process's start, its first step past
+    # start_step, its last progress write, and the loop's seconds blocked in saves and
+    # evaluations (None where the worker does not say).
+    started_at: float | None = None
+    first_step_at: float | None = None
+    reported_at: float | None = None
+    checkpoint_seconds: float | None = None
+    eval_seconds: float | None = None
 
     @property
     def stepped(self) -> bool:
@@ -119,7 +133,12 @@ class WorkerStatus:
             step_call_seconds=number_as_written(data.get("step_call_seconds")),
             step_seconds=number_as_written(data.get("step_seconds")),
             role=text(data.get("role")) or ROLE_WORKER,
+            **{key: number_as_written(data.get(key)) for key in GOODPUT_KEYS},
         )
+
+
+GOODPUT_KEYS = ("started_at", "first_step_at", "reported_at", "checkpoint_seconds",
+                "eval_seconds")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -248,6 +267,11 @@ def worker_status(
         step_call_seconds=number(progress.fields.get(STEP_CALL_SECONDS)) if progress else None,
         step_seconds=number(progress.fields.get(STEP_SECONDS)) if progress else None,
         role=worker.host.role,
+        started_at=started,
+        first_step_at=number(progress.fields.get(FIRST_STEP_AT)) if progress else None,
+        reported_at=number(progress.fields.get("time")) if progress else None,
+        checkpoint_seconds=number(progress.fields.get(CHECKPOINT_SECONDS)) if progress else None,
+        eval_seconds=number(progress.fields.get(EVAL_SECONDS)) if progress else None,
     )
 
 

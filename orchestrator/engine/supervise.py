@@ -28,6 +28,7 @@ from orchestrator.engine.failures import (
     early_exit,
     explain,
 )
+from orchestrator.engine.goodput import closed
 from orchestrator.engine.hangs import at_stall
 from orchestrator.engine.lifecycle import (
     end_standbys,
@@ -95,6 +96,7 @@ class Supervisor:
         self._standbys_for = -1  # the attempt whose slots last got standbys
         self._answered = ""  # the id of the last stop request this supervisor carried out
         self._consequence_seen: float | None = None  # when a peer-lost failure was first seen
+        self._status: RunStatus | None = None  # the latest poll's
         self.linger = linger_seconds(record.inventory.job, os.environ)
         self.events = RunEvents(store, record, say)  # notify: targets, told in the background
         self.sidecar = Sidecar(backend, say)  # what the hosts' roles ask of the loop
@@ -126,6 +128,7 @@ class Supervisor:
             if not self.store.exists(self.record.run_id):
                 raise RunStateError(f"the record of run {self.record.run_id} was removed")
             status = collect_status(self.record, self.backend)
+            self._status = status  # goodput: the attempt's spans as it ends (_close_attempt)
             self.events.seen(status)
             self.show(status)
             write_snapshot(self.store, status)  # the dashboard serves this; no second probe
@@ -136,11 +139,14 @@ class Supervisor:
                     self._recover(preempted)
                     continue
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
+                ended = "finished" if status.state is WorkerState.SUCCEEDED else "stopped"
+                self._close_attempt("preempted" if preemption(status) else ended)
                 self.events.ended(status, stopping)
                 return status
             if stopping:
                 # `down` is stopping the run: what ends now is no failure to recover from.
                 if status.state.finished:
+                    self._close_attempt("stopped")
                     return status
                 if self._stop_as_asked():
                     continue
@@ -242,6 +248,7 @@ class Supervisor:
                 self.say(f"stacks of every worker at the stall: {kept}")
         restart = Restart(detected, self.record.attempt, failure.worker, failure.reason,
                           failure.step, failure.kind.value)  # fmt: skip
+        self._close_attempt(failure.kind.value, detected)
         # A worker that exited wrote its whole log: its survivors are stopped first (they block
         # in a collective without it), its tail read after. A stalled one still writes: before.
         stalled = failure.kind is FailureKind.STALLED
@@ -291,6 +298,17 @@ class Supervisor:
             ) from error
         self.watch.reset()
         self.sidecar.reset()
+
+    def _close_attempt(self, kind: str, at: float | None = None) -> None:
+        """Goodput: keep the ended attempt's spans in the record (its workers' run directories
+        are the next attempt's no more), with how it ended (goodput's words)."""
+        attempts = self.record.attempts
+        if self._status is None or not attempts or attempts[-1].end is not None:
+            return
+        end = kind if kind in ("finished", "stopped", "preempted", "stalled") else "crashed"
+        last = closed(attempts[-1], self._status, end, time.time() if at is None else at)
+        self.record = replace(self.record, attempts=(*attempts[:-1], last))
+        self.store.save(self.record)
 
     def _mirror_new_checkpoint(self, status: RunStatus) -> None:
         """Keep a remote chief's newest checkpoint on this machine too: if its host is lost,
