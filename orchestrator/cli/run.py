@@ -36,9 +36,10 @@ from orchestrator.cli.preflight import (
     run_checks,
     show_findings,
 )
-from orchestrator.cli.render import duration, problems, progress_line, status_table
+from orchestrator.cli.render import duration, kept_warm, problems, progress_line, status_table
 from orchestrator.config.loader import load_inventory
 from orchestrator.engine.control import stop_everything, watch
+from orchestrator.engine.goodput import run_account, summary
 from orchestrator.engine.lifecycle import (
     DEFAULT_GRACE,
     StopReport,
@@ -62,7 +63,14 @@ from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.engine.supervise import STANDBY_SLACK, Supervisor
-from orchestrator.errors import MissingTool, PartialFailure, QueueWithdrawn, RunStateError
+from orchestrator.errors import (
+    JobFailed,
+    MissingTool,
+    OrchestrateError,
+    PartialFailure,
+    QueueWithdrawn,
+    RunStateError,
+)
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.printable import printable
 from orchestrator.model.records import RunRecord
@@ -386,12 +394,32 @@ def _supervise_here(store: RunStore, backend: Backend, record: RunRecord, interv
     try:
         with _view() as (show, say):
             supervisor = Supervisor(store, backend, record, show=show, say=say, interval=interval)
-            final = supervisor.run()
+            try:
+                final = supervisor.run()
+            except JobFailed:
+                _epilogue(store.load(record.run_id), supervisor.last_status, backend)
+                raise
     except KeyboardInterrupt:
         raise StoppedWatching() from None
     finally:
         lock.release()
-    _finish(final, store.load(record.run_id))
+    ended = store.load(record.run_id)
+    _epilogue(ended, final, backend)
+    _finish(final, ended)
+
+
+def _epilogue(record: RunRecord, final: RunStatus | None, backend: Backend) -> None:
+    """The run's goodput, and what it leaves running: its standbys kept warm (the hosts'
+    own listing; a host not answering lists none)."""
+    errors.print(summary(run_account(record, final, time.time())), markup=False,
+                 highlight=False)  # fmt: skip
+    try:
+        standbys = {n: s for n, s in backend.standbys(record.workers).ok.items() if s}
+    except OrchestrateError:
+        return
+    warm = kept_warm(standbys)
+    if warm:
+        errors.print(warm, markup=False, highlight=False)
 
 
 def _finish(final: RunStatus, record: RunRecord) -> None:

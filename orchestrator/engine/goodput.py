@@ -223,9 +223,10 @@ class _Frame:
 def _cell(span: WorkerSpan, frame: _Frame) -> Account:
     """One worker's time in one attempt, split into parts that sum to end - begin."""
     begin, end = frame.begin, max(frame.end, frame.begin)
-    if span.first_step_at is None:  # never stepped (or a script that reports no steps)
+    if span.first_step_at is None:  # never stepped, or stepped without saying when
+        stepped = span.step is not None and span.step > (span.start_step or 0)
         silent = frame.script and span.step is None and frame.how in (FINISHED, STOPPED, LIVE)
-        return Account({"unknown" if silent else frame.lead: end - begin})
+        return Account({"unknown" if stepped or silent else frame.lead: end - begin})
     first = _clamp(span.first_step_at, begin, end)
     last = _clamp(span.reported_at or first, first, end)
     parts = dict.fromkeys(PARTS, 0.0)

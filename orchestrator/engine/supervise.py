@@ -299,6 +299,11 @@ class Supervisor:
         self.watch.reset()
         self.sidecar.reset()
 
+    @property
+    def last_status(self) -> RunStatus | None:
+        """The latest poll's status (the end of `up` accounts the run's goodput with it)."""
+        return self._status
+
     def _close_attempt(self, kind: str, at: float | None = None) -> None:
         """Goodput: keep the ended attempt's spans in the record (its workers' run directories
         are the next attempt's no more), with how it ended (goodput's words)."""

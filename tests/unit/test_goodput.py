@@ -10,9 +10,11 @@ import json
 import pytest
 
 from orchestrator.backends.registry import host_settings
+from orchestrator.cli.render import kept_warm
 from orchestrator.engine import goodput
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.model.answers import StandbyInfo
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import Attempt, Restart, RunRecord, WorkerSpan
 
@@ -298,3 +300,15 @@ def test_the_attempts_survive_the_record_file() -> None:
     again = RunRecord.from_json(json.loads(json.dumps(run.to_json())), host_settings)
     assert again.attempts == run.attempts
     assert goodput.run_account(again, None, 0.0) == goodput.run_account(run, None, 0.0)
+
+
+def test_the_end_of_up_names_the_standbys_it_leaves_warm() -> None:
+    def standby(name: str, mib: int, left: float, lingering: bool = True) -> StandbyInfo:
+        return StandbyInfo(name, 1, 2, "r1", lingering, left, True, mib * 2**20)
+
+    warm = {"worker-0": standby("worker-0", 600, 299.5), "worker-1": standby("worker-1", 640, 300)}
+    assert kept_warm(warm) == (
+        "2 standbys of worker-0, worker-1 kept warm for the next `up` (1.2 GiB, 5m00s; "
+        "`orchestrate down` frees them)"
+    )
+    assert kept_warm({"worker-0": standby("worker-0", 600, 10, lingering=False)}) is None
