@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
 from orchestrator.backends.registry import host_settings
 from orchestrator.cli.render import kept_warm
+from orchestrator.dashboard import model
 from orchestrator.engine import goodput
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
@@ -312,3 +314,19 @@ def test_the_end_of_up_names_the_standbys_it_leaves_warm() -> None:
         "`orchestrate down` frees them)"
     )
     assert kept_warm({"worker-0": standby("worker-0", 600, 10, lingering=False)}) is None
+
+
+def test_the_dashboard_gets_the_account_its_line_and_a_bar_of_the_parts() -> None:
+    view = model.goodput(restarted(), None, now=999.0)
+    assert view["line"].startswith("goodput ") and view["restarts"] == 1
+    segments = re.findall(r'data-part="(\w+)" data-share="([\d.]+)"', view["bar"])
+    assert {name for name, _ in segments} == {
+        "startup",
+        "productive",
+        "lost",
+        "restart",
+        "shutdown",
+    }
+    assert sum(float(share) for _, share in segments) == pytest.approx(1, abs=1e-3)
+    empty = model.goodput(record(Attempt(0, 5.0)), None, now=5.0)
+    assert "no time to account yet" in empty["bar"] and empty["goodput"] is None
