@@ -40,6 +40,7 @@ STEP_TIMING_ENV = "ORCHESTRATE_STEP_TIMING"  # "0": no timing (bench/bench_step_
 # the seconds the step loop was blocked in checkpoint saves and in evaluations, summed over the
 # attempt (the built-in loop; a script with worker.progress.timed).
 FIRST_STEP_AT = "first_step_at"
+CHECKPOINT_AT = "checkpoint_at"  # when the progress file last took a new checkpoint_step
 CHECKPOINT_SECONDS = "checkpoint_seconds"
 EVAL_SECONDS = "eval_seconds"
 

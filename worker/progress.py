@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from orchestrator.contract import (
+    CHECKPOINT_AT,
     CHECKPOINT_SECONDS,
     EVAL_SECONDS,
     FIRST_STEP_AT,
@@ -70,8 +71,12 @@ class ProgressWriter:
 
     def write(self, **fields: Any) -> None:
         with self._lock:
+            saved = self._fields.get("checkpoint_step")
             self._fields.update({key: _plain(value) for key, value in fields.items()})
             self._fields["time"] = time.time()
+            if self._fields.get("checkpoint_step") not in (None, saved):
+                # Goodput's lost work: the steps after it are what a crash throws away.
+                self._fields[CHECKPOINT_AT] = self._fields["time"]
             if self._fields.get(FIRST_STEP_AT) is None and _stepped(self._fields):
                 # Goodput's end of start-up: the first write past the step the attempt began at.
                 self._fields[FIRST_STEP_AT] = self._fields["time"]

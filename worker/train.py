@@ -34,6 +34,7 @@ from typing import Any
 import tensorflow as tf
 
 from orchestrator.contract import (
+    CHECKPOINT_AT,
     CHECKPOINT_SECONDS,
     EVAL_SECONDS,
     FIRST_STEP_AT,
@@ -696,6 +697,7 @@ def write_start(
             STEP_CALL_SECONDS: None,
             STEP_SECONDS: None,
             FIRST_STEP_AT: None,
+            CHECKPOINT_AT: None,
             CHECKPOINT_SECONDS: 0.0,
             EVAL_SECONDS: 0.0,
         },

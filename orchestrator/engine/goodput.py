@@ -106,6 +106,7 @@ def span_of(worker: WorkerStatus) -> WorkerSpan:
         name=worker.name, role=worker.role, started_at=worker.started_at,
         start_step=worker.start_step, first_step_at=worker.first_step_at, step=worker.step,
         reported_at=worker.reported_at, checkpoint_step=worker.checkpoint_step,
+        checkpoint_at=worker.checkpoint_at,
         checkpoint_seconds=worker.checkpoint_seconds, eval_seconds=worker.eval_seconds,
         finished_at=worker.finished_at, failed=worker.state is WorkerState.FAILED,
     )  # fmt: skip
@@ -242,7 +243,7 @@ def _cell(span: WorkerSpan, frame: _Frame) -> Account:
     scale = min(1.0, body / (saves + evals)) if saves + evals > 0 else 1.0
     parts["checkpoint"], parts["evaluation"] = saves * scale, evals * scale
     stepping = body - parts["checkpoint"] - parts["evaluation"]
-    lost = _lost(span, frame.resume, stepping)
+    lost = _lost(span, frame.resume, stepping, last - max(first, span.checkpoint_at or first))
     if lost is None:
         unmeasured.add("lost")
         lost = 0.0
@@ -252,14 +253,20 @@ def _cell(span: WorkerSpan, frame: _Frame) -> Account:
     return Account({k: v for k, v in parts.items() if v > 0}, frozenset(unmeasured))
 
 
-def _lost(span: WorkerSpan, resume: int | None, stepping: float) -> float | None:
-    """The step loop's time spent on steps past `resume`, at the attempt's mean step time
-    (its steps after the first, which start-up holds); None when the resume is unknown."""
+def _lost(span: WorkerSpan, resume: int | None, stepping: float, since: float) -> float | None:
+    """The step loop's time spent on steps past `resume`: `since` its checkpoint was reported
+    (the usual resume: from the checkpoint the worker reported last), else at the attempt's
+    mean step time (its steps after the first, which start-up holds); None when the resume
+    is unknown."""
     if span.step is None:
         return 0.0
     start = span.start_step or 0
     if resume is None:
         return None
+    if resume >= span.step:  # nothing past what was kept (the last checkpoint, or the end)
+        return 0.0
+    if resume == span.checkpoint_step and span.checkpoint_at is not None:
+        return min(stepping, max(0.0, since))
     counted = span.step - start - 1
     thrown = span.step - max(resume, start + 1)
     if counted <= 0 or thrown <= 0:

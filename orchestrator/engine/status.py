@@ -7,6 +7,7 @@ from typing import Any
 
 from orchestrator.backends.base import Backend
 from orchestrator.contract import (
+    CHECKPOINT_AT,
     CHECKPOINT_SECONDS,
     EVAL_SECONDS,
     FIRST_STEP_AT,
@@ -72,6 +73,7 @@ class WorkerStatus:
     started_at: float | None = None
     first_step_at: float | None = None
     reported_at: float | None = None
+    checkpoint_at: float | None = None
     checkpoint_seconds: float | None = None
     eval_seconds: float | None = None
 
@@ -137,8 +139,8 @@ class WorkerStatus:
         )
 
 
-GOODPUT_KEYS = ("started_at", "first_step_at", "reported_at", "checkpoint_seconds",
-                "eval_seconds")  # fmt: skip
+GOODPUT_KEYS = ("started_at", "first_step_at", "reported_at", "checkpoint_at",
+                "checkpoint_seconds", "eval_seconds")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -270,6 +272,7 @@ def worker_status(
         started_at=started,
         first_step_at=number(progress.fields.get(FIRST_STEP_AT)) if progress else None,
         reported_at=number(progress.fields.get("time")) if progress else None,
+        checkpoint_at=number(progress.fields.get(CHECKPOINT_AT)) if progress else None,
         checkpoint_seconds=number(progress.fields.get(CHECKPOINT_SECONDS)) if progress else None,
         eval_seconds=number(progress.fields.get(EVAL_SECONDS)) if progress else None,
     )

@@ -71,6 +71,7 @@ class WorkerSpan:
     step: int | None = None  # the last step it reported
     reported_at: float | None = None  # when it last wrote its progress
     checkpoint_step: int | None = None
+    checkpoint_at: float | None = None  # when it reported checkpoint_step
     checkpoint_seconds: float | None = None  # the loop blocked in saves (None: not reported)
     eval_seconds: float | None = None
     finished_at: float | None = None  # its exit was recorded

@@ -28,7 +28,7 @@ PROGRESS_KEYS = {
     "step", "start_step", "target_steps", "loss", "accuracy", "checkpoint_step", "steps_per_sec",
     "time", "task_index", "num_workers", "devices", "num_replicas", "preempted", "val_loss",
     "val_accuracy", "eval_step", "step_call_seconds", "step_seconds", "first_step_at",
-    "checkpoint_seconds", "eval_seconds",
+    "checkpoint_seconds", "eval_seconds", "checkpoint_at",
 }  # fmt: skip
 TIMEOUT_S = 120
 STEP_LINE = re.compile(r"^step (\d+) loss ([\d.]+) accuracy ([\d.]+) steps/s ([\d.]+)$", re.M)

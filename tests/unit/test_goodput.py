@@ -135,6 +135,18 @@ def test_a_restart_loses_the_steps_past_the_checkpoint_and_its_downtime() -> Non
     assert "lost to 1 restart" in goodput.summary(account)
 
 
+def test_lost_work_is_the_time_since_the_checkpoint_resumed_from_when_the_worker_says() -> None:
+    run = restarted()
+    first = run.attempts[0]
+    saved = tuple(dataclasses.replace(s, checkpoint_at=90.0) for s in first.workers)
+    run = dataclasses.replace(run, attempts=(dataclasses.replace(first, workers=saved),
+                                             *run.attempts[1:]))  # fmt: skip
+    account = goodput.run_account(run, None, now=999.0)
+    # from the checkpoint's report (90) to the last report (110), then to the kill (112)
+    assert account.attempts[0].part("lost") == pytest.approx(2 * (20.0 + 2.0))
+    assert_sums(account, {name: 251.0 for name in NAMES})
+
+
 def test_a_stall_is_the_time_from_the_last_report_to_the_verdict() -> None:
     stalled = Attempt(
         0,
