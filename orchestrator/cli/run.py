@@ -244,10 +244,8 @@ def start_and_supervise(
             run_id = new_run_id()
             # The run's leases (port: auto, gpus: N) first: the checks check the leased ports.
             with ExitStack() as held:
-                queued_at = time.time()  # goodput's queue: the wait for the run's turn
-                if queue:  # its turn first: then held_leases keeps what its keepers hold
-                    _wait_in_queue(context, inventory, run_id, backend)
-                queue_seconds = time.time() - queued_at if queue else 0.0
+                # Its turn first (then held_leases keeps what its keepers hold); goodput's queue.
+                queued = _wait_in_queue(context, inventory, run_id, backend) if queue else 0.0
                 leased = held.enter_context(held_leases(inventory, run_id, backend, _say))
                 measured = not skip_checks and leased.perf_check
                 if measured:  # the standbys' TensorFlow import would slow the compute probes
@@ -265,7 +263,7 @@ def start_and_supervise(
                     force_setup=force_setup,
                     prepared=prepared,
                     run_id=run_id,
-                    queue_seconds=queue_seconds,
+                    queue_seconds=queued,
                 )
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
         if with_dashboard:
@@ -283,8 +281,10 @@ def start_and_supervise(
 QUEUE_REPORT_EVERY = 30.0  # seconds between two "still queued" lines while nothing changes
 
 
-def _wait_in_queue(context: Context, inventory: Inventory, run_id: str, backend: Backend) -> None:
-    """Wait for the run's turn, saying why while it waits; Ctrl-C (or `down`) withdraws it."""
+def _wait_in_queue(context: Context, inventory: Inventory, run_id: str, backend: Backend) -> float:
+    """Wait for the run's turn, saying why while it waits; Ctrl-C (or `down`) withdraws it.
+    The seconds it waited (the run's goodput counts them as queue)."""
+    started = time.time()
     said: list[tuple[str, float]] = []  # the last reason said, and when
     events = RunEvents(context.store, RunRecord(run_id, inventory, time.time()), _say)
 
@@ -309,6 +309,7 @@ def _wait_in_queue(context: Context, inventory: Inventory, run_id: str, backend:
         events.close()
     if said:
         _say(f"run {run_id}: its turn; starting")
+    return time.time() - started
 
 
 def _announce(inventory: Inventory, source: str, secrets: Mapping[str, str]) -> None:

@@ -18,7 +18,8 @@ Every worker slot's wall time, attempt by attempt, is split into parts that sum 
   unknown     a script that reports no step: its time cannot be split, and is not guessed
 
 `goodput = productive / total`, summed over the training workers (chief and workers: a ps
-or an evaluator trains nothing itself). A live attempt is accounted up to each worker's last
+or an evaluator trains nothing itself; under ParameterServerStrategy the chief alone, the one
+that reports steps). A live attempt is accounted up to each worker's last
 progress report. A script that reports steps but not its blocked time leaves checkpoint and
 evaluation unmeasured (inside productive): the goodput is then at most the figure shown.
 """
@@ -121,12 +122,14 @@ def closed(attempt: Attempt, status: RunStatus, end: str, ended_at: float) -> At
 def run_account(record: RunRecord, live: RunStatus | None, now: float) -> RunAccount:
     """The run's account from its record's attempts, the one still running from `live`."""
     attempts = _attempts(record, live)
+    # Under ParameterServerStrategy only the chief reports the steps (its workers run closures).
+    roles = (ROLE_CHIEF,) if record.inventory.job.strategy == "parameter-server" else TRAINING_ROLES
     cells: list[tuple[str, int, Account]] = []
     for index, attempt in enumerate(attempts):
         begin = _failed_at(attempts[index - 1]) if index else attempt.launched_at
         after = attempts[index + 1] if index + 1 < len(attempts) else None
         for span in attempt.workers:
-            if span.role not in TRAINING_ROLES:
+            if span.role not in roles:
                 continue
             account = _cell(span, _Frame(
                 begin=begin, end=_end(attempt, span, now), how=_how(attempt, span),
