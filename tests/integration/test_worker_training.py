@@ -97,12 +97,20 @@ def test_one_worker_trains_resumes_and_stops_when_done(tmp_path):
     ]  # fmt: skip
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
+    # A resume from step 20's, written in the background (as if the run had been killed
+    # before step 30's): the state file names it.
+    for path in checkpoints.glob("ckpt-30.*"):
+        path.unlink()
+    (checkpoints / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-20"\nall_model_checkpoint_paths: "ckpt-10"\n'
+        'all_model_checkpoint_paths: "ckpt-20"\n'
+    )
     out = run_worker(run_dir, "--steps", "50", "--checkpoint-every", "10")
-    assert f"worker: restored checkpoint at step 30 from {checkpoints}" in out
-    assert [int(s) for s, *_ in STEP_LINE.findall(out)] == [40, 50]
+    assert f"worker: restored checkpoint at step 20 from {checkpoints}" in out
+    assert [int(s) for s, *_ in STEP_LINE.findall(out)] == [30, 40, 50]
     assert out.rstrip().endswith("worker: finished at step 50")
     progress = read_progress(run_dir)
-    assert (progress["start_step"], progress["step"], progress["checkpoint_step"]) == (30, 50, 50)
+    assert (progress["start_step"], progress["step"], progress["checkpoint_step"]) == (20, 50, 50)
     assert latest_checkpoint(checkpoints) == str(checkpoints / "ckpt-50")
 
     out = run_worker(run_dir, "--steps", "50")
@@ -112,7 +120,7 @@ def test_one_worker_trains_resumes_and_stops_when_done(tmp_path):
     assert (progress["step"], progress["loss"], progress["checkpoint_step"]) == (50, None, 50)
 
 
-def test_an_async_written_checkpoint_holds_what_a_blocking_save_does_and_resumes(tmp_path):
+def test_an_async_written_checkpoint_holds_what_a_blocking_save_does(tmp_path):
     # The same seeded run twice, its saves blocking (--sync-checkpoints) and written in the
     # background (the default): the checkpoints of steps 10 and 20, written while training went
     # on, hold the values of their step. (save_counter is TensorFlow's count of saves, which
@@ -133,17 +141,8 @@ def test_an_async_written_checkpoint_holds_what_a_blocking_save_does_and_resumes
             assert (ours.get_tensor(name) == theirs.get_tensor(name)).all(), (step, name)
     progress = read_progress(tmp_path / "async")
     assert progress["checkpoint_seconds"] > 0 and progress["eval_seconds"] > 0  # after step 30
-    assert progress["first_step_at"] <= progress["time"]
-    # A resume from the one written in the background (the run killed before step 30's).
-    for path in background.glob("ckpt-30.*"):
-        path.unlink()
-    (background / "checkpoint").write_text(
-        'model_checkpoint_path: "ckpt-20"\nall_model_checkpoint_paths: "ckpt-10"\n'
-        'all_model_checkpoint_paths: "ckpt-20"\n'
-    )
-    out = run_worker(tmp_path / "async", "--steps", "40", "--checkpoint-every", "10")
-    assert f"worker: restored checkpoint at step 20 from {background}" in out
-    assert out.rstrip().endswith("worker: finished at step 40")
+    assert progress["first_step_at"] <= progress["checkpoint_at"] <= progress["time"]
+    # A resume from one written in the background: test_one_worker_trains_resumes_and_stops.
 
 
 def start_cluster(tmp_path: Path, *flags: str, workers: int = 2) -> list[subprocess.Popen]:
