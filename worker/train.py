@@ -26,6 +26,7 @@ import glob
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -393,7 +394,9 @@ class CheckpointSaver:
     manager names the checkpoint in its state file only once the write is complete, so a kill
     mid-write resumes from the previous one. The others then keep one temporary directory (a
     manager with max_to_keep 1), removed by close(). A save with `wait` (the last one, a
-    preemption's) blocks until it and any earlier write are on disk.
+    preemption's) blocks until it and any earlier write are on disk. `on_written` is told a
+    checkpoint's step once it is on disk: the progress file's checkpoint_step never names one a
+    kill could still lose.
     """
 
     def __init__(self, state: TrainState, config: WorkerConfig, is_chief: bool) -> None:
@@ -406,6 +409,10 @@ class CheckpointSaver:
         self._temp_manager: tf.train.CheckpointManager | None = None
         self._kept_temp: str | None = None
         self.saved_step: int | None = None  # the step of this run's last save
+        # Called with a checkpoint's step once it is on disk (the loop reports it then).
+        self.on_written: Callable[[int], None] = lambda step: None
+        self._reported = -1
+        self._report_lock = threading.Lock()
         if self._async:
             asyncsave.patch()
         if is_chief:
@@ -426,10 +433,33 @@ class CheckpointSaver:
         options = tf.train.CheckpointOptions(enable_async=background)
         if self._manager is not None:
             self._manager.save(checkpoint_number=step, options=options)
-            return
-        if background:
+        elif background:
             self._background_temp().save(checkpoint_number=step, options=options)
+        else:
+            self._save_in_temp(step)
+        if background:  # told once TensorFlow's writer thread has written it
+            threading.Thread(target=self._when_written, args=(step,), daemon=True).start()
+        else:
+            self._written(step)
+
+    def _when_written(self, step: int) -> None:
+        try:
+            self._checkpoint.sync()  # returns once the write and its state file are done
+        except Exception as error:  # the loop's next save, or close, raises it again
+            log(f"worker: the checkpoint of step {step} was not written: {error}")
             return
+        self._written(step)
+
+    def _written(self, step: int) -> None:
+        """`on_written` once per checkpoint, in order (a late waiter never goes back)."""
+        with self._report_lock:
+            if step <= self._reported:
+                return
+            self._reported = step
+        self.on_written(step)
+
+    def _save_in_temp(self, step: int) -> None:
+        """A non-chief's blocking save: a fresh temporary directory, deleted after."""
         self.close()
         temp_dir = self._make_temp_dir()
         try:
@@ -517,6 +547,7 @@ class Loop:
         self.progress = progress
         self.with_accuracy = with_accuracy
         self.preemption = preemption
+        saver.on_written = self._written  # checkpoint_step, once the checkpoint is on disk
         self._mark = (0, 0.0)  # (step, time) at which the current rate window started
         # Seconds spent inside the step calls since the window started (None: not timed).
         self._in_calls: float | None = 0.0 if timing_enabled() else None
@@ -567,7 +598,10 @@ class Loop:
         self.saver.save(step, wait=wait)
         blocked = time.perf_counter() - started
         log(f"worker: saved checkpoint at step {step} (blocked {blocked:.3f} s)")
-        self.progress.add_seconds(CHECKPOINT_SECONDS, blocked, step=step, checkpoint_step=step)
+        self.progress.add_seconds(CHECKPOINT_SECONDS, blocked, step=step)
+
+    def _written(self, step: int) -> None:
+        self.progress.write(checkpoint_step=step)
 
     def _call_end(self, step: int, start_step: int) -> int:
         config = self.config
