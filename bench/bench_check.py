@@ -55,7 +55,7 @@ from bench.bench_fanout import (
 )
 from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.backends.hosts.preflight import run_preflight
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.preflight import PreflightReport, Status

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.backends.hosts.backend import HostBackend
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.engine.lifecycle import start_run, stop_run
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor

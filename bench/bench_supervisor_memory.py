@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 
 from orchestrator.backends.hosts.backend import HostBackend
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.engine.lifecycle import start_run, stop_run
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor

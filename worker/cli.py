@@ -148,7 +148,9 @@ def _add_strategy_and_trace_flags(parser: argparse.ArgumentParser) -> None:
         choices=cfg.STRATEGIES,
         default=cfg.STRATEGY_MULTI_WORKER,
         help="multi-worker: MultiWorkerMirroredStrategy over TF_CONFIG's cluster (default); "
-        "mirrored: MirroredStrategy over this host's devices only (no TF_CONFIG)",
+        "mirrored: MirroredStrategy over this host's devices only (no TF_CONFIG); "
+        "parameter-server: ParameterServerStrategy, the chief's ClusterCoordinator sends the "
+        "steps to the workers, the ps hold the variables, worker and ps tasks only serve",
     )
     parser.add_argument(
         "--profile-steps",
@@ -243,15 +245,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         config = parse_config(argv, os.environ)
+        if config.cluster.serves:  # a ParameterServerStrategy worker or ps: the chief steps
+            return _serve(config)
         task = load_task(config.task)
         check_task_fits(config, task)
     except (cfg.ConfigError, TaskError) as exc:
         print(f"worker: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    from worker import train  # TensorFlow: only now that the inputs are known to be good.
-
     try:
-        train.run(config, task)
+        _train(config, task)
     except (cfg.ConfigError, TaskError) as exc:
         # A setting only the host can refute (a GPU index it lacks, a batch that does not split
         # over its devices), or a dataset that only TensorFlow can measure (an infinite or empty
@@ -266,4 +268,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         traceback.print_exc()
         sys.stderr.flush()
         return EXIT_TRAINING_ERROR
+    return EXIT_OK
+
+
+def _train(config: cfg.WorkerConfig, task: TrainingTask) -> None:
+    """The loop of the config's strategy; TensorFlow is imported only now that the inputs are
+    known to be good."""
+    if config.cluster.parameter_server:
+        from worker import psloop
+
+        psloop.run(config, task)
+    else:
+        from worker import train
+
+        train.run(config, task)
+
+
+def _serve(config: cfg.WorkerConfig) -> int:
+    """A ParameterServerStrategy worker or ps task: its server, until it is stopped (never
+    returns in a run: the chief's end stops it)."""
+    from worker import psloop
+
+    psloop.serve(config)
     return EXIT_OK

@@ -41,7 +41,11 @@ DEFAULT_STEPS_PER_CALL = 1
 # The distribution strategies the worker can run under.
 STRATEGY_MULTI_WORKER = "multi-worker"
 STRATEGY_MIRRORED = "mirrored"
-STRATEGIES = (STRATEGY_MULTI_WORKER, STRATEGY_MIRRORED)
+# ParameterServerStrategy: the chief drives a ClusterCoordinator (worker.psloop); worker and ps
+# tasks only serve.
+STRATEGY_PS = "parameter-server"
+STRATEGIES = (STRATEGY_MULTI_WORKER, STRATEGY_MIRRORED, STRATEGY_PS)
+PS_TASK_TYPES = ("chief", "worker", "ps")
 
 
 class ConfigError(ValueError):
@@ -54,11 +58,21 @@ class ClusterInfo:
 
     task_index: int = 0
     num_workers: int = 1
+    task_type: str = "worker"  # "chief" or "ps" too under ParameterServerStrategy
+    parameter_server: bool = False  # a chief, ps and workers (--strategy parameter-server)
 
     @property
     def is_chief(self) -> bool:
+        if self.parameter_server:
+            return self.task_type == "chief"
         # With only "worker" tasks, MultiWorkerMirroredStrategy makes worker 0 the chief.
         return self.task_index == 0
+
+    @property
+    def serves(self) -> bool:
+        """A ParameterServerStrategy worker or ps: it runs a server until it is stopped, while
+        the chief's ClusterCoordinator sends it the steps (worker) or keeps variables on it."""
+        return self.parameter_server and self.task_type != "chief"
 
 
 @dataclass(frozen=True)
@@ -128,8 +142,12 @@ class WorkerConfig:
     async_checkpoints: bool = True
 
 
-def parse_tf_config(text: str | None) -> ClusterInfo:
-    """Reads task index and worker count from TF_CONFIG; absent or empty means a lone worker."""
+def parse_tf_config(text: str | None, strategy: str = STRATEGY_MULTI_WORKER) -> ClusterInfo:
+    """Reads task index and worker count from TF_CONFIG; absent or empty means a lone worker
+    (not under parameter-server, which needs its chief, ps and workers)."""
+    if (text is None or not text.strip()) and strategy == STRATEGY_PS:
+        raise ConfigError(f"--strategy {STRATEGY_PS} needs TF_CONFIG with a chief, ps and "
+                          "worker tasks (orchestrate writes it from the hosts' roles)")  # fmt: skip
     if text is None or not text.strip():
         return ClusterInfo()
     try:
@@ -143,17 +161,19 @@ def parse_tf_config(text: str | None) -> ClusterInfo:
     workers = cluster.get("worker")
     if not isinstance(workers, list) or not workers:
         raise ConfigError(f"TF_CONFIG cluster needs a non-empty 'worker' list: {text!r}")
-    # The built-in loop is MultiWorkerMirroredStrategy: plain worker clusters only (worker 0 is
-    # the chief). An evaluator task runs `python -m worker.evaluate --watch`, outside the
-    # cluster; chief and ps tasks are ParameterServerStrategy's, for a job.script.
+    if strategy == STRATEGY_PS:
+        return _parameter_server_cluster(cluster, task, text)
+    # Under MultiWorkerMirroredStrategy: plain worker clusters only (worker 0 is the chief). An
+    # evaluator task runs `python -m worker.evaluate --watch`, outside the cluster; chief and ps
+    # tasks are ParameterServerStrategy's (--strategy parameter-server, or a job.script).
     if task.get("type") == "evaluator":
         raise ConfigError("TF_CONFIG: an 'evaluator' task runs 'python -m worker.evaluate "
                           f"--watch', not the training loop: {text!r}")  # fmt: skip
     other_roles = sorted(set(cluster) - {"worker"})
     if other_roles or task.get("type") != "worker":
         raise ConfigError(
-            "TF_CONFIG: the training loop (MultiWorkerMirroredStrategy) runs only 'worker' "
-            f"tasks; chief and ps tasks are for a ParameterServerStrategy script: {text!r}"
+            "TF_CONFIG: the training loop under MultiWorkerMirroredStrategy runs only 'worker' "
+            f"tasks; chief and ps tasks need --strategy {STRATEGY_PS}: {text!r}"
         )
     index = task.get("index")
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workers):
@@ -163,6 +183,30 @@ def parse_tf_config(text: str | None) -> ClusterInfo:
     return ClusterInfo(task_index=index, num_workers=len(workers))
 
 
+def _parameter_server_cluster(cluster: dict, task: dict, text: str) -> ClusterInfo:
+    """TF_CONFIG under ParameterServerStrategy: one chief, at least one ps and one worker, and
+    this task one of them."""
+    sizes = {role: cluster.get(role) for role in PS_TASK_TYPES}
+    if (
+        set(cluster) - set(PS_TASK_TYPES)
+        or not all(isinstance(tasks, list) and tasks for tasks in sizes.values())
+        or len(sizes["chief"] or ()) != 1
+    ):
+        raise ConfigError(f"TF_CONFIG: --strategy {STRATEGY_PS} needs a cluster of one "
+                          f"'chief', and 'ps' and 'worker' lists: {text!r}")  # fmt: skip
+    kind, index = task.get("type"), task.get("index")
+    if kind not in PS_TASK_TYPES:
+        raise ConfigError(f"TF_CONFIG task type must be one of {', '.join(PS_TASK_TYPES)} "
+                          f"under --strategy {STRATEGY_PS}, got {kind!r}")  # fmt: skip
+    count = len(cluster[kind])
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+        raise ConfigError(
+            f"TF_CONFIG task index must be an integer in 0..{count - 1}, got {index!r}"
+        )
+    return ClusterInfo(task_index=index, num_workers=len(cluster["worker"]), task_type=kind,
+                       parameter_server=True)  # fmt: skip
+
+
 def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     """Checks the parsed flags against each other and the environment, and fills in defaults."""
     if task_problem(args.task):
@@ -170,6 +214,10 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
     check_every, eval_every, steps_per_call = _checked_intervals(args)
     export_format = _checked_export_format(getattr(args, "export", None))
     strategy = getattr(args, "strategy", STRATEGY_MULTI_WORKER)
+    if strategy == STRATEGY_PS and steps_per_call > 1:
+        raise ConfigError(f"--steps-per-call {steps_per_call}: under --strategy {STRATEGY_PS} "
+                          "each step is a closure the chief schedules on a worker; leave it "
+                          "at 1")  # fmt: skip
     cluster = _checked_cluster(strategy, env, args.batch_size)
     dirs = _directories(args, env, cluster.task_index)
     return WorkerConfig(
@@ -228,10 +276,11 @@ def _checked_export_format(export_format: str | None) -> str | None:
 
 def _checked_cluster(strategy: str, env: Mapping[str, str], batch_size: int) -> ClusterInfo:
     """TF_CONFIG's cluster under the strategy, checked to split the global batch evenly."""
-    cluster = cluster_for_strategy(strategy, parse_tf_config(env.get(TF_CONFIG_ENV)))
+    cluster = cluster_for_strategy(strategy, parse_tf_config(env.get(TF_CONFIG_ENV), strategy))
     # Every worker takes the same share of the global batch; TensorFlow would fail later and less
-    # clearly (get_per_replica_batch_size) if the split is uneven.
-    if batch_size % cluster.num_workers:
+    # clearly (get_per_replica_batch_size) if the split is uneven. Under parameter-server each
+    # step is one worker's, on a whole batch.
+    if not cluster.parameter_server and batch_size % cluster.num_workers:
         raise ConfigError(
             f"--batch-size {batch_size} is the global batch size and must be divisible by "
             f"the number of workers ({cluster.num_workers})"

@@ -320,6 +320,31 @@ class Window:
         return loss, accuracy if with_accuracy else None
 
 
+def gradient_step(
+    state: TrainState,
+    task: TrainingTask,
+    window: Window,
+    with_accuracy: bool,
+    batch: tuple[Any, tf.Tensor],
+) -> None:
+    """One replica's step (inside strategy.run): the loss over the global batch, its gradients
+    applied, and the replica's loss and correct count added to the window."""
+    model, (features, labels) = state.model, batch
+    with tf.GradientTape() as tape:
+        logits = model(features, training=True)
+        per_example = tf.cast(task.loss(labels, logits), tf.float32)
+        # Divide by the GLOBAL batch: the optimizer sums gradients over replicas.
+        loss = tf.nn.compute_average_loss(per_example, global_batch_size=window.global_batch)
+        if model.losses:
+            loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+    gradients = tape.gradient(loss, model.trainable_variables)
+    state.optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+    correct = tf.reduce_sum(correct_mask(labels, logits)) if with_accuracy else tf.constant(0.0)
+    # Local sums only: the only collective of a step is the gradients' all-reduce; the window
+    # is summed across workers when the host reads it.
+    window.add(loss, correct)
+
+
 def make_train_step(
     strategy: tf.distribute.Strategy,
     state: TrainState,
@@ -338,22 +363,9 @@ def make_train_step(
     iteration is exactly the body of the one-step function, so the numerics are the same, and the
     Python dispatch and the host-side call overhead are paid once per call instead of per step.
     """
-    model, optimizer = state.model, state.optimizer
 
     def step_fn(features: Any, labels: tf.Tensor) -> None:
-        with tf.GradientTape() as tape:
-            logits = model(features, training=True)
-            per_example = tf.cast(task.loss(labels, logits), tf.float32)
-            # Divide by the GLOBAL batch: the optimizer sums gradients over replicas.
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=window.global_batch)
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        correct = tf.reduce_sum(correct_mask(labels, logits)) if with_accuracy else tf.constant(0.0)
-        # Local sums only: the only collective of a step is the gradients' all-reduce; the
-        # window and the votes are summed across workers when the host reads them.
-        window.add(loss, correct)
+        gradient_step(state, task, window, with_accuracy, (features, labels))
         preemption.votes.assign_add(preemption.wish.read_value())
 
     def one_step(iterator: Any) -> None:

@@ -2,7 +2,8 @@
 
 `mkdocs.yml` names this file under `hooks:`. Each page is generated from the table the code
 reads, so it cannot drift from it: the inventory keys from the loader's one key registry
-(`orchestrator.config.loader.key_reference`, the entries every known-key check is derived from)
+(`orchestrator.backends.registry.key_reference`: the loader's `key_reference` with the host
+sources of the registry's table, the entries every known-key check is derived from)
 and the failure kinds from `orchestrator.engine.failures` (MEANINGS, HINTS, DETERMINISTIC).
 Nothing here is a page of its own: edit the tables. tests/unit/test_key_reference.py renders
 the pages without MkDocs.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.config.loader import key_reference
+from orchestrator.backends.registry import key_reference
 from orchestrator.engine.failures import DETERMINISTIC, HINTS, MEANINGS, FailureKind
 
 
@@ -48,7 +49,8 @@ def inventory_page() -> str:
         "",
         "Every key the inventory loader accepts, block by block, with its type, default and",
         "meaning. Generated from the loader's key registry",
-        "(`orchestrator/config/loader.py`, `key_reference`): a key the loader accepts is",
+        "(`orchestrator/config/loader.py`, `key_reference`, with the host sources of",
+        "`orchestrator/backends/registry.py`): a key the loader accepts is",
         "described here. A key that is not listed is refused, with a guess at the one you meant.",
         "The [inventory page](../inventory.md) shows the keys at work.",
     ]

@@ -7,9 +7,8 @@ from pathlib import Path
 import click
 import yaml
 
-from orchestrator.backends.registry import BACKEND_FORMATS, export_writer
+from orchestrator.backends.registry import BACKEND_FORMATS, export_writer, load_inventory
 from orchestrator.cli.app import cli, errors
-from orchestrator.config.loader import load_inventory
 from orchestrator.engine.plan import plan_workers
 from orchestrator.errors import ExportRefused
 from orchestrator.model.inventory import Inventory
@@ -154,7 +153,8 @@ def _export_trainjob(
     secret: str | None,
     workdir: str,
 ) -> None:
-    from orchestrator.export.trainjob import dump, files_dir, problems, refusals, trainjob
+    from orchestrator.export.trainjob import dump, files_dir, refusals, trainjob
+    from orchestrator.export.trainjob_admission import problems
 
     refused = refusals(inventory, pvc, secret)
     if not image:

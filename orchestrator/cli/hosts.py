@@ -8,9 +8,8 @@ import click
 from rich.table import Table
 
 from orchestrator.backends.base import Backend
-from orchestrator.backends.registry import open_backend
+from orchestrator.backends.registry import load_inventory, open_backend
 from orchestrator.cli.app import cli, console, errors
-from orchestrator.config.loader import load_inventory
 from orchestrator.model.inventory import Host, Inventory, LoginDetails
 from orchestrator.model.printable import strict_json
 
@@ -41,13 +40,15 @@ def _row(host: Host, role: str, backend: Backend) -> dict[str, object]:
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per host instead.")
 def hosts(inventory_file: Path, as_json: bool) -> None:
-    """Print the workers of INVENTORY as resolved, in TF_CONFIG order (the first is the chief):
-    name, address, TensorFlow port, SSH user, port, key and jump host, and python, whether they
-    come from 'hosts:' or from an Ansible inventory ('ansible:'), after ~/.ssh/config (or
-    'ssh_config') aliases. Connects to nothing."""
+    """Print the workers of INVENTORY as resolved, in inventory order: name, role (its task
+    type in TF_CONFIG: chief, worker, ps or evaluator; under MultiWorkerMirroredStrategy all
+    are workers and the first is the chief; 'spares:' as spare), address, TensorFlow port, SSH
+    user, port, key and jump host, and python, whether they come from 'hosts:' or from an
+    Ansible inventory ('ansible:'), after ~/.ssh/config (or 'ssh_config') aliases. Connects to
+    nothing."""
     inventory = load_inventory(inventory_file)
     with open_backend(inventory) as backend:  # connects to nothing: login details are resolved here
-        rows = [_row(h, "worker", backend) for h in inventory.hosts]
+        rows = [_row(h, h.role, backend) for h in inventory.hosts]
         rows += [_row(h, "spare", backend) for h in inventory.spares]
     if as_json:
         for row in rows:

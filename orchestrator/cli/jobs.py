@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
-from orchestrator.backends.registry import open_backend
+from orchestrator.backends.registry import load_inventory, open_backend
 from orchestrator.cli.app import cli, console, errors
 from orchestrator.cli.render import jobs_table, queue_table
-from orchestrator.config.loader import load_inventory
+from orchestrator.model.leases import LeaseListing
 from orchestrator.model.printable import strict_json
 
 
@@ -27,7 +27,7 @@ def jobs(inventory_file: Path, as_json: bool) -> None:
     """
     inventory = load_inventory(inventory_file)
     with open_backend(inventory) as backend:
-        listing = backend.leases(inventory)
+        listing = backend.leasing.leases(inventory) if backend.leasing else LeaseListing()
     if as_json:
         click.echo(strict_json(listing.to_json(), indent=2))
         return

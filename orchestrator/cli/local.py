@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
+from orchestrator.backends.registry import load_inventory, load_inventory_text
 from orchestrator.cli.app import Context, cli, errors, pass_context
 from orchestrator.cli.run import start_and_supervise
-from orchestrator.config.loader import load_inventory, load_inventory_text
 from orchestrator.config.local import free_ports, job_name, local_inventory
 from orchestrator.contract import KERAS_DEFAULT, KERAS_SETTINGS
 from orchestrator.errors import InventoryError, Problem

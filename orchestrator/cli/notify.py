@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
+from orchestrator.backends.registry import load_inventory
 from orchestrator.cli.app import cli, console, errors, inventory_argument
-from orchestrator.config.loader import load_inventory
 from orchestrator.engine.events import target_label
 from orchestrator.engine.notify import send_test
 from orchestrator.errors import InventoryError, PartialFailure, Problem

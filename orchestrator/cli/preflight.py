@@ -10,15 +10,12 @@ from pathlib import Path
 import click
 
 from orchestrator.backends.base import Backend
-from orchestrator.backends.hosts.firewall import FORMATS, controller_towards, host_rules
-from orchestrator.backends.registry import open_backend
+from orchestrator.backends.registry import load_inventory, open_backend
 from orchestrator.cli.app import Context, cli, errors
 from orchestrator.cli.render import finding_hints, findings_table, firewall_script
-from orchestrator.config.loader import load_inventory
 from orchestrator.engine.lifecycle import take_leases
-from orchestrator.errors import (
-    PreflightFailed,
-)
+from orchestrator.errors import InventoryError, PreflightFailed, Problem
+from orchestrator.model.firewall import FORMATS
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.preflight import (
     DEFAULT_MIN_FREE_BYTES,
@@ -171,5 +168,17 @@ def firewall(inventory_file: Path, fmt: str, controller: str | None) -> None:
     this machine. Nothing is applied: review them and run each block on its host.
     """
     inventory = load_inventory(inventory_file)
-    controller = controller or controller_towards(inventory)
-    click.echo(firewall_script(host_rules(inventory, fmt, controller), fmt))
+    with open_backend(inventory) as backend:
+        if backend.firewall is None:
+            raise _no_firewall(inventory)
+        rules = backend.firewall.firewall_rules(inventory, fmt, controller)
+    click.echo(firewall_script(rules, fmt))
+
+
+def _no_firewall(inventory: Inventory) -> InventoryError:
+    """A backend without firewall rules: its machines are not the hosts the inventory lists."""
+    where = f"`{inventory.host_source}:`" if inventory.host_source else "its host source"
+    problem = Problem(inventory.path, None, "", f"the workers are placed by {where}, whose "
+                      "machines orchestrate writes no firewall rules for")  # fmt: skip
+    return InventoryError([problem], hint="ask the cluster's administrators which ports its "
+                          "nodes may use between each other")  # fmt: skip

@@ -12,11 +12,11 @@ import math
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.backends.hosts.firewall import HostRules
 from orchestrator.engine.roles import labelled
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.answers import StandbyInfo
+from orchestrator.model.firewall import HostRules
 from orchestrator.model.leases import LeaseListing, clock
 from orchestrator.model.preflight import PreflightReport, Status
 from orchestrator.model.printable import printable
@@ -75,6 +75,8 @@ def status_table(status: RunStatus) -> Table:
     if status.restarts:
         last = printable(status.restarts[-1].describe())
         title.append(f"  attempt {status.attempt}, {len(status.restarts)} restart(s), last: {last}")
+    for line in status.alone:  # ParameterServerStrategy workers started again by themselves
+        title.append(f"\n{printable(line)}")
     if status.eta_seconds is not None:
         title.append(f"  ETA {duration(status.eta_seconds)}")
     if status.outcome:

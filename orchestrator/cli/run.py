@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.text import Text
 
 from orchestrator.backends.base import Backend
-from orchestrator.backends.registry import open_backend
+from orchestrator.backends.registry import load_inventory, open_backend
 from orchestrator.cli.app import (
     Context,
     StoppedWatching,
@@ -37,7 +37,6 @@ from orchestrator.cli.preflight import (
     show_findings,
 )
 from orchestrator.cli.render import duration, kept_warm, problems, progress_line, status_table
-from orchestrator.config.loader import load_inventory
 from orchestrator.engine.control import stop_everything, watch
 from orchestrator.engine.goodput import run_account, summary
 from orchestrator.engine.lifecycle import (
@@ -414,8 +413,10 @@ def _epilogue(record: RunRecord, final: RunStatus | None, backend: Backend) -> N
     own listing; a host not answering lists none)."""
     errors.print(summary(run_account(record, final, time.time())), markup=False,
                  highlight=False)  # fmt: skip
+    if backend.keeper is None:  # a backend that keeps no standbys (Slurm)
+        return
     try:
-        standbys = {n: s for n, s in backend.standbys(record.workers).ok.items() if s}
+        standbys = {n: s for n, s in backend.keeper.standbys(record.workers).ok.items() if s}
     except OrchestrateError:
         return
     warm = kept_warm(standbys)

@@ -61,7 +61,8 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
     with open_backend(record.inventory) as backend:
         result = collect_status(record, backend)
         # The slots' standbys, from the hosts' own listing (a host not answering lists none).
-        standbys = {n: s for n, s in backend.standbys(record.workers).ok.items() if s}
+        kept = backend.keeper.standbys(record.workers).ok if backend.keeper else {}
+        standbys = {n: s for n, s in kept.items() if s}
     account = run_account(record, result, time.time())
     if as_json:
         data = result.to_json()

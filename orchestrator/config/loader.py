@@ -1,13 +1,14 @@
 """Load and validate an inventory file into frozen dataclasses. Pure apart from reading the file.
 
 Every problem of a file is collected (not only the first) and reported with the file, the line, the
-key path and what was expected.
+key path and what was expected. The host sources an inventory may use (`hosts:`, `slurm:`, ...)
+are a parameter: the backends' registry names them (backends/registry.py, `load_inventory`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +17,13 @@ from orchestrator.config.preflight import PREFLIGHT_KEY_ENTRIES, parse_preflight
 from orchestrator.config.report import Report, line_of
 from orchestrator.config.roles import check_roles, chief_first
 from orchestrator.config.setup import parse_setup
-from orchestrator.config.sources.ansible import ANSIBLE_KEY_ENTRIES, parse_ansible
+from orchestrator.config.sources.base import HostSource
 from orchestrator.config.sources.hosts import (
     HOST_KEY_ENTRIES,
     PER_HOST_ONLY,
     Placed,
     host_keys,
-    hosts_source,
     parse_hosts,
-)
-from orchestrator.config.sources.slurm import (
-    LOGIN_KEY_ENTRIES,
-    SLURM_KEY_ENTRIES,
-    check_batch_script_values,
-    slurm_source,
 )
 from orchestrator.config.sync import SYNC_KEY_ENTRIES, parse_sync
 from orchestrator.contract import (
@@ -42,14 +36,12 @@ from orchestrator.contract import (
 from orchestrator.errors import InventoryError
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import (
-    DEFAULT_CONNECTION,
     ROLE_EVALUATOR,
     STRATEGY_PS,
     Host,
     Inventory,
     Job,
 )
-from orchestrator.model.slurm import SlurmSpec
 from orchestrator.paths import controller_path, is_loopback
 from orchestrator.values import (
     NAME_PATTERN,
@@ -72,7 +64,7 @@ from orchestrator.yamlsource import LineList, LineMap, YamlSyntaxError, parse
 
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-__all__ = ["Host", "Inventory", "Job", "is_loopback", "load_inventory"]
+__all__ = ["Host", "HostSource", "Inventory", "Job", "is_loopback", "load_inventory"]
 
 
 def _task(value: Any) -> Checked:
@@ -121,6 +113,12 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
         "evaluation", POSITIVE),
     Key("max_restarts", "integer, at least 0", "`3`",
         "restarts of the whole cluster before the run fails", integer(0)),
+    Key("max_worker_restarts", "integer, at least 0", "`6`",
+        "under `strategy: parameter-server`: how often each `worker` task that failed is "
+        "started again by itself, at its address, while the chief and the ps keep training "
+        "(a lost ps or chief restarts the cluster: `max_restarts`); once a worker has used "
+        "them all, its next failure fails the run. `0`: a lost worker fails the run",
+        integer(0)),
     Key("restart_backoff", "integer, 0 to 3600 (seconds)", "`5`",
         "seconds before the first restart, doubling after each", integer(0, 3600)),
     Key("partition_timeout", "integer, 0 to 86400 (seconds)", "`600`",
@@ -184,16 +182,10 @@ JOB_KEYS: dict[str, Checker] = checkers(JOB_KEY_ENTRIES)
 # Keys parsed by their own functions below (lists and mappings, checked per item).
 LIST_JOB_KEYS = ("args", "env", "secret_env", "files", "permanent_exit_codes")
 
-# A host source turns its top-level block into the workers, in TF_CONFIG order, and the
-# scheduler's settings if a scheduler places them. An inventory takes exactly one; spares (and
-# later min_hosts) apply to whatever it produced.
-HostSource = Callable[[LineMap, LineMap, Report, Path], tuple[list[Placed], Any]]
-HOST_SOURCES: dict[str, HostSource] = {
-    "hosts": hosts_source,
-    "slurm": slurm_source,
-    "ansible": parse_ansible,
-}
-# The top level's keys besides the host sources (`hosts:`, `slurm:`, `ansible:`, exactly one).
+# The top level's keys besides the host sources. A host source (config/sources/base.HostSource,
+# passed in by the caller) turns its top-level block into the workers, in TF_CONFIG order, and
+# its own settings if it places them itself. An inventory takes exactly one; spares (and later
+# min_hosts) apply to whatever it produced.
 TOP_KEY_ENTRIES: tuple[Key, ...] = (
     Key("defaults", "mapping of host keys", "`{}`",
         "every key here applies to every host (and spare) unless the host sets it"),
@@ -216,32 +208,24 @@ TOP_KEY_ENTRIES: tuple[Key, ...] = (
         "webhooks and commands told when the run starts, restarts, stalls, is preempted, "
         "succeeds, fails or is stopped (see Notifications)"),
 )  # fmt: skip
-HOST_SOURCE_ENTRIES: tuple[Key, ...] = (
-    Key("hosts", "list of hosts", "",
-        "the workers, in order: `hosts[0]` is the chief (task index 0), unless a host says "
-        "`role: chief`"),
-    Key("slurm", "mapping (`slurm:` keys)", "",
-        "Slurm places the workers: one per node of one batch job"),
-    Key("ansible", "mapping (`ansible:` keys)", "",
-        "the workers from an Ansible inventory, read by ansible-core"),
-)  # fmt: skip
 TOP_KEYS: tuple[str, ...] = key_names(TOP_KEY_ENTRIES)
 
 
-def key_reference() -> tuple[tuple[str, str, tuple[Key, ...]], ...]:
+def key_reference(
+    sources: Sequence[HostSource],
+) -> tuple[tuple[str, str, tuple[Key, ...]], ...]:
     """The one registry of inventory keys: every block as (where, what it is, its entries).
 
     Each block's known-key check is derived from the same entries (HOST_KEYS, JOB_KEYS, TOP_KEYS,
-    SLURM_KEYS, ANSIBLE_KEYS, SYNC_KEYS, a kind's keys), and the manual's key reference is
-    written from this (docs/hooks/reference.py), so the loader accepts exactly what it describes.
+    a source's keys, SYNC_KEYS, a kind's keys), and the manual's key reference is written from
+    this (docs/hooks/reference.py), so the loader accepts exactly what it describes.
     """
-    ssh = kinds.get(DEFAULT_CONNECTION)
+    names = ", ".join(f"`{source.name}:`" for source in sources)
     blocks: list[tuple[str, str, tuple[Key, ...]]] = [
         (
             "top level",
-            "the inventory file's own keys: exactly one of `hosts:`, `slurm:`, "
-            "`ansible:` lists the workers",
-            (*HOST_SOURCE_ENTRIES, *TOP_KEY_ENTRIES),
+            f"the inventory file's own keys: exactly one of {names} lists the workers",
+            (*(source.key for source in sources), *TOP_KEY_ENTRIES),
         ),
         (
             "hosts",
@@ -265,23 +249,15 @@ def key_reference() -> tuple[tuple[str, str, tuple[Key, ...]], ...]:
         ("sync", "`sync: DIR` is `sync: {source: DIR}`", SYNC_KEY_ENTRIES),
         ("preflight", "what `up`'s preflight check adds", PREFLIGHT_KEY_ENTRIES),
         ("notify", "each entry of `notify:`: a webhook or a command", NOTIFY_KEY_ENTRIES),
-        (
-            "ansible",
-            "an Ansible inventory instead of `hosts:` (the `ansible` extra)",
-            ANSIBLE_KEY_ENTRIES,
-        ),
-        ("slurm", "a Slurm cluster instead of `hosts:`", SLURM_KEY_ENTRIES),
-        (
-            "slurm.login",
-            "the login node Slurm is driven through, with the SSH keys of a host",
-            (*LOGIN_KEY_ENTRIES, *ssh.key_entries),
-        ),
     ]
-    return tuple(blocks)  # fmt: skip
+    for source in sources:
+        blocks += source.blocks
+    return tuple(blocks)
 
 
-def load_inventory(path: str | Path) -> Inventory:
-    """Read, validate and resolve an inventory file; raises InventoryError listing every problem."""
+def load_inventory(path: str | Path, sources: Sequence[HostSource]) -> Inventory:
+    """Read, validate and resolve an inventory file whose workers come from one of `sources`;
+    raises InventoryError listing every problem."""
     source = Path(path)
     report = Report(str(path))
     try:
@@ -294,10 +270,12 @@ def load_inventory(path: str | Path) -> Inventory:
         report.add(line, "", f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                              f"{exc.start}): is this the inventory, or a binary file?")  # fmt: skip
         raise InventoryError(report.problems, hint="an inventory is a YAML text file") from exc
-    return load_inventory_text(text, str(path), source.resolve().parent, source.stem)
+    return load_inventory_text(text, str(path), source.resolve().parent, source.stem, sources)
 
 
-def load_inventory_text(text: str, label: str, base_dir: Path, stem: str) -> Inventory:
+def load_inventory_text(
+    text: str, label: str, base_dir: Path, stem: str, sources: Sequence[HostSource]
+) -> Inventory:
     """An inventory held in memory (`orchestrate local`'s), read as if it were the file `label`
     in `base_dir`: relative paths resolve there, and local workers start there."""
     report = Report(label)
@@ -306,19 +284,21 @@ def load_inventory_text(text: str, label: str, base_dir: Path, stem: str) -> Inv
     except YamlSyntaxError as exc:
         report.add(exc.line, "", exc.message)
         raise InventoryError(report.problems) from exc
-    inventory = parse_inventory(document, report, base_dir=base_dir, stem=stem)
+    inventory = parse_inventory(document, report, base_dir, stem, sources)
     if report.problems or inventory is None:
         raise InventoryError(report.problems)
     return inventory
 
 
-def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) -> Inventory | None:
+def parse_inventory(
+    document: Any, report: Report, base_dir: Path, stem: str, sources: Sequence[HostSource]
+) -> Inventory | None:
     if not isinstance(document, LineMap):
         report.add(
             None, "", f"expected a mapping with 'hosts:' and 'job:', got {describe(document)}"
         )
         return None
-    report.unknown_keys(document, (*HOST_SOURCES, *TOP_KEYS), "")
+    report.unknown_keys(document, (*(source.name for source in sources), *TOP_KEYS), "")
     defaults = document.get("defaults") or LineMap()  # an empty `defaults:` is None in YAML
     if not isinstance(defaults, LineMap):
         report.add(line_of(document, "defaults"), "defaults", "expected a mapping of host keys")
@@ -327,16 +307,18 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
     for key in PER_HOST_ONLY:
         if key in defaults:
             report.add(line_of(defaults, key), f"defaults.{key}", "must be set on each host")
-    placed, scheduler = _workers(document, defaults, report, base_dir)
+    source, placed, source_settings = _workers(document, defaults, report, base_dir, sources)
     spares = parse_hosts(document, defaults, report, base_dir, key="spares")
     _check_unique_hosts(placed + spares, report)
     hosts = [host for _, _, host in placed]
     job = _parse_job(document, report, stem, base_dir)
     if job is not None:
         _check_job_fits_hosts(job, hosts, document, report)
-        check_roles(placed, spares, job, document, report)
-        if isinstance(scheduler, SlurmSpec):
-            check_batch_script_values(job, document, report)
+        refused = source.roles if source is not None else None
+        own = source.check_roles if source is not None else None
+        check_roles(placed, spares, job, document, report, refused=refused, own=own)
+        if source is not None and source.check_job is not None:
+            source.check_job(job, document, report)
     min_hosts = _parse_min_hosts(document, len(hosts), report)
     setup = parse_setup(document["setup"], line_of(document, "setup"), report) \
         if "setup" in document else ()  # fmt: skip
@@ -345,9 +327,8 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
     notify = parse_notify(document["notify"], line_of(document, "notify"), report, base_dir) \
         if "notify" in document else ()  # fmt: skip
     for key in ("setup", "sync"):
-        if key in document and isinstance(scheduler, SlurmSpec):
-            report.add(line_of(document, key), key, "applies to hosts reached over SSH (hosts: "
-                       "or ansible:); on Slurm, prepare the nodes' shared environment")  # fmt: skip
+        if key in document and source is not None and source.no_setup:
+            report.add(line_of(document, key), key, source.no_setup)
     perf = parse_preflight(document.get("preflight"), line_of(document, "preflight"), report)
     if job is None or report.problems:
         return None
@@ -360,7 +341,8 @@ def parse_inventory(document: Any, report: Report, base_dir: Path, stem: str) ->
         min_hosts=min_hosts,
         setup=setup,
         sync=sync,
-        slurm=scheduler if isinstance(scheduler, SlurmSpec) else None,
+        host_source=source.name if source is not None else None,
+        source_settings=source_settings,
         perf_check=perf,
         notify=notify,
     )
@@ -433,21 +415,24 @@ def _check_steps_per_call(job: Job, block: LineMap, report: Report) -> None:
 
 
 def _workers(
-    document: LineMap, defaults: LineMap, report: Report, base: Path
-) -> tuple[list[Placed], Any]:
-    present = [key for key in HOST_SOURCES if key in document]
+    document: LineMap, defaults: LineMap, report: Report, base: Path,
+    sources: Sequence[HostSource],
+) -> tuple[HostSource | None, list[Placed], Any]:  # fmt: skip
+    """The one source the document uses, its workers and its settings."""
+    present = [source for source in sources if source.name in document]
+    names = ", ".join(source.name for source in sources)
     if len(present) > 1:
         report.add(
-            line_of(document, present[1]),
-            present[1],
-            f"set exactly one of {', '.join(HOST_SOURCES)}: each lists the workers",
+            line_of(document, present[1].name),
+            present[1].name,
+            f"set exactly one of {names}: each lists the workers",
         )
-        return [], None
+        return None, [], None
     if not present:
-        sources = ", ".join(HOST_SOURCES)
-        report.add(document.line, "hosts", f"missing; list the workers with one of {sources}")
-        return [], None
-    return HOST_SOURCES[present[0]](document, defaults, report, base)
+        report.add(document.line, sources[0].name, f"missing; list the workers with one of {names}")
+        return None, [], None
+    placed, source_settings = present[0].parse(document, defaults, report, base)
+    return present[0], placed, source_settings
 
 
 def _check_unique_hosts(placed: list[Placed], report: Report) -> None:

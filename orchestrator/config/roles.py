@@ -2,10 +2,13 @@
 
 MultiWorkerMirroredStrategy (the default, and every task job) makes worker 0 the chief: a
 `role: chief` there is a mistake. `job.strategy: parameter-server` (a ParameterServerStrategy
-`script:`) needs exactly one chief, at least one ps and one worker; its cluster cannot shrink or
-take a spare (a ps holds variables no spare has). At most one evaluator, which evaluates the
-chief's checkpoints: it must see the chief's checkpoint directory. Ansible sources stay all-worker
-and Slurm refuses roles, for now.
+`script:`, or the built-in loop's ClusterCoordinator for a `task:`) needs exactly one chief, at
+least one ps and one worker; its cluster cannot shrink or take a spare (a ps holds variables no
+spare has; a lost worker is started again at its own address). `max_worker_restarts` is its
+alone. At most one evaluator, which evaluates the chief's checkpoints: it must see the chief's
+checkpoint directory. A host source whose hosts cannot carry roles says how it refuses them (its
+`RoleRule`: Ansible sources stay all-worker); one that gives roles its own way checks them itself
+(its `check_roles`: Slurm's `slurm.roles` counts), and the job's keys of one strategy here.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import posixpath
 from collections.abc import Sequence
 
 from orchestrator.config.report import Report, line_of
+from orchestrator.config.sources.base import OwnRoles, RoleRule
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import (
     ROLE_CHIEF,
@@ -36,26 +40,33 @@ def check_roles(
     job: Job,
     document: LineMap,
     report: Report,
+    *,
+    refused: RoleRule | None = None,
+    own: OwnRoles | None = None,
 ) -> None:
-    """Every problem of the roles at once (report.add with the file's lines)."""
+    """Every problem of the roles at once (report.add with the file's lines); `refused`: how
+    the inventory's host source refuses roles, if it does; `own`: its own check of the roles it
+    gives (instead of the hosts' `role:` checks)."""
     found = document.get("job")
     block: LineMap = found if isinstance(found, LineMap) else LineMap()
-    source = next((key for key in ("slurm", "ansible") if key in document), "hosts")
     strategy_line = line_of(block, "strategy") if "strategy" in block else block.line
     ps_job = job.strategy == STRATEGY_PS
-    if source == "slurm" and ps_job:
-        report.add(strategy_line, "job.strategy", "parameter-server is not supported on "
-                   "Slurm yet (its tasks are all workers); list the hosts in 'hosts:'")  # fmt: skip
-        return
-    if source == "ansible":
-        for where, line, host in placed:
-            if host.role != ROLE_WORKER:
-                report.add(line, f"{where}.role", f"{host.role}: the hosts of an Ansible "
-                           "inventory are all workers; list the hosts with 'hosts:' to give "
-                           "them roles")  # fmt: skip
+    if refused is not None:
+        if refused.host is not None:  # else its hosts cannot carry a role at all
+            for where, line, host in placed:
+                if host.role != ROLE_WORKER:
+                    report.add(line, f"{where}.role", refused.host.format(role=host.role))
         if ps_job:
-            report.add(strategy_line, "job.strategy", "parameter-server needs roles, "
-                       "which an Ansible inventory lacks; list them in 'hosts:'")  # fmt: skip
+            report.add(strategy_line, "job.strategy", refused.strategy)
+        if ps_job or refused.host is not None:
+            return
+    if own is not None:
+        _check_job_keys(job, block, report)
+        own(placed, job, document, report)
+        if ps_job and "min_hosts" in document:
+            report.add(line_of(document, "min_hosts"), "min_hosts", "not under "
+                       "job.strategy: parameter-server: a lost ps or chief restarts the "
+                       "whole cluster")  # fmt: skip
         return
     for where, line, host in spares:
         if host.role != ROLE_WORKER:
@@ -66,8 +77,9 @@ def check_roles(
         for key in ("spares", "min_hosts"):
             if key in document:
                 report.add(line_of(document, key), key, "not under job.strategy: "
-                           "parameter-server: a lost task restarts the whole cluster as listed "
-                           "(its ps hold the variables)")  # fmt: skip
+                           "parameter-server: a lost ps or chief restarts the whole cluster "
+                           "as listed (its ps hold the variables), a lost worker restarts at "
+                           "its address")  # fmt: skip
     _check_evaluator(placed, job, report)
 
 
@@ -76,6 +88,7 @@ def _check_strategy(
 ) -> None:
     counts = {role: [p for p in placed if p[2].role == role] for role in
               (ROLE_CHIEF, ROLE_PS, ROLE_WORKER)}  # fmt: skip
+    _check_job_keys(job, block, report)
     if job.strategy != STRATEGY_PS:
         for where, line, host in counts[ROLE_CHIEF] + counts[ROLE_PS]:
             report.add(line, f"{where}.role", (
@@ -83,15 +96,24 @@ def _check_strategy(
                 + (f"; under {job.strategy} the first worker is the chief: leave role unset"
                    if host.role == ROLE_CHIEF else "")))  # fmt: skip
         return
-    if job.task is not None:
-        report.add(strategy_line, "job.strategy", "parameter-server runs a job.script (a "
-                   "ParameterServerStrategy script); the built-in loop (job.task) is "
-                   "multi-worker")  # fmt: skip
     found = ", ".join(f"{len(counts[r])} {r}" for r in counts)
     if len(counts[ROLE_CHIEF]) != 1 or not counts[ROLE_PS] or not counts[ROLE_WORKER]:
         report.add(strategy_line, "job.strategy", f"parameter-server needs exactly one "
                    f"'role: chief', at least one 'role: ps' and one 'role: worker' host; "
                    f"found {found}")  # fmt: skip
+
+
+def _check_job_keys(job: Job, block: LineMap, report: Report) -> None:
+    """The job's keys that belong to one strategy, whatever the host source."""
+    if job.strategy != STRATEGY_PS and "max_worker_restarts" in block:
+        report.add(line_of(block, "max_worker_restarts"), "job.max_worker_restarts",
+                   "applies under job.strategy: parameter-server only (there a lost "
+                   "worker restarts by itself); this job restarts the whole cluster: "
+                   "max_restarts")  # fmt: skip
+    if job.strategy == STRATEGY_PS and job.task is not None and job.steps_per_call > 1:
+        report.add(line_of(block, "steps_per_call"), "job.steps_per_call", "not under "
+                   "job.strategy: parameter-server: each step is a closure the chief "
+                   "schedules on a worker; leave it at 1")  # fmt: skip
 
 
 def _check_evaluator(placed: Sequence[Placed], job: Job, report: Report) -> None:

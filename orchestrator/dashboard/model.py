@@ -17,7 +17,7 @@ from orchestrator.engine.snapshot import Snapshot
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.reading import number as finite_number
-from orchestrator.model.records import RunRecord
+from orchestrator.model.records import RunRecord, restarted_alone
 
 __all__ = ["HISTORY_FILE"]  # watch.py reads the worker's history file by this name
 LOG_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red")  # the order `tail` uses
@@ -62,11 +62,26 @@ def timeline(
     """Each restart, with the workers whose stacks were kept at its stall (`stacks`: by the
     attempt that stalled, engine.hangs.kept's names)."""
     kept = stacks or {}
-    return [
+    restarts = [
         {**restart.__dict__, "number": number, "text": restart.describe(),
          "stacks": list(kept.get(restart.attempt, ()))}
         for number, restart in enumerate(record.restarts, start=1)
     ]  # fmt: skip
+    return sorted([*restarts, *alone_entries(record)], key=lambda entry: entry["at"])
+
+
+def alone_entries(record: RunRecord) -> list[dict[str, Any]]:
+    """Each worker restarted by itself while the chief went on (ParameterServerStrategy), as
+    "worker w1 restarted (2 of 6), the chief continued: w1 at step 40: killed by SIGKILL"."""
+    budget = record.inventory.job.max_worker_restarts
+    counts: dict[str, int] = {}
+    entries = []
+    for restart in record.alone:
+        counts[restart.worker] = counts.get(restart.worker, 0) + 1
+        line = restarted_alone(restart.worker, counts[restart.worker], budget)
+        entries.append({**restart.__dict__, "alone": True, "stacks": [],
+                        "text": f"{line}: {restart.describe()}"})  # fmt: skip
+    return entries
 
 
 def parse_history(text: str) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from orchestrator.engine.snapshot import Snapshot, read_snapshot
 from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.errors import HostError, OrchestrateError
 from orchestrator.model.inventory import Inventory
+from orchestrator.model.leases import LeaseListing
 from orchestrator.model.printable import finite
 from orchestrator.model.records import RunRecord, WorkerRecord
 
@@ -296,7 +297,9 @@ class RunWatch:
         if now - self._leases_at >= LEASES_EVERY or self._leases is None:
             self._leases_at = now
             with contextlib.suppress(OrchestrateError):
-                self._leases = backend.leases(record.inventory).to_json()
+                leasing = backend.leasing
+                listing = leasing.leases(record.inventory) if leasing else LeaseListing()
+                self._leases = listing.to_json()
         return self._leases
 
     def _read_json(self, path: Any) -> Any:

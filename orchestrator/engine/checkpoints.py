@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.backends.base import Backend
+from orchestrator.backends.base import Files
 from orchestrator.contract import CHECKPOINT_COMPANIONS
 from orchestrator.engine.runstore import atomic_write, current_umask
 from orchestrator.errors import HostError
@@ -61,7 +61,7 @@ class Mirror:
         files = {p.name: p.stat().st_size for p in directory.iterdir()}
         return CheckpointListing(str(directory), name, files, (name,))
 
-    def update(self, host: Host, checkpoint_dir: str, backend: Backend) -> str | None:
+    def update(self, host: Host, checkpoint_dir: str, backend: Files) -> str | None:
         """Copy the host's latest checkpoint here unless it is already here; its name."""
         found = checked_listing(host, backend.checkpoint(host, checkpoint_dir))
         current = self.latest()
@@ -88,7 +88,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def spread_latest_checkpoint(
-    specs: list[WorkerSpec], backend: Backend, mirror: Mirror | None = None
+    specs: list[WorkerSpec], backend: Files, mirror: Mirror | None = None
 ) -> CheckpointSpread:
     """Make the newest checkpoint (the chief's, or the mirror's if newer) present everywhere."""
     chief = specs[0]
@@ -152,14 +152,14 @@ def _missing(listing: CheckpointListing, wanted: CheckpointListing) -> set[str]:
 
 
 def _download(
-    host: Host, found: CheckpointListing, names: set[str] | None, backend: Backend, staging: Path
+    host: Host, found: CheckpointListing, names: set[str] | None, backend: Files, staging: Path
 ) -> None:
     for name in sorted(found.files if names is None else names):
         backend.download(host, posixpath.join(found.directory, name), str(staging / name))
 
 
 def _install(
-    spec: WorkerSpec, found: CheckpointListing, names: set[str], backend: Backend, staging: Path
+    spec: WorkerSpec, found: CheckpointListing, names: set[str], backend: Files, staging: Path
 ) -> None:
     assert found.latest is not None
     files = [(str(staging / n), posixpath.join(spec.checkpoint_dir, n)) for n in sorted(names)]

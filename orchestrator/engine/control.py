@@ -54,8 +54,8 @@ def stop_everything(store: RunStore, backend: Backend, run_id: str | None,
     newer = store.load(record.run_id)
     if newer.attempt != record.attempt:
         report = stop_run(newer, backend, grace)
-    else:  # a standby the supervisor started while the stop was on its way
-        backend.discard_standbys(newer.workers)
+    elif backend.keeper is not None:  # a standby the supervisor started while the stop was
+        backend.keeper.discard_standbys(newer.workers)  # on its way
     return newer, report
 
 

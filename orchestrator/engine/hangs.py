@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from orchestrator.backends.base import Backend
+from orchestrator.backends.base import Backend, Lifecycle
 from orchestrator.engine.failures import Failure
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.stacks import Summary, last_dump, summarise
@@ -32,7 +32,7 @@ class Stacks:
 
 
 def collect(
-    backend: Backend, workers: Sequence[WorkerRecord], wait: float, native: bool = False
+    backend: Lifecycle, workers: Sequence[WorkerRecord], wait: float, native: bool = False
 ) -> Stacks:
     texts: dict[str, str] = {}
     silent: dict[str, str] = {}

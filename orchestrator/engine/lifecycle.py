@@ -13,11 +13,12 @@ from typing import Any
 from orchestrator.backends.base import Backend
 from orchestrator.engine.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.engine.plan import new_run_id, plan_workers
+from orchestrator.engine.roles import stop_order
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import secret_values
 from orchestrator.errors import HostErrors, OrchestrateError
 from orchestrator.fanout import GroupResult
-from orchestrator.model.answers import BY_DOWN
+from orchestrator.model.answers import BY_DOWN, StopAnswer
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import Attempt, RunRecord, WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec, job_dir_of_run
@@ -98,7 +99,8 @@ def launch_attempt(
 
 def start_alone(record: RunRecord, backend: Backend, index: int, alone: int) -> RunRecord:
     """Start the worker at `index` again by itself (the evaluator, whose failure is not the
-    training's), in a run directory of its own; the record with its new place."""
+    training's; a ParameterServerStrategy worker, whose chief goes on), with the same TF_CONFIG
+    and port, in a run directory of its own; the record with its new place."""
     secrets = secret_values(record.inventory.job.secret_env, os.environ, doing="starting it")
     workdirs = backend.workdirs(record.inventory.hosts).raise_if_failed("reaching the hosts")
     specs = plan_workers(record.inventory, record.run_id, dict(workdirs), record.attempt, secrets,
@@ -138,7 +140,9 @@ def take_leases(
 ) -> Inventory:  # fmt: skip
     """The inventory with the run's leased ports and GPUs; the lease records that were
     ignored (another user's, malformed or hostile) are named."""
-    leased = backend.take_leases(inventory, run_id, dry_run=dry_run)
+    if backend.leasing is None:  # nothing to lease: the inventory as written
+        return inventory
+    leased = backend.leasing.take_leases(inventory, run_id, dry_run=dry_run)
     for ignored in leased.ignored:
         say(f"warning: {ignored.describe()}")
     return leased.inventory
@@ -161,8 +165,9 @@ def held_leases(
 def release_leases(inventory: Inventory, run_id: str, backend: Backend) -> None:
     """The run ended: its ports and GPUs are free for other jobs. A host that does not answer
     frees them itself once no worker of the run is left there."""
-    with suppress(OrchestrateError):
-        backend.release_leases(inventory, run_id)
+    if backend.leasing is not None:
+        with suppress(OrchestrateError):
+            backend.leasing.release_leases(inventory, run_id)
 
 
 @dataclass(frozen=True)
@@ -192,7 +197,8 @@ def first_standbys(
     launch, which hands each slot's attempt to its standby (importing or done). Only for a warm
     job, after sync and setup (they may change what a standby would import). Discarded if `up`
     fails before the launch; a standby nobody launched leaves by itself after `linger`."""
-    if not (inventory.job.warm and backend.keeps_standbys):
+    keeper = backend.keeper
+    if not inventory.job.warm or keeper is None:
         yield
         return
     workdirs = backend.workdirs(inventory.hosts).raise_if_failed("reaching the hosts")
@@ -202,7 +208,7 @@ def first_standbys(
         yield
     except BaseException:
         with suppress(OrchestrateError):
-            backend.discard_standbys([_record(spec) for spec in specs])
+            keeper.discard_standbys([_record(spec) for spec in specs])
         raise
 
 
@@ -215,6 +221,8 @@ def start_standbys(
     """A standby for each worker slot of the record's current attempt, with the environment the
     next attempt's worker would get (job.secret_env's values read now, as a launch does); what
     happened per worker, failures included (a slot without a standby just starts cold)."""
+    if backend.keeper is None:
+        return {}  # every attempt starts cold
     workdirs = {w.name: posixpath.dirname(job_dir_of_run(w.run_dir)) for w in record.workers}
     _, answers = _slot_standbys(record.inventory, record.run_id, workdirs, record.attempt,
                                 backend=backend, linger=linger, environ=environ)  # fmt: skip
@@ -231,11 +239,13 @@ def _slot_standbys(
     linger: float,
     environ: Mapping[str, str],
 ) -> tuple[list[WorkerSpec], GroupResult[str, str]]:
-    """Start a standby per slot of `attempt`, with the environment its worker would get."""
+    """Start a standby per slot of `attempt`, with the environment its worker would get (a
+    backend that keeps them)."""
     secrets = secret_values(inventory.job.secret_env, environ, doing="starting the standbys")
     specs = plan_workers(inventory, run_id, dict(workdirs), attempt, secrets,
                          reads_in_place=backend.reads_in_place)  # fmt: skip
-    return specs, backend.start_standbys(specs, linger)
+    keeper = backend.keeper
+    return specs, keeper.start_standbys(specs, linger) if keeper else GroupResult()
 
 
 def end_standbys(
@@ -249,11 +259,14 @@ def end_standbys(
     (a run too short for the supervisor to start them) gets one now, importing while the user
     reads the result. A run `down` stopped discarded them already: that holds (the agent
     keeps a discarded run's marker and starts none for it)."""
-    if linger > 0 and record.inventory.job.warm and backend.keeps_standbys:
+    keeper = backend.keeper
+    if keeper is None:
+        return GroupResult()  # none were kept
+    if linger > 0 and record.inventory.job.warm:
         with suppress(OrchestrateError):  # a secret gone from the environment: the ones there
             start_standbys(record, backend, STANDBY_START_LINGER, environ)
-        return backend.linger_standbys(record.workers, linger)
-    return backend.discard_standbys(record.workers)
+        return keeper.linger_standbys(record.workers, linger)
+    return keeper.discard_standbys(record.workers)
 
 
 def stop_run(
@@ -266,10 +279,15 @@ def stop_run(
 ) -> StopReport:
     """SIGTERM every worker's process group, SIGKILL what is left after `grace` seconds; with
     `standbys`, the slots' standbys and the run's leases go too (the run ends; a restart keeps
-    them). `by` says who stopped them, in their status."""
-    answers = backend.stop(record.workers, grace, by)
+    them). `by` says who stopped them, in their status. A ParameterServerStrategy chief is
+    stopped before its ps and workers (roles.stop_order)."""
+    answers: GroupResult[str, StopAnswer] = GroupResult()
+    for group in stop_order([w.host.role for w in record.workers]):
+        stopped = backend.stop([record.workers[i] for i in group], grace, by)
+        answers = GroupResult({**answers.ok, **stopped.ok}, {**answers.failed, **stopped.failed})
     if standbys:
-        backend.discard_standbys(record.workers)  # a host not answering: its standby lingers out
+        if backend.keeper is not None:  # a host not answering: its standby lingers out
+            backend.keeper.discard_standbys(record.workers)
         release_leases(record.inventory, record.run_id, backend)
     outcome: dict[str, str] = {}
     leftovers: dict[str, list[int]] = {}

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.backends.base import Backend
-from orchestrator.backends.registry import open_backend
+from orchestrator.backends.registry import open_backend, serves
 from orchestrator.engine.lifecycle import launch_attempt, stop_run
 from orchestrator.engine.policy import STOP_GRACE
 from orchestrator.engine.runstore import RunStore, private_dir
@@ -157,7 +157,7 @@ def refuse_if_active(
     supervised = SupervisorLock(store.lock_path(previous.run_id)).held_elsewhere()
     # The earlier run may live elsewhere (hosts, or a Slurm cluster): ask its own backend,
     # or this one when it serves both (its sessions then serve the launch too).
-    if backend.serves(previous.inventory):
+    if serves(backend, previous.inventory):
         status = collect_status(previous, backend)
     else:
         with open_backend(previous.inventory) as own:

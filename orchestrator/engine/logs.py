@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from orchestrator.backends.base import Backend
+from orchestrator.backends.base import Logs
 from orchestrator.errors import HostError, RunStateError
 from orchestrator.fanout import fan_out
 from orchestrator.model.records import RunRecord, WorkerRecord
@@ -26,9 +26,7 @@ def select_workers(record: RunRecord, names: Sequence[str]) -> list[WorkerRecord
     return [known[n] for n in names]
 
 
-def last_lines(
-    workers: Sequence[WorkerRecord], backend: Backend, lines: int
-) -> list[tuple[str, str]]:
+def last_lines(workers: Sequence[WorkerRecord], backend: Logs, lines: int) -> list[tuple[str, str]]:
     by_name = {w.name: w for w in workers}
     logs = fan_out(by_name, lambda n: backend.log_lines(by_name[n], lines)).raise_if_failed(
         "reading the logs"
@@ -36,9 +34,7 @@ def last_lines(
     return [(worker.name, line) for worker in workers for line in logs[worker.name]]
 
 
-def follow(
-    workers: Sequence[WorkerRecord], backend: Backend, lines: int
-) -> Iterator[tuple[str, str]]:
+def follow(workers: Sequence[WorkerRecord], backend: Logs, lines: int) -> Iterator[tuple[str, str]]:
     """Interleave every worker's new lines as they arrive, until the caller stops iterating."""
     lines_queue = _followed(workers, backend, lines)
     while True:
@@ -46,7 +42,7 @@ def follow(
 
 
 def follow_timed(
-    workers: Sequence[WorkerRecord], backend: Backend, lines: int, tick: float
+    workers: Sequence[WorkerRecord], backend: Logs, lines: int, tick: float
 ) -> Iterator[tuple[float, str, str] | None]:
     """follow's lines with the time each arrived (time.monotonic), and None after every `tick`
     seconds without a line (for `tail --group` to release what it holds back)."""
@@ -61,7 +57,7 @@ def follow_timed(
 
 
 def _followed(
-    workers: Sequence[WorkerRecord], backend: Backend, lines: int
+    workers: Sequence[WorkerRecord], backend: Logs, lines: int
 ) -> queue.Queue[tuple[str, str]]:
     lines_queue: queue.Queue[tuple[str, str]] = queue.Queue()
 

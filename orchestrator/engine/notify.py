@@ -384,6 +384,12 @@ class RunEvents:
             done = len(self.status.restarts) if self.status else 0
             self._emit("restarting", f"restarting-{attempt}", cause, hint, restarts=done + 1)
 
+    def restarted_alone(self, line: str, restart: Restart) -> None:
+        """A ParameterServerStrategy worker started again by itself (the chief went on): told
+        as `restarting`, its line first ("worker w1 restarted (2 of 6), the chief continued")."""
+        self._emit("restarting", f"alone-{restart.worker}-{restart.at:.3f}",
+                   f"{line}: {restart.describe()}")  # fmt: skip
+
     def ended(self, status: RunStatus, stopping: bool) -> None:
         """The run's end as the supervisor sees it (a stop by `down` is `down`'s to tell)."""
         self.status = status

@@ -31,8 +31,15 @@ from orchestrator.errors import (
     JobFailed,
     Problem,
 )
-from orchestrator.model.inventory import Inventory, Job
-from orchestrator.model.records import Restart, RunRecord
+from orchestrator.model.inventory import (
+    ROLE_CHIEF,
+    ROLE_PS,
+    ROLE_WORKER,
+    STRATEGY_PS,
+    Inventory,
+    Job,
+)
+from orchestrator.model.records import Restart, RunRecord, alone_counts
 
 MAX_BACKOFF = 300
 
@@ -132,9 +139,7 @@ def first_failure(status: RunStatus) -> Failure | None:
         (w for w in status.workers if w.state is WorkerState.FAILED),
         key=lambda w: (w.finished_at or float("inf"), w.index),
     )
-    failures = [
-        Failure(w.name, _exit_kind(w), w.reason or "failed", w.step, w.exit_code) for w in failed
-    ]
+    failures = [worker_failure(w) for w in failed]
     causes = [f for f in failures if f.kind is not FailureKind.PEER_LOST]
     if not causes:
         return failures[0] if failures else None
@@ -157,6 +162,12 @@ def awaits_cause(failure: Failure, status: RunStatus, waited: float) -> bool:
         return False
     return any(w.state in (WorkerState.RUNNING, WorkerState.UNKNOWN) for w in status.workers
                if w.name != failure.worker)  # fmt: skip
+
+
+def worker_failure(worker: WorkerStatus) -> Failure:
+    """A failed worker's failure: its name, kind, reason, step and exit code."""
+    return Failure(worker.name, _exit_kind(worker), worker.reason or "failed", worker.step,
+                   worker.exit_code)  # fmt: skip
 
 
 def _exit_kind(worker: WorkerStatus) -> FailureKind:
@@ -205,6 +216,54 @@ def give_up_reason(failure: Failure, restarts: tuple[Restart, ...], job: Job) ->
         return permanent or f"it used all {job.max_restarts} restarts"
     previous = failures[-1].signature if failures else None
     return permanent_reason(failure, previous, job.permanent_exit_codes)
+
+
+# The states in which a ParameterServerStrategy chief or ps still holds the training: a lost
+# worker is then started again by itself (worker_restart).
+CARRYING_ON = (WorkerState.PENDING, WorkerState.STARTING, WorkerState.RUNNING)
+
+
+def worker_restart(status: RunStatus, alone: tuple[Restart, ...], job: Job) -> int | None:
+    """Under ParameterServerStrategy, the position of a failed worker task to start again by
+    itself at its address, while the chief and the ps go on: their ClusterCoordinator
+    re-dispatches the lost worker's steps to the others and takes it back once its server
+    answers at the same address (a lost ps fails the chief's step: that is a cluster restart).
+
+    None when no worker task failed, the chief or a ps is not carrying on (the cluster
+    restarts), or the failed worker has used its job.max_worker_restarts (`alone`: the run's
+    restarts by itself so far) or failed in a way a restart repeats (a usage or import error,
+    a permanent exit code): that failure is then the run's (worker_budget_spent says why)."""
+    if job.strategy != STRATEGY_PS:
+        return None
+    if any(w.role in (ROLE_CHIEF, ROLE_PS) and w.state not in CARRYING_ON
+           for w in status.workers):  # fmt: skip
+        return None
+    used = alone_counts(alone)
+    for index, worker in enumerate(status.workers):
+        if worker.role != ROLE_WORKER or worker.state is not WorkerState.FAILED:
+            continue
+        failure = worker_failure(worker)
+        if used.get(worker.name, 0) >= job.max_worker_restarts:
+            continue
+        if permanent_reason(failure, None, job.permanent_exit_codes) is None:
+            return index
+    return None
+
+
+def worker_budget_spent(
+    failure: Failure, role: str, alone: tuple[Restart, ...], job: Job
+) -> str | None:
+    """Why a ParameterServerStrategy worker's failure ends the run, where it used all its
+    restarts by itself (worker_restart left it failed); None for any other failure."""
+    if job.strategy != STRATEGY_PS or role != ROLE_WORKER:
+        return None
+    used = alone_counts(alone).get(failure.worker, 0)
+    if used < job.max_worker_restarts:
+        return None
+    if not used:
+        return "max_worker_restarts is 0: a lost worker fails the run"
+    return (f"it failed again after {used} restart(s) by itself (max_worker_restarts: "
+            f"{job.max_worker_restarts})")  # fmt: skip
 
 
 # Failures whose cause is on the worker's own host: a restart need not check the network first.

@@ -130,7 +130,9 @@ def wait_for_leases(
         with _withdrawn_on_sigterm():
             while True:
                 try:
-                    return backend.take_leases(inventory, run_id, ticket=ticket)
+                    if backend.leasing is None:  # nothing to wait for
+                        return Leased(inventory)
+                    return backend.leasing.take_leases(inventory, run_id, ticket=ticket)
                 except LeaseClash as clash:
                     reason = queue_reason(clash.clashes)
                 entry = Pending(run_id, inventory.job.name, arrival, reason, ticket["pid"],
@@ -140,6 +142,7 @@ def wait_for_leases(
                 time.sleep(poll)
     finally:
         with suppress(OrchestrateError):
-            backend.withdraw_tickets(inventory, run_id)
+            if backend.leasing is not None:
+                backend.leasing.withdraw_tickets(inventory, run_id)
         with suppress(OSError):
             path.unlink()

@@ -10,7 +10,7 @@ stopped), and only its steps count for stall detection. The loader puts the chie
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from orchestrator.engine.state import WorkerState, overall
 from orchestrator.model.inventory import ROLE_CHIEF, ROLE_EVALUATOR, ROLE_WORKER
@@ -86,3 +86,12 @@ def evaluator_restart(workers: Iterable[tuple[str, WorkerState]], restarted: int
         return None
     return next((i for i, (role, state) in enumerate(pairs)
                  if role == ROLE_EVALUATOR and state is WorkerState.FAILED), None)  # fmt: skip
+
+
+def stop_order(roles: Sequence[str]) -> list[list[int]]:
+    """The positions to stop, in turn, from the workers' roles: under ParameterServerStrategy
+    the chief first (a SIGTERM makes it save a checkpoint, reading the variables from the ps,
+    which must still serve), then the others; else all at once."""
+    chief = [i for i, role in enumerate(roles) if role == ROLE_CHIEF]
+    rest = [i for i, role in enumerate(roles) if role != ROLE_CHIEF]
+    return [group for group in (chief, rest) if group] if chief else [rest]

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO
 
-from orchestrator.backends.registry import host_settings
+from orchestrator.backends.registry import host_settings, source_settings_of
 from orchestrator.errors import HostError, RunStateError
 from orchestrator.model.records import RunRecord
 
@@ -203,7 +203,7 @@ class RunStore:
         except (OSError, ValueError, TypeError) as exc:
             raise RunStateError(f"the record of run '{run_id}' is unreadable: {exc}") from exc
         try:
-            record = RunRecord.from_json(data, host_settings)
+            record = RunRecord.from_json(data, host_settings, source_settings_of)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise RunStateError(
                 f"the record of run '{run_id}' is unreadable: {type(exc).__name__} {exc}"

@@ -1,5 +1,7 @@
-"""The supervisor's part for the hosts' roles (roles.py decides): once a ParameterServerStrategy
-chief exited 0, stop the ps and workers it leaves serving; start a failed evaluator again alone
+"""The supervisor's part for the hosts' roles (roles.py and policy.py decide): once a
+ParameterServerStrategy chief exited 0, stop the ps and workers it leaves serving; start a failed
+ParameterServerStrategy worker again by itself while the chief and the ps go on (its own budget,
+job.max_worker_restarts, kept in the run's record); start a failed evaluator again alone
 (its failure is not the training's); once the training succeeded, give the evaluator up to
 stall_timeout for the final checkpoint, then SIGTERM it (it evaluates the newest checkpoint it
 has not evaluated and exits 0)."""
@@ -8,29 +10,67 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from orchestrator.backends.base import Backend
 from orchestrator.engine import roles
 from orchestrator.engine.lifecycle import start_alone
+from orchestrator.engine.policy import worker_failure, worker_restart
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus
 from orchestrator.errors import OrchestrateError
 from orchestrator.model.inventory import ROLE_EVALUATOR
-from orchestrator.model.records import RunRecord
+from orchestrator.model.records import Restart, RunRecord, alone_counts, restarted_alone
 
 STOP_GRACE = 5.0  # a ps or worker of a finished chief: it only serves
+
+
+def _no_event(line: str, restart: Restart) -> None:
+    pass
 
 
 @dataclass
 class Sidecar:
     backend: Backend
     say: Callable[[str], None]
+    # Told of each worker restarted by itself (the notify targets): its line and why.
+    told: Callable[[str, Restart], None] = _no_event
     restarted: int = 0  # the evaluator's starts alone, this attempt
+    # The evaluator's restarts in place already said (the workers' are in the record).
+    _seen: set[tuple[str, float]] = field(default_factory=set)
     _done_at: float | None = None  # when the training was first seen succeeded
 
     def act(self, record: RunRecord, status: RunStatus) -> RunRecord | None:
         """What the roles ask for now; the record when it did something (None: nothing)."""
+        mirrored = self._mirror_in_place(record, status)
+        acted = self._act(mirrored or record, status)
+        return acted or mirrored
+
+    def _mirror_in_place(self, record: RunRecord, status: RunStatus) -> RunRecord | None:
+        """The restarts in place that workers' launchers made since the last poll (Slurm),
+        told and recorded as the supervisor's own restarts alone are: a worker's spend its
+        job.max_worker_restarts in the record; the evaluator's are said. None: none new."""
+        known = {(r.worker, r.at) for r in record.alone} | self._seen
+        new = [r for w in status.workers for r in w.restarted if (r.worker, r.at) not in known]
+        if not new:
+            return None
+        roles_of = {w.name: w.role for w in status.workers}
+        for restart in sorted(new, key=lambda r: r.at):
+            if roles_of[restart.worker] == ROLE_EVALUATOR:
+                self._seen.add((restart.worker, restart.at))
+                count = sum(1 for name, _ in self._seen if name == restart.worker)
+                self.say(f"the evaluator {restart.worker} failed ({restart.reason}); its "
+                         f"launcher started it again in place ({count})")  # fmt: skip
+                continue
+            record = replace(record, alone=(*record.alone, restart))
+            number = alone_counts(record.alone)[restart.worker]
+            line = restarted_alone(restart.worker, number,
+                                   record.inventory.job.max_worker_restarts)  # fmt: skip
+            self.say(f"{line}: {restart.describe()}")
+            self.told(line, restart)
+        return record
+
+    def _act(self, record: RunRecord, status: RunStatus) -> RunRecord | None:
         pairs = [(w.role, w.state) for w in status.workers]
         stop = roles.to_stop(pairs)
         if stop:
@@ -39,6 +79,11 @@ class Sidecar:
             self.backend.stop([record.workers[i] for i in stop], STOP_GRACE,
                               roles.STOPPED_AFTER_CHIEF)  # fmt: skip
             return record
+        if self.backend.restarts_in_place:  # the launchers restart, _mirror_in_place tells
+            return self._end_evaluator(record, status)
+        index = worker_restart(status, record.alone, record.inventory.job)
+        if index is not None:
+            return self._restart_worker(record, status, index)
         index = roles.evaluator_restart(pairs, self.restarted)
         if index is not None:
             self.restarted += 1
@@ -51,6 +96,25 @@ class Sidecar:
                 self.say(f"could not start the evaluator again: {error.message}")
                 return record
         return self._end_evaluator(record, status)
+
+    def _restart_worker(self, record: RunRecord, status: RunStatus, index: int) -> RunRecord:
+        """Start the failed worker at `index` again by itself, at its address; the record
+        counts the restart whether or not the start worked (a start that failed is tried
+        again at the next poll, while the budget lasts)."""
+        worker = status.workers[index]
+        failure = worker_failure(worker)
+        restart = Restart(time.time(), record.attempt, worker.name, failure.reason, worker.step,
+                          failure.kind.value)  # fmt: skip
+        record = replace(record, alone=(*record.alone, restart))
+        number = alone_counts(record.alone)[worker.name]
+        line = restarted_alone(worker.name, number, record.inventory.job.max_worker_restarts)
+        self.say(f"{line}: {restart.describe()}")
+        self.told(line, restart)
+        try:
+            return start_alone(record, self.backend, index, number)
+        except OrchestrateError as error:
+            self.say(f"could not start {worker.name} again: {error.message}")
+            return record
 
     def _end_evaluator(self, record: RunRecord, status: RunStatus) -> RunRecord | None:
         training = [w for w in status.workers if w.role != ROLE_EVALUATOR]

@@ -30,7 +30,13 @@ from orchestrator.model.reading import (
     text,
     texts,
 )
-from orchestrator.model.records import Restart, RunRecord, SchedulerState, WorkerRecord
+from orchestrator.model.records import (
+    Restart,
+    RunRecord,
+    SchedulerState,
+    WorkerRecord,
+    alone_lines,
+)
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,9 @@ class WorkerStatus:
     step_call_seconds: float | None = None
     step_seconds: float | None = None
     role: str = ROLE_WORKER  # its task type in TF_CONFIG (the host's role:)
+    # Its earlier exits this attempt, each followed by a start again in place by its launcher
+    # (Slurm: a ParameterServerStrategy worker, the evaluator); the supervisor records them.
+    restarted: tuple[Restart, ...] = ()
     # Goodput's inputs (engine/goodput.py): its process's start, its first step past
     # start_step, its last progress write, and the loop's seconds blocked in saves and
     # evaluations (None where the worker does not say).
@@ -90,7 +99,8 @@ class WorkerStatus:
         return worker_eta(self)
 
     def to_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k != "log_tail"}
+        # The restarts in place are the run's record's (RunStatus.alone says them).
+        data = {k: v for k, v in self.__dict__.items() if k not in ("log_tail", "restarted")}
         data["state"] = self.state.value
         return data
 
@@ -153,6 +163,8 @@ class RunStatus:
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None
     scheduler: SchedulerState | None = None  # a scheduler's view of the attempt (Slurm job)
+    # "worker w1 restarted (2 of 6), the chief continued": per worker restarted by itself
+    alone: tuple[str, ...] = ()
 
     @property
     def pace(self) -> str | None:
@@ -175,6 +187,7 @@ class RunStatus:
             "attempt": self.attempt,
             "restarts": len(self.restarts),
             "last_restart": last.__dict__ if last else None,
+            "restarted_alone": list(self.alone),
             "outcome": self.outcome,
             "scheduler": self.scheduler.to_json() if self.scheduler else None,
             "workers": [w.to_json() for w in self.workers],
@@ -206,6 +219,7 @@ class RunStatus:
             restarts=_restarts(data.get("restarts"), data.get("last_restart")),
             outcome=text(data.get("outcome")),
             scheduler=_scheduler(data.get("scheduler")),
+            alone=texts(data.get("restarted_alone")),
         )
 
 
@@ -290,15 +304,31 @@ def _elapsed(start: float | None, end: float) -> float | None:
     return seconds if 0 <= seconds <= LONGEST_UPTIME else None
 
 
+def in_place_restarts(name: str, probe: WorkerProbe | None, attempt: int) -> tuple[Restart, ...]:
+    """The worker's earlier exits in this attempt that its launcher followed with a start again
+    in place, each as the Restart the run's record keeps (the same reasons as a failure's)."""
+    found = []
+    for restart in probe.restarts if probe else ():
+        ended = restart.exit
+        how = f"killed by {ended.signal}" if ended.signal else f"exit {ended.returncode}"
+        kind = classify_exit(ended.returncode, ended.log_tail).value
+        reason = f"{how}: {ended.error}" if ended.error else how
+        found.append(Restart(ended.finished_at or 0.0, attempt, name, reason, restart.step, kind))
+    return tuple(found)
+
+
 def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
     probes = backend.probe(record.workers)
     unreachable = {name: error.message for name, error in probes.failed.items()}
     statuses = [
-        worker_status(
-            worker,
-            probes.ok.get(worker.name),
-            unreachable.get(worker.name),
-            expectation(record, worker),
+        replace(
+            worker_status(
+                worker,
+                probes.ok.get(worker.name),
+                unreachable.get(worker.name),
+                expectation(record, worker),
+            ),
+            restarted=in_place_restarts(worker.name, probes.ok.get(worker.name), record.attempt),
         )
         for worker in record.workers
     ]
@@ -316,8 +346,9 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         job=record.job_name,
         attempt=record.attempt,
         restarts=record.restarts,
+        alone=alone_lines(record.alone, record.inventory.job.max_worker_restarts),
         outcome=record.outcome,
-        scheduler=backend.scheduler_state(record),
+        scheduler=backend.scheduler.scheduler_state(record) if backend.scheduler else None,
         state=run_state((s.role, s.state) for s in statuses),
         workers=tuple(statuses),
     )

@@ -52,6 +52,7 @@ from orchestrator.engine.policy import (
     linger_seconds,
     preemption,
     survivors_grace,
+    worker_budget_spent,
 )
 from orchestrator.engine.replan import plan_cluster
 from orchestrator.engine.runstore import RunStore
@@ -99,7 +100,8 @@ class Supervisor:
         self._status: RunStatus | None = None  # the latest poll's
         self.linger = linger_seconds(record.inventory.job, os.environ)
         self.events = RunEvents(store, record, say)  # notify: targets, told in the background
-        self.sidecar = Sidecar(backend, say)  # what the hosts' roles ask of the loop
+        # what the hosts' roles ask of the loop
+        self.sidecar = Sidecar(backend, say, self.events.restarted_alone)
 
     def run(self) -> RunStatus:
         """Supervise until the run succeeds, is stopped, or fails for good (JobFailed). Once it
@@ -256,7 +258,11 @@ class Supervisor:
         stop_run(self.record, self.backend, grace=survivors_grace(failure, job), standbys=False,
                  by=f"after {failure.worker} ended the attempt")  # fmt: skip
         tail = tail if stalled else self._log_tail(failure.worker)
-        why = give_up_reason(failure, restarts, job)
+        role = next((w.host.role for w in self.record.workers if w.name == failure.worker),
+                    "worker")  # fmt: skip
+        why = worker_budget_spent(failure, role, self.record.alone, job) or give_up_reason(
+            failure, restarts, job
+        )
         self.events.failure(failure, restart, why, explain(failure.kind, tail))
         if why:
             outcome = f"gave up: {restart.describe()}; {why}"
@@ -265,8 +271,6 @@ class Supervisor:
                 outcome += f". What to do: {advice}"
             self.record = replace(self.record, outcome=outcome)
             self.store.save(self.record)
-            role = next((w.host.role for w in self.record.workers if w.name == failure.worker),
-                        "worker")  # fmt: skip
             raise JobFailed(give_up_message(failure, tail, why, len(restarts), role),
                             hint="'orchestrate tail' shows every worker's log")  # fmt: skip
         spent = len(failed_restarts(restarts))

@@ -17,40 +17,29 @@ kubeflow/training-operator release-1.9 (manifests/base/crds/kubeflow.org_tfjobs.
 from __future__ import annotations
 
 import json
-import posixpath
-import re
-from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from orchestrator.contract import CHECKPOINT_DIR_ENV, EXIT_PREEMPTED
-from orchestrator.engine.plan import worker_argv
+from orchestrator.contract import EXIT_PREEMPTED
+from orchestrator.export import kubernetes as k8s
 from orchestrator.model.inventory import (
     ROLE_CHIEF,
     ROLE_EVALUATOR,
     ROLE_PS,
     ROLE_WORKER,
-    Host,
     Inventory,
-    Job,
 )
+from orchestrator.model.launch import WorkerLaunch
 
 API_VERSION = "kubeflow.org/v1"
 CONTAINER = "tensorflow"  # the operator finds the TensorFlow container by this name
 PORT_NAME = "tfjob-port"
-PORT = 2222
-CHECKPOINT_MOUNT = "/checkpoints"
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")  # the operator's, not the CRD's
 REPLICA_TYPES = ("Chief", "Master", "PS", "Worker", "Evaluator")
 # A host's `role:` -> its replica type (the operator writes TF_CONFIG with the same task types).
 REPLICA_OF_ROLE = {ROLE_CHIEF: "Chief", ROLE_PS: "PS", ROLE_WORKER: "Worker",
                    ROLE_EVALUATOR: "Evaluator"}  # fmt: skip
-DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS_1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
 SCHEMA_PATH = Path(__file__).with_name("tfjob-v1.schema.json")
 
 # PID 1 of the container: forwards SIGTERM (pod deletion, preemption) to the worker so it saves,
@@ -89,17 +78,9 @@ def tfjob(
     """`secret`: the Kubernetes Secret holding job.secret_env's values, one key per variable
     name; the manifest refers to it (secretKeyRef) and never carries a value."""
     job = inventory.job
-    leaf = posixpath.basename(job.checkpoint_dir.rstrip("/"))
-    # On a claim that may hold several jobs, each job has its own directory.
-    checkpoints = posixpath.join(CHECKPOINT_MOUNT, *([job.name] if pvc else []), leaf)
-    volume: dict[str, Any] = (
-        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": pvc}}
-        if pvc
-        else {"name": "checkpoints", "emptyDir": {}}
-    )
-    metadata: dict[str, Any] = {"name": name or job.name, "labels": {"app": "orchestrate"}}
-    if namespace:
-        metadata["namespace"] = namespace
+    checkpoints = k8s.checkpoint_path(job, pvc)
+    volume = k8s.checkpoint_volume(pvc)
+    metadata = k8s.metadata(name or job.name, namespace)
     return {
         "apiVersion": API_VERSION,
         "kind": "TFJob",
@@ -137,40 +118,25 @@ def _container(
     role: str = ROLE_WORKER,
 ) -> dict[str, Any]:
     """The TensorFlow container: the worker under EXIT_WRAPPER, the checkpoint volume mounted."""
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": image or "",
-        "command": ["/bin/sh", "-c", EXIT_WRAPPER, "orchestrate-worker"],
-        "args": _container_argv(inventory, checkpoints, role),
-        "env": _container_env(inventory.job, checkpoints, secret),
-        "ports": [{"name": PORT_NAME, "containerPort": PORT}],
-        "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}],
-    }
-    gpus = inventory.gpus_per_worker
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
-    return container
+    launch = _launch(inventory, checkpoints, role)
+    command = ["/bin/sh", "-c", EXIT_WRAPPER, "orchestrate-worker"]
+    return k8s.container(CONTAINER, image, command, launch,
+                         env=_container_env(launch, secret), port_name=PORT_NAME)  # fmt: skip
 
 
-def _container_argv(inventory: Inventory, checkpoints: str, role: str) -> list[str]:
-    # The container's worker: the image's python, no host-specific GPU indices (the pod gets its
-    # own GPUs, numbered from 0), a script in the image's working directory.
-    job = inventory.job
-    first = next(h for h in inventory.hosts if h.role == role)
-    container_host: Host = replace(first, python="python", visible_gpus=None)
-    job_for_image = replace(job, script=posixpath.basename(job.script)) if job.script else job
-    return list(worker_argv(job_for_image, container_host, ".", checkpoints))
+def _launch(inventory: Inventory, checkpoints: str, role: str) -> WorkerLaunch:
+    """The first worker of `role`, as each replica of its type runs it: paths relative to the
+    image's working directory (the container sets none)."""
+    index = next(i for i, host in enumerate(inventory.hosts) if host.role == role)
+    return k8s.pod_launch(inventory, index, job_dir="", checkpoints=checkpoints, cwd=".",
+                          script_dir=".")  # fmt: skip
 
 
-def _container_env(job: Job, checkpoints: str, secret: str | None) -> list[dict[str, Any]]:
-    """The job's variables and the wrapper's by value; job.secret_env's from the Secret."""
-    permanent = " ".join(str(code) for code in job.permanent_exit_codes)
-    env = {**job.env, "PYTHONUNBUFFERED": "1", CHECKPOINT_DIR_ENV: checkpoints,
-           "ORCHESTRATE_PERMANENT_EXIT_CODES": permanent}  # fmt: skip
-    return [{"name": key, "value": value} for key, value in env.items()] + [
-        {"name": key, "valueFrom": {"secretKeyRef": {"name": secret or "", "key": key}}}
-        for key in job.secret_env
-    ]
+def _container_env(launch: WorkerLaunch, secret: str | None) -> list[dict[str, Any]]:
+    """The worker's variables and the wrapper's by value; job.secret_env's from the Secret."""
+    permanent = " ".join(str(code) for code in launch.permanent_exit_codes)
+    env = {**launch.env, "ORCHESTRATE_PERMANENT_EXIT_CODES": permanent}
+    return k8s.values(env) + k8s.secret_refs(launch.secret_env, secret)
 
 
 @cache
@@ -191,14 +157,10 @@ def problems(manifest: dict[str, Any]) -> list[str]:
         found.append(f"expected apiVersion {API_VERSION} and kind TFJob")
     metadata = manifest.get("metadata") or {}
     name = str(metadata.get("name", ""))
-    if not DNS_1035.fullmatch(name) or len(name) > 63:
+    if not k8s.DNS_1035.fullmatch(name) or len(name) > 63:
         found.append(f"metadata.name: {name!r} is not a DNS-1035 label (lower-case letters, "
                      "digits and '-', starting with a letter, at most 63 characters)")  # fmt: skip
-    namespace = metadata.get("namespace")
-    if namespace is not None and (
-        not DNS_1123_LABEL.fullmatch(str(namespace)) or len(namespace) > 63
-    ):
-        found.append(f"metadata.namespace: {namespace!r} is not a DNS-1123 label")
+    found += k8s.namespace_problems(metadata)
     replicas = (manifest.get("spec") or {}).get("tfReplicaSpecs") or {}
     found += _secret_ref_problems(replicas)
     if not replicas:
@@ -230,14 +192,9 @@ def _secret_ref_problems(replicas: dict[str, Any]) -> list[str]:
     for kind, spec in replicas.items():
         containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
         for index, container in enumerate(containers):
+            where = f"spec.tfReplicaSpecs.{kind}.template.spec.containers[{index}]"
             for entry in container.get("env") or []:
-                ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
-                if ref is not None and not DNS_1123_SUBDOMAIN.fullmatch(str(ref.get("name", ""))):
-                    found.append(
-                        f"spec.tfReplicaSpecs.{kind}.template.spec.containers[{index}].env."
-                        f"{entry.get('name')}: the secretKeyRef needs the name of a Secret "
-                        f"(a DNS-1123 subdomain), not {ref.get('name')!r}"
-                    )
+                found += k8s.secret_ref_problems(entry, where)
     return found
 
 

@@ -146,6 +146,7 @@ def cmd_probe(request):
             "exit": rundir.read_exit(path),
             "stop_requested": stopped,
             "stopped_by": rundir.stopped_by(stop_path) if stopped else None,  # only when there
+            "restarts": rundir.read_json(os.path.join(path, rundir.RESTARTS_FILE)),
         }
     live_workers = [p["worker_pid"] for p in probes.values() if p["alive"] and p["worker_pid"]]
     usage = _usage(live_workers)

@@ -47,6 +47,7 @@ STOP_FILE = "stop_requested"
 STACKS_FILE = contract.STACKS_FILE
 STACKS_PID_FILE = contract.STACKS_PID_FILE
 NODE_FILE = "node"
+RESTARTS_FILE = "restarts.json"  # a worker its Slurm launcher started again in place
 # --- a standby's directory, and a run's marker ---------------------------------------------------
 STANDBY_DIR_NAME = "standby"
 CLAIMED_FILE = "claimed.json"
@@ -57,8 +58,8 @@ DISCARDED_MARKER = "standbys_discarded"  # in {job}/runs/{run_id}
 TAKING_PREFIX = "taking."  # spec.json renamed away while a request rewrites it
 NAMES = (SPEC_FILE, TF_CONFIG_FILE, AGENT_FILE, PID_FILE, WORKER_PID_FILE, WORKER_LOG,
          ROTATED_LOG, PROGRESS_FILE, HISTORY_FILE, EXIT_FILE, STOP_FILE, STACKS_FILE,
-         STACKS_PID_FILE, NODE_FILE, STANDBY_DIR_NAME, CLAIMED_FILE, HANDOVER_FIFO, READY_FILE,
-         STANDBY_LOG, DISCARDED_MARKER)  # fmt: skip
+         STACKS_PID_FILE, NODE_FILE, RESTARTS_FILE, STANDBY_DIR_NAME, CLAIMED_FILE,
+         HANDOVER_FIFO, READY_FILE, STANDBY_LOG, DISCARDED_MARKER)  # fmt: skip
 
 LOG_TAIL_LINES = 20
 REDACTED = b"[redacted]"

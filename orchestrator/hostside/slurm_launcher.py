@@ -15,7 +15,8 @@ are never in the plan or the script: sbatch exports them from the submitting env
 a leading "~/" is the node's home.
 
 Files in a task's run directory (rundir.py names them): node, pid, worker.pid, worker.log,
-progress.json (the worker's), stacks.txt and stacks.pid (the worker's stack dumps on SIGUSR2,
+progress.json (the worker's), restarts.json (a worker started again in place: each earlier
+exit), stacks.txt and stacks.pid (the worker's stack dumps on SIGUSR2,
 which this launcher passes on), exit.json (rundir.record_exit's, as the agent's minder writes it,
 with "joined" for a task of a multi-worker job that loaded TensorFlow: whether it listened on
 its port, JoinWatch).
@@ -94,11 +95,27 @@ def expand_nodelist(nodelist):
     return names
 
 
-def tf_config(nodes, port, index):
-    return {
-        "cluster": {"worker": [f"{node}:{port}" for node in nodes]},
-        "task": {"type": "worker", "index": index},
-    }
+# TensorFlow's order of a cluster spec's task types; the evaluator is in no list (as
+# engine/tfconfig.py writes a host's TF_CONFIG).
+CLUSTER_ORDER = ("chief", "worker", "ps")
+EVALUATOR = "evaluator"
+
+
+def tf_config(nodes, port, index, roles=None):
+    """Task `index`'s TF_CONFIG: one task per node, in SLURM_PROCID order. `roles`: each task's
+    type in that order (the plan's; None: every task a worker); a task's index is its place
+    among the tasks of its type."""
+    roles = list(roles) if roles else ["worker"] * len(nodes)
+    if len(roles) != len(nodes):
+        raise ValueError(f"{len(roles)} task(s) planned, {len(nodes)} node(s) in the step")
+    cluster = {}
+    for role in CLUSTER_ORDER:
+        endpoints = [f"{nodes[i]}:{port}" for i, kind in enumerate(roles) if kind == role]
+        if endpoints:
+            cluster[role] = endpoints
+    role = roles[index]
+    task_index = 0 if role == EVALUATOR else roles[:index].count(role)
+    return {"cluster": cluster, "task": {"type": role, "index": task_index}}
 
 
 # Shared with the host agent: the same checks, the same files (safefiles.py, rundir.py).
@@ -184,6 +201,8 @@ def _wait_forwarding_signals(
 
     def forward(signum: int, _frame: object) -> None:
         # Preemption or `orchestrate down`: the worker saves a checkpoint and exits 75.
+        if signum != signal.SIGUSR1:
+            _SIGNALLED.append(signum)
         if child.poll() is None:
             child.send_signal(signum)
 
@@ -252,22 +271,131 @@ def main():
     except UnsafeDirectory as exc:
         print(f"task {index}: {exc}", file=sys.stderr, flush=True)
         return 3
-    config = tf_config(nodes, plan["port"], index)
+    roles = [t["role"] for t in plan["tasks"]] if "role" in task else None
+    config = tf_config(nodes, plan["port"], index, roles)
+    config["task"]["index"] = task.get("task_index", config["task"]["index"])  # the launch's
     _write_json(os.path.join(run_dir, rundir.TF_CONFIG_FILE), config)
     env = _worker_env(task, fill, config)
-    started = time.time()
     missing = [name for name in plan.get("secret_env", []) if name not in os.environ]
     if missing:
-        return _refuse_missing_secrets(index, run_dir, started, missing)
+        return _refuse_missing_secrets(index, run_dir, time.time(), missing)
     secrets = rundir.secret_values(plan.get("secret_env", []), os.environ)
-    child = _start_worker(task, fill, env, run_dir, started, piped=bool(secrets))
-    if child is None:
+    started = {"fill": fill, "env": env, "run_dir": run_dir, "config": config, "secrets": secrets}
+    returncode = _run_worker(index, task, started)
+    if returncode is None:
         return 127
-    _write(os.path.join(run_dir, rundir.WORKER_PID_FILE), str(child.pid))
-    watch = procwatch.JoinWatch(child.pid, config)
-    returncode = _wait_forwarding_signals(child, run_dir, secrets if secrets else None)
-    rundir.record_exit(run_dir, returncode, started, None, watch.joined(), secrets=secrets)
+    if _ENDED:
+        print(f"task {index}: stopped {task['ends_by']}", flush=True)
+        return 0  # not a bad exit: srun's --kill-on-bad-exit would end the others' last work
+    if config["task"]["type"] == EVALUATOR and returncode != 0:
+        # The evaluator's failure is not the training's: exit.json keeps it for the
+        # supervisor, and srun's --kill-on-bad-exit leaves the training tasks running.
+        print(f"task {index}: the evaluator exited {returncode}; the training goes on",
+              flush=True)  # fmt: skip
+        return 0
     return _srun_exit(index, returncode)
+
+
+# --- a worker started again in place (issue 45) -------------------------------------------------
+# A ParameterServerStrategy worker (or the evaluator) whose plan entry has "restarts": N is
+# started again here, at the same node and port with the same TF_CONFIG, up to N times, while
+# the chief and the ps go on: the chief's ClusterCoordinator takes a worker back once its server
+# answers at the same address. Each restart is recorded in restarts.json (rundir.RESTARTS_FILE),
+# which the supervisor reads through its probe; only the last exit is exit.json, and only that
+# one reaches srun (whose --kill-on-bad-exit then ends the step).
+# The stop signals this launcher passed on: a worker they end is not restarted.
+_SIGNALLED: "list[int]" = []
+KEPT_RESTARTS = 100  # restarts.json keeps the newest ones (the count is the supervisor's)
+
+
+def _run_worker(index, task, how):
+    """The worker's last return code (None: it could not start), after its restarts. `how`:
+    the plan's filler, the worker's environment, its run directory, TF_CONFIG and secrets."""
+    fill, env, run_dir, secrets = how["fill"], how["env"], how["run_dir"], how["secrets"]
+    budget = int(task.get("restarts", 0))
+    history = []
+    while True:
+        started = time.time()
+        child = _start_worker(task, fill, env, run_dir, started, piped=bool(secrets))
+        if child is None:
+            return None
+        _write(os.path.join(run_dir, rundir.WORKER_PID_FILE), str(child.pid))
+        watch = procwatch.JoinWatch(child.pid, how["config"])
+        _end_with(task, fill, run_dir, child)
+        returncode = _wait_forwarding_signals(child, run_dir, secrets if secrets else None)
+        joined = watch.joined()
+        again = len(history) < budget and restartable(
+            returncode, joined, task.get("permanent", []), bool(_SIGNALLED),
+            os.path.exists(os.path.join(run_dir, rundir.STOP_FILE)))  # fmt: skip
+        if not again:
+            rundir.record_exit(run_dir, returncode, started, None, joined, secrets=secrets)
+            return returncode
+        history.append(_restart_entry(run_dir, returncode, started, secrets))
+        _write_json(os.path.join(run_dir, rundir.RESTARTS_FILE), history[-KEPT_RESTARTS:])
+        print(f"task {index}: worker exited {returncode}; started again in place "
+              f"({len(history)} of {budget})", flush=True)  # fmt: skip
+
+
+# Set once the tasks this one ends with (the plan's "ends_with") exited 0, and its worker was
+# stopped for it: a ParameterServerStrategy ps or worker after its chief, the evaluator after
+# the training. The launcher then tells srun it succeeded.
+_ENDED: "list[bool]" = []
+END_POLL = 1.0  # seconds between looks at the others' exit records
+
+
+def _end_with(task, fill, run_dir, child):
+    """Watches, in a thread, the exit records of the tasks in task["ends_with"]: once every one
+    says 0, stop_requested (by task["ends_by"]) and SIGTERM to the worker."""
+    ends_with = [os.path.expanduser(fill(d)) for d in task.get("ends_with", [])]
+    if not ends_with:
+        return
+    import threading  # not at the top: most tasks end with nobody
+
+    def succeeded(directory):
+        record = rundir.read_exit(directory)
+        return isinstance(record, dict) and record.get("returncode") == 0
+
+    def watch():
+        while child.poll() is None:
+            if all(succeeded(d) for d in ends_with):
+                _write(
+                    os.path.join(run_dir, rundir.STOP_FILE), rundir.stop_request(task["ends_by"])
+                )
+                _ENDED.append(True)
+                _SIGNALLED.append(signal.SIGTERM)
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
+                return
+            time.sleep(END_POLL)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def restartable(returncode, joined, permanent, signalled, stop_requested):
+    """Whether a worker that ended so is started again in place. Not after a success or a
+    preemption's save (0, 75), a stop (the launcher passed a signal on, `orchestrate down`'s
+    stop_requested, or the worker died of SIGTERM or SIGINT, which only a stop sends), one of
+    job.permanent_exit_codes, or a worker that loaded TensorFlow and never listened on its port
+    (an error no restart heals: it never joined the cluster). Pure."""
+    if returncode in (0, contract.EXIT_PREEMPTED) or returncode in permanent:
+        return False
+    if signalled or stop_requested or returncode in (-signal.SIGTERM, -signal.SIGINT):
+        return False
+    return joined is not False
+
+
+def _restart_entry(run_dir, returncode, started, secrets):
+    """One restart as restarts.json keeps it: the exit record's fields, the step reached."""
+    progress = rundir.read_json(os.path.join(run_dir, rundir.PROGRESS_FILE))
+    step = progress.get("step") if isinstance(progress, dict) else None
+    step = step if isinstance(step, int) and not isinstance(step, bool) else None
+    tail = rundir.log_tail(run_dir)[-1:] if returncode > 0 else []
+    if secrets:
+        tail = [rundir.redact(line.encode(), secrets).decode("utf-8", "replace") for line in tail]
+    return {"returncode": returncode, "signal": rundir.signal_name(returncode),
+            "started_at": started, "finished_at": time.time(),
+            "error": tail[-1] if tail else None,
+            "step": step}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -94,6 +94,27 @@ class ExitRecord:
 
 
 @dataclass(frozen=True)
+class InPlaceRestart:
+    """An earlier exit of a worker that its launcher started again in place, at the same
+    address (the Slurm launcher's restarts.json), and the step it had reached."""
+
+    exit: ExitRecord
+    step: int | None = None
+
+    @classmethod
+    def parse_all(cls, data: Any) -> tuple[InPlaceRestart, ...]:
+        """The entries that read as exit records (anything else: none)."""
+        if not isinstance(data, list):
+            return ()
+        found = []
+        for item in data:
+            record = ExitRecord.parse(item)
+            if record is not None and record.finished_at is not None:
+                found.append(cls(record, steps(item.get("step"))))
+        return tuple(found)
+
+
+@dataclass(frozen=True)
 class Usage:
     cpu_percent: float | None
     rss_bytes: int | None
@@ -128,6 +149,7 @@ class WorkerProbe:
     node: str | None = None  # where a scheduler placed the worker, when one did
     # Why a scheduler still holds the worker in its queue (Slurm's Reason); None once it runs.
     queued: str | None = None
+    restarts: tuple[InPlaceRestart, ...] = ()  # started again in place by its launcher
 
     @classmethod
     def parse(cls, data: Mapping[str, Any], now: float) -> WorkerProbe:
@@ -142,6 +164,7 @@ class WorkerProbe:
             stop_requested=bool(data.get("stop_requested")),
             stopped_by=text(data.get("stopped_by")),
             usage=Usage.parse(data.get("usage")),
+            restarts=InPlaceRestart.parse_all(data.get("restarts")),
         )
 
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from orchestrator.contract import KERAS_DEFAULT
 from orchestrator.model.leases import DEFAULT_LEASE_DIR
-from orchestrator.model.slurm import SlurmSpec
 
 DEFAULT_WORKDIR = "~/orchestrate"
 
@@ -148,6 +147,11 @@ class Job:
     # stall_timeout seconds has failed; the cluster is restarted up to max_restarts times.
     stall_timeout: int = 300
     max_restarts: int = 3
+    # Under job.strategy: parameter-server, how often each worker task is started again by
+    # itself, at its address, while the chief and the ps keep running (a lost ps or chief
+    # restarts the cluster, as above). 6: Kubernetes' Job backoffLimit default (TFJob's own
+    # replica default is restartPolicy Never, and its backoffLimit unset means no limit).
+    max_worker_restarts: int = 6
     restart_backoff: int = 5  # seconds before the first restart, doubling after each
     # How long a restart waits (without spending a restart) while hosts cannot reach each
     # other's TensorFlow port, before the run fails naming the blocked pairs.
@@ -184,6 +188,17 @@ class Job:
         return self.task is not None if self.warm_restarts is None else self.warm_restarts
 
 
+class SourceSettings(Protocol):
+    """The settings of what places the workers when the inventory does not list where they run
+    (a scheduler's: model/slurm.SlurmSpec for `slurm:`); a frozen dataclass, kept in the run
+    record."""
+
+    @property
+    def gpus_per_worker(self) -> int | None:
+        """The GPUs the scheduler gives each worker; None when none are asked for."""
+        ...
+
+
 @dataclass(frozen=True)
 class Inventory:
     path: str
@@ -197,25 +212,24 @@ class Inventory:
     min_hosts: int | None = None
     setup: tuple[str, ...] = ()  # shell commands run once per host before a start (hostsetup)
     sync: SyncSpec | None = None  # a directory mirrored to every host before each start
-    # The `slurm:` block when Slurm places the workers (then `hosts` are its tasks).
-    slurm: SlurmSpec | None = None
+    # The top-level block that listed the workers, a host source named by the backends'
+    # registry (which picks the backend by it); None: made in code, the registry's first one.
+    host_source: str | None = None
+    # Its settings when the source places the workers itself (a scheduler; then `hosts` are
+    # its tasks); None: the workers run on `hosts` as listed.
+    source_settings: SourceSettings | None = None
     # `preflight: {perf: true}`: `up`'s check runs the performance round too.
     perf_check: bool = False
     notify: tuple[NotifyTarget, ...] = ()  # told of the run's events (engine/notify.py)
 
     @property
     def gpus_per_worker(self) -> int | None:
-        """The GPUs one worker asks for: Slurm's gpus_per_node, else the most visible_gpus of a
-        host; None when no GPU is named."""
-        if self.slurm is not None:
-            return self.slurm.gpus_per_node
+        """The GPUs one worker asks for: its source's settings' (Slurm's gpus_per_node), else the
+        most visible_gpus of a host; None when no GPU is named."""
+        if self.source_settings is not None:
+            return self.source_settings.gpus_per_worker
         counts = [len(h.visible_gpus) for h in self.hosts if h.visible_gpus]
         return max(counts) if counts else None
-
-    @property
-    def host_source(self) -> str:
-        """Which top-level block listed the workers: 'hosts' or 'slurm'."""
-        return "slurm" if self.slurm is not None else "hosts"
 
     @property
     def controller_only_env(self) -> tuple[str, ...]:

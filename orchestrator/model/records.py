@@ -1,8 +1,9 @@
 """The record of a run, as the state directory keeps it (engine/runstore.py writes and reads
 the files): the inventory as it was at `up`, the current attempt's workers, every restart.
 
-Decoding lives here with the types; the one thing it cannot know, which settings type a
-connection kind has, is passed in (`SettingsReader`, from the backends' registry).
+Decoding lives here with the types; what it cannot know, which settings type a connection kind
+has and how a host source's own settings read back, is passed in (`SettingsReader`,
+`SourceSettingsReader`, from the backends' registry).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from orchestrator.model.inventory import (
     Inventory,
     Job,
     NotifyTarget,
+    SourceSettings,
     SyncSpec,
 )
-from orchestrator.model.slurm import LoginNode, SlurmSpec
 
 # (connection kind, its settings as JSON) -> the kind's settings object
 SettingsReader = Callable[[str, Mapping[str, Any]], Any]
+# (a recorded inventory as JSON, the settings reader) -> its host source and that source's settings
+SourceSettingsReader = Callable[[Mapping[str, Any], SettingsReader], tuple[str | None, Any]]
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,27 @@ class Restart:
     def describe(self) -> str:
         step = f" at step {self.step}" if self.step is not None else ""
         return f"{self.worker}{step}: {self.reason}"
+
+
+def restarted_alone(worker: str, number: int, budget: int) -> str:
+    """How a worker's restart by itself reads everywhere (supervisor, status, dashboard,
+    events): its number among the worker's job.max_worker_restarts."""
+    return f"worker {worker} restarted ({number} of {budget}), the chief continued"
+
+
+def alone_lines(alone: tuple[Restart, ...], budget: int) -> tuple[str, ...]:
+    """One line per worker that was restarted by itself, for its latest restart, in the
+    order of their first."""
+    counts = alone_counts(alone)
+    return tuple(restarted_alone(worker, number, budget) for worker, number in counts.items())
+
+
+def alone_counts(alone: tuple[Restart, ...]) -> dict[str, int]:
+    """How often each worker was restarted by itself, in the order of their first."""
+    counts: dict[str, int] = {}
+    for restart in alone:
+        counts[restart.worker] = counts.get(restart.worker, 0) + 1
+    return counts
 
 
 @dataclass(frozen=True)
@@ -143,6 +167,10 @@ class RunRecord:
     stop_requested: bool = field(default=False, compare=False)
     # A scheduler's job id for each attempt, in order (Slurm: one batch job per attempt).
     scheduler_jobs: tuple[str, ...] = ()
+    # Workers started again by themselves while the rest of the attempt went on (under
+    # ParameterServerStrategy): why each was, in order; they spend job.max_worker_restarts,
+    # never max_restarts.
+    alone: tuple[Restart, ...] = ()
     # Goodput's records (engine/goodput.py): each attempt's launch and, once it ended, its
     # workers' spans; and how long `up --queue` waited for the leases before the run began.
     attempts: tuple[Attempt, ...] = ()
@@ -158,13 +186,17 @@ class RunRecord:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], settings: SettingsReader) -> RunRecord:
-        """`settings` turns a host's settings as JSON back into its connection kind's type."""
+    def from_json(
+        cls, data: dict[str, Any], settings: SettingsReader, sources: SourceSettingsReader
+    ) -> RunRecord:
+        """`settings` turns a host's settings as JSON back into its connection kind's type,
+        `sources` the inventory's host source and that source's settings into theirs."""
 
         def host(fields: dict[str, Any]) -> Host:
             return _host(fields, settings)
 
-        scheduled = data["inventory"].get("slurm") is not None
+        source, source_settings = sources(data["inventory"], settings)
+        scheduled = source_settings is not None
         workers = tuple(
             WorkerRecord(**{**_job_id_of_old(worker, scheduled), "host": host(worker["host"])})
             for worker in data["workers"]
@@ -172,11 +204,12 @@ class RunRecord:
         return cls(
             **{
                 **data,
-                "inventory": _inventory(data["inventory"], host, settings),
+                "inventory": _inventory(data["inventory"], host, source, source_settings),
                 "workers": workers,
                 "restarts": tuple(Restart(**r) for r in data.get("restarts", ())),
                 "dropped": tuple(host(h) for h in data.get("dropped", ())),
                 "scheduler_jobs": tuple(data.get("scheduler_jobs", ())),
+                "alone": tuple(Restart(**r) for r in data.get("alone", ())),
                 "attempts": tuple(Attempt.from_json(a) for a in data.get("attempts", ())),
             }
         )
@@ -200,7 +233,10 @@ def _host(data: dict[str, Any], settings: SettingsReader) -> Host:
 
 
 def _inventory(
-    data: dict[str, Any], host: Callable[[dict[str, Any]], Host], settings: SettingsReader
+    data: dict[str, Any],
+    host: Callable[[dict[str, Any]], Host],
+    source: str | None,
+    source_settings: SourceSettings | None,
 ) -> Inventory:
     # JSON turns tuples into lists; the frozen dataclasses want them back.
     job: dict[str, Any] = {
@@ -215,20 +251,10 @@ def _inventory(
         min_hosts=data.get("min_hosts"),
         setup=tuple(data.get("setup", ())),
         sync=_sync(data.get("sync")),
-        slurm=_slurm(data.get("slurm"), settings),
+        host_source=source,
+        source_settings=source_settings,
         notify=tuple(_notify(t) for t in data.get("notify", ())),
     )
-
-
-def _slurm(data: dict[str, Any] | None, settings: SettingsReader) -> SlurmSpec | None:
-    if data is None:  # a record of a run on hosts (or from before Slurm was a host source)
-        return None
-    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    login = fields.get("login")
-    if login is not None:  # the SSH kind's settings, as a host's are read back
-        ssh = settings(DEFAULT_CONNECTION, login.get("settings") or {})
-        fields["login"] = LoginNode(login["address"], login.get("python", "python3"), ssh)
-    return SlurmSpec(**fields)
 
 
 def _sync(data: dict[str, Any] | None) -> SyncSpec | None:

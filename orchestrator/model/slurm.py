@@ -49,7 +49,9 @@ class LoginNode:
 
 @dataclass(frozen=True)
 class SlurmSpec:
-    """What `up` asks of Slurm: N nodes, one task per node, and the workers' TensorFlow port."""
+    """What `up` asks of Slurm: N nodes, one task per node, and the workers' TensorFlow port.
+    `roles`: each task's TF_CONFIG type in task order (`slurm.roles`: the chief first, then the
+    workers, the ps, the evaluator); empty: every task is a worker."""
 
     nodes: int
     partition: str | None = None
@@ -61,6 +63,15 @@ class SlurmSpec:
     gpus_per_node: int | None = None
     sbatch_args: tuple[str, ...] = ()  # passed verbatim as #SBATCH lines, never through a shell
     login: LoginNode | None = None  # None: Slurm's commands and the files are on this machine
+    roles: tuple[str, ...] = ()
+
+    @property
+    def gpus_per_worker(self) -> int | None:  # model.inventory.SourceSettings
+        return self.gpus_per_node
 
     def worker_name(self, index: int) -> str:
         return f"task{index}"
+
+    def role_of(self, index: int) -> str:
+        """The TF_CONFIG type of the task at `index` (a worker unless `roles` says otherwise)."""
+        return self.roles[index] if self.roles else "worker"

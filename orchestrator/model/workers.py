@@ -24,6 +24,7 @@ from typing import Any
 
 from orchestrator.contract import EXPORT_DIR_NAME, WORKER_LOG
 from orchestrator.model.inventory import Host, Job
+from orchestrator.model.launch import WorkerLaunch
 
 SYNC_DIR = "code"  # under the job directory: the `sync:` directory's mirror
 
@@ -39,13 +40,14 @@ class Started:
 
 @dataclass(frozen=True)
 class WorkerSpec:
+    """One attempt of one worker on a host or a Slurm node: its launch (model/launch.py) with
+    what starting it there needs besides (its run directory, TF_CONFIG, uploads, the secrets'
+    values)."""
+
     index: int
     host: Host
     run_dir: str
-    checkpoint_dir: str
-    cwd: str
-    argv: tuple[str, ...]
-    env: dict[str, str]
+    launch: WorkerLaunch
     tf_config: dict[str, Any]
     log_max_bytes: int = 0  # 0: no cap
     uploads: tuple[tuple[str, str], ...] = ()  # (path here, path on the host) before the start
@@ -59,6 +61,22 @@ class WorkerSpec:
     @property
     def name(self) -> str:
         return self.host.name
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return self.launch.argv
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        return self.launch.env
+
+    @property
+    def cwd(self) -> str:
+        return self.launch.cwd
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.launch.checkpoint_dir
 
     @property
     def log_path(self) -> str:
@@ -77,7 +95,7 @@ class WorkerSpec:
             "private_dirs": list(self.private_dirs),
             "cwd": self.cwd,
             "argv": list(self.argv),
-            "env": self.env,
+            "env": dict(self.env),
             "secret_env": dict(self.secrets),
             "tf_config": self.tf_config,
             "log_max_bytes": self.log_max_bytes,
@@ -93,7 +111,7 @@ class WorkerSpec:
             "backs": self.run_dir,
             "python": self.argv[0],
             "cwd": self.cwd,
-            "env": self.env,
+            "env": dict(self.env),
             "secret_env": dict(self.secrets),
             "linger": linger,
             "withhold_env": list(self.withheld_env),

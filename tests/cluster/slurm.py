@@ -10,6 +10,10 @@ mode), so stop() can end exactly what start() made, then delete the namespaces a
     with SlurmCluster(Path("/tmp/x")) as cluster:
         subprocess.run(["sinfo"], env=cluster.env())
 
+`extra=N` adds N nodes that only the ROLES_PARTITION has (it holds every node): a job of chief,
+workers and ps (one task per node, as orchestrate places them) gets its four nodes there, while
+the default partition keeps its two, so a job there still lands on n1 and n2.
+
 With `login=True` a login node joins the bridge: its own network namespace (10.232.0.20) with
 its own sshd, whose sessions get `SLURM_CONF` from sshd's `SetEnv`, so Slurm's commands work
 there (the namespace shares this machine's files: the config, munge's socket, the "shared
@@ -40,6 +44,7 @@ BRIDGE_ADDRESS = "10.232.0.1"
 LOGIN_ADDRESS = "10.232.0.20"
 LOGIN_ALIAS = "slurm-login"
 PARTITION = "train"
+ROLES_PARTITION = "roles"  # every node, the `extra` ones too
 CONTROLLER_PORT = 6917  # not Slurm's default 6817: a system slurmctld would not clash
 NODE_PORT = 6918
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -75,8 +80,9 @@ class Node:
 
 class SlurmCluster:
     def __init__(
-        self, base_dir: Path, nodes: int = 2, prefix: str = "osl", login: bool = False
-    ) -> None:
+        self, base_dir: Path, nodes: int = 2, prefix: str = "osl", login: bool = False,
+        extra: int = 0,
+    ) -> None:  # fmt: skip
         self.base = base_dir
         self.prefix = prefix
         self.login = login
@@ -84,8 +90,9 @@ class SlurmCluster:
         self.bridge = f"{prefix}br0"
         self.nodes = [
             Node(f"n{i}", str(SUBNET.network_address + 10 + i), f"{prefix}-n{i}", f"{prefix}v{i}")
-            for i in range(1, nodes + 1)
+            for i in range(1, nodes + extra + 1)
         ]
+        self.partition_nodes = self.nodes[:nodes]
         self.hostname = socket.gethostname()
         self._daemons: dict[str, subprocess.Popen[bytes]] = {}
         self._started_at = 0.0
@@ -219,7 +226,8 @@ class SlurmCluster:
         hosts = ["127.0.0.1 localhost", f"{BRIDGE_ADDRESS} {self.hostname}"]
         hosts += [f"{node.address} {node.name}" for node in self.nodes]
         (self.base / "hosts").write_text("\n".join(hosts) + "\n")
-        names = ",".join(node.name for node in self.nodes)
+        names = ",".join(node.name for node in self.partition_nodes)
+        everyone = ",".join(node.name for node in self.nodes)
         cpus = os.cpu_count() or 1
         lines = [
             "ClusterName=orchestrate-test",
@@ -256,6 +264,7 @@ class SlurmCluster:
             *(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} State=UNKNOWN"
               for n in self.nodes),
             f"PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP",
+            f"PartitionName={ROLES_PARTITION} Nodes={everyone} MaxTime=INFINITE State=UP",
         ]  # fmt: skip
         self.conf.write_text("\n".join(lines) + "\n")
 
@@ -313,7 +322,7 @@ class SlurmCluster:
     def _wait_idle(self) -> None:
         def idle() -> bool:
             result = subprocess.run(
-                ["sinfo", "-h", "-N", "-o", "%N %t", "-p", PARTITION],
+                ["sinfo", "-h", "-N", "-o", "%N %t"],  # a node in two partitions: two lines
                 env=self.env(), capture_output=True, text=True, check=False,
             )  # fmt: skip
             states = dict(line.split() for line in result.stdout.splitlines() if line.strip())

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.backends.base import Backend, Leased
+from orchestrator.backends.base import Backend, Leased, Leases
 from orchestrator.backends.hosts.leases import CLASH_HINT, resolved
 from orchestrator.backends.hosts.preflight import partition_findings, run_preflight
 from orchestrator.errors import ConnectError, HostError, LeaseClash
@@ -61,7 +61,7 @@ def exited(code: int, step: int | None = None, *, error: str | None = None,
 
 
 @dataclass
-class FakeBackend(Backend):
+class FakeBackend(Backend, Leases):
     scripts: dict[str, Script] = field(default_factory=dict)  # worker name -> its script
     dead_hosts: dict[str, str] = field(default_factory=dict)  # host name -> why unreachable
     # Preflight: host name -> verb -> the hostprobe answer (JSON shape).
@@ -81,6 +81,10 @@ class FakeBackend(Backend):
     held: dict[tuple[str, str, int], Holder] = field(default_factory=dict)
     lease_calls: list[tuple[str, str]] = field(default_factory=list)  # (take|dry|release, run)
     _polls: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def leasing(self) -> Leases:
+        return self
 
     def take_leases(
         self, inventory: Inventory, run_id: str, *, dry_run: bool = False,

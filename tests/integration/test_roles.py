@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.conftest import REPO, Cli, free_ports, local_inventory, local_tf_inventory
@@ -48,38 +49,111 @@ def latest_checkpoint(cli: Cli) -> str:
     return state.splitlines()[0].split('"')[1]
 
 
-def test_ps_script_survives_the_loss_of_its_ps_and_ends_with_the_chief(
+def by_name(status: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(w for w in status["workers"] if w["name"] == name)
+
+
+def kill_a_worker_under_a_held_chief(cli: Cli, reaper: list[str], at: int) -> int:
+    """Once the chief's checkpoint reached step `at`: the chief held (psutil suspend) while
+    worker-1 is SIGKILLed and seen started again by itself, then let go; the chief's pid."""
+    status = cli.status_when(lambda s: (by_name(s, "chief")["checkpoint_step"] or 0) >= at,
+                             timeout=180)  # fmt: skip
+    reaper.append(status["run_id"])
+    chief = psutil.Process(by_name(status, "chief")["pid"])
+    lost = by_name(status, "worker-1")["pid"]
+    chief.suspend()  # the training waits at the point of the kill, whatever the machine's load
+    try:
+        os.kill(lost, signal.SIGKILL)
+        # A serving task writes no progress: "starting" while it lives.
+        cli.status_when(lambda s: by_name(s, "worker-1")["pid"] not in (None, lost)
+                        and by_name(s, "worker-1")["state"] == "starting", timeout=120)  # fmt: skip
+    finally:
+        chief.resume()
+    return chief.pid
+
+
+def test_a_ps_script_keeps_its_chief_through_a_lost_worker_restarts_after_its_ps_and_ends(
     cli: Cli, reaper: list[str]
 ) -> None:
-    ps_inventory(cli)
+    """One run, three losses' worth of assertions: worker-1's SIGKILL restarts it alone while
+    the chief (same pid) trains on; the ps's SIGKILL restarts the cluster from the checkpoint;
+    the chief's exit 0 ends the run with the others stopped, at exactly the target step."""
+    ps_inventory(cli, steps=30)
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     try:
-        status = cli.status_when(
-            lambda s: any(w["name"] == "chief" and (w["checkpoint_step"] or 0) >= 5
-                          for w in s["workers"]),
-            timeout=180,
-        )  # fmt: skip
-        reaper.append(status["run_id"])
+        chief_pid = kill_a_worker_under_a_held_chief(cli, reaper, at=5)
+        status = cli.status_when(lambda s: (by_name(s, "chief")["checkpoint_step"] or 0) >= 15,
+                                 timeout=180)  # fmt: skip
+        assert status["attempt"] == 0 and by_name(status, "chief")["pid"] == chief_pid
+        assert status["restarted_alone"] == [
+            "worker worker-1 restarted (1 of 6), the chief continued"]  # fmt: skip
         assert {w["name"]: w["role"] for w in status["workers"]} == ROLES
-        ps = next(w for w in status["workers"] if w["name"] == "ps-0")
-        os.kill(ps["pid"], signal.SIGKILL)
+        chief = psutil.Process(chief_pid)
+        chief.suspend()  # the ps's loss at a known point: before the chief's last epoch
+        try:
+            os.kill(by_name(status, "ps-0")["pid"], signal.SIGKILL)
+        finally:
+            chief.resume()
         out, err = up.communicate(timeout=300)
     finally:
         up.kill()
     assert up.returncode == 0, f"{out}\n{err}"
+    assert "worker worker-1 restarted (1 of 6), the chief continued: worker-1" in out
     assert "ps-0" in out and "killed by SIGKILL; restarting the cluster (1/3)" in out
     assert "the chief finished: stopping" in out
     status = cli.status()
     assert status["state"] == "succeeded" and status["attempt"] == 1
-    assert status["last_restart"]["worker"] == "ps-0"
+    assert status["last_restart"]["worker"] == "ps-0" and status["restarts"] == 1
     states = {w["name"]: (w["state"], w["reason"]) for w in status["workers"]}
     assert states["chief"][0] == "succeeded"
     for name in ("worker-0", "worker-1", "ps-0"):
         assert states[name] == ("stopped", "stopped after the chief finished"), states
-    assert latest_checkpoint(cli) == "ckpt-20"  # the chief's last checkpoint, at the target
+    assert latest_checkpoint(cli) == "ckpt-30"  # the chief's last checkpoint, at the target
     log = next((cli.cwd / "work" / "ps_fit" / "runs").glob("*/attempt-1/chief/worker.log"))
     resumed = [line for line in log.read_text().splitlines() if line.startswith("starting at")]
     assert resumed and resumed[0] != "starting at step 0", resumed  # from the checkpoint
+    assert "chief done at step 30" in log.read_text()
+
+
+def test_the_built_in_loop_under_parameter_server_keeps_its_chief_through_a_lost_worker(
+    cli: Cli, reaper: list[str]
+) -> None:
+    """The bundled example (a `task:` job) under `strategy: parameter-server`: the chief's
+    ClusterCoordinator trains on through worker-1's SIGKILL (restarted alone at its address),
+    with checkpoints, evaluation and progress as under MultiWorkerMirrored, to exactly its
+    target in the first attempt."""
+    ports = free_ports(len(ROLES))
+    hosts = [f"name: {name}, role: {role}, address: localhost, port: {port}"
+             for (name, role), port in zip(ROLES.items(), ports, strict=True)]  # fmt: skip
+    local_inventory(cli, hosts, {
+        "name": "shapes", "task": "worker.examples.shapes:task", "strategy": "parameter-server",
+        "steps": 200, "checkpoint_every": 50, "eval_every": 100, "log_every": 10,
+        "stall_timeout": 120, "env": {"TF_CPP_MIN_LOG_LEVEL": "2"},
+    })  # fmt: skip
+    up = cli.popen("up", "--skip-checks", "inv.yaml")
+    try:
+        chief_pid = kill_a_worker_under_a_held_chief(cli, reaper, at=50)
+        out, err = up.communicate(timeout=300)
+    finally:
+        up.kill()
+    assert up.returncode == 0, f"{out}\n{err}"
+    assert "worker worker-1 restarted (1 of 6), the chief continued: worker-1" in out
+    status = cli.status()
+    assert (status["state"], status["attempt"], status["restarts"]) == ("succeeded", 0, 0), (
+        status["last_restart"],
+        out,
+    )
+    chief = by_name(status, "chief")
+    assert (chief["step"], chief["checkpoint_step"]) == (200, 200)
+    assert chief["val_accuracy"] is not None  # the final evaluation, on the chief
+    runs = cli.cwd / "work" / "shapes" / "runs"
+    log = next(runs.glob("*/attempt-0/chief/worker.log")).read_text()
+    assert "worker: finished at step 200" in log and "eval step 200" in log
+    assert log.count("worker: first step done") == 1  # one chief process, never restarted
+    assert next(runs.glob("*/attempt-0/worker-1-restart1/worker.log"))
+    chief_dir = next(runs.glob("*/attempt-0/chief"))
+    assert int((chief_dir / "worker.pid").read_text()) == chief_pid  # the same chief throughout
+    assert (cli.cwd / "work" / "shapes" / "checkpoints" / "ckpt-200.index").exists()
 
 
 def test_an_evaluator_beside_a_task_job_restarts_alone_and_evaluates_the_final_checkpoint(

@@ -1,6 +1,7 @@
 """`orchestrate` on a real Slurm cluster: slurmctld here, two slurmd in their own network
 namespaces (tests/cluster/slurm.py), real TensorFlow MultiWorkerMirroredStrategy between them,
-and a login node with its own sshd for the runs driven from "a laptop" (slurm.login).
+and a login node with its own sshd for the runs driven from "a laptop" (slurm.login). Two more
+nodes, only in the cluster's ROLES_PARTITION, carry a ParameterServerStrategy job's four tasks.
 
 One cluster for the whole session; it is torn down afterwards and the teardown is checked.
 Run these under `flock /tmp/orchestrate-slurm.lock` (one cluster on 10.232.0.0/24 at a time).
@@ -21,9 +22,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from tests.cluster.slurm import LOGIN_ALIAS, PARTITION, SlurmCluster, unavailable_reason
+from tests.cluster.slurm import (
+    LOGIN_ALIAS,
+    PARTITION,
+    ROLES_PARTITION,
+    SlurmCluster,
+    unavailable_reason,
+)
 from tests.conftest import clean_env, dashboard_view
 from tests.planted import ALL_NAMES, all_imports, host_program_imports, plant
 
@@ -36,7 +44,8 @@ UNAVAILABLE = unavailable_reason()
 def slurm_cluster() -> Iterator[SlurmCluster]:
     if UNAVAILABLE is not None:
         pytest.skip(UNAVAILABLE)
-    cluster = SlurmCluster(Path(f"/tmp/orchestrate-slurm-{os.getpid()}"), login=True)
+    # Two nodes more, in ROLES_PARTITION only: a job of chief, workers and ps (issue 45).
+    cluster = SlurmCluster(Path(f"/tmp/orchestrate-slurm-{os.getpid()}"), login=True, extra=2)
     cluster.start()
     try:
         yield cluster
@@ -561,3 +570,95 @@ def test_a_laptop_run_hands_its_secret_to_the_tasks_through_the_login_node(
     assert b"def expand_nodelist" in seen  # it did look: the launcher's own command line
     assert _files_containing(laptop.cwd, secret.encode()) == []
     assert _files_containing(laptop.cluster.login_dir, secret.encode()) == []
+
+
+def by_task(status: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(w for w in status["workers"] if w["name"] == name)
+
+
+def test_a_parameter_server_job_trains_on_its_roles_and_a_lost_worker_restarts_in_place(
+    orchestrate: Orchestrate,
+) -> None:
+    """A chief, two workers and a ps (`slurm.roles`) of the built-in loop under
+    `strategy: parameter-server`, one task per node of one allocation, each with its role's
+    TF_CONFIG; worker task1's SIGKILL (the chief held meanwhile, so the kill lands mid-run
+    whatever the load) is restarted by its launcher at the same node and port while the same
+    chief process trains on to its target in the first attempt.
+
+    Four nodes, not four tasks on two: orchestrate places one task per node on Slurm (each binds
+    slurm.port on its node), so the cluster gets two more slurmd (network namespaces, about a
+    second each to start) in a partition of their own, and the product runs as it does on a
+    real cluster; several tasks per node would need a port per task that it does not have."""
+    job = ["  name: shapes", "  task: worker.examples.shapes:task", "  steps: 100",
+           "  checkpoint_every: 50", "  batch_size: 16", "  log_every: 10",
+           "  strategy: parameter-server"]  # fmt: skip
+    roles = {"chief": 1, "worker": 2, "ps": 1}
+    path = orchestrate.inventory(steps=100, job=job, nodes=4, partition=ROLES_PARTITION,
+                                 roles=roles)  # fmt: skip
+    up = orchestrate("up", "--detach", str(path))
+    assert up.returncode == 0, up.stderr
+
+    def stepping() -> dict[str, Any] | None:
+        status = orchestrate.status(polling=True)
+        chief = next((w for w in status["workers"] if w["name"] == "task0"), None)
+        return status if chief and (chief["step"] or 0) >= 20 else None
+
+    status = wait_for(stepping, 180, "the chief's step 20")
+    assert [w["role"] for w in status["workers"]] == ["chief", "worker", "worker", "ps"]
+    chief = psutil.Process(by_task(status, "task0")["pid"])
+    lost = by_task(status, "task1")["pid"]
+    chief.suspend()  # the training waits at the point of the kill
+    try:
+        os.kill(lost, signal.SIGKILL)
+        wait_for(lambda: by_task(orchestrate.status(polling=True), "task1")["pid"]
+                 not in (None, lost), 60, "task1's worker started again")  # fmt: skip
+    finally:
+        chief.resume()
+    final = wait_finished(orchestrate, timeout=240)
+    assert (final["state"], final["attempt"], final["restarts"]) == ("succeeded", 0, 0), final
+    assert final["restarted_alone"] == ["worker task1 restarted (1 of 6), the chief continued"]
+    assert by_task(final, "task0")["step"] == 100
+    attempt = orchestrate.cwd / "shared" / "shapes" / "runs" / final["run_id"] / "attempt-0"
+    assert int((attempt / "task0" / "worker.pid").read_text()) == chief.pid  # the same chief
+    log = (attempt / "task0" / "worker.log").read_text()
+    assert "worker: finished at step 100" in log and log.count("worker: first step done") == 1
+    (restart,) = json.loads((attempt / "task1" / "restarts.json").read_text())
+    assert restart["signal"] == "SIGKILL"
+    configs = [json.loads((attempt / f"task{i}" / "tf_config.json").read_text())
+               for i in range(4)]  # fmt: skip
+    assert [c["task"] for c in configs] == [{"type": "chief", "index": 0},
+        {"type": "worker", "index": 0}, {"type": "worker", "index": 1},
+        {"type": "ps", "index": 0}]  # fmt: skip
+    cluster = configs[0]["cluster"]
+    assert all(c["cluster"] == cluster for c in configs) and list(cluster) == [
+        "chief", "worker", "ps"]  # fmt: skip
+    nodes = [(attempt / f"task{i}" / "node").read_text().strip() for i in range(4)]
+    assert len(set(nodes)) == 4 and cluster["worker"][0] == f"{nodes[1]}:20000", (nodes, cluster)
+    assert len(final["scheduler"]["jobs"]) == 1  # one allocation throughout
+
+
+def test_an_exported_parameter_server_script_ends_with_its_chief_under_plain_sbatch(
+    orchestrate: Orchestrate,
+) -> None:
+    """The same roles exported (`export --format sbatch`) and submitted by hand: nothing
+    supervises it, yet the batch job ends once the chief reached its target (the ps and workers,
+    which only serve, are stopped by their launchers), every task a success to Slurm."""
+    job = ["  name: shapes", "  task: worker.examples.shapes:task", "  steps: 30",
+           "  batch_size: 16", "  log_every: 10", "  strategy: parameter-server"]  # fmt: skip
+    path = orchestrate.inventory(steps=30, job=job, nodes=4, partition=ROLES_PARTITION,
+                                 roles={"chief": 1, "worker": 2, "ps": 1})  # fmt: skip
+    exported = orchestrate("export", str(path), "--format", "sbatch")
+    assert exported.returncode == 0, exported.stderr
+    script = orchestrate.cwd / "ps.sbatch"
+    script.write_text(exported.stdout)
+    submitted = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], cwd=orchestrate.cwd,
+                               env=orchestrate.env, capture_output=True, text=True, timeout=180,
+                               check=False)  # fmt: skip
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr  # ended by itself
+    job_id = submitted.stdout.strip().split(";")[0]
+    attempt = orchestrate.cwd / "shared" / "shapes" / "runs" / f"slurm-{job_id}" / "attempt-0"
+    assert json.loads((attempt / "task0" / "exit.json").read_text())["returncode"] == 0
+    assert json.loads((attempt / "task0" / "progress.json").read_text())["step"] == 30
+    for task in ("task1", "task2", "task3"):
+        stop = json.loads((attempt / task / "stop_requested").read_text())
+        assert stop["by"] == "after the chief finished", (task, stop)

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.contract import CHECKPOINT_DIR_ENV
-from orchestrator.export.trainjob import problems, trainjob
+from orchestrator.export.trainjob import trainjob
+from orchestrator.export.trainjob_admission import problems
 from orchestrator.hostside import pod_launcher
 from tests.conftest import free_ports, worker_env
 from tests.planted import all_imports, host_program_imports, plant

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.hostside import rundir
 from orchestrator.machines.hostclient import HostAgent
 from orchestrator.machines.runner import LocalRunner

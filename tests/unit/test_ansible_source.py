@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.engine.tfconfig import tf_config
 from orchestrator.errors import InventoryError
 from orchestrator.machines.kinds.ssh import openssh_argv
@@ -133,7 +133,7 @@ def test_ansibles_own_parse_error_is_shown_with_the_file(project: Path):
 def test_without_ansible_core_the_error_names_the_extra(project: Path):
     code = (
         "import sys; sys.modules['ansible'] = None\n"  # what `import ansible` meets when absent
-        "from orchestrator.config.loader import load_inventory\n"
+        "from orchestrator.backends.registry import load_inventory\n"
         "from orchestrator.errors import InventoryError\n"
         f"try: load_inventory({str(project / 'inv.yaml')!r})\n"
         "except InventoryError as e: print(e.message)\n"

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from orchestrator.backends.hosts.backend import HostBackend
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.engine.control import stop_everything
 from orchestrator.engine.lifecycle import start_run, stop_run
 from orchestrator.engine.locks import SupervisorLock

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.inventory import Inventory
 

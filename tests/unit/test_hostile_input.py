@@ -20,17 +20,18 @@ from pathlib import Path
 import pytest
 
 from orchestrator import hostside
+from orchestrator.backends.registry import load_inventory
 from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script, sbatch_quote
-from orchestrator.config.loader import load_inventory
 from orchestrator.engine.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.engine.exports import pull_export
 from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import HostError, InventoryError
-from orchestrator.export import tfjob, trainjob
+from orchestrator.export import kubernetes, tfjob
 from orchestrator.machines.hostclient import host_program
 from orchestrator.model.answers import CheckpointListing, FileListing
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.records import RunRecord, WorkerRecord
+from orchestrator.model.slurm import SlurmSpec
 from orchestrator.values import NAME_PATTERN
 from tests.fakes.backend import FakeBackend
 from tests.fakes.planning import plan_workers
@@ -136,7 +137,7 @@ def test_name_patterns_match_whole_strings() -> None:
     assert NAME_PATTERN.fullmatch("shapes") and not NAME_PATTERN.fullmatch("shapes\n")
     manifest = {"apiVersion": tfjob.API_VERSION, "kind": "TFJob", "metadata": {"name": "a\n"}}
     assert any("DNS-1035" in p for p in tfjob.problems(manifest))
-    assert trainjob.DNS_1035.fullmatch("a\n") is None  # every check calls fullmatch
+    assert kubernetes.DNS_1035.fullmatch("a\n") is None  # every check calls fullmatch
 
 
 def test_a_workdir_with_a_space_stays_one_sbatch_option(tmp_path: Path) -> None:
@@ -145,8 +146,8 @@ def test_a_workdir_with_a_space_stays_one_sbatch_option(tmp_path: Path) -> None:
     specs = plan_workers(
         inventory, "run1", {"task0": "/shared/my runs", "task1": "/shared/my runs"}
     )
-    assert inventory.slurm is not None
-    script = batch_script(inventory.slurm, inventory.job, specs,
+    assert isinstance(inventory.source_settings, SlurmSpec)
+    script = batch_script(inventory.source_settings, inventory.job, specs,
                           output="/shared/my runs/slurm-%j.out")  # fmt: skip
     lines = [line for line in script.splitlines() if line.startswith("#SBATCH")]
     assert '#SBATCH "--output=/shared/my runs/slurm-%j.out"' in lines

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.errors import InventoryError
 
 GOOD = """\
@@ -194,6 +194,9 @@ def test_bundled_inventories_load() -> None:
     assert [h.port for h in local.hosts] == [23456, 23457]
     cluster = load_inventory(root / "cluster.example.yaml")
     assert len(cluster.hosts) >= 2 and all(h.connection == "ssh" for h in cluster.hosts)
+    ps = load_inventory(root / "local-ps.yaml")
+    assert [h.role for h in ps.hosts] == ["chief", "worker", "worker", "ps"]
+    assert ps.job.strategy == "parameter-server" and ps.job.task == local.job.task
 
 
 def test_gpu_settings_and_their_invalid_combinations(tmp_path: Path) -> None:

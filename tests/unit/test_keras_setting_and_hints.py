@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.hosts.preflight import run_preflight
+from orchestrator.backends.registry import load_inventory, load_inventory_text
 from orchestrator.cli.render import problems
-from orchestrator.config.loader import load_inventory, load_inventory_text
 from orchestrator.config.local import free_ports, local_inventory
 from orchestrator.contract import KERAS_MARKER_FILE, LEGACY_KERAS_ENV, tf_keras_requirement
 from orchestrator.engine.failures import (

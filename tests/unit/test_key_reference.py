@@ -13,13 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.config.loader import (
-    HOST_SOURCES,
-    JOB_KEYS,
-    TOP_KEYS,
-    key_reference,
-    parse_inventory,
-)
+from orchestrator.backends.registry import host_sources, key_reference
+from orchestrator.config.loader import JOB_KEYS, TOP_KEYS, parse_inventory
 from orchestrator.config.report import Report
 from orchestrator.config.sources.ansible import ANSIBLE_KEYS
 from orchestrator.config.sources.hosts import HOST_KEYS, host_keys
@@ -49,7 +44,7 @@ def hook() -> ModuleType:
 
 
 def test_every_known_key_table_is_the_registry() -> None:
-    assert set(HOST_SOURCES) | set(TOP_KEYS) == documented("top level")
+    assert {s.name for s in host_sources()} | set(TOP_KEYS) == documented("top level")
     assert set(HOST_KEYS) == documented("hosts")
     for name in kinds.names():
         kind = kinds.get(name)
@@ -69,14 +64,22 @@ def test_every_known_key_table_is_the_registry() -> None:
 # from the ssh config by the SSH kind, never read from the file.
 CANDIDATES = (
     {key.name for _, _, entries in key_reference() for key in entries}
-    | {*HOST_SOURCES, *TOP_KEYS, *host_keys(), *JOB_KEYS, *SYNC_KEYS, *ANSIBLE_KEYS, *SLURM_KEYS}
+    | {
+        *(s.name for s in host_sources()),
+        *TOP_KEYS,
+        *host_keys(),
+        *JOB_KEYS,
+        *SYNC_KEYS,
+        *ANSIBLE_KEYS,
+        *SLURM_KEYS,
+    }
     | {"ssh_host", "not_a_key"}
 )
 
 
 def unknown_keys(document: dict[str, Any], tmp_path: Path) -> set[str]:
     report = Report("inv.yaml")
-    parse_inventory(parse(yaml.safe_dump(document)), report, base_dir=tmp_path, stem="inv")
+    parse_inventory(parse(yaml.safe_dump(document)), report, tmp_path, "inv", host_sources())
     return {p.key for p in report.problems if p.message.startswith("unknown key")}
 
 

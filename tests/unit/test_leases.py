@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.engine.lifecycle import start_run, stop_run
 from orchestrator.engine.plan import plan_workers
 from orchestrator.engine.runstore import RunStore

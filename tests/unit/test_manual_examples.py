@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 MANUAL = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "docker" / "README.md"]

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from orchestrator.backends.registry import load_inventory
 from orchestrator.cli.render import progress_line, status_table
-from orchestrator.config.loader import load_inventory
 from orchestrator.config.notify import SIGNATURE_HEADER
 from orchestrator.dashboard import model
 from orchestrator.engine.eta import eta_seconds, run_eta, worker_eta
@@ -156,7 +156,8 @@ def test_the_targets_travel_in_the_run_record(tmp_path: Path) -> None:
     inventory = load(tmp_path, "  - {webhook: 'https://e.com/', headers: {A: b}}\n"
                      "  - {command: [echo, x], events: [stopped]}\n")  # fmt: skip
     record = RunRecord("r1", inventory, 0.0)
-    read = RunRecord.from_json(json.loads(json.dumps(record.to_json())), lambda kind, raw: None)
+    read = RunRecord.from_json(json.loads(json.dumps(record.to_json())), lambda kind, raw: None,
+                               lambda inventory, settings: (None, None))  # fmt: skip
     assert read.inventory.notify == inventory.notify
 
 

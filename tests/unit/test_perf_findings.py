@@ -20,7 +20,7 @@ from orchestrator.backends.hosts.perf import (
     slow_ones,
 )
 from orchestrator.backends.hosts.preflight import run_preflight
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.errors import InventoryError
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import ComputeProbe, Transfer

@@ -5,6 +5,7 @@ evaluator restarts alone) over the fake backend."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.engine import roles
 from orchestrator.engine.lifecycle import start_run
 from orchestrator.engine.runstore import RunStore
@@ -110,8 +111,12 @@ def test_the_evaluator_is_in_no_cluster_and_runs_worker_evaluate(tmp_path: Path)
      "  - {name: p, role: ps, address: localhost, port: 20003}\n"
      "  - {name: b, address: localhost, port: 20001}\n", PS_JOB, "",
      "found 2 chief, 1 ps, 1 worker"),
-    (PS_HOSTS, "task: pkg.mod:task\n  steps: 5\n  strategy: parameter-server", "",
-     "job.strategy: parameter-server runs a job.script"),
+    (PS_HOSTS, "task: pkg.mod:task\n  steps: 5\n  strategy: parameter-server\n"
+     "  steps_per_call: 5", "", "inv.yaml:12: job.steps_per_call: not under job.strategy: "
+     "parameter-server: each step is a closure the chief schedules on a worker"),
+    ("  - {name: a, address: localhost, port: 20000}\n", "script: train.py\n"
+     "  max_worker_restarts: 2", "", "inv.yaml:7: job.max_worker_restarts: applies under "
+     "job.strategy: parameter-server only"),
     (PS_HOSTS, PS_JOB, "min_hosts: 2\n", "inv.yaml:12: min_hosts: not under job.strategy: "
      "parameter-server"),
     (PS_HOSTS, PS_JOB, "spares:\n  - {name: s, address: localhost, port: 20010}\n",
@@ -157,12 +162,12 @@ def test_an_evaluator_on_another_ssh_machine_is_refused_on_the_same_one_accepted
     assert load_inventory(same).hosts[1].role == "evaluator"
 
 
-def test_slurm_refuses_parameter_server_and_ansible_stays_all_worker(tmp_path: Path) -> None:
+def test_slurm_parameter_server_needs_roles_and_ansible_stays_all_worker(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("")
     slurm = tmp_path / "slurm.yaml"
     slurm.write_text("slurm:\n  nodes: 3\njob:\n  name: demo\n  script: train.py\n"
                      "  strategy: parameter-server\n")  # fmt: skip
-    assert any("slurm.yaml:6: job.strategy: parameter-server is not supported on Slurm" in p
+    assert any("slurm.yaml:6: job.strategy: parameter-server on Slurm needs slurm.roles" in p
                for p in problems_of(slurm))  # fmt: skip
     (tmp_path / "hosts.ini").write_text("[trainers]\nnode1 tf_port=20000 role=chief\n")
     ansible = tmp_path / "ansible.yaml"
@@ -200,7 +205,8 @@ def test_run_state_and_who_counts() -> None:
     assert roles.run_state(done) is S.SUCCEEDED and roles.to_stop(done) == []
     training = [("chief", S.RUNNING), ("worker", S.STARTING), ("ps", S.STARTING)]
     assert roles.watched(training) == [0]  # only the chief's steps
-    assert roles.training(training) == [0, 1, 2]  # any lost task restarts the cluster
+    # Any lost task is the training's: a worker that cannot restart alone restarts the cluster.
+    assert roles.training(training) == [0, 1, 2]
     assert roles.run_state([("chief", S.RUNNING), ("ps", S.FAILED)]) is S.FAILED
     mwms = [("worker", S.RUNNING), ("worker", S.RUNNING), ("evaluator", S.FAILED)]
     assert roles.run_state(mwms) is S.RUNNING  # its failure is not the training's
@@ -300,6 +306,28 @@ def test_a_trainjob_export_refuses_roles(tmp_path: Path) -> None:
                for r in refused), refused  # fmt: skip
     plain = load_inventory(write(tmp_path, "  - {name: a, address: localhost, port: 20000}\n"))
     assert refusals(plain, "claim", None) == []
+
+
+def test_the_hosts_command_shows_each_hosts_role(tmp_path: Path) -> None:
+    """`orchestrate hosts` (table and --json) of a parameter-server inventory with an
+    evaluator: the chief first, then each host's own role, as status shows them."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli.hosts import hosts
+
+    evaluator = "  - {name: judge, role: evaluator, address: localhost, port: 20004}\n"
+    path = write(tmp_path, PS_HOSTS + evaluator, PS_JOB)
+    shown = CliRunner().invoke(hosts, ["--json", str(path)])
+    assert shown.exit_code == 0, shown.output
+    rows = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [(r["name"], r["role"]) for r in rows] == [
+        ("boss", "chief"), ("w0", "worker"), ("ps0", "ps"), ("w1", "worker"),
+        ("judge", "evaluator")]  # fmt: skip
+    table = CliRunner().invoke(hosts, [str(path)], terminal_width=200)
+    cells = [[cell.strip() for cell in line.split("│")[1:3]]
+             for line in table.stdout.splitlines() if line.startswith("│")]  # fmt: skip
+    assert cells == [["boss", "chief"], ["w0", "worker"], ["ps0", "ps"],
+                     ["w1", "worker"], ["judge", "evaluator"]]  # fmt: skip
 
 
 class StoppingBackend(FakeBackend):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from orchestrator.backends.registry import load_inventory
 from orchestrator.cli.render import status_table
-from orchestrator.config.loader import load_inventory
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.status import worker_status
 from orchestrator.errors import HostError, HostErrors, InventoryError
@@ -21,6 +21,7 @@ from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.answers import WorkerProbe, parse_probe, parse_stop
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import Restart, RunRecord, WorkerRecord
+from tests.conftest import Cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -163,3 +164,45 @@ def test_the_controller_imports_no_tensorflow() -> None:
             "print('tensorflow' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_no_module_outside_the_registry_and_its_sources_names_a_backend() -> None:
+    """A host source's name (`slurm`, `ansible`) is written only in the registry, the source's
+    own modules (config/sources/NAME.py, model/NAME.py) and the backend's folder; `hosts` is
+    also the inventory's field every layer reads, so it is not a backend's name here."""
+    from dataclasses import fields
+
+    from orchestrator.backends.registry import host_sources
+
+    names = sorted({s.name for s in host_sources()} - {f.name for f in fields(Inventory)})
+    assert names, "the registry names no backend besides hosts"
+    alternatives = "|".join(map(re.escape, names))
+    literal = re.compile(rf"[\"']({alternatives})[\"']|\.({alternatives})\b")
+
+    def allowed(path: Path) -> bool:
+        relative = path.relative_to(REPO / "orchestrator")
+        # config/sources/NAME.py and model/NAME.py by their name, backends/NAME/ by its folder
+        owner = path.stem if relative.parts[0] in ("config", "model") else relative.parent.name
+        return str(relative) == "backends/registry.py" or owner in names
+
+    offenders = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in (REPO / "orchestrator").rglob("*.py")
+        if not allowed(path)
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if literal.search(line)
+    ]
+    assert offenders == []
+
+
+def test_a_backend_without_a_role_is_answered_in_words(cli: Cli, tmp_path: Path) -> None:
+    """Slurm declares no firewall and no leases (data, not stubs): `firewall` refuses in words
+    with exit 2, `jobs` lists no job; neither reaches Slurm."""
+    path = tmp_path / "slurm.yaml"
+    path.write_text("slurm:\n  nodes: 2\njob:\n  task: worker.examples.shapes:task\n  steps: 5\n")
+    refused = cli("firewall", str(path))
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2, refused.stderr
+    assert "the workers are placed by `slurm:`" in said and "Traceback" not in said
+    jobs = cli("jobs", str(path))
+    assert jobs.returncode == 0 and "no job holds a lease" in jobs.stderr, jobs.stderr

@@ -19,8 +19,8 @@ import pytest
 
 from orchestrator.backends.hosts.firewall import FORMATS, host_rules
 from orchestrator.backends.hosts.preflight import ExposureProbe, run_preflight
+from orchestrator.backends.registry import load_inventory
 from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script
-from orchestrator.config.loader import load_inventory
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import REDACTED, looks_secret, scrub, secret_values, shown_env
 from orchestrator.errors import InventoryError, SecretMissing
@@ -28,6 +28,7 @@ from orchestrator.export.tfjob import problems, tfjob
 from orchestrator.machines.hostclient import HostAgent
 from orchestrator.machines.runner import LocalRunner
 from orchestrator.model.preflight import Status
+from orchestrator.model.slurm import SlurmSpec
 from orchestrator.model.workers import private_dirs
 from tests.fakes.planning import plan_workers
 from tests.unit.test_preflight_findings import all_ok_peers, backend_with, cluster, findings
@@ -177,10 +178,10 @@ def test_the_launcher_refuses_a_task_without_its_secrets(tmp_path: Path) -> None
 def test_the_batch_script_names_secrets_and_holds_no_value(tmp_path: Path) -> None:
     head = "slurm:\n  nodes: 2\n"
     inventory = load_inventory(inventory_file(tmp_path, "  secret_env: [TOKEN_X]\n", head))
-    assert inventory.slurm is not None
+    assert isinstance(inventory.source_settings, SlurmSpec)
     specs = plan_workers(inventory, "r", {h.name: "/s" for h in inventory.hosts},
                          secrets={"TOKEN_X": "v4lue"})  # fmt: skip
-    script = batch_script(inventory.slurm, inventory.job, specs)
+    script = batch_script(inventory.source_settings, inventory.job, specs)
     assert "v4lue" not in script and '"secret_env": [\n  "TOKEN_X"\n ]' in script
     assert "# Secrets (job.secret_env) are never written here: export TOKEN_X" in script
 

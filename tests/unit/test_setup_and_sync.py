@@ -13,8 +13,7 @@ from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.backends.hosts.prep import prepare_hosts
 from orchestrator.backends.hosts.setup import MARKER, setup_hash
 from orchestrator.backends.hosts.sync import parse_stats, rsync_argv
-from orchestrator.backends.registry import host_settings
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import host_settings, load_inventory, source_settings_of
 from orchestrator.errors import HostErrors, InventoryError
 from orchestrator.model.inventory import Inventory, SyncSpec
 from tests.fakes.planning import plan_workers
@@ -183,7 +182,9 @@ def test_setup_and_sync_survive_the_run_record(tmp_path: Path):
     (tmp_path / "inv.yaml").write_text(text)
     inventory = load_inventory(tmp_path / "inv.yaml")
     record = RunRecord(run_id="r1", inventory=inventory, created_at=0.0)
-    again = RunRecord.from_json(json.loads(json.dumps(record.to_json())), host_settings)
+    again = RunRecord.from_json(
+        json.loads(json.dumps(record.to_json())), host_settings, source_settings_of
+    )
     assert again.inventory.setup == ("echo a", "echo b")
     assert again.inventory.sync == SyncSpec(str(tmp_path / "src"), ("*.tmp",))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.registry import load_inventory
 from orchestrator.backends.slurm.backend import task_probe
 from orchestrator.backends.slurm.commands import (
     JobState,
@@ -20,7 +21,6 @@ from orchestrator.backends.slurm.commands import (
     usable,
 )
 from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script
-from orchestrator.config.loader import load_inventory
 from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import WorkerState, classify
@@ -31,6 +31,7 @@ from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.answers import ExitRecord, WorkerProbe
 from orchestrator.model.preflight import PreflightOptions
 from orchestrator.model.records import RunRecord, WorkerRecord
+from orchestrator.model.slurm import SlurmSpec
 from tests.fakes.planning import plan_workers
 
 JOB = "job:\n  task: worker.examples.shapes:task\n  steps: 10\n"
@@ -59,8 +60,10 @@ def test_a_slurm_block_makes_one_worker_per_node(tmp_path: Path) -> None:
     )
     assert inventory.host_source == "slurm"
     assert [h.name for h in inventory.hosts] == ["task0", "task1", "task2"]
-    assert inventory.slurm is not None and inventory.slurm.port == 20000
-    assert inventory.slurm.sbatch_args == ("--qos=high",)
+    assert (
+        isinstance(inventory.source_settings, SlurmSpec) and inventory.source_settings.port == 20000
+    )
+    assert inventory.source_settings.sbatch_args == ("--qos=high",)
 
 
 def test_bad_slurm_keys_name_the_line_and_a_guess(tmp_path: Path) -> None:
@@ -132,8 +135,11 @@ def test_a_login_node_takes_the_ssh_kinds_keys_and_ssh_config(tmp_path: Path) ->
     text = ("slurm:\n  nodes: 2\n  login:\n    address: hpc\n    ssh_config: ssh_config\n"
             "    ssh_key: keys/id_hpc\n    ssh_host_key_policy: accept-new\n" + JOB)  # fmt: skip
     inventory = load_inventory(write(tmp_path, text))
-    assert inventory.slurm is not None and inventory.slurm.login is not None
-    login = inventory.slurm.login
+    assert (
+        isinstance(inventory.source_settings, SlurmSpec)
+        and inventory.source_settings.login is not None
+    )
+    login = inventory.source_settings.login
     assert login.address == "192.0.2.7" and login.name == "login node hpc"  # the alias resolved
     assert login.settings.ssh_config == str(tmp_path / "ssh_config")  # beside the inventory
     assert login.settings.ssh_key == str(tmp_path / "keys" / "id_hpc")
@@ -146,7 +152,7 @@ def test_a_login_node_takes_the_ssh_kinds_keys_and_ssh_config(tmp_path: Path) ->
     assert details is not None and details.port == 2222  # ~/.ssh/config as for a host
     from orchestrator.backends.slurm.backend import login_host
 
-    host = login_host(inventory.slurm)
+    host = login_host(inventory.source_settings)
     assert host is not None and (host.name, host.address) == ("login node hpc", "192.0.2.7")
     store = RunStore(tmp_path / "state")
     store.save(RunRecord("r1", inventory, 1.0))
@@ -206,8 +212,10 @@ def test_the_batch_script_is_self_contained_and_bash_parses_it(tmp_path: Path) -
     )
     workdirs = {h.name: "/shared/o" for h in inventory.hosts}
     specs = plan_workers(inventory, "run1", workdirs)
-    assert inventory.slurm is not None
-    script = batch_script(inventory.slurm, inventory.job, specs, output="/shared/o/%j.out")
+    assert isinstance(inventory.source_settings, SlurmSpec)
+    script = batch_script(
+        inventory.source_settings, inventory.job, specs, output="/shared/o/%j.out"
+    )
     header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
     assert header == ["#SBATCH --job-name=orchestrate-slurm", "#SBATCH --nodes=2",
                       "#SBATCH --ntasks-per-node=1", "#SBATCH --no-requeue",
@@ -345,16 +353,18 @@ def test_a_slurm_inventory_naming_an_end_marker_is_refused_with_its_line(tmp_pat
 
 def test_the_batch_script_refuses_an_end_marker_in_any_value_naming_it(tmp_path: Path) -> None:
     inventory = load_inventory(write(tmp_path, "slurm:\n  nodes: 2\n" + JOB))
-    assert inventory.slurm is not None
+    assert isinstance(inventory.source_settings, SlurmSpec)
     marked = replace(inventory.job, env={"FOO": "x ORCHESTRATE_PLAN_END"})
     specs = plan_workers(inventory, "run1", {h.name: "/shared/o" for h in inventory.hosts})
     with pytest.raises(ScriptRefused, match=r"^job\.env\.FOO contains ORCHESTRATE_PLAN_END") as e:
-        batch_script(inventory.slurm, marked, specs)
+        batch_script(inventory.source_settings, marked, specs)
     assert e.value.exit_code == 2
     # A value the job does not name (a path): the plan is named instead.
     deep = {h.name: "/shared/ORCHESTRATE_LAUNCHER_END" for h in inventory.hosts}
     with pytest.raises(ScriptRefused, match=r"^the plan \(a path.*LAUNCHER_END"):
-        batch_script(inventory.slurm, inventory.job, plan_workers(inventory, "run1", deep))
+        batch_script(
+            inventory.source_settings, inventory.job, plan_workers(inventory, "run1", deep)
+        )
 
 
 def orchestrate(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

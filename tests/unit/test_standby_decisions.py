@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import contract
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.base import Standbys
+from orchestrator.backends.registry import load_inventory
 from orchestrator.contract import BOOT_MARKER, booted
 from orchestrator.engine.lifecycle import first_standbys, start_run
 from orchestrator.engine.policy import linger_seconds, with_warm_default
@@ -26,6 +27,7 @@ from orchestrator.errors import InventoryError, RunStateError
 from orchestrator.fanout import GroupResult
 from orchestrator.hostside import rundir, standbys
 from orchestrator.hostside import standbypolicy as policy
+from orchestrator.model.answers import StandbyInfo
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec
@@ -177,10 +179,9 @@ def test_warm_restarts_is_on_by_default_and_a_job_key_like_the_others(tmp_path: 
 
 
 @dataclass
-class StandbyBackend(FakeBackend):
+class StandbyBackend(FakeBackend, Standbys):
     """The fake backend, recording what the supervisor asks of standbys and when."""
 
-    keeps_standbys = True
     events: list[str] = field(default_factory=list)
     standby_dirs: list[str] = field(default_factory=list)  # the slots' run dirs, in order
     standby_polls: list[int] = field(default_factory=list)  # the polls made before each ask
@@ -204,6 +205,13 @@ class StandbyBackend(FakeBackend):
     ) -> GroupResult[str, str]:
         self.events.append(f"linger {seconds:g}")
         return GroupResult({w.name: "lingering" for w in workers})
+
+    def standbys(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, StandbyInfo | None]:
+        return GroupResult(dict.fromkeys((w.name for w in workers), None))
+
+    @property
+    def keeper(self) -> Standbys:
+        return self
 
 
 STARTING = {"exists": True, "pid": 100, "alive": True, "worker_pid": 101, "progress": None}

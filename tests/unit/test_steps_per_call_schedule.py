@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.errors import InventoryError
 from orchestrator.model.inventory import Job
 from tests.fakes.planning import plan_workers

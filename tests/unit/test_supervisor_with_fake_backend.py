@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.backends.base import Standbys
 from orchestrator.engine.control import _read_answer
 from orchestrator.engine.failures import Failure, FailureKind
 from orchestrator.engine.lifecycle import start_run
@@ -30,6 +31,7 @@ from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import JobFailed
+from orchestrator.fanout import GroupResult
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.preflight import Finding, PreflightReport, Status
 from tests.fakes.backend import FakeBackend, Script, exited, running
@@ -255,12 +257,25 @@ def test_an_abort_waits_only_while_a_peer_may_still_fail_and_at_most_the_window(
     assert not awaits_cause(failure, b_killed, waited=0.0)
 
 
-class StandbyOrderBackend(FakeBackend):
-    """Records the standbys' discard beside the lease calls, to see their order."""
+class StandbyOrderBackend(FakeBackend, Standbys):
+    """Keeps standbys, and records their discard beside the lease calls, to see their order."""
+
+    @property
+    def keeper(self) -> Standbys:
+        return self
 
     def discard_standbys(self, workers: Sequence[Any]) -> Any:
         self.lease_calls.append(("discard standbys", ""))
-        return super().discard_standbys(workers)
+        return GroupResult({w.name: "none" for w in workers})
+
+    def start_standbys(self, specs: Sequence[Any], linger: float) -> Any:
+        return GroupResult({spec.name: "started" for spec in specs})
+
+    def linger_standbys(self, workers: Sequence[Any], seconds: float) -> Any:
+        raise AssertionError("this run's job lingers for no one")
+
+    def standbys(self, workers: Sequence[Any]) -> Any:
+        return GroupResult(dict.fromkeys((w.name for w in workers), None))
 
 
 def test_a_run_that_ended_lets_go_of_its_leases_before_it_sees_to_its_standbys(

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.config.loader import load_inventory
+from orchestrator.backends.registry import load_inventory
 from orchestrator.contract import EXIT_PREEMPTED, EXIT_USAGE
 from orchestrator.export.tfjob import EXIT_WRAPPER, operator_retries, problems, schema, tfjob
 

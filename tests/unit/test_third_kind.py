@@ -21,9 +21,8 @@ from typing import Any, ClassVar
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.backends.registry import open_backend
+from orchestrator.backends.registry import key_reference, load_inventory, open_backend
 from orchestrator.cli import cli
-from orchestrator.config.loader import key_reference, load_inventory
 from orchestrator.engine.lifecycle import start_run
 from orchestrator.engine.runstore import RunStore
 from orchestrator.machines import kinds

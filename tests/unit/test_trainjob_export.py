@@ -15,15 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.config.loader import load_inventory
-from orchestrator.export.trainjob import (
-    LAUNCHER_SOURCE,
-    SCHEMA_PATHS,
-    problems,
-    schema_source,
-    trainjob,
-    worker_hosts,
-)
+from orchestrator.backends.registry import load_inventory
+from orchestrator.export.trainjob import LAUNCHER_SOURCE, trainjob, worker_hosts
+from orchestrator.export.trainjob_admission import SCHEMA_PATHS, problems, schema_source
 from orchestrator.hostside import pod_launcher
 
 REPO = Path(__file__).resolve().parents[2]

@@ -139,7 +139,7 @@ def test_global_batch_must_split_evenly_over_workers():
         ),
         (
             '{"cluster": {"ps": ["p:1"], "worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}',
-            "chief and ps tasks are for a ParameterServerStrategy script",
+            "chief and ps tasks need --strategy parameter-server",
         ),
     ],
 )
@@ -147,6 +147,50 @@ def test_bad_tf_config(text, message):
     with pytest.raises(ConfigError) as error:
         parse_tf_config(text)
     assert message in str(error.value)
+
+
+PS_CLUSTER = {"chief": ["c:1"], "worker": ["a:1", "b:1"], "ps": ["p:1"]}
+
+
+def ps_config(kind: str, index: int, cluster: dict | None = None) -> str:
+    return json.dumps({"cluster": cluster or PS_CLUSTER, "task": {"type": kind, "index": index}})
+
+
+def test_tf_config_under_parameter_server_names_who_steps_and_who_serves(in_tmp):
+    chief = parse_tf_config(ps_config("chief", 0), "parameter-server")
+    assert (chief.is_chief, chief.serves, chief.num_workers) == (True, False, 2)
+    worker = parse_tf_config(ps_config("worker", 0), "parameter-server")
+    assert (worker.is_chief, worker.serves, worker.task_index) == (False, True, 0)
+    ps = parse_tf_config(ps_config("ps", 0), "parameter-server")
+    assert (ps.is_chief, ps.serves, ps.task_type) == (False, True, "ps")
+    assert not parse_tf_config(tf_config(0)).serves  # MultiWorkerMirrored: everyone steps
+    # A batch of 63 over two workers is fine: each step is one worker's whole batch.
+    argv = ["--task", TASK, "--steps", "5", "--strategy", "parameter-server", "--batch-size", "63"]
+    config = cli.parse_config(argv, {"TF_CONFIG": ps_config("chief", 0)})
+    assert config.cluster.parameter_server and config.batch_size == 63
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "needs TF_CONFIG with a chief, ps and worker tasks"),
+        (ps_config("evaluator", 0), "task type must be one of chief, worker, ps"),
+        (ps_config("worker", 2), "0..1"),
+        (ps_config("chief", 0, {"chief": ["c:1"], "worker": ["a:1"]}), "a cluster of one 'chief'"),
+        (ps_config("chief", 0, {**PS_CLUSTER, "chief": ["c:1", "d:1"]}), "one 'chief'"),
+    ],
+)
+def test_bad_tf_config_under_parameter_server(text, message):
+    with pytest.raises(ConfigError) as error:
+        parse_tf_config(text, "parameter-server")
+    assert message in str(error.value)
+
+
+def test_steps_per_call_is_refused_under_parameter_server(in_tmp):
+    argv = ["--task", TASK, "--steps", "5", "--strategy", "parameter-server", "--steps-per-call",
+            "5", "--log-every", "5", "--checkpoint-every", "5"]  # fmt: skip
+    with pytest.raises(ConfigError, match="each step is a closure the chief schedules"):
+        cli.parse_config(argv, {"TF_CONFIG": ps_config("chief", 0)})
 
 
 def test_tf_config_of_a_three_worker_cluster():

@@ -187,7 +187,10 @@ def test_multi_worker_keeps_the_cluster():
 
 
 def test_unknown_strategy():
-    with pytest.raises(ConfigError, match="invalid choice: 'parameter-server'"):
+    with pytest.raises(ConfigError, match="invalid choice: 'central-storage'"):
+        parse("--strategy", "central-storage")
+    # parameter-server is known, and needs its cluster (the hosts' roles give it).
+    with pytest.raises(ConfigError, match="needs TF_CONFIG with a chief, ps and worker tasks"):
         parse("--strategy", "parameter-server")
 
 

@@ -2,7 +2,8 @@
 
 Every operation on a machine is Machines' (one runner and one agent session per machine); this
 class adds what makes those machines a cluster's hosts: the preflight rounds (preflight.py),
-sync and setup before a start (prep.py), and starting an attempt's workers.
+sync and setup before a start (prep.py), and starting an attempt's workers. It plays every
+optional role: standbys (Machines'), leases (leases.py) and firewall rules (firewall.py).
 """
 
 from __future__ import annotations
@@ -10,9 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.backends.base import Backend, Leased
+from orchestrator.backends.base import Backend, Firewall, Leased, Leases, Standbys
 from orchestrator.backends.hosts import leases
-from orchestrator.backends.hosts.firewall import controller_address, reaches
+from orchestrator.backends.hosts.firewall import (
+    controller_address,
+    controller_towards,
+    host_rules,
+    reaches,
+)
 from orchestrator.backends.hosts.preflight import (
     ExposureProbe,
     partition_findings,
@@ -27,13 +33,31 @@ from orchestrator.model.workers import Started
 
 if TYPE_CHECKING:
     from orchestrator.machines.hostclient import HostAgent
+    from orchestrator.model.firewall import HostRules
     from orchestrator.model.inventory import Host, Inventory, LoginDetails
     from orchestrator.model.leases import LeaseListing
     from orchestrator.model.workers import WorkerSpec
 
 
-class HostBackend(Machines, Backend):
-    keeps_standbys = True
+class HostBackend(Machines, Backend, Standbys, Leases, Firewall):
+    one_for_all = True  # hosts of any connection kind: one runner per machine
+
+    @property
+    def keeper(self) -> Standbys:
+        return self
+
+    @property
+    def leasing(self) -> Leases:
+        return self
+
+    @property
+    def firewall(self) -> Firewall:
+        return self
+
+    def firewall_rules(
+        self, inventory: Inventory, fmt: str, controller: str | None
+    ) -> list[HostRules]:
+        return host_rules(inventory, fmt, controller or controller_towards(inventory))
 
     def preflight(self, inventory: Inventory, options: PreflightOptions = CHECK) -> PreflightReport:
         probe = ExposureProbe(controller_address, reaches) if options.exposure else None
@@ -96,6 +120,3 @@ class HostBackend(Machines, Backend):
 
     def network_problems(self, inventory: Inventory) -> list[Finding]:
         return partition_findings(inventory, self.preflight)
-
-    def serves(self, inventory: Inventory) -> bool:
-        return inventory.slurm is None  # hosts of any connection kind: one runner per machine

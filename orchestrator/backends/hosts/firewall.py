@@ -10,19 +10,10 @@ else, placed after the accepts.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
 
 from orchestrator.machines.kinds import kind_of
-from orchestrator.model.inventory import Host, Inventory
-
-FORMATS = ("iptables", "nftables", "ufw", "firewalld")
-
-
-@dataclass(frozen=True)
-class HostRules:
-    host: Host
-    sources: tuple[str, ...]  # addresses allowed to reach the TensorFlow port
-    commands: tuple[str, ...]
+from orchestrator.model.firewall import FORMATS, HostRules
+from orchestrator.model.inventory import Inventory
 
 
 def _is_ipv6(address: str) -> bool:

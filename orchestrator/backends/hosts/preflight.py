@@ -20,15 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from orchestrator import __version__
 from orchestrator.backends.hosts.perf import run_perf_round
-from orchestrator.contract import (
-    KERAS_LEGACY,
-    TF_KERAS_PACKAGE,
-    TF_PACKAGES,
-    minor_version,
-    tf_keras_requirement,
-)
+from orchestrator.backends.software import PACKAGES, Software, Where
+from orchestrator.backends.software import software_findings as shared_software_findings
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult, fan_out
 from orchestrator.hostside import protocol
@@ -69,92 +63,13 @@ def address_findings(inventory: Inventory) -> list[Finding]:
     ]
 
 
-def tensorflow_version(packages: Mapping[str, str | None]) -> str | None:
-    return next((packages[name] for name in TF_PACKAGES if packages.get(name)), None)
-
-
 def software_findings(inventory: Inventory, reports: Mapping[str, Inspection]) -> list[Finding]:
-    findings = []
-    needs_worker = inventory.job.task is not None
-    versions = {name: tensorflow_version(r.packages) for name, r in reports.items()}
-    distinct = sorted({v for v in versions.values() if v})
+    """Each reached host's login, then the software checks every backend shares (software.py)."""
     login = {host.name: kind_of(host).login_check for host in inventory.hosts}
-    for name, report in reports.items():
-        if login[name]:
-            findings.append(Finding(name, str(login[name]), Status.OK, "connected and logged in"))
-        findings.append(Finding(name, "python", Status.OK, f"Python {report.python}"))
-        findings.append(_tensorflow_finding(name, versions[name], distinct, needs_worker))
-        if needs_worker:
-            findings.append(_worker_finding(name, report.packages.get("orchestrate")))
-        if inventory.job.keras == KERAS_LEGACY:
-            findings.append(
-                legacy_keras_finding(name, versions[name], report.packages.get(TF_KERAS_PACKAGE))
-            )
-    return findings
-
-
-def legacy_keras_finding(name: str, tensorflow: str | None, tf_keras: str | None) -> Finding:
-    """`job.keras: legacy` needs tf-keras of the host's TensorFlow minor version: TensorFlow
-    silently falls back to nothing (`tf.keras` raises ImportError) without it, and tf-keras 2.X
-    imports APIs of TensorFlow 2.X only."""
-    wanted = tf_keras_requirement(tensorflow) if tensorflow else TF_KERAS_PACKAGE
-    hint = (
-        f"pip install '{wanted}' into the Python named by 'python:' "
-        "(or 'orchestrate[legacy-keras]')"
-    )
-    if tf_keras is None:
-        detail = "job.keras is legacy but tf_keras (Keras 2) is not installed"
-        return Finding(name, "keras", Status.FAIL, detail, hint)
-    if tensorflow and minor_version(tf_keras) != minor_version(tensorflow):
-        return Finding(
-            name,
-            "keras",
-            Status.FAIL,
-            f"tf_keras {tf_keras} does not match TensorFlow {tensorflow}: tf_keras must have "
-            "TensorFlow's minor version",
-            hint,
-        )
-    return Finding(name, "keras", Status.OK, f"tf_keras {tf_keras} (Keras 2, job.keras: legacy)")
-
-
-def _tensorflow_finding(
-    name: str, version: str | None, distinct: list[str], required: bool
-) -> Finding:
-    if version is None:
-        return Finding(
-            name,
-            "tensorflow",
-            Status.FAIL if required else Status.WARN,
-            "TensorFlow is not installed for the host's python",
-            hint="pip install 'orchestrate[worker]' into the Python named by 'python:'",
-        )
-    if len(distinct) > 1:
-        return Finding(
-            name,
-            "tensorflow",
-            Status.FAIL,
-            f"TensorFlow {version}, but the cluster mixes {', '.join(distinct)}: "
-            "collectives between different versions fail",
-            hint="install the same TensorFlow version on every host",
-        )
-    return Finding(name, "tensorflow", Status.OK, f"TensorFlow {version}")
-
-
-def _worker_finding(name: str, installed: str | None) -> Finding:
-    if installed == __version__:
-        return Finding(name, "worker", Status.OK, f"orchestrate worker {installed}")
-    detail = (
-        "the orchestrate worker package is not installed"
-        if installed is None
-        else f"orchestrate worker {installed} differs from the controller's {__version__}"
-    )
-    return Finding(
-        name,
-        "worker",
-        Status.FAIL,
-        detail,
-        hint=f"pip install 'orchestrate[worker]=={__version__}' on the host",
-    )
+    findings = [Finding(name, str(login[name]), Status.OK, "connected and logged in")
+                for name in reports if login[name]]  # fmt: skip
+    found = {name: Software(r.python, r.packages) for name, r in reports.items()}
+    return findings + shared_software_findings(inventory.job, found, Where())
 
 
 def port_finding(host: Host, report: Inspection) -> Finding:
@@ -391,8 +306,7 @@ def run_preflight(
             protocol.INSPECT,
             probe_timeout + 30,
             port=host.port,
-            # The lists live in one place: contract.py
-            packages=[*TF_PACKAGES, TF_KERAS_PACKAGE, "orchestrate"],
+            packages=list(PACKAGES),  # what the software checks judge (software.py)
             directories=directories[host.name],
             listen_seconds=probe_timeout * 4 + 60,
             token=token if host is inventory.hosts[0] else None,

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.backends.base import Backend
+from orchestrator.backends.base import Backend, Scheduler
 from orchestrator.backends.slurm.commands import SLURM, JobState, Slurm
 from orchestrator.backends.slurm.script import batch_script, exports_all
 from orchestrator.errors import HostError
@@ -70,9 +70,21 @@ def login_host(spec: SlurmSpec) -> Host | None:
                 settings=login.settings)  # fmt: skip
 
 
-class SlurmBackend(Backend):
+class SlurmBackend(Backend, Scheduler):
     resubmits_preempted = True
     shared_checkpoints = True
+    restarts_in_place = True  # a task's launcher: the allocation stays, so do its address
+
+    @classmethod
+    def for_inventory(cls, inventory: Inventory | None) -> SlurmBackend:
+        spec = inventory.source_settings if inventory is not None else None
+        if inventory is None or not isinstance(spec, SlurmSpec):
+            raise ValueError("a Slurm backend serves an inventory with its `slurm:` block")
+        return cls(spec, inventory.job)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self
 
     def __init__(self, spec: SlurmSpec, job: Job, runner: Runner | None = None) -> None:
         self.spec = spec

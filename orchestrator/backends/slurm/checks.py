@@ -1,8 +1,8 @@
 """Slurm's preflight: before submitting, find what would make the job fail or wait forever.
 
 1. the partition exists and has N usable nodes (sinfo);
-2. one short srun on N nodes: each node's Python, TensorFlow and worker package, the same
-   versions everywhere;
+2. one short srun on N nodes: each node's Python, TensorFlow, worker package and (keras:
+   legacy) tf_keras, judged by the software checks every backend shares (backends/software.py);
 3. the job directory and the checkpoint directory are on a filesystem every node and the login
    node see: the login node (this machine, or slurm.login's) writes a token file there, every
    task reads it and writes its own answer beside it, and the login node reads every answer
@@ -18,14 +18,17 @@ from __future__ import annotations
 import json
 import posixpath
 import secrets
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends.slurm.commands import SLURM, Slurm, parse_node_states, usable
-from orchestrator.contract import ISOLATED, TF_PACKAGES
+from orchestrator.backends.software import PACKAGES, Software, Where, software_findings
+from orchestrator.contract import ISOLATED
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.hostside.bundle import bundle
 from orchestrator.model.preflight import Finding, PreflightReport, Status
+from orchestrator.model.reading import mapping, text
+from orchestrator.model.slurm import SlurmSpec
 from orchestrator.model.workers import checkpoint_dir, job_dir
 
 if TYPE_CHECKING:
@@ -36,28 +39,25 @@ if TYPE_CHECKING:
 # Run isolated (python -I) like every host program, with hostside/workerpath.py carried in front
 # of it (bundle): what the worker will find is searched as data, never imported from.
 NODE_PROBE = """
-import importlib.machinery as im, importlib.metadata as md, json, os, socket, sys
+import importlib.metadata as md, json, os, socket, sys
 import workerpath
 path = workerpath.worker_path(os.getcwd())
 def version(name):
     return next((d.version for d in md.distributions(name=name, path=path)), None)
-def findable(name):  # as an import would find it, through the worker's path
-    finders = (f for f in sys.meta_path if hasattr(f, "find_spec"))
-    return any(f.find_spec(name, path if f is im.PathFinder else None) for f in finders)
-tf = next((v for v in map(version, TF_PACKAGES) if v), None)
+packages = {name: version(name) for name in PACKAGES}
 node = socket.gethostname()
 seen = {}
 for directory, token in DIRECTORIES.items():
-    path = os.path.join(directory, ".orchestrate-shared-check")
+    marker = os.path.join(directory, ".orchestrate-shared-check")
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(marker, encoding="utf-8") as handle:
             seen[directory] = handle.read().strip() == token
         with open(os.path.join(directory, ".orchestrate-seen-" + node), "w") as handle:
             handle.write(token)
     except OSError as exc:
         seen[directory] = str(exc)
-print(json.dumps({"node": node, "python": sys.version.split()[0], "tensorflow": tf,
-                  "worker": findable("worker"), "seen": seen}))
+print(json.dumps({"node": node, "python": sys.version.split()[0],
+                  "packages": packages, "seen": seen}))
 """
 
 
@@ -66,8 +66,8 @@ def slurm_preflight(
     login: Host | None = None,
 ) -> PreflightReport:  # fmt: skip
     """`login`: the login node when it is not this machine (slurm.login)."""
-    spec = inventory.slurm
-    assert spec is not None
+    spec = inventory.source_settings
+    assert isinstance(spec, SlurmSpec)
     viewer = login.name if login else "this machine"
     findings = [_partition(slurm, spec.partition, spec.nodes, login)]
     if findings[0].status is Status.FAIL:
@@ -85,12 +85,7 @@ def slurm_preflight(
     for path, token in directories.items():
         runner.run(["sh", "-c", 'printf %s "$1" > "$2"', "sh", token,
                     posixpath.join(path, ".orchestrate-shared-check")])  # fmt: skip
-    source = bundle(
-        NODE_PROBE.replace("TF_PACKAGES", repr(TF_PACKAGES)).replace(
-            "DIRECTORIES", repr(directories)
-        ),
-        "node probe",
-    )
+    source = node_probe(directories)
     argv = ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",
             f"--chdir={chdir}", "--job-name=orchestrate-check",
             *([f"--partition={spec.partition}"] if spec.partition else []),
@@ -107,7 +102,8 @@ def slurm_preflight(
                                 f"'{spec.python}' did not run on the nodes: {result.tail(3)}",
                                 "set slurm.python to an interpreter every node has"))  # fmt: skip
         return PreflightReport(tuple(findings))
-    findings += _software(answers, inventory.job.task is not None)
+    found = {str(a["node"]): node_software(a) for a in answers}
+    findings += software_findings(inventory.job, found, Where("slurm.python", "node"))
     readback = {path: _seen_by(runner.run, path) for path in directories}
     findings += _shared(answers, directories, readback, viewer)
     return PreflightReport(tuple(findings))
@@ -140,29 +136,17 @@ def _partition(slurm: Slurm, partition: str | None, nodes: int, login: Host | No
                    f"{name}: {len(good)} usable node(s) for {nodes} worker(s)")  # fmt: skip
 
 
-def _software(answers: list[dict[str, object]], needs_worker: bool) -> list[Finding]:
-    findings = []
-    for key in ("python", "tensorflow"):
-        versions = {str(a["node"]): a.get(key) for a in answers}
-        missing = sorted(n for n, v in versions.items() if not v)
-        distinct = sorted({str(v) for v in versions.values() if v})
-        if missing:
-            findings.append(Finding(", ".join(missing), key, Status.FAIL, f"{key} not found",
-                                    "install it on every node (or set slurm.python)"))  # fmt: skip
-        elif len(distinct) > 1:
-            findings.append(Finding(SLURM, key, Status.FAIL,
-                                    f"different versions on the nodes: {', '.join(distinct)}",
-                                    "install the same version everywhere"))  # fmt: skip
-        else:
-            findings.append(Finding(SLURM, key, Status.OK, f"{distinct[0]} on every node"))
-    if needs_worker:
-        lacking = sorted(str(a["node"]) for a in answers if not a.get("worker"))
-        findings.append(Finding(", ".join(lacking) or SLURM, "worker", Status.FAIL if lacking
-                                else Status.OK, "the worker package is missing" if lacking
-                                else "the worker package imports on every node",
-                                "pip install 'orchestrate[worker]' where slurm.python is"
-                                if lacking else None))  # fmt: skip
-    return findings
+def node_probe(directories: Mapping[str, str]) -> str:
+    """The node probe's source as srun runs it: `directories` maps each to its token."""
+    probe = NODE_PROBE.replace("PACKAGES", repr(PACKAGES))
+    return bundle(probe.replace("DIRECTORIES", repr(dict(directories))), "node probe")
+
+
+def node_software(answer: Mapping[str, Any]) -> Software:
+    """The node probe's answer, read leniently: a value of the wrong type is not installed."""
+    versions = mapping(answer.get("packages"))
+    return Software(str(answer.get("python") or ""),
+                    {name: text(versions.get(name)) for name in PACKAGES})  # fmt: skip
 
 
 def _seen_by(run: Callable[..., object], path: str) -> set[str]:

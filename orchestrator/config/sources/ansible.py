@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.report import Report
-from orchestrator.config.sources.hosts import Placed, host_keys, parse_host
+from orchestrator.config.sources.base import HostSource, Placed, RoleRule
+from orchestrator.config.sources.hosts import host_keys, parse_host
 from orchestrator.paths import controller_path
 from orchestrator.values import Key, key_names, string
 from orchestrator.yamlsource import LineMap
@@ -68,7 +69,7 @@ class MissingGroup(Exception):
 def parse_ansible(
     document: LineMap, defaults: LineMap, report: Report, base: Path
 ) -> tuple[list[Placed], None]:
-    """The host source's entry point (inventory.HOST_SOURCES): the workers, no scheduler."""
+    """The host source's entry point (its SOURCE's parser): the workers, no scheduler."""
     return _ansible_hosts(document, defaults, report, base), None
 
 
@@ -205,3 +206,18 @@ def _ansible_message(exc: Exception, printed: str) -> str:
     details = list(dict.fromkeys(said))[:4]
     message = getattr(exc, "message", None) or str(exc)
     return "; ".join([*details, message]) if details else message
+
+
+SOURCE = HostSource(
+    Key("ansible", "mapping (`ansible:` keys)", "",
+        "the workers from an Ansible inventory, read by ansible-core"),
+    parse_ansible,
+    blocks=(("ansible", "an Ansible inventory instead of `hosts:` (the `ansible` extra)",
+             ANSIBLE_KEY_ENTRIES),),
+    roles=RoleRule(
+        strategy="parameter-server needs roles, which an Ansible inventory lacks; list them in "
+        "'hosts:'",
+        host="{role}: the hosts of an Ansible inventory are all workers; list the hosts with "
+        "'hosts:' to give them roles",
+    ),
+)  # fmt: skip

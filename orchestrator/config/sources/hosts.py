@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.report import Report, line_of
+from orchestrator.config.sources.base import HostSource, Placed
 from orchestrator.contract import device_setting_problems
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import DEFAULT_CONNECTION, DEFAULT_WORKDIR, ROLES, Host
@@ -27,8 +28,6 @@ from orchestrator.values import (
     string,
 )
 from orchestrator.yamlsource import LineList, LineMap
-
-Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
 
 
 def _connection(value: Any) -> Checked:
@@ -205,3 +204,11 @@ def hosts_source(
     document: LineMap, defaults: LineMap, report: Report, base: Path
 ) -> tuple[list[Placed], None]:
     return parse_hosts(document, defaults, report, base), None
+
+
+SOURCE = HostSource(
+    Key("hosts", "list of hosts", "",
+        "the workers, in order: `hosts[0]` is the chief (task index 0), unless a host says "
+        "`role: chief`"),
+    hosts_source,
+)  # fmt: skip

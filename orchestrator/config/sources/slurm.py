@@ -1,7 +1,8 @@
 """The `slurm:` host source: a top-level mapping instead of `hosts:`, validated as strictly.
 
     slurm:
-      nodes: 2                 # required: N nodes, one worker (task) per node
+      nodes: 2                 # N nodes, one worker (task) per node (or roles:)
+      roles: {chief: 1, worker: 2, ps: 1}   # optional: tasks by TF_CONFIG type, one per node
       partition: gpu           # optional, as sbatch's --partition
       account: lab             # optional, --account
       time: "2:00:00"          # optional, --time (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]])
@@ -16,7 +17,8 @@
         ssh_key: ~/.ssh/hpc    # ssh_host_key_policy, ssh_connect_timeout, ssh_config
         python: python3        # runs orchestrate's small host programs on the login node
 
-Its workers are named task0..task{N-1}, in SLURM_PROCID order; they run where Slurm puts them, and
+Its workers are named task0..task{N-1}, in SLURM_PROCID order (with `roles:` the chief first, then
+the workers, the ps and the evaluator, each the role's count); they run where Slurm puts them, and
 the controller reads their files on the shared filesystem from the login node: this machine, or
 `login:`'s machine over SSH (every Slurm command then runs there too).
 """
@@ -24,14 +26,24 @@ the controller reads their files on the shared filesystem from the login node: t
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.report import Report, line_of
-from orchestrator.config.sources.hosts import Placed
+from orchestrator.config.sources.base import HostSource, Placed
 from orchestrator.machines import kinds
-from orchestrator.model.inventory import DEFAULT_CONNECTION, Host, Job
+from orchestrator.model.inventory import (
+    DEFAULT_CONNECTION,
+    ROLE_CHIEF,
+    ROLE_EVALUATOR,
+    ROLE_PS,
+    ROLE_WORKER,
+    STRATEGY_PS,
+    Host,
+    Job,
+)
 from orchestrator.model.slurm import (
     DEFAULT_PORT,
     LoginNode,
@@ -52,6 +64,9 @@ from orchestrator.values import (
     string,
 )
 from orchestrator.yamlsource import LineList, LineMap
+
+if TYPE_CHECKING:
+    from orchestrator.model.records import SettingsReader
 
 # Slurm's --time formats.
 TIME_PATTERN = re.compile(r"^(\d+(:\d{2}){0,2}|\d+-\d+(:\d{2}){0,2})$")
@@ -95,7 +110,12 @@ def _workdir(value: Any) -> Checked:
 
 # `slurm:`'s keys; the manual's key reference is written from these entries.
 SLURM_KEY_ENTRIES: tuple[Key, ...] = (
-    Key("nodes", "integer, at least 1", "required", "one worker (task) per node", POSITIVE),
+    Key("nodes", "integer, at least 1", "required (or the sum of `roles`)",
+        "one worker (task) per node; with `roles`, if given, their sum", POSITIVE),
+    Key("roles", "mapping (`slurm.roles:` keys)", "every task a worker",
+        "the tasks by TF_CONFIG type, one per node: `{chief: 1, worker: 2, ps: 1}` under "
+        "`job.strategy: parameter-server`, or `{worker: 2, evaluator: 1}` beside a multi-worker "
+        "job", string),  # a mapping, checked by _roles
     Key("partition", "Slurm name", "", "sbatch's `--partition`", _slurm_name),
     Key("account", "Slurm name", "", "sbatch's `--account`", _slurm_name),
     Key("time", "Slurm time limit", "",
@@ -125,6 +145,24 @@ LOGIN_KEY_ENTRIES: tuple[Key, ...] = (
 )  # fmt: skip
 
 
+# `slurm.roles:`'s keys, in task order: TensorFlow's order of a cluster spec (chief, worker, ps),
+# the evaluator (in no cluster list) last, as config/roles.chief_first orders hosts.
+ROLE_KEY_ENTRIES: tuple[Key, ...] = (
+    Key(ROLE_CHIEF, "0 or 1", "`0`",
+        "the ParameterServerStrategy chief (task0): it drives the training and checkpoints",
+        integer(0, 1)),
+    Key(ROLE_WORKER, "integer, at least 0", "`0`",
+        "workers: under parameter-server each runs the chief's steps and restarts by itself "
+        "(`job.max_worker_restarts`); under multi-worker they are the cluster", integer(0)),
+    Key(ROLE_PS, "integer, at least 0", "`0`",
+        "parameter servers (parameter-server only): they hold the variables", integer(0)),
+    Key(ROLE_EVALUATOR, "0 or 1", "`0`",
+        "an evaluator of the chief's checkpoints on the shared filesystem, in no cluster list",
+        integer(0, 1)),
+)  # fmt: skip
+ROLE_KEYS: dict[str, Checker] = checkers(ROLE_KEY_ENTRIES)
+
+
 def parse_slurm(document: LineMap, report: Report, base: Path) -> SlurmSpec | None:
 
     block = document.get("slurm")
@@ -134,8 +172,11 @@ def parse_slurm(document: LineMap, report: Report, base: Path) -> SlurmSpec | No
         return None
     report.unknown_keys(block, SLURM_KEYS, "slurm")
     before = len(report.problems)
-    values = report.checked(block, SLURM_KEYS, "slurm", skip=("sbatch_args", "login"))
-    if "nodes" not in block:
+    values = report.checked(block, SLURM_KEYS, "slurm", skip=("sbatch_args", "login", "roles"))
+    if "roles" in block:
+        values["roles"] = _roles(block, values.get("nodes"), report)
+        values.setdefault("nodes", len(values["roles"]))
+    elif "nodes" not in block:
         report.add(block.line, "slurm.nodes", "missing; say how many nodes (one worker each)")
     if "sbatch_args" in block:
         values["sbatch_args"] = _sbatch_args(block, report)
@@ -148,6 +189,27 @@ def parse_slurm(document: LineMap, report: Report, base: Path) -> SlurmSpec | No
     if len(report.problems) > before:
         return None
     return SlurmSpec(**values)
+
+
+def _roles(block: LineMap, nodes: int | None, report: Report) -> tuple[str, ...]:
+    """`slurm.roles:` as each task's role, in task order (ROLE_KEY_ENTRIES'); what the roles
+    mean for the job (its strategy) is config/roles.py's to check."""
+    raw = block["roles"]
+    if not isinstance(raw, LineMap):
+        report.add(line_of(block, "roles"), "slurm.roles", "expected a mapping of role: count, "
+                   f"e.g. {{chief: 1, worker: 2, ps: 1}}, got {describe(raw)}")  # fmt: skip
+        return ()
+    report.unknown_keys(raw, ROLE_KEYS, "slurm.roles")
+    counts = report.checked(raw, ROLE_KEYS, "slurm.roles")
+    roles = tuple(role for role in ROLE_KEYS for _ in range(counts.get(role, 0)))
+    if not roles and len(counts) == len(raw):
+        report.add(line_of(block, "roles"), "slurm.roles",
+                   "no task: give at least one worker (or a chief) a count")  # fmt: skip
+    elif nodes is not None and roles and nodes != len(roles):
+        report.add(line_of(block, "nodes"), "slurm.nodes",
+                   f"{nodes}, but slurm.roles asks for {len(roles)} task(s), one per node: "
+                   f"leave nodes out or make it {len(roles)}")  # fmt: skip
+    return roles
 
 
 def _sbatch_option(value: str) -> Checked:
@@ -212,13 +274,15 @@ def slurm_workers(spec: SlurmSpec, base: Path) -> list[Placed]:
         name = spec.worker_name(index)
         if spec.login is None:
             host = Host(name=name, address=name, port=spec.port, connection=_LOCAL.name,
-                        python=spec.python, workdir=spec.workdir)  # fmt: skip
+                        python=spec.python, workdir=spec.workdir,
+                        role=spec.role_of(index))  # fmt: skip
         else:  # whatever reaches the task's "host" reaches the login node
             login = spec.login
             settings = replace(login.settings, ssh_host=login.settings.target or login.address)
             host = Host(name=name, address=name, port=spec.port, connection=_SSH.name,
-                        python=spec.python, workdir=spec.workdir, settings=settings)  # fmt: skip
-        placed.append((f"slurm.{name}", None, host))
+                        python=spec.python, workdir=spec.workdir, settings=settings,
+                        role=spec.role_of(index))  # fmt: skip
+        placed.append((f"slurm.{name}", None, host))  # config/roles.py finds roles: lines
     return placed
 
 
@@ -250,7 +314,67 @@ def slurm_source(
     return (slurm_workers(spec, base) if spec else []), spec
 
 
+def check_slurm_roles(
+    placed: Sequence[Placed], job: Job, document: LineMap, report: Report
+) -> None:
+    """`slurm.roles:` against the job (config/roles.py checks the job's keys): chief and ps
+    under parameter-server only, which needs them; an evaluator beside tasks that train (it
+    reads the chief's checkpoints on the shared filesystem, from any node)."""
+    slurm, job_block = (document.get(key) for key in ("slurm", "job"))
+    raw = slurm.get("roles") if isinstance(slurm, LineMap) else None
+    roles: LineMap = raw if isinstance(raw, LineMap) else LineMap()
+    count = {role: sum(1 for p in placed if p[2].role == role) for role in ROLE_KEYS}
+    if job.strategy == STRATEGY_PS:
+        if not isinstance(raw, LineMap):
+            line = line_of(job_block, "strategy") if isinstance(job_block, LineMap) else None
+            report.add(line, "job.strategy", "parameter-server on Slurm needs slurm.roles, "
+                       "e.g. {chief: 1, worker: 2, ps: 1} (one task per node)")  # fmt: skip
+        elif count[ROLE_CHIEF] != 1 or not count[ROLE_PS] or not count[ROLE_WORKER]:
+            have = ", ".join(f"{count[r]} {r}" for r in (ROLE_CHIEF, ROLE_PS, ROLE_WORKER))
+            report.add(line_of(slurm, "roles"), "slurm.roles", "job.strategy: parameter-server "
+                       f"needs chief: 1, at least one ps and one worker; found {have}")  # fmt: skip
+    else:
+        for role in (ROLE_CHIEF, ROLE_PS):
+            if count[role]:
+                report.add(line_of(roles, role), f"slurm.roles.{role}", (
+                    f"needs job.strategy: parameter-server; under {job.strategy} task0 is "
+                    "the chief: give the tasks as workers"
+                    if role == ROLE_CHIEF else "needs job.strategy: parameter-server"))  # fmt: skip
+    if count[ROLE_EVALUATOR] and not count[ROLE_WORKER] + count[ROLE_CHIEF]:
+        report.add(line_of(roles, ROLE_EVALUATOR), "slurm.roles.evaluator",
+                   "an evaluator needs tasks that train: give workers a count")  # fmt: skip
+
+
+def spec_from_json(data: Mapping[str, Any], settings: SettingsReader) -> SlurmSpec:
+    """The SlurmSpec a run record kept (`login:`'s settings are the SSH kind's, read back as a
+    host's are)."""
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    login = fields.get("login")
+    if login is not None:
+        ssh = settings(DEFAULT_CONNECTION, login.get("settings") or {})
+        fields["login"] = LoginNode(login["address"], login.get("python", "python3"), ssh)
+    return SlurmSpec(**fields)
+
+
 _LOCAL = next(kinds.get(name) for name in kinds.names()
               if kinds.get(name).shares_files_with_controller)  # fmt: skip
 _SSH = kinds.get(DEFAULT_CONNECTION)
+
+SOURCE = HostSource(
+    Key("slurm", "mapping (`slurm:` keys)", "",
+        "Slurm places the workers: one per node of one batch job"),
+    slurm_source,
+    blocks=(
+        ("slurm", "a Slurm cluster instead of `hosts:`", SLURM_KEY_ENTRIES),
+        ("slurm.roles", "the tasks of the Slurm job by TF_CONFIG type, one per node",
+         ROLE_KEY_ENTRIES),
+        ("slurm.login", "the login node Slurm is driven through, with the SSH keys of a host",
+         (*LOGIN_KEY_ENTRIES, *_SSH.key_entries)),
+    ),
+    check_roles=check_slurm_roles,
+    no_setup="applies to hosts reached over SSH (hosts: or ansible:); on Slurm, prepare the "
+    "nodes' shared environment",
+    check_job=check_batch_script_values,
+    settings_from_json=spec_from_json,
+)  # fmt: skip
 __all__ = ["DEFAULT_PORT", "parse_slurm", "slurm_workers"]

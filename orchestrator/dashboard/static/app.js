@@ -119,7 +119,7 @@ function renderTimeline(doc) {
   cause.classList.toggle("hidden", !doc.root_cause);
   const items = doc.timeline.map((r) => el("li", { class: "restart" }, [
     el("span", { class: "when", text: new Date(r.at * 1000).toLocaleTimeString() }),
-    el("span", { text: `restart ${r.number} (attempt ${r.attempt} failed): ${r.text}` }),
+    el("span", { text: r.alone ? r.text : `restart ${r.number} (attempt ${r.attempt} failed): ${r.text}` }),
     ...stackLinks(doc.run_id, r),
   ]));
   $("timeline").replaceChildren(...(items.length ? items

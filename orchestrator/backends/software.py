@@ -1,0 +1,140 @@
+"""The software a worker's machine needs for the job: one list of checks for every backend's
+preflight, judged from what a probe found on each machine (hosts: the host probe, in
+backends/hosts/preflight.py; Slurm: the node probe, in backends/slurm/checks.py). Pure.
+
+The checks, per machine and in this order:
+- python: the version the worker runs (different ones across the machines: a warning);
+- tensorflow: installed (a task job fails without it, a script only warns: it may not need it),
+  and one version everywhere (collectives between different versions fail);
+- worker (a task job): the orchestrate worker package, of the controller's version;
+- keras (`job.keras: legacy`): tf_keras of TensorFlow's minor version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from orchestrator import __version__
+from orchestrator.contract import (
+    KERAS_LEGACY,
+    TF_KERAS_PACKAGE,
+    TF_PACKAGES,
+    minor_version,
+    tf_keras_requirement,
+)
+from orchestrator.model.inventory import Job
+from orchestrator.model.preflight import Finding, Status
+
+WORKER_PACKAGE = "orchestrate"
+# The distributions every probe reports the versions of, where the worker will import from.
+PACKAGES = (*TF_PACKAGES, TF_KERAS_PACKAGE, WORKER_PACKAGE)
+
+
+@dataclass(frozen=True)
+class Software:
+    """What a probe found where one worker will run: its Python's version and the versions of
+    PACKAGES (None: not installed)."""
+
+    python: str
+    packages: Mapping[str, str | None]
+
+    @property
+    def tensorflow(self) -> str | None:
+        return next((self.packages[n] for n in TF_PACKAGES if self.packages.get(n)), None)
+
+
+@dataclass(frozen=True)
+class Where:
+    """How the hints name the place: the setting that picks the workers' Python (hosts'
+    `'python:'`, Slurm's `slurm.python`) and what a machine is called (host, node)."""
+
+    python: str = "'python:'"
+    machine: str = "host"
+
+
+def software_findings(job: Job, found: Mapping[str, Software], where: Where) -> list[Finding]:
+    """Every machine's findings, in the module's order: `found` maps a machine's name to what
+    its probe found."""
+    pythons = sorted({s.python for s in found.values()})
+    versions = sorted({v for v in (s.tensorflow for s in found.values()) if v})
+    findings = []
+    for name, software in found.items():
+        findings.append(python_finding(name, software.python, pythons))
+        findings.append(tensorflow_finding(name, software.tensorflow, versions, job, where))
+        if job.task is not None:
+            findings.append(worker_finding(name, software.packages.get(WORKER_PACKAGE), where))
+        if job.keras == KERAS_LEGACY:
+            tf_keras = software.packages.get(TF_KERAS_PACKAGE)
+            findings.append(legacy_keras_finding(name, software.tensorflow, tf_keras, where))
+    return findings
+
+
+def python_finding(name: str, version: str, everywhere: list[str]) -> Finding:
+    if len(everywhere) > 1:
+        return Finding(name, "python", Status.WARN,
+                       f"Python {version}, but the workers run {', '.join(everywhere)}",
+                       "the same Python everywhere avoids packages that differ between "
+                       "them")  # fmt: skip
+    return Finding(name, "python", Status.OK, f"Python {version}")
+
+
+def tensorflow_finding(
+    name: str, version: str | None, everywhere: list[str], job: Job, where: Where
+) -> Finding:
+    if version is None:
+        return Finding(
+            name,
+            "tensorflow",
+            Status.FAIL if job.task is not None else Status.WARN,
+            f"TensorFlow is not installed for the {where.machine}'s python",
+            hint=f"pip install 'orchestrate[worker]' into the Python named by {where.python}",
+        )
+    if len(everywhere) > 1:
+        return Finding(
+            name,
+            "tensorflow",
+            Status.FAIL,
+            f"TensorFlow {version}, but the cluster mixes {', '.join(everywhere)}: "
+            "collectives between different versions fail",
+            hint=f"install the same TensorFlow version on every {where.machine}",
+        )
+    return Finding(name, "tensorflow", Status.OK, f"TensorFlow {version}")
+
+
+def worker_finding(name: str, installed: str | None, where: Where) -> Finding:
+    if installed == __version__:
+        return Finding(name, "worker", Status.OK, f"orchestrate worker {installed}")
+    detail = (
+        "the orchestrate worker package is not installed"
+        if installed is None
+        else f"orchestrate worker {installed} differs from the controller's {__version__}"
+    )
+    hint = f"pip install 'orchestrate[worker]=={__version__}' on the {where.machine}"
+    return Finding(name, "worker", Status.FAIL, detail, hint)
+
+
+def legacy_keras_finding(
+    name: str, tensorflow: str | None, tf_keras: str | None, where: Where
+) -> Finding:
+    """`job.keras: legacy` needs tf-keras of the machine's TensorFlow minor version:
+    TensorFlow silently falls back to nothing (`tf.keras` raises ImportError) without it, and
+    tf-keras 2.X imports APIs of TensorFlow 2.X only."""
+    wanted = tf_keras_requirement(tensorflow) if tensorflow else TF_KERAS_PACKAGE
+    hint = (
+        f"pip install '{wanted}' into the Python named by {where.python} "
+        "(or 'orchestrate[legacy-keras]')"
+    )
+    if tf_keras is None:
+        detail = "job.keras is legacy but tf_keras (Keras 2) is not installed"
+        return Finding(name, "keras", Status.FAIL, detail, hint)
+    if tensorflow and minor_version(tf_keras) != minor_version(tensorflow):
+        return Finding(
+            name,
+            "keras",
+            Status.FAIL,
+            f"tf_keras {tf_keras} does not match TensorFlow {tensorflow}: tf_keras must have "
+            "TensorFlow's minor version",
+            hint,
+        )
+    return Finding(name, "keras", Status.OK, f"tf_keras {tf_keras} (Keras 2, job.keras: legacy)")

@@ -1,0 +1,158 @@
+"""The one definition of a worker: its command line and environment, whatever starts it. Pure.
+
+`worker_launch` is called by every launcher and export with its `Placement` (model/launch.py):
+hosts and Slurm through plan.plan_workers (the host agent's launch request, the batch script's
+plan), the TFJob and TrainJob exports with their pods' placement. What a worker is told (its
+Keras, its target steps, its GPU settings, its checkpoint directory) is decided here alone, so
+no launcher can start a worker another one would start differently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from orchestrator.contract import (
+    CHECKPOINT_DIR_ENV,
+    KERAS_LEGACY,
+    LEGACY_KERAS_ENV,
+    TARGET_STEPS_ENV,
+    booted,
+)
+from orchestrator.engine.roles import EVALUATOR_RESTARTS
+from orchestrator.engine.tfconfig import task_of
+from orchestrator.model.inventory import (
+    ROLE_EVALUATOR,
+    ROLE_WORKER,
+    STRATEGY_PS,
+    Host,
+    Inventory,
+    Job,
+)
+from orchestrator.model.launch import Placement, WorkerLaunch
+from orchestrator.model.workers import export_dir
+
+
+def worker_launch(inventory: Inventory, index: int, place: Placement) -> WorkerLaunch:
+    """The worker of the host at `index`, started at `place`."""
+    job, host = inventory.job, inventory.hosts[index]
+    if not place.host_gpus:  # the scheduler numbers the worker's GPUs from 0: no host indices
+        host = replace(host, visible_gpus=None, leased_gpus=None)
+    task = task_of(inventory.hosts, index)
+    return WorkerLaunch(
+        name=host.name,
+        role=host.role,
+        task_index=0 if host.role == ROLE_EVALUATOR else task["index"],
+        argv=worker_argv(job, host, place),
+        env=worker_env(job, host, place),
+        secret_env=job.secret_env,
+        cwd=place.cwd,
+        checkpoint_dir=place.checkpoint_dir,
+        permanent_exit_codes=job.permanent_exit_codes,
+        gpus=inventory.gpus_per_worker,
+        restarts_alone=restarts_alone(job, host.role),
+    )
+
+
+def restarts_alone(job: Job, role: str) -> int:
+    """How often a worker of `role` restarts by itself (WorkerLaunch.restarts_alone): a
+    ParameterServerStrategy worker its job.max_worker_restarts, the evaluator
+    roles.EVALUATOR_RESTARTS, any other none (a lost one restarts the cluster)."""
+    if role == ROLE_EVALUATOR:
+        return EVALUATOR_RESTARTS
+    if role == ROLE_WORKER and job.strategy == STRATEGY_PS:
+        return job.max_worker_restarts
+    return 0
+
+
+def worker_env(job: Job, host: Host, place: Placement) -> dict[str, str]:
+    """The job's variables, then orchestrate's: the place's run variables, the checkpoint
+    directory, the place's own, the Keras, a script's target steps, the host's GPUs."""
+    env = {
+        **job.env,
+        # Unbuffered so `tail -f` shows lines as the worker prints them.
+        "PYTHONUNBUFFERED": "1",
+        **place.run_env,
+        CHECKPOINT_DIR_ENV: place.checkpoint_dir,
+        **place.place_env,
+    }
+    if job.keras == KERAS_LEGACY:
+        env[LEGACY_KERAS_ENV] = "1"  # tf.keras is Keras 2 (tf_keras), in scripts and tasks
+    if job.script is not None and job.steps is not None:
+        env[TARGET_STEPS_ENV] = str(job.steps)  # the script's target (steps:)
+    if host.leased_gpus is not None:  # exactly the GPUs the run's lease gave (gpus: N)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.leased_gpus))
+    elif job.script is not None and host.visible_gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.visible_gpus))
+    return env
+
+
+def eval_export_flags(job: Job, job_directory: str) -> tuple[str, ...]:
+    """The built-in loop's evaluation and export flags."""
+    flags: list[str] = []
+    if job.eval_every:
+        flags += ["--eval-every", str(job.eval_every)]
+    if job.steps_per_call != 1:
+        flags += ["--steps-per-call", str(job.steps_per_call)]
+    if job.seed is not None:
+        flags += ["--seed", str(job.seed)]
+    if not job.async_checkpoints:
+        flags += ["--sync-checkpoints"]
+    if job.export:
+        flags += ["--export", job.export, "--export-dir", export_dir(job_directory)]
+    return tuple(flags)
+
+
+def device_flags(job: Job, host: Host) -> tuple[str, ...]:
+    """The built-in loop's flags for the host's GPU settings, strategy and profiling window."""
+    flags: list[str] = []
+    if host.gpu_memory_growth:
+        flags.append("--gpu-memory-growth")
+    if host.gpu_memory_limit_mb:
+        flags += ["--gpu-memory-limit-mb", str(host.gpu_memory_limit_mb)]
+    if host.visible_gpus is not None and host.gpus is None:  # leased GPUs: CUDA_VISIBLE_DEVICES
+        flags += ["--visible-gpus", ",".join(map(str, host.visible_gpus))]
+    if host.logical_gpus:
+        flags += ["--logical-gpus", str(host.logical_gpus)]
+    if job.strategy != "multi-worker":
+        flags += ["--strategy", job.strategy]
+    if job.profile_steps:
+        flags += ["--profile-steps", *map(str, job.profile_steps)]
+    return tuple(flags)
+
+
+def worker_argv(job: Job, host: Host, place: Placement) -> tuple[str, ...]:
+    """A script with its args (booted where the place has a run directory for its stacks), the
+    evaluator's watch, or the built-in loop with the job's and the host's flags."""
+    if job.script is not None:
+        assert place.script is not None, "a placement names where the script is"
+        argv = (place.python, place.script, *job.args)
+        return booted(argv) if place.booted else argv  # its stacks on SIGUSR2 (contract)
+    assert job.task is not None and job.steps is not None
+    if host.role == ROLE_EVALUATOR:  # evaluates the chief's checkpoints as they appear
+        return evaluator_argv(job, place.python, place.checkpoint_dir)
+    return (
+        place.python, "-m", "worker",
+        "--task", job.task,
+        "--steps", str(job.steps),
+        "--checkpoint-dir", place.checkpoint_dir,
+        "--checkpoint-every", str(job.checkpoint_every),
+        "--max-to-keep", str(job.max_to_keep),
+        "--batch-size", str(job.batch_size),
+        "--log-every", str(job.log_every),
+        *eval_export_flags(job, place.job_dir),
+        *device_flags(job, host),
+        *job.args,
+    )  # fmt: skip
+
+
+def evaluator_argv(job: Job, python: str, checkpoints: str) -> tuple[str, ...]:
+    """The evaluator host of a task job: worker.evaluate watching the chief's checkpoints; it
+    exits 0 once it evaluated the checkpoint of the last step (or, told to stop, the newest)."""
+    assert job.task is not None and job.steps is not None
+    return (
+        python, "-m", "worker.evaluate", "--watch",
+        "--task", job.task,
+        "--checkpoint-dir", checkpoints,
+        "--steps", str(job.steps),
+        "--batch-size", str(job.batch_size),
+    )  # fmt: skip

@@ -1,0 +1,16 @@
+"""Firewall rules as data: the tools they are written for and one host's commands. Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.model.inventory import Host
+
+FORMATS = ("iptables", "nftables", "ufw", "firewalld")
+
+
+@dataclass(frozen=True)
+class HostRules:
+    host: Host
+    sources: tuple[str, ...]  # addresses allowed to reach the TensorFlow port
+    commands: tuple[str, ...]
