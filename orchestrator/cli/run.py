@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 import click
@@ -397,7 +397,8 @@ def _supervise_here(store: RunStore, backend: Backend, record: RunRecord, interv
             try:
                 final = supervisor.run()
             except JobFailed:
-                _epilogue(store.load(record.run_id), supervisor.last_status, backend)
+                with suppress(OrchestrateError):  # the failure is what the user must see
+                    _epilogue(store.load(record.run_id), supervisor.last_status, backend)
                 raise
     except KeyboardInterrupt:
         raise StoppedWatching() from None

@@ -135,7 +135,7 @@ def run_account(record: RunRecord, live: RunStatus | None, now: float) -> RunAcc
                 begin=begin, end=_end(attempt, span, now), how=_how(attempt, span),
                 resume=_resume(span, after, _how(attempt, span)), lead="restart" if index else
                 "startup", script=record.inventory.job.script is not None,
-                scheduled=record.inventory.slurm is not None))  # fmt: skip
+                scheduled=record.inventory.source_settings is not None))  # fmt: skip
             if index == 0 and record.queue_seconds > 0:
                 account += Account({"queue": record.queue_seconds})
             cells.append((span.name, index, account))

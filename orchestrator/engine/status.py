@@ -145,12 +145,13 @@ class WorkerStatus:
             step_call_seconds=number_as_written(data.get("step_call_seconds")),
             step_seconds=number_as_written(data.get("step_seconds")),
             role=text(data.get("role")) or ROLE_WORKER,
-            **{key: number_as_written(data.get(key)) for key in GOODPUT_KEYS},
+            started_at=number_as_written(data.get("started_at")),
+            first_step_at=number_as_written(data.get("first_step_at")),
+            reported_at=number_as_written(data.get("reported_at")),
+            checkpoint_at=number_as_written(data.get("checkpoint_at")),
+            checkpoint_seconds=number_as_written(data.get("checkpoint_seconds")),
+            eval_seconds=number_as_written(data.get("eval_seconds")),
         )
-
-
-GOODPUT_KEYS = ("started_at", "first_step_at", "reported_at", "checkpoint_at",
-                "checkpoint_seconds", "eval_seconds")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,7 @@ class Supervisor:
             if status.state is WorkerState.STOPPED and not stopping:
                 preempted = preemption(status) if self.backend.resubmits_preempted else None
                 if preempted is not None:
+                    self._close_attempt("preempted")
                     self._recover(preempted)
                     continue
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
@@ -172,6 +173,7 @@ class Supervisor:
             if failure is not None:
                 done = [w.name for w in status.workers if w.state is WorkerState.SUCCEEDED]
                 failure = early_exit(failure, done)
+                self._close_attempt(failure.kind.value)  # at the verdict, before the stop
                 self._recover(failure)
             else:
                 self._start_standbys(status)
@@ -250,7 +252,6 @@ class Supervisor:
                 self.say(f"stacks of every worker at the stall: {kept}")
         restart = Restart(detected, self.record.attempt, failure.worker, failure.reason,
                           failure.step, failure.kind.value)  # fmt: skip
-        self._close_attempt(failure.kind.value, detected)
         # A worker that exited wrote its whole log: its survivors are stopped first (they block
         # in a collective without it), its tail read after. A stalled one still writes: before.
         stalled = failure.kind is FailureKind.STALLED
@@ -308,14 +309,14 @@ class Supervisor:
         """The latest poll's status (the end of `up` accounts the run's goodput with it)."""
         return self._status
 
-    def _close_attempt(self, kind: str, at: float | None = None) -> None:
+    def _close_attempt(self, kind: str) -> None:
         """Goodput: keep the ended attempt's spans in the record (its workers' run directories
         are the next attempt's no more), with how it ended (goodput's words)."""
         attempts = self.record.attempts
         if self._status is None or not attempts or attempts[-1].end is not None:
             return
         end = kind if kind in ("finished", "stopped", "preempted", "stalled") else "crashed"
-        last = closed(attempts[-1], self._status, end, time.time() if at is None else at)
+        last = closed(attempts[-1], self._status, end, time.time())
         self.record = replace(self.record, attempts=(*attempts[:-1], last))
         self.store.save(self.record)
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from orchestrator.backends.registry import host_settings
+from orchestrator.backends.registry import host_settings, source_settings_of
 from orchestrator.cli.render import kept_warm
 from orchestrator.dashboard import model
 from orchestrator.engine import goodput
@@ -311,7 +311,9 @@ def test_a_live_attempt_is_accounted_up_to_each_workers_last_report() -> None:
 
 def test_the_attempts_survive_the_record_file() -> None:
     run = restarted()
-    again = RunRecord.from_json(json.loads(json.dumps(run.to_json())), host_settings)
+    again = RunRecord.from_json(
+        json.loads(json.dumps(run.to_json())), host_settings, source_settings_of
+    )
     assert again.attempts == run.attempts
     assert goodput.run_account(again, None, 0.0) == goodput.run_account(run, None, 0.0)
 
