@@ -42,6 +42,10 @@ def rate(steps: int, timed: bool) -> float:
 SEGMENT_STEPS = 200
 
 
+def no_save(step: int, *, wait: bool = False) -> None:
+    """The loop's saves left out: the bench times the steps."""
+
+
 def in_process(pairs: int) -> None:
     """Adjacent timed and untimed segments of one Loop, in this process (see the docstring)."""
     import dataclasses
@@ -65,7 +69,8 @@ def in_process(pairs: int) -> None:
                                 summaries=summaries, progress=ProgressWriter(f"{scratch}/p.json"),
                                 start_step=0, element_spec=dataset.element_spec,
                                 sigterm=train.watch_sigterm())  # fmt: skip
-        loop.saver.save = lambda step: None  # type: ignore[method-assign]
+        loop.saver.save = no_save  # type: ignore[method-assign]
+        loop.saver.close = lambda: None  # type: ignore[method-assign]
         loop.summaries.close = lambda: None  # type: ignore[method-assign]
         loop.evaluator = None
         iterator = iter(train.distribute_dataset(strategy, dataset, config.batch_size, 100, 0))

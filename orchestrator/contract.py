@@ -35,6 +35,15 @@ STEP_CALL_SECONDS = "step_call_seconds"
 STEP_SECONDS = "step_seconds"
 STEP_TIMING_ENV = "ORCHESTRATE_STEP_TIMING"  # "0": no timing (bench/bench_step_timing.py)
 
+# Progress keys behind a run's goodput (engine/goodput.py): when this attempt's first step was
+# done (worker/progress.py writes it at the first step past start_step, for scripts too), and
+# the seconds the step loop was blocked in checkpoint saves and in evaluations, summed over the
+# attempt (the built-in loop; a script with worker.progress.timed).
+FIRST_STEP_AT = "first_step_at"
+CHECKPOINT_AT = "checkpoint_at"  # when the progress file last took a new checkpoint_step
+CHECKPOINT_SECONDS = "checkpoint_seconds"
+EVAL_SECONDS = "eval_seconds"
+
 # The files a worker writes into its run directory.
 PROGRESS_FILE = "progress.json"
 HISTORY_FILE = "progress-history.jsonl"  # bounded, one line per metric step: the curves

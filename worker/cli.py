@@ -86,6 +86,13 @@ def _add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
         metavar="M",
         help="checkpoints the chief keeps",
     )
+    parser.add_argument(
+        "--sync-checkpoints",
+        action="store_true",
+        help="every save blocks the step loop until its files are written (by default a save "
+        "returns once the values are copied and TensorFlow writes them in the background; the "
+        "last save and a preemption's always block)",
+    )
 
 
 def _add_loop_flags(parser: argparse.ArgumentParser) -> None:

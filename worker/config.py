@@ -137,6 +137,9 @@ class WorkerConfig:
     # Seeds Python, NumPy, TensorFlow and Keras before the model is built (the same initial
     # weights in every run); None: TensorFlow's default, different weights each run.
     seed: int | None = None
+    # Checkpoint writes in the background (TensorFlow's async checkpoint); the last save and a
+    # preemption's block either way. False: --sync-checkpoints (job.async_checkpoints: false).
+    async_checkpoints: bool = True
 
 
 def parse_tf_config(text: str | None, strategy: str = STRATEGY_MULTI_WORKER) -> ClusterInfo:
@@ -239,6 +242,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WorkerConfig:
         temp_export_dir=dirs.temp_export_dir,
         steps_per_call=steps_per_call,
         seed=getattr(args, "seed", None),
+        async_checkpoints=not getattr(args, "sync_checkpoints", False),
     )
 
 

@@ -26,9 +26,17 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from orchestrator.contract import HISTORY_FILE, PROGRESS_FILE_ENV
+from orchestrator.contract import (
+    CHECKPOINT_AT,
+    CHECKPOINT_SECONDS,
+    EVAL_SECONDS,
+    FIRST_STEP_AT,
+    HISTORY_FILE,
+    PROGRESS_FILE_ENV,
+)
 
 HISTORY_LIMIT = 1000
 HISTORY_FIELDS = ("step", "loss", "accuracy", "steps_per_sec")
@@ -63,14 +71,38 @@ class ProgressWriter:
 
     def write(self, **fields: Any) -> None:
         with self._lock:
+            saved = self._fields.get("checkpoint_step")
             self._fields.update({key: _plain(value) for key, value in fields.items()})
             self._fields["time"] = time.time()
+            if self._fields.get("checkpoint_step") not in (None, saved):
+                # Goodput's lost work: the steps after it are what a crash throws away.
+                self._fields[CHECKPOINT_AT] = self._fields["time"]
+            if self._fields.get(FIRST_STEP_AT) is None and _stepped(self._fields):
+                # Goodput's end of start-up: the first write past the step the attempt began at.
+                self._fields[FIRST_STEP_AT] = self._fields["time"]
             if self.path is not None:
                 _write_atomically(self.path, self._fields)
             if self._history is not None and any(fields.get(key) is not None for key in METRICS):
                 self._history.append(self._fields)
             if self._history is not None and any(fields.get(k) is not None for k in EVAL_FIELDS):
                 self._history.append_evaluation(self._fields)
+
+    def add_seconds(self, key: str, seconds: float, **fields: Any) -> None:
+        """Adds `seconds` to the running sum under `key` (checkpoint_seconds, eval_seconds) and
+        writes it with `fields`: one write, so the sum and the step it belongs to agree."""
+        with self._lock:
+            total = self._fields.get(key)
+        total = (total if isinstance(total, int | float) else 0.0) + max(0.0, seconds)
+        self.write(**fields, **{key: total})
+
+
+def _stepped(fields: dict[str, Any]) -> bool:
+    """Whether the fields report a step made in this process: past start_step where one is
+    written (the built-in loop's first write is its start step), else past 0 (a script)."""
+    step, start = fields.get("step"), fields.get("start_step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return False
+    return step > (start if isinstance(start, int) and not isinstance(start, bool) else 0)
 
 
 class History:
@@ -150,6 +182,26 @@ def report(**fields: Any) -> None:
     with _writers_lock:
         writer = _writers.setdefault(path, ProgressWriter(path))
     writer.write(**fields)
+
+
+TIMED_KEYS = {"checkpoint": CHECKPOINT_SECONDS, "evaluation": EVAL_SECONDS}
+
+
+@contextlib.contextmanager
+def timed(kind: str) -> Iterator[None]:
+    """For a script: `with worker.progress.timed("checkpoint"): manager.save()` adds the
+    block's seconds to the progress file's checkpoint_seconds ("evaluation": eval_seconds), so
+    its goodput can tell them from training; without it they are shown as unknown."""
+    key = TIMED_KEYS[kind]
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        path = os.environ.get(PROGRESS_FILE_ENV)
+        if path:
+            with _writers_lock:
+                writer = _writers.setdefault(path, ProgressWriter(path))
+            writer.add_seconds(key, time.monotonic() - started)
 
 
 def _plain(value: Any) -> Any:

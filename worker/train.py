@@ -26,6 +26,7 @@ import glob
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,8 +34,16 @@ from typing import Any
 
 import tensorflow as tf
 
-from orchestrator.contract import STEP_CALL_SECONDS, STEP_SECONDS, STEP_TIMING_ENV
-from worker import kerasflavor
+from orchestrator.contract import (
+    CHECKPOINT_AT,
+    CHECKPOINT_SECONDS,
+    EVAL_SECONDS,
+    FIRST_STEP_AT,
+    STEP_CALL_SECONDS,
+    STEP_SECONDS,
+    STEP_TIMING_ENV,
+)
+from worker import asyncsave, kerasflavor
 from worker.config import STRATEGY_MIRRORED, ConfigError, DeviceSettings, WorkerConfig
 from worker.devices import configure_devices
 from worker.evaluation import EvalResult, Evaluator, correct_mask, has_integer_labels
@@ -391,6 +400,15 @@ class CheckpointSaver:
     The chief writes the real directory through a CheckpointManager (which prunes to max_to_keep);
     the other workers write to a temporary directory and delete it right after, so their copies
     neither accumulate nor race with the chief's files.
+
+    With `config.async_checkpoints` a save returns once the values are copied to host memory
+    and TensorFlow writes the files in a thread (CheckpointOptions(enable_async=True)); the
+    manager names the checkpoint in its state file only once the write is complete, so a kill
+    mid-write resumes from the previous one. The others then keep one temporary directory (a
+    manager with max_to_keep 1), removed by close(). A save with `wait` (the last one, a
+    preemption's) blocks until it and any earlier write are on disk. `on_written` is told a
+    checkpoint's step once it is on disk: the progress file's checkpoint_step never names one a
+    kill could still lose.
     """
 
     def __init__(self, state: TrainState, config: WorkerConfig, is_chief: bool) -> None:
@@ -398,8 +416,17 @@ class CheckpointSaver:
         self._step = state.step
         self._is_chief = is_chief
         self._temp_dir = config.temp_checkpoint_dir
+        self._async = config.async_checkpoints
         self._manager = None
+        self._temp_manager: tf.train.CheckpointManager | None = None
+        self._kept_temp: str | None = None
         self.saved_step: int | None = None  # the step of this run's last save
+        # Called with a checkpoint's step once it is on disk (the loop reports it then).
+        self.on_written: Callable[[int], None] = lambda step: None
+        self._reported = -1
+        self._report_lock = threading.Lock()
+        if self._async:
+            asyncsave.patch()
         if is_chief:
             kerasflavor.record(config.checkpoint_dir)
             self._manager = tf.train.CheckpointManager(
@@ -409,12 +436,43 @@ class CheckpointSaver:
                 checkpoint_name=CHECKPOINT_NAME,
             )
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, *, wait: bool = False) -> None:
         self._step.assign(step)
         self.saved_step = step
+        background = self._async and not wait
+        if not background:
+            self._checkpoint.sync()  # an earlier write in the background first: files in order
+        options = tf.train.CheckpointOptions(enable_async=background)
         if self._manager is not None:
-            self._manager.save(checkpoint_number=step)
+            self._manager.save(checkpoint_number=step, options=options)
+        elif background:
+            self._background_temp().save(checkpoint_number=step, options=options)
+        else:
+            self._save_in_temp(step)
+        if background:  # told once TensorFlow's writer thread has written it
+            threading.Thread(target=self._when_written, args=(step,), daemon=True).start()
+        else:
+            self._written(step)
+
+    def _when_written(self, step: int) -> None:
+        try:
+            self._checkpoint.sync()  # returns once the write and its state file are done
+        except Exception as error:  # the loop's next save, or close, raises it again
+            log(f"worker: the checkpoint of step {step} was not written: {error}")
             return
+        self._written(step)
+
+    def _written(self, step: int) -> None:
+        """`on_written` once per checkpoint, in order (a late waiter never goes back)."""
+        with self._report_lock:
+            if step <= self._reported:
+                return
+            self._reported = step
+        self.on_written(step)
+
+    def _save_in_temp(self, step: int) -> None:
+        """A non-chief's blocking save: a fresh temporary directory, deleted after."""
+        self.close()
         temp_dir = self._make_temp_dir()
         try:
             manager = tf.train.CheckpointManager(self._checkpoint, temp_dir, max_to_keep=1)
@@ -425,6 +483,22 @@ class CheckpointSaver:
                 # RUN_DIR/tmp-checkpoints goes too once no worker on this host uses it.
                 with contextlib.suppress(OSError):
                     os.rmdir(os.path.dirname(temp_dir))
+
+    def _background_temp(self) -> tf.train.CheckpointManager:
+        """A non-chief's one temporary directory for saves written in the background."""
+        if self._temp_manager is None:
+            self._kept_temp = self._make_temp_dir()
+            self._temp_manager = tf.train.CheckpointManager(
+                self._checkpoint, self._kept_temp, max_to_keep=1
+            )
+        return self._temp_manager
+
+    def close(self) -> None:
+        """Waits for a write in the background; a non-chief's temporary directory goes."""
+        self._checkpoint.sync()
+        if self._kept_temp is not None:
+            shutil.rmtree(self._kept_temp, ignore_errors=True)
+            self._kept_temp, self._temp_manager = None, None
 
     def _make_temp_dir(self) -> str:
         # A fresh directory per save: the previous one was deleted with everything in it.
@@ -485,6 +559,7 @@ class Loop:
         self.progress = progress
         self.with_accuracy = with_accuracy
         self.preemption = preemption
+        saver.on_written = self._written  # checkpoint_step, once the checkpoint is on disk
         self._mark = (0, 0.0)  # (step, time) at which the current rate window started
         # Seconds spent inside the step calls since the window started (None: not timed).
         self._in_calls: float | None = 0.0 if timing_enabled() else None
@@ -516,9 +591,7 @@ class Loop:
             if step % self.config.log_every == 0 or step == steps:
                 self._log(step)
             if step % self.config.checkpoint_every == 0 or step == steps:
-                self.saver.save(step)
-                log(f"worker: saved checkpoint at step {step}")
-                self.progress.write(step=step, checkpoint_step=step)
+                self._save(step, wait=step == steps)  # the last one is on disk before the exit
             # After the save: an evaluation that fails loses no training.
             if self._evaluates_at(step):
                 self._evaluate(step)
@@ -526,9 +599,21 @@ class Loop:
             if step < steps and self.preemption.agreed_at(step):
                 self._stop(step)
         self.summaries.close()
+        self.saver.close()
         self.progress.write(step=steps)
         log(f"worker: finished at step {steps}")
         return steps
+
+    def _save(self, step: int, *, wait: bool) -> None:
+        """A checkpoint, its blocked seconds added to the progress file's (goodput)."""
+        started = time.perf_counter()
+        self.saver.save(step, wait=wait)
+        blocked = time.perf_counter() - started
+        log(f"worker: saved checkpoint at step {step} (blocked {blocked:.3f} s)")
+        self.progress.add_seconds(CHECKPOINT_SECONDS, blocked, step=step)
+
+    def _written(self, step: int) -> None:
+        self.progress.write(checkpoint_step=step)
 
     def _call_end(self, step: int, start_step: int) -> int:
         config = self.config
@@ -555,15 +640,20 @@ class Loop:
             f"seconds {time.perf_counter() - started:.1f}"
         )
         self.summaries.scalars(step, {"val_loss": result.loss, "val_accuracy": result.accuracy})
-        self.progress.write(val_loss=result.loss, val_accuracy=result.accuracy, eval_step=step)
+        self.progress.add_seconds(EVAL_SECONDS, time.perf_counter() - started,
+                                  val_loss=result.loss, val_accuracy=result.accuracy,
+                                  eval_step=step)  # fmt: skip
         # The evaluation's time is not the steps': start the next rate window afresh.
         self._restart_window(step)
         return result
 
     def _stop(self, step: int) -> None:
         """Every worker gets here at the same step: the save is collective like the others."""
+        started = time.perf_counter()
         if self.saver.saved_step != step:
-            self.saver.save(step)
+            self.saver.save(step, wait=True)  # the preemption's save is on disk before the exit
+        self.saver.close()  # an earlier one written in the background too
+        self.progress.add_seconds(CHECKPOINT_SECONDS, time.perf_counter() - started)
         log(f"worker: preempted: saved checkpoint at step {step}")
         self.summaries.close()
         self.progress.write(step=step, checkpoint_step=step, preempted=True)
@@ -648,7 +738,15 @@ def write_start(
         val_loss=None,
         val_accuracy=None,
         eval_step=None,
-        **{STEP_CALL_SECONDS: None, STEP_SECONDS: None},
+        # Goodput: the built-in loop measures both (0 so far), a script may not (unknown).
+        **{
+            STEP_CALL_SECONDS: None,
+            STEP_SECONDS: None,
+            FIRST_STEP_AT: None,
+            CHECKPOINT_AT: None,
+            CHECKPOINT_SECONDS: 0.0,
+            EVAL_SECONDS: 0.0,
+        },
     )
 
 

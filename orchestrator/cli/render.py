@@ -128,6 +128,23 @@ def standby_lines(standbys: dict[str, StandbyInfo]) -> list[str]:
     return [printable(line) for line in lines]
 
 
+def kept_warm(standbys: dict[str, StandbyInfo]) -> str | None:
+    """What the end of `up` leaves running: "2 standbys of worker-0, worker-1 kept warm for
+    the next `up` (1.2 GiB, 5m00s; `orchestrate down` frees them)"; None when none lingers."""
+    lingering = {name: s for name, s in standbys.items() if s.lingering}
+    if not lingering:
+        return None
+    count = len(lingering)
+    memory = sum(s.rss_bytes or 0 for s in lingering.values())
+    left = max((s.left_s for s in lingering.values() if s.left_s is not None), default=None)
+    amount = f"{memory / 2**30:.1f} GiB" if memory >= 2**30 else size(memory)
+    plural = "s" if count > 1 else ""
+    return printable(
+        f"{count} standby{plural} of {', '.join(lingering)} kept warm for the next `up` "
+        f"({amount}, {duration(left)}; `orchestrate down` frees them)"
+    )
+
+
 def problems(status: RunStatus) -> list[str]:
     """One line per worker that failed or could not be asked, with why and what to do; and
     each worker's note (a checkpoint fallback)."""

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 import click
@@ -36,8 +36,9 @@ from orchestrator.cli.preflight import (
     run_checks,
     show_findings,
 )
-from orchestrator.cli.render import duration, problems, progress_line, status_table
+from orchestrator.cli.render import duration, kept_warm, problems, progress_line, status_table
 from orchestrator.engine.control import stop_everything, watch
+from orchestrator.engine.goodput import run_account, summary
 from orchestrator.engine.lifecycle import (
     DEFAULT_GRACE,
     StopReport,
@@ -61,7 +62,14 @@ from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.engine.supervise import STANDBY_SLACK, Supervisor
-from orchestrator.errors import MissingTool, PartialFailure, QueueWithdrawn, RunStateError
+from orchestrator.errors import (
+    JobFailed,
+    MissingTool,
+    OrchestrateError,
+    PartialFailure,
+    QueueWithdrawn,
+    RunStateError,
+)
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.printable import printable
 from orchestrator.model.records import RunRecord
@@ -235,8 +243,8 @@ def start_and_supervise(
             run_id = new_run_id()
             # The run's leases (port: auto, gpus: N) first: the checks check the leased ports.
             with ExitStack() as held:
-                if queue:  # its turn first: then held_leases keeps what its keepers hold
-                    _wait_in_queue(context, inventory, run_id, backend)
+                # Its turn first (then held_leases keeps what its keepers hold); goodput's queue.
+                queued = _wait_in_queue(context, inventory, run_id, backend) if queue else 0.0
                 leased = held.enter_context(held_leases(inventory, run_id, backend, _say))
                 measured = not skip_checks and leased.perf_check
                 if measured:  # the standbys' TensorFlow import would slow the compute probes
@@ -254,6 +262,7 @@ def start_and_supervise(
                     force_setup=force_setup,
                     prepared=prepared,
                     run_id=run_id,
+                    queue_seconds=queued,
                 )
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
         if with_dashboard:
@@ -271,8 +280,10 @@ def start_and_supervise(
 QUEUE_REPORT_EVERY = 30.0  # seconds between two "still queued" lines while nothing changes
 
 
-def _wait_in_queue(context: Context, inventory: Inventory, run_id: str, backend: Backend) -> None:
-    """Wait for the run's turn, saying why while it waits; Ctrl-C (or `down`) withdraws it."""
+def _wait_in_queue(context: Context, inventory: Inventory, run_id: str, backend: Backend) -> float:
+    """Wait for the run's turn, saying why while it waits; Ctrl-C (or `down`) withdraws it.
+    The seconds it waited (the run's goodput counts them as queue)."""
+    started = time.time()
     said: list[tuple[str, float]] = []  # the last reason said, and when
     events = RunEvents(context.store, RunRecord(run_id, inventory, time.time()), _say)
 
@@ -297,6 +308,7 @@ def _wait_in_queue(context: Context, inventory: Inventory, run_id: str, backend:
         events.close()
     if said:
         _say(f"run {run_id}: its turn; starting")
+    return time.time() - started
 
 
 def _announce(inventory: Inventory, source: str, secrets: Mapping[str, str]) -> None:
@@ -382,12 +394,35 @@ def _supervise_here(store: RunStore, backend: Backend, record: RunRecord, interv
     try:
         with _view() as (show, say):
             supervisor = Supervisor(store, backend, record, show=show, say=say, interval=interval)
-            final = supervisor.run()
+            try:
+                final = supervisor.run()
+            except JobFailed:
+                with suppress(OrchestrateError):  # the failure is what the user must see
+                    _epilogue(store.load(record.run_id), supervisor.last_status, backend)
+                raise
     except KeyboardInterrupt:
         raise StoppedWatching() from None
     finally:
         lock.release()
-    _finish(final, store.load(record.run_id))
+    ended = store.load(record.run_id)
+    _epilogue(ended, final, backend)
+    _finish(final, ended)
+
+
+def _epilogue(record: RunRecord, final: RunStatus | None, backend: Backend) -> None:
+    """The run's goodput, and what it leaves running: its standbys kept warm (the hosts'
+    own listing; a host not answering lists none)."""
+    errors.print(summary(run_account(record, final, time.time())), markup=False,
+                 highlight=False)  # fmt: skip
+    if backend.keeper is None:  # a backend that keeps no standbys (Slurm)
+        return
+    try:
+        standbys = {n: s for n, s in backend.keeper.standbys(record.workers).ok.items() if s}
+    except OrchestrateError:
+        return
+    warm = kept_warm(standbys)
+    if warm:
+        errors.print(warm, markup=False, highlight=False)
 
 
 def _finish(final: RunStatus, record: RunRecord) -> None:

@@ -23,6 +23,7 @@ from orchestrator.cli.app import (
 )
 from orchestrator.cli.render import problems, standby_lines, status_table
 from orchestrator.engine.exports import export_is_remote, local_export, pull_export
+from orchestrator.engine.goodput import run_account, summary
 from orchestrator.engine.hangs import collect
 from orchestrator.engine.loggroups import WINDOW, Grouper, Line, label, merge
 from orchestrator.engine.logs import follow, follow_timed, last_lines, select_workers
@@ -62,12 +63,15 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
         # The slots' standbys, from the hosts' own listing (a host not answering lists none).
         kept = backend.keeper.standbys(record.workers).ok if backend.keeper else {}
         standbys = {n: s for n, s in kept.items() if s}
+    account = run_account(record, result, time.time())
     if as_json:
         data = result.to_json()
         data["standbys"] = [s.to_json() for s in standbys.values()]
+        data["goodput"] = account.to_json()
         click.echo(strict_json(data, indent=2))
     else:
         console.print(status_table(result))
+        console.print(summary(account), markup=False, highlight=False)
         for line in standby_lines(standbys):
             console.print(line, style="dim", markup=False, highlight=False)
         for line in problems(result):

@@ -168,6 +168,10 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
     Key("seed", "integer, at least 0", "",
         "seeds the initial weights (Python, NumPy, TensorFlow, Keras): two runs with the same "
         "seed and settings train alike", integer(0)),
+    Key("async_checkpoints", "boolean", "`true`",
+        "the built-in loop's checkpoint saves return once the values are copied, and "
+        "TensorFlow writes the files in the background (its async checkpoint); the last save "
+        "and a preemption's always block. `false`: every save blocks the step loop", boolean),
     Key("queue", "boolean", "`false`",
         "when another job holds (or an earlier queued job waits for) a port or GPU this job "
         "leases, wait for it as `pending` instead of failing, in the order of arrival, and "
@@ -381,7 +385,15 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
                     "GPU memory settings apply to the built-in loop (job.task); "
                     "a script sets them itself",
                 )
-        for key in ("strategy", "profile_steps", "eval_every", "export", "steps_per_call", "seed"):
+        for key in (
+            "strategy",
+            "profile_steps",
+            "eval_every",
+            "export",
+            "steps_per_call",
+            "seed",
+            "async_checkpoints",
+        ):
             if key in block and not (key == "strategy" and job.strategy == STRATEGY_PS):
                 report.add(line_of(block, key), f"job.{key}", "applies to job.task only")
 

@@ -115,7 +115,13 @@ class _Handlers:
         if isinstance(watch, Response):
             return watch
         document = await to_thread.run_sync(watch.document)
-        return JSONResponse(document.get("status") or {"error": document.get("error")})
+        status = document.get("status")
+        if not status:
+            return JSONResponse({"error": document.get("error")})
+        # As `status --json` has it: the run's goodput account (the page's line and bar aside).
+        account = {k: v for k, v in (document.get("goodput") or {}).items()
+                   if k not in ("line", "bar")}  # fmt: skip
+        return JSONResponse({**status, "goodput": account})
 
     async def dashboard(self, request: Request) -> Response:
         watch = self._watched(request)

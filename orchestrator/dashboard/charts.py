@@ -215,3 +215,54 @@ def _attempt_lines(scale: _Scale, series: Sequence[Series]) -> list[str]:
             for s, v in dotted
         )
     return parts
+
+
+# The goodput bar's colours, one per part (engine/goodput.PARTS): training green, the rest
+# the colours of what went wrong or waited.
+PART_COLOURS = {"productive": "#34d399", "startup": "#38bdf8", "checkpoint": "#a78bfa",
+                "evaluation": "#818cf8", "lost": "#f87171", "restart": "#fb923c",
+                "stall": "#fbbf24", "queue": "#94a3b8", "shutdown": "#64748b",
+                "unknown": "#475569"}  # fmt: skip
+BAR_W, BAR_H = 560, 44
+
+
+def stacked_bar(title: str, parts: Sequence[tuple[str, str, float]], empty: str = "") -> str:
+    """A horizontal bar of the whole time, one segment per part (`parts`: name, label,
+    seconds), widths in proportion; each segment says its label, share and time on hover,
+    and a legend names the parts of half a percent or more."""
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {BAR_W} {BAR_H}" '
+        f'class="chart goodput-bar" role="img" aria-label="{escape(title)}">'
+    )
+    shown = [(n, label, s) for n, label, s in parts if math.isfinite(s) and s > 0]
+    total = sum(seconds for _, _, seconds in shown)
+    if total <= 0:
+        note = escape(empty or "no data yet")
+        return f'{head}<text x="0" y="20" class="axis">{note}</text></svg>'
+    out, x, legend_x = [head], 0.0, 0.0
+    for name, label, seconds in shown:
+        share = seconds / total
+        colour = PART_COLOURS.get(name, "#475569")
+        out.append(
+            _segment(name, x, share, colour, f"{label} {share * 100:.1f} % ({seconds:.1f} s)")
+        )
+        x += BAR_W * share
+        if share >= 0.005 and legend_x < BAR_W - 60:
+            short = f"{label} {share * 100:.0f} %"
+            out.append(_legend(legend_x, colour, short))
+            legend_x += 14 + 6.2 * len(short)
+    return "".join([*out, "</svg>"])
+
+
+def _segment(name: str, x: float, share: float, colour: str, text: str) -> str:
+    return (
+        f'<rect x="{x:.2f}" y="2" width="{BAR_W * share:.2f}" height="18" fill="{colour}" '
+        f'data-part="{escape(name)}" data-share="{share:.4f}"><title>{escape(text)}</title></rect>'
+    )
+
+
+def _legend(x: float, colour: str, text: str) -> str:
+    return (
+        f'<rect x="{x:.0f}" y="30" width="8" height="8" fill="{colour}"/>'
+        f'<text x="{x + 11:.0f}" y="38" class="axis">{escape(text)}</text>'
+    )

@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator.contract import HISTORY_FILE
-from orchestrator.dashboard.charts import Marker, Series, line_chart
+from orchestrator.dashboard.charts import Marker, Series, line_chart, stacked_bar
+from orchestrator.engine.goodput import LABELS, PARTS, run_account, summary
 from orchestrator.engine.policy import first_failure
 from orchestrator.engine.roles import labelled
 from orchestrator.engine.snapshot import Snapshot
@@ -143,6 +144,20 @@ def charts(record: RunRecord, history: Mapping[int, Sequence[Mapping[str, Any]]]
     }
 
 
+def goodput(record: RunRecord, status: RunStatus | None, now: float) -> dict[str, Any]:
+    """The run's goodput (engine/goodput.py): the account, its one line and its stacked bar."""
+    account = run_account(record, status, now)
+    cluster = account.cluster
+    parts = [(name, LABELS[name], cluster.part(name)) for name in PARTS]
+    return {
+        **account.to_json(),
+        "line": summary(account),
+        "bar": stacked_bar(
+            "goodput: where the machines' time went", parts, "no time to account yet"
+        ),
+    }
+
+
 def unreadable_summary(run_id: str, why: str, current: str | None) -> dict[str, Any]:
     """The earlier-runs line of a run whose record cannot be read: named, with why."""
     return {
@@ -153,6 +168,7 @@ def unreadable_summary(run_id: str, why: str, current: str | None) -> dict[str, 
         "restarts": None,
         "state": None,
         "outcome": None,
+        "goodput": None,
         "current": run_id == current,
         "unreadable": why,
     }
@@ -171,5 +187,11 @@ def run_summary(
         "restarts": len(record.restarts),
         "state": snapshot.status.state.value if snapshot else None,
         "outcome": record.outcome,
+        # As of its last snapshot (a run that ended: its record's closed attempts).
+        "goodput": run_account(
+            record,
+            snapshot.status if snapshot else None,
+            snapshot.written_at if snapshot else record.created_at,
+        ).cluster.goodput,
         "current": record.run_id == current,
     }

@@ -46,8 +46,10 @@ def run_event(
     hint: str | None = None,
     restarts: int | None = None,
     dashboard: str | None = None,
+    goodput: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The event `name` of a run, as its status last said (None: nothing known yet)."""
+    """The event `name` of a run, as its status last said (None: nothing known yet);
+    `goodput`: the run's account (engine/goodput.py's to_json) at its end."""
     workers = status.workers if status else ()
     steps = [w.step for w in workers if w.step is not None]
     targets = [w.target_steps for w in workers if w.target_steps]
@@ -67,6 +69,8 @@ def run_event(
         "at": at,
         "id": event_id,
     }
+    if goodput is not None:
+        event["goodput"] = dict(goodput)
     event["text"] = event_text(event)
     return event
 
@@ -90,6 +94,9 @@ def event_text(event: Mapping[str, Any]) -> str:
         progress.append(f"ETA {duration(float(event['eta_seconds']))}")
     if event.get("restarts") and name != "restarting":
         progress.append(f"{event['restarts']} restart(s)")
+    share = (event.get("goodput") or {}).get("goodput")
+    if isinstance(share, int | float):
+        progress.append(f"goodput {share * 100:.0f} %")
     if progress:
         line = ", ".join(progress)
         parts.append(line[0].upper() + line[1:])

@@ -95,6 +95,8 @@ def eval_export_flags(job: Job, job_directory: str) -> tuple[str, ...]:
         flags += ["--steps-per-call", str(job.steps_per_call)]
     if job.seed is not None:
         flags += ["--seed", str(job.seed)]
+    if not job.async_checkpoints:
+        flags += ["--sync-checkpoints"]
     if job.export:
         flags += ["--export", job.export, "--export-dir", export_dir(job_directory)]
     return tuple(flags)

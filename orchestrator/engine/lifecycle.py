@@ -20,7 +20,7 @@ from orchestrator.errors import HostErrors, OrchestrateError
 from orchestrator.fanout import GroupResult
 from orchestrator.model.answers import BY_DOWN, StopAnswer
 from orchestrator.model.inventory import Inventory
-from orchestrator.model.records import RunRecord, WorkerRecord
+from orchestrator.model.records import Attempt, RunRecord, WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec, job_dir_of_run
 
 DEFAULT_GRACE = 10.0
@@ -37,10 +37,12 @@ def start_run(
     force_setup: bool = False,
     prepared: bool = False,
     run_id: str | None = None,
+    queue_seconds: float = 0.0,
 ) -> RunRecord:
     """Record a new run and start its first attempt (`prepared`: hostprep ran already; `run_id`:
-    the one first_standbys started the standbys for)."""
-    record = RunRecord(run_id=run_id or new_run_id(), inventory=inventory, created_at=time.time())
+    the one first_standbys started the standbys for; `queue_seconds`: `up --queue`'s wait)."""
+    record = RunRecord(run_id=run_id or new_run_id(), inventory=inventory, created_at=time.time(),
+                       queue_seconds=queue_seconds)  # fmt: skip
     return launch_attempt(record, store, backend, say, force_setup=force_setup, prepared=prepared)
 
 
@@ -75,7 +77,8 @@ def launch_attempt(
         size = f"{spread.size_bytes / 2**20:.1f} MiB"
         origin = " (from this machine's copy)" if spread.source == "mirror" else ""
         say(f"resuming from checkpoint {spread.name}{origin} ({size}), {copied}")
-    record = replace(record, workers=tuple(_record(spec) for spec in specs), launched=False)
+    record = replace(record, workers=tuple(_record(spec) for spec in specs), launched=False,
+                     attempts=_launched(record.attempts, record.attempt))  # fmt: skip
     store.save(record)  # before launching: a half-started run can still be found and stopped
     started = backend.start(specs)
     for job in dict.fromkeys(s.job_id for s in started.ok.values() if s.job_id is not None):
@@ -107,6 +110,11 @@ def start_alone(record: RunRecord, backend: Backend, index: int, alone: int) -> 
     workers = list(record.workers)
     workers[index] = _started(_record(spec), started)
     return replace(record, workers=tuple(workers))
+
+
+def _launched(attempts: tuple[Attempt, ...], number: int) -> tuple[Attempt, ...]:
+    """Goodput's record of the attempt's launch (a half-launched one started afresh: again)."""
+    return (*(a for a in attempts if a.number != number), Attempt(number, time.time()))
 
 
 def _started(worker: WorkerRecord, started: Mapping[str, Started]) -> WorkerRecord:

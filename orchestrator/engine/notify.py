@@ -38,11 +38,12 @@ from orchestrator.engine.events import (
     wants,
 )
 from orchestrator.engine.failures import Failure, FailureKind
+from orchestrator.engine.goodput import run_account
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.snapshot import read_snapshot
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus
-from orchestrator.errors import JobFailed, SecretMissing
+from orchestrator.errors import JobFailed, OrchestrateError, SecretMissing
 from orchestrator.model.inventory import NotifyTarget
 from orchestrator.model.printable import printable
 from orchestrator.model.records import Restart, RunRecord
@@ -436,12 +437,21 @@ class RunEvents:
             dashboard = dashboard_address(log.read_text(encoding="utf-8", errors="replace"))
         except OSError:
             dashboard = None
+        ended = name in ("succeeded", "failed")
         self.notifier.emit(run_event(
             name, job=self.record.job_name, run_id=self.record.run_id, status=self.status,
             at=time.time(), event_id=uuid.uuid4().hex, root_cause=cause, hint=hint,
             restarts=restarts,
-            dashboard=dashboard,
+            dashboard=dashboard, goodput=self._goodput() if ended else None,
         ))  # fmt: skip
+
+    def _goodput(self) -> dict[str, Any]:
+        """The run's account at its end, from its record as the supervisor last saved it."""
+        try:
+            record = self.store.load(self.record.run_id)
+        except OrchestrateError:
+            record = self.record
+        return run_account(record, self.status, time.time()).to_json()
 
     def _claimed(self, key: str) -> bool:
         try:

@@ -6,7 +6,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.backends.base import Backend
-from orchestrator.contract import STEP_CALL_SECONDS, STEP_SECONDS
+from orchestrator.contract import (
+    CHECKPOINT_AT,
+    CHECKPOINT_SECONDS,
+    EVAL_SECONDS,
+    FIRST_STEP_AT,
+    STEP_CALL_SECONDS,
+    STEP_SECONDS,
+)
 from orchestrator.engine.eta import run_eta, worker_eta
 from orchestrator.engine.failures import classify_exit, explain
 from orchestrator.engine.pace import pace_outlier
@@ -69,6 +76,15 @@ class WorkerStatus:
     # Its earlier exits this attempt, each followed by a start again in place by its launcher
     # (Slurm: a ParameterServerStrategy worker, the evaluator); the supervisor records them.
     restarted: tuple[Restart, ...] = ()
+    # Goodput's inputs (engine/goodput.py): its process's start, its first step past
+    # start_step, its last progress write, and the loop's seconds blocked in saves and
+    # evaluations (None where the worker does not say).
+    started_at: float | None = None
+    first_step_at: float | None = None
+    reported_at: float | None = None
+    checkpoint_at: float | None = None
+    checkpoint_seconds: float | None = None
+    eval_seconds: float | None = None
 
     @property
     def stepped(self) -> bool:
@@ -129,6 +145,12 @@ class WorkerStatus:
             step_call_seconds=number_as_written(data.get("step_call_seconds")),
             step_seconds=number_as_written(data.get("step_seconds")),
             role=text(data.get("role")) or ROLE_WORKER,
+            started_at=number_as_written(data.get("started_at")),
+            first_step_at=number_as_written(data.get("first_step_at")),
+            reported_at=number_as_written(data.get("reported_at")),
+            checkpoint_at=number_as_written(data.get("checkpoint_at")),
+            checkpoint_seconds=number_as_written(data.get("checkpoint_seconds")),
+            eval_seconds=number_as_written(data.get("eval_seconds")),
         )
 
 
@@ -262,6 +284,12 @@ def worker_status(
         step_call_seconds=number(progress.fields.get(STEP_CALL_SECONDS)) if progress else None,
         step_seconds=number(progress.fields.get(STEP_SECONDS)) if progress else None,
         role=worker.host.role,
+        started_at=started,
+        first_step_at=number(progress.fields.get(FIRST_STEP_AT)) if progress else None,
+        reported_at=number(progress.fields.get("time")) if progress else None,
+        checkpoint_at=number(progress.fields.get(CHECKPOINT_AT)) if progress else None,
+        checkpoint_seconds=number(progress.fields.get(CHECKPOINT_SECONDS)) if progress else None,
+        eval_seconds=number(progress.fields.get(EVAL_SECONDS)) if progress else None,
     )
 
 

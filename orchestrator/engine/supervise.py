@@ -28,6 +28,7 @@ from orchestrator.engine.failures import (
     early_exit,
     explain,
 )
+from orchestrator.engine.goodput import closed
 from orchestrator.engine.hangs import at_stall
 from orchestrator.engine.lifecycle import (
     end_standbys,
@@ -96,6 +97,7 @@ class Supervisor:
         self._standbys_for = -1  # the attempt whose slots last got standbys
         self._answered = ""  # the id of the last stop request this supervisor carried out
         self._consequence_seen: float | None = None  # when a peer-lost failure was first seen
+        self._status: RunStatus | None = None  # the latest poll's
         self.linger = linger_seconds(record.inventory.job, os.environ)
         self.events = RunEvents(store, record, say)  # notify: targets, told in the background
         # what the hosts' roles ask of the loop
@@ -128,6 +130,7 @@ class Supervisor:
             if not self.store.exists(self.record.run_id):
                 raise RunStateError(f"the record of run {self.record.run_id} was removed")
             status = collect_status(self.record, self.backend)
+            self._status = status  # goodput: the attempt's spans as it ends (_close_attempt)
             self.events.seen(status)
             self.show(status)
             write_snapshot(self.store, status)  # the dashboard serves this; no second probe
@@ -135,14 +138,18 @@ class Supervisor:
             if status.state is WorkerState.STOPPED and not stopping:
                 preempted = preemption(status) if self.backend.resubmits_preempted else None
                 if preempted is not None:
+                    self._close_attempt("preempted")
                     self._recover(preempted)
                     continue
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
+                ended = "finished" if status.state is WorkerState.SUCCEEDED else "stopped"
+                self._close_attempt("preempted" if preemption(status) else ended)
                 self.events.ended(status, stopping)
                 return status
             if stopping:
                 # `down` is stopping the run: what ends now is no failure to recover from.
                 if status.state.finished:
+                    self._close_attempt("stopped")
                     return status
                 if self._stop_as_asked():
                     continue
@@ -166,6 +173,7 @@ class Supervisor:
             if failure is not None:
                 done = [w.name for w in status.workers if w.state is WorkerState.SUCCEEDED]
                 failure = early_exit(failure, done)
+                self._close_attempt(failure.kind.value)  # at the verdict, before the stop
                 self._recover(failure)
             else:
                 self._start_standbys(status)
@@ -295,6 +303,22 @@ class Supervisor:
             ) from error
         self.watch.reset()
         self.sidecar.reset()
+
+    @property
+    def last_status(self) -> RunStatus | None:
+        """The latest poll's status (the end of `up` accounts the run's goodput with it)."""
+        return self._status
+
+    def _close_attempt(self, kind: str) -> None:
+        """Goodput: keep the ended attempt's spans in the record (its workers' run directories
+        are the next attempt's no more), with how it ended (goodput's words)."""
+        attempts = self.record.attempts
+        if self._status is None or not attempts or attempts[-1].end is not None:
+            return
+        end = kind if kind in ("finished", "stopped", "preempted", "stalled") else "crashed"
+        last = closed(attempts[-1], self._status, end, time.time())
+        self.record = replace(self.record, attempts=(*attempts[:-1], last))
+        self.store.save(self.record)
 
     def _mirror_new_checkpoint(self, status: RunStatus) -> None:
         """Keep a remote chief's newest checkpoint on this machine too: if its host is lost,

@@ -177,6 +177,9 @@ class Job:
     # Steps per tf.function call in the built-in loop; the intervals above must be multiples.
     steps_per_call: int = 1
     seed: int | None = None  # seeds the initial weights: runs with the same seed train alike
+    # The built-in loop's checkpoint writes in the background (the last save and a
+    # preemption's block): less time blocked in saves (goodput; bench/bench_goodput.py).
+    async_checkpoints: bool = True
     queue: bool = False  # `up` waits its turn for held leases instead of failing (engine/queue.py)
 
     @property

@@ -82,6 +82,47 @@ def alone_counts(alone: tuple[Restart, ...]) -> dict[str, int]:
 
 
 @dataclass(frozen=True)
+class WorkerSpan:
+    """One worker in one attempt, as a run's goodput (engine/goodput.py) needs it: from its
+    progress file and exit record, kept in the run record once the attempt ended (its run
+    directory is on its host; the next attempt has another). Times are the host's clock."""
+
+    name: str
+    role: str = "worker"
+    started_at: float | None = None  # its process started (a standby's: before the launch)
+    start_step: int | None = None  # the step it began at (a resume: the checkpoint's)
+    first_step_at: float | None = None  # its first step past start_step was done
+    step: int | None = None  # the last step it reported
+    reported_at: float | None = None  # when it last wrote its progress
+    checkpoint_step: int | None = None
+    checkpoint_at: float | None = None  # when it reported checkpoint_step
+    checkpoint_seconds: float | None = None  # the loop blocked in saves (None: not reported)
+    eval_seconds: float | None = None
+    finished_at: float | None = None  # its exit was recorded
+    failed: bool = False  # its exit was a failure (not a success, a stop or a preemption)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """When an attempt was launched and, once it ended, its workers' spans and the end (the
+    controller's clock: the failure's detection, or when the run was seen ended)."""
+
+    number: int
+    launched_at: float
+    workers: tuple[WorkerSpan, ...] = ()
+    ended_at: float | None = None
+    # How it ended, once it did: finished, stopped, preempted, stalled or crashed (any other
+    # failure); None while it runs.
+    end: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Attempt:
+        spans = tuple(WorkerSpan(**w) for w in data.get("workers", ()))
+        return cls(int(data["number"]), float(data["launched_at"]), spans,
+                   data.get("ended_at"), data.get("end"))  # fmt: skip
+
+
+@dataclass(frozen=True)
 class SchedulerState:
     """A scheduler's view of a run's current attempt, for status (Slurm: its batch job)."""
 
@@ -130,6 +171,10 @@ class RunRecord:
     # ParameterServerStrategy): why each was, in order; they spend job.max_worker_restarts,
     # never max_restarts.
     alone: tuple[Restart, ...] = ()
+    # Goodput's records (engine/goodput.py): each attempt's launch and, once it ended, its
+    # workers' spans; and how long `up --queue` waited for the leases before the run began.
+    attempts: tuple[Attempt, ...] = ()
+    queue_seconds: float = 0.0
 
     @property
     def job_name(self) -> str:
@@ -165,6 +210,7 @@ class RunRecord:
                 "dropped": tuple(host(h) for h in data.get("dropped", ())),
                 "scheduler_jobs": tuple(data.get("scheduler_jobs", ())),
                 "alone": tuple(Restart(**r) for r in data.get("alone", ())),
+                "attempts": tuple(Attempt.from_json(a) for a in data.get("attempts", ())),
             }
         )
 

@@ -137,6 +137,19 @@ def test_page_follows_training_and_a_restart(cli: Cli, reaper: list[str], browse
         )
         wait_for(lambda: count("#chart-loss polyline") >= 1, timeout=30, what="the loss curve")
         markers = count("#chart-loss .marker")
+        # Goodput's stacked bar: training and the restart's downtime among its segments, the
+        # shares adding up to the whole; its line names the restart; the runs table a figure.
+        wait_for(lambda: count("#goodput-bar rect[data-part='restart']") == 1, timeout=30,
+                 what="the restart's downtime in the goodput bar")  # fmt: skip
+        assert count("#goodput-bar rect[data-part='productive']") == 1
+        shares = driver.execute_script(
+            "return [...document.querySelectorAll('#goodput-bar rect[data-share]')]"
+            ".map((r) => Number(r.dataset.share));"
+        )
+        assert abs(sum(shares) - 1) < 0.01, shares
+        assert re.match(r"goodput \d+ %: .*lost to 1 restart", text("#goodput-line"))
+        wait_for(lambda: re.fullmatch(r"\d+ %", text("#runs tr.current td.goodput")),
+                 timeout=30, what="the run's goodput in the runs table")  # fmt: skip
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(ARTIFACTS / "dashboard.png"))
         assert markers, "the restart is marked on the loss curve"

@@ -5,6 +5,7 @@ the worker's log; `down` of a finished run leaves no process behind."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psutil
@@ -33,7 +34,7 @@ def up(cli: Cli, reaper: list[str], steps: int, **job: Any) -> dict[str, Any]:
     reaper.append(cli.record()["run_id"])
     assert result.returncode == 0, result.stderr
     assert f"succeeded at step {steps}" in result.stderr
-    return cli.status()
+    return {**cli.status(), "said": result.stderr}
 
 
 def logs(cli: Cli) -> str:
@@ -47,6 +48,11 @@ def test_the_next_up_takes_the_lingering_standbys_and_a_changed_env_starts_cold(
     # Listed by `status`, not as workers: one per slot, lingering, with its memory.
     lingering = {s["name"]: s for s in first["standbys"]}
     assert set(lingering) == {"chief", "other"}, first["standbys"]
+    # The end of `up` said so, and the run's goodput (issue 44), from the hosts' own listing.
+    warm = re.search(r"^2 standbys of chief, other kept warm for the next `up` \(([\d.]+ \w+), "
+                     r"(\w+); `orchestrate down` frees them\)$", first["said"], re.M)  # fmt: skip
+    assert warm, first["said"]
+    assert re.search(r"^goodput \d+ %: .*start-up \d+ %", first["said"], re.M), first["said"]
     assert all(s["lingering"] and s["run_id"] == first["run_id"] for s in lingering.values())
     assert all(0 < s["left_s"] <= 120 for s in lingering.values())
     assert all(s["rss_bytes"] > 50 << 20 for s in lingering.values())  # a Python, TF or soon

@@ -242,6 +242,26 @@ def test_tensorflow_worker_killed_mid_training_resumes_warm_to_exactly_the_targe
     restored = restored_steps(cli)
     assert restored and min(restored) >= seen[0]
     assert run_processes(run_id) == []
+    assert_goodput_sums(cli.record(), final["goodput"], err)
+
+
+def assert_goodput_sums(record: dict[str, Any], goodput: dict[str, Any], err: str) -> None:
+    """Goodput after the SIGKILL (engine/goodput.py): every worker's parts sum to its wall
+    time, from the first launch to its exit (within 2 %), the cluster's to theirs; training,
+    the restart's downtime and the work past the checkpoint are among them; `up` said so."""
+    first, last = record["attempts"][0], record["attempts"][-1]
+    assert [a["end"] for a in record["attempts"]] == ["crashed", "finished"]
+    for span in last["workers"]:
+        wall = span["finished_at"] - first["launched_at"]
+        account = goodput["workers"][span["name"]]
+        assert sum(account["seconds"].values()) == pytest.approx(account["total_seconds"])
+        assert account["total_seconds"] == pytest.approx(wall, rel=0.02)
+    seconds = goodput["seconds"]
+    assert sum(seconds.values()) == pytest.approx(goodput["total_seconds"])
+    assert all(seconds[part] > 0 for part in ("productive", "startup", "lost", "restart"))
+    assert seconds["checkpoint"] > 0 and seconds["unknown"] == 0
+    assert 0 < goodput["goodput"] < 1 and goodput["restarts"] == 1
+    assert "lost to 1 restart" in err and "goodput " in err
 
 
 def ready_standbys(cli: Cli, taken: set[int]) -> list[int] | None:

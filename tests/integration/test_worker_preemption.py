@@ -267,7 +267,8 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path, workers):
     checkpoints = run_dir / "checkpoints"
     flags = ("--steps", "100000", "--checkpoint-every", "5", "--batch-size", "8")
     worker = workers(run_dir, *flags, "--max-to-keep", "2", task=BIG)
-    wait_for_step([worker], 5)  # the progress file names step 5 once its checkpoint is saved
+    # The progress file names checkpoint 5 once it is on disk (written in the background).
+    wait_for(lambda: (worker.progress().get("checkpoint_step") or 0) >= 5, STARTUP_S, "ckpt 5")
     assert tf().train.latest_checkpoint(str(checkpoints)) is not None
 
     # Writing the 67 MB takes about 0.1 s here; a 1 ms poll and a SIGKILL land well inside it.

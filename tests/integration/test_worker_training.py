@@ -27,7 +27,8 @@ TASK = "worker.examples.shapes:task"
 PROGRESS_KEYS = {
     "step", "start_step", "target_steps", "loss", "accuracy", "checkpoint_step", "steps_per_sec",
     "time", "task_index", "num_workers", "devices", "num_replicas", "preempted", "val_loss",
-    "val_accuracy", "eval_step", "step_call_seconds", "step_seconds",
+    "val_accuracy", "eval_step", "step_call_seconds", "step_seconds", "first_step_at",
+    "checkpoint_seconds", "eval_seconds", "checkpoint_at",
 }  # fmt: skip
 TIMEOUT_S = 120
 STEP_LINE = re.compile(r"^step (\d+) loss ([\d.]+) accuracy ([\d.]+) steps/s ([\d.]+)$", re.M)
@@ -96,12 +97,20 @@ def test_one_worker_trains_resumes_and_stops_when_done(tmp_path):
     ]  # fmt: skip
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
+    # A resume from step 20's, written in the background (as if the run had been killed
+    # before step 30's): the state file names it.
+    for path in checkpoints.glob("ckpt-30.*"):
+        path.unlink()
+    (checkpoints / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-20"\nall_model_checkpoint_paths: "ckpt-10"\n'
+        'all_model_checkpoint_paths: "ckpt-20"\n'
+    )
     out = run_worker(run_dir, "--steps", "50", "--checkpoint-every", "10")
-    assert f"worker: restored checkpoint at step 30 from {checkpoints}" in out
-    assert [int(s) for s, *_ in STEP_LINE.findall(out)] == [40, 50]
+    assert f"worker: restored checkpoint at step 20 from {checkpoints}" in out
+    assert [int(s) for s, *_ in STEP_LINE.findall(out)] == [30, 40, 50]
     assert out.rstrip().endswith("worker: finished at step 50")
     progress = read_progress(run_dir)
-    assert (progress["start_step"], progress["step"], progress["checkpoint_step"]) == (30, 50, 50)
+    assert (progress["start_step"], progress["step"], progress["checkpoint_step"]) == (20, 50, 50)
     assert latest_checkpoint(checkpoints) == str(checkpoints / "ckpt-50")
 
     out = run_worker(run_dir, "--steps", "50")
@@ -109,6 +118,31 @@ def test_one_worker_trains_resumes_and_stops_when_done(tmp_path):
     assert "first step done" not in out
     progress = read_progress(run_dir)
     assert (progress["step"], progress["loss"], progress["checkpoint_step"]) == (50, None, 50)
+
+
+def test_an_async_written_checkpoint_holds_what_a_blocking_save_does(tmp_path):
+    # The same seeded run twice, its saves blocking (--sync-checkpoints) and written in the
+    # background (the default): the checkpoints of steps 10 and 20, written while training went
+    # on, hold the values of their step. (save_counter is TensorFlow's count of saves, which
+    # its async copy takes before counting; the loop numbers its checkpoints by step.)
+    tf = pytest.importorskip("tensorflow")
+    flags = ("--steps", "30", "--checkpoint-every", "10", "--seed", "7")
+    run_worker(tmp_path / "sync", *flags, "--sync-checkpoints")
+    out = run_worker(tmp_path / "async", *flags)
+    assert "worker: saved checkpoint at step 20 (blocked " in out
+    blocking, background = tmp_path / "sync" / "checkpoints", tmp_path / "async" / "checkpoints"
+    for step in (10, 20):
+        ours = tf.train.load_checkpoint(str(background / f"ckpt-{step}"))
+        theirs = tf.train.load_checkpoint(str(blocking / f"ckpt-{step}"))
+        names = set(theirs.get_variable_to_shape_map()) - {
+            "save_counter/.ATTRIBUTES/VARIABLE_VALUE", "_CHECKPOINTABLE_OBJECT_GRAPH"}  # fmt: skip
+        assert names <= set(ours.get_variable_to_shape_map()) and len(names) > 10
+        for name in names:
+            assert (ours.get_tensor(name) == theirs.get_tensor(name)).all(), (step, name)
+    progress = read_progress(tmp_path / "async")
+    assert progress["checkpoint_seconds"] > 0 and progress["eval_seconds"] > 0  # after step 30
+    assert progress["first_step_at"] <= progress["checkpoint_at"] <= progress["time"]
+    # A resume from one written in the background: test_one_worker_trains_resumes_and_stops.
 
 
 def start_cluster(tmp_path: Path, *flags: str, workers: int = 2) -> list[subprocess.Popen]:

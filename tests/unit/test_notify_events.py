@@ -31,6 +31,7 @@ from orchestrator.engine.events import (
     wants,
 )
 from orchestrator.engine.failures import Failure, FailureKind
+from orchestrator.engine.goodput import PARTS
 from orchestrator.engine.lifecycle import start_run
 from orchestrator.engine.notify import (
     NotDelivered,
@@ -285,6 +286,11 @@ def test_the_supervisor_tells_start_restart_with_its_cause_and_success(tmp_path:
     ]
     assert restarting["root_cause"].startswith("a at step 2: ") and restarting["restarts"] == 1
     assert restarting["hint"] and succeeded["restarts"] == 1 and succeeded["step"] == 5
+    # The run's goodput at its end (engine/goodput.py's account), in the payload; the start
+    # and the restart carry none. The fake reports steps but not when the first was made.
+    assert succeeded["goodput"]["restarts"] == 1 and "goodput" not in restarting
+    assert set(succeeded["goodput"]["seconds"]) == set(PARTS)
+    assert len(succeeded["goodput"]["attempts"]) == 2
     assert not [m for m in said if m.startswith("notify:")]
     # A supervisor taking the run over tells none of them again; `down` of a finished run neither.
     again = RunEvents(store, store.load(), said.append)

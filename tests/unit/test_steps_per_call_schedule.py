@@ -135,7 +135,7 @@ class Recorder(Collaborators):
         self.logs.append(sum(self.calls))
         return 1.0, None
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, *, wait: bool = False) -> None:
         self.saves.append(step)
         self.saved_step = step
 

@@ -30,10 +30,32 @@ def test_write_merges_fields_and_stamps_time(tmp_path):
     assert before <= first["time"] <= time.time()
     writer.write(step=10, loss=1.25)
     second = read(path)
-    # Fields not named keep their value; named ones change.
-    assert second == {**first, "step": 10, "loss": 1.25, "time": second["time"]}
+    # Fields not named keep their value; named ones change. The first step past 0 stamps
+    # first_step_at (goodput's end of start-up), once.
+    assert "first_step_at" not in first
+    assert second == {**first, "step": 10, "loss": 1.25, "time": second["time"],
+                      "first_step_at": second["time"]}  # fmt: skip
     assert second["time"] >= first["time"]
     assert writer.fields == second
+    writer.write(step=20)
+    assert read(path)["first_step_at"] == second["time"]
+
+
+def test_first_step_is_past_the_start_step_and_timed_blocks_add_up(tmp_path, monkeypatch):
+    path = tmp_path / "progress.json"
+    writer = ProgressWriter(str(path))
+    writer.write(step=300, start_step=300)  # a resume: its start is no step made
+    assert "first_step_at" not in read(path)
+    writer.write(step=301)
+    assert read(path)["first_step_at"] == read(path)["time"]
+    monkeypatch.setenv("ORCHESTRATE_PROGRESS_FILE", str(tmp_path / "script.json"))
+    for _ in range(2):
+        with progress.timed("checkpoint"):
+            time.sleep(0.01)
+    with progress.timed("evaluation"):
+        pass
+    script = read(tmp_path / "script.json")
+    assert script["checkpoint_seconds"] >= 0.02 and script["eval_seconds"] >= 0
 
 
 def test_no_path_writes_nothing_but_still_merges(tmp_path, monkeypatch):

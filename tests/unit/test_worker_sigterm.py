@@ -122,9 +122,12 @@ class FakeSaver(CheckpointSaver):
         self.saves: list[int] = []
         self.saved_step: int | None = None
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, *, wait: bool = False) -> None:
         self.saves.append(step)
         self.saved_step = step
+
+    def close(self) -> None:
+        pass
 
 
 class FakeSummaries(Summaries):

@@ -155,6 +155,7 @@ function renderRuns(doc) {
     el("td", {}, [el("a", { href: `/runs/${runPath(r.run_id)}`, text: r.run_id })]),
     el("td", { text: text(r.job) }), el("td", { text: clock(r.created_at) }),
     el("td", { text: text(r.workers) }), el("td", { text: text(r.restarts) }),
+    el("td", { class: "goodput", text: typeof r.goodput === "number" ? `${Math.round(r.goodput * 100)} %` : "-" }),
     el("td", {}, [r.state ? pill(r.state) : el("span", { class: "muted", text: "not recorded" })]),
     el("td", { text: r.unreadable ? `unreadable: ${r.unreadable}` : text(r.outcome, "") }),
   ])));
@@ -219,6 +220,9 @@ function render(doc) {
   if (board) tb.href = board; else tb.removeAttribute("href");
   renderSummary(doc);
   renderWorkers(doc);
+  // Server-rendered like the charts (dashboard/charts.py): escaped there, no host text raw.
+  $("goodput-bar").innerHTML = doc.goodput ? doc.goodput.bar : "";
+  $("goodput-line").textContent = doc.goodput ? doc.goodput.line : "";
   $("chart-loss").innerHTML = doc.charts.loss;
   $("chart-rate").innerHTML = doc.charts.steps_per_sec;
   $("chart-val-loss").innerHTML = doc.charts.val_loss;
