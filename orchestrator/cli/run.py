@@ -222,17 +222,7 @@ def start_and_supervise(
 ) -> None:
     """What `up` does with a loaded inventory (`orchestrate local` builds its own); `queue`:
     wait for held leases (engine/queue.py) instead of failing."""
-    secrets = secret_values(inventory.job.secret_env, os.environ, doing="'up'")  # before anything
-    linger_seconds(inventory.job, os.environ)  # a bad $ORCHESTRATE_LINGER: refused before too
-    inventory = with_warm_default(inventory, os.environ)
-    missing_notify_secrets(inventory.notify, os.environ, doing="'up'")
-    waiting = pending(context.store)
-    if waiting is not None:  # it holds the start lock while it waits
-        raise RunStateError(
-            f"run {waiting.run_id} of job {waiting.job} is queued in this state directory "
-            f"({waiting.reason})",
-            hint="'orchestrate down' withdraws it; or use another state directory (--state-dir)",
-        )
+    secrets, inventory = _ready_to_start(context, inventory)
     with open_backend(inventory) as backend:
         # Exclusive from the check for an active run through the launch, then released: a
         # second `up` waits for it, then finds this run active and refuses.
@@ -275,6 +265,24 @@ def start_and_supervise(
             )
             return
         _supervise_here(context.store, backend, record, interval)
+
+
+def _ready_to_start(context: Context, inventory: Inventory) -> tuple[dict[str, str], Inventory]:
+    """What `up` refuses before it touches a host (a missing secret, a bad environment
+    setting, a run queued in this state directory); the secrets' values and the inventory with
+    the environment's defaults."""
+    secrets = secret_values(inventory.job.secret_env, os.environ, doing="'up'")  # before anything
+    linger_seconds(inventory.job, os.environ)  # a bad $ORCHESTRATE_LINGER: refused before too
+    inventory = with_warm_default(inventory, os.environ)
+    missing_notify_secrets(inventory.notify, os.environ, doing="'up'")
+    waiting = pending(context.store)
+    if waiting is not None:  # it holds the start lock while it waits
+        raise RunStateError(
+            f"run {waiting.run_id} of job {waiting.job} is queued in this state directory "
+            f"({waiting.reason})",
+            hint="'orchestrate down' withdraws it; or use another state directory (--state-dir)",
+        )
+    return secrets, inventory
 
 
 QUEUE_REPORT_EVERY = 30.0  # seconds between two "still queued" lines while nothing changes

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import replace
+from typing import NoReturn
 
 from orchestrator.backends.base import Backend
 from orchestrator.engine import roles
@@ -242,6 +243,20 @@ class Supervisor:
             if answer not in ("started", "kept"):
                 self.say(f"no standby for {name} (its restart will start cold): {answer}")
 
+    def _give_up(
+        self, failure: Failure, restart: Restart, why: str, tail: tuple[str, ...], role: str
+    ) -> NoReturn:
+        """The run's end: its outcome (with the fix, where one is known) saved for `status` and
+        the dashboard, and JobFailed naming the root cause."""
+        outcome = f"gave up: {restart.describe()}; {why}"
+        advice = explain(failure.kind, tail)
+        if advice:  # `status` and the dashboard show the outcome: the fix goes with it
+            outcome += f". What to do: {advice}"
+        self.record = replace(self.record, outcome=outcome)
+        self.store.save(self.record)
+        raise JobFailed(give_up_message(failure, tail, why, len(self.record.restarts), role),
+                        hint="'orchestrate tail' shows every worker's log")  # fmt: skip
+
     def _recover(self, failure: Failure) -> None:
         job = self.record.inventory.job
         restarts = self.record.restarts
@@ -266,14 +281,7 @@ class Supervisor:
         )
         self.events.failure(failure, restart, why, explain(failure.kind, tail))
         if why:
-            outcome = f"gave up: {restart.describe()}; {why}"
-            advice = explain(failure.kind, tail)
-            if advice:  # `status` and the dashboard show the outcome: the fix goes with it
-                outcome += f". What to do: {advice}"
-            self.record = replace(self.record, outcome=outcome)
-            self.store.save(self.record)
-            raise JobFailed(give_up_message(failure, tail, why, len(restarts), role),
-                            hint="'orchestrate tail' shows every worker's log")  # fmt: skip
+            self._give_up(failure, restart, why, tail, role)
         spent = len(failed_restarts(restarts))
         if failure.kind is FailureKind.PREEMPTED:
             wait = 0.0
