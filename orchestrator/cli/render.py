@@ -138,6 +138,8 @@ def kept_warm(standbys: dict[str, StandbyInfo]) -> str | None:
     memory = sum(s.rss_bytes or 0 for s in lingering.values())
     left = max((s.left_s for s in lingering.values() if s.left_s is not None), default=None)
     amount = f"{memory / 2**30:.1f} GiB" if memory >= 2**30 else size(memory)
+    if not all(s.ready for s in lingering.values()):  # a fresh one grows to ~450 MiB here
+        amount += " so far, importing TensorFlow"
     plural = "s" if count > 1 else ""
     return printable(
         f"{count} standby{plural} of {', '.join(lingering)} kept warm for the next `up` "

@@ -319,8 +319,10 @@ def test_the_attempts_survive_the_record_file() -> None:
 
 
 def test_the_end_of_up_names_the_standbys_it_leaves_warm() -> None:
-    def standby(name: str, mib: int, left: float, lingering: bool = True) -> StandbyInfo:
-        return StandbyInfo(name, 1, 2, "r1", lingering, left, True, mib * 2**20)
+    def standby(
+        name: str, mib: int, left: float, lingering: bool = True, ready: bool = True
+    ) -> StandbyInfo:
+        return StandbyInfo(name, 1, 2, "r1", lingering, left, ready, mib * 2**20)
 
     warm = {"worker-0": standby("worker-0", 600, 299.5), "worker-1": standby("worker-1", 640, 300)}
     assert kept_warm(warm) == (
@@ -328,6 +330,10 @@ def test_the_end_of_up_names_the_standbys_it_leaves_warm() -> None:
         "`orchestrate down` frees them)"
     )
     assert kept_warm({"worker-0": standby("worker-0", 600, 10, lingering=False)}) is None
+    # Just started (the end of a short run): their memory is what they hold so far, not what
+    # they will hold once TensorFlow is imported.
+    fresh = {"worker-0": standby("worker-0", 25, 299, ready=False), "worker-1": warm["worker-1"]}
+    assert "(665 MiB so far, importing TensorFlow, 5m00s;" in str(kept_warm(fresh))
 
 
 def test_the_dashboard_gets_the_account_its_line_and_a_bar_of_the_parts() -> None:
