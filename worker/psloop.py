@@ -30,7 +30,6 @@ from worker.devices import configure_devices
 from worker.evaluation import Evaluator, has_integer_labels
 from worker.export import export_model
 from worker.output import log
-from worker.progress import ProgressWriter
 from worker.summaries import ProfileWindow, Summaries, current_learning_rate
 from worker.task import TrainingTask
 from worker.train import (
@@ -39,12 +38,10 @@ from worker.train import (
     Preemption,
     TrainState,
     Window,
-    build_state,
     gradient_step,
     remove_interrupted_saves,
-    restore,
+    resume_state,
     watch_sigterm,
-    write_start,
 )
 
 
@@ -134,14 +131,7 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
         import keras
 
         keras.utils.set_random_seed(config.seed)
-    dataset = task.dataset()
-    state = build_state(strategy, task, dataset.element_spec)
-    restored_step, note = restore(state, config.checkpoint_dir)
-    start_step = restored_step or 0
-    progress = ProgressWriter(config.progress_file)
-    write_start(progress, config, start_step, restored_step, strategy.num_replicas_in_sync)
-    if note:
-        progress.write(note=note)
+    dataset, state, progress, start_step = resume_state(strategy, task, config)
     if start_step >= config.steps:
         log(f"worker: already at step {start_step} >= {config.steps}, nothing to do")
         export(config, state)

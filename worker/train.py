@@ -750,6 +750,23 @@ def write_start(
     )
 
 
+def resume_state(
+    strategy: tf.distribute.Strategy, task: TrainingTask, config: WorkerConfig
+) -> tuple[tf.data.Dataset, TrainState, ProgressWriter, int]:
+    """The task's dataset and its model and optimizer under `strategy`, restored from the
+    latest checkpoint, and the progress file that says where training starts (every loop's
+    first steps, under any strategy)."""
+    dataset = task.dataset()
+    state = build_state(strategy, task, dataset.element_spec)
+    restored_step, note = restore(state, config.checkpoint_dir)
+    start_step = restored_step or 0
+    progress = ProgressWriter(config.progress_file)
+    write_start(progress, config, start_step, restored_step, strategy.num_replicas_in_sync)
+    if note:
+        progress.write(note=note)  # status shows it beside the worker
+    return dataset, state, progress, start_step
+
+
 def run(config: WorkerConfig, task: TrainingTask) -> int:
     """Trains task up to config.steps; returns the final step. Raises Preempted on SIGTERM."""
     configure_devices(config.devices)  # tf.config works only before the runtime starts
@@ -762,14 +779,7 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
 
         keras.utils.set_random_seed(config.seed)
     check_batch_split(config.batch_size, strategy.num_replicas_in_sync)
-    dataset = task.dataset()
-    state = build_state(strategy, task, dataset.element_spec)
-    restored_step, note = restore(state, config.checkpoint_dir)
-    start_step = restored_step or 0
-    progress = ProgressWriter(config.progress_file)
-    write_start(progress, config, start_step, restored_step, strategy.num_replicas_in_sync)
-    if note:
-        progress.write(note=note)  # status shows it beside the worker
+    dataset, state, progress, start_step = resume_state(strategy, task, config)
     if start_step >= config.steps:
         log(f"worker: already at step {start_step} >= {config.steps}, nothing to do")
         # Every worker takes this branch alike, so the export's collective save still matches.
