@@ -87,6 +87,8 @@ def test_roles_give_each_task_its_role_in_tensorflows_order_and_the_nodes(tmp_pa
         ("  roles: {worker: 0}\n", MWMS_JOB, "inv.yaml:2: slurm.roles: no task"),
         ("  nodes: 3\n  roles: {chief: 1, worker: 2, ps: 1}\n", PS_JOB,
          "inv.yaml:2: slurm.nodes: 3, but slurm.roles asks for 4 task(s), one per node"),
+        ("  nodes: 3\n  roles: {chief: 1, worker: 1}\n", PS_JOB,
+         "needs chief: 1, at least one ps and one worker; found 1 chief, 0 ps, 1 worker"),
         ("  nodes: 2\n", MWMS_JOB + "  max_worker_restarts: 2\n",
          "inv.yaml:7: job.max_worker_restarts: applies under job.strategy: parameter-server"),
         ("  roles: {chief: 1, worker: 1, ps: 1}\n", PS_JOB + "min_hosts: 2\n",

@@ -323,7 +323,10 @@ def check_slurm_roles(
     slurm, job_block = (document.get(key) for key in ("slurm", "job"))
     raw = slurm.get("roles") if isinstance(slurm, LineMap) else None
     roles: LineMap = raw if isinstance(raw, LineMap) else LineMap()
-    count = {role: sum(1 for p in placed if p[2].role == role) for role in ROLE_KEYS}
+    # Counted from the mapping, not the tasks: a block with another problem (nodes against
+    # roles) placed none, and "found 0 chief" would then contradict what the file says.
+    count = {role: _count(roles.get(role)) if isinstance(raw, LineMap)
+             else sum(1 for p in placed if p[2].role == role) for role in ROLE_KEYS}  # fmt: skip
     if job.strategy == STRATEGY_PS:
         if not isinstance(raw, LineMap):
             line = line_of(job_block, "strategy") if isinstance(job_block, LineMap) else None
@@ -343,6 +346,11 @@ def check_slurm_roles(
     if count[ROLE_EVALUATOR] and not count[ROLE_WORKER] + count[ROLE_CHIEF]:
         report.add(line_of(roles, ROLE_EVALUATOR), "slurm.roles.evaluator",
                    "an evaluator needs tasks that train: give workers a count")  # fmt: skip
+
+
+def _count(value: object) -> int:
+    """A role's count as slurm.roles gives it; 0 for what is no count (refused elsewhere)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def spec_from_json(data: Mapping[str, Any], settings: SettingsReader) -> SlurmSpec:
