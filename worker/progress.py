@@ -60,7 +60,7 @@ class ProgressWriter:
     def __init__(self, path: str | None) -> None:
         self.path = path
         self._fields: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # add_seconds holds it across its write
         self._history = History(history_path(path)) if path is not None else None
 
     @property
@@ -90,10 +90,10 @@ class ProgressWriter:
     def add_seconds(self, key: str, seconds: float, **fields: Any) -> None:
         """Adds `seconds` to the running sum under `key` (checkpoint_seconds, eval_seconds) and
         writes it with `fields`: one write, so the sum and the step it belongs to agree."""
-        with self._lock:
+        with self._lock:  # held across the write: two threads' sums never overwrite each other
             total = self._fields.get(key)
-        total = (total if isinstance(total, int | float) else 0.0) + max(0.0, seconds)
-        self.write(**fields, **{key: total})
+            total = (total if isinstance(total, int | float) else 0.0) + max(0.0, seconds)
+            self.write(**fields, **{key: total})
 
 
 def _stepped(fields: dict[str, Any]) -> bool:
@@ -176,12 +176,19 @@ def report(**fields: Any) -> None:
     Does nothing when the variable is unset, so a script runs the same with or without the
     controller.
     """
+    writer = _script_writer()
+    if writer is not None:
+        writer.write(**fields)
+
+
+def _script_writer() -> ProgressWriter | None:
+    """The process's writer of $ORCHESTRATE_PROGRESS_FILE (one per file, shared by report() and
+    timed()); None when the variable is unset."""
     path = os.environ.get(PROGRESS_FILE_ENV)
     if not path:
-        return
+        return None
     with _writers_lock:
-        writer = _writers.setdefault(path, ProgressWriter(path))
-    writer.write(**fields)
+        return _writers.setdefault(path, ProgressWriter(path))
 
 
 TIMED_KEYS = {"checkpoint": CHECKPOINT_SECONDS, "evaluation": EVAL_SECONDS}
@@ -197,10 +204,8 @@ def timed(kind: str) -> Iterator[None]:
     try:
         yield
     finally:
-        path = os.environ.get(PROGRESS_FILE_ENV)
-        if path:
-            with _writers_lock:
-                writer = _writers.setdefault(path, ProgressWriter(path))
+        writer = _script_writer()
+        if writer is not None:
             writer.add_seconds(key, time.monotonic() - started)
 
 
