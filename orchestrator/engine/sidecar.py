@@ -62,13 +62,18 @@ class Sidecar:
                 self.say(f"the evaluator {restart.worker} failed ({restart.reason}); its "
                          f"launcher started it again in place ({count})")  # fmt: skip
                 continue
-            record = replace(record, alone=(*record.alone, restart))
-            number = alone_counts(record.alone)[restart.worker]
-            line = restarted_alone(restart.worker, number,
-                                   record.inventory.job.max_worker_restarts)  # fmt: skip
-            self.say(f"{line}: {restart.describe()}")
-            self.told(line, restart)
+            record, _ = self._record_alone(record, restart)
         return record
+
+    def _record_alone(self, record: RunRecord, restart: Restart) -> tuple[RunRecord, int]:
+        """A worker's restart by itself, spent from its budget in the record, said and told;
+        the record, and which of the worker's restarts it is."""
+        record = replace(record, alone=(*record.alone, restart))
+        number = alone_counts(record.alone)[restart.worker]
+        line = restarted_alone(restart.worker, number, record.inventory.job.max_worker_restarts)
+        self.say(f"{line}: {restart.describe()}")
+        self.told(line, restart)
+        return record, number
 
     def _act(self, record: RunRecord, status: RunStatus) -> RunRecord | None:
         pairs = [(w.role, w.state) for w in status.workers]
@@ -105,11 +110,7 @@ class Sidecar:
         failure = worker_failure(worker)
         restart = Restart(time.time(), record.attempt, worker.name, failure.reason, worker.step,
                           failure.kind.value)  # fmt: skip
-        record = replace(record, alone=(*record.alone, restart))
-        number = alone_counts(record.alone)[worker.name]
-        line = restarted_alone(worker.name, number, record.inventory.job.max_worker_restarts)
-        self.say(f"{line}: {restart.describe()}")
-        self.told(line, restart)
+        record, number = self._record_alone(record, restart)
         try:
             return start_alone(record, self.backend, index, number)
         except OrchestrateError as error:
