@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import phase_log
 from tests.conftest import Cli, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,7 +140,8 @@ class DockerCluster:
 def docker_cluster() -> Iterator[DockerCluster]:
     already_running = bool(dockerd_pids())
     started = time.monotonic()
-    result = cluster_sh("up", "--stand-in-base")
+    with phase_log.phase("cluster", "Docker cluster up (waits for a build still running)"):
+        result = cluster_sh("up", "--stand-in-base")
     elapsed = time.monotonic() - started
     try:
         assert result.returncode == 0, result.stdout + result.stderr[-6000:]
