@@ -1,7 +1,8 @@
 """--steps-per-call K / job.steps_per_call: the call schedule, the checks, the flag, and the loop.
 
-The schedule and the checks are pure; the loop test drives worker.train.Loop with a fake train
-step that records each call's length (it needs TensorFlow only to import worker.train).
+The schedule and the checks are pure; the loop test drives worker.loop.Loop with a fake train
+step that records each call's length (it needs TensorFlow only to import worker.saver and
+worker.window).
 """
 
 from __future__ import annotations
@@ -161,14 +162,14 @@ class Recorder(Collaborators):
 @pytest.mark.tf
 def test_the_loop_runs_k_steps_per_call_and_acts_at_multiples_of_k() -> None:
     pytest.importorskip("tensorflow")
-    from worker import train
+    from worker.loop import Loop
 
     config = WorkerConfig(
         task=TASK, steps=95, checkpoint_dir="/nonexistent/c", tensorboard_dir="/nonexistent/t",
         checkpoint_every=40, log_every=20, steps_per_call=10, preemption_check_every=10,
     )  # fmt: skip
     fake = Recorder()
-    loop = train.Loop(
+    loop = Loop(
         config=config, train_step=fake.train_step, window=fake, saver=fake, summaries=fake,
         profile=fake, learning_rate=lambda: None, progress=ProgressWriter(None),
         with_accuracy=False, preemption=fake,
