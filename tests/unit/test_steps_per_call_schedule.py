@@ -105,13 +105,15 @@ def test_the_flag_reaches_the_worker_only_when_set() -> None:
 
 
 if TYPE_CHECKING:  # Recorder stands for these, and mypy holds it to their signatures
+    from worker.preemption import Preemption
+    from worker.saver import CheckpointSaver
     from worker.summaries import ProfileWindow, Summaries
-    from worker.train import CheckpointSaver, Preemption, Window
+    from worker.window import Window
 
     class Collaborators(Window, CheckpointSaver, Summaries, ProfileWindow, Preemption):
         def before_step(self, step: int | None = None) -> None: ...  # the profile's and the vote's
 
-else:  # importing worker.train imports TensorFlow, which only the tf-marked tests need
+else:  # importing the saver and the window imports TensorFlow, which only tf-marked tests need
     Collaborators = object
 
 
