@@ -71,8 +71,10 @@ class LineReader:
                     raise TimeoutError
                 chunk = self._recv(left)
             except TimeoutError as exc:
-                came = f"no whole answer ({searched} bytes of one came)" if searched else "no answer"
-                raise TimeoutError(f"{came} within {timeout:g} s") from exc
+                came = f"no whole answer ({searched} bytes of one came)"
+                raise TimeoutError(
+                    f"{came if searched else 'no answer'} within {timeout:g} s"
+                ) from exc
             self._ended = not chunk
             self._buffer += chunk
         cut = min(end + 1 if end >= 0 else len(self._buffer), limit)
