@@ -65,10 +65,18 @@ class YamlSyntaxError(ValueError):
         self.message = message
 
 
+DEPTH_CAP = 32  # levels of nested mappings and lists; an inventory nests about 5 deep
+VALUES_CAP = 200_000  # values a document holds with its aliases expanded (*name counts again)
+
+
 def parse(text: str) -> Any:
-    """Parse one YAML document into plain values, with LineMap / LineList for collections."""
+    """Parse one YAML document into plain values, with LineMap / LineList for collections.
+    A document nested deeper than DEPTH_CAP, or holding more than VALUES_CAP values once its
+    aliases are expanded (a "billion laughs"), or one that contains itself, is refused."""
     try:
-        return yaml.load(text, Loader=_LineLoader)
+        document = yaml.load(text, Loader=_LineLoader)
+    except RecursionError as exc:  # PyYAML's composer recurses once per level
+        raise YamlSyntaxError(None, f"nested deeper than {DEPTH_CAP} levels") from exc
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -76,3 +84,40 @@ def parse(text: str) -> Any:
         raise YamlSyntaxError(line, f"not valid YAML: {return_message}") from exc
     except yaml.YAMLError as exc:
         raise YamlSyntaxError(None, f"not valid YAML: {exc}") from exc
+    problem = _shape_problem(document)
+    if problem:
+        raise YamlSyntaxError(None, problem)
+    return document
+
+
+def _children(node: dict[Any, Any] | list[Any]) -> list[Any]:
+    return list(node.values()) if isinstance(node, dict) else node
+
+
+def _shape_problem(document: Any) -> str | None:
+    """What is wrong with the document's size or nesting, measured without expanding it: each
+    mapping or list once (an alias is the same object again), its expanded count summed."""
+    measured: dict[int, tuple[int, int]] = {}  # id -> (values once expanded, depth)
+    started: set[int] = set()
+    pending: list[tuple[Any, bool]] = [(document, False)]
+    while pending:
+        node, children_done = pending.pop()
+        if not isinstance(node, dict | list) or (id(node) in measured and not children_done):
+            continue
+        inner = [child for child in _children(node) if isinstance(child, dict | list)]
+        if children_done:
+            count = 1 + len(node) - len(inner) + sum(measured[id(c)][0] for c in inner)
+            depth = 1 + max((measured[id(c)][1] for c in inner), default=0)
+            if depth > DEPTH_CAP:
+                return f"nested deeper than {DEPTH_CAP} levels"
+            if count > VALUES_CAP:
+                return (f"holds more than {VALUES_CAP} values once its aliases (*name) are "
+                        "expanded: is it an inventory?")  # fmt: skip
+            measured[id(node)] = (count, depth)
+            continue
+        if id(node) in started:
+            return "a mapping or list that contains itself (through an alias)"
+        started.add(id(node))
+        pending.append((node, True))
+        pending.extend((child, False) for child in inner)
+    return None

@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from orchestrator.boundedread import ANSIBLE_FILE_CAP, ANSIBLE_FILES_CAP, check_tree
 from orchestrator.config.report import Report
 from orchestrator.config.sources.base import HostSource, Placed, RoleRule
 from orchestrator.config.sources.hosts import host_keys, parse_host
@@ -97,6 +98,16 @@ def _ansible_hosts(
     path = controller_path(values["inventory"], base)
     if not path.exists():
         report.add(where_line, "ansible.inventory", f"no such file or directory: {path}")
+        return []
+    # Ansible reads whatever it finds: a fifo blocks it, a device fills memory. Beside a file
+    # inventory it reads group_vars/ and host_vars/ too (a directory's own are inside it).
+    beside = () if path.is_dir() else (path.parent / "group_vars", path.parent / "host_vars")
+    try:
+        for tree in (path, *(found for found in beside if found.exists())):
+            check_tree(tree, ANSIBLE_FILE_CAP, ANSIBLE_FILES_CAP)
+    except OSError as exc:
+        report.add(where_line, "ansible.inventory",
+                   f"cannot read {exc.filename}: {exc.strerror or exc}")  # fmt: skip
         return []
     try:
         found = read_hosts(path, values["group"], values["port_var"])
