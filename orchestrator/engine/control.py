@@ -15,6 +15,7 @@ from orchestrator.engine.lifecycle import StopReport, stop_run
 from orchestrator.engine.locks import FileLock, SupervisorLock
 from orchestrator.engine.runstore import RunStore, StopRequest
 from orchestrator.engine.status import RunStatus, collect_status
+from orchestrator.errors import RecordDamaged
 from orchestrator.model.records import RunRecord
 
 WAKE_CHECK = 0.1  # seconds between looks at the stop flag while the supervisor waits
@@ -57,6 +58,26 @@ def stop_everything(store: RunStore, backend: Backend, run_id: str | None,
     elif backend.keeper is not None:  # a standby the supervisor started while the stop was
         backend.keeper.discard_standbys(newer.workers)  # on its way
     return newer, report
+
+
+def stop_unrecorded(store: RunStore, damaged: RecordDamaged, grace: float) -> StopReport:
+    """`down` of a run whose record cannot be read: its live supervisor holds the record it
+    started with and stops the workers over its own sessions. Without one that answers,
+    `damaged` again, saying so: where the workers are is written only in that record."""
+    run_id = damaged.run_id
+    request = store.request_stop(run_id, grace)  # the flag also keeps a new attempt from starting
+    lock = SupervisorLock(store.lock_path(run_id))
+    answer = _supervisor_stopped(store, run_id, request, lock) if lock.held_elsewhere() else None
+    if answer is None:
+        store.withdraw_stop_request(run_id)
+        raise RecordDamaged(
+            run_id,
+            damaged.message + "; no supervisor of the run answered, and only the record says "
+            "where its workers are",
+            hint="stop the run's workers on their hosts (each runs under a minder in its run "
+            "directory)",
+        )
+    return answer
 
 
 def _supervisor_stopped(store: RunStore, run_id: str, request: StopRequest,
