@@ -94,7 +94,7 @@ def test_exit_0_with_a_step_that_is_no_number_is_bad_progress_not_success() -> N
     for garbage in (float("nan"), "twelve", 10**400, -5):
         verdict = classify(probe(exit={"returncode": 0}, progress={"step": garbage, "loss": 1.0}))
         assert verdict.state is S.FAILED, garbage
-        assert verdict.kind is FailureKind.BAD_PROGRESS and "no step number" in verdict.reason
+        assert verdict.kind is FailureKind.BAD_PROGRESS and "no step number" in str(verdict.reason)
     nan_loss = classify(probe(exit={"returncode": 0}, progress={"step": 8, "loss": float("nan")}))
     assert nan_loss.state is S.SUCCEEDED  # how far it got is known; the loss is the script's
     assert classify(probe(exit={"returncode": 0}, progress={"loss": 1.0})).state is S.SUCCEEDED
