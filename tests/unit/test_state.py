@@ -98,3 +98,13 @@ def test_exit_0_with_a_step_that_is_no_number_is_bad_progress_not_success() -> N
     nan_loss = classify(probe(exit={"returncode": 0}, progress={"step": 8, "loss": float("nan")}))
     assert nan_loss.state is S.SUCCEEDED  # how far it got is known; the loss is the script's
     assert classify(probe(exit={"returncode": 0}, progress={"loss": 1.0})).state is S.SUCCEEDED
+
+
+def test_ps_and_workers_that_report_no_steps_serve_while_the_chief_trains() -> None:
+    from orchestrator.engine.roles import serving
+
+    pairs = [("chief", S.RUNNING), ("worker", S.STARTING), ("ps", S.STARTING),
+             ("evaluator", S.STARTING), ("worker", S.FAILED)]  # fmt: skip
+    assert serving(pairs) == [1, 2]
+    assert serving([("chief", S.STARTING), ("ps", S.STARTING)]) == []  # not before it trains
+    assert serving([("worker", S.RUNNING), ("worker", S.STARTING)]) == []  # MWMS: no chief
