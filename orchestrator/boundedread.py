@@ -25,6 +25,7 @@ INVENTORY_CAP = 1 * MIB  # an inventory of a thousand hosts is about 100 KiB
 ANSIBLE_FILE_CAP = 4 * MIB  # each file of an Ansible inventory, its group_vars and host_vars
 ANSIBLE_FILES_CAP = 1000  # files in an Ansible inventory directory, group_vars and host_vars
 RECORD_CAP = 64 * MIB  # a run record, its stop request, its pointer files
+SSH_FILE_CAP = 4 * MIB  # an ssh_key, ssh_known_hosts or ssh_config file the inventory names
 
 KINDS = (
     (stat.S_ISDIR, "a directory"),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.base import Backend
+from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.engine.lifecycle import StopReport, stop_run
 from orchestrator.engine.locks import FileLock, SupervisorLock
 from orchestrator.engine.runstore import RunStore, StopRequest
@@ -103,8 +104,8 @@ def _supervisor_stopped(store: RunStore, run_id: str, request: StopRequest,
 
 def _read_answer(path: Path, request: StopRequest) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_text(path, RECORD_CAP))
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) and data.get("request") == request.id else None
 

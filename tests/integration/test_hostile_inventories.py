@@ -160,3 +160,16 @@ def test_down_stops_live_workers_when_the_run_record_is_damaged(
     assert result.returncode == 0, output
     assert "its supervisor stopped it" in output, output
     assert run_processes(record["run_id"]) == [], "workers outlived 'down'"
+
+
+def test_an_ssh_key_that_is_a_fifo_is_refused_before_paramiko_reads_it(tmp_path: Path) -> None:
+    # paramiko reads a key file whole when it logs in: a fifo blocked the login for good.
+    os.mkfifo(tmp_path / "id_key")
+    (tmp_path / "inv.yaml").write_text(
+        "hosts: [{name: a, address: 10.9.9.9, port: 30000, ssh_key: id_key}]\n"
+        + HOST.split("\n")[1]
+    )
+    code, output = _capped(["hosts", "inv.yaml"], tmp_path)
+    assert "Traceback" not in output, output
+    assert code == 2, output
+    assert f"ssh_key: cannot read {tmp_path}/id_key: a fifo (named pipe)" in output, output
