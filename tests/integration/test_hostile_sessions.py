@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from tests.cluster.inventories import write_inventory
+from tests.cluster.pytest_support import SharedCluster
 from tests.conftest import Cli, free_ports
 
 # What the middle does to the CORRUPT-th probe answer:
@@ -74,10 +76,7 @@ for step in range(1, 61):
 SAID = {"dribble": "no whole answer (", "twice": ""}
 
 
-@pytest.mark.parametrize("mode", list(SAID))
-def test_a_slow_or_extra_answer_is_a_lost_poll_not_a_frozen_or_spinning_session(
-    cli: Cli, reaper: list[str], mode: str
-) -> None:
+def _middle(cli: Cli, mode: str) -> str:
     python = cli.cwd / "python-in-the-middle"
     python.write_text(
         MIDDLE.format(
@@ -89,6 +88,14 @@ def test_a_slow_or_extra_answer_is_a_lost_poll_not_a_frozen_or_spinning_session(
     )
     python.chmod(0o755)
     (cli.cwd / "train.py").write_text(SCRIPT)
+    return str(python)
+
+
+@pytest.mark.parametrize("mode", list(SAID))
+def test_a_slow_or_extra_answer_is_a_lost_poll_not_a_frozen_or_spinning_session(
+    cli: Cli, reaper: list[str], mode: str
+) -> None:
+    python = _middle(cli, mode)
     port_a, port_b = free_ports(2)
     (cli.cwd / "inv.yaml").write_text(
         textwrap.dedent(f"""\
@@ -99,6 +106,22 @@ def test_a_slow_or_extra_answer_is_a_lost_poll_not_a_frozen_or_spinning_session(
         job: {{name: demo, script: train.py, restart_backoff: 0}}
         """)
     )
+    _up_survives(cli, reaper, mode)
+
+
+@pytest.mark.netns
+def test_an_answer_that_dribbles_in_over_ssh_is_a_lost_poll(
+    cli: Cli, reaper: list[str], namespace_hosts: SharedCluster
+) -> None:
+    """The same over real SSH (paramiko's channel: the timeout was per recv there)."""
+    cluster = namespace_hosts.hosts(2)
+    python = _middle(cli, "dribble")
+    job = {"name": "demo", "script": "train.py", "restart_backoff": 0}
+    write_inventory(cli.cwd / "inv.yaml", cluster, job, defaults={"python": python})
+    _up_survives(cli, reaper, "dribble")
+
+
+def _up_survives(cli: Cli, reaper: list[str], mode: str) -> None:
     started = time.monotonic()
     # Before issue 54 this `up` never ended (an answer a byte a second held it; one answer
     # too many left every later one out of step): the bound turns that into a failure.
