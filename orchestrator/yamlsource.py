@@ -26,7 +26,13 @@ class LineList(list[Any]):
         self.item_lines: list[int] = []
 
 
-class _LineLoader(yaml.SafeLoader):
+# libyaml's parser where PyYAML has it: the pure-Python one took a minute for an inventory of
+# 1 MiB. Its composer recurses in C, so a document's nesting is measured first, on its events
+# (a flat stream), and a deep one is refused before it is composed.
+_BASE: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _LineLoader(_BASE):
     pass
 
 
@@ -74,6 +80,8 @@ def parse(text: str) -> Any:
     A document nested deeper than DEPTH_CAP, or holding more than VALUES_CAP values once its
     aliases are expanded (a "billion laughs"), or one that contains itself, is refused."""
     try:
+        if _too_deep(text):
+            raise YamlSyntaxError(None, f"nested deeper than {DEPTH_CAP} levels")
         document = yaml.load(text, Loader=_LineLoader)
     except RecursionError as exc:  # PyYAML's composer recurses once per level
         raise YamlSyntaxError(None, f"nested deeper than {DEPTH_CAP} levels") from exc
@@ -81,6 +89,8 @@ def parse(text: str) -> Any:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         return_message = " ".join(part for part in (exc.context, exc.problem) if part)
+        if "nesting depth" in return_message:  # libyaml's own limit, met while scanning ahead
+            return_message = f"nested deeper than {DEPTH_CAP} levels"
         raise YamlSyntaxError(line, f"not valid YAML: {return_message}") from exc
     except yaml.YAMLError as exc:
         raise YamlSyntaxError(None, f"not valid YAML: {exc}") from exc
@@ -88,6 +98,19 @@ def parse(text: str) -> Any:
     if problem:
         raise YamlSyntaxError(None, problem)
     return document
+
+
+def _too_deep(text: str) -> bool:
+    """Whether the document's mappings and lists nest deeper than DEPTH_CAP, from its events."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_BASE):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > DEPTH_CAP:
+                return True
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    return False
 
 
 def _children(node: dict[Any, Any] | list[Any]) -> list[Any]:

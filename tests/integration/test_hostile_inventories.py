@@ -71,7 +71,7 @@ INVENTORIES = {
     "zero": "a character device, not a regular file",
     "laughs": "holds more than 200000 values once its aliases",
     "deep": "nested deeper than 32 levels",
-    "huge": "over the limit of 1.0 MiB",
+    "huge": "over the limit of 256.0 KiB",
 }
 
 
