@@ -99,15 +99,9 @@ def _ansible_hosts(
     if not path.exists():
         report.add(where_line, "ansible.inventory", f"no such file or directory: {path}")
         return []
-    # Ansible reads whatever it finds: a fifo blocks it, a device fills memory. Beside a file
-    # inventory it reads group_vars/ and host_vars/ too (a directory's own are inside it).
-    beside = () if path.is_dir() else (path.parent / "group_vars", path.parent / "host_vars")
-    try:
-        for tree in (path, *(found for found in beside if found.exists())):
-            check_tree(tree, ANSIBLE_FILE_CAP, ANSIBLE_FILES_CAP)
-    except OSError as exc:
-        report.add(where_line, "ansible.inventory",
-                   f"cannot read {exc.filename}: {exc.strerror or exc}")  # fmt: skip
+    refused = _unreadable(path)
+    if refused:
+        report.add(where_line, "ansible.inventory", refused)
         return []
     try:
         found = read_hosts(path, values["group"], values["port_var"])
@@ -173,6 +167,19 @@ def _number(value: Any) -> Any:
 
 
 MAPPED = ("ansible_host", *DIRECT, "ansible_python_interpreter", "ansible_connection")
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why Ansible must not read the inventory at `path`: it reads whatever it finds (a fifo
+    blocks it, a device fills memory). Beside a file inventory it reads group_vars/ and
+    host_vars/ too (a directory's own are inside it)."""
+    beside = () if path.is_dir() else (path.parent / "group_vars", path.parent / "host_vars")
+    try:
+        for tree in (path, *(found for found in beside if found.exists())):
+            check_tree(tree, ANSIBLE_FILE_CAP, ANSIBLE_FILES_CAP)
+    except OSError as exc:
+        return f"cannot read {exc.filename}: {exc.strerror or exc}"
+    return None
 
 
 def read_hosts(path: Path, group: str, port_var: str) -> list[tuple[str, dict[str, Any]]]:
