@@ -34,7 +34,7 @@ from orchestrator.cli.preflight import (
     show_findings,
 )
 from orchestrator.cli.render import duration
-from orchestrator.engine.control import stop_everything, watch
+from orchestrator.engine.control import stop_everything, stop_unrecorded, watch
 from orchestrator.engine.lifecycle import (
     DEFAULT_GRACE,
     StopReport,
@@ -55,6 +55,7 @@ from orchestrator.errors import (
     MissingTool,
     PartialFailure,
     QueueWithdrawn,
+    RecordDamaged,
     RunStateError,
 )
 from orchestrator.model.inventory import Inventory
@@ -409,7 +410,14 @@ def down(context: Context, grace: float | None, save: bool, run_id: str | None) 
                                  hint="stop that process; its tickets expire with it")  # fmt: skip
         errors.print(f"run {waiting.run_id} was queued: withdrawn, nothing had started")
         return
-    with open_backend(context.store.load(run_id).inventory) as backend:
+    try:
+        inventory = context.store.load(run_id).inventory
+    except RecordDamaged as damaged:  # its live supervisor still knows where the workers are
+        for name, outcome in stop_unrecorded(context.store, damaged, grace).outcome.items():
+            console.print(f"{name}: {outcome}", markup=False, highlight=False)
+        errors.print(f"run {damaged.run_id} is down: its supervisor stopped it")
+        return
+    with open_backend(inventory) as backend:
         record, report = stop_everything(context.store, backend, run_id, grace)
         final = collect_status(record, backend) if save else None
     events = RunEvents(context.store, record, _say)  # notify: targets hear of the stop

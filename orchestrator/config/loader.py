@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.boundedread import INVENTORY_CAP, read_bytes
 from orchestrator.config.job import JOB_KEY_ENTRIES, parse_job
 from orchestrator.config.notify import NOTIFY_KEY_ENTRIES, parse_notify
 from orchestrator.config.preflight import PREFLIGHT_KEY_ENTRIES, parse_preflight
@@ -126,12 +127,13 @@ def load_inventory(path: str | Path, sources: Sequence[HostSource]) -> Inventory
     source = Path(path)
     report = Report(str(path))
     try:
-        text = source.read_text(encoding="utf-8")
+        raw = read_bytes(source, INVENTORY_CAP)
+        text = raw.decode("utf-8")
     except OSError as exc:
         report.add(None, "", f"cannot read the file: {exc.strerror or exc}")
         raise InventoryError(report.problems, hint="check the path of the inventory file") from exc
     except UnicodeDecodeError as exc:
-        line = source.read_bytes()[: exc.start].count(b"\n") + 1
+        line = raw[: exc.start].count(b"\n") + 1
         report.add(line, "", f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                              f"{exc.start}): is this the inventory, or a binary file?")  # fmt: skip
         raise InventoryError(report.problems, hint="an inventory is a YAML text file") from exc

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from orchestrator import __version__
+from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.config.notify import SIGNATURE_HEADER
 from orchestrator.engine.events import (
     TEST_EVENT,
@@ -455,8 +456,8 @@ class RunEvents:
 
     def _claimed(self, key: str) -> bool:
         try:
-            text = self.store.notified_path(self.record.run_id).read_text(encoding="utf-8")
-        except OSError:
+            text = read_text(self.store.notified_path(self.record.run_id), RECORD_CAP)
+        except (OSError, ValueError):
             return False
         return key in text.split()
 

@@ -17,7 +17,7 @@ from orchestrator.contract import (
 from orchestrator.engine.eta import run_eta, worker_eta
 from orchestrator.engine.failures import classify_exit, explain
 from orchestrator.engine.pace import pace_outlier
-from orchestrator.engine.roles import run_state
+from orchestrator.engine.roles import run_state, serving
 from orchestrator.engine.state import Expectation, WorkerState, classify
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.inventory import ROLE_EVALUATOR, ROLE_WORKER
@@ -342,6 +342,8 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
             for s in statuses
         ]
     statuses.sort(key=lambda s: s.index)
+    for i in serving((s.role, s.state) for s in statuses):
+        statuses[i] = replace(statuses[i], state=WorkerState.RUNNING)
     return RunStatus(
         run_id=record.run_id,
         job=record.job_name,
