@@ -77,21 +77,53 @@ def claim(where, kind, number, shared=False):
     return sock
 
 
-def holder_uid(where, kind, number):
-    """The uid of the process that holds the resource's exclusive name, where it answers
-    (a keeper listens); None where it does not, or nobody holds it."""
+def peer(address):
+    """(pid, uid) of the process that listens on the abstract `address`, as the kernel says
+    (SO_PEERCRED: the last process to call listen on it; pid 0 where it is in a pid namespace
+    this one cannot see); None where nobody holds the name or it does not answer."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     probe.settimeout(1.0)
     try:
-        probe.connect("\0" + name(where, kind, number))
-        _pid, uid, _gid = PEERCRED.unpack(
+        probe.connect("\0" + address)
+        pid, uid, _gid = PEERCRED.unpack(
             probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size)
         )
-        return uid
+        return pid, uid
     except OSError:
         return None
     finally:
         probe.close()
+
+
+def holder_uid(where, kind, number):
+    """The uid of the process that holds the resource's exclusive name, where it answers
+    (a keeper listens); None where it does not, or nobody holds it."""
+    found = peer(name(where, kind, number))
+    return None if found is None else found[1]
+
+
+def holders(where, kind, number):
+    """Every (pid, uid) that holds the resource now: its exclusive holder, or its sharers
+    (each answers for itself: the uid its name says is never trusted)."""
+    exclusive = name(where, kind, number)
+    found = [peer(exclusive)] + [peer(shared) for shared in sorted(bound(exclusive + "/share/"))]
+    return [held for held in found if held is not None]
+
+
+def answer_as_keeper(sock):
+    """Make the calling process the one a claim's holder answers as (listen again: the kernel
+    records the caller's credentials); the keeper calls it on the claims it inherited."""
+    sock.listen(BACKLOG)
+
+
+def turn_away(sock):
+    """Accept and close one pending look at a held claim (a keeper's loop does, so that looks
+    never fill its backlog)."""
+    try:
+        conn, _ = sock.accept()
+        conn.close()
+    except OSError:
+        pass
 
 
 def sharer_uids(where, kind, number):

@@ -17,9 +17,10 @@ import stat
 import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
+    from orchestrator.hostside import claims, protocol, safefiles
     from orchestrator.hostside import leasepolicy as policy
-    from orchestrator.hostside import protocol, safefiles
 else:  # shipped: hostside/bundle.py carries them in front of the lease program
+    import claims  # type: ignore[no-redef]
     import leasepolicy as policy  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
@@ -174,17 +175,27 @@ def ignored_file(lease_dir, name, owner, why):
 
 
 def scan(lease_dir):
-    """(live records with their file names, ignored files with why). Records of dead keepers
-    are stale: this account's are removed, others' left alone and not named."""
+    """(live records with their file names, ignored files with why). A record is live while
+    its keeper holds its claims, as the kernel says (policy.record_alive), never as a file
+    says: records of dead keepers are stale, this account's removed, others' left alone and
+    not named."""
     live, ignored = [], []
+    where, now = (*here(), netns()), time.time()
+    space = claims.space(lease_dir)
+
+    def holders_of(kind, number):
+        return claims.holders(space, kind, number)
+
     for name, owner, record, why in validated(lease_dir, "lease-", policy.validate_record):
         if record is None:
             ignored.append(ignored_file(lease_dir, name, owner, why))
             continue
-        lock = os.path.join(lease_dir, name[: -len(".json")] + ".lock")
-        if owner_of(lock) != owner or lock_free(lock):  # a lock another account put beside
+        path = os.path.join(lease_dir, name)
+        with contextlib.suppress(OSError):
+            record["touched"] = os.lstat(path).st_mtime
+        if not policy.record_alive(record, where, holders_of, process_of, now):
             if owner == os.getuid():
-                for stale in (lock, os.path.join(lease_dir, name)):
+                for stale in (path[: -len(".json")] + ".lock", path):  # .lock: an older one's
                     with contextlib.suppress(OSError):
                         os.remove(stale)
             continue
@@ -220,6 +231,14 @@ def here():
         return "", ""
 
 
+def netns():
+    """This process's network namespace: where a claim's name means a claim."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
+
+
 def started_at(pid):
     """The start time (clock ticks after boot) of process `pid`, None when there is none."""
     try:
@@ -227,6 +246,26 @@ def started_at(pid):
             fields = handle.read().rsplit(")", 1)[1].split()
         return int(fields[19])
     except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_of(pid):
+    """(owner uid, start time) of process `pid` as the kernel says, None when there is none."""
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+    start = started_at(pid)
+    return None if start is None else (uid, start)
+
+
+def started_epoch(ticks):
+    """A process's start (`ticks` after boot) in seconds since the epoch, None if unknown."""
+    try:
+        with open("/proc/stat", encoding="ascii") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError, IndexError):
         return None
 
 
@@ -243,6 +282,13 @@ def scan_tickets(lease_dir):
             if owner == os.getuid():
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(lease_dir, name))
+            continue
+        here_ = ticket["boot_id"] and (ticket["boot_id"], ticket["pidns"]) == where
+        forged = policy.arrival_forged(
+            ticket, started_epoch(ticket["starttime"]) if here_ else None
+        )
+        if forged is not None:  # its process is seen here: alive, and started after it "arrived"
+            ignored.append(ignored_file(lease_dir, name, owner, forged))
             continue
         ticket["file"] = name
         live.append(ticket)

@@ -88,8 +88,8 @@ def test_a_neighbour_waiting_on_a_keepers_lock_cannot_keep_a_dead_lease_alive(
 ) -> None:
     assert "assigned" in acquire(lease_dir, "victim")
     locks = list(lease_dir.glob("*.lock"))
-    waiter = subprocess.Popen([*AS_NEIGHBOUR, SYSTEM_PYTHON, "-I", "-c", LOCK_WAITER,
-                               str(lease_dir)], stdout=subprocess.PIPE, text=True, cwd="/")  # fmt: skip
+    argv = [*AS_NEIGHBOUR, SYSTEM_PYTHON, "-I", "-c", LOCK_WAITER, str(lease_dir)]
+    waiter = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd="/")
     neighbour_process.append(waiter)
     assert waiter.stdout is not None
     said = waiter.stdout.readline()
