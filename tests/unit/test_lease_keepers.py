@@ -180,3 +180,54 @@ def test_a_lease_held_in_another_network_namespace_counts_as_taken(lease_dir: Pa
     here_ = acquire(lease_dir, "victim")
     assert refused(here_), here_  # and the other namespace's live one is taken here
     assert [h["run_id"] for h in here_["clashes"][0]["holders"]] == ["neighbour"], here_
+
+
+# --- the decisions, pure --------------------------------------------------------------------------
+
+HERE = ("boot", "pid:[1]", "net:[1]")
+
+
+def record(**changes: Any) -> dict[str, Any]:
+    base = {"uid": 1000, "pid": 40, "keeper_start": 7, "boot_id": "boot", "pidns": "pid:[1]",
+            "netns": "net:[1]", "ports": [41500], "gpus": [1], "touched": 100.0}  # fmt: skip
+    return {**base, **changes}
+
+
+def test_a_record_lives_only_while_its_keeper_holds_every_claim_it_names() -> None:
+    def held_by(*holders: tuple[int, int]) -> Any:
+        return lambda kind, number: list(holders)
+
+    def alive(rec: dict[str, Any], holders_of: Any) -> bool:
+        return policy.record_alive(rec, HERE, holders_of, lambda pid: None, 110.0)
+
+    assert alive(record(), held_by((40, 1000)))
+    assert not alive(record(), held_by())  # its keeper died: the kernel freed the claims
+    assert not alive(record(), held_by((41, 1000)))  # another process of its uid holds them
+    assert not alive(record(), held_by((40, 65534)))  # another account holds them
+    assert not alive(record(ports=[], gpus=[]), held_by((40, 1000)))  # names nothing
+    assert alive(record(pidns="pid:[2]"), held_by((0, 1000)))  # a pid not seen here: its uid
+    assert alive(record(keeper_start=None), held_by((9, 1000)))  # an older keeper: its uid
+
+
+def test_a_record_of_another_network_namespace_is_its_keeper_process_or_its_touch() -> None:
+    there = record(netns="net:[2]")
+    keeper = {40: (1000, 7)}
+    assert policy.record_alive(there, HERE, lambda k, n: [], keeper.get, 110.0)
+    assert not policy.record_alive(there, HERE, lambda k, n: [], {40: (1000, 8)}.get, 110.0)
+    assert not policy.record_alive(there, HERE, lambda k, n: [], {}.get, 110.0)
+    elsewhere = record(netns="net:[2]", pidns="pid:[2]")  # its keeper cannot be seen: touched?
+    assert policy.record_alive(elsewhere, HERE, lambda k, n: [], {}.get, 100.0 + 30)
+    assert not policy.record_alive(elsewhere, HERE, lambda k, n: [], {}.get, 100.0 + 31)
+
+
+def test_a_ticket_that_could_never_be_served_or_arrived_before_its_process_is_refused() -> None:
+    good = {"ports": [], "pools": [{"gpus": [0, 1], "count": 2}]}
+    assert policy._valid_needs(good)[1] is None
+    greedy = {"ports": [], "pools": [{"gpus": [0, 1], "count": 3}]}
+    assert policy._valid_needs(greedy) == (
+        None, "asks for 3 GPUs of a pool of 2: it could never be served")  # fmt: skip
+    ticket = {"arrival": 1000.0}
+    assert policy.arrival_forged(ticket, None) is None  # its process is not seen here
+    assert policy.arrival_forged(ticket, 1001.5) is None  # within the clock's ticks
+    assert policy.arrival_forged(ticket, 1010.0) == (
+        "its arrival (1000) is before its process started (1010)")  # fmt: skip
