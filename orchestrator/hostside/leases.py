@@ -44,8 +44,9 @@ whatever anyone does with files. No lock file any more: a flock works on a read-
 descriptor, so a file others can open proves nothing. A record of another network namespace
 (whose claims' names are not visible here) counts as taken while its keeper process lives
 (same boot and pid namespace) or, where that cannot be seen, while the keeper touches it
-(RECORD_TTL). Records are readable by every user and hold no secret. The directory is made sticky and world-writable
-(1777), like /tmp, and used only when it is this account's or root's and sticky.
+(RECORD_TTL). Records are readable by every user and hold no secret. The directory is made
+sticky and world-writable (1777), like /tmp, and used only when it is this account's or root's
+and sticky.
 An older orchestrate's keepers held flocks on `port-N.lock` and `gpu-N.lock`: a held one still
 counts as taken (looked at, never created).
 
