@@ -22,7 +22,8 @@ import socket
 import struct
 
 PREFIX = "orchestrate-lease"
-BACKLOG = 8  # a keeper listens, so that anyone may ask it who it is (SO_PEERCRED)
+BACKLOG = 64  # a keeper listens, so that anyone may ask it who it is (SO_PEERCRED); it
+# accepts and closes each look at once, so that looks never fill the queue
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
 LISTING = "/proc/net/unix"  # every bound name of this network namespace, readable by anyone
 

@@ -193,7 +193,10 @@ def scan(lease_dir):
         path = os.path.join(lease_dir, name)
         with contextlib.suppress(OSError):
             record["touched"] = os.lstat(path).st_mtime
-        if not policy.record_alive(record, where, holders_of, process_of, now):
+        if not (
+            policy.record_alive(record, where, holders_of, process_of, now)
+            or _own_keeper_lives(record, where)
+        ):
             if owner == os.getuid():
                 for stale in (path[: -len(".json")] + ".lock", path):  # .lock: an older one's
                     with contextlib.suppress(OSError):
@@ -202,6 +205,18 @@ def scan(lease_dir):
         record["file"] = name
         live.append(record)
     return live, ignored + hostile_locks(lease_dir)
+
+
+def _own_keeper_lives(record, where):
+    """Whether the record is this account's and its keeper process lives (the same process:
+    its start time): its claims may not answer a look in time (a neighbour floods them with
+    connections), yet its record is never thrown away under it."""
+    return (
+        record["uid"] == os.getuid()
+        and record["keeper_start"] is not None
+        and (record["boot_id"], record["pidns"]) == where[:2]
+        and process_of(record["pid"]) == (record["uid"], record["keeper_start"])
+    )
 
 
 def hostile_locks(lease_dir):
