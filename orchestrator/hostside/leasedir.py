@@ -219,6 +219,32 @@ def _own_keeper_lives(record, where):
     )
 
 
+def keeper_lives(record):
+    """Whether the record's pid is its keeper still (this account's process, started when the
+    keeper did): never signal a pid that came back as another process."""
+    found = process_of(record["pid"])
+    if found is None or found[0] != os.getuid():
+        return False
+    if record["keeper_start"] is not None:
+        return found[1] == record["keeper_start"]
+    lock = os.path.join(record["lease_dir"], record["file"][: -len(".json")] + ".lock")
+    return holds_open(record["pid"], lock)  # an older keeper: it holds its lock file open
+
+
+def holds_open(pid, path):
+    """Whether process `pid` (this account's) has `path` open."""
+    try:
+        target = os.stat(path)
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                info = os.stat(f"/proc/{pid}/fd/{fd}")
+                if (info.st_ino, info.st_dev) == (target.st_ino, target.st_dev):
+                    return True
+    except OSError:
+        return False
+    return False
+
+
 def hostile_locks(lease_dir):
     """Files named like an older orchestrate's resource locks that are none (a fifo, a link, one
     nobody may open): they block nothing, and are named so that their owner can be asked."""

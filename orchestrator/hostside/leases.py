@@ -153,10 +153,14 @@ class _Taking:
     """One acquire: what the run holds already, the claims taken so far (sockets, released
     unless handed to a keeper), the clashes and the hostile files met."""
 
-    def __init__(self, lease_dir, live, mine):
+    def __init__(self, lease_dir, live, mine, run_id):
         self.lease_dir = lease_dir
         self.space = claims.space(lease_dir)
         self.live = live
+        # what claims cannot show: records of this machine's other network namespaces
+        boot, here = leasedir.here()[0], leasedir.netns()
+        self.elsewhere = [r for r in live if r["boot_id"] == boot and r["netns"] not in ("", here)]
+        self.run = (os.getuid(), run_id)
         self.own = {"ports": {p for r in mine for p in r["ports"]},
                     "gpus": {g for r in mine for g in r["gpus"]}}  # fmt: skip
         self.used = {"ports": set(), "gpus": set()}  # by this request's earlier workers
@@ -170,8 +174,7 @@ class _Taking:
         or a live record (one of another network namespace holds claims not visible here)."""
         if leasedir.legacy_held(self.lease_dir, kind, number):
             return False
-        if any(number in r[kind] and not (kind == "gpus" and shared and r["shared_gpus"])
-               for r in self.live):  # fmt: skip
+        if any(self._elsewhere(r, kind, number, shared) for r in self.elsewhere):
             return False
         held = claims.claim(self.space, kind, number, shared)
         if held is None:
@@ -179,6 +182,15 @@ class _Taking:
         self.held.append(held)
         self.new[kind].append(number)
         return True
+
+    def _elsewhere(self, record, kind, number, shared):
+        """Whether another namespace's record holds the resource against this request: a
+        port is its namespace's own, except against another run; a GPU is the machine's."""
+        if number not in record[kind]:
+            return False
+        if kind == "ports":
+            return (record["uid"], record["run_id"]) != self.run
+        return not (shared and record["shared_gpus"])
 
     def unknown_holders(self, kind, numbers):
         """Who holds these resources without a record: the uid a claim's holder answers with,
@@ -203,13 +215,13 @@ def cmd_acquire(request):
     run_id = request["run_id"]
     leasedir.ensure_dir(lease_dir)
     live, ignored = leasedir.scan(lease_dir)
-    mine = [r for r in live if r["uid"] == os.getuid() and r["run_id"] == run_id]
+    mine = _mine(live, run_id)
     if not mine and not request.get("dry_run"):  # a restart keeps what it holds, unqueued
         waiting, bad_tickets = _queue_turn(request, lease_dir)
         ignored += bad_tickets  # named also when they are in nobody's way
         if waiting is not None:
             return dict(waiting, ignored=ignored)
-    taking = _Taking(lease_dir, live, mine)
+    taking = _Taking(lease_dir, live, mine, run_id)
     assigned, shared = {}, False
     try:
         for worker in request["workers"]:
@@ -228,6 +240,14 @@ def cmd_acquire(request):
         return {"assigned": assigned, "ignored": ignored, "keeper": keeper, "kept": bool(mine)}
     finally:
         taking.close()  # a keeper holds its own copies
+
+
+def _mine(live, run_id):
+    """The run's records on this host: this account's, in this network namespace (the run's
+    workers on other namespace hosts sharing the directory hold their own)."""
+    here = leasedir.netns()
+    return [r for r in live if r["uid"] == os.getuid() and r["run_id"] == run_id
+            and r["netns"] in ("", here)]  # fmt: skip
 
 
 def _queue_turn(request, lease_dir):
@@ -421,46 +441,20 @@ def keep(request, base, held):
         os.remove(base + ".json")
 
 
-def _is_keeper(record):
-    """Whether the record's pid is its keeper still (this account's process, started when the
-    keeper did): never signal a pid that came back as another process."""
-    found = leasedir.process_of(record["pid"])
-    if found is None or found[0] != os.getuid():
-        return False
-    if record["keeper_start"] is not None:
-        return found[1] == record["keeper_start"]
-    lock = os.path.join(record["lease_dir"], record["file"][: -len(".json")] + ".lock")
-    return _holds(record["pid"], lock)  # an older keeper: it holds its lock file open
-
-
-def _holds(pid, path):
-    """Whether process `pid` (this account's) has `path` open."""
-    try:
-        target = os.stat(path)
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                info = os.stat(f"/proc/{pid}/fd/{fd}")
-                if (info.st_ino, info.st_dev) == (target.st_ino, target.st_dev):
-                    return True
-    except OSError:
-        return False
-    return False
-
-
 def cmd_release(request):
     lease_dir, run_id = request["lease_dir"], request["run_id"]
     live, _ = leasedir.scan(lease_dir)
-    mine = [r for r in live if r["uid"] == os.getuid() and r["run_id"] == run_id]
+    mine = _mine(live, run_id)
     released = {"ports": [], "gpus": []}
     for record in mine:
         record["lease_dir"] = lease_dir
-        if _is_keeper(record):
+        if leasedir.keeper_lives(record):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record["pid"], signal.SIGTERM)
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and _is_keeper(record):
+        while time.monotonic() < deadline and leasedir.keeper_lives(record):
             time.sleep(0.02)
-        if _is_keeper(record):
+        if leasedir.keeper_lives(record):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record["pid"], signal.SIGKILL)
         base = os.path.join(lease_dir, record["file"][: -len(".json")])
@@ -475,8 +469,10 @@ def cmd_release(request):
 def cmd_list(request):
     lease_dir = request["lease_dir"]
     live, ignored = leasedir.scan(lease_dir)
+    ours = leasedir.netns()
     for record in live:
         record.pop("file", None)
+        record["here"] = record["netns"] in ("", ours)  # else another namespace's: it blocks
     tickets, bad = leasedir.scan_tickets(lease_dir)
     for ticket in tickets:
         ticket.pop("file", None)

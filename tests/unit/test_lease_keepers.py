@@ -31,6 +31,7 @@ from tests.unit.test_lease_neighbours import (
 
 __all__ = ["lease_dir"]  # the fixture, shared with the neighbours' tests
 
+GPU_ONE_OF_TWO = {"name": "w", "port": 41500, "range": None, "gpus": 1, "pool": [1, 2]}
 AS_NEIGHBOUR = ["setpriv", f"--reuid={NEIGHBOUR}", f"--regid={NEIGHBOUR}", "--clear-groups"]
 
 # The neighbour's waiter: open every keeper's lock file it can and wait for its flock (a flock
@@ -150,26 +151,48 @@ def test_a_forged_ticket_of_the_neighbours_own_blocks_nothing_and_is_named(
     assert listing["tickets"] == [], listing
 
 
-def ask_elsewhere(lease_dir: Path, request: dict[str, Any]) -> Any:
-    """The neighbour's lease program in a network namespace of its own (a throwaway one: it
-    lives while the processes in it do), on the same lease directory."""
-    argv = ["unshare", "--net", *AS_NEIGHBOUR, SYSTEM_PYTHON, "-I", "-c",
-            host_program("leases.py")]  # fmt: skip
+def ask_elsewhere(lease_dir: Path, request: dict[str, Any], neighbour: bool = True) -> Any:
+    """The neighbour's (or this account's) lease program in a network namespace of its own (a
+    throwaway one: it lives while the processes in it do), on the same lease directory."""
+    who = AS_NEIGHBOUR if neighbour else []
+    argv = ["unshare", "--net", *who, SYSTEM_PYTHON, "-I", "-c", host_program("leases.py")]
     line = json.dumps({"lease_dir": str(lease_dir), **request}) + "\n"
     done = subprocess.run(argv, input=line, capture_output=True, text=True, timeout=60,
                           check=True, cwd="/")  # fmt: skip
     return json.loads(done.stdout.splitlines()[0])
 
 
-def acquire_elsewhere(lease_dir: Path, run_id: str) -> Any:
+def acquire_elsewhere(lease_dir: Path, run_id: str, neighbour: bool = True,
+                      pool: tuple[int, ...] = (1,)) -> Any:  # fmt: skip
+    worker = {"name": "w", "port": 41500, "range": None, "gpus": 1, "pool": list(pool)}
     return ask_elsewhere(lease_dir, {"verb": "acquire", "run_id": run_id, "job": "j",
-                                     "controller": "there", "idle": 30,
-                                     "workers": [{"name": "w", "port": 41500, "range": None,
-                                                  "gpus": 1, "pool": [1]}]})  # fmt: skip
+                                     "controller": "there", "idle": 30, "workers": [worker]},
+                         neighbour)  # fmt: skip
+
+
+@pytest.fixture
+def keepers_ended(lease_dir: Path) -> Iterator[Path]:
+    """Keepers in throwaway namespaces: no later request reaches their namespace to release
+    them, so the test ends them by the pids their records name (keepers it started)."""
+    yield lease_dir
+    for path in lease_dir.glob("lease-*.json"):
+        pid = int(json.loads(path.read_text())["pid"])
+        if is_keeper(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def is_keeper(pid: int) -> bool:
+    """Whether `pid` is a lease keeper (the lease program's source is its command line), not
+    a pid the system gave to another process since."""
+    try:
+        return b"def keep(" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 @pytest.mark.root  # unshare and setpriv
-def test_a_lease_held_in_another_network_namespace_counts_as_taken(lease_dir: Path) -> None:
+def test_a_lease_held_in_another_network_namespace_counts_as_taken(keepers_ended: Path) -> None:
+    lease_dir = keepers_ended
     assert "assigned" in acquire(lease_dir, "victim")
     there = acquire_elsewhere(lease_dir, "neighbour")
     assert refused(there), there  # the victim's record is live: its keeper is
@@ -231,3 +254,17 @@ def test_a_ticket_that_could_never_be_served_or_arrived_before_its_process_is_re
     assert policy.arrival_forged(ticket, 1001.5) is None  # within the clock's ticks
     assert policy.arrival_forged(ticket, 1010.0) == (
         "its arrival (1000) is before its process started (1010)")  # fmt: skip
+
+
+@pytest.mark.root  # unshare
+def test_a_runs_workers_in_two_namespaces_share_a_port_number_never_a_gpu(
+    keepers_ended: Path,
+) -> None:
+    lease_dir = keepers_ended
+    here_ = acquire(lease_dir, "victim", workers=[dict(GPU_ONE_OF_TWO)])
+    assert here_["assigned"]["w"] == {"port": 41500, "gpus": [1]}, here_
+    there = acquire_elsewhere(lease_dir, "victim", neighbour=False, pool=(1, 2))
+    assert there["assigned"]["w"] == {"port": 41500, "gpus": [2]}, there  # the machine's GPUs
+    listing = ask(lease_dir, {"verb": "list"})[0]
+    assert [(h["gpus"], h["here"]) for h in listing["holders"]] in (
+        [([1], True), ([2], False)], [([2], False), ([1], True)])  # fmt: skip
