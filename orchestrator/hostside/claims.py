@@ -103,11 +103,14 @@ def holder_uid(where, kind, number):
     return None if found is None else found[1]
 
 
-def holders(where, kind, number):
+def holders(where, kind, number, names=None):
     """Every (pid, uid) that holds the resource now: its exclusive holder, or its sharers
-    (each answers for itself: the uid its name says is never trusted)."""
+    (each answers for itself: the uid its name says is never trusted). `names`: the names
+    bound now, where the caller listed them once (bound()) for many resources."""
     exclusive = name(where, kind, number)
-    found = [peer(exclusive)] + [peer(shared) for shared in sorted(bound(exclusive + "/share/"))]
+    below = exclusive + "/share/"
+    sharers = [n for n in (bound(below) if names is None else names) if n.startswith(below)]
+    found = [peer(exclusive)] + [peer(shared) for shared in sorted(sharers)]
     return [held for held in found if held is not None]
 
 

@@ -182,9 +182,12 @@ def scan(lease_dir):
     live, ignored = [], []
     where, now = (*here(), netns()), time.time()
     space = claims.space(lease_dir)
+    names = []  # the claims bound now: listed once, at the first record that asks
 
     def holders_of(kind, number):
-        return claims.holders(space, kind, number)
+        if not names:
+            names.append(claims.bound(f"{claims.PREFIX}/{space}/"))
+        return claims.holders(space, kind, number, names[0])
 
     for name, owner, record, why in validated(lease_dir, "lease-", policy.validate_record):
         if record is None:
