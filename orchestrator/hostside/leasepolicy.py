@@ -142,6 +142,20 @@ def record_alive(record, here, holders_of, process_of, now):
     return True
 
 
+def never_served(ticket, machine_gpus):
+    """Why a ticket could never be served on this host (a pool asks for more GPUs than the
+    host has of it: `machine_gpus`, the GPUs nvidia-smi lists, None where it cannot be
+    asked), or None. Pure."""
+    if machine_gpus is None:
+        return None
+    for pool in ticket["needs"]["pools"]:
+        have = len(set(pool["gpus"]) & set(machine_gpus))
+        if pool["count"] > have:
+            return (f"asks for {pool['count']} GPUs of a pool of which this host has {have}: "
+                    "it could never be served")  # fmt: skip
+    return None
+
+
 def arrival_forged(ticket, started):
     """Why a ticket's arrival cannot be true (before its process started: `started`, seconds
     since the epoch, None where its process cannot be seen from here), or None. Pure."""

@@ -60,11 +60,9 @@ nothing.
 import contextlib
 import math
 import os
-import re
 import select
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -72,11 +70,13 @@ if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator import contract
     from orchestrator.hostside import claims, leasedir, protocol, rundir, safefiles
     from orchestrator.hostside import leasepolicy as policy
+    from orchestrator.hostside import leasequeue as queue
 else:  # shipped: hostside/bundle.py carries them in front of this file's source
     import claims  # type: ignore[no-redef]
     import contract  # type: ignore[no-redef]
     import leasedir  # type: ignore[no-redef]
     import leasepolicy as policy  # type: ignore[no-redef]
+    import leasequeue as queue  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
     import rundir  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
@@ -95,55 +95,6 @@ def _bindable(port):
         return False
     finally:
         probe.close()
-
-
-def gpu_pool(worker):
-    """The worker's pool: its `visible_gpus`, else the GPUs `nvidia-smi -L` lists."""
-    if worker.get("pool") is not None:
-        return list(worker["pool"])
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                                 timeout=30, check=False)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise protocol.Refused(
-            f"gpus: {worker['gpus']} needs a pool of GPUs: nvidia-smi -L failed ({exc}); "
-            "set visible_gpus to the host's GPU ids"
-        ) from None
-    return [int(m.group(1)) for m in re.finditer(r"^GPU (\d+):", listing.stdout, re.M)]
-
-
-# --- tickets of queued runs --------------------------------------------------------------------
-
-
-def _write_ticket(request, needs, old):
-    """Write (or refresh) the run's ticket: its arrival stays what it was first."""
-    lease_dir, run_id, queue = request["lease_dir"], request["run_id"], request["ticket"]
-    ticket = {
-        "user": leasedir.account(os.getuid()),
-        "uid": os.getuid(),
-        "job": request["job"],
-        "run_id": run_id,
-        "controller": request["controller"],
-        "arrival": old["arrival"] if old else float(queue["arrival"]),
-        "seen": time.time(),
-        "pid": int(queue["pid"]),
-        "starttime": int(queue["starttime"]),
-        "boot_id": str(queue.get("boot_id") or ""),
-        "pidns": str(queue.get("pidns") or ""),
-        "needs": needs,
-    }
-    path = os.path.join(lease_dir, f"ticket-{os.getuid()}-{run_id}.json")
-    safefiles.write_json(path, ticket, mode=0o644)  # readable by every account
-    return ticket
-
-
-def cmd_withdraw(request):
-    path = os.path.join(request["lease_dir"], f"ticket-{os.getuid()}-{request['run_id']}.json")
-    try:
-        os.remove(path)
-        return {"withdrawn": True}
-    except FileNotFoundError:
-        return {"withdrawn": False}
 
 
 # --- acquire, release, list -------------------------------------------------------------------
@@ -217,7 +168,7 @@ def cmd_acquire(request):
     live, ignored = leasedir.scan(lease_dir)
     mine = _mine(live, run_id)
     if not mine and not request.get("dry_run"):  # a restart keeps what it holds, unqueued
-        waiting, bad_tickets = _queue_turn(request, lease_dir)
+        waiting, bad_tickets = queue.turn(request, lease_dir)
         ignored += bad_tickets  # named also when they are in nobody's way
         if waiting is not None:
             return dict(waiting, ignored=ignored)
@@ -250,25 +201,6 @@ def _mine(live, run_id):
             and r["netns"] in ("", here)]  # fmt: skip
 
 
-def _queue_turn(request, lease_dir):
-    """(None when the run may go on and take, else the answer that it waits behind earlier
-    tickets; the ticket files ignored). A queued run's ticket is written (or refreshed) first,
-    and stays."""
-    tickets, ignored = leasedir.scan_tickets(lease_dir)
-    needs = policy.needs_of(request["workers"], gpu_pool)
-    own = [t for t in tickets if t["uid"] == os.getuid() and t["run_id"] == request["run_id"]]
-    if request.get("ticket"):
-        ticket = _write_ticket(request, needs, own[0] if own else None)
-        place = policy.order(ticket)
-    else:  # not queued: it arrives now, behind every ticket
-        place = (math.inf, os.getuid(), request["run_id"])
-    free, ahead = policy.may_take(needs, place, [t for t in tickets if t not in own])
-    if free:
-        return None, ignored
-    answer = {"clashes": [policy.queue_clash(ahead)], "queued": bool(request.get("ticket"))}
-    return answer, ignored
-
-
 def _acquire_port(worker, taking):
     """The worker's port, leased (or kept), or None after recording a clash."""
     span = worker.get("range")
@@ -295,7 +227,7 @@ def _acquire_gpus(worker, taking):
     count = worker.get("gpus")
     if not count:
         return None
-    pool = gpu_pool(worker)
+    pool = queue.gpu_pool(worker)
     share = bool(worker.get("share"))
     chosen, held = [], []
     for gpu in policy.gpu_candidates(pool, worker.get("keep_gpus")):
@@ -480,7 +412,7 @@ def cmd_list(request):
 
 
 VERBS = {protocol.ACQUIRE: cmd_acquire, protocol.RELEASE: cmd_release, protocol.LIST: cmd_list,
-         protocol.WITHDRAW: cmd_withdraw}  # fmt: skip
+         protocol.WITHDRAW: queue.cmd_withdraw}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,13 +119,16 @@ def here() -> tuple[str, str]:
     return boot, os.readlink("/proc/self/ns/pid")
 
 
-def plant_ticket(lease_dir: Path, run_id: str, pid: int, arrival: float, count: int) -> str:
+def plant_ticket(
+    lease_dir: Path, run_id: str, pid: int, arrival: float, count: int,
+    *, pool: Iterable[int] = (1,),
+) -> str:  # fmt: skip
     """A ticket of the neighbour's own (its file, its uid, its live process)."""
     boot, pidns = here()
     ticket = {"user": NEIGHBOUR_NAME, "uid": NEIGHBOUR, "job": "j", "run_id": run_id,
               "controller": "here", "arrival": arrival, "seen": time.time(), "pid": pid,
               "starttime": process_start(pid), "boot_id": boot, "pidns": pidns,
-              "needs": {"ports": [], "pools": [{"gpus": [1], "count": count}]}}  # fmt: skip
+              "needs": {"ports": [], "pools": [{"gpus": list(pool), "count": count}]}}  # fmt: skip
     name = f"ticket-{NEIGHBOUR}-{run_id}.json"
     subprocess.run([*AS_NEIGHBOUR, "touch", str(lease_dir / name)], check=True, cwd="/")
     (lease_dir / name).write_text(json.dumps(ticket))  # root writes: the file stays theirs
@@ -149,6 +152,30 @@ def test_a_forged_ticket_of_the_neighbours_own_blocks_nothing_and_is_named(
     assert "before its process started" in str(named.get(too_early)), named
     listing = ask(lease_dir, {"verb": "list"})[0]
     assert listing["tickets"] == [], listing
+
+
+@pytest.mark.root
+def test_a_ticket_for_more_gpus_than_the_host_has_blocks_nothing(
+    lease_dir: Path, neighbour_process: list[subprocess.Popen[str]], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # This host has two GPUs, as its nvidia-smi says (a stand-in first on the PATH).
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: Stand-in'\necho 'GPU 1: Stand-in'\n")
+    (tools / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    sleeper = subprocess.Popen([*AS_NEIGHBOUR, "sleep", "300"], cwd="/", text=True)
+    neighbour_process.append(sleeper)
+    wait_for(lambda: Path(f"/proc/{sleeper.pid}/cmdline").read_bytes().startswith(b"sleep"), 10,
+             "the neighbour's process started")  # fmt: skip
+    name = plant_ticket(lease_dir, "wide", sleeper.pid, time.time(), count=50, pool=range(100))
+    answer = acquire(lease_dir, "victim")
+    assert answer.get("assigned", {}).get("w") == {"port": 41500, "gpus": [1]}, answer
+    named = {Path(i["file"]).name: i["reason"] for i in answer["ignored"]}
+    assert named.get(name) == (
+        "asks for 50 GPUs of a pool of which this host has 2: it could never be served"
+    ), named
 
 
 def ask_elsewhere(lease_dir: Path, request: dict[str, Any], neighbour: bool = True) -> Any:
@@ -268,3 +295,12 @@ def test_a_runs_workers_in_two_namespaces_share_a_port_number_never_a_gpu(
     listing = ask(lease_dir, {"verb": "list"})[0]
     assert [(h["gpus"], h["here"]) for h in listing["holders"]] in (
         [([1], True), ([2], False)], [([2], False), ([1], True)])  # fmt: skip
+
+
+def test_a_ticket_asking_more_gpus_of_a_pool_than_the_host_has_is_never_served() -> None:
+    ticket = {"needs": {"ports": [], "pools": [{"gpus": list(range(100)), "count": 50}]}}
+    assert policy.never_served(ticket, None) is None  # no nvidia-smi: nothing to say
+    why = "asks for 50 GPUs of a pool of which this host has 4: it could never be served"
+    assert policy.never_served(ticket, [0, 1, 2, 3]) == why
+    fits = {"needs": {"ports": [], "pools": [{"gpus": [0, 1, 7], "count": 2}]}}
+    assert policy.never_served(fits, [0, 1, 2, 3]) is None
