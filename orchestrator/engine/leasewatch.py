@@ -13,7 +13,7 @@ no evidence either way: it is looked at again at the next check.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from orchestrator.backends.base import Backend
@@ -40,9 +40,13 @@ class Missing:
         return f"{self.host}: {' and '.join(parts)}"
 
 
-def missing(inventory: Inventory, run_id: str, listing: LeaseListing) -> tuple[Missing, ...]:
-    """Each leasing worker's port and GPUs that the listing shows no keeper of run `run_id`
-    holding; workers on hosts that did not answer are left out (unknown, not lost). Pure."""
+def missing(
+    inventory: Inventory, run_id: str, active: Collection[str], listing: LeaseListing
+) -> tuple[Missing, ...]:
+    """Each active leasing worker's port and GPUs (`active`: the names of the workers that
+    have not ended; an ended one's keeper lets go by itself) that the listing shows no keeper
+    of run `run_id` holding; workers on hosts that did not answer are left out (unknown, not
+    lost). Pure."""
     held: dict[str, tuple[set[int], set[int]]] = {}
     for job in listing.jobs:
         if job.holder.run_id != run_id:
@@ -55,7 +59,7 @@ def missing(inventory: Inventory, run_id: str, listing: LeaseListing) -> tuple[M
     unknown = {name for names in listing.failed for name in names.split("+")}
     found = []
     for host in inventory.hosts:
-        if not host.leases or host.name in unknown:
+        if not host.leases or host.name in unknown or host.name not in active:
             continue
         ports, gpus = held.get(host.name, (set(), set()))
         lost_ports = (host.port,) if host.port and host.port not in ports else ()
@@ -89,10 +93,13 @@ class LeaseWatch:
         self.every = every
         self._looked: float | None = None
 
-    def check(self, inventory: Inventory, run_id: str, now: float) -> LeaseCheck | None:
-        """None when it is not time to look, or the backend leases nothing."""
+    def check(
+        self, inventory: Inventory, run_id: str, active: Collection[str], now: float
+    ) -> LeaseCheck | None:
+        """None when it is not time to look, or the backend leases nothing. `active`: the
+        workers that have not ended."""
         leasing = self.backend.leasing
-        if leasing is None or not any(h.leases for h in inventory.hosts):
+        if leasing is None or not any(h.leases and h.name in active for h in inventory.hosts):
             return None
         if self._looked is not None and now - self._looked < self.every:
             return None
@@ -101,7 +108,7 @@ class LeaseWatch:
             listing = leasing.leases(inventory)
         except OrchestrateError:
             return None  # no host answered: the next look
-        gone = missing(inventory, run_id, listing)
+        gone = missing(inventory, run_id, active, listing)
         if not gone:
             return LeaseCheck()
         return reclaim(gone, inventory, run_id, leasing.take_leases)

@@ -179,14 +179,16 @@ class Supervisor:
                 self._close_attempt(failure.kind.value)  # at the verdict, before the stop
                 self._recover(failure)
             else:
-                self._check_leases()
+                self._check_leases(status)
                 self._start_standbys(status)
                 self._pause()
 
-    def _check_leases(self) -> None:
+    def _check_leases(self, status: RunStatus) -> None:
         """Never run unleased silently: a dead keeper's port and GPUs are leased again, or
         the loss is said (output, `status`, the `lease_lost` notification) while it lasts."""
-        found = self.leasewatch.check(self.record.inventory, self.record.run_id, time.monotonic())
+        active = {w.name for w in status.workers if not w.state.finished}
+        found = self.leasewatch.check(self.record.inventory, self.record.run_id, active,
+                                      time.monotonic())  # fmt: skip
         if found is None:
             return
         for line in found.reclaimed:

@@ -11,6 +11,7 @@ from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.leases import Holder, Lease, LeaseListing, by_run
 
 RUN = "r1"
+ACTIVE = {"a", "b", "c"}  # the workers that have not ended
 
 
 def host(name: str, port: int, gpus: tuple[int, ...] | None) -> Host:
@@ -30,14 +31,16 @@ def listing(*leases: tuple[str, str, tuple[int, ...], tuple[int, ...]], **failed
 
 def test_what_no_keeper_of_the_run_holds_is_missing_and_an_unanswering_host_is_not() -> None:
     whole = listing(("a+b", RUN, (21000, 21001), (1, 2, 3)))
-    assert missing(INVENTORY, RUN, whole) == ()
-    assert missing(INVENTORY, RUN, listing()) == (
+    assert missing(INVENTORY, RUN, ACTIVE, whole) == ()
+    assert missing(INVENTORY, RUN, ACTIVE, listing()) == (
         Missing("a", (21000,), (1,)), Missing("b", (21001,), (2, 3)))  # fmt: skip
     other_run = listing(("a+b", "r2", (21000, 21001), (1, 2, 3)))  # another run holds them
-    assert len(missing(INVENTORY, RUN, other_run)) == 2
+    assert len(missing(INVENTORY, RUN, ACTIVE, other_run)) == 2
     partly = listing(("a+b", RUN, (21000, 21001), (1, 2)))
-    assert missing(INVENTORY, RUN, partly) == (Missing("b", (), (3,)),)
-    assert missing(INVENTORY, RUN, listing(**{"a+b": "no answer"})) == ()  # unknown: not lost
+    assert missing(INVENTORY, RUN, ACTIVE, partly) == (Missing("b", (), (3,)),)
+    assert missing(INVENTORY, RUN, ACTIVE, listing(**{"a+b": "no answer"})) == ()  # unknown
+    ended = missing(INVENTORY, RUN, {"b"}, listing())  # a's worker ended: its keeper lets go
+    assert ended == (Missing("b", (21001,), (2, 3)),)
     assert Missing("b", (21001,), (2, 3)).describe() == "b: port 21001 and GPUs 2,3"
 
 
