@@ -391,6 +391,13 @@ class RunEvents:
         self._emit("restarting", f"alone-{restart.worker}-{restart.at:.3f}",
                    f"{line}: {restart.describe()}")  # fmt: skip
 
+    def lease_lost(self, lost: str, at: float) -> None:
+        """A keeper of the run died and what it held could not be leased again: another job
+        may take the run's port or GPUs (once per loss, `at` its first sight)."""
+        self._emit("lease_lost", f"lease-lost-{at:.3f}", lost,
+                   "stop the run ('orchestrate down') or make sure no other job uses these "
+                   "ports and GPUs; 'orchestrate jobs' shows who holds them")  # fmt: skip
+
     def ended(self, status: RunStatus, stopping: bool) -> None:
         """The run's end as the supervisor sees it (a stop by `down` is `down`'s to tell)."""
         self.status = status

@@ -163,6 +163,8 @@ class RunStatus:
     attempt: int = 0
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None
+    # the ports and GPUs the run uses that it no longer holds a lease on (engine/leasewatch.py)
+    leases_lost: str | None = None
     scheduler: SchedulerState | None = None  # a scheduler's view of the attempt (Slurm job)
     # "worker w1 restarted (2 of 6), the chief continued": per worker restarted by itself
     alone: tuple[str, ...] = ()
@@ -190,6 +192,7 @@ class RunStatus:
             "last_restart": last.__dict__ if last else None,
             "restarted_alone": list(self.alone),
             "outcome": self.outcome,
+            "leases_lost": self.leases_lost,
             "scheduler": self.scheduler.to_json() if self.scheduler else None,
             "workers": [w.to_json() for w in self.workers],
             "pace": self.pace,
@@ -219,6 +222,7 @@ class RunStatus:
             attempt=integer(data.get("attempt")) or 0,
             restarts=_restarts(data.get("restarts"), data.get("last_restart")),
             outcome=text(data.get("outcome")),
+            leases_lost=text(data.get("leases_lost")),
             scheduler=_scheduler(data.get("scheduler")),
             alone=texts(data.get("restarted_alone")),
         )
@@ -351,6 +355,7 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         restarts=record.restarts,
         alone=alone_lines(record.alone, record.inventory.job.max_worker_restarts),
         outcome=record.outcome,
+        leases_lost=record.leases_lost,
         scheduler=backend.scheduler.scheduler_state(record) if backend.scheduler else None,
         state=run_state((s.role, s.state) for s in statuses),
         workers=tuple(statuses),
