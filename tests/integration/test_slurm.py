@@ -214,7 +214,7 @@ def test_status_while_running_then_down_leaves_nothing(orchestrate: Orchestrate)
     assert {w["host"] for w in status["workers"]} == {"n1", "n2"}
     assert run_processes(status["run_id"])
     # Every task's stacks, now: scancel --signal=USR2, read back through the shared disk.
-    _both_stacks(orchestrate, seen=("train.py",))
+    _both_stacks(orchestrate, seen=("loop.py",))  # the built-in loop (worker/loop.py)
     assert orchestrate.status()["state"] == "running"  # SIGUSR2 ended nothing
 
     down = orchestrate("down", timeout=120)
