@@ -149,6 +149,41 @@ def test_stalled_worker_is_detected_and_restarted(cli: Cli, reaper: list[str]) -
     assert "succeeded at step 80" in err
 
 
+def test_a_worker_slow_to_start_is_starting_not_stalled(cli: Cli, reaper: list[str]) -> None:
+    # Both wait 6 s before anything (a TensorFlow import on a loaded host), three times
+    # stall_timeout: within start_timeout that is start-up, and no restart is spent on it.
+    make_job(cli, {"stall_timeout": 2, "start_timeout": 60, "max_restarts": 0}, STEPS=20,
+             START_DELAY=6)  # fmt: skip
+    result = cli("up", "--skip-checks", "inv.yaml", timeout=180)
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "succeeded at step 20" in result.stderr
+    status = cli.status()
+    assert (status["attempt"], status["restarts"]) == (0, 0), status
+    logs = cli("tail", "-n", "100", check=True).stdout
+    assert logs.count("start 0 of a 2-worker cluster") == 2  # each started once
+
+
+def test_a_worker_past_start_timeout_is_named_with_that_limit(cli: Cli, reaper: list[str]) -> None:
+    # beta never makes its first step; alpha trains on (its steps keep no clock of beta's).
+    make_job(cli, {"stall_timeout": 60, "start_timeout": 3, "max_restarts": 0},
+             STEPS=100_000, SLOW_WORKER="beta", START_DELAY=100_000)  # fmt: skip
+    result = cli("up", "--skip-checks", "inv.yaml", timeout=180)
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 1, result.stdout + result.stderr
+    said = " ".join(result.stderr.split())
+    assert (
+        "the worker that failed first: beta before its first step: no first step within "
+        "start_timeout 3 s (it reported no progress)"
+    ) in said, result.stderr
+    assert "raise start_timeout if starting" in said  # what to do names the same limit
+    record = cli.record()
+    assert record["outcome"].startswith(
+        "gave up: beta: no first step within start_timeout 3 s (it reported no progress); "
+    ), record["outcome"]
+    assert record["attempts"][0]["end"] == "stalled"
+
+
 def test_detached_supervisor_restarts_and_attach_follows_to_the_end(
     cli: Cli, reaper: list[str]
 ) -> None:
