@@ -50,8 +50,13 @@ def in_process(pairs: int) -> None:
     """Adjacent timed and untimed segments of one Loop, in this process (see the docstring)."""
     import dataclasses
 
-    from worker import cli, train
+    from worker import cli
+    from worker.dataset import distribute_dataset
+    from worker.mirrored import build_loop
+    from worker.preemption import watch_sigterm
     from worker.progress import ProgressWriter
+    from worker.state import build_state
+    from worker.strategy import create_strategy
     from worker.summaries import Summaries
     from worker.task import load_task
 
@@ -61,19 +66,19 @@ def in_process(pairs: int) -> None:
                  "--checkpoint-dir", f"{scratch}/ckpt"]  # fmt: skip
         config = cli.parse_config(flags, {"ORCHESTRATE_RUN_DIR": scratch})
         task = load_task(config.task)
-        strategy = train.create_strategy(config.strategy, config.devices)
+        strategy = create_strategy(config.strategy, config.devices)
         dataset = task.dataset()
-        state = train.build_state(strategy, task, dataset.element_spec)
+        state = build_state(strategy, task, dataset.element_spec)
         summaries = Summaries(config.tensorboard_dir, strategy.extended.should_checkpoint)
-        loop = train.build_loop(config, strategy=strategy, task=task, state=state,
-                                summaries=summaries, progress=ProgressWriter(f"{scratch}/p.json"),
-                                start_step=0, element_spec=dataset.element_spec,
-                                sigterm=train.watch_sigterm())  # fmt: skip
+        loop = build_loop(config, strategy=strategy, task=task, state=state,
+                          summaries=summaries, progress=ProgressWriter(f"{scratch}/p.json"),
+                          start_step=0, element_spec=dataset.element_spec,
+                          sigterm=watch_sigterm())  # fmt: skip
         loop.saver.save = no_save  # type: ignore[method-assign]
         loop.saver.close = lambda: None  # type: ignore[method-assign]
         loop.summaries.close = lambda: None  # type: ignore[method-assign]
         loop.evaluator = None
-        iterator = iter(train.distribute_dataset(strategy, dataset, config.batch_size, 100, 0))
+        iterator = iter(distribute_dataset(strategy, dataset, config.batch_size, 100, 0))
         loop.config = dataclasses.replace(config, steps=SEGMENT_STEPS)
         step = loop.run(iterator, 0)  # warm up: the trace and the first steps
         rates: dict[bool, list[float]] = {False: [], True: []}

@@ -1,6 +1,7 @@
 """Bring the docker/compose.yaml cluster up with plain `docker run`, and take it down to nothing.
 
     docker/cluster.sh up [--stand-in-base] [--extra-ca FILE ... | --no-extra-ca]
+    docker/cluster.sh build [--stand-in-base] [--extra-ca FILE ... | --no-extra-ca]
     docker/cluster.sh down [--volumes] [--images]
     docker/cluster.sh status
 
@@ -31,6 +32,11 @@ at a time.
      address not recorded yet is left to orchestrate's accept-new policy. Then it prints the
      orchestrate commands.
 
+`build`: steps 1 to 3 alone (dockerd, the base, the image), so that the image can be built ahead
+of the first `up` (scripts/test.sh builds it at the start of the run, beside the checks). A build
+holds STATE_DIR/build.lock: an `up` that starts meanwhile waits for it and then finds the image
+built, instead of building the same layers (and a second stand-in base) beside it.
+
 `down`: removes the containers and the network, stops the dockerd that `up` started (by its pid;
 one it did not start is left alone), deletes a leftover docker0, and checks that nothing is left.
 The images stay (the next `up` builds in seconds) unless --images; the volumes (host keys, work
@@ -45,6 +51,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import fcntl
 import hashlib
 import hmac
 import ipaddress
@@ -390,6 +397,16 @@ def log(message: str) -> None:
     print(f"cluster: {message}", file=sys.stderr, flush=True)
 
 
+def record_phase(name: str, started: float) -> None:
+    """A build step's wall time for scripts/test.sh's phase table (scripts/phase_table.py), when
+    it set ORCHESTRATE_PHASE_LOG; `started` is a time.time()."""
+    path = os.environ.get("ORCHESTRATE_PHASE_LOG")
+    if path:
+        entry = {"kind": "image", "name": name, "start": started, "end": time.time()}
+        with contextlib.suppress(OSError), open(path, "a") as phase_log:
+            phase_log.write(json.dumps(entry) + "\n")
+
+
 def docker_cli() -> str:
     # Debian's docker.io CLI has BuildKit built in. Another `docker` earlier on PATH (a newer CLI
     # without the buildx plugin) would refuse DOCKER_BUILDKIT=1 or fall back to the legacy
@@ -565,7 +582,7 @@ def build_stand_in_base(name: str) -> None:
     if debootstrap is None:
         raise ClusterError("debootstrap not found: apt-get install debootstrap")
     mirror = apt_mirror()
-    started = time.monotonic()
+    started, wall_started = time.monotonic(), time.time()
     with tempfile.TemporaryDirectory(prefix="orchestrate-rootfs-") as rootfs:
         log(f"debootstrap bookworm from {mirror} (about a minute)")
         result = subprocess.run(
@@ -597,6 +614,7 @@ def build_stand_in_base(name: str) -> None:
                "--label", f"{STAND_IN_LABEL}=1"], context=Path(rootfs) / "empty")  # fmt: skip
 
     log(f"stand-in base image {name} built in {time.monotonic() - started:.0f} s")
+    record_phase("stand-in base image (debootstrap, docker import, python3)", wall_started)
 
 
 def build(args: list[str], *, context: Path) -> None:
@@ -627,6 +645,26 @@ def extra_ca_pem(files: Sequence[Path] | None) -> str:
     return pem
 
 
+@contextlib.contextmanager
+def build_lock() -> Iterator[None]:
+    """One image build at a time on this machine: a second waits and then finds it built."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with (STATE_DIR / "build.lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log("another build of the image runs (cluster.sh build): waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def dockerd_and_image(cluster: Cluster, ca_files: Sequence[Path] | None, stand_in: bool) -> str:
+    """Steps 1 to 3, under the build lock (a dockerd still starting does not answer yet)."""
+    with build_lock():
+        start_dockerd()
+        return build_image(cluster, ca_files, stand_in)
+
+
 def build_image(cluster: Cluster, ca_files: Sequence[Path] | None, stand_in: bool) -> str:
     base = base_image(cluster.dockerfile)
     if image_id(base) is None:
@@ -640,9 +678,10 @@ def build_image(cluster: Cluster, ca_files: Sequence[Path] | None, stand_in: boo
     if pem:
         args += ["--build-arg", f"EXTRA_CA_CERTS={pem}"]
         log(f"trusting {pem.count('BEGIN CERTIFICATE')} extra CA certificate(s) in the build")
-    started = time.monotonic()
+    started, wall_started = time.monotonic(), time.time()
     build(args, context=cluster.context)
     log(f"image {cluster.image} ready in {time.monotonic() - started:.0f} s")
+    record_phase(f"worker image {cluster.image} (docker/Dockerfile)", wall_started)
     built = image_id(cluster.image)
     assert built is not None
     return built
@@ -789,8 +828,7 @@ def make_client_key() -> None:
 def up(cluster: Cluster, ca_files: Sequence[Path] | None, stand_in: bool) -> None:
     if os.geteuid() != 0:
         raise ClusterError("must run as root: it starts dockerd and builds images")
-    start_dockerd()
-    built = build_image(cluster, ca_files, stand_in)
+    built = dockerd_and_image(cluster, ca_files, stand_in)
     make_client_key()
     ensure_network(cluster)
     for service in cluster.services:
@@ -878,6 +916,33 @@ def errors_reported() -> Iterator[None]:
         raise SystemExit(1) from None
 
 
+def _add_image_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--stand-in-base",
+        action="store_true",
+        help="if the Dockerfile's base image is missing, build a stand-in from Debian packages"
+        " (debootstrap from this machine's apt mirror) instead of pulling it",
+    )
+    parser.add_argument(
+        "--extra-ca",
+        action="append",
+        type=Path,
+        metavar="FILE",
+        help="PEM CA certificate the image trusts (repeatable); default: the certificates in"
+        f" {LOCAL_CA_DIR}",
+    )
+    parser.add_argument(
+        "--no-extra-ca", action="store_true", help="add no CA certificate to the image"
+    )
+
+
+def build_only(cluster: Cluster, ca_files: Sequence[Path] | None, stand_in: bool) -> None:
+    if os.geteuid() != 0:
+        raise ClusterError("must run as root: it starts dockerd and builds images")
+    dockerd_and_image(cluster, ca_files, stand_in)
+    print(f"image {cluster.image} built; next: docker/cluster.sh up", flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="docker/cluster.sh",
@@ -888,23 +953,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     up_parser = commands.add_parser(
         "up", help="start dockerd, build the image, start the containers (idempotent)"
     )
-    up_parser.add_argument(
-        "--stand-in-base",
-        action="store_true",
-        help="if the Dockerfile's base image is missing, build a stand-in from Debian packages"
-        " (debootstrap from this machine's apt mirror) instead of pulling it",
+    build_parser = commands.add_parser(
+        "build", help="start dockerd and build the image (and the stand-in base), no containers"
     )
-    up_parser.add_argument(
-        "--extra-ca",
-        action="append",
-        type=Path,
-        metavar="FILE",
-        help="PEM CA certificate the image trusts (repeatable); default: the certificates in"
-        f" {LOCAL_CA_DIR}",
-    )
-    up_parser.add_argument(
-        "--no-extra-ca", action="store_true", help="add no CA certificate to the image"
-    )
+    for image_parser in (up_parser, build_parser):
+        _add_image_options(image_parser)
     down_parser = commands.add_parser(
         "down", help="remove the containers and network, stop the dockerd that up started"
     )
@@ -918,9 +971,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with errors_reported():
         cluster = load_cluster()
-        if args.command == "up":
+        if args.command in ("up", "build"):
             ca_files: list[Path] | None = [] if args.no_extra_ca else args.extra_ca
-            up(cluster, ca_files, args.stand_in_base)
+            (up if args.command == "up" else build_only)(cluster, ca_files, args.stand_in_base)
         elif args.command == "down":
             down(cluster, args.volumes, args.images)
         else:

@@ -27,7 +27,7 @@ CHECKPOINT_DIR_ENV = "ORCHESTRATE_CHECKPOINT_DIR"
 TARGET_STEPS_ENV = "ORCHESTRATE_TARGET_STEPS"  # a script job's steps: (worker.target_steps())
 RESERVED_ENV_PREFIXES = (TF_CONFIG_ENV, "ORCHESTRATE_")
 
-# Progress keys of the built-in loop's step timing (worker/train.py writes them at each log step,
+# Progress keys of the built-in loop's step timing (worker/loop.py writes them at each log step,
 # engine/pace.py reads them): the mean seconds per step spent inside the step calls, and the mean
 # wall seconds per step, over the last log window. Their difference is the host's own time per
 # step; in a synchronous job the others wait for the worker with the most of it.

@@ -3,6 +3,7 @@
 OrchestrateError
 ├── InventoryError      the inventory file is unreadable or invalid (exit 2)
 ├── RunStateError       no run to act on, or a run is already active (exit 4)
+│   ├── RecordDamaged   a run's record cannot be read (exit 4)
 │   └── LeaseClash      a port or GPU the run needs is leased to another job (exit 4)
 ├── QueueWithdrawn      a queued `up` stopped waiting (Ctrl-C, `down`): nothing started (130)
 ├── HostError           a host could not be reached or a command on it failed (exit 3)
@@ -13,6 +14,7 @@ OrchestrateError
 ├── ScriptRefused       a value would end a generated script's embedded text early (exit 2)
 ├── SecretMissing       a job.secret_env variable is not set where its value is needed (exit 2)
 └── JobFailed           the training job ended with a failed worker (exit 1)
+FileRefused (an OSError) a file to read is no regular file or is over its size cap
 
 Every error carries a one-paragraph message and, where there is one, a hint that says what to do.
 """
@@ -63,6 +65,15 @@ class InventoryError(OrchestrateError):
 
 class RunStateError(OrchestrateError):
     exit_code = 4
+
+
+class RecordDamaged(RunStateError):
+    """A run's record cannot be read (truncated, nested too deep, over its size cap): `down`
+    still asks the run's live supervisor to stop its workers."""
+
+    def __init__(self, run_id: str, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.run_id = run_id
 
 
 class LeaseClash(RunStateError):
@@ -162,3 +173,9 @@ class PartialFailure(OrchestrateError):
 
 class JobFailed(OrchestrateError):
     exit_code = 1
+
+
+class FileRefused(OSError):
+    """A file the controller will not read (boundedread.py): not a regular file (a device, a
+    fifo), or over its size cap. An OSError, so every reader that reports an unreadable file
+    reports this one; its strerror says what the file is and the cap."""

@@ -43,12 +43,27 @@ def key_names(keys: Iterable[Key]) -> tuple[str, ...]:
     return tuple(key.name for key in keys)
 
 
+SHOWN = 60  # characters of a value shown in a message; a longer one is described by its size
+
+
 def describe(value: Any) -> str:
+    """A value as a message shows it: short, never whole when it is long (an alias-expanded
+    YAML value can be gigabytes once printed)."""
     if isinstance(value, (LineMap, dict)):
         return "a mapping"
     if isinstance(value, (LineList, list)):
         return "a list"
-    return repr(value)
+    if isinstance(value, str) and len(value) > SHOWN:
+        return f"a string of {len(value)} characters starting {value[:SHOWN]!r}"
+    return repr(value)[: SHOWN * 2]
+
+
+def brief_list(value: list[Any]) -> str:
+    """A list in a message: written out when short and flat, else its length."""
+    flat = all(not isinstance(item, (dict, list)) for item in value[:9])
+    if len(value) <= 8 and flat:
+        return "[" + ", ".join(describe(item) for item in value) + "]"
+    return f"a list of {len(value)} items"
 
 
 def control_problem(text: str) -> str | None:
@@ -118,9 +133,9 @@ def integers(low: int, length: int | None = None) -> Checker:
         if not isinstance(value, list) or (length is not None and len(value) != length):
             return None, expected
         if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in value):
-            return None, expected + f" ({list(value)})"
+            return None, expected + f" ({brief_list(value)})"
         if len(set(value)) != len(value):
-            return None, f"expected distinct integers, got {list(value)}"
+            return None, f"expected distinct integers, got {brief_list(value)}"
         return tuple(value), None
 
     return check

@@ -70,6 +70,9 @@ if [[ "${#missing[@]}" -gt 0 ]]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null
     action="installed ${missing[*]}"
+    # What this script added to the machine, for scripts/make-cold.sh (a cold run's measure).
+    mkdir -p /var/lib/orchestrate-ci
+    printf '%s\n' "${missing[@]}" >>/var/lib/orchestrate-ci/installed-packages
 fi
 
 # sshd refuses to start without its privilege-separation directory; /run is a tmpfs on most

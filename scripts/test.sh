@@ -4,6 +4,9 @@
 # and runs the unit tests that need no root as an unprivileged user (once: not again as root).
 #
 # What overlaps, on CI's two cores (docs/development.md has the time table):
+#   - as root, the Debian packages install beside pip; then, for the whole suite, the container
+#     tests' image builds in the background (docker/cluster.sh build) from the wheels pip
+#     already fetched, beside the checks and the lanes;
 #   - the checks (ruff, mypy, lint-imports, the manual) run beside pytest, their output shown
 #     when they end;
 #   - as root, the unprivileged unit run runs beside pytest too;
@@ -12,18 +15,70 @@
 #     and the plain tests wherever a worker is free (tests/conftest.py LANES);
 #   - then the tests that measure the machine (marker quiet) run alone.
 # Extra arguments go to pytest (`bash scripts/test.sh -k inventory`); `-n 0` runs it serially.
+# At the end a table says where the time went: each phase, each cluster's build, each lane
+# (scripts/phase_table.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-if [ "$(id -u)" = 0 ]; then
-    bash scripts/ci-system-deps.sh
-fi
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[worker,legacy-keras,dev,docs]'
+started=$(date +%s.%N)
 
 logs="$(mktemp -d)"
 trap 'rm -rf "$logs"' EXIT
+# Every phase's wall time goes here (the tests add their clusters' builds and their lanes:
+# tests/phase_log.py); scripts/phase_table.py prints the table at the end.
+export ORCHESTRATE_PHASE_LOG="$logs/phases.jsonl"
+
+# phase KIND NAME COMMAND...: run COMMAND, record its wall time under NAME, keep its status.
+phase() {
+    local kind=$1 name=$2 begin status=0
+    shift 2
+    begin=$(date +%s.%N)
+    "$@" || status=$?
+    printf '{"kind": "%s", "name": "%s", "start": %s, "end": %s}\n' \
+        "$kind" "$name" "$begin" "$(date +%s.%N)" >>"$ORCHESTRATE_PHASE_LOG"
+    return "$status"
+}
+
+# The image of the container tests is built ahead, beside the checks and the first lanes, not
+# inside the first test that needs it; only for the whole suite (no arguments), as root.
+build_ahead=0
+if [ "$(id -u)" = 0 ] && [ "$#" -eq 0 ]; then build_ahead=1; fi
+
+# The Debian packages (as root) install beside pip: neither waits for the other.
+apt_pid=
+if [ "$(id -u)" = 0 ]; then
+    phase setup "apt packages (scripts/ci-system-deps.sh)" \
+        bash scripts/ci-system-deps.sh >"$logs/apt.log" 2>&1 &
+    apt_pid=$!
+    # A Debian python3 needs its python3-venv package (one of those) before it makes a venv.
+    if ! python3 -c 'import ensurepip' 2>/dev/null; then wait "$apt_pid" || true; fi
+fi
+install_venv() {
+    python3 -m venv .venv
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e '.[worker,legacy-keras,dev,docs]'
+}
+phase setup "pip install of the project and its extras (.venv)" install_venv
+# The worker image's wheels (TensorFlow and the rest), from pip's cache of the install above,
+# so that the image's build does not download them again (docker/Dockerfile, docker/wheels/).
+image_wheels() {
+    .venv/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['worker']))" >"$logs/image-requirements.txt"
+    .venv/bin/python -m pip download -q -d docker/wheels -r "$logs/image-requirements.txt"
+}
+if [ "$build_ahead" -eq 1 ]; then
+    phase setup "wheels for the worker image (pip download, from pip's cache)" image_wheels
+fi
+if [ -n "$apt_pid" ]; then
+    apt_status=0
+    wait "$apt_pid" || apt_status=$?
+    cat "$logs/apt.log"
+    if [ "$apt_status" -ne 0 ]; then exit "$apt_status"; fi
+fi
+image_pid=
+if [ "$build_ahead" -eq 1 ]; then
+    PYTHON=.venv/bin/python phase image "dockerd, stand-in base and worker image, in all" \
+        sh docker/cluster.sh build --stand-in-base >"$logs/image.log" 2>&1 &
+    image_pid=$!
+fi
 
 checks() {
     .venv/bin/ruff check .
@@ -37,7 +92,8 @@ checks() {
     NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site_dir"
     rm -rf "$site_dir"
 }
-checks >"$logs/checks.log" 2>&1 &
+phase check "checks: ruff, ruff format, mypy, lint-imports, mkdocs --strict" \
+    checks >"$logs/checks.log" 2>&1 &
 checks_pid=$!
 
 lanes="not quiet"
@@ -46,7 +102,8 @@ if [ "$(id -u)" = 0 ]; then
     # The unit tests that need neither root nor TensorFlow run as an unprivileged user, and only
     # there; this pytest runs the rest (integration, and the unit tests marked tf or root).
     lanes="not quiet and (not unit or tf or root)"
-    bash scripts/unit-tests-unprivileged.sh >"$logs/unprivileged.log" 2>&1 &
+    phase check "unit tests as an unprivileged user (own venv)" \
+        bash scripts/unit-tests-unprivileged.sh >"$logs/unprivileged.log" 2>&1 &
     unprivileged_pid=$!
 fi
 # A -m of your own selects the tests instead: one run, in the lanes, the quiet ones among them.
@@ -57,7 +114,8 @@ done
 
 status=0
 # pytest exits 5 when it collects nothing: that fails the run (status stays non-zero).
-.venv/bin/python -m pytest -n 4 --dist loadgroup --durations=0 --durations-min=1 \
+phase pytest "pytest, the lanes side by side" \
+    .venv/bin/python -m pytest -n 4 --dist loadgroup --durations=0 --durations-min=1 \
     -m "$lanes" "$@" || status=$?
 
 echo "--- checks: ruff, ruff format, mypy, lint-imports, mkdocs --strict"
@@ -79,11 +137,21 @@ fi
 quiet_status=0
 if [ "$own_selection" -eq 0 ]; then
     echo "--- pytest, the quiet tests alone (marker quiet)"
-    .venv/bin/python -m pytest -n 0 --durations=0 --durations-min=1 -m quiet "$@" \
+    phase pytest "pytest, the quiet tests alone" \
+        .venv/bin/python -m pytest -n 0 --durations=0 --durations-min=1 -m quiet "$@" \
         || quiet_status=$?
     if [ "$quiet_status" -eq 5 ] && [ "$status" -eq 0 ]; then quiet_status=0; fi
 fi
 
+if [ -n "$image_pid" ]; then
+    echo "--- the worker image, built ahead (docker/cluster.sh build --stand-in-base)"
+    wait "$image_pid" || echo "--- the image's build exited $? (the container tests say more)"
+    grep '^cluster:' "$logs/image.log" || tail -n 20 "$logs/image.log"
+fi
+
+printf '{"kind": "total", "name": "scripts/test.sh in all", "start": %s, "end": %s}\n' \
+    "$started" "$(date +%s.%N)" >>"$ORCHESTRATE_PHASE_LOG"
+python3 scripts/phase_table.py "$ORCHESTRATE_PHASE_LOG" "$started" || true
 echo "--- pytest exited $status; the quiet tests $quiet_status"
 for code in "$status" "$quiet_status" "$checks_status" "$unprivileged_status"; do
     if [ "$code" -ne 0 ]; then exit "$code"; fi

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests import phase_log
 from tests.cluster.pytest_support import SharedCluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -477,3 +479,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 f"pytest-xdist gave {unnamed[0]} no group: this pytest and pytest-xdist do not "
                 "work together; install the versions pyproject.toml pins"
             )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Each test's time in its lane, for the phase table at the end of scripts/test.sh."""
+    start = time.time()
+    try:
+        return (yield)
+    finally:
+        lane = "quiet" if item.get_closest_marker("quiet") else lane_of(item) or "-"
+        phase_log.record("test", lane, start, time.time())

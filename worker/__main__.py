@@ -12,7 +12,7 @@ register_stack_dump(os.environ.get(RUN_DIR_ENV))
 from worker.cli import main  # noqa: E402 - after the handler
 
 code = main()
-# Results, checkpoints and summaries are flushed by now (train.run closes what it opened). Leave
+# Results, checkpoints and summaries are flushed by now (the loop closes what it opened). Leave
 # at once: interpreter teardown can block for tens of seconds in TensorFlow's dataset-iterator
 # destructors (~MultiDeviceIterator), and a finished worker that lingers looks stalled.
 sys.stdout.flush()

@@ -275,19 +275,19 @@ def _train(config: cfg.WorkerConfig, task: TrainingTask) -> None:
     """The loop of the config's strategy; TensorFlow is imported only now that the inputs are
     known to be good."""
     if config.cluster.parameter_server:
-        from worker import psloop
+        from worker import parameter_server
 
-        psloop.run(config, task)
+        parameter_server.run(config, task)
     else:
-        from worker import train
+        from worker import mirrored
 
-        train.run(config, task)
+        mirrored.run(config, task)
 
 
 def _serve(config: cfg.WorkerConfig) -> int:
     """A ParameterServerStrategy worker or ps task: its server, until it is stopped (never
     returns in a run: the chief's end stops it)."""
-    from worker import psloop
+    from worker import parameter_server
 
-    psloop.serve(config)
+    parameter_server.serve(config)
     return EXIT_OK

@@ -30,9 +30,9 @@ DEFAULT_CHECKPOINT_EVERY = 100
 DEFAULT_MAX_TO_KEEP = 3
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_LOG_EVERY = 10
-# Steps between the checks whether any worker got SIGTERM (worker.train.Preemption). A check only
-# reads a sum the steps reduce anyway; it costs a wait for the device, and a stop comes at most
-# this many steps after the signal. Like --checkpoint-every, the same on every worker.
+# Steps between the checks whether any worker got SIGTERM (worker.preemption.Preemption). A
+# check only reads a sum the steps reduce anyway; it costs a wait for the device, and a stop
+# comes at most this many steps after the signal. Like --checkpoint-every, the same on every worker.
 DEFAULT_PREEMPTION_CHECK_EVERY = 10
 # Training steps per tf.function call (--steps-per-call). One call costs a Python dispatch and a
 # host wait wherever a value is read; K steps per call pay it once for K steps.
@@ -41,8 +41,8 @@ DEFAULT_STEPS_PER_CALL = 1
 # The distribution strategies the worker can run under.
 STRATEGY_MULTI_WORKER = "multi-worker"
 STRATEGY_MIRRORED = "mirrored"
-# ParameterServerStrategy: the chief drives a ClusterCoordinator (worker.psloop); worker and ps
-# tasks only serve.
+# ParameterServerStrategy: the chief drives a ClusterCoordinator (worker.parameter_server);
+# worker and ps tasks only serve.
 STRATEGY_PS = "parameter-server"
 STRATEGIES = (STRATEGY_MULTI_WORKER, STRATEGY_MIRRORED, STRATEGY_PS)
 PS_TASK_TYPES = ("chief", "worker", "ps")

@@ -1,8 +1,8 @@
 """Device settings through tf.config, applied before the distribution strategy exists.
 
 Order matters: the strategy (or any op) initialises the TensorFlow runtime, after which tf.config
-raises "Virtual devices cannot be modified after being initialized" or similar. train.run therefore
-calls configure_devices() first. Listing physical devices does not initialise the runtime.
+raises "Virtual devices cannot be modified after being initialized" or similar. mirrored.run
+therefore calls configure_devices() first. Listing physical devices does not initialise the runtime.
 
 The flags are checked for consistency in worker.config; what is left here is what only the host
 can answer (how many GPUs it has).

@@ -3,7 +3,8 @@
     python -m worker.evaluate --task worker.examples.shapes:task \\
         --checkpoint-dir ~/orchestrate/shapes/checkpoints [--checkpoint ckpt-300]
 
-Or, with --watch, be the evaluator task beside a training (worker.watch decides what to evaluate):
+Or, with --watch, be the evaluator task beside a training (worker.evaluator_watch decides what
+to evaluate):
 
     python -m worker.evaluate --watch --task MODULE:FUNCTION --checkpoint-dir DIR --steps N \\
         [--batch-size B] [--poll SECONDS] [--tensorboard-dir DIR]
@@ -17,7 +18,7 @@ environment before TensorFlow starts: it evaluates on this process alone, no clu
 
 Builds the task's model, restores the checkpoint (the latest by default; worker.restore), runs
 the task's whole eval dataset through it with the same code the training loop evaluates with
-(worker.evaluation: every example counted once, example-weighted), and prints
+(worker.sharded_eval: every example counted once, example-weighted), and prints
 {"checkpoint", "step", "examples", "val_loss", "val_accuracy"}. So it reports what the run's final
 evaluation reported for the final checkpoint, up to float rounding.
 
@@ -42,9 +43,9 @@ from orchestrator.contract import (
     EXIT_USAGE,
     task_problem,
 )
+from worker.evaluator_watch import DEFAULT_POLL_SECONDS
 from worker.restore import CheckpointNotFound, UsageError, check_keras, checkpoint_path
 from worker.task import TaskError, load_task
-from worker.watch import DEFAULT_POLL_SECONDS
 
 DEFAULT_BATCH_SIZE = 64
 
@@ -118,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.batch_size < 1:
             raise UsageError(f"--batch-size must be a positive integer, got {args.batch_size}")
         if args.watch:
-            from worker.sidecar import watch
+            from worker.evaluator_task import watch
 
             return watch(args)
         check_one_shot(args)
@@ -127,8 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         task = load_task(args.task)
         if task.eval_dataset is None:
             raise UsageError(f"task {args.task!r} has no eval_dataset to evaluate")
-        from worker.evaluation import Evaluator
         from worker.restore import restore
+        from worker.sharded_eval import Evaluator
 
         restored = restore(task, args.checkpoint_dir, args.checkpoint)
         import tensorflow as tf

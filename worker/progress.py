@@ -1,7 +1,7 @@
 """The progress file: one small JSON object per worker that the controller polls.
 
 Standard library only (no TensorFlow, no numpy import), so any training script can report progress
-with `report(step=..., loss=...)` even if it does not use worker.train.
+with `report(step=..., loss=...)` even if it does not use the built-in loop (worker.loop).
 
 Each write goes to a temporary file in the same directory and is then renamed over the real one
 (os.replace is atomic on POSIX within one file system), so a reader sees either the previous

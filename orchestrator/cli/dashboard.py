@@ -89,7 +89,6 @@ def dashboard(  # noqa: PLR0917 - click passes every option by position
                 f"'{run_id}' is not a run id", hint="'orchestrate status --json' names the run"
             )
         context.store.load(run_id)  # an unknown run is an error now, not a blank page
-    from orchestrator.dashboard.auth import other_users
     from orchestrator.dashboard.server import Dashboard, may_go_without_token
 
     if no_token and not may_go_without_token(host):
@@ -101,6 +100,20 @@ def dashboard(  # noqa: PLR0917 - click passes every option by position
     token = None if no_token else _token(context.store)
     served = Dashboard(context.store, host, port, run_id, interval, token)
     click.echo(f"dashboard: {served.url}", nl=True)
+    _say_who_reads(context.store, served.port, host, no_token)
+    if exit_after_run is not None and run_id is not None:
+        threading.Thread(
+            target=_exit_after_run, args=(served, run_id, exit_after_run), daemon=True
+        ).start()
+    served.serve()
+    errors.print("dashboard stopped")
+
+
+def _say_who_reads(store: RunStore, port: int, host: str, no_token: bool) -> None:
+    """On stderr: without a token, the other users logged in now; with it, where it is."""
+    from orchestrator.dashboard.auth import other_users
+    from orchestrator.dashboard.server import may_go_without_token
+
     if no_token:
         import psutil  # here: every other command starts without it (issue 31)
 
@@ -108,7 +121,7 @@ def dashboard(  # noqa: PLR0917 - click passes every option by position
         if others:
             errors.print(
                 f"warning: without a token every user of this machine can read the dashboard "
-                f"on port {served.port}, and {', '.join(others)} logged in now",
+                f"on port {port}, and {', '.join(others)} logged in now",
                 markup=False,
                 highlight=False,
             )
@@ -116,16 +129,10 @@ def dashboard(  # noqa: PLR0917 - click passes every option by position
         where = "beyond this machine; " if not may_go_without_token(host) else ""
         errors.print(
             f"every request needs the token ({where}it is in the URL above and in "
-            f"{context.store.dashboard_token_path()}; scripts send 'Authorization: Bearer TOKEN')",
+            f"{store.dashboard_token_path()}; scripts send 'Authorization: Bearer TOKEN')",
             markup=False,
             highlight=False,
         )
-    if exit_after_run is not None and run_id is not None:
-        threading.Thread(
-            target=_exit_after_run, args=(served, run_id, exit_after_run), daemon=True
-        ).start()
-    served.serve()
-    errors.print("dashboard stopped")
 
 
 def _token(store: RunStore) -> str:

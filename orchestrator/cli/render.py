@@ -81,6 +81,8 @@ def status_table(status: RunStatus) -> Table:
         title.append(f"  ETA {duration(status.eta_seconds)}")
     if status.outcome:
         title.append("\n" + printable(status.outcome), style="red")
+    if status.leases_lost:
+        title.append("\nrunning unleased: " + printable(status.leases_lost), style="red")
     table = Table(title=title, title_justify="left", expand=False)
     for column in (
         "worker", "#", "host", "state", "pid", "step", "loss", "acc", "val_loss", "val_acc", "ckpt"

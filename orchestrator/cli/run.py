@@ -6,14 +6,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
-from rich.console import Group
-from rich.live import Live
-from rich.text import Text
 
 from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import load_inventory, open_backend
@@ -29,6 +25,7 @@ from orchestrator.cli.app import (
 from orchestrator.cli.dashboard import DEFAULT_PORT as DASHBOARD_PORT
 from orchestrator.cli.dashboard import spawn_dashboard
 from orchestrator.cli.hosts import prepare_before_checks
+from orchestrator.cli.live import finish, supervise_here, view
 from orchestrator.cli.preflight import (
     blocking_error,
     min_free_option,
@@ -36,45 +33,33 @@ from orchestrator.cli.preflight import (
     run_checks,
     show_findings,
 )
-from orchestrator.cli.render import duration, kept_warm, problems, progress_line, status_table
-from orchestrator.engine.control import stop_everything, watch
-from orchestrator.engine.goodput import run_account, summary
+from orchestrator.cli.render import duration
+from orchestrator.engine.control import stop_everything, stop_unrecorded, watch
 from orchestrator.engine.lifecycle import (
     DEFAULT_GRACE,
     StopReport,
-    first_standbys,
-    held_leases,
-    start_run,
 )
 from orchestrator.engine.locks import (
     SupervisorLock,
-    exclusive_start,
     interrupted_launch,
-    refuse_if_active,
     relaunch,
 )
 from orchestrator.engine.notify import RunEvents, missing_notify_secrets
-from orchestrator.engine.plan import new_run_id
-from orchestrator.engine.policy import conclude, linger_seconds, with_warm_default
+from orchestrator.engine.policy import linger_seconds, with_warm_default
 from orchestrator.engine.queue import Withdrawn, pending, wait_for_leases, withdraw
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_env
-from orchestrator.engine.state import WorkerState
+from orchestrator.engine.start import StartHooks, StartOptions, start_first_attempt
 from orchestrator.engine.status import RunStatus, collect_status
-from orchestrator.engine.supervise import STANDBY_SLACK, Supervisor
 from orchestrator.errors import (
-    JobFailed,
     MissingTool,
-    OrchestrateError,
     PartialFailure,
     QueueWithdrawn,
+    RecordDamaged,
     RunStateError,
 )
 from orchestrator.model.inventory import Inventory
-from orchestrator.model.printable import printable
 from orchestrator.model.records import RunRecord
-
-PLAIN_REPORT_EVERY = 15.0  # seconds between progress lines when the output is not a terminal
 
 
 @cli.command()
@@ -224,36 +209,17 @@ def start_and_supervise(
     wait for held leases (engine/queue.py) instead of failing."""
     secrets, inventory = _ready_to_start(context, inventory)
     with open_backend(inventory) as backend:
-        # Exclusive from the check for an active run through the launch, then released: a
-        # second `up` waits for it, then finds this run active and refuses.
-        with exclusive_start(context.store, _say):
-            refuse_if_active(context.store, backend, _say)
-            # Setup may install what the checks look for (the python, TensorFlow): it goes first.
-            prepared = prepare_before_checks(inventory, backend, force_setup)
-            run_id = new_run_id()
-            # The run's leases (port: auto, gpus: N) first: the checks check the leased ports.
-            with ExitStack() as held:
-                # Its turn first (then held_leases keeps what its keepers hold); goodput's queue.
-                queued = _wait_in_queue(context, inventory, run_id, backend) if queue else 0.0
-                leased = held.enter_context(held_leases(inventory, run_id, backend, _say))
-                measured = not skip_checks and leased.perf_check
-                if measured:  # the standbys' TensorFlow import would slow the compute probes
-                    _checks(leased, backend, probe_timeout, min_free_gb, perf=True)
-                # TensorFlow's import in the first workers overlaps the checks and the launch.
-                held.enter_context(first_standbys(leased, run_id, backend, linger=STANDBY_SLACK))
-                if not skip_checks and not measured:
-                    _checks(leased, backend, probe_timeout, min_free_gb, perf=False)
-                _announce(leased, source, secrets)
-                record = start_run(
-                    leased,
-                    context.store,
-                    backend,
-                    say=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
-                    force_setup=force_setup,
-                    prepared=prepared,
-                    run_id=run_id,
-                    queue_seconds=queued,
-                )
+        hooks = StartHooks(
+            say=_say,
+            prepare=prepare_before_checks,
+            wait_in_queue=lambda inv, run_id, be: _wait_in_queue(context, inv, run_id, be),
+            check=lambda leased, be, perf: _checks(leased, be, probe_timeout, min_free_gb,
+                                                  perf=perf),
+            announce=lambda leased: _announce(leased, source, secrets),
+            step=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
+        )  # fmt: skip
+        options = StartOptions(skip_checks=skip_checks, force_setup=force_setup, queue=queue)
+        record = start_first_attempt(context.store, backend, inventory, hooks, options)
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
         if with_dashboard:
             _start_dashboard(context, record.run_id, dashboard_port)
@@ -264,7 +230,7 @@ def start_and_supervise(
                 "Follow with 'orchestrate attach', 'orchestrate status', 'orchestrate tail -f'"
             )
             return
-        _supervise_here(context.store, backend, record, interval)
+        supervise_here(context.store, backend, record, interval)
 
 
 def _ready_to_start(context: Context, inventory: Inventory) -> tuple[dict[str, str], Inventory]:
@@ -356,88 +322,6 @@ def _spawn_supervisor(store: RunStore, run_id: str) -> int:
     return process.pid
 
 
-@contextmanager
-def _view() -> Iterator[tuple[Callable[[RunStatus], None], Callable[[str], None]]]:
-    """A live table on a terminal; plain lines on state changes elsewhere (logs, pipes)."""
-    if console.is_terminal:
-        with Live(console=console, auto_refresh=False, transient=False) as live:
-            yield (
-                lambda status: live.update(  # a problem's line is plain text, not markup
-                    Group(status_table(status), *map(Text, problems(status))), refresh=True
-                ),
-                lambda message: live.console.print(message, markup=False, highlight=False),
-            )
-    else:
-        yield (
-            _PlainReporter().report,
-            lambda message: console.print(message, markup=False, highlight=False),
-        )
-
-
-class _PlainReporter:
-    """Prints a worker's line when its state changes, and all of them every few seconds."""
-
-    def __init__(self) -> None:
-        self.states: dict[str, WorkerState] = {}
-        self.last = 0.0
-
-    def report(self, status: RunStatus) -> None:
-        now = time.monotonic()
-        periodic = now - self.last >= PLAIN_REPORT_EVERY
-        for worker in status.workers:
-            if periodic or self.states.get(worker.name) != worker.state:
-                console.print(progress_line(worker), markup=False, highlight=False)
-            self.states[worker.name] = worker.state
-        if periodic:
-            self.last = now
-
-
-def _supervise_here(store: RunStore, backend: Backend, record: RunRecord, interval: float) -> None:
-    lock = SupervisorLock(store.lock_path(record.run_id))
-    if not lock.acquire():
-        raise RunStateError(
-            f"run {record.run_id} is already supervised by another process",
-            hint="'orchestrate attach' shows its live view",
-        )
-    try:
-        with _view() as (show, say):
-            supervisor = Supervisor(store, backend, record, show=show, say=say, interval=interval)
-            try:
-                final = supervisor.run()
-            except JobFailed:
-                with suppress(OrchestrateError):  # the failure is what the user must see
-                    _epilogue(store.load(record.run_id), supervisor.last_status, backend)
-                raise
-    except KeyboardInterrupt:
-        raise StoppedWatching() from None
-    finally:
-        lock.release()
-    ended = store.load(record.run_id)
-    _epilogue(ended, final, backend)
-    _finish(final, ended)
-
-
-def _epilogue(record: RunRecord, final: RunStatus | None, backend: Backend) -> None:
-    """The run's goodput, and what it leaves running: its standbys kept warm (the hosts'
-    own listing; a host not answering lists none)."""
-    errors.print(summary(run_account(record, final, time.time())), markup=False,
-                 highlight=False)  # fmt: skip
-    if backend.keeper is None:  # a backend that keeps no standbys (Slurm)
-        return
-    try:
-        standbys = {n: s for n, s in backend.keeper.standbys(record.workers).ok.items() if s}
-    except OrchestrateError:
-        return
-    warm = kept_warm(standbys)
-    if warm:
-        errors.print(warm, markup=False, highlight=False)
-
-
-def _finish(final: RunStatus, record: RunRecord) -> None:
-    # The conclusion names the root cause, a worker's own words: printable, and not markup.
-    errors.print(Text(printable(conclude(final, record)), style="green"), highlight=False)
-
-
 @cli.command(hidden=True)
 @click.argument("run_id")
 @click.option("--interval", default=1.0)
@@ -447,7 +331,7 @@ def supervise(context: Context, run_id: str, interval: float) -> None:
     record = context.store.load(run_id)
     secret_values(record.inventory.job.secret_env, os.environ, doing="supervising the run")
     with open_backend(record.inventory) as backend:
-        _supervise_here(context.store, backend, record, interval)
+        supervise_here(context.store, backend, record, interval)
 
 
 @cli.command()
@@ -475,15 +359,15 @@ def attach(context: Context, run_id: str | None, interval: float) -> None:
             errors.print(f"run {record.run_id}: nothing supervises it; supervising it here")
             if interrupted_launch(context.store, record) and not record.stop_requested:
                 record = relaunch(context.store, backend, record, _say)
-            _supervise_here(context.store, backend, record, interval)
+            supervise_here(context.store, backend, record, interval)
             return
         errors.print(f"run {record.run_id}: watching (another process supervises it)")
         try:
-            with _view() as (show, _message):
+            with view() as (show, _message):
                 final = watch(context.store, backend, record.run_id, show, interval)
         except KeyboardInterrupt:
             raise StoppedWatching() from None
-    _finish(final, context.store.load(record.run_id))
+    finish(final, context.store.load(record.run_id))
 
 
 def _require_secrets_to_supervise(record: RunRecord, backend: Backend) -> None:
@@ -526,7 +410,14 @@ def down(context: Context, grace: float | None, save: bool, run_id: str | None) 
                                  hint="stop that process; its tickets expire with it")  # fmt: skip
         errors.print(f"run {waiting.run_id} was queued: withdrawn, nothing had started")
         return
-    with open_backend(context.store.load(run_id).inventory) as backend:
+    try:
+        inventory = context.store.load(run_id).inventory
+    except RecordDamaged as damaged:  # its live supervisor still knows where the workers are
+        for name, outcome in stop_unrecorded(context.store, damaged, grace).outcome.items():
+            console.print(f"{name}: {outcome}", markup=False, highlight=False)
+        errors.print(f"run {damaged.run_id} is down: its supervisor stopped it")
+        return
+    with open_backend(inventory) as backend:
         record, report = stop_everything(context.store, backend, run_id, grace)
         final = collect_status(record, backend) if save else None
     events = RunEvents(context.store, record, _say)  # notify: targets hear of the stop

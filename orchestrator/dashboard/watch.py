@@ -25,6 +25,7 @@ import psutil
 
 from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import open_backend
+from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.dashboard import model
 from orchestrator.dashboard.model import HISTORY_FILE
 from orchestrator.engine.hangs import kept as kept_stacks
@@ -304,8 +305,8 @@ class RunWatch:
 
     def _read_json(self, path: Any) -> Any:
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            return json.loads(read_text(path, RECORD_CAP))
+        except (OSError, ValueError, RecursionError):
             return None
 
     def _tensorboard(self) -> dict[str, Any] | None:

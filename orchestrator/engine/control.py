@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.base import Backend
+from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.engine.lifecycle import StopReport, stop_run
 from orchestrator.engine.locks import FileLock, SupervisorLock
 from orchestrator.engine.runstore import RunStore, StopRequest
 from orchestrator.engine.status import RunStatus, collect_status
+from orchestrator.errors import RecordDamaged
 from orchestrator.model.records import RunRecord
 
 WAKE_CHECK = 0.1  # seconds between looks at the stop flag while the supervisor waits
@@ -59,6 +61,26 @@ def stop_everything(store: RunStore, backend: Backend, run_id: str | None,
     return newer, report
 
 
+def stop_unrecorded(store: RunStore, damaged: RecordDamaged, grace: float) -> StopReport:
+    """`down` of a run whose record cannot be read: its live supervisor holds the record it
+    started with and stops the workers over its own sessions. Without one that answers,
+    `damaged` again, saying so: where the workers are is written only in that record."""
+    run_id = damaged.run_id
+    request = store.request_stop(run_id, grace)  # the flag also keeps a new attempt from starting
+    lock = SupervisorLock(store.lock_path(run_id))
+    answer = _supervisor_stopped(store, run_id, request, lock) if lock.held_elsewhere() else None
+    if answer is None:
+        store.withdraw_stop_request(run_id)
+        raise RecordDamaged(
+            run_id,
+            damaged.message + "; no supervisor of the run answered, and only the record says "
+            "where its workers are",
+            hint="stop the run's workers on their hosts (each runs under a minder in its run "
+            "directory)",
+        )
+    return answer
+
+
 def _supervisor_stopped(store: RunStore, run_id: str, request: StopRequest,
                         lock: FileLock) -> StopReport | None:  # fmt: skip
     """The live supervisor's answer to `request`, once it has stopped the workers and let go;
@@ -82,8 +104,8 @@ def _supervisor_stopped(store: RunStore, run_id: str, request: StopRequest,
 
 def _read_answer(path: Path, request: StopRequest) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_text(path, RECORD_CAP))
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) and data.get("request") == request.id else None
 

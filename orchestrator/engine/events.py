@@ -2,7 +2,8 @@
 it, the body each is sent and its signature. Pure (engine/notify.py sends them).
 
 An event is one JSON object: `event` (queued, started, restarting, stalled, preempted,
-succeeded, failed, stopped; `test` from `orchestrate notify --test`), `job`, `run_id`, `state`,
+succeeded, failed, stopped, lease_lost; `test` from `orchestrate notify --test`), `job`,
+`run_id`, `state`,
 `step`, `target_steps`, `eta_seconds` (engine/eta.py's), `root_cause`, `hint`, `restarts`,
 `attempt`, `dashboard` (its address, never its token), `at` (Unix time), `id` (unique, so a
 receiver can drop a repeat) and `text` (the same for people: what a Slack message shows).
@@ -30,6 +31,7 @@ HEADLINES = {
     "succeeded": "succeeded",
     "failed": "failed",
     "stopped": "was stopped",
+    "lease_lost": "runs unleased",
     TEST_EVENT: "test notification",
 }
 

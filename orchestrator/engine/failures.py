@@ -33,6 +33,7 @@ class FailureKind(str, Enum):
     EARLY_EXIT = "early exit"
     LEFT_EARLY = "left early"
     STOPPED_SHORT = "stopped short"
+    BAD_PROGRESS = "bad progress"
     CRASHED = "crashed"
 
 
@@ -60,6 +61,10 @@ MEANINGS: dict[FailureKind, str] = {
         "cluster (it never listened on its TensorFlow port)"
     ),
     FailureKind.STOPPED_SHORT: "a script exited 0 below the job's steps: target",
+    FailureKind.BAD_PROGRESS: (
+        "exited 0 with a progress whose step is no step number (NaN, a string): no success "
+        "can be shown"
+    ),
     FailureKind.CRASHED: "any other non-zero exit",
 }
 
@@ -76,7 +81,7 @@ NEVER_JOINED = (
 # kind here keeps them permanent when a job empties permanent_exit_codes.)
 DETERMINISTIC = frozenset(
     {FailureKind.IMPORT_ERROR, FailureKind.KERAS_API, FailureKind.USAGE, FailureKind.LEFT_EARLY,
-     FailureKind.STOPPED_SHORT}
+     FailureKind.STOPPED_SHORT, FailureKind.BAD_PROGRESS}
 )  # fmt: skip
 
 # What to do about each kind, for people: `up`'s root cause, `status`, the dashboard.
@@ -124,6 +129,10 @@ HINTS: dict[FailureKind, str] = {
         "the script exited 0 before the job's steps: (its target, in ORCHESTRATE_TARGET_STEPS "
         "and worker.target_steps()): make its loop run to that step and report it "
         "(worker.report(step=...)), resume at the checkpoint's step, or lower steps:"
+    ),
+    FailureKind.BAD_PROGRESS: (
+        "the script reported a step that is no number: report an integer step "
+        "(worker.report(step=...)), or none at all"
     ),
     FailureKind.STALLED: (
         "no first step within start_timeout, or no new step for stall_timeout after it (the "

@@ -15,7 +15,7 @@ from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import open_backend, serves
 from orchestrator.engine.lifecycle import launch_attempt, stop_run
 from orchestrator.engine.policy import STOP_GRACE
-from orchestrator.engine.runstore import RunStore, private_dir
+from orchestrator.engine.runstore import RunStore, private_dir, writing_state
 from orchestrator.engine.state import ACTIVE, WorkerState
 from orchestrator.engine.status import collect_status
 from orchestrator.errors import (
@@ -33,15 +33,20 @@ class FileLock:
         self._fd: int | None = None
 
     def acquire(self) -> bool:
-        private_dir(self.path.parent, own_link_ok=self._in_state_root)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        with writing_state(self.path):  # a full or read-only state directory: exit 3, named
+            private_dir(self.path.parent, own_link_ok=self._in_state_root)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            try:
+                os.ftruncate(fd, 0)
+                os.write(fd, str(os.getpid()).encode())
+            except OSError:
+                os.close(fd)
+                raise
         self._fd = fd
         return True
 

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from orchestrator import __version__
+from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.config.notify import SIGNATURE_HEADER
 from orchestrator.engine.events import (
     TEST_EVENT,
@@ -390,6 +391,13 @@ class RunEvents:
         self._emit("restarting", f"alone-{restart.worker}-{restart.at:.3f}",
                    f"{line}: {restart.describe()}")  # fmt: skip
 
+    def lease_lost(self, lost: str, at: float) -> None:
+        """A keeper of the run died and what it held could not be leased again: another job
+        may take the run's port or GPUs (once per loss, `at` its first sight)."""
+        self._emit("lease_lost", f"lease-lost-{at:.3f}", lost,
+                   "stop the run ('orchestrate down') or make sure no other job uses these "
+                   "ports and GPUs; 'orchestrate jobs' shows who holds them")  # fmt: skip
+
     def ended(self, status: RunStatus, stopping: bool) -> None:
         """The run's end as the supervisor sees it (a stop by `down` is `down`'s to tell)."""
         self.status = status
@@ -455,8 +463,8 @@ class RunEvents:
 
     def _claimed(self, key: str) -> bool:
         try:
-            text = self.store.notified_path(self.record.run_id).read_text(encoding="utf-8")
-        except OSError:
+            text = read_text(self.store.notified_path(self.record.run_id), RECORD_CAP)
+        except (OSError, ValueError):
             return False
         return key in text.split()
 

@@ -367,7 +367,8 @@ def backoff(job: Job, restarts_so_far: int) -> float:
 def conclude(final: RunStatus, record: RunRecord) -> str:
     """The line that reports a successful run; JobFailed saying why for any other ending."""
     if final.state is WorkerState.SUCCEEDED:
-        steps = max((w.step or 0) for w in final.workers)
+        reported = [w.step for w in final.workers if w.step is not None]
+        steps = max(reported) if reported else "? (no worker reported a step)"
         restarts = f" after {len(record.restarts)} restart(s)" if record.restarts else ""
         chief = final.workers[0]
         evaluated = ""

@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any
 
 from orchestrator.backends.base import Backend, Leased
+from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.engine.runstore import RunStore, atomic_write
 from orchestrator.errors import LeaseClash, OrchestrateError
 from orchestrator.model.inventory import Inventory
@@ -78,10 +79,10 @@ def controller_ticket(arrival: float) -> dict[str, Any]:
 def pending(store: RunStore) -> Pending | None:
     """The run waiting in the queue in this state directory, if its waiting process lives."""
     try:
-        data = json.loads(_pending_path(store).read_text())
+        data = json.loads(read_text(_pending_path(store), RECORD_CAP))
         entry = Pending(str(data["run_id"]), str(data["job"]), float(data["since"]),
                         str(data["reason"]), int(data["pid"]), int(data["starttime"]))  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     return entry if process_start(entry.pid) == entry.starttime else None
 

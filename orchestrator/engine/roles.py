@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from orchestrator.engine.state import WorkerState, overall
-from orchestrator.model.inventory import ROLE_CHIEF, ROLE_EVALUATOR, ROLE_WORKER
+from orchestrator.model.inventory import ROLE_CHIEF, ROLE_EVALUATOR, ROLE_PS, ROLE_WORKER
 
 # How often an evaluator that failed is started again, alone, before it is left failed.
 EVALUATOR_RESTARTS = 3
@@ -44,6 +44,18 @@ def run_state(workers: Iterable[tuple[str, WorkerState]]) -> WorkerState:
     if state is WorkerState.SUCCEEDED and not evaluator[0].finished:
         return WorkerState.RUNNING  # the final checkpoint's evaluation
     return state
+
+
+def serving(workers: Iterable[tuple[str, WorkerState]]) -> list[int]:
+    """The positions of the ParameterServerStrategy ps and workers that show `running` though
+    they report no progress: they serve the chief's closures and write no steps, so while the
+    chief trains, alive (`starting`) is running."""
+    pairs = list(workers)
+    chief = [state for role, state in pairs if role == ROLE_CHIEF]
+    if not chief or chief[0] is not WorkerState.RUNNING:
+        return []
+    return [i for i, (role, state) in enumerate(pairs)
+            if role in (ROLE_PS, ROLE_WORKER) and state is WorkerState.STARTING]  # fmt: skip
 
 
 def chief_succeeded(workers: Iterable[tuple[str, WorkerState]]) -> bool:

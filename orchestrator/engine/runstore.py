@@ -34,13 +34,15 @@ import pwd
 import stat
 import tempfile
 import time
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO
 
 from orchestrator.backends.registry import host_settings, source_settings_of
-from orchestrator.errors import HostError, RunStateError
+from orchestrator.boundedread import RECORD_CAP, read_text
+from orchestrator.errors import HostError, RecordDamaged, RunStateError
 from orchestrator.model.records import RunRecord
 
 DEFAULT_STATE_DIR = ".orchestrate"
@@ -92,9 +94,9 @@ class RunStore:
     def stop_request(self, run_id: str) -> StopRequest | None:
         """The pending `down` of the run; None with no flag, or one that carries nothing."""
         try:
-            data = json.loads(self.stop_flag(run_id).read_text(encoding="utf-8"))
+            data = json.loads(read_text(self.stop_flag(run_id), RECORD_CAP))
             return StopRequest(str(data["id"]), float(data["grace"]))
-        except (OSError, ValueError, TypeError, KeyError):
+        except (OSError, ValueError, TypeError, KeyError, RecursionError):
             return None
 
     def stop_answer_path(self, run_id: str) -> Path:
@@ -154,8 +156,9 @@ class RunStore:
 
     def write_file(self, path: Path, text: str) -> None:
         """Replace a file of the state directory atomically: readers see old or new, never half."""
-        self._make_parent(path)
-        _atomic_write(path, text)
+        with writing_state(path):
+            self._make_parent(path)
+            _atomic_write(path, text)
 
     def _make_parent(self, path: Path) -> None:
         """The state directory checked (state_root) before anything is written in it; runs/
@@ -180,9 +183,10 @@ class RunStore:
 
     def save(self, record: RunRecord) -> None:
         path = self._run_path(record.run_id)
-        self._make_parent(path)
-        _atomic_write(path, json.dumps(record.to_json(), indent=2))
-        _atomic_write(self.root / "current", record.run_id + "\n")
+        with writing_state(path):
+            self._make_parent(path)
+            _atomic_write(path, json.dumps(record.to_json(), indent=2))
+            _atomic_write(self.root / "current", record.run_id + "\n")
 
     def load(self, run_id: str | None = None) -> RunRecord:
         """The named run, or the latest one."""
@@ -194,30 +198,53 @@ class RunStore:
                 "(ORCHESTRATE_STATE_DIR) at the directory you started it from",
             )
         try:
-            data = json.loads(self._run_path(run_id).read_text(encoding="utf-8"))
+            data = json.loads(read_text(self._run_path(run_id), RECORD_CAP))
         except FileNotFoundError as exc:
             raise RunStateError(
                 f"no run '{run_id}' in {self.root.resolve()}",
                 hint="'ls " + str(self.root / "runs") + "' lists the known runs",
             ) from exc
+        except RecursionError as exc:  # json's parser recurses: '[' * 60000
+            raise self._damaged(run_id, "JSON nested too deep for a run record") from exc
         except (OSError, ValueError, TypeError) as exc:
-            raise RunStateError(f"the record of run '{run_id}' is unreadable: {exc}") from exc
+            raise self._damaged(run_id, str(exc)) from exc
         try:
             record = RunRecord.from_json(data, host_settings, source_settings_of)
-        except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise RunStateError(
-                f"the record of run '{run_id}' is unreadable: {type(exc).__name__} {exc}"
-            ) from exc
+        except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as exc:
+            raise self._damaged(run_id, f"{type(exc).__name__} {str(exc)[:200]}") from exc
         return replace(record, stop_requested=self.stop_flag(run_id).exists())
+
+    def _damaged(self, run_id: str, why: str) -> RecordDamaged:
+        return RecordDamaged(
+            run_id,
+            f"the record of run '{run_id}' is unreadable: {why}",
+            hint=f"{self._run_path(run_id)} is damaged; 'orchestrate down' still stops the run "
+            "while its supervisor lives; otherwise stop its workers on their hosts",
+        )
 
     def exists(self, run_id: str) -> bool:
         return self._run_path(run_id).exists()
 
     def current_id(self) -> str | None:
         try:
-            return (self.root / "current").read_text(encoding="utf-8").strip() or None
+            return read_text(self.root / "current", RECORD_CAP).strip() or None
         except FileNotFoundError:
             return None
+
+
+@contextmanager
+def writing_state(path: Path) -> Iterator[None]:
+    """Writes to the state directory: one that is full, read-only or not this account's to
+    write is a HostError of this machine (exit 3) that names the file, never a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise HostError(
+            THIS_MACHINE,
+            f"cannot write {Path(exc.filename or path).absolute()}: {exc.strerror or exc}",
+            hint="free space there or make it writable, or use another state directory "
+            "(--state-dir, ORCHESTRATE_STATE_DIR)",
+        ) from exc
 
 
 def state_root(path: Path) -> Path:

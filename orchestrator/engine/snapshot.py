@@ -9,6 +9,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.status import RunStatus
 
@@ -33,8 +34,8 @@ def read_snapshot(store: RunStore, run_id: str) -> Snapshot | None:
     """The latest snapshot of the run (None when there is none, it is being replaced, or it
     holds no status RunStatus.from_json can read)."""
     try:
-        document = json.loads(store.snapshot_path(run_id).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        document = json.loads(read_text(store.snapshot_path(run_id), RECORD_CAP))
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(document, dict):
         return None

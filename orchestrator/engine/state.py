@@ -104,6 +104,9 @@ def _exited_zero(probe: WorkerProbe, expect: Expectation) -> Classification:
         return _stopped(probe)
     if expect.cluster and probe.exit is not None and probe.exit.joined is False:
         return Classification(failed, NEVER_JOINED, FailureKind.LEFT_EARLY)
+    bad = _bad_progress(probe)
+    if bad:
+        return Classification(failed, bad, FailureKind.BAD_PROGRESS)
     step = probe.progress.step if probe.progress else None
     if expect.target_steps and step is not None and step < expect.target_steps:
         return Classification(
@@ -113,6 +116,16 @@ def _exited_zero(probe: WorkerProbe, expect: Expectation) -> Classification:
     if short:
         return Classification(failed, short, FailureKind.EARLY_EXIT)
     return Classification(WorkerState.SUCCEEDED)
+
+
+def _bad_progress(probe: WorkerProbe) -> str | None:
+    """What makes an exit 0 unprovable: the worker's last progress gave a step that is no step
+    number (NaN, a string, an absurd number: read as absent, it ended as "succeeded at step 0").
+    A NaN loss alone is the training's own business (the step says how far it got)."""
+    progress = probe.progress
+    if progress is None or progress.fields.get("step") is None or progress.step is not None:
+        return None
+    return f"exited 0 with a step of {str(progress.fields['step'])[:40]!r}: no step number"
 
 
 def _short_of_target(probe: WorkerProbe) -> str | None:

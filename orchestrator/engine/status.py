@@ -17,7 +17,7 @@ from orchestrator.contract import (
 from orchestrator.engine.eta import run_eta, worker_eta
 from orchestrator.engine.failures import classify_exit, explain
 from orchestrator.engine.pace import pace_outlier
-from orchestrator.engine.roles import run_state
+from orchestrator.engine.roles import run_state, serving
 from orchestrator.engine.state import Expectation, WorkerState, classify
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.inventory import ROLE_EVALUATOR, ROLE_WORKER
@@ -163,6 +163,8 @@ class RunStatus:
     attempt: int = 0
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None
+    # the ports and GPUs the run uses that it no longer holds a lease on (engine/leasewatch.py)
+    leases_lost: str | None = None
     scheduler: SchedulerState | None = None  # a scheduler's view of the attempt (Slurm job)
     # "worker w1 restarted (2 of 6), the chief continued": per worker restarted by itself
     alone: tuple[str, ...] = ()
@@ -190,6 +192,7 @@ class RunStatus:
             "last_restart": last.__dict__ if last else None,
             "restarted_alone": list(self.alone),
             "outcome": self.outcome,
+            "leases_lost": self.leases_lost,
             "scheduler": self.scheduler.to_json() if self.scheduler else None,
             "workers": [w.to_json() for w in self.workers],
             "pace": self.pace,
@@ -219,6 +222,7 @@ class RunStatus:
             attempt=integer(data.get("attempt")) or 0,
             restarts=_restarts(data.get("restarts"), data.get("last_restart")),
             outcome=text(data.get("outcome")),
+            leases_lost=text(data.get("leases_lost")),
             scheduler=_scheduler(data.get("scheduler")),
             alone=texts(data.get("restarted_alone")),
         )
@@ -342,6 +346,8 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
             for s in statuses
         ]
     statuses.sort(key=lambda s: s.index)
+    for i in serving((s.role, s.state) for s in statuses):
+        statuses[i] = replace(statuses[i], state=WorkerState.RUNNING)
     return RunStatus(
         run_id=record.run_id,
         job=record.job_name,
@@ -349,6 +355,7 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         restarts=record.restarts,
         alone=alone_lines(record.alone, record.inventory.job.max_worker_restarts),
         outcome=record.outcome,
+        leases_lost=record.leases_lost,
         scheduler=backend.scheduler.scheduler_state(record) if backend.scheduler else None,
         state=run_state((s.role, s.state) for s in statuses),
         workers=tuple(statuses),

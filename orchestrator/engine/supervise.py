@@ -32,6 +32,7 @@ from orchestrator.engine.failures import (
 )
 from orchestrator.engine.goodput import closed
 from orchestrator.engine.hangs import at_stall
+from orchestrator.engine.leasewatch import LeaseWatch
 from orchestrator.engine.lifecycle import (
     end_standbys,
     launch_attempt,
@@ -105,6 +106,7 @@ class Supervisor:
         self.events = RunEvents(store, record, say)  # notify: targets, told in the background
         # what the hosts' roles ask of the loop
         self.sidecar = Sidecar(backend, say, self.events.restarted_alone)
+        self.leasewatch = LeaseWatch(backend, max(interval, 2.0))  # a dead keeper: re-leased
 
     def run(self) -> RunStatus:
         """Supervise until the run succeeds, is stopped, or fails for good (JobFailed). Once it
@@ -179,8 +181,30 @@ class Supervisor:
                 self._close_attempt(failure.kind.value)  # at the verdict, before the stop
                 self._recover(failure)
             else:
+                self._check_leases(status)
                 self._start_standbys(status)
                 self._pause()
+
+    def _check_leases(self, status: RunStatus) -> None:
+        """Never run unleased silently: a dead keeper's port and GPUs are leased again, or
+        the loss is said (output, `status`, the `lease_lost` notification) while it lasts."""
+        active = {w.name for w in status.workers if not w.state.finished}
+        found = self.leasewatch.check(self.record.inventory, self.record.run_id, active,
+                                      time.monotonic())  # fmt: skip
+        if found is None:
+            return
+        for line in found.reclaimed:
+            self.say(f"warning: lease of {line}")
+        lost = "; ".join(found.lost) or None
+        if lost == self.record.leases_lost:
+            return
+        self.record = replace(self.record, leases_lost=lost)
+        self.store.save(self.record)
+        if lost is not None:
+            self.say(f"WARNING: the run is running unleased: {lost}")
+            self.events.lease_lost(lost, time.time())
+        else:
+            self.say("the run's leases are held again")
 
     def _awaits_cause(self, failure: Failure, training: RunStatus) -> bool:
         """A peer's aborted collective is a consequence: its cause (the peer that died) may be

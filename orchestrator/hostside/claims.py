@@ -22,7 +22,8 @@ import socket
 import struct
 
 PREFIX = "orchestrate-lease"
-BACKLOG = 8  # a keeper listens, so that anyone may ask it who it is (SO_PEERCRED)
+BACKLOG = 64  # a keeper listens, so that anyone may ask it who it is (SO_PEERCRED); it
+# accepts and closes each look at once, so that looks never fill the queue
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
 LISTING = "/proc/net/unix"  # every bound name of this network namespace, readable by anyone
 
@@ -77,21 +78,56 @@ def claim(where, kind, number, shared=False):
     return sock
 
 
-def holder_uid(where, kind, number):
-    """The uid of the process that holds the resource's exclusive name, where it answers
-    (a keeper listens); None where it does not, or nobody holds it."""
+def peer(address):
+    """(pid, uid) of the process that listens on the abstract `address`, as the kernel says
+    (SO_PEERCRED: the last process to call listen on it; pid 0 where it is in a pid namespace
+    this one cannot see); None where nobody holds the name or it does not answer."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     probe.settimeout(1.0)
     try:
-        probe.connect("\0" + name(where, kind, number))
-        _pid, uid, _gid = PEERCRED.unpack(
+        probe.connect("\0" + address)
+        pid, uid, _gid = PEERCRED.unpack(
             probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size)
         )
-        return uid
+        return pid, uid
     except OSError:
         return None
     finally:
         probe.close()
+
+
+def holder_uid(where, kind, number):
+    """The uid of the process that holds the resource's exclusive name, where it answers
+    (a keeper listens); None where it does not, or nobody holds it."""
+    found = peer(name(where, kind, number))
+    return None if found is None else found[1]
+
+
+def holders(where, kind, number, names=None):
+    """Every (pid, uid) that holds the resource now: its exclusive holder, or its sharers
+    (each answers for itself: the uid its name says is never trusted). `names`: the names
+    bound now, where the caller listed them once (bound()) for many resources."""
+    exclusive = name(where, kind, number)
+    below = exclusive + "/share/"
+    sharers = [n for n in (bound(below) if names is None else names) if n.startswith(below)]
+    found = [peer(exclusive)] + [peer(shared) for shared in sorted(sharers)]
+    return [held for held in found if held is not None]
+
+
+def answer_as_keeper(sock):
+    """Make the calling process the one a claim's holder answers as (listen again: the kernel
+    records the caller's credentials); the keeper calls it on the claims it inherited."""
+    sock.listen(BACKLOG)
+
+
+def turn_away(sock):
+    """Accept and close one pending look at a held claim (a keeper's loop does, so that looks
+    never fill its backlog)."""
+    try:
+        conn, _ = sock.accept()
+        conn.close()
+    except OSError:
+        pass
 
 
 def sharer_uids(where, kind, number):

@@ -24,6 +24,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import sys
 import time
 
@@ -109,7 +110,8 @@ def _directory(path):
 
 
 def _socket_inodes(port):
-    """Inodes of sockets listening on `port`, from /proc/net/tcp and tcp6."""
+    """Inodes of sockets listening on `port`, from /proc/net/tcp and tcp6; with none, of those
+    bound to it without listening (a squatter that took the port and sits on it)."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -121,11 +123,51 @@ def _socket_inodes(port):
             fields = row.split()
             if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
                 inodes.add(fields[9])
+    return inodes or _bound_inodes(port)
+
+
+SOCK_DIAG, SOCK_DIAG_BY_FAMILY, DUMP_REQUEST = 4, 20, 0x301  # netlink: NLM_F_REQUEST|NLM_F_DUMP
+BOUND_INACTIVE = 1 << 13  # inet_diag's state of a bound socket that neither listens nor connects
+
+
+def _bound_inodes(port):
+    """Inodes of TCP sockets bound to `port` that do not listen: /proc/net/tcp lists none of
+    them; the kernel's socket diagnostics (netlink, Linux 6.8+) do. Empty where it cannot say."""
+    inodes = set()
+    for family in (socket.AF_INET, socket.AF_INET6):
+        request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, BOUND_INACTIVE)
+        request += bytes(48)  # inet_diag_sockid: no filter
+        try:
+            with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, SOCK_DIAG) as link:
+                link.settimeout(2)
+                link.sendall(struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY,
+                                         DUMP_REQUEST, 1, 0) + request)  # fmt: skip
+                inodes.update(_diag_inodes(link, port))
+        except (OSError, struct.error):
+            continue
     return inodes
 
 
+def _diag_inodes(link, port):
+    """The inodes of the sockets on `port` in a netlink dump of inet_diag_msg records."""
+    found = []
+    while True:
+        data, offset = link.recv(1 << 16), 0
+        while offset + 16 <= len(data):
+            length, kind = struct.unpack_from("=IH", data, offset)
+            if kind in (2, 3) or length < 16:  # NLMSG_ERROR, NLMSG_DONE
+                return found
+            sport = struct.unpack_from("!H", data, offset + 20)[0]  # after family..retrans
+            if sport == port:
+                found.append(str(struct.unpack_from("=I", data, offset + 16 + 68)[0]))
+            offset += (length + 3) & ~3
+        if not data:
+            return found
+
+
 def _holder(port):
-    """The process listening on `port`: pid, command line, and the orchestrate run if it is one."""
+    """The process listening on `port` (or bound to it): pid, command line, and the orchestrate
+    run if it is one."""
     targets = {f"socket:[{inode}]" for inode in _socket_inodes(port)}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:

@@ -17,9 +17,10 @@ import stat
 import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
+    from orchestrator.hostside import claims, protocol, safefiles
     from orchestrator.hostside import leasepolicy as policy
-    from orchestrator.hostside import protocol, safefiles
 else:  # shipped: hostside/bundle.py carries them in front of the lease program
+    import claims  # type: ignore[no-redef]
     import leasepolicy as policy  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
@@ -174,23 +175,77 @@ def ignored_file(lease_dir, name, owner, why):
 
 
 def scan(lease_dir):
-    """(live records with their file names, ignored files with why). Records of dead keepers
-    are stale: this account's are removed, others' left alone and not named."""
+    """(live records with their file names, ignored files with why). A record is live while
+    its keeper holds its claims, as the kernel says (policy.record_alive), never as a file
+    says: records of dead keepers are stale, this account's removed, others' left alone and
+    not named."""
     live, ignored = [], []
+    where, now = (*here(), netns()), time.time()
+    space = claims.space(lease_dir)
+    names = []  # the claims bound now: listed once, at the first record that asks
+
+    def holders_of(kind, number):
+        if not names:
+            names.append(claims.bound(f"{claims.PREFIX}/{space}/"))
+        return claims.holders(space, kind, number, names[0])
+
     for name, owner, record, why in validated(lease_dir, "lease-", policy.validate_record):
         if record is None:
             ignored.append(ignored_file(lease_dir, name, owner, why))
             continue
-        lock = os.path.join(lease_dir, name[: -len(".json")] + ".lock")
-        if owner_of(lock) != owner or lock_free(lock):  # a lock another account put beside
+        path = os.path.join(lease_dir, name)
+        with contextlib.suppress(OSError):
+            record["touched"] = os.lstat(path).st_mtime
+        if not (
+            policy.record_alive(record, where, holders_of, process_of, now)
+            or _own_keeper_lives(record, where)
+        ):
             if owner == os.getuid():
-                for stale in (lock, os.path.join(lease_dir, name)):
+                for stale in (path[: -len(".json")] + ".lock", path):  # .lock: an older one's
                     with contextlib.suppress(OSError):
                         os.remove(stale)
             continue
         record["file"] = name
         live.append(record)
     return live, ignored + hostile_locks(lease_dir)
+
+
+def _own_keeper_lives(record, where):
+    """Whether the record is this account's and its keeper process lives (the same process:
+    its start time): its claims may not answer a look in time (a neighbour floods them with
+    connections), yet its record is never thrown away under it."""
+    return (
+        record["uid"] == os.getuid()
+        and record["keeper_start"] is not None
+        and (record["boot_id"], record["pidns"]) == where[:2]
+        and process_of(record["pid"]) == (record["uid"], record["keeper_start"])
+    )
+
+
+def keeper_lives(record):
+    """Whether the record's pid is its keeper still (this account's process, started when the
+    keeper did): never signal a pid that came back as another process."""
+    found = process_of(record["pid"])
+    if found is None or found[0] != os.getuid():
+        return False
+    if record["keeper_start"] is not None:
+        return found[1] == record["keeper_start"]
+    lock = os.path.join(record["lease_dir"], record["file"][: -len(".json")] + ".lock")
+    return holds_open(record["pid"], lock)  # an older keeper: it holds its lock file open
+
+
+def holds_open(pid, path):
+    """Whether process `pid` (this account's) has `path` open."""
+    try:
+        target = os.stat(path)
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                info = os.stat(f"/proc/{pid}/fd/{fd}")
+                if (info.st_ino, info.st_dev) == (target.st_ino, target.st_dev):
+                    return True
+    except OSError:
+        return False
+    return False
 
 
 def hostile_locks(lease_dir):
@@ -220,6 +275,14 @@ def here():
         return "", ""
 
 
+def netns():
+    """This process's network namespace: where a claim's name means a claim."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
+
+
 def started_at(pid):
     """The start time (clock ticks after boot) of process `pid`, None when there is none."""
     try:
@@ -227,6 +290,26 @@ def started_at(pid):
             fields = handle.read().rsplit(")", 1)[1].split()
         return int(fields[19])
     except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_of(pid):
+    """(owner uid, start time) of process `pid` as the kernel says, None when there is none."""
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+    start = started_at(pid)
+    return None if start is None else (uid, start)
+
+
+def started_epoch(ticks):
+    """A process's start (`ticks` after boot) in seconds since the epoch, None if unknown."""
+    try:
+        with open("/proc/stat", encoding="ascii") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError, IndexError):
         return None
 
 
@@ -243,6 +326,13 @@ def scan_tickets(lease_dir):
             if owner == os.getuid():
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(lease_dir, name))
+            continue
+        here_ = ticket["boot_id"] and (ticket["boot_id"], ticket["pidns"]) == where
+        forged = policy.arrival_forged(
+            ticket, started_epoch(ticket["starttime"]) if here_ else None
+        )
+        if forged is not None:  # its process is seen here: alive, and started after it "arrived"
+            ignored.append(ignored_file(lease_dir, name, owner, forged))
             continue
         ticket["file"] = name
         live.append(ticket)

@@ -12,6 +12,8 @@ import re
 CLOCK_SKEW = 300.0  # seconds a host's clock may run ahead of the one that wrote a time
 EARLIEST = 946684800.0  # 2000-01-01: no record or ticket is older (a time before is forged)
 TICKET_TTL = 30.0  # seconds a ticket of a controller on another machine lives unrefreshed
+RECORD_TTL = 30.0  # seconds a record whose claims cannot be seen from here lives untouched
+ARRIVAL_SLACK = 2.0  # seconds a ticket's arrival may precede its process's start (clock ticks)
 TICKET_NAME = re.compile(r"^ticket-(\d{1,10})-([A-Za-z0-9_.-]{1,64})\.json$")
 LEGACY_LOCK = re.compile(r"^(port|gpu)-\d{1,5}\.lock$")  # an older orchestrate's leases
 RECORD_NAME = re.compile(r"^lease-(\d{1,10})-([A-Za-z0-9_.-]{1,64})-([0-9a-f]{8,32})\.json$")
@@ -104,7 +106,62 @@ def validate_record(data, owner_uid, file_name, owner_name=None, now=None):
             return None, f"{key} holds a value that is no {key[:-1]}"
         record[key] = sorted(set(values))
     record["shared_gpus"] = data.get("shared_gpus") is True
+    for key in ("boot_id", "pidns", "netns"):  # where its keeper runs; "" from an older one
+        value = data.get(key)
+        record[key] = value if isinstance(value, str) and len(value) <= 64 else ""
+    record["keeper_start"] = whole(data.get("keeper_start"), 0, 2**63)
     return record, None
+
+
+def record_alive(record, here, holders_of, process_of, now):
+    """Whether the record's keeper holds its leases now, as the kernel says, never a file:
+    in this network namespace every resource it names is held by a claim whose holder is its
+    uid and its keeper's pid (`holders_of(kind, number)`: the (pid, uid) of each holder; the
+    pid is compared where it means the same process here: the keeper's pid namespace is this
+    one); in another network namespace (its claims' names are not visible here) its keeper
+    process is looked at (`process_of(pid)`: (uid, start time) or None) where it runs in this
+    pid namespace; elsewhere the record lives while its keeper touches it (`record["touched"]`,
+    RECORD_TTL). `here`: this machine's boot id, pid and network namespace. Pure."""
+    boot, pidns, netns = here
+    resources = [("ports", n) for n in record["ports"]] + [("gpus", n) for n in record["gpus"]]
+    if not resources:
+        return False  # a keeper holds at least one claim
+    if (record["boot_id"] and record["boot_id"] != boot) or (
+        record["netns"] and record["netns"] != netns
+    ):
+        if record["boot_id"] == boot and record["pidns"] == pidns and record["keeper_start"]:
+            return process_of(record["pid"]) == (record["uid"], record["keeper_start"])
+        return now - record.get("touched", 0.0) <= RECORD_TTL
+    same_pids = record["keeper_start"] is not None and record["pidns"] == pidns
+    for kind, number in resources:
+        if not any(
+            uid == record["uid"] and (pid == record["pid"] or not same_pids)
+            for pid, uid in holders_of(kind, number)
+        ):
+            return False
+    return True
+
+
+def never_served(ticket, machine_gpus):
+    """Why a ticket could never be served on this host (a pool asks for more GPUs than the
+    host has of it: `machine_gpus`, the GPUs nvidia-smi lists, None where it cannot be
+    asked), or None. Pure."""
+    if machine_gpus is None:
+        return None
+    for pool in ticket["needs"]["pools"]:
+        have = len(set(pool["gpus"]) & set(machine_gpus))
+        if pool["count"] > have:
+            return (f"asks for {pool['count']} GPUs of a pool of which this host has {have}: "
+                    "it could never be served")  # fmt: skip
+    return None
+
+
+def arrival_forged(ticket, started):
+    """Why a ticket's arrival cannot be true (before its process started: `started`, seconds
+    since the epoch, None where its process cannot be seen from here), or None. Pure."""
+    if started is None or ticket["arrival"] >= started - ARRIVAL_SLACK:
+        return None
+    return f"its arrival ({ticket['arrival']:.0f}) is before its process started ({started:.0f})"
 
 
 def validate_ticket(data, owner_uid, file_name, owner_name=None, now=None):
@@ -173,6 +230,11 @@ def _valid_needs(needs):
             or any(_whole(g, 0, 4095) is None for g in gpus)
         ):
             return None, "needs.pools holds an entry that is no pool of GPUs"
+        if count > len(set(gpus)):
+            return (
+                None,
+                f"asks for {count} GPUs of a pool of {len(set(gpus))}: it could never be served",
+            )
         clean.append({"gpus": sorted(set(gpus)), "count": count})
     return {"ports": sorted(set(ports)), "pools": clean}, None
 

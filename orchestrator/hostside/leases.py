@@ -2,7 +2,7 @@
 
 STANDARD LIBRARY ONLY, sent as `python -c SOURCE` like agent.py; requests as JSON lines on
 standard input, one JSON answer per line (protocol.py's serve loop). A verb that fails answers
-{"error": "..."}. This module locks files and forks keepers; what is valid, what to try and who
+{"error": "..."}. This module takes claims and forks keepers; what is valid, what to try and who
 may take what are decided in leasepolicy.py (pure).
 
 Verbs:
@@ -11,7 +11,7 @@ Verbs:
                   run's own one first) and GPUs (from its pool; shared only between leases that
                   all say share); a run's resources that its live keeper holds are kept. Taken
                   resources pass to a keeper: a small process of its own session that holds the
-                  locks until the run's end, `release`, or `idle` seconds without a worker or
+                  claims until the run's end, `release`, or `idle` seconds without a worker or
                   minder of the run on this host (its standbys do not count). `dry_run`:
                   what would be taken, nothing held. A clash answers who holds what.
   release lease_dir run_id   stop this account's keepers of the run: its leases are free
@@ -26,17 +26,27 @@ takes new resources only when no earlier live ticket needs any of them (may_take
 acquire obeys it, queued or not); a blocked or clashing queued acquire keeps its ticket and is
 asked again. A ticket lives while its controller does: on this machine (same boot id and pid
 namespace) the process itself is looked at; else it expires TICKET_TTL seconds after its last
-acquire refreshed it.
+acquire refreshed it. A ticket that could never be served (more GPUs than its pool has) or whose
+arrival is before its process started (where that process is seen) is ignored and named: it
+blocks nothing.
 
 A lease on a port or GPU is a claim (claims.py): an abstract Unix socket named after the lease
 directory and the resource, bound by the keeper (exclusive; for GPUs whose leases say share,
 one name per sharer below it). No file holds it, so no file anyone creates, deletes or renames
 in the lease directory can make two keepers hold one resource, and the kernel frees it when the
-keeper dies. Beside them, per keeper, `lease-{uid}-{run_id}-{token}.lock` (the keeper holds its
-flock: alive or not, for anyone) and `.json`, its record: user, uid, job, run id, controller,
-since, ports, GPUs, the keeper's pid. Records say who holds what; they hold nothing. They are
-readable by every user and hold no secret. The directory is made sticky and world-writable
-(1777), like /tmp, and used only when it is this account's or root's and sticky.
+keeper dies. The keeper listens again on the claims it inherits, so that each answers, to
+anyone who connects (SO_PEERCRED), with the keeper's pid and uid. Beside them, per keeper, a
+record `lease-{uid}-{run_id}-{token}.json`: user, uid, job, run id, controller, since, ports,
+GPUs, the keeper's pid and start time, its boot id, pid and network namespace. Records say who
+holds what; they hold nothing, and count only while their keeper holds every claim they name,
+as the kernel answers (leasepolicy.record_alive): a dead keeper's record is stale at once,
+whatever anyone does with files. No lock file any more: a flock works on a read-only
+descriptor, so a file others can open proves nothing. A record of another network namespace
+(whose claims' names are not visible here) counts as taken while its keeper process lives
+(same boot and pid namespace) or, where that cannot be seen, while the keeper touches it
+(RECORD_TTL). Records are readable by every user and hold no secret. The directory is made
+sticky and world-writable (1777), like /tmp, and used only when it is this account's or root's
+and sticky.
 An older orchestrate's keepers held flocks on `port-N.lock` and `gpu-N.lock`: a held one still
 counts as taken (looked at, never created).
 
@@ -48,13 +58,11 @@ nothing.
 """
 
 import contextlib
-import fcntl
 import math
 import os
-import re
+import select
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -62,11 +70,13 @@ if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator import contract
     from orchestrator.hostside import claims, leasedir, protocol, rundir, safefiles
     from orchestrator.hostside import leasepolicy as policy
+    from orchestrator.hostside import leasequeue as queue
 else:  # shipped: hostside/bundle.py carries them in front of this file's source
     import claims  # type: ignore[no-redef]
     import contract  # type: ignore[no-redef]
     import leasedir  # type: ignore[no-redef]
     import leasepolicy as policy  # type: ignore[no-redef]
+    import leasequeue as queue  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
     import rundir  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
@@ -87,55 +97,6 @@ def _bindable(port):
         probe.close()
 
 
-def gpu_pool(worker):
-    """The worker's pool: its `visible_gpus`, else the GPUs `nvidia-smi -L` lists."""
-    if worker.get("pool") is not None:
-        return list(worker["pool"])
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                                 timeout=30, check=False)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise protocol.Refused(
-            f"gpus: {worker['gpus']} needs a pool of GPUs: nvidia-smi -L failed ({exc}); "
-            "set visible_gpus to the host's GPU ids"
-        ) from None
-    return [int(m.group(1)) for m in re.finditer(r"^GPU (\d+):", listing.stdout, re.M)]
-
-
-# --- tickets of queued runs --------------------------------------------------------------------
-
-
-def _write_ticket(request, needs, old):
-    """Write (or refresh) the run's ticket: its arrival stays what it was first."""
-    lease_dir, run_id, queue = request["lease_dir"], request["run_id"], request["ticket"]
-    ticket = {
-        "user": leasedir.account(os.getuid()),
-        "uid": os.getuid(),
-        "job": request["job"],
-        "run_id": run_id,
-        "controller": request["controller"],
-        "arrival": old["arrival"] if old else float(queue["arrival"]),
-        "seen": time.time(),
-        "pid": int(queue["pid"]),
-        "starttime": int(queue["starttime"]),
-        "boot_id": str(queue.get("boot_id") or ""),
-        "pidns": str(queue.get("pidns") or ""),
-        "needs": needs,
-    }
-    path = os.path.join(lease_dir, f"ticket-{os.getuid()}-{run_id}.json")
-    safefiles.write_json(path, ticket, mode=0o644)  # readable by every account
-    return ticket
-
-
-def cmd_withdraw(request):
-    path = os.path.join(request["lease_dir"], f"ticket-{os.getuid()}-{request['run_id']}.json")
-    try:
-        os.remove(path)
-        return {"withdrawn": True}
-    except FileNotFoundError:
-        return {"withdrawn": False}
-
-
 # --- acquire, release, list -------------------------------------------------------------------
 
 
@@ -143,10 +104,14 @@ class _Taking:
     """One acquire: what the run holds already, the claims taken so far (sockets, released
     unless handed to a keeper), the clashes and the hostile files met."""
 
-    def __init__(self, lease_dir, live, mine):
+    def __init__(self, lease_dir, live, mine, run_id):
         self.lease_dir = lease_dir
         self.space = claims.space(lease_dir)
         self.live = live
+        # what claims cannot show: records of this machine's other network namespaces
+        boot, here = leasedir.here()[0], leasedir.netns()
+        self.elsewhere = [r for r in live if r["boot_id"] == boot and r["netns"] not in ("", here)]
+        self.run = (os.getuid(), run_id)
         self.own = {"ports": {p for r in mine for p in r["ports"]},
                     "gpus": {g for r in mine for g in r["gpus"]}}  # fmt: skip
         self.used = {"ports": set(), "gpus": set()}  # by this request's earlier workers
@@ -156,8 +121,11 @@ class _Taking:
         self.ignored = []
 
     def take(self, kind, number, shared=False):
-        """True if taken now (claims.py); False if another holder may not share it."""
+        """True if taken now (claims.py); False if another holder may not share it: a claim,
+        or a live record (one of another network namespace holds claims not visible here)."""
         if leasedir.legacy_held(self.lease_dir, kind, number):
+            return False
+        if any(self._elsewhere(r, kind, number, shared) for r in self.elsewhere):
             return False
         held = claims.claim(self.space, kind, number, shared)
         if held is None:
@@ -165,6 +133,15 @@ class _Taking:
         self.held.append(held)
         self.new[kind].append(number)
         return True
+
+    def _elsewhere(self, record, kind, number, shared):
+        """Whether another namespace's record holds the resource against this request: a
+        port is its namespace's own, except against another run; a GPU is the machine's."""
+        if number not in record[kind]:
+            return False
+        if kind == "ports":
+            return (record["uid"], record["run_id"]) != self.run
+        return not (shared and record["shared_gpus"])
 
     def unknown_holders(self, kind, numbers):
         """Who holds these resources without a record: the uid a claim's holder answers with,
@@ -189,13 +166,13 @@ def cmd_acquire(request):
     run_id = request["run_id"]
     leasedir.ensure_dir(lease_dir)
     live, ignored = leasedir.scan(lease_dir)
-    mine = [r for r in live if r["uid"] == os.getuid() and r["run_id"] == run_id]
+    mine = _mine(live, run_id)
     if not mine and not request.get("dry_run"):  # a restart keeps what it holds, unqueued
-        waiting, bad_tickets = _queue_turn(request, lease_dir)
+        waiting, bad_tickets = queue.turn(request, lease_dir)
         ignored += bad_tickets  # named also when they are in nobody's way
         if waiting is not None:
             return dict(waiting, ignored=ignored)
-    taking = _Taking(lease_dir, live, mine)
+    taking = _Taking(lease_dir, live, mine, run_id)
     assigned, shared = {}, False
     try:
         for worker in request["workers"]:
@@ -210,29 +187,18 @@ def cmd_acquire(request):
         keeper = None
         if taking.held and not request.get("dry_run"):
             keeper = _start_keeper(request, sorted(taking.new["ports"]),
-                                   sorted(taking.new["gpus"]), shared)  # fmt: skip
+                                   sorted(taking.new["gpus"]), shared, taking.held)  # fmt: skip
         return {"assigned": assigned, "ignored": ignored, "keeper": keeper, "kept": bool(mine)}
     finally:
         taking.close()  # a keeper holds its own copies
 
 
-def _queue_turn(request, lease_dir):
-    """(None when the run may go on and take, else the answer that it waits behind earlier
-    tickets; the ticket files ignored). A queued run's ticket is written (or refreshed) first,
-    and stays."""
-    tickets, ignored = leasedir.scan_tickets(lease_dir)
-    needs = policy.needs_of(request["workers"], gpu_pool)
-    own = [t for t in tickets if t["uid"] == os.getuid() and t["run_id"] == request["run_id"]]
-    if request.get("ticket"):
-        ticket = _write_ticket(request, needs, own[0] if own else None)
-        place = policy.order(ticket)
-    else:  # not queued: it arrives now, behind every ticket
-        place = (math.inf, os.getuid(), request["run_id"])
-    free, ahead = policy.may_take(needs, place, [t for t in tickets if t not in own])
-    if free:
-        return None, ignored
-    answer = {"clashes": [policy.queue_clash(ahead)], "queued": bool(request.get("ticket"))}
-    return answer, ignored
+def _mine(live, run_id):
+    """The run's records on this host: this account's, in this network namespace (the run's
+    workers on other namespace hosts sharing the directory hold their own)."""
+    here = leasedir.netns()
+    return [r for r in live if r["uid"] == os.getuid() and r["run_id"] == run_id
+            and r["netns"] in ("", here)]  # fmt: skip
 
 
 def _acquire_port(worker, taking):
@@ -261,7 +227,7 @@ def _acquire_gpus(worker, taking):
     count = worker.get("gpus")
     if not count:
         return None
-    pool = gpu_pool(worker)
+    pool = queue.gpu_pool(worker)
     share = bool(worker.get("share"))
     chosen, held = [], []
     for gpu in policy.gpu_candidates(pool, worker.get("keep_gpus")):
@@ -291,15 +257,13 @@ def _clash(worker, taking, kind, held):
     return clash
 
 
-def _start_keeper(request, ports, gpus, shared):
-    """Hand the taken locks (this process's open fds, inherited) to a new keeper; its pid."""
-    lease_dir = request["lease_dir"]
-    token = os.urandom(6).hex()
-    base = os.path.join(lease_dir, f"lease-{os.getuid()}-{request['run_id']}-{token}")
-    # O_EXCL under a random name: never a file someone else made (nor one they could lock)
-    own = os.open(base + ".lock", leasedir.OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
-    os.fchmod(own, 0o644)  # readable by every account whatever the umask
-    fcntl.flock(own, fcntl.LOCK_EX)
+def _start_keeper(request, ports, gpus, shared, held):
+    """Hand the taken claims (`held`: this process's sockets, inherited) to a new keeper, which
+    makes itself the process they answer as; its pid. No lock file: a file any account can
+    open is no proof of life (a flock works on a read-only descriptor)."""
+    base = os.path.join(
+        request["lease_dir"], f"lease-{os.getuid()}-{request['run_id']}-{os.urandom(6).hex()}"
+    )
     read_end, write_end = os.pipe()
     middle = os.fork()  # spawn point: the keeper, forked twice (no exec)
     if middle == 0:
@@ -312,10 +276,12 @@ def _start_keeper(request, ports, gpus, shared):
                 for target in (0, 1, 2):
                     os.dup2(devnull, target)
                 os.close(devnull)
+                for sock in held:  # before its pid is told: no record names another pid
+                    claims.answer_as_keeper(sock)
                 os.write(write_end, f"{os.getpid()}\n".encode())
                 os.close(write_end)
                 try:
-                    keep(request, base)
+                    keep(request, base, held)
                 finally:
                     os._exit(0)
             status = 0
@@ -328,6 +294,7 @@ def _start_keeper(request, ports, gpus, shared):
         answer += chunk
     os.close(read_end)
     pid = int(answer.split()[0])
+    boot, pidns = leasedir.here()
     record = {
         "user": leasedir.account(os.getuid()),
         "uid": os.getuid(),
@@ -336,13 +303,16 @@ def _start_keeper(request, ports, gpus, shared):
         "controller": request["controller"],
         "since": time.time(),
         "pid": pid,
+        "keeper_start": leasedir.started_at(pid),
+        "boot_id": boot,
+        "pidns": pidns,
+        "netns": leasedir.netns(),
         "ports": ports,
         "gpus": gpus,
         "shared_gpus": shared,
     }
     safefiles.write_json(base + ".json", record, mode=0o644)  # readable by every account
-    os.close(own)  # the keeper holds its copy, and of every resource lock (the caller closes
-    return pid  # its own copies)
+    return pid  # the keeper holds its copies of the claims (the caller closes its own)
 
 
 def run_processes(run_id, uid, skip=()):
@@ -371,58 +341,56 @@ def run_processes(run_id, uid, skip=()):
     return found
 
 
-def keep(request, base):
-    """The keeper: hold the inherited locks while the run lives on this host."""
+def keep(request, base, held):
+    """The keeper: hold the inherited claims while the run lives on this host; answer every
+    look at them (who holds this?) and touch the record (its life where the claims cannot be
+    seen: another network namespace)."""
     idle = float(request.get("idle", 60))
     run_id = request["run_id"]
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sock in held:
+        sock.setblocking(False)
     seen = time.monotonic()  # the launch follows the lease: its start counts as seen
+    looked = -math.inf
     me = {os.getpid()}
     while not stop:
-        if run_processes(run_id, os.getuid(), me):
-            seen = time.monotonic()
-        elif time.monotonic() - seen > idle:
-            break
-        time.sleep(min(POLL, max(idle / 4, 0.05)))
-    for path in (base + ".json", base + ".lock"):
-        with contextlib.suppress(OSError):
-            os.remove(path)
-
-
-def _holds(pid, path):
-    """Whether process `pid` (this account's) has `path` open: the keeper of that record."""
-    try:
-        target = os.stat(path)
-        for fd in os.listdir(f"/proc/{pid}/fd"):
+        if time.monotonic() - looked >= POLL:
+            looked = time.monotonic()
             with contextlib.suppress(OSError):
-                info = os.stat(f"/proc/{pid}/fd/{fd}")
-                if (info.st_ino, info.st_dev) == (target.st_ino, target.st_dev):
-                    return True
-    except OSError:
-        return False
-    return False
+                os.utime(base + ".json")
+            if run_processes(run_id, os.getuid(), me):
+                seen = time.monotonic()
+            elif time.monotonic() - seen > idle:
+                break
+        with contextlib.suppress(InterruptedError, OSError, ValueError):
+            ready, _, _ = select.select(held, [], [], min(POLL, max(idle / 4, 0.05)))
+            for sock in ready:
+                claims.turn_away(sock)
+    with contextlib.suppress(OSError):
+        os.remove(base + ".json")
 
 
 def cmd_release(request):
     lease_dir, run_id = request["lease_dir"], request["run_id"]
     live, _ = leasedir.scan(lease_dir)
-    mine = [r for r in live if r["uid"] == os.getuid() and r["run_id"] == run_id]
+    mine = _mine(live, run_id)
     released = {"ports": [], "gpus": []}
     for record in mine:
-        base = os.path.join(lease_dir, record["file"][: -len(".json")])
-        if _holds(record["pid"], base + ".lock"):
+        record["lease_dir"] = lease_dir
+        if leasedir.keeper_lives(record):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record["pid"], signal.SIGTERM)
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not leasedir.lock_free(base + ".lock"):
+        while time.monotonic() < deadline and leasedir.keeper_lives(record):
             time.sleep(0.02)
-        if not leasedir.lock_free(base + ".lock") and _holds(record["pid"], base + ".lock"):
+        if leasedir.keeper_lives(record):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record["pid"], signal.SIGKILL)
-        for path in (base + ".json", base + ".lock"):
+        base = os.path.join(lease_dir, record["file"][: -len(".json")])
+        for path in (base + ".json", base + ".lock"):  # .lock: an older keeper's
             with contextlib.suppress(OSError):
                 os.remove(path)
         released["ports"] += record["ports"]
@@ -433,8 +401,10 @@ def cmd_release(request):
 def cmd_list(request):
     lease_dir = request["lease_dir"]
     live, ignored = leasedir.scan(lease_dir)
+    ours = leasedir.netns()
     for record in live:
         record.pop("file", None)
+        record["here"] = record["netns"] in ("", ours)  # else another namespace's: it blocks
     tickets, bad = leasedir.scan_tickets(lease_dir)
     for ticket in tickets:
         ticket.pop("file", None)
@@ -442,7 +412,7 @@ def cmd_list(request):
 
 
 VERBS = {protocol.ACQUIRE: cmd_acquire, protocol.RELEASE: cmd_release, protocol.LIST: cmd_list,
-         protocol.WITHDRAW: cmd_withdraw}  # fmt: skip
+         protocol.WITHDRAW: queue.cmd_withdraw}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ The host probe (hostprobe.py), each with the check's spec as its fields:
 The lease program (leases.py):
   acquire lease_dir run_id job controller idle workers [dry_run ticket]
   release lease_dir run_id   list lease_dir   withdraw lease_dir run_id
-A `wake` line is no request and gets no answer: it ends a watch that waits.
+A `wake` line is no request and gets no answer: it ends a watch that waits. A request's `id`
+comes back in its answer.
 """
 
 import json
@@ -42,6 +43,9 @@ else:  # shipped: hostside/bundle.py carries it in front of the program's source
     import contract  # type: ignore[no-redef]
 
 VERB = "verb"  # the request's field that names its verb
+# The request's number, echoed in its answer: a line that answers another request (one answer
+# too many, from a damaged or hostile program) is told from the one asked for, never taken for it.
+ID = "id"
 WAKE = "wake"
 
 # --- the agent ---------------------------------------------------------------------------------
@@ -138,7 +142,10 @@ def serve(lines, out, handlers):
             request = json.loads(line)
             if request.get(VERB) == WAKE:
                 continue
-            out.write(json.dumps(answer(handlers, request)) + "\n")
+            said = answer(handlers, request)
+            if ID in request:
+                said[ID] = request[ID]
+            out.write(json.dumps(said) + "\n")
             out.flush()
 
 

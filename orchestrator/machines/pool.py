@@ -51,6 +51,7 @@ PROBE_TIMEOUT = 5.0  # seconds a host may take to answer a poll before it counts
 # made the first poll of 64 namespace hosts fail, and every failed poll opened another 64
 # sessions on top of the ones still starting.
 SESSION_START_TIMEOUT = 30.0
+BACKOFF_FIRST = 0.25  # seconds a failed watch waits before the next probe; doubles, per failure
 
 
 def machine_key(host: Host) -> MachineKey:
@@ -72,6 +73,7 @@ class Machines:
         self._busy: dict[MachineKey, threading.Lock] = {}  # one request at a time per session
         self._running: set[tuple[MachineKey, str]] = set()  # run dirs the last probe saw running
         self._watching: dict[MachineKey, LineSession] = {}  # sessions a watch waits in now
+        self._failures: dict[MachineKey, int] = {}  # failed requests in a row, per session
 
     # --- connections ---------------------------------------------------------------------------
     def agent(self, host: Host) -> HostAgent:
@@ -141,8 +143,8 @@ class Machines:
         workers watched are those the last probe saw running, so that one ending between that
         probe and this wait is told at once too. Only machines with a session open already are
         asked: a pause never opens a connection (the next probe does, with its own timeout);
-        with none to ask this is a sleep. A machine that fails to answer ends the wait too:
-        the probe that follows says what became of it."""
+        with none to ask this is a sleep. A machine that fails to answer ends the wait too,
+        after a back-off (`backoff`): the probe that follows says what became of it."""
         groups: dict[MachineKey, list[WorkerRecord]] = {}
         for worker in workers if timeout > 0 else ():
             key = session_key(worker.host)
@@ -152,7 +154,7 @@ class Machines:
             sleep_unless(woken, timeout)
             return False
         answers: dict[MachineKey, bool] = {}
-        done = threading.Event()
+        done, ending = threading.Event(), threading.Event()
 
         def watch(key: MachineKey) -> None:
             group = groups[key]
@@ -161,7 +163,10 @@ class Machines:
                 answer = self._ask(group[0].host, protocol.WATCH, timeout + PROBE_TIMEOUT, fields)
                 answers[key] = bool(answer.get(protocol.CHANGED_KEY))
             except HostError:
-                answers[key] = True  # the probe that follows says what became of it
+                # The probe that follows says what became of it, after a pause that doubles
+                # with each failure in a row: a host that fails at once is not asked in a loop.
+                ending.wait(min(timeout, self.backoff(key)))
+                answers[key] = True
             if answers[key] or len(answers) == len(groups):
                 done.set()
 
@@ -173,6 +178,7 @@ class Machines:
                 if woken():
                     break
         finally:  # a change, a stop request, Ctrl-C: no watch may keep its session busy
+            ending.set()
             while any(thread.is_alive() for thread in threads.values()):
                 for key, thread in threads.items():
                     if thread.is_alive():
@@ -189,10 +195,20 @@ class Machines:
             with suppress(OSError, HostError):
                 session.notify({protocol.VERB: protocol.WAKE})
 
+    def backoff(self, key: MachineKey) -> float:
+        """Seconds to wait after the machine's latest failure: BACKOFF_FIRST, doubled with each
+        failure in a row since its last answer."""
+        return BACKOFF_FIRST * 2 ** min(self._failures.get(key, 1) - 1, 10)
+
     def _probe_machine(self, host: Host, run_dirs: list[str]) -> dict[str, WorkerProbe]:
         answer = self._ask(host, protocol.PROBE, PROBE_TIMEOUT, {"run_dirs": run_dirs})
-        probes = parsed(host.name, parse_probe_answer, answer)
         key = session_key(host)
+        try:
+            probes = parsed(host.name, parse_probe_answer, answer)
+        except HostError:  # an answer it cannot read: the session is not trusted again
+            self._failures[key] = self._failures.get(key, 0) + 1
+            self._drop_session(key, host)
+            raise
         for run_dir, probe in probes.items():  # what wait_for_change watches
             if probe.alive and probe.exit is None:
                 self._running.add((key, run_dir))
@@ -219,15 +235,24 @@ class Machines:
                     self._watching[key] = session  # _wake ends it early
                 answer = session.request({protocol.VERB: verb, **fields}, timeout=wait)
             except HostError:
+                self._failures[key] = self._failures.get(key, 0) + 1
                 self._forget(machine_key(host), session)
                 raise
             finally:
                 self._watching.pop(key, None)
             self._sessions[key] = session
+            self._failures.pop(key, None)
         if protocol.ERROR_KEY in answer:
             error = answer[protocol.ERROR_KEY]
             raise HostError(host.name, f"the agent could not {verb}: {error}")
         return answer
+
+    def _drop_session(self, key: MachineKey, host: Host) -> None:
+        with self._lock:
+            busy = self._busy.setdefault(key, threading.Lock())
+        with busy:
+            session = self._sessions.pop(key, None)
+        self._forget(machine_key(host), session)
 
     def stop(
         self, workers: Sequence[WorkerRecord], grace: float, by: str = BY_DOWN

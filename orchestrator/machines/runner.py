@@ -8,18 +8,24 @@ Commands are argument lists, never shell strings: values from the inventory cann
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import os
 import select
 import shutil
 import subprocess
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from orchestrator.errors import HostError
+from orchestrator.errors import HostAnswerError, HostError
+from orchestrator.hostside import protocol
 from orchestrator.machines.answerline import LINE_CAP, decode_answer
+
+CHUNK = 65536  # bytes read from a session's output at a time
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,44 @@ class CommandResult:
     def tail(self, lines: int = 10) -> str:
         text = (self.stderr or self.stdout).rstrip()
         return "\n".join(text.splitlines()[-lines:])
+
+
+class LineReader:
+    """Lines of a program's output, each one whole within its own deadline: `recv(timeout)`
+    returns what arrived within `timeout` seconds (b"" at the end, TimeoutError when nothing
+    came). A host that dribbles its answer a byte at a time is as late as one that says nothing:
+    the timeout is for the answer, not for its first byte."""
+
+    def __init__(self, recv: Callable[[float], bytes]) -> None:
+        self._recv = recv
+        self._buffer = bytearray()
+        self._ended = False
+
+    def read_line(self, timeout: float, limit: int) -> bytes:
+        """One line with its end of line, at most `limit` bytes (a longer line's first
+        `limit`), or what was left at the end of the output."""
+        deadline = time.monotonic() + timeout
+        searched = 0
+        while (end := self._buffer.find(b"\n", searched)) < 0:
+            searched = len(self._buffer)
+            if searched >= limit or self._ended:
+                break
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                chunk = self._recv(left)
+            except TimeoutError as exc:
+                came = f"no whole answer ({searched} bytes of one came)"
+                raise TimeoutError(
+                    f"{came if searched else 'no answer'} within {timeout:g} s"
+                ) from exc
+            self._ended = not chunk
+            self._buffer += chunk
+        cut = min(end + 1 if end >= 0 else len(self._buffer), limit)
+        line = bytes(self._buffer[:cut])
+        del self._buffer[:cut]
+        return line
 
 
 class LineSession:
@@ -62,6 +106,7 @@ class LineSession:
         self._errors = errors
         self._drop = drop or close
         self._writing = threading.Lock()  # notify() may write while a request waits
+        self._numbers = itertools.count(1)  # each request's id, echoed in its answer
 
     def _write(self, message: dict[str, Any]) -> None:
         with self._writing:
@@ -77,8 +122,12 @@ class LineSession:
             raise HostError(self.host_name, f"the session ended: {exc}") from exc
 
     def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """The answer to `message`, whole within `timeout` seconds. An answer that is not this
+        request's (its id is another's or none: one answer too many came before it) is a
+        HostAnswerError: the session is out of step for good, and its caller drops it."""
+        number = next(self._numbers)
         try:
-            self._write(message)
+            self._write({**message, protocol.ID: number})
             line = self._read_line(timeout, LINE_CAP + 1)
         except (OSError, TimeoutError, EOFError) as exc:
             # A socket timeout says nothing by itself (its str() is empty).
@@ -93,7 +142,17 @@ class LineSession:
                 "the program ended without answering" + (f": {' '.join(said)}" if said else ""),
                 hint="check that the host's 'python' is a working Python 3",
             )
-        return decode_answer(self.host_name, str(message.get("verb", "?")), line)
+        verb = str(message.get(protocol.VERB, "?"))
+        answer = decode_answer(self.host_name, verb, line)
+        said = answer.pop(protocol.ID, None)
+        if said != number or isinstance(said, bool):
+            raise HostAnswerError(
+                self.host_name,
+                verb,
+                f"an answer to another request (id {str(said)[:20]}, not "
+                f"{number}): an answer came unasked, and every later one would be out of step",
+            )
+        return answer
 
     def close(self) -> None:
         """End of input, then wait (a while) for the program to exit."""
@@ -187,10 +246,10 @@ class LocalRunner(Runner):
         assert process.stdin and process.stdout and process.stderr
         stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
 
-        def read_line(timeout: float, limit: int) -> bytes:
+        def recv(timeout: float) -> bytes:
             if not select.select([stdout], [], [], timeout)[0]:
-                raise TimeoutError(f"no answer within {timeout:g} s")
-            return stdout.readline(limit)
+                raise TimeoutError
+            return os.read(stdout.fileno(), CHUNK)
 
         def close() -> None:
             # Its output closed first: a program blocked writing an answer nobody reads (one
@@ -206,7 +265,7 @@ class LocalRunner(Runner):
             stderr.close()
 
         # stderr is read only once the program has ended: it writes there only when it fails.
-        return LineSession(self.host_name, stdin, read_line, close, stderr.read)
+        return LineSession(self.host_name, stdin, LineReader(recv).read_line, close, stderr.read)
 
     def put(self, local: str, remote: str) -> None:
         self._copy(local, remote)

@@ -24,7 +24,7 @@ import invoke
 import paramiko
 
 from orchestrator.errors import ConnectError, HostError
-from orchestrator.machines.runner import CommandResult, LineSession, Runner
+from orchestrator.machines.runner import CHUNK, CommandResult, LineReader, LineSession, Runner
 from orchestrator.machines.sshsettings import SshSettings, ssh_settings
 from orchestrator.model.inventory import Host
 
@@ -263,12 +263,11 @@ class SshRunner(Runner):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise HostError(self.host_name, f"the SSH connection failed: {exc}") from exc
         stdin = channel.makefile_stdin("wb")
-        stdout = channel.makefile("rb")
         stderr = channel.makefile_stderr("rb")
 
-        def read_line(timeout: float, limit: int) -> bytes:
-            channel.settimeout(timeout)
-            return bytes(stdout.readline(limit))
+        def recv(timeout: float) -> bytes:
+            channel.settimeout(timeout)  # a socket.timeout is a TimeoutError
+            return bytes(channel.recv(CHUNK))
 
         def close(wait: bool = True) -> None:
             # End of input ends the remote program; closing the channel ends the rest. The
@@ -278,13 +277,18 @@ class SshRunner(Runner):
                 deadline = time.monotonic() + 10
                 while wait and not channel.exit_status_ready() and time.monotonic() < deadline:
                     time.sleep(0.01)
-            for handle in (stdout, stderr):
-                with contextlib.suppress(OSError, ValueError):
-                    handle.close()
+            with contextlib.suppress(OSError, ValueError):
+                stderr.close()
             channel.close()
 
-        return LineSession(self.host_name, stdin, read_line, close, lambda: bytes(stderr.read()),
-                           drop=lambda: close(wait=False))  # fmt: skip
+        return LineSession(
+            self.host_name,
+            stdin,
+            LineReader(recv).read_line,
+            close,
+            lambda: bytes(stderr.read()),
+            drop=lambda: close(wait=False),
+        )
 
     def put(self, local: str, remote: str) -> None:
         self.open()

@@ -67,7 +67,7 @@ class SyncSpec:
 
 # What the supervisor and `down` tell a notify target about; `notify:`'s `events:` picks some.
 NOTIFY_EVENTS = ("queued", "started", "restarting", "stalled", "preempted", "succeeded", "failed",
-                 "stopped")  # fmt: skip
+                 "stopped", "lease_lost")  # fmt: skip
 DEFAULT_NOTIFY_EVENTS = tuple(e for e in NOTIFY_EVENTS if e not in ("queued", "started"))
 
 

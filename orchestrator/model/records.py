@@ -175,6 +175,9 @@ class RunRecord:
     # workers' spans; and how long `up --queue` waited for the leases before the run began.
     attempts: tuple[Attempt, ...] = ()
     queue_seconds: float = 0.0
+    # What the run's workers use that no keeper of the run holds any more and that could not be
+    # leased again (engine/leasewatch.py): said by `status` while it lasts; None when leased.
+    leases_lost: str | None = None
 
     @property
     def job_name(self) -> str:

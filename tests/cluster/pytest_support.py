@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import phase_log
 from tests.cluster.netns import DEFAULT_PREFIX, NamespaceCluster, cleanup_leftovers
 from tests.cluster.netns import unavailable_reason as _unavailable_reason
 
@@ -54,7 +55,8 @@ class SharedCluster:
             cleanup_leftovers(DEFAULT_PREFIX)  # a crashed earlier run would hold the subnet
             cluster = NamespaceCluster(SHARED_HOSTS, base_dir=self.base_dir / str(self.builds))
             self.builds += 1
-            self._cluster = cluster.start()
+            with phase_log.phase("cluster", f"namespace hosts, build {self.builds}"):
+                self._cluster = cluster.start()
         else:
             self._cluster.reset()
         view = copy.copy(self._cluster)
@@ -85,7 +87,8 @@ def namespace_cluster_fixture(
     cleanup_leftovers(prefix)
     cluster = NamespaceCluster(count, prefix, base_dir=base_dir)
     try:
-        cluster.start()
+        with phase_log.phase("cluster", f"namespace hosts of a test's own ({count})"):
+            cluster.start()
         yield cluster
     finally:
         # stop() is idempotent and also removes what a half-finished start() left.

@@ -254,12 +254,15 @@ def healthy(request: Mapping[str, Any]) -> dict[str, Any]:
 def scripted_session(
     name: str, answer: Callable[[Mapping[str, Any]], Mapping[str, Any]]
 ) -> LineSession:
-    """A LineSession whose program answers each request from `answer`."""
+    """A LineSession whose program answers each request from `answer` (with the request's id,
+    as protocol.serve does)."""
     pending: list[bytes] = []
 
     class Writer:
         def write(self, data: bytes) -> None:
-            pending.append(json.dumps(dict(answer(json.loads(data)))).encode() + b"\n")
+            request = json.loads(data)
+            said = {**answer(request), "id": request.get("id")}
+            pending.append(json.dumps(said).encode() + b"\n")
 
         def flush(self) -> None:
             pass

@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import phase_log
 from tests.conftest import Cli, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,6 +125,15 @@ def processes(name_prefix: str) -> list[int]:
     return found
 
 
+def dockerd_started_by_cluster_sh() -> bool:
+    """cluster.sh keeps the pid of the dockerd it started (docker/cluster.py our_dockerd)."""
+    state_dir = Path(os.environ.get("ORCHESTRATE_DOCKER_STATE", "/run/orchestrate-docker"))
+    try:
+        return int((state_dir / "dockerd.pid").read_text()) in dockerd_pids()
+    except (OSError, ValueError):
+        return False
+
+
 def dockerd_pids() -> list[int]:
     return processes("dockerd")
 
@@ -137,9 +147,12 @@ class DockerCluster:
 
 @pytest.fixture(scope="session")
 def docker_cluster() -> Iterator[DockerCluster]:
-    already_running = bool(dockerd_pids())
+    # A dockerd that cluster.sh started (scripts/test.sh's `build` ahead of the tests) is the
+    # tests' own: `down` must stop it. Only one started otherwise is left running.
+    already_running = bool(dockerd_pids()) and not dockerd_started_by_cluster_sh()
     started = time.monotonic()
-    result = cluster_sh("up", "--stand-in-base")
+    with phase_log.phase("cluster", "Docker cluster up (waits for a build still running)"):
+        result = cluster_sh("up", "--stand-in-base")
     elapsed = time.monotonic() - started
     try:
         assert result.returncode == 0, result.stdout + result.stderr[-6000:]

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests import phase_log
 from tests.cluster.slurm import (
     LOGIN_ALIAS,
     PARTITION,
@@ -52,7 +53,8 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         pytest.skip(UNAVAILABLE)
     # Two nodes more, in ROLES_PARTITION only: a job of chief, workers and ps (issue 45).
     cluster = SlurmCluster(Path(f"/tmp/orchestrate-slurm-{os.getpid()}"), login=True, extra=2)
-    cluster.start()
+    with phase_log.phase("cluster", "Slurm cluster started"):
+        cluster.start()
     try:
         yield cluster
     finally:

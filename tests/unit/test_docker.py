@@ -215,7 +215,38 @@ def test_dockerfile_base_sshd_and_worker_extra() -> None:
     assert re.search(r"apt-get install -y --no-install-recommends openssh-server\b", apt)
     assert "rm -f /etc/ssh/ssh_host_*_key" in apt, "build-time host keys would be shared"
     assert "rm -rf /var/lib/apt/lists/*" in apt
-    assert "pip install --no-cache-dir '.[worker]'" in runs
+    assert any(rest.endswith("pip install --no-cache-dir --find-links /wheels '.[worker]'")
+               for rest in runs)  # fmt: skip
+
+
+WHEELS_MOUNT = "--mount=type=bind,source=docker/wheels,target=/wheels "
+
+
+def requirements_run() -> str:
+    """The RUN that installs the dependencies, its continuation lines' spaces made single."""
+    (run,) = [" ".join(rest.split()) for rest in instruction_args("RUN") if "tomllib" in rest]
+    return run
+
+
+def test_dependencies_come_from_docker_wheels_when_it_holds_wheels() -> None:
+    # scripts/test.sh fills docker/wheels/ from its own install, so that a cold run downloads
+    # TensorFlow once; an empty directory (a user's clone) leaves pip to the index.
+    run = requirements_run()
+    assert run.startswith(WHEELS_MOUNT), "a bind mount: the wheels add no layer to the image"
+    assert "pip install --no-cache-dir --no-index --find-links /wheels -r" in run
+    assert "else pip install --no-cache-dir -r /tmp/requirements.txt" in run
+    assert (DOCKER / "wheels" / "README.md").is_file(), "a bind mount's source must exist"
+    ignored = (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()
+    assert "!docker/wheels/" in ignored
+
+
+def test_the_wheels_test_sh_fetches_are_the_dockerfiles_requirements() -> None:
+    run = requirements_run()
+    dockerfile_program = re.search(r'python (-c "[^"]+")', run)
+    script = (REPO / "scripts" / "test.sh").read_text()
+    script_program = re.search(r'\.venv/bin/python (-c "[^"]+")', script)
+    assert dockerfile_program and script_program
+    assert dockerfile_program[1] == script_program[1]
 
 
 def test_dockerfile_entrypoint_is_docker_entrypoint_sh() -> None:
@@ -233,8 +264,10 @@ def test_dockerfile_entrypoint_is_docker_entrypoint_sh() -> None:
 
 def test_dockerfile_requirements_are_the_worker_extra(tmp_path: Path) -> None:
     tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11 (the image's)")
-    (run,) = [rest for rest in instruction_args("RUN") if "tomllib" in rest]
-    match = re.match(r'python (?P<args>-c "[^"]+") > /tmp/requirements\.txt', run)
+    run = requirements_run()
+    match = re.match(
+        r'python (?P<args>-c "[^"]+") > /tmp/requirements\.txt', run.removeprefix(WHEELS_MOUNT)
+    )
     assert match, run
     shutil.copy(REPO / "pyproject.toml", tmp_path)
     # Through sh, as Docker runs a shell-form RUN: the quoting is the image's.

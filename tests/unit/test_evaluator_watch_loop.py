@@ -1,4 +1,5 @@
-"""The evaluator's watch loop (worker.watch): which checkpoint next, skipped counts, when it ends.
+"""The evaluator's watch loop (worker.evaluator_watch): which checkpoint next, skipped counts,
+when it ends.
 
 The checkpoint directory is a real one (empty ckpt-N.index files, read by worker.restore's
 available_checkpoints, the listing the evaluator uses); "training" writes checkpoints into it from
@@ -18,8 +19,7 @@ import pytest
 
 from orchestrator.contract import EXIT_USAGE
 from worker import evaluate as evaluate_cli
-from worker.restore import available_checkpoints
-from worker.watch import (
+from worker.evaluator_watch import (
     Choice,
     Outcome,
     Tally,
@@ -30,6 +30,7 @@ from worker.watch import (
     next_checkpoint,
     tf_config_problem,
 )
+from worker.restore import available_checkpoints
 
 
 def write_checkpoint(directory: Path, step: int) -> None:

@@ -130,7 +130,7 @@ SHIPPED = {
                      ("contract", "perfprobe", "protocol", "workerpath")),
     "leases.py": (lambda: host_program("leases.py"),
                   ("claims", "contract", "leasepolicy", "protocol", "safefiles", "leasedir",
-                   "rundir")),
+                   "leasequeue", "rundir")),
     "launcher.py": (lambda: script.LAUNCHER_SOURCE,
                     ("contract", "procwatch", "safefiles", "rundir")),
     "pod_launcher.py": (lambda: trainjob.LAUNCHER_SOURCE, ("contract",)),

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from orchestrator.backends.registry import host_sources, key_reference
-from orchestrator.config.loader import JOB_KEYS, TOP_KEYS, parse_inventory
+from orchestrator.config.job import JOB_KEYS
+from orchestrator.config.loader import TOP_KEYS, parse_inventory
 from orchestrator.config.report import Report
 from orchestrator.config.sources.ansible import ANSIBLE_KEYS
 from orchestrator.config.sources.hosts import HOST_KEYS, host_keys

@@ -1,5 +1,6 @@
 """docs/design.md's map of the folders is the tree: every module of orchestrator/ is listed in
-its folder's row, and every listed module exists."""
+its folder's row, and every listed module exists; every module of worker/ is named in the
+worker's paragraph."""
 
 from __future__ import annotations
 
@@ -38,3 +39,12 @@ def test_every_test_module_has_its_own_name() -> None:
     for path in (REPO / "tests").rglob("test_*.py"):
         seen.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_the_design_map_names_every_worker_module() -> None:
+    text = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
+    section = text.split("## Map", 1)[1].split("\n## ", 1)[0]
+    worker = section.split("Worker (`worker/`", 1)[1].split("\n### ", 1)[0]
+    named = set(re.findall(r"`([a-z_]+)`", worker))
+    modules = {p.stem for p in (REPO / "worker").glob("*.py")} - {"__init__", "__main__"}
+    assert modules - named == set()

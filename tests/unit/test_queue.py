@@ -131,8 +131,8 @@ def test_the_reason_names_the_holder_and_the_earlier_tickets() -> None:
 # --- the host program: real tickets in a real lease directory ----------------------------------
 
 
-# Arrivals the lease program takes for real: after 2000, not in the future (leasepolicy.moment).
-T0 = 1.7e9
+# Arrivals the lease program takes for real: after 2000, not in the future (leasepolicy.moment),
+# and not before the ticket's process started (a ticket whose process is seen here).
 
 
 def gpu_worker(count: int) -> dict[str, Any]:
@@ -153,6 +153,7 @@ def test_tickets_keep_the_order_and_a_withdrawn_or_dead_one_lets_the_next_go(
     holder = acquire(lease_dir, "holder", gpu_worker(1))  # holds one GPU of the two
     assert holder["assigned"]["w"]["gpus"] == [0]
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    T0 = time.time()  # noqa: N806 - after the sleeper started: its ticket arrives after that
     try:
         # The two-GPU run queues first (GPU 0 is held), then a one-GPU run: GPU 1 is free,
         # yet the one-GPU run waits behind the earlier ticket.

@@ -87,3 +87,24 @@ def test_preempted_worker_is_stopped_not_failed() -> None:
 def test_down_wins_over_the_preemption_exit_it_causes() -> None:
     verdict = classify(probe(exit={"returncode": 75}, stop_requested=True))
     assert verdict.state is S.STOPPED and verdict.reason == "stopped by orchestrate down"
+
+
+def test_exit_0_with_a_step_that_is_no_number_is_bad_progress_not_success() -> None:
+    # Issue 54: a NaN or a string step read as absent, and the run "succeeded at step 0".
+    for garbage in (float("nan"), "twelve", 10**400, -5):
+        verdict = classify(probe(exit={"returncode": 0}, progress={"step": garbage, "loss": 1.0}))
+        assert verdict.state is S.FAILED, garbage
+        assert verdict.kind is FailureKind.BAD_PROGRESS and "no step number" in str(verdict.reason)
+    nan_loss = classify(probe(exit={"returncode": 0}, progress={"step": 8, "loss": float("nan")}))
+    assert nan_loss.state is S.SUCCEEDED  # how far it got is known; the loss is the script's
+    assert classify(probe(exit={"returncode": 0}, progress={"loss": 1.0})).state is S.SUCCEEDED
+
+
+def test_ps_and_workers_that_report_no_steps_serve_while_the_chief_trains() -> None:
+    from orchestrator.engine.roles import serving
+
+    pairs = [("chief", S.RUNNING), ("worker", S.STARTING), ("ps", S.STARTING),
+             ("evaluator", S.STARTING), ("worker", S.FAILED)]  # fmt: skip
+    assert serving(pairs) == [1, 2]
+    assert serving([("chief", S.STARTING), ("ps", S.STARTING)]) == []  # not before it trains
+    assert serving([("worker", S.RUNNING), ("worker", S.STARTING)]) == []  # MWMS: no chief

@@ -1,7 +1,8 @@
 """--steps-per-call K / job.steps_per_call: the call schedule, the checks, the flag, and the loop.
 
-The schedule and the checks are pure; the loop test drives worker.train.Loop with a fake train
-step that records each call's length (it needs TensorFlow only to import worker.train).
+The schedule and the checks are pure; the loop test drives worker.loop.Loop with a fake train
+step that records each call's length (it needs TensorFlow only to import worker.saver and
+worker.window).
 """
 
 from __future__ import annotations
@@ -104,13 +105,15 @@ def test_the_flag_reaches_the_worker_only_when_set() -> None:
 
 
 if TYPE_CHECKING:  # Recorder stands for these, and mypy holds it to their signatures
+    from worker.preemption import Preemption
+    from worker.saver import CheckpointSaver
     from worker.summaries import ProfileWindow, Summaries
-    from worker.train import CheckpointSaver, Preemption, Window
+    from worker.window import Window
 
     class Collaborators(Window, CheckpointSaver, Summaries, ProfileWindow, Preemption):
         def before_step(self, step: int | None = None) -> None: ...  # the profile's and the vote's
 
-else:  # importing worker.train imports TensorFlow, which only the tf-marked tests need
+else:  # importing the saver and the window imports TensorFlow, which only tf-marked tests need
     Collaborators = object
 
 
@@ -161,14 +164,14 @@ class Recorder(Collaborators):
 @pytest.mark.tf
 def test_the_loop_runs_k_steps_per_call_and_acts_at_multiples_of_k() -> None:
     pytest.importorskip("tensorflow")
-    from worker import train
+    from worker.loop import Loop
 
     config = WorkerConfig(
         task=TASK, steps=95, checkpoint_dir="/nonexistent/c", tensorboard_dir="/nonexistent/t",
         checkpoint_every=40, log_every=20, steps_per_call=10, preemption_check_every=10,
     )  # fmt: skip
     fake = Recorder()
-    loop = train.Loop(
+    loop = Loop(
         config=config, train_step=fake.train_step, window=fake, saver=fake, summaries=fake,
         profile=fake, learning_rate=lambda: None, progress=ProgressWriter(None),
         with_accuracy=False, preemption=fake,

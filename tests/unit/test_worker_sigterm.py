@@ -1,6 +1,6 @@
 """Preemption on SIGTERM: the flag, the exit code and the loop's decision, without processes.
 
-The first tests need no TensorFlow. The loop tests (marked tf) import worker.train and drive a
+The first tests need no TensorFlow. The loop tests (marked tf) import worker.loop and drive a
 real Loop with fakes for the step, the saver and the cluster-wide vote; the real vote across two
 processes is tested in tests/integration/test_worker_preemption.py.
 """
@@ -47,10 +47,10 @@ def test_main_exits_75_when_the_run_was_preempted(monkeypatch):
     def run(config: WorkerConfig, task: Any) -> int:
         raise Preempted(40)
 
-    # Stands in for worker.train, so main() does not import TensorFlow.
+    # Stands in for worker.mirrored, so main() does not import TensorFlow.
     fake_train = types.SimpleNamespace(run=run)
-    monkeypatch.setitem(sys.modules, "worker.train", fake_train)
-    monkeypatch.setattr(worker, "train", fake_train, raising=False)
+    monkeypatch.setitem(sys.modules, "worker.mirrored", fake_train)
+    monkeypatch.setattr(worker, "mirrored", fake_train, raising=False)
     assert cli.main(["--task", TASK, "--steps", "100"]) == cli.EXIT_PREEMPTED
 
 
@@ -96,9 +96,11 @@ def test_a_notice_from_tensorflow_counts_as_a_sigterm():
 # The loop, with TensorFlow imported but no strategy, no step function and no files.
 
 if TYPE_CHECKING:  # the fakes stand for these, and mypy holds them to their signatures
+    from worker.preemption import Preemption
+    from worker.saver import CheckpointSaver
     from worker.summaries import ProfileWindow, Summaries
-    from worker.train import CheckpointSaver, Preemption, Window
-else:  # importing worker.train imports TensorFlow, which only the tf-marked tests need
+    from worker.window import Window
+else:  # importing the saver and the window imports TensorFlow, which only tf-marked tests need
     ProfileWindow = Summaries = CheckpointSaver = Preemption = Window = object
 
 
@@ -174,7 +176,7 @@ class AgreedAt(Preemption):
 
 def make_loop(agreed_at: int, steps: int = 100) -> Any:
     pytest.importorskip("tensorflow")
-    from worker import train
+    from worker.loop import Loop
 
     config = WorkerConfig(
         task=TASK,
@@ -184,7 +186,7 @@ def make_loop(agreed_at: int, steps: int = 100) -> Any:
         checkpoint_every=20,
         log_every=10,
     )
-    return train.Loop(
+    return Loop(
         config=config,
         train_step=lambda iterator, n: None,
         window=FakeWindow(),
@@ -229,10 +231,10 @@ def test_the_last_step_finishes_normally():
 @pytest.mark.tf
 def test_the_vote_is_read_only_on_check_steps():
     pytest.importorskip("tensorflow")
-    from worker import train
+    from worker.preemption import Preemption
 
     flag = SigtermFlag()
-    preemption = train.Preemption(flag, check_every=5)
+    preemption = Preemption(flag, check_every=5)
     preemption.before_step()
     assert float(preemption.wish.numpy()) == 0.0
     flag.set()

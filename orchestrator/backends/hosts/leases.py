@@ -194,7 +194,10 @@ def listing(
         tickets += [Ticket.parse(name, t) for t in found_tickets if isinstance(t, dict)] \
             if isinstance(found_tickets, list) else []  # fmt: skip
         holders = answer.get("holders")
-        leases += [Lease.parse(name, h) for h in holders if isinstance(h, dict)] \
+        # A record of another network namespace sharing the lease directory is listed by its
+        # own host (and blocks here): listed here too, it would read as this host's lease.
+        leases += [Lease.parse(name, h) for h in holders
+                   if isinstance(h, dict) and h.get("here") is not False] \
             if isinstance(holders, list) else []  # fmt: skip
         found = answer.get("ignored")
         ignored += [Ignored.parse(name, i) for i in found] if isinstance(found, list) else []

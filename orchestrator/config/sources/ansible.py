@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from orchestrator.boundedread import ANSIBLE_FILE_CAP, ANSIBLE_FILES_CAP, check_tree
 from orchestrator.config.report import Report
 from orchestrator.config.sources.base import HostSource, Placed, RoleRule
 from orchestrator.config.sources.hosts import host_keys, parse_host
@@ -98,6 +99,10 @@ def _ansible_hosts(
     if not path.exists():
         report.add(where_line, "ansible.inventory", f"no such file or directory: {path}")
         return []
+    refused = _unreadable(path)
+    if refused:
+        report.add(where_line, "ansible.inventory", refused)
+        return []
     try:
         found = read_hosts(path, values["group"], values["port_var"])
     except ImportError:
@@ -116,15 +121,25 @@ def _ansible_hosts(
         report.add(block.key_lines.get("group", block.line), "ansible.group",
                    f"group {values['group']!r} of {path} has no hosts")  # fmt: skip
         return []
+    return _placed(found, block, port_var=values["port_var"], defaults=defaults, report=report,
+                   base=base)  # fmt: skip
+
+
+def _placed(
+    found: list[tuple[str, dict[str, Any]]], block: LineMap, *, port_var: str,
+    defaults: LineMap, report: Report, base: Path,
+) -> list[Placed]:  # fmt: skip
+    """The Ansible hosts read from the `ansible:` block's inventory, as the inventory's workers."""
+    where_line = block.key_lines.get("inventory", block.line)
     placed: list[Placed] = []
     known = host_keys()
     for name, variables in found:
         where = f"ansible[{name}]"
-        entry = host_entry(name, variables, values["port_var"], known)
+        entry = host_entry(name, variables, port_var, known)
         entry.line = block.line
         if "port" not in entry and "port" not in defaults:
             report.add(where_line, f"{where}.port", f"missing; set the host variable "
-                       f"{values['port_var']!r} in the Ansible inventory, or 'port' under "
+                       f"{port_var!r} in the Ansible inventory, or 'port' under "
                        "defaults:")  # fmt: skip
             continue
         host = parse_host(entry, defaults, report, where, base)
@@ -162,6 +177,19 @@ def _number(value: Any) -> Any:
 
 
 MAPPED = ("ansible_host", *DIRECT, "ansible_python_interpreter", "ansible_connection")
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why Ansible must not read the inventory at `path`: it reads whatever it finds (a fifo
+    blocks it, a device fills memory). Beside a file inventory it reads group_vars/ and
+    host_vars/ too (a directory's own are inside it)."""
+    beside = () if path.is_dir() else (path.parent / "group_vars", path.parent / "host_vars")
+    try:
+        for tree in (path, *(found for found in beside if found.exists())):
+            check_tree(tree, ANSIBLE_FILE_CAP, ANSIBLE_FILES_CAP)
+    except OSError as exc:
+        return f"cannot read {exc.filename}: {exc.strerror or exc}"
+    return None
 
 
 def read_hosts(path: Path, group: str, port_var: str) -> list[tuple[str, dict[str, Any]]]:

@@ -131,7 +131,9 @@ def parse_hosts(
     for index, entry in enumerate(entries):
         where = f"{key}[{index}]"
         if not isinstance(entry, LineMap):
-            report.add(entries.item_lines[index], where, f"expected a mapping, got {entry!r}")
+            report.add(
+                entries.item_lines[index], where, f"expected a mapping, got {describe(entry)}"
+            )
             continue
         report.unknown_keys(entry, host_keys(), where)
         host = parse_host(entry, defaults, report, where, base)

@@ -94,7 +94,7 @@ def _slurm_name(value: Any) -> Checked:
     if problem:
         return None, problem
     if not NAME_PART.fullmatch(text):
-        return None, f"expected a Slurm name (letters, digits, _ . : -), got {value!r}"
+        return None, f"expected a Slurm name (letters, digits, _ . : -), got {describe(value)}"
     return text, None
 
 
@@ -104,7 +104,7 @@ def _workdir(value: Any) -> Checked:
         return None, problem
     if not (text.startswith("/") or text == "~" or text.startswith("~/")):
         return None, (f"expected an absolute path on the shared filesystem (or ~/...), "
-                      f"got {value!r}")  # fmt: skip
+                      f"got {describe(value)}")  # fmt: skip
     return text, None
 
 
@@ -214,7 +214,7 @@ def _roles(block: LineMap, nodes: int | None, report: Report) -> tuple[str, ...]
 
 def _sbatch_option(value: str) -> Checked:
     if not value.startswith("-") or "\n" in value:
-        return None, f"expected one sbatch option such as '--qos=high', got {value!r}"
+        return None, f"expected one sbatch option such as '--qos=high', got {describe(value)}"
     option = value.split("=", 1)[0]
     if option in OWNED_OPTIONS:
         key = OWNED_OPTIONS[option]

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from orchestrator.boundedread import SSH_FILE_CAP, check_regular
 from orchestrator.machines.kinds.base import Kind, ReportProblem, SyncTransport
 from orchestrator.machines.sshsettings import SshSettings, ssh_settings
 from orchestrator.model.inventory import LoginDetails
@@ -58,6 +59,15 @@ class SshKind(Kind):
 
     def prepare(self, values: dict[str, Any], problem: ReportProblem, base: Path) -> None:
         super().prepare(values, problem, base)
+        for key in self.controller_paths:  # read by paramiko, whole: a fifo would block it
+            given = values.get(key)
+            path = controller_path(given, base) if isinstance(given, str) else None
+            try:
+                if path is not None and path.exists():
+                    check_regular(path, SSH_FILE_CAP)
+            except OSError as exc:
+                problem(key, f"cannot read {path}: {exc.strerror or exc}")
+                return
         if "ssh_config" in values:
             path = controller_path(values["ssh_config"], base)
             if not path.is_file():

@@ -1,13 +1,25 @@
-"""`job:`'s keys: their types, defaults, meanings and checkers, from which the loader checks a
-job block and the manual's key reference is written (docs/hooks/reference.py)."""
+"""The `job:` block of the inventory: its keys (the entries the key reference is written from)
+and its parser, each problem reported with its line."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from orchestrator.contract import EXPORT_FORMATS, KERAS_SETTINGS, task_problem
-from orchestrator.model.inventory import STRATEGY_PS
+from orchestrator.config.report import Report, line_of
+from orchestrator.contract import (
+    EXPORT_FORMATS,
+    KERAS_SETTINGS,
+    LEGACY_KERAS_ENV,
+    RESERVED_ENV_PREFIXES,
+    task_problem,
+)
+from orchestrator.model.inventory import STRATEGY_PS, Job
+from orchestrator.paths import controller_path
 from orchestrator.values import (
+    NAME_PATTERN,
     POSITIVE,
     Checked,
     Checker,
@@ -21,6 +33,9 @@ from orchestrator.values import (
     scalar_string,
     string,
 )
+from orchestrator.yamlsource import LineList, LineMap
+
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _task(value: Any) -> Checked:
@@ -143,3 +158,113 @@ JOB_KEYS: dict[str, Checker] = checkers(JOB_KEY_ENTRIES)
 
 # Keys parsed by their own functions below (lists and mappings, checked per item).
 LIST_JOB_KEYS = ("args", "env", "secret_env", "files", "permanent_exit_codes")
+
+
+def parse_job(document: LineMap, report: Report, stem: str, base: Path) -> Job | None:
+    block = document.get("job")
+    if "job" not in document:
+        report.add(document.line, "job", "missing; say what to run with job.task or job.script")
+        return None
+    if not isinstance(block, LineMap):
+        report.add(line_of(document, "job"), "job", "expected a mapping")
+        return None
+    report.unknown_keys(block, JOB_KEYS, "job")
+    values = report.checked(block, JOB_KEYS, "job", skip=LIST_JOB_KEYS)
+    if "script" in values:
+        script = controller_path(values["script"], base)
+        if not script.is_file():
+            report.add(line_of(block, "script"), "job.script", f"no such file: {script}")
+        values["script"] = str(script)
+    values["args"] = _parse_args(block, report)
+    values["files"] = _parse_files(block, report, base)
+    if "permanent_exit_codes" in block:
+        values["permanent_exit_codes"] = _parse_exit_codes(block, report)
+    values["env"] = _parse_env(block, report)
+    values["secret_env"] = _parse_secret_env(block, report, values["env"])
+    values.setdefault("name", stem if NAME_PATTERN.fullmatch(stem) else "job")
+    if ("task" in block) == ("script" in block):
+        report.add(
+            block.line,
+            "job",
+            "set exactly one of 'task' (module:function for the built-in "
+            "training loop) or 'script' (your own training script)",
+        )
+    if "task" in block and "steps" not in block:
+        report.add(block.line, "job.steps", "missing; the built-in loop needs a step count")
+    return Job(**values)
+
+
+def _parse_args(block: LineMap, report: Report) -> tuple[str, ...]:
+    return report.checked_list(block.get("args", LineList()), line_of(block, "args"), "job.args",
+                               scalar_string, not_a_list="expected a list of strings")  # fmt: skip
+
+
+def _parse_exit_codes(block: LineMap, report: Report) -> tuple[int, ...]:
+    return report.checked_list(block["permanent_exit_codes"],
+                               line_of(block, "permanent_exit_codes"), "job.permanent_exit_codes",
+                               JOB_KEYS["permanent_exit_codes"],
+                               not_a_list="expected a list of exit codes")  # fmt: skip
+
+
+def _parse_files(block: LineMap, report: Report, base: Path) -> tuple[str, ...]:
+    def exists(value: str) -> Checked:
+        path = controller_path(value, base)
+        return (str(path), None) if path.exists() else (None, f"no such file or directory: {path}")
+
+    return report.checked_list(block.get("files", LineList()), line_of(block, "files"),
+                               "job.files", string, not_a_list="expected a list of paths",
+                               extra=exists)  # fmt: skip
+
+
+def _parse_env(block: LineMap, report: Report) -> dict[str, str]:
+    raw = block.get("env", LineMap())
+    if not isinstance(raw, LineMap):
+        report.add(line_of(block, "env"), "job.env", "expected a mapping of NAME: value")
+        return {}
+    env = {}
+    for key, item in raw.items():
+        where = f"job.env.{key}"
+        if not isinstance(key, str) or not ENV_NAME_PATTERN.fullmatch(key):
+            report.add(line_of(raw, key), where, "expected an environment variable name")
+            continue
+        if key.startswith(RESERVED_ENV_PREFIXES):
+            report.add(line_of(raw, key), where, "is set by orchestrate for each worker")
+            continue
+        if key == LEGACY_KERAS_ENV:
+            report.add(line_of(raw, key), where,
+                       "set 'job.keras: legacy' instead: orchestrate then sets it on every "
+                       "worker and checks that tf_keras is installed")  # fmt: skip
+            continue
+        value, problem = scalar_string(item)
+        if problem:
+            report.add(line_of(raw, key), where, problem)
+        else:
+            env[key] = value
+    return env
+
+
+def _env_name(item: Any) -> Checked:
+    if isinstance(item, str) and ENV_NAME_PATTERN.fullmatch(item):
+        return item, None
+    return None, ("expected an environment variable name (its value is taken from the "
+                  "environment of 'orchestrate up')")  # fmt: skip
+
+
+def _parse_secret_env(block: LineMap, report: Report, env: Mapping[str, str]) -> tuple[str, ...]:
+    names: set[str] = set()  # those kept so far: each passed every check below
+
+    def allowed(item: str) -> Checked:
+        if item.startswith(RESERVED_ENV_PREFIXES):
+            return None, "is set by orchestrate for each worker"
+        if item in env:
+            return None, (f"{item} is also in job.env; a secret's value must not be written in "
+                          "the inventory")  # fmt: skip
+        if item in names:
+            return None, f"{item} is listed twice"
+        names.add(item)
+        return item, None
+
+    return report.checked_list(block.get("secret_env", LineList()), line_of(block, "secret_env"),
+                               "job.secret_env", _env_name,
+                               not_a_list="expected a list of environment variable names",
+                               extra=allowed)  # fmt: skip

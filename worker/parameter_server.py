@@ -9,10 +9,10 @@ lost ps fails the chief's step: the cluster restarts from the chief's latest che
 
 The chief counts the steps itself (a closure run twice after a worker's loss still counts once):
 it schedules them up to the next log, checkpoint, evaluation or preemption check, waits for them
-all (coordinator.join), then does there what train.Loop does under MultiWorkerMirroredStrategy:
-the same logs, progress, summaries, checkpoints (the chief's alone: it reads the variables from
-the ps), evaluations (on the chief, over the whole eval split) and its SIGTERM (the chief saves
-and exits 75; the workers and ps are only stopped).
+all (coordinator.join), then does there what the same worker.loop.Loop does under
+MultiWorkerMirroredStrategy: the same logs, progress, summaries, checkpoints (the chief's alone:
+it reads the variables from the ps), evaluations (on the chief, over the whole eval split) and
+its SIGTERM (the chief saves and exits 75; the workers and ps are only stopped).
 
 Worker and ps tasks run their tf.distribute.Server until they are stopped (serve).
 """
@@ -27,22 +27,17 @@ import tensorflow as tf
 
 from worker.config import WorkerConfig
 from worker.devices import configure_devices
-from worker.evaluation import Evaluator, has_integer_labels
 from worker.export import export_model
+from worker.loop import Loop
 from worker.output import log
+from worker.preemption import Preemption, watch_sigterm
+from worker.saver import CheckpointSaver, remove_interrupted_saves
+from worker.sharded_eval import Evaluator, has_integer_labels
+from worker.state import TrainState, resume_state
+from worker.step import gradient_step
 from worker.summaries import ProfileWindow, Summaries, current_learning_rate
 from worker.task import TrainingTask
-from worker.train import (
-    CheckpointSaver,
-    Loop,
-    Preemption,
-    TrainState,
-    Window,
-    gradient_step,
-    remove_interrupted_saves,
-    resume_state,
-    watch_sigterm,
-)
+from worker.window import Window
 
 
 def serve(config: WorkerConfig) -> None:

@@ -1,9 +1,10 @@
-"""`python -m worker.evaluate --watch`: the evaluator task, TensorFlow side of worker.watch.
+"""`python -m worker.evaluate --watch`: the evaluator task, the TensorFlow side of
+worker.evaluator_watch.
 
 Runs on one process with TensorFlow's default strategy (never a cluster, whatever TF_CONFIG says:
 an "evaluator" TF_CONFIG is accepted and removed before TensorFlow starts). The task's model is
 built once; each checkpoint the watch picks is restored into it and evaluated over the task's
-whole eval dataset by worker.evaluation's Evaluator, the code the training loop evaluates with.
+whole eval dataset by worker.sharded_eval's Evaluator, the code the training loop evaluates with.
 Each result goes to the log (stdout), to TensorBoard (scalars val_loss and val_accuracy at the
 checkpoint's step, in the `eval` run beside the training's events) and to the progress file
 ($ORCHESTRATE_PROGRESS_FILE: step, eval_step, val_loss, val_accuracy, evaluated, skipped,
@@ -28,18 +29,19 @@ from orchestrator.contract import (
     TF_CONFIG_ENV,
     register_stack_dump,
 )
-from worker.output import log
-from worker.progress import ProgressWriter
-from worker.restore import UsageError, available_checkpoints, check_keras, zeros_batch
-from worker.task import load_task
-from worker.watch import (
+from worker.evaluator_watch import (
     DEFAULT_POLL_SECONDS,
     EVALUATOR_TASK_TYPE,
+    Outcome,
     Tally,
     Watch,
     default_tensorboard_dir,
     tf_config_problem,
 )
+from worker.output import log
+from worker.progress import ProgressWriter
+from worker.restore import UsageError, available_checkpoints, check_keras, zeros_batch
+from worker.task import TrainingTask, load_task
 
 
 def check_watch_args(args: argparse.Namespace) -> None:
@@ -68,29 +70,10 @@ def watch(args: argparse.Namespace) -> int:
     task = load_task(args.task)
     if task.eval_dataset is None:
         raise UsageError(f"task {args.task!r} has no eval_dataset to evaluate")
-    checkpoint_dir = os.path.abspath(os.path.expanduser(args.checkpoint_dir))
-    # Checkpoints of the other Keras never restore: refused now if the chief's marker says so,
-    # else at the first checkpoint (the marker is written before it).
-    if available_checkpoints(checkpoint_dir):
-        check_keras(checkpoint_dir)
-    tensorboard_dir = (
-        os.path.abspath(os.path.expanduser(args.tensorboard_dir))
-        if args.tensorboard_dir
-        else default_tensorboard_dir(checkpoint_dir)
-    )
-    import tensorflow as tf
-
-    from worker.evaluation import Evaluator
+    checkpoint_dir, tensorboard_dir = _directories(args)
     from worker.summaries import Summaries
 
-    dataset = task.eval_dataset()
-    model = task.model()
-    model(zeros_batch(dataset.element_spec[0]), training=False)  # creates every variable
-    step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-    checkpoint = tf.train.Checkpoint(model=model, step=step)
-    evaluator = Evaluator(
-        tf.distribute.get_strategy(), model, task, dataset, per_replica_batch=args.batch_size
-    )
+    checkpoint, evaluator = _build(task, args.batch_size)
     _on_sigterm(stop)  # again: nothing TensorFlow started may have replaced it
     progress = ProgressWriter(os.environ.get(PROGRESS_FILE_ENV))
     progress.write(
@@ -132,6 +115,47 @@ def watch(args: argparse.Namespace) -> int:
         ).run()  # fmt: skip
     finally:
         summaries.close()
+    _ended(outcome, last)
+    return EXIT_OK
+
+
+def _directories(args: argparse.Namespace) -> tuple[str, str]:
+    """The checkpoint directory watched, its checkpoints' Keras checked, and where the val
+    metrics go."""
+    checkpoint_dir = os.path.abspath(os.path.expanduser(args.checkpoint_dir))
+    # Checkpoints of the other Keras never restore: refused now if the chief's marker says so,
+    # else at the first checkpoint (the marker is written before it).
+    if available_checkpoints(checkpoint_dir):
+        check_keras(checkpoint_dir)
+    tensorboard_dir = (
+        os.path.abspath(os.path.expanduser(args.tensorboard_dir))
+        if args.tensorboard_dir
+        else default_tensorboard_dir(checkpoint_dir)
+    )
+    return checkpoint_dir, tensorboard_dir
+
+
+def _build(task: TrainingTask, batch_size: int) -> tuple[Any, Any]:
+    """The task's model with every variable created, the checkpoint that restores into it (the
+    model and the step) and the Evaluator over the task's whole eval dataset."""
+    import tensorflow as tf
+
+    from worker.sharded_eval import Evaluator
+
+    assert task.eval_dataset is not None
+    dataset = task.eval_dataset()
+    model = task.model()
+    model(zeros_batch(dataset.element_spec[0]), training=False)  # creates every variable
+    step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    checkpoint = tf.train.Checkpoint(model=model, step=step)
+    evaluator = Evaluator(
+        tf.distribute.get_strategy(), model, task, dataset, per_replica_batch=batch_size
+    )
+    return checkpoint, evaluator
+
+
+def _ended(outcome: Outcome, last: Mapping[str, Any]) -> None:
+    """The log's last line, and stdout's: one JSON object, how it ended and the last evaluation."""
     tally = outcome.tally
     log(
         f"evaluator: {'final checkpoint evaluated' if outcome.how == 'final' else 'stopped'}: "
@@ -142,7 +166,6 @@ def watch(args: argparse.Namespace) -> int:
                     "skipped": tally.skipped, **last}),
         flush=True,
     )  # fmt: skip
-    return EXIT_OK
 
 
 def _on_sigterm(stop: threading.Event) -> None:
