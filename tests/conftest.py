@@ -203,6 +203,27 @@ def progress_in(run_dir: Path | None) -> dict[str, Any]:
         return {}
 
 
+def snapshot_when(
+    cli: Cli, predicate: Callable[[dict[str, Any]], object], timeout: float
+) -> dict[str, Any]:
+    """The status in the supervisor's snapshot of the current run (`{run_id}.status.json`,
+    rewritten at each of its polls) once `predicate` holds for it: what the supervisor itself
+    has seen, read without a CLI in between."""
+    state = cli.cwd / ".orchestrate"
+
+    def seen() -> dict[str, Any] | None:
+        try:
+            run_id = (state / "current").read_text().strip()
+            status = json.loads((state / "runs" / f"{run_id}.status.json").read_text())["status"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # not written yet, or caught mid-replace
+        return status if predicate(status) else None
+
+    found: dict[str, Any] = wait_for(seen, timeout=timeout, what="the supervisor's snapshot",
+                                     interval=0.05)  # fmt: skip
+    return found
+
+
 def suspend_workers(run_dirs: list[Path | None]) -> list[psutil.Process]:
     """Suspend the worker of each run directory (its worker.pid); the caller resumes them."""
     workers = []

@@ -81,7 +81,13 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
     Key("stall_timeout", "integer, at least 1 (seconds)", "`300`",
         "seconds without a new step (or an answer from the host) before a worker counts as "
         "failed; keep it above `log_every` times the time of a step, and above the time of one "
-        "evaluation", POSITIVE),
+        "evaluation; counted from the worker's first step (before it: `start_timeout`)",
+        POSITIVE),
+    Key("start_timeout", "integer, at least 1 (seconds)",
+        "the larger of `300` and `stall_timeout`",
+        "seconds from a worker's start to its first step (importing TensorFlow, the cluster "
+        "forming, the first step's tracing) before it counts as failed; a slow start on a "
+        "loaded host spends no restart while it stays within it", POSITIVE),
     Key("max_restarts", "integer, at least 0", "`3`",
         "restarts of the whole cluster before the run fails", integer(0)),
     Key("max_worker_restarts", "integer, at least 0", "`6`",

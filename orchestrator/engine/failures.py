@@ -42,7 +42,9 @@ class FailureKind(str, Enum):
 MEANINGS: dict[FailureKind, str] = {
     FailureKind.KILLED: "a signal, usually SIGKILL from a person or the OOM killer",
     FailureKind.PREEMPTED: "saved a checkpoint on SIGTERM and exited 75",
-    FailureKind.STALLED: "no new step for stall_timeout",
+    FailureKind.STALLED: (
+        "no first step within start_timeout, or no new step for stall_timeout after it"
+    ),
     FailureKind.NOT_STARTED: "its supervisor never came up",
     FailureKind.UNREACHABLE: "its host stopped answering",
     FailureKind.VANISHED: "its process disappeared without an exit record",
@@ -133,8 +135,10 @@ HINTS: dict[FailureKind, str] = {
         "(worker.report(step=...)), or none at all"
     ),
     FailureKind.STALLED: (
-        "no new step for stall_timeout: a peer that never joined or hangs blocks every worker; "
-        "raise stall_timeout if a step really takes that long"
+        "no first step within start_timeout, or no new step for stall_timeout after it (the "
+        "reason names the limit): a peer that never joined or hangs blocks every worker; "
+        "raise start_timeout if starting (the import, the cluster forming, the first step) "
+        "really takes that long, stall_timeout if a step does"
     ),
     FailureKind.NOT_STARTED: "its host could not start the worker: 'orchestrate check INVENTORY'",
     FailureKind.UNREACHABLE: "its host stopped answering: check the machine and its network",

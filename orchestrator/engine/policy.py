@@ -64,32 +64,72 @@ SCRIPT_SURVIVOR_GRACE = 1.0
 WATCHED = (WorkerState.PENDING, WorkerState.STARTING, WorkerState.RUNNING, WorkerState.UNKNOWN)
 
 
+# A worker's phases for the watch: starting (alive, no step past the one it began at: importing,
+# waiting for its cluster, tracing its first step), stepping, and its host not answering.
+STARTING, STEPPING, SILENT = "starting", "stepping", "silent"
+
+
 @dataclass
 class StallWatch:
-    """When each worker's step last moved and when its host last answered."""
+    """When each worker's step last moved, when its host last answered, and when it began to
+    start. Two limits: `start_timeout` from a worker's start to its first step (a slow import
+    on a loaded host is start-up, not a hang), `timeout` (stall_timeout) from then on between
+    steps, for a host's silence, and for a worker whose run directory never appears."""
 
     timeout: float
+    start_timeout: float | None = None  # None: the same as timeout
     _since: dict[str, tuple[object, float]] = field(default_factory=dict)
+    _phase: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def check(self, status: RunStatus, now: float) -> Failure | None:
         for worker in status.workers:
             if worker.queued:  # waiting for nodes is no stall: its clock starts when it runs
                 self._since.pop(worker.name, None)
+                self._phase.pop(worker.name, None)
                 continue
             if worker.state not in WATCHED or _reached_target(worker):
                 continue
-            # A new step, or the host answering again after silence, restarts the clock.
-            mark = (worker.state is WorkerState.UNKNOWN, worker.step)
-            previous = self._since.get(worker.name)
-            if previous is None or previous[0] != mark:
-                self._since[worker.name] = (mark, now)
-                continue
-            if now - previous[1] >= self.timeout:
-                reason = self._reason(worker)
+            failure = self._started_late(worker, now) or self._stalled(worker, now)
+            if failure is not None:
                 pace = status.pace if worker.state is WorkerState.RUNNING else None
-                reason += f" (before it: {pace})" if pace else ""
-                return Failure(worker.name, _stall_kind(worker), reason, worker.step)
+                reason = failure.reason + (f" (before it: {pace})" if pace else "")
+                return replace(failure, reason=reason)
         return None
+
+    def _started_late(self, worker: WorkerStatus, now: float) -> Failure | None:
+        """A worker past start_timeout without its first step. Its start clock runs from when
+        it was first seen starting (this attempt, or its restart by itself), through
+        whatever it reports before its first step."""
+        phase = _phase(worker)
+        previous = self._phase.get(worker.name)
+        if previous is None or previous[0] != phase:
+            self._phase[worker.name] = previous = (phase, now)
+        limit = self.start_limit
+        if phase != STARTING or worker.state is WorkerState.PENDING or now - previous[1] < limit:
+            return None
+        reported = ("it reported no progress" if worker.step is None
+                    else f"it reported its start step {worker.step} and none past it")  # fmt: skip
+        reason = f"no first step within start_timeout {limit:g} s ({reported})"
+        return Failure(worker.name, FailureKind.STALLED, reason, worker.step)
+
+    def _stalled(self, worker: WorkerStatus, now: float) -> Failure | None:
+        """A worker whose step (or whose host's answer) has not changed for stall_timeout;
+        none while it is starting (start_timeout is its limit then)."""
+        # A new step, or the host answering again after silence, restarts the clock.
+        mark = (worker.state is WorkerState.UNKNOWN, worker.step)
+        previous = self._since.get(worker.name)
+        if previous is None or previous[0] != mark:
+            self._since[worker.name] = (mark, now)
+            return None
+        if _phase(worker) == STARTING and worker.state is not WorkerState.PENDING:
+            return None
+        if now - previous[1] < self.timeout:
+            return None
+        return Failure(worker.name, _stall_kind(worker), self._reason(worker), worker.step)
+
+    @property
+    def start_limit(self) -> float:
+        return self.timeout if self.start_timeout is None else self.start_timeout
 
     def _reason(self, worker: WorkerStatus) -> str:
         if worker.state is WorkerState.UNKNOWN:
@@ -97,10 +137,17 @@ class StallWatch:
         if worker.state is WorkerState.PENDING:
             return f"it did not start within {self.timeout:g} s (its run directory is missing)"
         where = f"at step {worker.step}" if worker.step is not None else "before its first step"
-        return f"stalled: no progress for {self.timeout:g} s {where}"
+        return f"stalled: no progress for {self.timeout:g} s (stall_timeout) {where}"
 
     def reset(self) -> None:
         self._since.clear()
+        self._phase.clear()
+
+
+def _phase(worker: WorkerStatus) -> str:
+    if worker.state is WorkerState.UNKNOWN:
+        return SILENT
+    return STEPPING if worker.stepped else STARTING
 
 
 def file_mtime(path: Path) -> int | None:

@@ -2,8 +2,9 @@
 checkpoint. In MultiWorkerMirroredStrategy one dead worker stops everyone (the others fail within
 seconds or hang), and TensorFlow restarts nothing, so the controller must.
 
-A worker has failed when it exited non-zero, vanished, its host stopped answering, or its step
-has not moved for the job's stall_timeout. Then every remaining worker is stopped, the chief's
+A worker has failed when it exited non-zero, vanished, its host stopped answering, it made no
+first step within the job's start_timeout, or its step has not moved for its stall_timeout since.
+Then every remaining worker is stopped, the chief's
 latest checkpoint is made present on every host, and the cluster starts again with identical
 TF_CONFIG, up to max_restarts times, with a doubling backoff. What counts as a failure and
 whether it is worth a restart is policy.py's; re-planning around dead hosts is replan.py's; the
@@ -93,7 +94,8 @@ class Supervisor:
         self.show = show
         self.say = say
         self.interval = interval
-        self.watch = StallWatch(record.inventory.job.stall_timeout)
+        job = record.inventory.job
+        self.watch = StallWatch(job.stall_timeout, job.start_limit)  # start-up has its own
         self.mirror = Mirror(store.mirror_path(record.run_id))
         self._mirrored_step = -1
         self._standbys_for = -1  # the attempt whose slots last got standbys

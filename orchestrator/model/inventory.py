@@ -125,6 +125,12 @@ class Host:
         return f"{address}:{self.port}"
 
 
+# A worker's start-up limit where the inventory sets no start_timeout (nor a longer
+# stall_timeout): a TensorFlow import on a loaded host can take a minute, a cluster's forming
+# waits for its slowest worker.
+DEFAULT_START_TIMEOUT = 300
+
+
 @dataclass(frozen=True)
 class Job:
     """What every worker runs: the built-in loop with a user task, or a plain script."""
@@ -146,6 +152,10 @@ class Job:
     # Supervision: a worker whose step has not moved (or whose host has not answered) for
     # stall_timeout seconds has failed; the cluster is restarted up to max_restarts times.
     stall_timeout: int = 300
+    # Start-up (importing, the cluster forming, the first step's tracing) has a limit of its
+    # own: the stall clock runs only from a worker's first step. None: the larger of
+    # DEFAULT_START_TIMEOUT and stall_timeout (start_limit).
+    start_timeout: int | None = None
     max_restarts: int = 3
     # Under job.strategy: parameter-server, how often each worker task is started again by
     # itself, at its address, while the chief and the ps keep running (a lost ps or chief
@@ -181,6 +191,14 @@ class Job:
     # preemption's block): less time blocked in saves (goodput; bench/bench_goodput.py).
     async_checkpoints: bool = True
     queue: bool = False  # `up` waits its turn for held leases instead of failing (engine/queue.py)
+
+    @property
+    def start_limit(self) -> int:
+        """Seconds a worker may take from its start to its first step: start_timeout, else
+        the larger of DEFAULT_START_TIMEOUT and stall_timeout."""
+        if self.start_timeout is not None:
+            return self.start_timeout
+        return max(DEFAULT_START_TIMEOUT, self.stall_timeout)
 
     @property
     def warm(self) -> bool:

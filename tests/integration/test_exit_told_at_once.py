@@ -3,24 +3,30 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
+from typing import Any
 
-from tests.conftest import Cli
-from tests.integration.test_supervision import make_job, worker_pid
+from tests.conftest import Cli, snapshot_when, suspend_workers
+from tests.integration.test_supervision import make_job, stepping
 
 INTERVAL = 60  # seconds between the supervisor's polls: far longer than the whole test
+
+
+def polled(status: dict[str, Any]) -> bool:
+    """The supervisor's poll saw every worker launched: then it waits in its watch."""
+    return bool(status["workers"]) and all(w["pid"] for w in status["workers"])
 
 
 def test_sigkilled_worker_is_seen_long_before_the_next_poll(cli: Cli, reaper: list[str]) -> None:
     make_job(cli, {}, STEPS=60)
     up = cli.popen("up", "--skip-checks", "--interval", str(INTERVAL), "inv.yaml")
     try:
-        pid = worker_pid(cli, "beta")
-        time.sleep(0.5)  # past the supervisor's first poll of the running workers
+        # beta held from its first step (its pid cannot be gone before the kill), past the
+        # supervisor's first poll of the launched workers.
+        (beta,) = suspend_workers([stepping(cli, "beta")])
+        snapshot_when(cli, polled, timeout=60)
         killed_at = time.time()
-        os.kill(pid, signal.SIGKILL)
+        beta.kill()
         out, err = up.communicate(timeout=INTERVAL)  # the second attempt's end is told too
     finally:
         up.kill()
@@ -42,9 +48,8 @@ def test_down_wakes_the_long_watch_and_the_supervisor_stops_the_workers(
     make_job(cli, {}, STEPS=100_000)
     up = cli.popen("up", "--skip-checks", "--interval", str(INTERVAL), "inv.yaml")
     try:
-        worker_pid(cli, "alpha")
-        reaper.append(cli.record()["run_id"])
-        time.sleep(1.0)  # the first poll saw them running: the supervisor waits in its watch
+        reaper.append(cli.status_when(bool, timeout=30)["run_id"])
+        snapshot_when(cli, polled, timeout=60)  # the supervisor waits in its watch
         asked = time.monotonic()
         down = cli("down", check=True)
         took = time.monotonic() - asked

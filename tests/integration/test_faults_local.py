@@ -15,7 +15,6 @@ import signal
 import stat
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -160,9 +159,16 @@ def test_killed_mid_launch_attach_starts_the_attempt_afresh(cli: Cli, reaper: li
     status = cli.status()
     assert status["state"] == "succeeded" and status["attempt"] == 1 and status["restarts"] == 0
     # beta's launch of attempt 0 was still on its way (its Python starts slowly): when it
-    # arrives it is refused, instead of starting a worker nobody waits for.
-    time.sleep(7)
-    assert run_processes(run_id) == []
+    # arrives it is refused, instead of starting a worker nobody waits for. Its arrival: the
+    # slow Python's shell has exec'd, and whatever it started has ended.
+    slow = str(cli.cwd / "slow-python")
+
+    def arrived_and_ended() -> bool:
+        shells = [p for p in psutil.process_iter(["cmdline"])
+                  if slow in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+        return not shells and run_processes(run_id) == []
+
+    wait_for(arrived_and_ended, timeout=60, what="beta's late launch to arrive and end")
     first_beta = next((cli.cwd / "work" / "demo" / "runs" / run_id / "attempt-0").glob("beta"))
     assert not (first_beta / "pid").exists()
 

@@ -170,7 +170,8 @@ def test_killed_peer_is_reported_as_the_first_failure(cli: Cli) -> None:
 
 
 def test_a_script_that_leaves_early_is_blamed_not_its_waiting_peer(cli: Cli) -> None:
-    inventory = script_inventory(cli, "early_exit.py", stall_timeout=8, max_restarts=3)
+    # worker-1 waits for its peer before its first step: start_timeout is that limit.
+    inventory = script_inventory(cli, "early_exit.py", start_timeout=8, max_restarts=3)
     result = cli("up", "--skip-checks", str(inventory), timeout=240)
     assert result.returncode == 1
     assert "the worker that failed first: worker-0" in result.stderr

@@ -9,9 +9,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
-import os
 import shutil
-import signal
 import socket
 import ssl
 import sys
@@ -23,14 +21,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.conftest import Cli, free_ports, wait_for
+from tests.conftest import Cli, free_ports, suspend_workers, wait_for
+from tests.integration.test_supervision import stepping
 from tests.scripts import STEPPER
 
 SECRET = "s3cret-for-the-test"
@@ -208,14 +206,15 @@ def test_a_restarted_run_is_told_to_every_target_and_failing_ones_change_nothing
     write_inventory(cli, servers, steps=120, delay=0.05)
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     try:
-        status = cli.status_when(lambda s: s["state"] == "running", timeout=30)
-        beta = next(w["pid"] for w in status["workers"] if w["name"] == "beta")
+        # Both held once they stepped (their own progress files, no status poll in between:
+        # a 6 s run can end before one returns on a busy machine), so their pids are theirs.
+        alpha, beta = suspend_workers([stepping(cli, name) for name in ("alpha", "beta")])
         # The signing secret stays the controller's: a local worker (started from this very
         # environment) and its supervisor do not inherit it.
-        alpha = psutil.Process(next(w["pid"] for w in status["workers"] if w["name"] == "alpha"))
         for process in (alpha, *alpha.children(recursive=True)):
             assert "HOOK_SECRET" not in process.environ(), process
-        os.kill(beta, signal.SIGKILL)
+        beta.kill()
+        alpha.resume()
         out, err = up.communicate(timeout=120)
     finally:
         up.kill()

@@ -23,10 +23,18 @@ pytestmark = pytest.mark.netns
 
 CHECK_BOUND_S = 15  # docs/supervision.md: a check finishes within this, however many hosts block
 JOB = {"name": "demo", "script": "train.py"}
-HOLD = (  # a process that holds port 20000 for a minute
+HOLD = (  # a process that holds port 20000 for a minute, and says so once it listens
     "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 20000)); s.listen(); "
-    "time.sleep(60)"
+    "print('listening', flush=True); time.sleep(60)"
 )
+
+
+def holding(process: subprocess.Popen[str]) -> subprocess.Popen[str]:
+    """`process` (HOLD, its stdout a pipe) once it listens: its own line, not a guessed time
+    (a Python's start on a loaded machine can take longer than any)."""
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "listening", "the port holder did not start"
+    return process
 
 
 @pytest.fixture(scope="module")
@@ -123,14 +131,18 @@ def test_rejected_port_is_named_as_refused(
 def test_busy_port_names_its_holder_and_a_leftover_worker(
     cli: Cli, cluster: NamespaceCluster, inventory: Path
 ):
-    plain = cluster.popen_in(cluster.hosts[0], [sys.executable, "-c", HOLD])
+    plain = cluster.popen_in(cluster.hosts[0], [sys.executable, "-c", HOLD],
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
     leftover = cluster.popen_in(
         cluster.hosts[1],
         [sys.executable, "-c", HOLD],
         env={"ORCHESTRATE_RUN_ID": "20261129-000000-dead", "ORCHESTRATE_WORKER": "host2"},
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
-        time.sleep(0.5)
+        holding(plain)
+        holding(leftover)
         code, items, _ = findings(cli)
     finally:
         for process in (plain, leftover):
@@ -208,9 +220,10 @@ def test_firewall_rules_reopen_a_default_drop_cluster(
     code, items, _ = findings(cli)
     assert code == 0, failed(items)
     # Only the cluster's addresses were let in: the controller's bridge address is still dropped.
-    listener = cluster.popen_in(cluster.hosts[0], [sys.executable, "-c", HOLD])
+    listener = cluster.popen_in(cluster.hosts[0], [sys.executable, "-c", HOLD],
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        time.sleep(0.5)
+        holding(listener)
         dial = "import socket; socket.create_connection(('10.231.0.11', 20000), timeout=2)"
         cluster.exec_in(cluster.hosts[1], [sys.executable, "-c", dial], check=True)
         with pytest.raises(TimeoutError):

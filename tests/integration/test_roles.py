@@ -16,7 +16,17 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import REPO, Cli, free_ports, local_inventory, local_tf_inventory
+from tests.conftest import (
+    REPO,
+    Cli,
+    first_run_dir,
+    free_ports,
+    local_inventory,
+    local_tf_inventory,
+    progress_in,
+    suspend_workers,
+    wait_for,
+)
 
 pytestmark = pytest.mark.tf
 
@@ -53,16 +63,32 @@ def by_name(status: dict[str, Any], name: str) -> dict[str, Any]:
     return next(w for w in status["workers"] if w["name"] == name)
 
 
-def kill_a_worker_under_a_held_chief(cli: Cli, reaper: list[str], at: int) -> int:
-    """Once the chief's checkpoint reached step `at`: the chief held (psutil suspend) while
-    worker-1 is SIGKILLed and seen started again by itself, then let go; the chief's pid."""
-    status = cli.status_when(lambda s: (by_name(s, "chief")["checkpoint_step"] or 0) >= at,
-                             timeout=180)  # fmt: skip
-    reaper.append(status["run_id"])
-    chief = psutil.Process(by_name(status, "chief")["pid"])
-    lost = by_name(status, "worker-1")["pid"]
-    chief.suspend()  # the training waits at the point of the kill, whatever the machine's load
+def hold_the_chief(cli: Cli, job: str, at: int) -> psutil.Process:
+    """The chief held (psutil suspend) as soon as its own progress file (no CLI in between: a
+    `status` poll can take longer than the rest of the run on a busy machine, and the pid it
+    gave was gone by then) reports a checkpoint at step `at` or later; the caller resumes it."""
+    job_root = cli.cwd / "work" / job
+    wait_for(lambda: (progress_in(first_run_dir(job_root, "chief")).get("checkpoint_step")
+                      or 0) >= at, timeout=180, what=f"a checkpoint at step {at}",
+             interval=0.05)  # fmt: skip
+    (chief,) = suspend_workers([first_run_dir(job_root, "chief")])
+    return chief
+
+
+def pid_of(cli: Cli, job: str, name: str) -> int:
+    """A worker's pid in the first attempt, from its run directory (it serves until stopped)."""
+    run_dir = first_run_dir(cli.cwd / "work" / job, name)
+    assert run_dir is not None, name
+    return int((run_dir / "worker.pid").read_text())
+
+
+def kill_a_worker_under_a_held_chief(cli: Cli, reaper: list[str], job: str, at: int) -> int:
+    """Once the chief's checkpoint reached step `at`: the chief held while worker-1 is
+    SIGKILLed and seen started again by itself, then let go; the chief's pid."""
+    chief = hold_the_chief(cli, job, at)  # the training waits at the point of the kill
     try:
+        reaper.append(cli.record()["run_id"])
+        lost = pid_of(cli, job, "worker-1")
         os.kill(lost, signal.SIGKILL)
         # A serving task writes no progress: "starting" while it lives.
         cli.status_when(lambda s: by_name(s, "worker-1")["pid"] not in (None, lost)
@@ -81,17 +107,17 @@ def test_a_ps_script_keeps_its_chief_through_a_lost_worker_restarts_after_its_ps
     ps_inventory(cli, steps=30)
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     try:
-        chief_pid = kill_a_worker_under_a_held_chief(cli, reaper, at=5)
-        status = cli.status_when(lambda s: (by_name(s, "chief")["checkpoint_step"] or 0) >= 15,
-                                 timeout=180)  # fmt: skip
-        assert status["attempt"] == 0 and by_name(status, "chief")["pid"] == chief_pid
-        assert status["restarted_alone"] == [
-            "worker worker-1 restarted (1 of 6), the chief continued"]  # fmt: skip
-        assert {w["name"]: w["role"] for w in status["workers"]} == ROLES
-        chief = psutil.Process(chief_pid)
-        chief.suspend()  # the ps's loss at a known point: before the chief's last epoch
+        chief_pid = kill_a_worker_under_a_held_chief(cli, reaper, "ps_fit", at=5)
+        # The ps's loss at a known point: before the chief's last epoch, the chief held.
+        chief = hold_the_chief(cli, "ps_fit", at=15)
         try:
-            os.kill(by_name(status, "ps-0")["pid"], signal.SIGKILL)
+            status = cli.status()
+            assert status["attempt"] == 0 and by_name(status, "chief")["pid"] == chief_pid
+            assert chief.pid == chief_pid
+            assert status["restarted_alone"] == [
+                "worker worker-1 restarted (1 of 6), the chief continued"]  # fmt: skip
+            assert {w["name"]: w["role"] for w in status["workers"]} == ROLES
+            os.kill(pid_of(cli, "ps_fit", "ps-0"), signal.SIGKILL)
         finally:
             chief.resume()
         out, err = up.communicate(timeout=300)
@@ -132,7 +158,7 @@ def test_the_built_in_loop_under_parameter_server_keeps_its_chief_through_a_lost
     })  # fmt: skip
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     try:
-        chief_pid = kill_a_worker_under_a_held_chief(cli, reaper, at=50)
+        chief_pid = kill_a_worker_under_a_held_chief(cli, reaper, "shapes", at=50)
         out, err = up.communicate(timeout=300)
     finally:
         up.kill()

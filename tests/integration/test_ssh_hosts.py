@@ -120,10 +120,16 @@ def test_detached_worker_outlives_its_ssh_connection_and_down_stops_it(
     cli("up", "--detach", "inv.yaml", check=True)  # its SSH connections closed when it exited
     run_id = cli.record()["run_id"]
     first = wait_for(lambda: (s := cli.status())["state"] == "running" and s, timeout=20)
-    time.sleep(1.0)
-    later = cli.status()
-    for before, after in zip(first["workers"], later["workers"], strict=True):
-        assert after["state"] == "running" and after["step"] > before["step"]
+
+    def every_worker_stepped_on() -> dict[str, Any] | None:
+        later = cli.status()
+        pairs = zip(first["workers"], later["workers"], strict=True)
+        moved = all(after["state"] == "running" and (after["step"] or 0) > (before["step"] or 0)
+                    for before, after in pairs)  # fmt: skip
+        return later if moved else None
+
+    # Each worker steps on (however long a step takes on a loaded machine).
+    wait_for(every_worker_stepped_on, timeout=60, what="every worker's next step")
     for host in cluster.hosts:
         assert len(processes_in(cluster, host, run_id)) == 2  # supervisor and worker
     follower = cli.popen("tail", "-f", "-n", "1")

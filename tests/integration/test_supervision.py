@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -15,6 +17,8 @@ import pytest
 
 from tests.conftest import (
     Cli,
+    clean_env,
+    detached_supervisors,
     first_run_dir,
     free_ports,
     local_tf_inventory,
@@ -58,6 +62,18 @@ def worker_pid(cli: Cli, name: str) -> int:
     return next(w["pid"] for w in status["workers"] if w["name"] == name)
 
 
+def stepping(cli: Cli, name: str, attempt: int = 0, job: str = "demo") -> Path:
+    """The run directory of worker `name` in `attempt`, once its own progress file (read
+    directly, no CLI in between) reports a step: it is past its start, and still running."""
+
+    def stepped() -> Path | None:
+        run_dir = first_run_dir(cli.cwd / "work" / job, name, attempt)
+        return run_dir if progress_in(run_dir).get("step") else None
+
+    found: Path = wait_for(stepped, timeout=60, what=f"{name}'s first step", interval=0.05)
+    return found
+
+
 def test_max_restarts_exceeded_ends_with_a_root_cause(cli: Cli, reaper: list[str]) -> None:
     make_job(cli, {"max_restarts": 2}, FAIL_WORKER="beta", FAIL_HOW="vary")
     result = cli("up", "--skip-checks", "inv.yaml")
@@ -96,7 +112,8 @@ def test_killed_worker_restarts_the_cluster_which_then_finishes(
     make_job(cli, {}, STEPS=60)
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     try:
-        os.kill(worker_pid(cli, "beta"), signal.SIGKILL)
+        (beta,) = suspend_workers([stepping(cli, "beta")])  # held: its pid cannot be gone
+        beta.kill()
         out, err = up.communicate(timeout=120)
     finally:
         up.kill()
@@ -115,37 +132,86 @@ def test_stalled_worker_is_detected_and_restarted(cli: Cli, reaper: list[str]) -
     make_job(cli, {"stall_timeout": 3}, STEPS=80)
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     try:
-        frozen = worker_pid(cli, "alpha")
-        os.kill(frozen, signal.SIGSTOP)
+        # Frozen mid-training, past its first step: before it, start_timeout is the limit.
+        suspend_workers([stepping(cli, "alpha")])  # SIGSTOP
         stopped_at = time.time()
         out, err = up.communicate(timeout=120)
     finally:
         up.kill()
     reaper.append(cli.record()["run_id"])
     assert up.returncode == 0, err
-    assert "stalled: no progress for 3 s" in out
+    said = " ".join(out.split())  # one line, however the console wrapped it
+    assert "stalled: no progress for 3 s (stall_timeout) at step" in said
     # Its stacks are asked for, and a stopped process is said to be one, at once.
-    assert "alpha did not answer (it is stopped (SIGSTOP or a debugger)" in out
+    assert "alpha did not answer (it is stopped (SIGSTOP or a debugger)" in said
     detected_after = cli.status()["last_restart"]["at"] - stopped_at
     assert 3 <= detected_after < 3 + 3
     assert "succeeded at step 80" in err
 
 
+def test_a_worker_slow_to_start_is_starting_not_stalled(cli: Cli, reaper: list[str]) -> None:
+    # Both wait 6 s before anything (a TensorFlow import on a loaded host), three times
+    # stall_timeout: within start_timeout that is start-up, and no restart is spent on it.
+    make_job(cli, {"stall_timeout": 2, "start_timeout": 60, "max_restarts": 0}, STEPS=20,
+             START_DELAY=6)  # fmt: skip
+    result = cli("up", "--skip-checks", "inv.yaml", timeout=180)
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "succeeded at step 20" in result.stderr
+    status = cli.status()
+    assert (status["attempt"], status["restarts"]) == (0, 0), status
+    logs = cli("tail", "-n", "100", check=True).stdout
+    assert logs.count("start 0 of a 2-worker cluster") == 2  # each started once
+
+
+def test_a_worker_past_start_timeout_is_named_with_that_limit(cli: Cli, reaper: list[str]) -> None:
+    # beta never makes its first step; alpha trains on (its steps keep no clock of beta's).
+    make_job(cli, {"stall_timeout": 60, "start_timeout": 3, "max_restarts": 0},
+             STEPS=100_000, SLOW_WORKER="beta", START_DELAY=100_000)  # fmt: skip
+    result = cli("up", "--skip-checks", "inv.yaml", timeout=180)
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 1, result.stdout + result.stderr
+    said = " ".join(result.stderr.split())
+    assert (
+        "the worker that failed first: beta before its first step: no first step within "
+        "start_timeout 3 s (it reported no progress)"
+    ) in said, result.stderr
+    assert "raise start_timeout if starting" in said  # what to do names the same limit
+    record = cli.record()
+    assert record["outcome"].startswith(
+        "gave up: beta: no first step within start_timeout 3 s (it reported no progress); "
+    ), record["outcome"]
+    assert record["attempts"][0]["end"] == "stalled"
+
+
 def test_detached_supervisor_restarts_and_attach_follows_to_the_end(
     cli: Cli, reaper: list[str]
 ) -> None:
-    # 60 steps of 0.15 s: the second attempt outlasts `attach`'s own start on a loaded
-    # machine (at 0.05 s a step it ended first at load 10-14, before and after issue 31).
     make_job(cli, {}, STEPS=60, DELAY=0.15)
     started = cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
     assert "a supervisor (pid" in started.stderr
     run_id = cli.record()["run_id"]
     reaper.append(run_id)
-    os.kill(worker_pid(cli, "alpha"), signal.SIGKILL)
-    wait_for(lambda: cli.status()["attempt"] == 1, timeout=30)
-    attached = cli("attach", timeout=120)
-    assert attached.returncode == 0, attached.stderr
-    assert "another process supervises it" in attached.stderr
+    (alpha,) = suspend_workers([stepping(cli, "alpha")])
+    alpha.kill()
+    # The second attempt held once both workers stepped (their own progress files), until
+    # `attach` has said how it follows: the run cannot end before `attach` starts, however
+    # long `attach` takes to start on a loaded machine.
+    held = suspend_workers([stepping(cli, name, attempt=1) for name in ("alpha", "beta")])
+    err_path = cli.cwd / "attach.err"
+    with open(err_path, "w") as err_file:
+        attach = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "attach"], cwd=cli.cwd, env=clean_env(),
+            stdout=subprocess.DEVNULL, stderr=err_file, text=True,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: "supervises it" in err_path.read_text(), timeout=120,
+                 what="attach's first line")  # fmt: skip
+    finally:
+        for worker in held:
+            worker.resume()
+    assert attach.wait(timeout=120) == 0, err_path.read_text()
+    assert "another process supervises it" in err_path.read_text()
     status = cli.status()
     assert status["state"] == "succeeded" and status["restarts"] == 1
     log = (cli.cwd / ".orchestrate" / "runs" / f"{run_id}.log").read_text()
@@ -155,11 +221,11 @@ def test_detached_supervisor_restarts_and_attach_follows_to_the_end(
 def test_attach_takes_over_when_the_controller_died(cli: Cli, reaper: list[str]) -> None:
     make_job(cli, {}, STEPS=80)
     up = cli.popen("up", "--skip-checks", "inv.yaml")
-    pid = worker_pid(cli, "beta")
+    (beta,) = suspend_workers([stepping(cli, "beta")])  # held: its pid cannot be gone
     reaper.append(cli.record()["run_id"])
     up.kill()  # the controller dies; the workers train on, unsupervised
     up.wait()
-    os.kill(pid, signal.SIGKILL)
+    beta.kill()
     attached = cli("attach", timeout=120)
     assert attached.returncode == 0, attached.stderr
     assert "nothing supervises it; supervising it here" in attached.stderr
@@ -187,7 +253,9 @@ def test_down_stops_a_supervised_run_for_good(cli: Cli, reaper: list[str]) -> No
     worker_pid(cli, "alpha")
     down = cli("down", check=True)
     assert "alpha: stopped" in down.stdout
-    time.sleep(3)  # a supervisor that misread the stop as a failure would restart by now
+    # Its supervisor ends (one that misread the stop as a failure would restart instead, and
+    # live on); once it has, nothing can start a worker of the run again.
+    wait_for(lambda: not detached_supervisors(run_id), timeout=60, what="the supervisor's end")
     assert run_processes(run_id) == []
     status = cli.status()
     assert status["state"] == "stopped" and status["attempt"] == 0

@@ -10,6 +10,8 @@ resumes after the last step written). Behaviour chosen through the environment:
   NOISE, NOISE_REPEAT   text written to stdout NOISE_REPEAT times per step (log size)
   LINGER         seconds to stay after the final step (a slow teardown)
   REPORT_RATE    also report steps_per_sec (1 / DELAY), so that status has an ETA
+  START_DELAY    seconds to wait before anything else (a slow import), on SLOW_WORKER only if
+                 that is set
 
 It prints how many workers its TF_CONFIG lists, so tests see the cluster it was started in.
 """
@@ -21,6 +23,8 @@ import time
 
 progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
 worker = os.environ["ORCHESTRATE_WORKER"]
+if os.environ.get("SLOW_WORKER", worker) == worker:
+    time.sleep(float(os.environ.get("START_DELAY", "0")))
 ckpt = os.path.join(os.environ["ORCHESTRATE_CHECKPOINT_DIR"], worker)
 os.makedirs(os.path.dirname(ckpt), exist_ok=True)
 start = int(open(ckpt).read()) if os.path.exists(ckpt) else 0  # noqa: SIM115

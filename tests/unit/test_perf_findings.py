@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.hosts.perf import (
+    LINK_BURSTS,
+    LINK_RECHECKS,
     compute_findings,
     link_findings,
+    measure_links,
     rate_text,
     ring_links,
     schedule,
@@ -212,3 +215,41 @@ def test_preflight_perf_is_an_inventory_key_off_by_default(tmp_path: Path) -> No
         load_inventory(path)
     text = str(raised.value) + " ".join(str(p) for p in raised.value.problems)
     assert "preflight.perf" in text and "preflight.speed" in text
+
+
+def _sender(slow_bursts: Mapping[tuple[str, str], int]) -> tuple[Any, list[tuple[str, str]]]:
+    """A send whose link reads 2 % of the others for its first `slow_bursts` bursts (a sender
+    that waited for a CPU on a busy machine), then as fast as they are; the links it sent on."""
+    sent: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def send(link: tuple[str, str]) -> Transfer:
+        with lock:
+            sent.append(link)
+            slow = sent.count(link) <= slow_bursts.get(link, 0)
+        return Transfer(True, 2e7 if slow else 1e9, 1 << 20, 0.01)
+
+    return send, sent
+
+
+RING = [("a", "b"), ("b", "c"), ("c", "a")]
+MACHINES = {"a": "m1", "b": "m2", "c": "m3"}
+
+
+def test_a_link_slow_for_one_pass_is_measured_again_and_not_named() -> None:
+    send, sent = _sender({("c", "a"): LINK_BURSTS})  # every burst of the first pass
+    best = measure_links(RING, send, MACHINES)
+    assert {link: t.rate for link, t in best.items()} == dict.fromkeys(RING, 1e9)
+    assert len(sent) == 2 * LINK_BURSTS * len(RING)  # one more pass, for every link
+    assert [f for f in link_findings(best) if f.status is not Status.OK] == []
+
+
+def test_a_link_that_stays_slow_is_named_after_its_rechecks_and_a_healthy_ring_has_none() -> None:
+    send, sent = _sender({("c", "a"): 10**6})  # shaped: slow however often it is measured
+    best = measure_links(RING, send, MACHINES)
+    assert len(sent) == (1 + LINK_RECHECKS) * LINK_BURSTS * len(RING)
+    (warned,) = [f for f in link_findings(best) if f.status is Status.WARN]
+    assert (warned.host, warned.detail) == ("c", "to a: 20 MB/s, 0.02x the other links")
+    send, sent = _sender({})
+    measure_links(RING, send, MACHINES)
+    assert len(sent) == LINK_BURSTS * len(RING)  # nothing slow: one pass
