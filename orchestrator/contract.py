@@ -9,7 +9,8 @@ host's Python 3.7 or newer.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 # Exit codes of `python -m worker`.
 EXIT_OK = 0
@@ -48,6 +49,43 @@ EVAL_SECONDS = "eval_seconds"
 PROGRESS_FILE = "progress.json"
 HISTORY_FILE = "progress-history.jsonl"  # bounded, one line per metric step: the curves
 WORKER_LOG = "worker.log"
+
+# --- TF_CONFIG ------------------------------------------------------------------------------------
+# Built here once for every launcher: the engine's hosts (engine/tfconfig.py), the Slurm launcher
+# (hostside/slurm_launcher.py) and the pod launcher (hostside/pod_launcher.py). As TensorFlow
+# specifies it: the cluster lists the training tasks by type, in task order within a type; a task
+# is its type and its index within that type. The evaluator is in no cluster list: its task is
+# {"type": "evaluator", "index": 0}. Under MultiWorkerMirroredStrategy every task is a worker
+# (worker 0 is the chief).
+ROLE_WORKER, ROLE_CHIEF, ROLE_PS, ROLE_EVALUATOR = "worker", "chief", "ps", "evaluator"
+# TensorFlow's order of a cluster spec's task types (as its tutorials write them).
+CLUSTER_ORDER = (ROLE_CHIEF, ROLE_WORKER, ROLE_PS)
+
+
+def cluster_spec(endpoints: Sequence[str], roles: Sequence[str]) -> dict[str, list[str]]:
+    """Each task type's endpoints (host:port), in task order; types without a task left out."""
+    spec: dict[str, list[str]] = {}
+    for role in CLUSTER_ORDER:
+        # No zip(strict=): host programs run on Python 3.7.
+        listed = [endpoints[i] for i, kind in enumerate(roles) if kind == role]
+        if listed:
+            spec[role] = listed
+    return spec
+
+
+def task_of(roles: Sequence[str], index: int) -> dict[str, Any]:
+    """The task at `index`: its type and its index among the tasks of that type."""
+    role = roles[index]
+    return {"type": role, "index": sum(1 for kind in roles[:index] if kind == role)}
+
+
+def tf_config(endpoints: Sequence[str], roles: Sequence[str], index: int) -> dict[str, Any]:
+    """TF_CONFIG of the task at `index`; `endpoints` and `roles` give each task's, in order."""
+    task = task_of(roles, index)
+    if task["type"] == ROLE_EVALUATOR:
+        task = {"type": ROLE_EVALUATOR, "index": 0}
+    return {"cluster": cluster_spec(endpoints, roles), "task": task}
+
 
 # Distributions whose installed version names the host's TensorFlow.
 TF_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")

@@ -10,7 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from orchestrator.contract import KERAS_DEFAULT
+from orchestrator.contract import (
+    KERAS_DEFAULT,
+    ROLE_CHIEF,
+    ROLE_EVALUATOR,
+    ROLE_PS,
+    ROLE_WORKER,
+)
 from orchestrator.model.leases import DEFAULT_LEASE_DIR
 
 DEFAULT_WORKDIR = "~/orchestrate"
@@ -44,7 +50,7 @@ DEFAULT_CONNECTION = "ssh"
 # A host's task type in TF_CONFIG (`role:`): TensorFlow's names. Under MultiWorkerMirroredStrategy
 # every training host is a worker (worker 0 is the chief); ParameterServerStrategy has one chief,
 # parameter servers and workers; an evaluator evaluates the chief's checkpoints beside either.
-ROLE_WORKER, ROLE_CHIEF, ROLE_PS, ROLE_EVALUATOR = "worker", "chief", "ps", "evaluator"
+# (contract.py names them: TF_CONFIG is built there.)
 ROLES = (ROLE_WORKER, ROLE_CHIEF, ROLE_PS, ROLE_EVALUATOR)
 STRATEGY_PS = "parameter-server"
 
