@@ -28,6 +28,56 @@ CHECKPOINT_DIR_ENV = "ORCHESTRATE_CHECKPOINT_DIR"
 TARGET_STEPS_ENV = "ORCHESTRATE_TARGET_STEPS"  # a script job's steps: (worker.target_steps())
 RESERVED_ENV_PREFIXES = (TF_CONFIG_ENV, "ORCHESTRATE_")
 
+# --- the progress file (progress.json) ------------------------------------------------------------
+# One JSON object per worker, rewritten whole at each write (worker/progress.py; the built-in loop,
+# the evaluator and a script's report() write it), read by the controller (model/answers.py's
+# Progress, engine/status.py). Its keys, declared once: both sides spell them by these names.
+STEP = "step"
+START_STEP = "start_step"  # where this attempt began (the built-in loop's first write)
+TARGET_STEPS = "target_steps"
+LOSS = "loss"
+ACCURACY = "accuracy"
+STEPS_PER_SEC = "steps_per_sec"
+CHECKPOINT_STEP = "checkpoint_step"
+VAL_LOSS = "val_loss"  # the latest evaluation's (the built-in loop with eval data, the evaluator)
+VAL_ACCURACY = "val_accuracy"
+DEVICES = "devices"
+WRITTEN_AT = "time"  # when the file (or a history line) was written, seconds since the epoch
+EVALUATED_CHECKPOINT = "checkpoint"  # the evaluator's: the checkpoint it evaluated last
+# What a script times with worker.progress.timed(KIND): its seconds go to CHECKPOINT_SECONDS or
+# EVAL_SECONDS (below); goodput's phases have the same names.
+TIMED_CHECKPOINT = "checkpoint"
+TIMED_EVALUATION = "evaluation"
+
+# --- the worker's command line (engine/launch.py writes it, worker/cli.py parses it) -------------
+# `--strategy`: the worker's tf.distribute strategy (`job.strategy` in the inventory).
+STRATEGY_MULTI_WORKER = "multi-worker"  # MultiWorkerMirroredStrategy: every host a worker
+STRATEGY_MIRRORED = "mirrored"  # MirroredStrategy: one host, its GPUs
+STRATEGY_PS = "parameter-server"  # ParameterServerStrategy: a chief, ps and workers
+STRATEGIES = (STRATEGY_MULTI_WORKER, STRATEGY_MIRRORED, STRATEGY_PS)
+# The built-in loop's defaults: the inventory's `job:` (model/inventory.py's Job) and the worker's
+# flags (worker/cli.py, for a worker started by hand) start from the same values.
+DEFAULT_CHECKPOINT_EVERY = 100
+DEFAULT_MAX_TO_KEEP = 3
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_LOG_EVERY = 10
+# Training steps per tf.function call (--steps-per-call). One call costs a Python dispatch and a
+# host wait wherever a value is read; K steps per call pay it once for K steps.
+DEFAULT_STEPS_PER_CALL = 1
+# TensorBoard's directory, beside checkpoints/ in the job's directory.
+TENSORBOARD_DIR_NAME = "tensorboard"
+
+# --- a standby (worker/standby.py, hostside/standbys.py) ----------------------------------------
+# The ready record a standby writes once it has imported the worker's packages, and the request
+# that turns it into the worker (the launch request's argv, env and cwd).
+READY_PID = "pid"
+READY_AT = "at"
+READY_IMPORT_SECONDS = "import_seconds"
+READY_PACKAGE_DIRS = "package_dirs"
+REQUEST_ARGV = "argv"
+REQUEST_ENV = "env"
+REQUEST_CWD = "cwd"
+
 # Progress keys of the built-in loop's step timing (worker/loop.py writes them at each log step,
 # engine/pace.py reads them): the mean seconds per step spent inside the step calls, and the mean
 # wall seconds per step, over the last log window. Their difference is the host's own time per
@@ -60,6 +110,8 @@ WORKER_LOG = "worker.log"
 ROLE_WORKER, ROLE_CHIEF, ROLE_PS, ROLE_EVALUATOR = "worker", "chief", "ps", "evaluator"
 # TensorFlow's order of a cluster spec's task types (as its tutorials write them).
 CLUSTER_ORDER = (ROLE_CHIEF, ROLE_WORKER, ROLE_PS)
+# Its keys (the worker reads them: worker/config.py, worker/helpers.py).
+TF_CLUSTER, TF_TASK, TF_TYPE, TF_INDEX = "cluster", "task", "type", "index"
 
 
 def cluster_spec(endpoints: Sequence[str], roles: Sequence[str]) -> dict[str, list[str]]:
@@ -76,15 +128,15 @@ def cluster_spec(endpoints: Sequence[str], roles: Sequence[str]) -> dict[str, li
 def task_of(roles: Sequence[str], index: int) -> dict[str, Any]:
     """The task at `index`: its type and its index among the tasks of that type."""
     role = roles[index]
-    return {"type": role, "index": sum(1 for kind in roles[:index] if kind == role)}
+    return {TF_TYPE: role, TF_INDEX: sum(1 for kind in roles[:index] if kind == role)}
 
 
 def tf_config(endpoints: Sequence[str], roles: Sequence[str], index: int) -> dict[str, Any]:
     """TF_CONFIG of the task at `index`; `endpoints` and `roles` give each task's, in order."""
     task = task_of(roles, index)
-    if task["type"] == ROLE_EVALUATOR:
-        task = {"type": ROLE_EVALUATOR, "index": 0}
-    return {"cluster": cluster_spec(endpoints, roles), "task": task}
+    if task[TF_TYPE] == ROLE_EVALUATOR:
+        task = {TF_TYPE: ROLE_EVALUATOR, TF_INDEX: 0}
+    return {TF_CLUSTER: cluster_spec(endpoints, roles), TF_TASK: task}
 
 
 # Distributions whose installed version names the host's TensorFlow.

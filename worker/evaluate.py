@@ -38,9 +38,11 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from orchestrator.contract import (
+    EVALUATED_CHECKPOINT,
     EXIT_OK,
     EXIT_TRAINING_ERROR,
     EXIT_USAGE,
+    STEP,
     task_problem,
 )
 from worker.evaluator_watch import DEFAULT_POLL_SECONDS
@@ -149,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         traceback.print_exc()
         return EXIT_TRAINING_ERROR
     name = os.path.basename(path)
-    print(json.dumps({"checkpoint": name, "step": restored.step, **result.as_dict()}), flush=True)
+    printed = {EVALUATED_CHECKPOINT: name, STEP: restored.step, **result.as_dict()}
+    print(json.dumps(printed), flush=True)
     return EXIT_OK
 
 

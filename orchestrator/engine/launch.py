@@ -15,6 +15,8 @@ from orchestrator.contract import (
     CHECKPOINT_DIR_ENV,
     KERAS_LEGACY,
     LEGACY_KERAS_ENV,
+    STRATEGY_MULTI_WORKER,
+    STRATEGY_PS,
     TARGET_STEPS_ENV,
     booted,
 )
@@ -23,7 +25,6 @@ from orchestrator.engine.tfconfig import task_of
 from orchestrator.model.inventory import (
     ROLE_EVALUATOR,
     ROLE_WORKER,
-    STRATEGY_PS,
     Host,
     Inventory,
     Job,
@@ -113,7 +114,7 @@ def device_flags(job: Job, host: Host) -> tuple[str, ...]:
         flags += ["--visible-gpus", ",".join(map(str, host.visible_gpus))]
     if host.logical_gpus:
         flags += ["--logical-gpus", str(host.logical_gpus)]
-    if job.strategy != "multi-worker":
+    if job.strategy != STRATEGY_MULTI_WORKER:
         flags += ["--strategy", job.strategy]
     if job.profile_steps:
         flags += ["--profile-steps", *map(str, job.profile_steps)]

@@ -12,6 +12,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.contract import (
+    ACCURACY,
+    CHECKPOINT_STEP,
+    DEVICES,
+    LOSS,
+    START_STEP,
+    STEP,
+    STEPS_PER_SEC,
+    TARGET_STEPS,
+    VAL_ACCURACY,
+    VAL_LOSS,
+)
 from orchestrator.errors import HostError
 from orchestrator.hostside import protocol
 from orchestrator.model.reading import integer, mapping, number, rate, steps, text, texts
@@ -49,16 +61,16 @@ class Progress:
         if not isinstance(data, dict):
             return None
         return cls(
-            step=steps(data.get("step")),
-            start_step=steps(data.get("start_step")),
-            target_steps=steps(data.get("target_steps")),
-            loss=number(data.get("loss")),
-            accuracy=number(data.get("accuracy")),
-            checkpoint_step=steps(data.get("checkpoint_step")),
-            steps_per_sec=rate(data.get("steps_per_sec")),
-            val_loss=number(data.get("val_loss")),
-            val_accuracy=number(data.get("val_accuracy")),
-            devices=texts(data.get("devices")),
+            step=steps(data.get(STEP)),
+            start_step=steps(data.get(START_STEP)),
+            target_steps=steps(data.get(TARGET_STEPS)),
+            loss=number(data.get(LOSS)),
+            accuracy=number(data.get(ACCURACY)),
+            checkpoint_step=steps(data.get(CHECKPOINT_STEP)),
+            steps_per_sec=rate(data.get(STEPS_PER_SEC)),
+            val_loss=number(data.get(VAL_LOSS)),
+            val_accuracy=number(data.get(VAL_ACCURACY)),
+            devices=texts(data.get(DEVICES)),
             fields=dict(data),
         )
 
