@@ -64,6 +64,31 @@ DEFAULT_LOG_EVERY = 10
 # Training steps per tf.function call (--steps-per-call). One call costs a Python dispatch and a
 # host wait wherever a value is read; K steps per call pay it once for K steps.
 DEFAULT_STEPS_PER_CALL = 1
+# The flags engine/launch.py gives `python -m worker` (worker/cli.py parses them) and the
+# evaluator's `python -m worker.evaluate --watch` (worker/evaluate.py): each spelled once.
+WORKER_MODULE = "worker"
+EVALUATE_MODULE = "worker.evaluate"
+FLAG_TASK = "--task"
+FLAG_STEPS = "--steps"
+FLAG_CHECKPOINT_DIR = "--checkpoint-dir"
+FLAG_CHECKPOINT_EVERY = "--checkpoint-every"
+FLAG_MAX_TO_KEEP = "--max-to-keep"
+FLAG_BATCH_SIZE = "--batch-size"
+FLAG_LOG_EVERY = "--log-every"
+FLAG_EVAL_EVERY = "--eval-every"
+FLAG_STEPS_PER_CALL = "--steps-per-call"
+FLAG_SEED = "--seed"
+FLAG_SYNC_CHECKPOINTS = "--sync-checkpoints"
+FLAG_EXPORT = "--export"
+FLAG_EXPORT_DIR = "--export-dir"
+FLAG_GPU_MEMORY_GROWTH = "--gpu-memory-growth"
+FLAG_GPU_MEMORY_LIMIT_MB = "--gpu-memory-limit-mb"
+FLAG_VISIBLE_GPUS = "--visible-gpus"
+FLAG_LOGICAL_GPUS = "--logical-gpus"
+FLAG_STRATEGY = "--strategy"
+FLAG_PROFILE_STEPS = "--profile-steps"
+FLAG_WATCH = "--watch"
+
 # TensorBoard's directory, beside checkpoints/ in the job's directory.
 TENSORBOARD_DIR_NAME = "tensorboard"
 
