@@ -340,7 +340,7 @@ def _end_with(task, fill, run_dir, child):
 
     def succeeded(directory):
         record = rundir.read_exit(directory)
-        return isinstance(record, dict) and record.get("returncode") == 0
+        return isinstance(record, dict) and record.get(rundir.RETURNCODE_KEY) == 0
 
     def watch():
         while child.poll() is None:
@@ -374,15 +374,15 @@ def restartable(returncode, joined, permanent, signalled, stop_requested):
 def _restart_entry(run_dir, returncode, started, secrets):
     """One restart as restarts.json keeps it: the exit record's fields, the step reached."""
     progress = rundir.read_json(os.path.join(run_dir, rundir.PROGRESS_FILE))
-    step = progress.get("step") if isinstance(progress, dict) else None
+    step = progress.get(contract.STEP) if isinstance(progress, dict) else None
     step = step if isinstance(step, int) and not isinstance(step, bool) else None
     tail = rundir.log_tail(run_dir)[-1:] if returncode > 0 else []
     if secrets:
         tail = [rundir.redact(line.encode(), secrets).decode("utf-8", "replace") for line in tail]
-    return {"returncode": returncode, "signal": rundir.signal_name(returncode),
-            "started_at": started, "finished_at": time.time(),
-            "error": tail[-1] if tail else None,
-            "step": step}  # fmt: skip
+    return {rundir.RETURNCODE_KEY: returncode, rundir.SIGNAL_KEY: rundir.signal_name(returncode),
+            rundir.STARTED_AT_KEY: started, rundir.FINISHED_AT_KEY: time.time(),
+            rundir.ERROR_KEY: tail[-1] if tail else None,
+            rundir.STEP_KEY: step}  # fmt: skip
 
 
 if __name__ == "__main__":
