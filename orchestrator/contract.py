@@ -9,7 +9,8 @@ host's Python 3.7 or newer.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 # Exit codes of `python -m worker`.
 EXIT_OK = 0
@@ -26,6 +27,81 @@ PROGRESS_FILE_ENV = "ORCHESTRATE_PROGRESS_FILE"
 CHECKPOINT_DIR_ENV = "ORCHESTRATE_CHECKPOINT_DIR"
 TARGET_STEPS_ENV = "ORCHESTRATE_TARGET_STEPS"  # a script job's steps: (worker.target_steps())
 RESERVED_ENV_PREFIXES = (TF_CONFIG_ENV, "ORCHESTRATE_")
+
+# --- the progress file (progress.json) ------------------------------------------------------------
+# One JSON object per worker, rewritten whole at each write (worker/progress.py; the built-in loop,
+# the evaluator and a script's report() write it), read by the controller (model/answers.py's
+# Progress, engine/status.py). Its keys, declared once: both sides spell them by these names.
+STEP = "step"
+START_STEP = "start_step"  # where this attempt began (the built-in loop's first write)
+TARGET_STEPS = "target_steps"
+LOSS = "loss"
+ACCURACY = "accuracy"
+STEPS_PER_SEC = "steps_per_sec"
+CHECKPOINT_STEP = "checkpoint_step"
+VAL_LOSS = "val_loss"  # the latest evaluation's (the built-in loop with eval data, the evaluator)
+VAL_ACCURACY = "val_accuracy"
+DEVICES = "devices"
+WRITTEN_AT = "time"  # when the file (or a history line) was written, seconds since the epoch
+EVALUATED_CHECKPOINT = "checkpoint"  # the evaluator's: the checkpoint it evaluated last
+# What a script times with worker.progress.timed(KIND): its seconds go to CHECKPOINT_SECONDS or
+# EVAL_SECONDS (below); goodput's phases have the same names.
+TIMED_CHECKPOINT = "checkpoint"
+TIMED_EVALUATION = "evaluation"
+
+# --- the worker's command line (engine/launch.py writes it, worker/cli.py parses it) -------------
+# `--strategy`: the worker's tf.distribute strategy (`job.strategy` in the inventory).
+STRATEGY_MULTI_WORKER = "multi-worker"  # MultiWorkerMirroredStrategy: every host a worker
+STRATEGY_MIRRORED = "mirrored"  # MirroredStrategy: one host, its GPUs
+STRATEGY_PS = "parameter-server"  # ParameterServerStrategy: a chief, ps and workers
+STRATEGIES = (STRATEGY_MULTI_WORKER, STRATEGY_MIRRORED, STRATEGY_PS)
+# The built-in loop's defaults: the inventory's `job:` (model/inventory.py's Job) and the worker's
+# flags (worker/cli.py, for a worker started by hand) start from the same values.
+DEFAULT_CHECKPOINT_EVERY = 100
+DEFAULT_MAX_TO_KEEP = 3
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_LOG_EVERY = 10
+# Training steps per tf.function call (--steps-per-call). One call costs a Python dispatch and a
+# host wait wherever a value is read; K steps per call pay it once for K steps.
+DEFAULT_STEPS_PER_CALL = 1
+# The flags engine/launch.py gives `python -m worker` (worker/cli.py parses them) and the
+# evaluator's `python -m worker.evaluate --watch` (worker/evaluate.py): each spelled once.
+WORKER_MODULE = "worker"
+EVALUATE_MODULE = "worker.evaluate"
+FLAG_TASK = "--task"
+FLAG_STEPS = "--steps"
+FLAG_CHECKPOINT_DIR = "--checkpoint-dir"
+FLAG_CHECKPOINT_EVERY = "--checkpoint-every"
+FLAG_MAX_TO_KEEP = "--max-to-keep"
+FLAG_BATCH_SIZE = "--batch-size"
+FLAG_LOG_EVERY = "--log-every"
+FLAG_EVAL_EVERY = "--eval-every"
+FLAG_STEPS_PER_CALL = "--steps-per-call"
+FLAG_SEED = "--seed"
+FLAG_SYNC_CHECKPOINTS = "--sync-checkpoints"
+FLAG_EXPORT = "--export"
+FLAG_EXPORT_DIR = "--export-dir"
+FLAG_GPU_MEMORY_GROWTH = "--gpu-memory-growth"
+FLAG_GPU_MEMORY_LIMIT_MB = "--gpu-memory-limit-mb"
+FLAG_VISIBLE_GPUS = "--visible-gpus"
+FLAG_LOGICAL_GPUS = "--logical-gpus"
+FLAG_STRATEGY = "--strategy"
+FLAG_PROFILE_STEPS = "--profile-steps"
+FLAG_WATCH = "--watch"
+
+# TensorBoard's directory, beside checkpoints/ in the job's directory.
+TENSORBOARD_DIR_NAME = "tensorboard"
+
+# --- a standby (worker/standby.py, hostside/standbys.py) ----------------------------------------
+# The ready record a standby writes once it has imported the worker's packages, and the request
+# that turns it into the worker (the launch request's argv, env and cwd).
+READY_PID = "pid"
+READY_AT = "at"
+READY_IMPORT_SECONDS = "import_seconds"
+READY_PACKAGE_DIRS = "package_dirs"
+REQUEST_ARGV = "argv"
+REQUEST_ENV = "env"
+REQUEST_CWD = "cwd"
 
 # Progress keys of the built-in loop's step timing (worker/loop.py writes them at each log step,
 # engine/pace.py reads them): the mean seconds per step spent inside the step calls, and the mean
@@ -48,6 +124,45 @@ EVAL_SECONDS = "eval_seconds"
 PROGRESS_FILE = "progress.json"
 HISTORY_FILE = "progress-history.jsonl"  # bounded, one line per metric step: the curves
 WORKER_LOG = "worker.log"
+
+# --- TF_CONFIG ------------------------------------------------------------------------------------
+# Built here once for every launcher: the engine's hosts (engine/tfconfig.py), the Slurm launcher
+# (hostside/slurm_launcher.py) and the pod launcher (hostside/pod_launcher.py). As TensorFlow
+# specifies it: the cluster lists the training tasks by type, in task order within a type; a task
+# is its type and its index within that type. The evaluator is in no cluster list: its task is
+# {"type": "evaluator", "index": 0}. Under MultiWorkerMirroredStrategy every task is a worker
+# (worker 0 is the chief).
+ROLE_WORKER, ROLE_CHIEF, ROLE_PS, ROLE_EVALUATOR = "worker", "chief", "ps", "evaluator"
+# TensorFlow's order of a cluster spec's task types (as its tutorials write them).
+CLUSTER_ORDER = (ROLE_CHIEF, ROLE_WORKER, ROLE_PS)
+# Its keys (the worker reads them: worker/config.py, worker/helpers.py).
+TF_CLUSTER, TF_TASK, TF_TYPE, TF_INDEX = "cluster", "task", "type", "index"
+
+
+def cluster_spec(endpoints: Sequence[str], roles: Sequence[str]) -> dict[str, list[str]]:
+    """Each task type's endpoints (host:port), in task order; types without a task left out."""
+    spec: dict[str, list[str]] = {}
+    for role in CLUSTER_ORDER:
+        # No zip(strict=): host programs run on Python 3.7.
+        listed = [endpoints[i] for i, kind in enumerate(roles) if kind == role]
+        if listed:
+            spec[role] = listed
+    return spec
+
+
+def task_of(roles: Sequence[str], index: int) -> dict[str, Any]:
+    """The task at `index`: its type and its index among the tasks of that type."""
+    role = roles[index]
+    return {TF_TYPE: role, TF_INDEX: sum(1 for kind in roles[:index] if kind == role)}
+
+
+def tf_config(endpoints: Sequence[str], roles: Sequence[str], index: int) -> dict[str, Any]:
+    """TF_CONFIG of the task at `index`; `endpoints` and `roles` give each task's, in order."""
+    task = task_of(roles, index)
+    if task[TF_TYPE] == ROLE_EVALUATOR:
+        task = {TF_TYPE: ROLE_EVALUATOR, TF_INDEX: 0}
+    return {TF_CLUSTER: cluster_spec(endpoints, roles), TF_TASK: task}
+
 
 # Distributions whose installed version names the host's TensorFlow.
 TF_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")

@@ -27,6 +27,25 @@ from orchestrator.contract import (
     EXIT_TRAINING_ERROR,
     EXIT_USAGE,
     EXPORT_FORMATS,
+    FLAG_BATCH_SIZE,
+    FLAG_CHECKPOINT_DIR,
+    FLAG_CHECKPOINT_EVERY,
+    FLAG_EVAL_EVERY,
+    FLAG_EXPORT,
+    FLAG_EXPORT_DIR,
+    FLAG_GPU_MEMORY_GROWTH,
+    FLAG_GPU_MEMORY_LIMIT_MB,
+    FLAG_LOG_EVERY,
+    FLAG_LOGICAL_GPUS,
+    FLAG_MAX_TO_KEEP,
+    FLAG_PROFILE_STEPS,
+    FLAG_SEED,
+    FLAG_STEPS,
+    FLAG_STEPS_PER_CALL,
+    FLAG_STRATEGY,
+    FLAG_SYNC_CHECKPOINTS,
+    FLAG_TASK,
+    FLAG_VISIBLE_GPUS,
 )
 from worker import config as cfg
 from worker.preemption import Preempted
@@ -52,12 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         "TF_CONFIG from the environment, or MirroredStrategy on this host alone.",
     )
     parser.add_argument(
-        "--task",
+        FLAG_TASK,
         required=True,
         metavar="MODULE:FUNCTION",
         help="function returning a worker.task.TrainingTask",
     )
-    parser.add_argument("--steps", required=True, type=int, help="train until this global step")
+    parser.add_argument(FLAG_STEPS, required=True, type=int, help="train until this global step")
     _add_checkpoint_flags(parser)
     _add_loop_flags(parser)
     _add_strategy_and_trace_flags(parser)
@@ -68,26 +87,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--checkpoint-dir",
+        FLAG_CHECKPOINT_DIR,
         metavar="DIR",
         help=f"default: ${cfg.RUN_DIR_ENV}/checkpoints, else ./checkpoints",
     )
     parser.add_argument(
-        "--checkpoint-every",
+        FLAG_CHECKPOINT_EVERY,
         type=int,
         default=cfg.DEFAULT_CHECKPOINT_EVERY,
         metavar="K",
         help="save every K steps and at the last step",
     )
     parser.add_argument(
-        "--max-to-keep",
+        FLAG_MAX_TO_KEEP,
         type=int,
         default=cfg.DEFAULT_MAX_TO_KEEP,
         metavar="M",
         help="checkpoints the chief keeps",
     )
     parser.add_argument(
-        "--sync-checkpoints",
+        FLAG_SYNC_CHECKPOINTS,
         action="store_true",
         help="every save blocks the step loop until its files are written (by default a save "
         "returns once the values are copied and TensorFlow writes them in the background; the "
@@ -98,14 +117,14 @@ def _add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
 def _add_loop_flags(parser: argparse.ArgumentParser) -> None:
     """How the training loop steps: batch, logging, preemption checks, seed, steps per call."""
     parser.add_argument(
-        "--batch-size",
+        FLAG_BATCH_SIZE,
         type=int,
         default=cfg.DEFAULT_BATCH_SIZE,
         metavar="B",
         help="GLOBAL batch size, split evenly over the replicas (all workers' devices)",
     )
     parser.add_argument(
-        "--log-every",
+        FLAG_LOG_EVERY,
         type=int,
         default=cfg.DEFAULT_LOG_EVERY,
         metavar="L",
@@ -120,14 +139,14 @@ def _add_loop_flags(parser: argparse.ArgumentParser) -> None:
         f"checkpoint at that step and exit {EXIT_PREEMPTED} (rounded up to a multiple of K)",
     )
     parser.add_argument(
-        "--seed",
+        FLAG_SEED,
         type=int,
         metavar="S",
         help="seed the model's initial weights (Python, NumPy, TensorFlow, Keras): runs with the "
         "same seed and settings train alike",
     )
     parser.add_argument(
-        "--steps-per-call",
+        FLAG_STEPS_PER_CALL,
         type=int,
         default=cfg.DEFAULT_STEPS_PER_CALL,
         metavar="K",
@@ -144,7 +163,7 @@ def _add_strategy_and_trace_flags(parser: argparse.ArgumentParser) -> None:
         help="default: 'tensorboard' next to the checkpoint directory",
     )
     parser.add_argument(
-        "--strategy",
+        FLAG_STRATEGY,
         choices=cfg.STRATEGIES,
         default=cfg.STRATEGY_MULTI_WORKER,
         help="multi-worker: MultiWorkerMirroredStrategy over TF_CONFIG's cluster (default); "
@@ -153,7 +172,7 @@ def _add_strategy_and_trace_flags(parser: argparse.ArgumentParser) -> None:
         "steps to the workers, the ps hold the variables, worker and ps tasks only serve",
     )
     parser.add_argument(
-        "--profile-steps",
+        FLAG_PROFILE_STEPS,
         nargs=2,
         type=int,
         metavar=("START", "END"),
@@ -168,19 +187,19 @@ def _add_eval_flags(parser: argparse.ArgumentParser) -> None:
         "(val_loss, val_accuracy in the log, progress and TensorBoard)",
     )
     group.add_argument(
-        "--eval-every",
+        FLAG_EVAL_EVERY,
         type=int,
         metavar="E",
         help="also evaluate every E steps, on every worker together (needs an eval_dataset)",
     )
     group.add_argument(
-        "--export",
+        FLAG_EXPORT,
         choices=EXPORT_FORMATS,
         help="at the end of a successful run write the model to --export-dir: keras (the full "
         "model, model.keras) or saved_model (an inference SavedModel, saved_model/)",
     )
     group.add_argument(
-        "--export-dir",
+        FLAG_EXPORT_DIR,
         metavar="DIR",
         help="default: 'export' next to the checkpoint directory; replaced whole by each export",
     )
@@ -193,18 +212,18 @@ def _add_device_flags(parser: argparse.ArgumentParser) -> None:
         "warning, on a host without GPU",
     )
     group.add_argument(
-        "--gpu-memory-growth",
+        FLAG_GPU_MEMORY_GROWTH,
         action="store_true",
         help="allocate GPU memory as needed instead of all of it at start",
     )
     group.add_argument(
-        "--gpu-memory-limit-mb", type=int, metavar="N", help="cap each (logical) GPU at N MiB"
+        FLAG_GPU_MEMORY_LIMIT_MB, type=int, metavar="N", help="cap each (logical) GPU at N MiB"
     )
     group.add_argument(
-        "--visible-gpus", metavar="LIST", help="comma-separated GPU indices to use, e.g. 0,1"
+        FLAG_VISIBLE_GPUS, metavar="LIST", help="comma-separated GPU indices to use, e.g. 0,1"
     )
     group.add_argument(
-        "--logical-gpus",
+        FLAG_LOGICAL_GPUS,
         type=int,
         metavar="K",
         help="split each visible GPU into K logical GPUs of --gpu-memory-limit-mb each",

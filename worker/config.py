@@ -17,35 +17,44 @@ from dataclasses import dataclass
 # Environment variables the controller sets on each worker process, and the task syntax: one
 # definition shared with the controller, which validates the inventory against the same rules.
 from orchestrator.contract import (
+    CLUSTER_ORDER,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_LOG_EVERY,
+    DEFAULT_MAX_TO_KEEP,
+    DEFAULT_STEPS_PER_CALL,
     EXPORT_DIR_NAME,
     EXPORT_FORMATS,
     PROGRESS_FILE_ENV,
+    ROLE_CHIEF,
+    ROLE_EVALUATOR,
+    ROLE_WORKER,
     RUN_DIR_ENV,
+    STRATEGIES,
+    STRATEGY_MIRRORED,
+    STRATEGY_MULTI_WORKER,
+    STRATEGY_PS,
+    TENSORBOARD_DIR_NAME,
+    TF_CLUSTER,
     TF_CONFIG_ENV,
+    TF_INDEX,
+    TF_TASK,
+    TF_TYPE,
     device_setting_problems,
     task_problem,
 )
 
-DEFAULT_CHECKPOINT_EVERY = 100
-DEFAULT_MAX_TO_KEEP = 3
-DEFAULT_BATCH_SIZE = 64
-DEFAULT_LOG_EVERY = 10
+# The defaults the inventory shares (checkpoint_every, batch_size...) are contract.py's.
+
 # Steps between the checks whether any worker got SIGTERM (worker.preemption.Preemption). A
 # check only reads a sum the steps reduce anyway; it costs a wait for the device, and a stop
 # comes at most this many steps after the signal. Like --checkpoint-every, the same on every worker.
 DEFAULT_PREEMPTION_CHECK_EVERY = 10
-# Training steps per tf.function call (--steps-per-call). One call costs a Python dispatch and a
-# host wait wherever a value is read; K steps per call pay it once for K steps.
-DEFAULT_STEPS_PER_CALL = 1
 
-# The distribution strategies the worker can run under.
-STRATEGY_MULTI_WORKER = "multi-worker"
-STRATEGY_MIRRORED = "mirrored"
+# The distribution strategies the worker can run under: contract.py's STRATEGIES.
 # ParameterServerStrategy: the chief drives a ClusterCoordinator (worker.parameter_server);
 # worker and ps tasks only serve.
-STRATEGY_PS = "parameter-server"
-STRATEGIES = (STRATEGY_MULTI_WORKER, STRATEGY_MIRRORED, STRATEGY_PS)
-PS_TASK_TYPES = ("chief", "worker", "ps")
+PS_TASK_TYPES = CLUSTER_ORDER  # (contract.py names the strategies and task types)
 
 
 class ConfigError(ValueError):
@@ -154,11 +163,11 @@ def parse_tf_config(text: str | None, strategy: str = STRATEGY_MULTI_WORKER) -> 
         spec = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"TF_CONFIG is not valid JSON ({exc.msg}): {text!r}") from exc
-    cluster = spec.get("cluster") if isinstance(spec, dict) else None
-    task = spec.get("task") if isinstance(spec, dict) else None
+    cluster = spec.get(TF_CLUSTER) if isinstance(spec, dict) else None
+    task = spec.get(TF_TASK) if isinstance(spec, dict) else None
     if not isinstance(cluster, dict) or not isinstance(task, dict):
         raise ConfigError(f"TF_CONFIG needs 'cluster' and 'task' objects: {text!r}")
-    workers = cluster.get("worker")
+    workers = cluster.get(ROLE_WORKER)
     if not isinstance(workers, list) or not workers:
         raise ConfigError(f"TF_CONFIG cluster needs a non-empty 'worker' list: {text!r}")
     if strategy == STRATEGY_PS:
@@ -166,16 +175,16 @@ def parse_tf_config(text: str | None, strategy: str = STRATEGY_MULTI_WORKER) -> 
     # Under MultiWorkerMirroredStrategy: plain worker clusters only (worker 0 is the chief). An
     # evaluator task runs `python -m worker.evaluate --watch`, outside the cluster; chief and ps
     # tasks are ParameterServerStrategy's (--strategy parameter-server, or a job.script).
-    if task.get("type") == "evaluator":
+    if task.get(TF_TYPE) == ROLE_EVALUATOR:
         raise ConfigError("TF_CONFIG: an 'evaluator' task runs 'python -m worker.evaluate "
                           f"--watch', not the training loop: {text!r}")  # fmt: skip
-    other_roles = sorted(set(cluster) - {"worker"})
-    if other_roles or task.get("type") != "worker":
+    other_roles = sorted(set(cluster) - {ROLE_WORKER})
+    if other_roles or task.get(TF_TYPE) != ROLE_WORKER:
         raise ConfigError(
             "TF_CONFIG: the training loop under MultiWorkerMirroredStrategy runs only 'worker' "
             f"tasks; chief and ps tasks need --strategy {STRATEGY_PS}: {text!r}"
         )
-    index = task.get("index")
+    index = task.get(TF_INDEX)
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workers):
         raise ConfigError(
             f"TF_CONFIG task index must be an integer in 0..{len(workers) - 1}, got {index!r}"
@@ -190,11 +199,11 @@ def _parameter_server_cluster(cluster: dict, task: dict, text: str) -> ClusterIn
     if (
         set(cluster) - set(PS_TASK_TYPES)
         or not all(isinstance(tasks, list) and tasks for tasks in sizes.values())
-        or len(sizes["chief"] or ()) != 1
+        or len(sizes[ROLE_CHIEF] or ()) != 1
     ):
         raise ConfigError(f"TF_CONFIG: --strategy {STRATEGY_PS} needs a cluster of one "
                           f"'chief', and 'ps' and 'worker' lists: {text!r}")  # fmt: skip
-    kind, index = task.get("type"), task.get("index")
+    kind, index = task.get(TF_TYPE), task.get(TF_INDEX)
     if kind not in PS_TASK_TYPES:
         raise ConfigError(f"TF_CONFIG task type must be one of {', '.join(PS_TASK_TYPES)} "
                           f"under --strategy {STRATEGY_PS}, got {kind!r}")  # fmt: skip
@@ -203,7 +212,7 @@ def _parameter_server_cluster(cluster: dict, task: dict, text: str) -> ClusterIn
         raise ConfigError(
             f"TF_CONFIG task index must be an integer in 0..{count - 1}, got {index!r}"
         )
-    return ClusterInfo(task_index=index, num_workers=len(cluster["worker"]), task_type=kind,
+    return ClusterInfo(task_index=index, num_workers=len(cluster[ROLE_WORKER]), task_type=kind,
                        parameter_server=True)  # fmt: skip
 
 
@@ -303,7 +312,7 @@ def _directories(args: argparse.Namespace, env: Mapping[str, str], task_index: i
     run_dir = _abspath(env.get(RUN_DIR_ENV))
     checkpoint_dir = _abspath(args.checkpoint_dir) or _default_checkpoint_dir(run_dir)
     tensorboard_dir = _abspath(args.tensorboard_dir) or os.path.join(
-        os.path.dirname(checkpoint_dir), "tensorboard"
+        os.path.dirname(checkpoint_dir), TENSORBOARD_DIR_NAME
     )
     export_dir = _abspath(getattr(args, "export_dir", None)) or os.path.join(
         os.path.dirname(checkpoint_dir), EXPORT_DIR_NAME

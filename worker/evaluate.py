@@ -38,9 +38,16 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from orchestrator.contract import (
+    EVALUATED_CHECKPOINT,
     EXIT_OK,
     EXIT_TRAINING_ERROR,
     EXIT_USAGE,
+    FLAG_BATCH_SIZE,
+    FLAG_CHECKPOINT_DIR,
+    FLAG_STEPS,
+    FLAG_TASK,
+    FLAG_WATCH,
+    STEP,
     task_problem,
 )
 from worker.evaluator_watch import DEFAULT_POLL_SECONDS
@@ -62,13 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         "on this process, print the metrics as JSON.",
     )
     parser.add_argument(
-        "--task",
+        FLAG_TASK,
         required=True,
         metavar="MODULE:FUNCTION",
         help="function returning a worker.task.TrainingTask with an eval_dataset",
     )
     parser.add_argument(
-        "--checkpoint-dir", required=True, metavar="DIR", help="the run's checkpoint directory"
+        FLAG_CHECKPOINT_DIR, required=True, metavar="DIR", help="the run's checkpoint directory"
     )
     parser.add_argument(
         "--checkpoint",
@@ -76,13 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the checkpoint to restore, such as ckpt-300 (default: the latest)",
     )
     parser.add_argument(
-        "--watch",
+        FLAG_WATCH,
         action="store_true",
         help="the evaluator task: evaluate each newest checkpoint as it appears, until the one "
         "of --steps (or SIGTERM)",
     )
     parser.add_argument(
-        "--steps",
+        FLAG_STEPS,
         type=int,
         metavar="N",
         help="with --watch: the training's final step; exit after evaluating its checkpoint",
@@ -101,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint directory)",
     )
     parser.add_argument(
-        "--batch-size",
+        FLAG_BATCH_SIZE,
         type=int,
         default=DEFAULT_BATCH_SIZE,
         metavar="B",
@@ -149,13 +156,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         traceback.print_exc()
         return EXIT_TRAINING_ERROR
     name = os.path.basename(path)
-    print(json.dumps({"checkpoint": name, "step": restored.step, **result.as_dict()}), flush=True)
+    printed = {EVALUATED_CHECKPOINT: name, STEP: restored.step, **result.as_dict()}
+    print(json.dumps(printed), flush=True)
     return EXIT_OK
 
 
 def check_one_shot(args: argparse.Namespace) -> None:
     watch_only = {
-        "--steps": args.steps,
+        FLAG_STEPS: args.steps,
         "--poll": args.poll,
         "--tensorboard-dir": args.tensorboard_dir,
     }

@@ -23,10 +23,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.contract import (
+    EVALUATED_CHECKPOINT,
     EXIT_OK,
     PROGRESS_FILE_ENV,
     RUN_DIR_ENV,
+    STEP,
     TF_CONFIG_ENV,
+    VAL_ACCURACY,
+    VAL_LOSS,
     register_stack_dump,
 )
 from worker.evaluator_watch import (
@@ -92,16 +96,16 @@ def watch(args: argparse.Namespace) -> int:
         return evaluator.evaluate().as_dict()
 
     def report(name: str, at: int, metrics: Mapping[str, Any], tally: Tally) -> None:
-        loss, accuracy = metrics["val_loss"], metrics["val_accuracy"]
+        loss, accuracy = metrics[VAL_LOSS], metrics[VAL_ACCURACY]
         log(
             f"evaluator: {name} step {at} val_loss {loss:.4f} val_accuracy "
             + ("-" if accuracy is None else f"{accuracy:.4f}")
             + f" examples {metrics['examples']} evaluated {tally.evaluated} skipped {tally.skipped}"
         )
-        summaries.scalars(at, {"val_loss": loss, "val_accuracy": accuracy})
+        summaries.scalars(at, {VAL_LOSS: loss, VAL_ACCURACY: accuracy})
         summaries.flush()
         progress.write(step=at, val_loss=loss, val_accuracy=accuracy, **tally.fields())
-        last.update({"checkpoint": name, "step": at, **metrics})
+        last.update({EVALUATED_CHECKPOINT: name, STEP: at, **metrics})
 
     log(
         f"evaluator: watching {checkpoint_dir} up to step {args.steps}, evaluating "

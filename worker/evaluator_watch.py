@@ -28,11 +28,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.contract import TF_CONFIG_ENV
+from orchestrator.contract import (
+    EVALUATED_CHECKPOINT,
+    ROLE_EVALUATOR,
+    TENSORBOARD_DIR_NAME,
+    TF_CONFIG_ENV,
+    TF_TASK,
+    TF_TYPE,
+)
 
 MAX_FAILURES = 3  # reads in a row of one checkpoint that still exists, before giving up
 DEFAULT_POLL_SECONDS = 2.0
-EVALUATOR_TASK_TYPE = "evaluator"  # TensorFlow's name for the task beside the cluster
+EVALUATOR_TASK_TYPE = ROLE_EVALUATOR  # TensorFlow's name for the task beside the cluster
 EVAL_SUBDIR = "eval"  # the evaluator's TensorBoard run, inside the run's tensorboard directory
 
 _STEP = re.compile(r"-(\d+)$")
@@ -84,7 +91,7 @@ class Tally:
 
     def fields(self) -> dict[str, Any]:
         return {"evaluated": self.evaluated, "skipped": self.skipped, "eval_step": self.eval_step,
-                "checkpoint": self.checkpoint}  # fmt: skip
+                EVALUATED_CHECKPOINT: self.checkpoint}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -203,8 +210,8 @@ def tf_config_problem(env: Mapping[str, str]) -> str | None:
         spec = json.loads(text)
     except json.JSONDecodeError as exc:
         return f"TF_CONFIG is not valid JSON ({exc.msg}): {text!r}"
-    task = spec.get("task") if isinstance(spec, dict) else None
-    kind = task.get("type") if isinstance(task, dict) else None
+    task = spec.get(TF_TASK) if isinstance(spec, dict) else None
+    kind = task.get(TF_TYPE) if isinstance(task, dict) else None
     if kind != EVALUATOR_TASK_TYPE:
         return (
             f"TF_CONFIG names task type {kind!r}; the evaluator runs as the "
@@ -217,4 +224,4 @@ def default_tensorboard_dir(checkpoint_dir: str) -> str:
     """The `eval` run inside the training's default tensorboard directory (beside checkpoints/),
     so `orchestrate tensorboard` shows it beside the training's curves."""
     parent = os.path.dirname(os.path.abspath(os.path.expanduser(checkpoint_dir)).rstrip("/"))
-    return os.path.join(parent, "tensorboard", EVAL_SUBDIR)
+    return os.path.join(parent, TENSORBOARD_DIR_NAME, EVAL_SUBDIR)

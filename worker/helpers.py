@@ -25,15 +25,23 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from orchestrator.contract import CHECKPOINT_DIR_ENV, RUN_DIR_ENV, TARGET_STEPS_ENV, TF_CONFIG_ENV
+from orchestrator.contract import (
+    CHECKPOINT_DIR_ENV,
+    RUN_DIR_ENV,
+    TARGET_STEPS_ENV,
+    TF_CONFIG_ENV,
+    TF_INDEX,
+    TF_TASK,
+    TF_TYPE,
+)
 
 
 def _task(env: Mapping[str, str]) -> tuple[str | None, int]:
     try:
-        task = json.loads(env.get(TF_CONFIG_ENV) or "{}").get("task") or {}
+        task = json.loads(env.get(TF_CONFIG_ENV) or "{}").get(TF_TASK) or {}
     except (ValueError, AttributeError):
         task = {}
-    return task.get("type"), int(task.get("index") or 0)
+    return task.get(TF_TYPE), int(task.get(TF_INDEX) or 0)
 
 
 def task_index(env: Mapping[str, str] | None = None) -> int:

@@ -13,11 +13,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.contract import (
+    ACCURACY,
     CHECKPOINT_SECONDS,
     EVAL_SECONDS,
+    LOSS,
     STEP_CALL_SECONDS,
     STEP_SECONDS,
     STEP_TIMING_ENV,
+    STEPS_PER_SEC,
+    VAL_ACCURACY,
+    VAL_LOSS,
 )
 from worker.config import WorkerConfig
 from worker.output import log
@@ -148,7 +153,7 @@ class Loop:
             f"{_fmt(result.accuracy, 4)} examples {result.examples} "
             f"seconds {time.perf_counter() - started:.1f}"
         )
-        self.summaries.scalars(step, {"val_loss": result.loss, "val_accuracy": result.accuracy})
+        self.summaries.scalars(step, {VAL_LOSS: result.loss, VAL_ACCURACY: result.accuracy})
         self.progress.add_seconds(EVAL_SECONDS, time.perf_counter() - started,
                                   val_loss=result.loss, val_accuracy=result.accuracy,
                                   eval_step=step)  # fmt: skip
@@ -189,10 +194,10 @@ class Loop:
         self.summaries.scalars(
             step,
             {
-                "loss": loss,
-                "accuracy": accuracy,
+                LOSS: loss,
+                ACCURACY: accuracy,
                 "learning_rate": self.learning_rate(),
-                "steps_per_sec": rate,
+                STEPS_PER_SEC: rate,
                 "examples_per_sec": None if rate is None else rate * self.config.batch_size,
             },
         )

@@ -30,19 +30,30 @@ from collections.abc import Iterator
 from typing import Any
 
 from orchestrator.contract import (
+    ACCURACY,
     CHECKPOINT_AT,
     CHECKPOINT_SECONDS,
+    CHECKPOINT_STEP,
     EVAL_SECONDS,
     FIRST_STEP_AT,
     HISTORY_FILE,
+    LOSS,
     PROGRESS_FILE_ENV,
+    START_STEP,
+    STEP,
+    STEPS_PER_SEC,
+    TIMED_CHECKPOINT,
+    TIMED_EVALUATION,
+    VAL_ACCURACY,
+    VAL_LOSS,
+    WRITTEN_AT,
 )
 
 HISTORY_LIMIT = 1000
-HISTORY_FIELDS = ("step", "loss", "accuracy", "steps_per_sec")
-METRICS = ("loss", "accuracy", "steps_per_sec")
+HISTORY_FIELDS = (STEP, LOSS, ACCURACY, STEPS_PER_SEC)
+METRICS = (LOSS, ACCURACY, STEPS_PER_SEC)
 # An evaluation's line: the step, the time and these, written when a write carries them.
-EVAL_FIELDS = ("val_loss", "val_accuracy")
+EVAL_FIELDS = (VAL_LOSS, VAL_ACCURACY)
 
 
 def history_path(progress_path: str) -> str:
@@ -71,15 +82,15 @@ class ProgressWriter:
 
     def write(self, **fields: Any) -> None:
         with self._lock:
-            saved = self._fields.get("checkpoint_step")
+            saved = self._fields.get(CHECKPOINT_STEP)
             self._fields.update({key: _plain(value) for key, value in fields.items()})
-            self._fields["time"] = time.time()
-            if self._fields.get("checkpoint_step") not in (None, saved):
+            self._fields[WRITTEN_AT] = time.time()
+            if self._fields.get(CHECKPOINT_STEP) not in (None, saved):
                 # Goodput's lost work: the steps after it are what a crash throws away.
-                self._fields[CHECKPOINT_AT] = self._fields["time"]
+                self._fields[CHECKPOINT_AT] = self._fields[WRITTEN_AT]
             if self._fields.get(FIRST_STEP_AT) is None and _stepped(self._fields):
                 # Goodput's end of start-up: the first write past the step the attempt began at.
-                self._fields[FIRST_STEP_AT] = self._fields["time"]
+                self._fields[FIRST_STEP_AT] = self._fields[WRITTEN_AT]
             if self.path is not None:
                 _write_atomically(self.path, self._fields)
             if self._history is not None and any(fields.get(key) is not None for key in METRICS):
@@ -99,7 +110,7 @@ class ProgressWriter:
 def _stepped(fields: dict[str, Any]) -> bool:
     """Whether the fields report a step made in this process: past start_step where one is
     written (the built-in loop's first write is its start step), else past 0 (a script)."""
-    step, start = fields.get("step"), fields.get("start_step")
+    step, start = fields.get(STEP), fields.get(START_STEP)
     if not isinstance(step, int) or isinstance(step, bool):
         return False
     return step > (start if isinstance(start, int) and not isinstance(start, bool) else 0)
@@ -115,16 +126,16 @@ class History:
         self._last_step: Any = None
 
     def append(self, fields: dict[str, Any]) -> None:
-        if fields.get("step") is None or fields.get("step") == self._last_step:
+        if fields.get(STEP) is None or fields.get(STEP) == self._last_step:
             return
-        self._last_step = fields["step"]
-        self._write({"time": fields["time"], **{k: fields.get(k) for k in HISTORY_FIELDS}})
+        self._last_step = fields[STEP]
+        self._write({WRITTEN_AT: fields[WRITTEN_AT], **{k: fields.get(k) for k in HISTORY_FIELDS}})
 
     def append_evaluation(self, fields: dict[str, Any]) -> None:
         """A line of its own for an evaluation (its step often has a training line already)."""
-        if fields.get("step") is None:
+        if fields.get(STEP) is None:
             return
-        point = {"time": fields["time"], "step": fields["step"],
+        point = {WRITTEN_AT: fields[WRITTEN_AT], STEP: fields[STEP],
                  **{key: fields.get(key) for key in EVAL_FIELDS}}  # fmt: skip
         self._write(point)
 
@@ -191,7 +202,7 @@ def _script_writer() -> ProgressWriter | None:
         return _writers.setdefault(path, ProgressWriter(path))
 
 
-TIMED_KEYS = {"checkpoint": CHECKPOINT_SECONDS, "evaluation": EVAL_SECONDS}
+TIMED_KEYS = {TIMED_CHECKPOINT: CHECKPOINT_SECONDS, TIMED_EVALUATION: EVAL_SECONDS}
 
 
 @contextlib.contextmanager

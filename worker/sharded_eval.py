@@ -19,6 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from orchestrator.contract import VAL_ACCURACY, VAL_LOSS
 from worker.task import TaskError, TrainingTask
 
 WEIGHT = 1.0  # of a real example; padding examples weigh 0
@@ -31,7 +32,7 @@ class EvalResult:
     examples: int
 
     def as_dict(self) -> dict[str, Any]:
-        return {"val_loss": self.loss, "val_accuracy": self.accuracy, "examples": self.examples}
+        return {VAL_LOSS: self.loss, VAL_ACCURACY: self.accuracy, "examples": self.examples}
 
 
 def steps_for(examples: int, pipelines: int, replicas_per_pipeline: int, batch: int) -> int:

@@ -23,6 +23,16 @@ import runpy
 import sys
 import time
 
+from orchestrator.contract import (
+    READY_AT,
+    READY_IMPORT_SECONDS,
+    READY_PACKAGE_DIRS,
+    READY_PID,
+    REQUEST_ARGV,
+    REQUEST_CWD,
+    REQUEST_ENV,
+)
+
 
 def package_dirs() -> dict[str, int]:
     """The package directories on sys.path with their modification times: installing or
@@ -40,8 +50,8 @@ def package_dirs() -> dict[str, int]:
 
 def _write_ready(path: str, imported_in: float) -> None:
     tmp = f"{path}.tmp"
-    record = {"pid": os.getpid(), "at": time.time(), "import_seconds": imported_in,
-              "package_dirs": package_dirs()}  # fmt: skip
+    record = {READY_PID: os.getpid(), READY_AT: time.time(), READY_IMPORT_SECONDS: imported_in,
+              READY_PACKAGE_DIRS: package_dirs()}  # fmt: skip
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
         json.dump(record, handle)
     os.replace(tmp, path)
@@ -50,11 +60,11 @@ def _write_ready(path: str, imported_in: float) -> None:
 def become(request: dict[str, object]) -> None:
     """Turn this process into the worker `request` describes, and run it (may raise
     SystemExit, like the worker would)."""
-    argv = [str(arg) for arg in request["argv"]]  # type: ignore[attr-defined]
-    env = {str(k): str(v) for k, v in request["env"].items()}  # type: ignore[attr-defined]
+    argv = [str(arg) for arg in request[REQUEST_ARGV]]  # type: ignore[attr-defined]
+    env = {str(k): str(v) for k, v in request[REQUEST_ENV].items()}  # type: ignore[attr-defined]
     os.environ.clear()
     os.environ.update(env)
-    os.chdir(str(request["cwd"]))
+    os.chdir(str(request[REQUEST_CWD]))
     devnull = os.open(os.devnull, os.O_RDONLY)  # a cold worker's stdin is /dev/null too
     os.dup2(devnull, 0)
     os.close(devnull)

@@ -14,9 +14,10 @@ from orchestrator.contract import (
     KERAS_SETTINGS,
     LEGACY_KERAS_ENV,
     RESERVED_ENV_PREFIXES,
+    STRATEGY_PS,
     task_problem,
 )
-from orchestrator.model.inventory import STRATEGY_PS, Job
+from orchestrator.model.inventory import Job
 from orchestrator.paths import controller_path
 from orchestrator.values import (
     NAME_PATTERN,

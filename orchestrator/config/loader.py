@@ -27,11 +27,11 @@ from orchestrator.config.sources.hosts import (
     parse_hosts,
 )
 from orchestrator.config.sync import SYNC_KEY_ENTRIES, parse_sync
+from orchestrator.contract import STRATEGY_MIRRORED, STRATEGY_PS
 from orchestrator.errors import InventoryError
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import (
     ROLE_EVALUATOR,
-    STRATEGY_PS,
     Host,
     Inventory,
     Job,
@@ -229,7 +229,7 @@ def _parse_min_hosts(document: LineMap, count: int, report: Report) -> int | Non
 def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report: Report) -> None:
     block = document["job"]
     hosts = [host for host in hosts if host.role != ROLE_EVALUATOR]  # the training hosts
-    if job.strategy == "mirrored" and len(hosts) > 1:
+    if job.strategy == STRATEGY_MIRRORED and len(hosts) > 1:
         report.add(
             line_of(block, "strategy"),
             "job.strategy",

@@ -18,13 +18,13 @@ from collections.abc import Sequence
 
 from orchestrator.config.report import Report, line_of
 from orchestrator.config.sources.base import OwnRoles, RoleRule
+from orchestrator.contract import STRATEGY_PS
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import (
     ROLE_CHIEF,
     ROLE_EVALUATOR,
     ROLE_PS,
     ROLE_WORKER,
-    STRATEGY_PS,
     Host,
     Job,
 )

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.contract import STRATEGY_PS
 from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.inventory import ROLE_CHIEF, ROLE_WORKER
@@ -123,7 +124,7 @@ def run_account(record: RunRecord, live: RunStatus | None, now: float) -> RunAcc
     """The run's account from its record's attempts, the one still running from `live`."""
     attempts = _attempts(record, live)
     # Under ParameterServerStrategy only the chief reports the steps (its workers run closures).
-    roles = (ROLE_CHIEF,) if record.inventory.job.strategy == "parameter-server" else TRAINING_ROLES
+    roles = (ROLE_CHIEF,) if record.inventory.job.strategy == STRATEGY_PS else TRAINING_ROLES
     cells: list[tuple[str, int, Account]] = []
     for index, attempt in enumerate(attempts):
         begin = _failed_at(attempts[index - 1]) if index else attempt.launched_at

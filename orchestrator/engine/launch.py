@@ -13,9 +13,34 @@ from dataclasses import replace
 
 from orchestrator.contract import (
     CHECKPOINT_DIR_ENV,
+    DEFAULT_STEPS_PER_CALL,
+    EVALUATE_MODULE,
+    FLAG_BATCH_SIZE,
+    FLAG_CHECKPOINT_DIR,
+    FLAG_CHECKPOINT_EVERY,
+    FLAG_EVAL_EVERY,
+    FLAG_EXPORT,
+    FLAG_EXPORT_DIR,
+    FLAG_GPU_MEMORY_GROWTH,
+    FLAG_GPU_MEMORY_LIMIT_MB,
+    FLAG_LOG_EVERY,
+    FLAG_LOGICAL_GPUS,
+    FLAG_MAX_TO_KEEP,
+    FLAG_PROFILE_STEPS,
+    FLAG_SEED,
+    FLAG_STEPS,
+    FLAG_STEPS_PER_CALL,
+    FLAG_STRATEGY,
+    FLAG_SYNC_CHECKPOINTS,
+    FLAG_TASK,
+    FLAG_VISIBLE_GPUS,
+    FLAG_WATCH,
     KERAS_LEGACY,
     LEGACY_KERAS_ENV,
+    STRATEGY_MULTI_WORKER,
+    STRATEGY_PS,
     TARGET_STEPS_ENV,
+    WORKER_MODULE,
     booted,
 )
 from orchestrator.engine.roles import EVALUATOR_RESTARTS
@@ -23,7 +48,6 @@ from orchestrator.engine.tfconfig import task_of
 from orchestrator.model.inventory import (
     ROLE_EVALUATOR,
     ROLE_WORKER,
-    STRATEGY_PS,
     Host,
     Inventory,
     Job,
@@ -90,15 +114,15 @@ def eval_export_flags(job: Job, job_directory: str) -> tuple[str, ...]:
     """The built-in loop's evaluation and export flags."""
     flags: list[str] = []
     if job.eval_every:
-        flags += ["--eval-every", str(job.eval_every)]
-    if job.steps_per_call != 1:
-        flags += ["--steps-per-call", str(job.steps_per_call)]
+        flags += [FLAG_EVAL_EVERY, str(job.eval_every)]
+    if job.steps_per_call != DEFAULT_STEPS_PER_CALL:
+        flags += [FLAG_STEPS_PER_CALL, str(job.steps_per_call)]
     if job.seed is not None:
-        flags += ["--seed", str(job.seed)]
+        flags += [FLAG_SEED, str(job.seed)]
     if not job.async_checkpoints:
-        flags += ["--sync-checkpoints"]
+        flags += [FLAG_SYNC_CHECKPOINTS]
     if job.export:
-        flags += ["--export", job.export, "--export-dir", export_dir(job_directory)]
+        flags += [FLAG_EXPORT, job.export, FLAG_EXPORT_DIR, export_dir(job_directory)]
     return tuple(flags)
 
 
@@ -106,17 +130,17 @@ def device_flags(job: Job, host: Host) -> tuple[str, ...]:
     """The built-in loop's flags for the host's GPU settings, strategy and profiling window."""
     flags: list[str] = []
     if host.gpu_memory_growth:
-        flags.append("--gpu-memory-growth")
+        flags.append(FLAG_GPU_MEMORY_GROWTH)
     if host.gpu_memory_limit_mb:
-        flags += ["--gpu-memory-limit-mb", str(host.gpu_memory_limit_mb)]
+        flags += [FLAG_GPU_MEMORY_LIMIT_MB, str(host.gpu_memory_limit_mb)]
     if host.visible_gpus is not None and host.gpus is None:  # leased GPUs: CUDA_VISIBLE_DEVICES
-        flags += ["--visible-gpus", ",".join(map(str, host.visible_gpus))]
+        flags += [FLAG_VISIBLE_GPUS, ",".join(map(str, host.visible_gpus))]
     if host.logical_gpus:
-        flags += ["--logical-gpus", str(host.logical_gpus)]
-    if job.strategy != "multi-worker":
-        flags += ["--strategy", job.strategy]
+        flags += [FLAG_LOGICAL_GPUS, str(host.logical_gpus)]
+    if job.strategy != STRATEGY_MULTI_WORKER:
+        flags += [FLAG_STRATEGY, job.strategy]
     if job.profile_steps:
-        flags += ["--profile-steps", *map(str, job.profile_steps)]
+        flags += [FLAG_PROFILE_STEPS, *map(str, job.profile_steps)]
     return tuple(flags)
 
 
@@ -131,14 +155,14 @@ def worker_argv(job: Job, host: Host, place: Placement) -> tuple[str, ...]:
     if host.role == ROLE_EVALUATOR:  # evaluates the chief's checkpoints as they appear
         return evaluator_argv(job, place.python, place.checkpoint_dir)
     return (
-        place.python, "-m", "worker",
-        "--task", job.task,
-        "--steps", str(job.steps),
-        "--checkpoint-dir", place.checkpoint_dir,
-        "--checkpoint-every", str(job.checkpoint_every),
-        "--max-to-keep", str(job.max_to_keep),
-        "--batch-size", str(job.batch_size),
-        "--log-every", str(job.log_every),
+        place.python, "-m", WORKER_MODULE,
+        FLAG_TASK, job.task,
+        FLAG_STEPS, str(job.steps),
+        FLAG_CHECKPOINT_DIR, place.checkpoint_dir,
+        FLAG_CHECKPOINT_EVERY, str(job.checkpoint_every),
+        FLAG_MAX_TO_KEEP, str(job.max_to_keep),
+        FLAG_BATCH_SIZE, str(job.batch_size),
+        FLAG_LOG_EVERY, str(job.log_every),
         *eval_export_flags(job, place.job_dir),
         *device_flags(job, host),
         *job.args,
@@ -150,9 +174,9 @@ def evaluator_argv(job: Job, python: str, checkpoints: str) -> tuple[str, ...]:
     exits 0 once it evaluated the checkpoint of the last step (or, told to stop, the newest)."""
     assert job.task is not None and job.steps is not None
     return (
-        python, "-m", "worker.evaluate", "--watch",
-        "--task", job.task,
-        "--checkpoint-dir", checkpoints,
-        "--steps", str(job.steps),
-        "--batch-size", str(job.batch_size),
+        python, "-m", EVALUATE_MODULE, FLAG_WATCH,
+        FLAG_TASK, job.task,
+        FLAG_CHECKPOINT_DIR, checkpoints,
+        FLAG_STEPS, str(job.steps),
+        FLAG_BATCH_SIZE, str(job.batch_size),
     )  # fmt: skip

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orchestrator.contract import EXIT_PREEMPTED
+from orchestrator.contract import EXIT_PREEMPTED, STRATEGY_PS
 from orchestrator.engine.failures import (
     Failure,
     FailureKind,
@@ -35,7 +35,6 @@ from orchestrator.model.inventory import (
     ROLE_CHIEF,
     ROLE_PS,
     ROLE_WORKER,
-    STRATEGY_PS,
     Inventory,
     Job,
 )

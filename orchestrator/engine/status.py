@@ -13,6 +13,7 @@ from orchestrator.contract import (
     FIRST_STEP_AT,
     STEP_CALL_SECONDS,
     STEP_SECONDS,
+    WRITTEN_AT,
 )
 from orchestrator.engine.eta import run_eta, worker_eta
 from orchestrator.engine.failures import classify_exit, explain
@@ -290,7 +291,7 @@ def worker_status(
         role=worker.host.role,
         started_at=started,
         first_step_at=number(progress.fields.get(FIRST_STEP_AT)) if progress else None,
-        reported_at=number(progress.fields.get("time")) if progress else None,
+        reported_at=number(progress.fields.get(WRITTEN_AT)) if progress else None,
         checkpoint_at=number(progress.fields.get(CHECKPOINT_AT)) if progress else None,
         checkpoint_seconds=number(progress.fields.get(CHECKPOINT_SECONDS)) if progress else None,
         eval_seconds=number(progress.fields.get(EVAL_SECONDS)) if progress else None,

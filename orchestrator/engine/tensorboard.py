@@ -11,6 +11,7 @@ import posixpath
 from pathlib import Path
 
 from orchestrator.backends.base import Backend
+from orchestrator.contract import TENSORBOARD_DIR_NAME
 from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import HostError
 from orchestrator.model.records import RunRecord, WorkerRecord
@@ -19,7 +20,8 @@ from orchestrator.paths import inside
 
 def chief_event_dir(chief: WorkerRecord) -> str:
     # The worker's default: a "tensorboard" directory beside the checkpoint directory.
-    return posixpath.join(posixpath.dirname(chief.checkpoint_dir.rstrip("/")), "tensorboard")
+    parent = posixpath.dirname(chief.checkpoint_dir.rstrip("/"))
+    return posixpath.join(parent, TENSORBOARD_DIR_NAME)
 
 
 def events_are_remote(record: RunRecord, backend: Backend) -> bool:

@@ -116,9 +116,9 @@ def _usage(pids):
                     times = process.cpu_times()
                     percent = average_percent(times.user + times.system, time.time() - created)
                 usage[pid] = {
-                    "cpu_percent": percent,
-                    "rss_bytes": process.memory_info().rss,
-                    "create_time": created,
+                    protocol.CPU_PERCENT_KEY: percent,
+                    protocol.RSS_BYTES_KEY: process.memory_info().rss,
+                    protocol.CREATE_TIME_KEY: created,
                 }
         except psutil.Error:
             continue
@@ -138,20 +138,25 @@ def cmd_probe(request):
         stop_path = os.path.join(path, rundir.STOP_FILE)
         stopped = os.path.exists(stop_path)
         probes[run_dir] = {
-            "exists": os.path.isdir(path),
-            "pid": pid,
-            "alive": bool(pid) and is_our_minder(pid, path),
-            "worker_pid": rundir.read_int(os.path.join(path, rundir.WORKER_PID_FILE)),
-            "progress": rundir.read_json(os.path.join(path, rundir.PROGRESS_FILE)),
-            "exit": rundir.read_exit(path),
-            "stop_requested": stopped,
-            "stopped_by": rundir.stopped_by(stop_path) if stopped else None,  # only when there
-            "restarts": rundir.read_json(os.path.join(path, rundir.RESTARTS_FILE)),
+            protocol.EXISTS_KEY: os.path.isdir(path),
+            protocol.PID_KEY: pid,
+            protocol.ALIVE_KEY: bool(pid) and is_our_minder(pid, path),
+            protocol.WORKER_PID_KEY: rundir.read_int(os.path.join(path, rundir.WORKER_PID_FILE)),
+            protocol.PROGRESS_KEY: rundir.read_json(os.path.join(path, rundir.PROGRESS_FILE)),
+            protocol.EXIT_KEY: rundir.read_exit(path),
+            protocol.STOP_REQUESTED_KEY: stopped,
+            # Only when there is a stop request.
+            protocol.STOPPED_BY_KEY: rundir.stopped_by(stop_path) if stopped else None,
+            protocol.RESTARTS_KEY: rundir.read_json(os.path.join(path, rundir.RESTARTS_FILE)),
         }
-    live_workers = [p["worker_pid"] for p in probes.values() if p["alive"] and p["worker_pid"]]
+    live_workers = [
+        p[protocol.WORKER_PID_KEY]
+        for p in probes.values()
+        if p[protocol.ALIVE_KEY] and p[protocol.WORKER_PID_KEY]
+    ]
     usage = _usage(live_workers)
     for probe in probes.values():
-        probe["usage"] = usage.get(probe["worker_pid"])
+        probe[protocol.USAGE_KEY] = usage.get(probe[protocol.WORKER_PID_KEY])
     return {protocol.NOW_KEY: time.time(), protocol.RUNS_KEY: probes}
 
 

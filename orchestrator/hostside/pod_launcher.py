@@ -31,7 +31,8 @@ INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 
 def tf_config(workers, index):
-    return {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}}
+    """Every pod a worker, in the export's order (contract.tf_config, as every launcher)."""
+    return contract.tf_config(list(workers), [contract.ROLE_WORKER] * len(workers), index)
 
 
 def jobset_of(worker):

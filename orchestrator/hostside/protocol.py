@@ -96,6 +96,28 @@ CHECKPOINTS_KEY = "checkpoints"  # checkpoint: every one listed, the latest last
 DIRECTORY_KEY = "directory"  # checkpoint
 ROOT_KEY = "root"  # files
 
+# probe: each run directory's record (control.probe_runs writes it, model/answers.WorkerProbe
+# reads it), PID_KEY its minder's; its EXIT_KEY holds the exit record (rundir.record_exit's keys).
+EXISTS_KEY = "exists"
+ALIVE_KEY = "alive"
+WORKER_PID_KEY = "worker_pid"
+PROGRESS_KEY = "progress"  # the worker's progress.json (contract.py's keys)
+EXIT_KEY = "exit"
+STOP_REQUESTED_KEY = "stop_requested"
+STOPPED_BY_KEY = "stopped_by"
+USAGE_KEY = "usage"  # the worker's process, where psutil is: the three below
+RESTARTS_KEY = "restarts"  # restarts.json: exit records of earlier starts in place
+CPU_PERCENT_KEY = "cpu_percent"
+RSS_BYTES_KEY = "rss_bytes"  # also each standby's in `standbys`
+CREATE_TIME_KEY = "create_time"
+# standbys: each standby of a job directory (standbypolicy.listing writes it,
+# model/answers.StandbyInfo reads it), with PID_KEY, WORKER_PID_KEY and RSS_BYTES_KEY.
+NAME_KEY = "name"  # the worker slot
+RUN_ID_KEY = "run_id"
+LINGERING_KEY = "lingering"
+LEFT_S_KEY = "left_s"
+READY_KEY = "ready"
+
 # --- the agent's own command lines (argv: no job value is ever in one) ----------------------------
 SUPERVISE = "supervise"  # agent.py supervise RUN_DIR [--adopt PID IN OUT]: the run's minder
 ADOPT = "--adopt"  # a standby's child, inherited across its exec

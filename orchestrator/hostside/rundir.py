@@ -255,6 +255,18 @@ def signal_name(returncode):
         return f"signal {-returncode}"
 
 
+# The exit record (exit.json; restarts.json's entries): record_exit and the Slurm launcher write
+# it, model/answers.ExitRecord reads it (the probe's protocol.EXIT_KEY).
+RETURNCODE_KEY = "returncode"
+SIGNAL_KEY = "signal"
+STARTED_AT_KEY = "started_at"
+FINISHED_AT_KEY = "finished_at"
+ERROR_KEY = "error"  # usually the last line of the log
+LOG_TAIL_KEY = "log_tail"
+JOINED_KEY = "joined"  # JoinWatch's verdict, where it gave one
+STEP_KEY = contract.STEP  # restarts.json: the step it had reached
+
+
 def record_exit(run_dir, returncode, started, error, joined=None, *, secrets=()):
     """exit.json: how the worker ended, with its log's last lines (secret values redacted: it
     is what status and the root-cause report show); `joined`: JoinWatch's verdict, for a worker
@@ -265,15 +277,15 @@ def record_exit(run_dir, returncode, started, error, joined=None, *, secrets=())
     if error is None and returncode > 0 and tail:
         error = tail[-1]  # usually the exception line; after a signal it would be noise
     record = {
-        "returncode": returncode,
-        "signal": signal_name(returncode),
-        "started_at": started,
-        "finished_at": time.time(),
-        "error": error,
-        "log_tail": tail if returncode != 0 else [],
+        RETURNCODE_KEY: returncode,
+        SIGNAL_KEY: signal_name(returncode),
+        STARTED_AT_KEY: started,
+        FINISHED_AT_KEY: time.time(),
+        ERROR_KEY: error,
+        LOG_TAIL_KEY: tail if returncode != 0 else [],
     }
     if joined is not None:
-        record["joined"] = joined
+        record[JOINED_KEY] = joined
     safefiles.write_json(os.path.join(run_dir, EXIT_FILE), record)
 
 

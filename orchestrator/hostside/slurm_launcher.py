@@ -95,27 +95,14 @@ def expand_nodelist(nodelist):
     return names
 
 
-# TensorFlow's order of a cluster spec's task types; the evaluator is in no list (as
-# engine/tfconfig.py writes a host's TF_CONFIG).
-CLUSTER_ORDER = ("chief", "worker", "ps")
-EVALUATOR = "evaluator"
-
-
 def tf_config(nodes, port, index, roles=None):
     """Task `index`'s TF_CONFIG: one task per node, in SLURM_PROCID order. `roles`: each task's
     type in that order (the plan's; None: every task a worker); a task's index is its place
-    among the tasks of its type."""
-    roles = list(roles) if roles else ["worker"] * len(nodes)
+    among the tasks of its type (contract.tf_config, as every launcher builds it)."""
+    roles = list(roles) if roles else [contract.ROLE_WORKER] * len(nodes)
     if len(roles) != len(nodes):
         raise ValueError(f"{len(roles)} task(s) planned, {len(nodes)} node(s) in the step")
-    cluster = {}
-    for role in CLUSTER_ORDER:
-        endpoints = [f"{nodes[i]}:{port}" for i, kind in enumerate(roles) if kind == role]
-        if endpoints:
-            cluster[role] = endpoints
-    role = roles[index]
-    task_index = 0 if role == EVALUATOR else roles[:index].count(role)
-    return {"cluster": cluster, "task": {"type": role, "index": task_index}}
+    return contract.tf_config([f"{node}:{port}" for node in nodes], roles, index)
 
 
 # Shared with the host agent: the same checks, the same files (safefiles.py, rundir.py).
@@ -287,7 +274,7 @@ def main():
     if _ENDED:
         print(f"task {index}: stopped {task['ends_by']}", flush=True)
         return 0  # not a bad exit: srun's --kill-on-bad-exit would end the others' last work
-    if config["task"]["type"] == EVALUATOR and returncode != 0:
+    if config["task"]["type"] == contract.ROLE_EVALUATOR and returncode != 0:
         # The evaluator's failure is not the training's: exit.json keeps it for the
         # supervisor, and srun's --kill-on-bad-exit leaves the training tasks running.
         print(f"task {index}: the evaluator exited {returncode}; the training goes on",
@@ -353,7 +340,7 @@ def _end_with(task, fill, run_dir, child):
 
     def succeeded(directory):
         record = rundir.read_exit(directory)
-        return isinstance(record, dict) and record.get("returncode") == 0
+        return isinstance(record, dict) and record.get(rundir.RETURNCODE_KEY) == 0
 
     def watch():
         while child.poll() is None:
@@ -387,15 +374,15 @@ def restartable(returncode, joined, permanent, signalled, stop_requested):
 def _restart_entry(run_dir, returncode, started, secrets):
     """One restart as restarts.json keeps it: the exit record's fields, the step reached."""
     progress = rundir.read_json(os.path.join(run_dir, rundir.PROGRESS_FILE))
-    step = progress.get("step") if isinstance(progress, dict) else None
+    step = progress.get(contract.STEP) if isinstance(progress, dict) else None
     step = step if isinstance(step, int) and not isinstance(step, bool) else None
     tail = rundir.log_tail(run_dir)[-1:] if returncode > 0 else []
     if secrets:
         tail = [rundir.redact(line.encode(), secrets).decode("utf-8", "replace") for line in tail]
-    return {"returncode": returncode, "signal": rundir.signal_name(returncode),
-            "started_at": started, "finished_at": time.time(),
-            "error": tail[-1] if tail else None,
-            "step": step}  # fmt: skip
+    return {rundir.RETURNCODE_KEY: returncode, rundir.SIGNAL_KEY: rundir.signal_name(returncode),
+            rundir.STARTED_AT_KEY: started, rundir.FINISHED_AT_KEY: time.time(),
+            rundir.ERROR_KEY: tail[-1] if tail else None,
+            rundir.STEP_KEY: step}  # fmt: skip
 
 
 if __name__ == "__main__":

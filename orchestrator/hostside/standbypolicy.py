@@ -12,9 +12,10 @@ import os
 
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator import contract
-    from orchestrator.hostside import rundir
+    from orchestrator.hostside import protocol, rundir
 else:  # shipped: hostside/bundle.py carries them in front of the agent's source
     import contract  # type: ignore[no-redef]
+    import protocol  # type: ignore[no-redef]
     import rundir  # type: ignore[no-redef]
 
 # What differs between two attempts of one slot and is read only after TensorFlow's import:
@@ -133,14 +134,14 @@ def standby_summary(name, standby, now, rss_bytes):
     """One line of the `standbys` listing."""
     until = standby.get("until")
     return {
-        "name": name,
-        "pid": standby.get("pid"),
-        "worker_pid": standby.get("worker_pid"),
-        "run_id": os.path.basename(rundir.run_of(standby.get("backs") or "")),
+        protocol.NAME_KEY: name,
+        protocol.PID_KEY: standby.get("pid"),
+        protocol.WORKER_PID_KEY: standby.get("worker_pid"),
+        protocol.RUN_ID_KEY: os.path.basename(rundir.run_of(standby.get("backs") or "")),
         "backs": standby.get("backs"),
-        "lingering": until is not None,
-        "left_s": None if until is None else max(0.0, until - now),
-        "ready": bool(standby.get("ready")),
-        "rss_bytes": rss_bytes,
+        protocol.LINGERING_KEY: until is not None,
+        protocol.LEFT_S_KEY: None if until is None else max(0.0, until - now),
+        protocol.READY_KEY: bool(standby.get("ready")),
+        protocol.RSS_BYTES_KEY: rss_bytes,
         "started_at": standby.get("started_at"),
     }

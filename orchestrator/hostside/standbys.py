@@ -32,9 +32,11 @@ import sys
 import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
+    from orchestrator import contract
     from orchestrator.hostside import control, minder, protocol, rundir, safefiles
     from orchestrator.hostside import standbypolicy as policy
 else:  # shipped: hostside/bundle.py carries them in front of the agent's source
+    import contract  # type: ignore[no-redef]
     import control  # type: ignore[no-redef]
     import minder  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
@@ -62,7 +64,7 @@ def standby_state(sdir):
 def packages_changed(ready):
     """A package directory the standby imported from that changed since (worker.standby
     records their modification times once TensorFlow is imported), or None."""
-    recorded = (rundir.read_json(ready) or {}).get("package_dirs") or {}
+    recorded = (rundir.read_json(ready) or {}).get(contract.READY_PACKAGE_DIRS) or {}
     for path, mtime in sorted(recorded.items()):
         try:
             if os.stat(path).st_mtime_ns != mtime:

@@ -12,8 +12,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.contract import (
+    ACCURACY,
+    CHECKPOINT_STEP,
+    DEVICES,
+    LOSS,
+    START_STEP,
+    STEP,
+    STEPS_PER_SEC,
+    TARGET_STEPS,
+    VAL_ACCURACY,
+    VAL_LOSS,
+)
 from orchestrator.errors import HostError
-from orchestrator.hostside import protocol
+from orchestrator.hostside import protocol, rundir
 from orchestrator.model.reading import integer, mapping, number, rate, steps, text, texts
 
 
@@ -49,16 +61,16 @@ class Progress:
         if not isinstance(data, dict):
             return None
         return cls(
-            step=steps(data.get("step")),
-            start_step=steps(data.get("start_step")),
-            target_steps=steps(data.get("target_steps")),
-            loss=number(data.get("loss")),
-            accuracy=number(data.get("accuracy")),
-            checkpoint_step=steps(data.get("checkpoint_step")),
-            steps_per_sec=rate(data.get("steps_per_sec")),
-            val_loss=number(data.get("val_loss")),
-            val_accuracy=number(data.get("val_accuracy")),
-            devices=texts(data.get("devices")),
+            step=steps(data.get(STEP)),
+            start_step=steps(data.get(START_STEP)),
+            target_steps=steps(data.get(TARGET_STEPS)),
+            loss=number(data.get(LOSS)),
+            accuracy=number(data.get(ACCURACY)),
+            checkpoint_step=steps(data.get(CHECKPOINT_STEP)),
+            steps_per_sec=rate(data.get(STEPS_PER_SEC)),
+            val_loss=number(data.get(VAL_LOSS)),
+            val_accuracy=number(data.get(VAL_ACCURACY)),
+            devices=texts(data.get(DEVICES)),
             fields=dict(data),
         )
 
@@ -80,17 +92,21 @@ class ExitRecord:
 
     @classmethod
     def parse(cls, data: Any) -> ExitRecord | None:
-        if not isinstance(data, dict) or integer(data.get("returncode")) is None:
+        if not isinstance(data, dict) or integer(data.get(rundir.RETURNCODE_KEY)) is None:
             return None
         return cls(
-            returncode=int(data["returncode"]),
-            signal=text(data.get("signal")),
-            started_at=number(data.get("started_at")),
-            finished_at=number(data.get("finished_at")),
-            error=text(data.get("error")),
-            log_tail=texts(data.get("log_tail")),
-            joined=data["joined"] if isinstance(data.get("joined"), bool) else None,
+            returncode=int(data[rundir.RETURNCODE_KEY]),
+            signal=text(data.get(rundir.SIGNAL_KEY)),
+            started_at=number(data.get(rundir.STARTED_AT_KEY)),
+            finished_at=number(data.get(rundir.FINISHED_AT_KEY)),
+            error=text(data.get(rundir.ERROR_KEY)),
+            log_tail=texts(data.get(rundir.LOG_TAIL_KEY)),
+            joined=_joined(data.get(rundir.JOINED_KEY)),
         )
+
+
+def _joined(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)
@@ -110,7 +126,7 @@ class InPlaceRestart:
         for item in data:
             record = ExitRecord.parse(item)
             if record is not None and record.finished_at is not None:
-                found.append(cls(record, steps(item.get("step"))))
+                found.append(cls(record, steps(item.get(rundir.STEP_KEY))))
         return tuple(found)
 
 
@@ -125,9 +141,9 @@ class Usage:
         if not isinstance(data, dict):
             return None
         return cls(
-            number(data.get("cpu_percent")),
-            integer(data.get("rss_bytes")),
-            number(data.get("create_time")),
+            number(data.get(protocol.CPU_PERCENT_KEY)),
+            integer(data.get(protocol.RSS_BYTES_KEY)),
+            number(data.get(protocol.CREATE_TIME_KEY)),
         )
 
 
@@ -155,16 +171,16 @@ class WorkerProbe:
     def parse(cls, data: Mapping[str, Any], now: float) -> WorkerProbe:
         return cls(
             now=now,
-            exists=bool(data.get("exists")),
-            pid=integer(data.get("pid")),
-            alive=bool(data.get("alive")),
-            worker_pid=integer(data.get("worker_pid")),
-            progress=Progress.parse(data.get("progress")),
-            exit=ExitRecord.parse(data.get("exit")),
-            stop_requested=bool(data.get("stop_requested")),
-            stopped_by=text(data.get("stopped_by")),
-            usage=Usage.parse(data.get("usage")),
-            restarts=InPlaceRestart.parse_all(data.get("restarts")),
+            exists=bool(data.get(protocol.EXISTS_KEY)),
+            pid=integer(data.get(protocol.PID_KEY)),
+            alive=bool(data.get(protocol.ALIVE_KEY)),
+            worker_pid=integer(data.get(protocol.WORKER_PID_KEY)),
+            progress=Progress.parse(data.get(protocol.PROGRESS_KEY)),
+            exit=ExitRecord.parse(data.get(protocol.EXIT_KEY)),
+            stop_requested=bool(data.get(protocol.STOP_REQUESTED_KEY)),
+            stopped_by=text(data.get(protocol.STOPPED_BY_KEY)),
+            usage=Usage.parse(data.get(protocol.USAGE_KEY)),
+            restarts=InPlaceRestart.parse_all(data.get(protocol.RESTARTS_KEY)),
         )
 
 
@@ -192,20 +208,21 @@ class StandbyInfo:
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> StandbyInfo:
         return cls(
-            name=text(data.get("name")) or "?",
-            pid=integer(data.get("pid")),
-            worker_pid=integer(data.get("worker_pid")),
-            run_id=text(data.get("run_id")) or "?",
-            lingering=bool(data.get("lingering")),
-            left_s=number(data.get("left_s")),
-            ready=bool(data.get("ready")),
-            rss_bytes=integer(data.get("rss_bytes")),
+            name=text(data.get(protocol.NAME_KEY)) or "?",
+            pid=integer(data.get(protocol.PID_KEY)),
+            worker_pid=integer(data.get(protocol.WORKER_PID_KEY)),
+            run_id=text(data.get(protocol.RUN_ID_KEY)) or "?",
+            lingering=bool(data.get(protocol.LINGERING_KEY)),
+            left_s=number(data.get(protocol.LEFT_S_KEY)),
+            ready=bool(data.get(protocol.READY_KEY)),
+            rss_bytes=integer(data.get(protocol.RSS_BYTES_KEY)),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "pid": self.pid, "worker_pid": self.worker_pid,
-                "run_id": self.run_id, "lingering": self.lingering, "left_s": self.left_s,
-                "ready": self.ready, "rss_bytes": self.rss_bytes}  # fmt: skip
+        return {protocol.NAME_KEY: self.name, protocol.PID_KEY: self.pid,
+                protocol.WORKER_PID_KEY: self.worker_pid, protocol.RUN_ID_KEY: self.run_id,
+                protocol.LINGERING_KEY: self.lingering, protocol.LEFT_S_KEY: self.left_s,
+                protocol.READY_KEY: self.ready, protocol.RSS_BYTES_KEY: self.rss_bytes}  # fmt: skip
 
 
 def parse_standbys(data: Mapping[str, Any]) -> dict[str, list[StandbyInfo]]:

@@ -10,7 +10,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from orchestrator.contract import KERAS_DEFAULT
+from orchestrator.contract import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CHECKPOINT_EVERY,
+    DEFAULT_LOG_EVERY,
+    DEFAULT_MAX_TO_KEEP,
+    DEFAULT_STEPS_PER_CALL,
+    KERAS_DEFAULT,
+    ROLE_CHIEF,
+    ROLE_EVALUATOR,
+    ROLE_PS,
+    ROLE_WORKER,
+)
 from orchestrator.model.leases import DEFAULT_LEASE_DIR
 
 DEFAULT_WORKDIR = "~/orchestrate"
@@ -44,9 +55,8 @@ DEFAULT_CONNECTION = "ssh"
 # A host's task type in TF_CONFIG (`role:`): TensorFlow's names. Under MultiWorkerMirroredStrategy
 # every training host is a worker (worker 0 is the chief); ParameterServerStrategy has one chief,
 # parameter servers and workers; an evaluator evaluates the chief's checkpoints beside either.
-ROLE_WORKER, ROLE_CHIEF, ROLE_PS, ROLE_EVALUATOR = "worker", "chief", "ps", "evaluator"
+# (contract.py names them: TF_CONFIG is built there.)
 ROLES = (ROLE_WORKER, ROLE_CHIEF, ROLE_PS, ROLE_EVALUATOR)
-STRATEGY_PS = "parameter-server"
 
 
 DEFAULT_SYNC_EXCLUDES = (".git",)
@@ -145,10 +155,10 @@ class Job:
     files: tuple[str, ...] = ()  # absolute paths on this machine, uploaded to each remote host
     steps: int | None = None
     checkpoint_dir: str = "checkpoints"
-    checkpoint_every: int = 100
-    max_to_keep: int = 3
-    batch_size: int = 64
-    log_every: int = 10
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY  # (the worker's own defaults: contract.py)
+    max_to_keep: int = DEFAULT_MAX_TO_KEEP
+    batch_size: int = DEFAULT_BATCH_SIZE
+    log_every: int = DEFAULT_LOG_EVERY
     # Supervision: a worker whose step has not moved (or whose host has not answered) for
     # stall_timeout seconds has failed; the cluster is restarted up to max_restarts times.
     stall_timeout: int = 300
@@ -185,7 +195,7 @@ class Job:
     # "legacy": tf.keras is Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1) on every worker.
     keras: str = KERAS_DEFAULT
     # Steps per tf.function call in the built-in loop; the intervals above must be multiples.
-    steps_per_call: int = 1
+    steps_per_call: int = DEFAULT_STEPS_PER_CALL
     seed: int | None = None  # seeds the initial weights: runs with the same seed train alike
     # The built-in loop's checkpoint writes in the background (the last save and a
     # preemption's block): less time blocked in saves (goodput; bench/bench_goodput.py).

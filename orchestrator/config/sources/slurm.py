@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.report import Report, line_of
 from orchestrator.config.sources.base import HostSource, Placed
+from orchestrator.contract import STRATEGY_PS
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import (
     DEFAULT_CONNECTION,
@@ -40,7 +41,6 @@ from orchestrator.model.inventory import (
     ROLE_EVALUATOR,
     ROLE_PS,
     ROLE_WORKER,
-    STRATEGY_PS,
     Host,
     Job,
 )
