@@ -2,8 +2,9 @@
 
 STANDARD LIBRARY ONLY, sent as `python -c SOURCE` like agent.py; it imports nothing shipped (no
 contract.py, which needs 3.7), so it still runs on Python 3.6. One JSON request line,
-{"argv": [...], "env": {NAME: VALUE}, "timeout": SECONDS}, is answered with one JSON line,
-{"returncode", "stdout", "stderr"} or {"error"}; then the next, until end of input. What it is
+{"argv": [...], "env": {NAME: VALUE}, "timeout": SECONDS, "id": N}, is answered with one JSON
+line, {"returncode", "stdout", "stderr"} or {"error"}, with the request's "id"; then the next,
+until end of input. What it is
 for: `sbatch` on a Slurm login node with job.secret_env's values in its environment, so that
 `--export=ALL` passes them to the tasks, while no command line (visible to every user there in
 `ps`) and no file on the login node ever holds one.
@@ -40,10 +41,16 @@ def run(request):
 def main():
     for line in sys.stdin:
         if line.strip():
+            request = None
             try:
-                answer = run(json.loads(line))
-            except (ValueError, KeyError, TypeError) as exc:
+                request = json.loads(line)
+                answer = run(request)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 answer = {"error": f"bad request: {exc}"}
+            if isinstance(request, dict) and "id" in request:
+                # The session's request id, echoed as every host program does (protocol.ID):
+                # the controller drops a session whose answer carries another or none.
+                answer["id"] = request["id"]
             sys.stdout.write(json.dumps(answer) + "\n")
             sys.stdout.flush()
     return 0

@@ -33,11 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
 from tests import phase_log
-from tests.conftest import Cli, wait_for
+from tests.conftest import Cli, snapshot_when
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER_DIR = REPO / "docker"
@@ -405,17 +406,26 @@ def inventory_port(path: Path) -> int:
     return int(yaml.safe_load(path.read_text())["defaults"]["port"])
 
 
-def killable(cli: Cli) -> dict[str, Any] | None:
-    """The status once the chief has a checkpoint and the workers are well short of STEPS (a
-    wide window: a status call can take a second on a busy machine); fails if the run ended."""
-    result = cli("status", "--json")
-    if result.returncode != 0:
-        return None  # not recorded yet
-    status = json.loads(result.stdout)
-    assert status["state"] not in ("succeeded", "failed", "stopped"), f"ended first: {status}"
+def killable(status: dict[str, Any]) -> bool:
+    """The chief has a checkpoint and the workers are well short of STEPS, or the run ended
+    (which the test then fails on: the kill came too late)."""
+    if status["state"] in ("succeeded", "failed", "stopped"):
+        return True
     steps = [w["step"] or 0 for w in status["workers"]]
     ready = (status["workers"][0]["checkpoint_step"] or 0) >= CHECKPOINT_EVERY
-    return status if status["state"] == "running" and ready and max(steps) < STEPS - 150 else None
+    return status["state"] == "running" and ready and max(steps) < STEPS - 150
+
+
+def host_process(container: str, pid: int) -> psutil.Process:
+    """The process that is `pid` inside `container`, as this machine sees it (NSpid's last)."""
+    init = psutil.Process(int(docker("inspect", "--format", "{{.State.Pid}}", container).stdout))
+    for process in init.children(recursive=True):
+        with contextlib.suppress(OSError, psutil.Error):
+            status = Path(f"/proc/{process.pid}/status").read_text()
+            nspids = next(line for line in status.splitlines() if line.startswith("NSpid:"))
+            if int(nspids.split()[-1]) == pid:
+                return process
+    raise AssertionError(f"no process {pid} in {container}")
 
 
 def test_check_then_train_and_recover_from_a_killed_worker(
@@ -433,15 +443,20 @@ def test_check_then_train_and_recover_from_a_killed_worker(
     up = cli.popen("up", "--skip-checks", str(inventory))
     victim = hosts[1]
     try:
-        status = wait_for(
-            lambda: killable(cli), timeout=240, what="a checkpoint before the kill", interval=0.1
-        )
+        # What the supervisor itself saw (a `status` poll can take seconds on a busy machine,
+        # longer than this run has left); every worker is held right then, the victim killed.
+        status = snapshot_when(cli, killable, timeout=240)
+        assert status["state"] == "running", f"ended before the kill: {status}"
         checkpoint_at_kill = status["workers"][0]["checkpoint_step"]
-        pid = next(w["pid"] for w in status["workers"] if w["name"] == victim)
-        container = container_name(victim)
-        cmdline = docker("exec", container, "cat", f"/proc/{pid}/cmdline").stdout
-        assert "worker" in cmdline.replace("\0", " "), cmdline
-        docker("exec", container, "kill", "-KILL", str(pid))
+        workers = {w["name"]: host_process(container_name(w["name"]), w["pid"])
+                   for w in status["workers"]}  # fmt: skip
+        for worker in workers.values():
+            worker.suspend()
+        assert "worker" in " ".join(workers[victim].cmdline())
+        workers[victim].kill()
+        for name, worker in workers.items():
+            if name != victim:
+                worker.resume()
         out, err = up.communicate(timeout=300)
     finally:
         up.kill()

@@ -21,6 +21,7 @@ import pytest
 
 from orchestrator import hostside
 from orchestrator.backends.registry import load_inventory
+from orchestrator.backends.slurm.commands import Slurm
 from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script, sbatch_quote
 from orchestrator.engine.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.engine.exports import pull_export
@@ -28,6 +29,7 @@ from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import HostError, InventoryError
 from orchestrator.export import kubernetes, tfjob
 from orchestrator.machines.hostclient import host_program
+from orchestrator.machines.runner import LocalRunner
 from orchestrator.model.answers import CheckpointListing, FileListing
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.records import RunRecord, WorkerRecord
@@ -348,6 +350,23 @@ def test_withenv_gives_the_command_values_from_stdin_only(tmp_path: Path) -> Non
     assert answer["returncode"] == 0 and digest == hashlib.sha256(secret.encode()).hexdigest()
     assert "def run(request)" in parent_cmdline  # it did read withenv's own command line
     assert secret not in parent_cmdline and secret not in done.stderr
+
+
+def test_sbatch_with_secrets_goes_through_withenv_on_a_real_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The login node's session numbers its requests and drops one whose answer carries another
+    # id or none: withenv must echo it, as the other host programs do.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(f'#!/bin/sh\nprintf %s "$TRACKER_API_KEY" > {tmp_path}/seen\necho 4242\n')
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    slurm = Slurm(LocalRunner("login"))
+    job_id = slurm.submit("job.sh", secrets={"TRACKER_API_KEY": "s3cret"}, python=sys.executable)
+    assert job_id == "4242"
+    assert (tmp_path / "seen").read_text() == "s3cret"
 
 
 # --- names from a host's answer --------------------------------------------------------------
