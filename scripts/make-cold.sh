@@ -51,6 +51,9 @@ rm -rf /root/.cache/pip
 if id orchestrate-unpriv >/dev/null 2>&1; then
     userdel --remove orchestrate-unpriv 2>/dev/null || true
 fi
+# Its pytest directory too: the account made again may get another uid, and pytest refuses a
+# temporary directory another uid owns.
+rm -rf /tmp/pytest-of-orchestrate-unpriv
 rm -rf .venv
 find docker/wheels -name '*.whl' -delete
 echo "make-cold: done; the next scripts/test.sh starts from a fresh machine's state"

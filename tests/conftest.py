@@ -378,10 +378,12 @@ def dashboard_view(
     ready: Callable[[dict[str, Any]], bool],
     env: dict[str, str] | None = None,
     timeout: float = 60,
+    log_workers: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run `orchestrate dashboard` in `cwd` on its current run and read its document over HTTP
-    (with the token it printed) until `ready(document)`, and its followed log lines; then stop
-    it with Ctrl-C (SIGINT)."""
+    (with the token it printed) until `ready(document)`, and its followed log lines (once they
+    hold a line of each of `log_workers`: the hosts' logs arrive one by one); then stop it with
+    Ctrl-C (SIGINT)."""
     import re
     from urllib.parse import parse_qs, urlsplit
 
@@ -410,7 +412,11 @@ def dashboard_view(
                 interval=0.5,
             )
             lines = wait_for(
-                lambda: client.get(f"/api/runs/{run_id}/logs").json()["lines"],
+                lambda: (
+                    (got := client.get(f"/api/runs/{run_id}/logs").json()["lines"])
+                    and log_workers <= {line["worker"] for line in got}
+                    and got
+                ),
                 timeout=timeout,
                 interval=0.5,
             )

@@ -15,6 +15,9 @@ import os
 import subprocess
 import sys
 
+# protocol.ID, the session's request id: this program imports nothing shipped (Python 3.6).
+REQUEST_ID = "id"
+
 
 def run(request):
     env = dict(os.environ)
@@ -47,10 +50,10 @@ def main():
                 answer = run(request)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 answer = {"error": f"bad request: {exc}"}
-            if isinstance(request, dict) and "id" in request:
-                # The session's request id, echoed as every host program does (protocol.ID):
-                # the controller drops a session whose answer carries another or none.
-                answer["id"] = request["id"]
+            if isinstance(request, dict) and REQUEST_ID in request:
+                # Echoed as every host program does: the controller drops a session whose
+                # answer carries another id or none.
+                answer[REQUEST_ID] = request[REQUEST_ID]
             sys.stdout.write(json.dumps(answer) + "\n")
             sys.stdout.flush()
     return 0

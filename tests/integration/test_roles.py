@@ -90,9 +90,11 @@ def kill_a_worker_under_a_held_chief(cli: Cli, reaper: list[str], job: str, at: 
         reaper.append(cli.record()["run_id"])
         lost = pid_of(cli, job, "worker-1")
         os.kill(lost, signal.SIGKILL)
-        # A serving task writes no progress: "starting" while it lives.
+        # A serving task writes no progress: it shows "running" once its chief has stepped
+        # (issue 54; "starting" before), and "starting" while its chief has not.
         cli.status_when(lambda s: by_name(s, "worker-1")["pid"] not in (None, lost)
-                        and by_name(s, "worker-1")["state"] == "starting", timeout=120)  # fmt: skip
+                        and by_name(s, "worker-1")["state"] in ("starting", "running"),
+                        timeout=120)  # fmt: skip
     finally:
         chief.resume()
     return chief.pid

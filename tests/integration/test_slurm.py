@@ -192,7 +192,10 @@ def test_trains_on_two_nodes_then_resumes_from_the_checkpoint(orchestrate: Orche
     # The dashboard of a Slurm run: the chief's curves (the final evaluation's too) and both
     # tasks' logs, read on the shared disk through the backend.
     document, lines = dashboard_view(
-        orchestrate.cwd, lambda d: "<polyline" in d["charts"]["val_loss"], env=orchestrate.env
+        orchestrate.cwd,
+        lambda d: "<polyline" in d["charts"]["val_loss"],
+        env=orchestrate.env,
+        log_workers=frozenset({"task0", "task1"}),
     )
     assert [w["state"] for w in document["workers"]] == ["succeeded", "succeeded"]
     assert "<polyline" in document["charts"]["loss"]
