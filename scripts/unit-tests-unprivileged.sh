@@ -19,6 +19,12 @@ if ! id "$TEST_USER" >/dev/null 2>&1; then
     useradd --create-home --shell /bin/bash "$TEST_USER"
 fi
 home=$(getent passwd "$TEST_USER" | cut -d: -f6)
+# pytest refuses a /tmp/pytest-of-USER that another uid owns: one left by an earlier account of
+# this name (scripts/make-cold.sh deletes the user; the next one may get another uid).
+stale=/tmp/pytest-of-$TEST_USER
+if [[ -e "$stale" ]] && [[ "$(stat -c %u "$stale")" != "$(id -u "$TEST_USER")" ]]; then
+    rm -rf "$stale"
+fi
 work="$home/orchestrate"
 rm -rf "$work"
 mkdir -p "$work"
