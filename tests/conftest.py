@@ -187,6 +187,19 @@ def local_inventory(cli: Cli, hosts: list[str], job: dict[str, Any]) -> Path:
     return path
 
 
+def stepping_script(steps: int) -> str:
+    """A script that reports steps 1..`steps` to its progress file, one every 0.1 s."""
+    return (
+        "import json, os, time\n"
+        'progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]\n'
+        f"for step in range(1, {steps + 1}):\n"
+        '    with open(progress + ".tmp", "w") as f:\n'
+        f'        json.dump({{"step": step, "target_steps": {steps}}}, f)\n'
+        '    os.replace(progress + ".tmp", progress)\n'
+        "    time.sleep(0.1)\n"
+    )
+
+
 def first_run_dir(job_root: Path, name: str, attempt: int = 0) -> Path | None:
     """The run directory of worker `name` in `attempt` of the job's first run, if it exists yet."""
     found = sorted(job_root.glob(f"runs/*/attempt-{attempt}/{name}"))

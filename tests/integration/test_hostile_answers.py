@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import Cli, free_ports
+from tests.conftest import Cli, free_ports, stepping_script
 
 HOSTILE_LINES = {
     "deep JSON": ("'[' * 100000", "JSON nested deeper than 32"),
@@ -52,15 +52,7 @@ for line in child.stdout:
 sys.exit(child.wait())
 """
 
-SCRIPT = """\
-import json, os, time
-progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
-for step in range(1, 41):
-    with open(progress + ".tmp", "w") as f:
-        json.dump({"step": step, "target_steps": 40}, f)
-    os.replace(progress + ".tmp", progress)
-    time.sleep(0.1)
-"""
+SCRIPT = stepping_script(40)
 
 
 @pytest.mark.parametrize("name", list(HOSTILE_LINES))

@@ -15,7 +15,7 @@ import pytest
 
 from tests.cluster.inventories import write_inventory
 from tests.cluster.pytest_support import SharedCluster
-from tests.conftest import Cli, free_ports
+from tests.conftest import Cli, free_ports, stepping_script
 
 # What the middle does to the CORRUPT-th probe answer:
 #   dribble: sends it one byte a second (it would take minutes), then nothing more;
@@ -61,15 +61,7 @@ for line in child.stdout:
 sys.exit(child.wait())
 """
 
-SCRIPT = """\
-import json, os, time
-progress = os.environ["ORCHESTRATE_PROGRESS_FILE"]
-for step in range(1, 61):
-    with open(progress + ".tmp", "w") as f:
-        json.dump({"step": step, "target_steps": 60}, f)
-    os.replace(progress + ".tmp", progress)
-    time.sleep(0.1)
-"""
+SCRIPT = stepping_script(60)
 
 # What `up` says of the host meanwhile. One answer too many is read by the next request (a
 # watch, which says nothing when it fails): its session is dropped, the next probe opens another.

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ import psutil
 import pytest
 
 from tests.conftest import Cli, free_ports, wait_for
-from tests.unit.test_lease_neighbours import NEIGHBOUR, ask
+from tests.unit.test_lease_neighbours import NEIGHBOUR, ask, shared_lease_dir
 
 # Holds at step 1 until the test lets it finish (the file `go-on` in its directory).
 WAITS = """\
@@ -37,17 +35,8 @@ while not os.path.exists("go-on") and time.time() < deadline:
 
 @pytest.fixture
 def lease_dir() -> Iterator[Path]:
-    """A lease directory as an admin shares one (root's, 1777), the neighbour can reach it."""
-    root = Path(tempfile.mkdtemp(prefix="orch-lease-death-", dir="/tmp"))
-    root.chmod(0o755)
-    leases = root / "leases"
-    leases.mkdir()
-    leases.chmod(0o1777)
-    try:
+    with shared_lease_dir("orch-lease-death-") as leases:
         yield leases
-    finally:
-        ask(leases, {"verb": "release", "run_id": "neighbour"}, uid=NEIGHBOUR)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def write_inventory(cli: Cli, leases: Path) -> None:

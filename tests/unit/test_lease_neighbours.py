@@ -6,6 +6,7 @@ own first."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -68,10 +69,11 @@ def test_times_and_owners_a_file_claims_are_checked() -> None:
 # --- the lease program, two accounts --------------------------------------------------------------
 
 
-@pytest.fixture
-def lease_dir() -> Iterator[Path]:
-    """A lease directory as an admin shares one (root's, 1777) where the neighbour can reach it."""
-    root = Path(tempfile.mkdtemp(prefix="orch-lease-neighbours-", dir="/tmp"))
+@contextlib.contextmanager
+def shared_lease_dir(prefix: str) -> Iterator[Path]:
+    """A lease directory as an admin shares one (root's, 1777) where the neighbour can reach it;
+    the victim's and the neighbour's leases released and the directory gone afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     root.chmod(0o755)
     leases = root / "leases"
     leases.mkdir()
@@ -82,6 +84,12 @@ def lease_dir() -> Iterator[Path]:
         ask(leases, {"verb": "release", "run_id": "victim"})
         ask(leases, {"verb": "release", "run_id": "neighbour"}, uid=NEIGHBOUR)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def lease_dir() -> Iterator[Path]:
+    with shared_lease_dir("orch-lease-neighbours-") as leases:
+        yield leases
 
 
 def ask(lease_dir: Path, *requests: dict[str, Any], uid: int | None = None) -> list[Any]:
