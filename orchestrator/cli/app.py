@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 from rich.console import Console, ConsoleOptions, RenderableType
@@ -43,9 +44,17 @@ class PlainTextConsole(Console):
                 yield segment._replace(text=printable(segment.text, multiline=True))
 
 
-# Piped output is read by people too (CI logs, `| less`): give tables room instead of 80 columns.
-console = PlainTextConsole(width=None if sys.stdout.isatty() else 160)
-errors = PlainTextConsole(stderr=True, width=None if sys.stderr.isatty() else 160)
+def output_width(stream: TextIO) -> int | None:
+    """COLUMNS when the user set it (a number); else a terminal's own width (None: Rich asks
+    it); else 160: piped output is read by people too (CI logs, `| less`), give tables room."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and 20 <= int(columns) <= 1000:
+        return int(columns)
+    return None if stream.isatty() else 160
+
+
+console = PlainTextConsole(width=output_width(sys.stdout))
+errors = PlainTextConsole(stderr=True, width=output_width(sys.stderr))
 
 EXIT_INTERRUPTED = 130
 

@@ -14,7 +14,8 @@ from rich.text import Text
 
 from orchestrator.backends.base import Backend
 from orchestrator.cli.app import StoppedWatching, console, errors
-from orchestrator.cli.render import kept_warm, problems, progress_line, status_table
+from orchestrator.cli.render import kept_warm, problems, progress_line, run_line, status_table
+from orchestrator.cli.statustable import progress_bar
 from orchestrator.engine.goodput import run_account, summary
 from orchestrator.engine.locks import SupervisorLock
 from orchestrator.engine.policy import conclude
@@ -35,9 +36,7 @@ def view() -> Iterator[tuple[Callable[[RunStatus], None], Callable[[str], None]]
     if console.is_terminal:
         with Live(console=console, auto_refresh=False, transient=False) as live:
             yield (
-                lambda status: live.update(  # a problem's line is plain text, not markup
-                    Group(status_table(status), *map(Text, problems(status))), refresh=True
-                ),
+                lambda status: live.update(terminal_view(status), refresh=True),
                 lambda message: live.console.print(message, markup=False, highlight=False),
             )
     else:
@@ -47,8 +46,16 @@ def view() -> Iterator[tuple[Callable[[RunStatus], None], Callable[[str], None]]
         )
 
 
+def terminal_view(status: RunStatus) -> Group:
+    """The table, the progress bar and each problem's line (plain text, not markup)."""
+    bar = progress_bar(status, time.time())
+    return Group(status_table(status), *([bar] if bar else []), *map(Text, problems(status)))
+
+
 class PlainReporter:
-    """Prints a worker's line when its state changes, and all of them every few seconds."""
+    """Prints a worker's line when its state changes, and all of them every few seconds: one
+    line for the run when its workers step in lockstep (MultiWorkerMirroredStrategy), where a
+    line per worker would say the same step and loss N times."""
 
     def __init__(self) -> None:
         self.states: dict[str, WorkerState] = {}
@@ -57,10 +64,14 @@ class PlainReporter:
     def report(self, status: RunStatus) -> None:
         now = time.monotonic()
         periodic = now - self.last >= PLAIN_REPORT_EVERY
-        for worker in status.workers:
-            if periodic or self.states.get(worker.name) != worker.state:
-                console.print(progress_line(worker), markup=False, highlight=False)
-            self.states[worker.name] = worker.state
+        changed = [w for w in status.workers if self.states.get(w.name) != w.state]
+        together = run_line(status)
+        shown = status.workers if periodic and together is None else changed
+        for worker in shown:
+            console.print(progress_line(worker), markup=False, highlight=False)
+        if periodic and together is not None and not changed:
+            console.print(together, markup=False, highlight=False)
+        self.states = {w.name: w.state for w in status.workers}
         if periodic:
             self.last = now
 
