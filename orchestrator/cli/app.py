@@ -110,6 +110,19 @@ class StoppedWatching(OrchestrateError):
         )
 
 
+class StillSupervised(OrchestrateError):
+    """Ctrl-C on a process that supervised a run: the supervision goes on, detached."""
+
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self, run_id: str, pid: int) -> None:
+        super().__init__(
+            f"stopped watching; run {run_id} stays supervised: a detached supervisor (pid {pid}) "
+            "restarts it when a worker fails",
+            hint="'orchestrate attach' re-enters the live view; 'orchestrate down' stops the run",
+        )
+
+
 def main() -> None:
     try:
         cli.main(standalone_mode=False, prog_name="orchestrate")

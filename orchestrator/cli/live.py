@@ -4,6 +4,9 @@ warm and its conclusion."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -13,7 +16,7 @@ from rich.live import Live
 from rich.text import Text
 
 from orchestrator.backends.base import Backend
-from orchestrator.cli.app import StoppedWatching, console, errors
+from orchestrator.cli.app import StillSupervised, StoppedWatching, console, errors
 from orchestrator.cli.render import kept_warm, problems, progress_line, run_line, status_table
 from orchestrator.cli.statustable import progress_bar
 from orchestrator.engine.goodput import run_account, summary
@@ -76,13 +79,19 @@ class PlainReporter:
             self.last = now
 
 
-def supervise_here(store: RunStore, backend: Backend, record: RunRecord, interval: float) -> None:
+def supervise_here(
+    store: RunStore, backend: Backend, record: RunRecord, interval: float, hand_over: bool = True
+) -> None:
+    """Supervise the run in this process until it ends. Ctrl-C stops watching, not supervising:
+    with `hand_over` a detached supervisor takes the run over (a person at a terminal expects
+    the run to stay looked after, as `up -d`'s is)."""
     lock = SupervisorLock(store.lock_path(record.run_id))
     if not lock.acquire():
         raise RunStateError(
             f"run {record.run_id} is already supervised by another process",
             hint="'orchestrate attach' shows its live view",
         )
+    interrupted = False
     try:
         with view() as (show, say):
             supervisor = Supervisor(store, backend, record, show=show, say=say, interval=interval)
@@ -93,12 +102,42 @@ def supervise_here(store: RunStore, backend: Backend, record: RunRecord, interva
                     epilogue(store.load(record.run_id), supervisor.last_status, backend)
                 raise
     except KeyboardInterrupt:
-        raise StoppedWatching() from None
+        interrupted = True
     finally:
-        lock.release()
+        lock.release()  # before the hand-over: the detached supervisor takes this lock
+    if interrupted:
+        raise hand_over_supervision(store, record.run_id) if hand_over else StoppedWatching()
     ended = store.load(record.run_id)
     epilogue(ended, final, backend)
     finish(final, ended)
+
+
+def hand_over_supervision(store: RunStore, run_id: str) -> OrchestrateError:
+    """After Ctrl-C: a detached supervisor for the run, unless it gave up or was stopped
+    meanwhile (one started for a run that has just succeeded ends at its first look). A second
+    Ctrl-C while it starts is ignored (it would leave the run with no supervisor)."""
+    record = store.load(run_id)
+    if record.outcome is not None or record.stop_requested:
+        return StoppedWatching()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return StillSupervised(run_id, spawn_supervisor(store, run_id))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def spawn_supervisor(store: RunStore, run_id: str) -> int:
+    """The detached `orchestrate supervise RUN_ID`: its own session, so it outlives this
+    command and its terminal; its output goes to the run's log in the state directory. It
+    inherits this environment: the job's secret_env values for restarts live there, in memory."""
+    with store.open_private(store.log_path(run_id), append=True) as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "--state-dir", str(store.root.resolve()),
+             "supervise", run_id],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    return process.pid
 
 
 def epilogue(record: RunRecord, final: RunStatus | None, backend: Backend) -> None:
