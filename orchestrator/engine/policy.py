@@ -2,7 +2,8 @@
 stall, an exit, a preemption), how long its survivors may take to stop, whether a failure ends
 the run or is worth a restart, the backoff, and the words that conclude a run.
 
-A failure with the signature of the previous one (same worker, same kind, same step), a
+A failure with the signature of the previous one (the same kind at the same step; of the same
+worker too where the kind is about a machine, failures.same_failure), a
 deterministic kind, or an exit code the job marks permanent ends the run at once instead of
 looping (failures.py decides). A preemption (every worker saved and exited 75) spends no
 restart: where the backend resubmits preempted attempts (Slurm) the next attempt is submitted
