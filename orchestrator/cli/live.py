@@ -19,6 +19,8 @@ from orchestrator.backends.base import Backend
 from orchestrator.cli.app import StillSupervised, StoppedWatching, console, errors
 from orchestrator.cli.render import kept_warm, problems, progress_line, run_line, status_table
 from orchestrator.cli.statustable import progress_bar
+from orchestrator.engine.advice import goodput_advice
+from orchestrator.engine.exports import chief_export_dir, export_is_remote
 from orchestrator.engine.goodput import run_account, summary
 from orchestrator.engine.locks import SupervisorLock
 from orchestrator.engine.policy import conclude
@@ -141,10 +143,16 @@ def spawn_supervisor(store: RunStore, run_id: str) -> int:
 
 
 def epilogue(record: RunRecord, final: RunStatus | None, backend: Backend) -> None:
-    """The run's goodput, and what it leaves running: its standbys kept warm (the hosts'
-    own listing; a host not answering lists none)."""
-    errors.print(summary(run_account(record, final, time.time())), markup=False,
-                 highlight=False)  # fmt: skip
+    """The run's goodput and what it advises, where its exported model is, and what it leaves
+    running: its standbys kept warm (the hosts' own listing; a host not answering lists none)."""
+    account = run_account(record, final, time.time())
+    errors.print(summary(account), markup=False, highlight=False)
+    for line in goodput_advice(account, record.inventory.job):
+        errors.print(f"  advice: {line}", markup=False, highlight=False)
+    if final is not None and final.state is WorkerState.SUCCEEDED:
+        exported = export_line(record, backend)
+        if exported:
+            errors.print(exported, markup=False, highlight=False)
     if backend.keeper is None:  # a backend that keeps no standbys (Slurm)
         return
     try:
@@ -154,6 +162,18 @@ def epilogue(record: RunRecord, final: RunStatus | None, backend: Backend) -> No
     warm = kept_warm(standbys)
     if warm:
         errors.print(warm, markup=False, highlight=False)
+
+
+def export_line(record: RunRecord, backend: Backend) -> str | None:
+    """Where the job's exported model is (job.export), and how to fetch it from a remote chief."""
+    if record.inventory.job.export is None:
+        return None
+    chief = record.workers[0]
+    where = chief_export_dir(chief)
+    if export_is_remote(record, backend):
+        return printable(f"exported model: {where} on {chief.host.name} ('orchestrate "
+                         "pull-export' copies it here)")  # fmt: skip
+    return printable(f"exported model: {where}")
 
 
 def finish(final: RunStatus, record: RunRecord) -> None:
