@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.contract import EXIT_PREEMPTED, STRATEGY_PS
+from orchestrator.engine.excerpt import excerpt
 from orchestrator.engine.failures import (
     Failure,
     FailureKind,
@@ -409,9 +410,10 @@ def failure_report(status: RunStatus) -> str:
     advice = explain(failure.kind, worker.log_tail)
     if advice:
         lines.append(f"what to do: {advice}")
-    if worker.log_tail:
+    shown = excerpt(worker.log_tail)
+    if shown:
         lines.append(f"last lines of {worker.name}'s log:")
-        lines.extend(f"  {line}" for line in worker.log_tail[-10:])
+        lines.extend(f"  {line}" for line in shown)
     return "\n".join(lines)
 
 
@@ -427,7 +429,8 @@ def give_up_message(
     advice = explain(failure.kind, log_tail)
     if advice:
         lines.append(f"what to do: {advice}")
-    if log_tail:
+    shown = excerpt(log_tail, len(log_tail))
+    if shown:
         lines.append(f"last lines of {failure.worker}'s log:")
-        lines.extend(f"  {line}" for line in log_tail)
+        lines.extend(f"  {line}" for line in shown)
     return "\n".join(lines)

@@ -220,6 +220,19 @@ def test_keras3_fit_reports_its_progress_through_the_callback(cli: Cli) -> None:
     assert "keras 3." in cli("tail", "-n", "50", check=True).stdout
 
 
+def test_a_failures_excerpt_leaves_tensorflows_start_up_noise_out(cli: Cli) -> None:
+    # TF_CPP_MIN_LOG_LEVEL as a user has it (unset: 0), so TensorFlow prints its CUDA lines.
+    inventory = script_inventory(cli, "fails_after_import.py", hosts=1, max_restarts=0,
+                                 env={"TF_CPP_MIN_LOG_LEVEL": "0"})  # fmt: skip
+    result = cli("up", "--skip-checks", str(inventory), timeout=240)
+    assert result.returncode == 1, result.stderr
+    assert "ValueError: bad batch shape at step 5" in result.stderr
+    logs = cli("tail", "-n", "50", check=True).stdout
+    assert "cudart_stub.cc" in logs or "cpu_feature_guard" in logs  # the noise was there
+    for noise in ("cudart_stub.cc", "cpu_feature_guard", "oneDNN", "cuInit", "InitializeLog"):
+        assert noise not in result.stderr, result.stderr
+
+
 def test_missing_user_module_points_at_files_and_is_not_retried(cli: Cli) -> None:
     inventory = script_inventory(cli, "missing_module.py", max_restarts=3)
     result = cli("up", "--skip-checks", str(inventory), timeout=120)
