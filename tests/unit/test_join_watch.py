@@ -127,7 +127,7 @@ SHIPPED = {
                  ("contract", "protocol", "safefiles", "rundir", "control", "files", "procwatch",
                   "minder", "standbypolicy", "standbys")),
     "hostprobe.py": (lambda: host_program("hostprobe.py"),
-                     ("contract", "perfprobe", "protocol", "workerpath")),
+                     ("contract", "protocol", "perfprobe", "workerpath")),
     "leases.py": (lambda: host_program("leases.py"),
                   ("claims", "contract", "leasepolicy", "protocol", "safefiles", "leasedir",
                    "leasequeue", "rundir")),
