@@ -135,13 +135,13 @@ def standby_summary(name, standby, now, rss_bytes):
     until = standby.get("until")
     return {
         protocol.NAME_KEY: name,
-        protocol.PID_KEY: standby.get("pid"),
-        protocol.WORKER_PID_KEY: standby.get("worker_pid"),
+        protocol.PID_KEY: standby.get(protocol.PID_KEY),
+        protocol.WORKER_PID_KEY: standby.get(protocol.WORKER_PID_KEY),
         protocol.RUN_ID_KEY: os.path.basename(rundir.run_of(standby.get(protocol.BACKS_KEY) or "")),
         protocol.BACKS_KEY: standby.get(protocol.BACKS_KEY),
         protocol.LINGERING_KEY: until is not None,
         protocol.LEFT_S_KEY: None if until is None else max(0.0, until - now),
-        protocol.READY_KEY: bool(standby.get("ready")),
+        protocol.READY_KEY: bool(standby.get(protocol.READY_KEY)),
         protocol.RSS_BYTES_KEY: rss_bytes,
         protocol.STARTED_AT_KEY: standby.get(protocol.STARTED_AT_KEY),
     }

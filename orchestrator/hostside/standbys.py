@@ -98,7 +98,7 @@ def cmd_standbys(request):
             for name in sorted(os.listdir(root)):
                 state = standby_state(os.path.join(root, name))
                 if state is not None and state["alive"]:
-                    rss = _rss_bytes([state["pid"], state.get("worker_pid")])
+                    rss = _rss_bytes([state[protocol.PID_KEY], state.get(protocol.WORKER_PID_KEY)])
                     found.append(policy.standby_summary(name, state, now, rss))
         listing[job] = found
     return {protocol.NOW_KEY: now, protocol.STANDBYS_KEY: listing}
@@ -187,7 +187,7 @@ def hand_to_standby(run_dir, spec, secrets):
     if why is not None:
         _kill_standby(sdir)
         return None, why
-    pid = standby["pid"]
+    pid = standby[protocol.PID_KEY]
     try:  # the claim: exactly one launch gets a standby
         os.replace(os.path.join(sdir, rundir.SPEC_FILE), os.path.join(sdir, rundir.CLAIMED_FILE))
         fifo = _open_handover(os.path.join(sdir, rundir.HANDOVER_FIFO))
