@@ -132,7 +132,7 @@ SHIPPED = {
                   ("claims", "contract", "leasepolicy", "protocol", "safefiles", "leasedir",
                    "leasequeue", "rundir")),
     "launcher.py": (lambda: script.LAUNCHER_SOURCE,
-                    ("contract", "procwatch", "safefiles", "rundir")),
+                    ("contract", "procwatch", "protocol", "safefiles", "rundir")),
     "pod_launcher.py": (lambda: trainjob.LAUNCHER_SOURCE, ("contract",)),
 }  # fmt: skip
 CARRIED = sorted({module for _, needed in SHIPPED.values() for module in needed})

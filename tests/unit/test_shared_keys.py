@@ -24,7 +24,9 @@ Controller/host: 124 before (issue 55 counted 123); 103 with the probe record, t
 exit record and the standby listing declared in protocol.py and rundir.py; 68 with the launch
 request, the standby request, the verbs' request fields, info's answer and the host probe's
 requests and answers there too; 23 with the lease program's requests, answers, lease records
-and tickets declared in hostside/leasepolicy.py. Left: the Slurm plan.
+and tickets declared in hostside/leasepolicy.py; 9 with the Slurm plan declared in
+hostside/slurm_launcher.py (its tasks with the launch spec's keys) and TF_CONFIG's keys read by
+contract.py's names in the launcher and procwatch.py.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ DECLARED = (ORCHESTRATOR / "contract.py", HOSTSIDE / "protocol.py")
 
 # The most keys spelled on both sides; lower it when a record moves (never raise it).
 MAX_CONTROLLER_WORKER = 3
-MAX_CONTROLLER_HOST = 23
+MAX_CONTROLLER_HOST = 9
 
 
 def _key_literals(node: ast.AST) -> list[ast.expr | None]:
