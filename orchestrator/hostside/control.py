@@ -357,9 +357,8 @@ def cmd_watch(request):
     input) ends the wait at once with {"changed": false, "woken": true}: the controller's stop
     request does not wait out a long watch."""
     deadline = time.monotonic() + min(float(request.get(protocol.TIMEOUT_KEY) or 0), 60.0)
-    running = list(
-        map(rundir.expand, request[protocol.RUN_DIRS_KEY])
-    )  # the ones the controller saw running
+    # the ones the controller saw running
+    running = list(map(rundir.expand, request[protocol.RUN_DIRS_KEY]))
     if not all(map(_running, running)):
         return {protocol.CHANGED_KEY: True}  # ended since the controller last looked
     lines = protocol.RequestLines.serving

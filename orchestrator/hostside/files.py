@@ -94,9 +94,8 @@ def cmd_files(request):
 def cmd_make_dirs(request):
     """Create the directories (parents too) and the private ones (0700) before files are
     copied in: no shell command per host."""
-    rundir.make_private_dirs(
-        request.get(protocol.PRIVATE_DIRS_KEY, [])
-    )  # first: checked before any is used
+    # first: checked before any is used
+    rundir.make_private_dirs(request.get(protocol.PRIVATE_DIRS_KEY, []))
     for path in request.get(protocol.DIRECTORIES_KEY, []):
         os.makedirs(rundir.expand(path), exist_ok=True)
     return {"made": True}

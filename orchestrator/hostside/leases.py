@@ -418,10 +418,8 @@ def cmd_list(request):
     ours = leasedir.netns()
     for record in live:
         record.pop(policy.FILE_KEY, None)
-        record[policy.HERE_KEY] = record[policy.NETNS_KEY] in (
-            "",
-            ours,
-        )  # else another namespace's: it blocks
+        # else another namespace's: it blocks
+        record[policy.HERE_KEY] = record[policy.NETNS_KEY] in ("", ours)
     tickets, bad = leasedir.scan_tickets(lease_dir)
     for ticket in tickets:
         ticket.pop(policy.FILE_KEY, None)

@@ -27,7 +27,7 @@ The agent (agent.py) and its fields:
 The host probe (hostprobe.py), each with the check's spec as its fields:
   inspect  connect  cleanup             the preflight's rounds
   compute  sink  send                   `check --perf`'s
-The lease program (leases.py):
+The lease program (leases.py; every key of its requests, answers and files: leasepolicy.py):
   acquire lease_dir run_id job controller idle workers [dry_run ticket]
   release lease_dir run_id   list lease_dir   withdraw lease_dir run_id
 A `wake` line is no request and gets no answer: it ends a watch that waits. A request's `id`

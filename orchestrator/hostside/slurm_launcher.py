@@ -277,9 +277,8 @@ def main():
         return 3
     roles = [t[ROLE_KEY] for t in plan[TASKS_KEY]] if ROLE_KEY in task else None
     config = tf_config(nodes, plan[PORT_KEY], index, roles)
-    config[contract.TF_TASK][contract.TF_INDEX] = task.get(
-        TASK_INDEX_KEY, config[contract.TF_TASK][contract.TF_INDEX]
-    )  # the launch's
+    tf_task = config[contract.TF_TASK]
+    tf_task[contract.TF_INDEX] = task.get(TASK_INDEX_KEY, tf_task[contract.TF_INDEX])  # launch's
     _write_json(os.path.join(run_dir, rundir.TF_CONFIG_FILE), config)
     env = _worker_env(task, fill, config)
     missing = [name for name in plan.get(SECRET_ENV_KEY, []) if name not in os.environ]
