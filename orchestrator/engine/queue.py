@@ -24,6 +24,7 @@ from orchestrator.backends.base import Backend, Leased
 from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.engine.runstore import RunStore, atomic_write
 from orchestrator.errors import LeaseClash, OrchestrateError
+from orchestrator.hostside import leasepolicy as policy
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.leases import queue_reason
 
@@ -72,8 +73,13 @@ def controller_ticket(arrival: float) -> dict[str, Any]:
         pidns = os.readlink("/proc/self/ns/pid")
     except OSError:
         boot = pidns = ""
-    return {"arrival": arrival, "pid": os.getpid(), "starttime": process_start(os.getpid()) or 0,
-            "boot_id": boot, "pidns": pidns}  # fmt: skip
+    return {
+        policy.ARRIVAL_KEY: arrival,
+        policy.PID_KEY: os.getpid(),
+        policy.STARTTIME_KEY: process_start(os.getpid()) or 0,
+        policy.BOOT_ID_KEY: boot,
+        policy.PIDNS_KEY: pidns,
+    }
 
 
 def pending(store: RunStore) -> Pending | None:
@@ -136,8 +142,8 @@ def wait_for_leases(
                     return backend.leasing.take_leases(inventory, run_id, ticket=ticket)
                 except LeaseClash as clash:
                     reason = queue_reason(clash.clashes)
-                entry = Pending(run_id, inventory.job.name, arrival, reason, ticket["pid"],
-                                ticket["starttime"])  # fmt: skip
+                entry = Pending(run_id, inventory.job.name, arrival, reason, ticket[policy.PID_KEY],
+                                ticket[policy.STARTTIME_KEY])  # fmt: skip
                 atomic_write(path, json.dumps(entry.to_json()))
                 on_wait(reason, arrival)
                 time.sleep(poll)

@@ -47,9 +47,9 @@ else:  # shipped: hostside/bundle.py carries them in front of this file's source
 
 def cmd_info(_request):
     return {
-        "home": os.path.expanduser("~"),
-        "hostname": socket.gethostname(),
-        "python": sys.version.split()[0],
+        protocol.HOME_KEY: os.path.expanduser("~"),
+        protocol.HOSTNAME_KEY: socket.gethostname(),
+        protocol.PYTHON_KEY: sys.version.split()[0],
         "executable": sys.executable,
     }
 
@@ -57,17 +57,17 @@ def cmd_info(_request):
 def cmd_launch(request):
     """Create the run directory and start the worker: warm (the slot's standby takes it) or
     cold (a new minder)."""
-    spec = dict(request["spec"])
+    spec = dict(request[protocol.SPEC_KEY])
     minder.withhold(spec)
-    secrets = spec.pop("secret_env", None) or {}
+    secrets = spec.pop(protocol.SECRET_ENV_KEY, None) or {}
     spec["secret_names"] = sorted(secrets)  # names only, to scrub their values from exit.json
-    run_dir = rundir.expand(spec["run_dir"])
-    rundir.make_private_dirs(spec.get("private_dirs") or [run_dir])
+    run_dir = rundir.expand(spec[protocol.RUN_DIR_KEY])
+    rundir.make_private_dirs(spec.get(protocol.PRIVATE_DIRS_KEY) or [run_dir])
     if os.path.exists(os.path.join(run_dir, rundir.STOP_FILE)):
         # A launch that arrives after its run was stopped (its controller died mid-launch and
         # the attempt was stopped meanwhile) must not start a worker nobody waits for.
         raise RuntimeError(f"{run_dir} was stopped before this launch arrived")
-    safefiles.write_json(os.path.join(run_dir, rundir.TF_CONFIG_FILE), spec["tf_config"])
+    safefiles.write_json(os.path.join(run_dir, rundir.TF_CONFIG_FILE), spec[protocol.TF_CONFIG_KEY])
     safefiles.write_json(os.path.join(run_dir, rundir.SPEC_FILE), spec)
     agent_path = os.path.join(run_dir, rundir.AGENT_FILE)
     safefiles.write_text(agent_path, spec["agent_source"])
@@ -76,18 +76,23 @@ def cmd_launch(request):
         pid, cold_reason = standbys.hand_to_standby(run_dir, spec, secrets)
         if pid is not None:
             safefiles.write_text(os.path.join(run_dir, rundir.PID_FILE), str(pid))
-            return {protocol.PID_KEY: pid, "run_dir": run_dir, "warm": True}
+            return {protocol.PID_KEY: pid, protocol.RUN_DIR_KEY: run_dir, protocol.WARM_KEY: True}
         if cold_reason not in (None, "no standby", "warm restarts are off"):
             rundir.log_line(run_dir, f"orchestrate: cold start: {cold_reason}")
     # The minder carries the run's variables too, so every process of a run is findable.
     # The secrets live here, in its environment (readable by this account only), and reach
     # the worker from it: no file on the host ever holds them.
-    env = dict(os.environ, **spec["env"], **secrets)
+    env = dict(os.environ, **spec[protocol.ENV_KEY], **secrets)
     argv = protocol.minder_argv(sys.executable, agent_path, run_dir)
     # spawn point: the run's minder, `agent.py supervise RUN_DIR`, detached
     pid = minder.spawn_daemon(argv, env, os.path.join(run_dir, rundir.WORKER_LOG))
     safefiles.write_text(os.path.join(run_dir, rundir.PID_FILE), str(pid))
-    return {protocol.PID_KEY: pid, "run_dir": run_dir, "warm": False, "cold_reason": cold_reason}
+    return {
+        protocol.PID_KEY: pid,
+        protocol.RUN_DIR_KEY: run_dir,
+        protocol.WARM_KEY: False,
+        "cold_reason": cold_reason,
+    }
 
 
 VERBS = {

@@ -132,7 +132,7 @@ def average_percent(cpu_seconds, age):
 
 def cmd_probe(request):
     probes = {}
-    for run_dir in request["run_dirs"]:
+    for run_dir in request[protocol.RUN_DIRS_KEY]:
         path = rundir.expand(run_dir)
         pid = rundir.read_int(os.path.join(path, rundir.PID_FILE))
         stop_path = os.path.join(path, rundir.STOP_FILE)
@@ -167,9 +167,9 @@ def cmd_stop(request):
     """SIGTERM each run's process group (its minder and worker), SIGKILL what is left after
     `grace`; a run not started yet gets its stop_requested, so a launch still on its way is
     refused when it arrives."""
-    grace = float(request.get("grace", 10.0))
+    grace = float(request.get(protocol.GRACE_KEY, 10.0))
     by = str(request.get("by") or "by orchestrate down")
-    run_dirs = request["run_dirs"]
+    run_dirs = request[protocol.RUN_DIRS_KEY]
     groups, known = {}, {}
     for run_dir in run_dirs:
         path = rundir.expand(run_dir)
@@ -271,7 +271,7 @@ def cmd_stacks(request):
     signal): `offsets` are the sizes before it, from a request with `mark`. Per run directory
     {"stacks": TEXT} (and "native" with `native`, py-spy's), or {"error": WHY}: all within
     `wait` seconds together."""
-    run_dirs = request["run_dirs"]
+    run_dirs = request[protocol.RUN_DIRS_KEY]
     files = {r: os.path.join(rundir.expand(r), rundir.STACKS_FILE) for r in run_dirs}
     if request.get("mark"):
         return {protocol.OFFSETS_KEY: {r: _size(f) for r, f in files.items()}}
@@ -356,8 +356,9 @@ def cmd_watch(request):
     no pidfd covers. Served in a session, the next line on its input (a `wake`, or the end of
     input) ends the wait at once with {"changed": false, "woken": true}: the controller's stop
     request does not wait out a long watch."""
-    deadline = time.monotonic() + min(float(request.get("timeout") or 0), 60.0)
-    running = list(map(rundir.expand, request["run_dirs"]))  # the ones the controller saw running
+    deadline = time.monotonic() + min(float(request.get(protocol.TIMEOUT_KEY) or 0), 60.0)
+    # the ones the controller saw running
+    running = list(map(rundir.expand, request[protocol.RUN_DIRS_KEY]))
     if not all(map(_running, running)):
         return {protocol.CHANGED_KEY: True}  # ended since the controller last looked
     lines = protocol.RequestLines.serving

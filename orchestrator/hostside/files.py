@@ -64,7 +64,7 @@ def cmd_checkpoint(request):
 def cmd_adopt_checkpoint(request):
     """Make `name` (its files already copied in) the latest checkpoint of the directory, with
     `checkpoints` the ones listed before it."""
-    directory, name = rundir.expand(request["directory"]), request["name"]
+    directory, name = rundir.expand(request["directory"]), request[protocol.NAME_KEY]
     names = [n for n in request.get("checkpoints", [name]) if n != name] + [name]
     state = os.path.join(directory, STATE_FILE)
     umask = os.umask(0)
@@ -94,7 +94,8 @@ def cmd_files(request):
 def cmd_make_dirs(request):
     """Create the directories (parents too) and the private ones (0700) before files are
     copied in: no shell command per host."""
-    rundir.make_private_dirs(request.get("private_dirs", []))  # first: checked before any is used
-    for path in request.get("directories", []):
+    # first: checked before any is used
+    rundir.make_private_dirs(request.get(protocol.PRIVATE_DIRS_KEY, []))
+    for path in request.get(protocol.DIRECTORIES_KEY, []):
         os.makedirs(rundir.expand(path), exist_ok=True)
     return {"made": True}

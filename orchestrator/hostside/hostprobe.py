@@ -101,11 +101,11 @@ def _directory(path):
         existing = os.path.dirname(existing)
     usage = shutil.disk_usage(existing)
     return {
-        "path": path,
-        "exists": os.path.isdir(path),
-        "writable": os.access(existing, os.W_OK | os.X_OK),
-        "checked": existing,
-        "free_bytes": usage.free,
+        protocol.PATH_KEY: path,
+        protocol.EXISTS_KEY: os.path.isdir(path),
+        protocol.WRITABLE_KEY: os.access(existing, os.W_OK | os.X_OK),
+        protocol.CHECKED_KEY: existing,
+        protocol.FREE_BYTES_KEY: usage.free,
     }
 
 
@@ -176,7 +176,7 @@ def _holder(port):
                 continue
             with open(f"/proc/{pid}/cmdline", "rb") as handle:
                 command = handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-            holder = {"pid": int(pid), "command": command[:300]}
+            holder = {protocol.PID_KEY: int(pid), protocol.COMMAND_KEY: command[:300]}
             with open(f"/proc/{pid}/environ", "rb") as handle:
                 environ = dict(
                     item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item
@@ -249,19 +249,21 @@ def _boot_id():
 
 def cmd_inspect(spec):
     report = {
-        "python": sys.version.split()[0],
-        "packages": _versions(spec["packages"]),
-        "env": {k: os.environ[k] for k in PROXY_VARIABLES if os.environ.get(k)},
-        "directories": [_directory(path) for path in spec["directories"]],
+        protocol.PYTHON_KEY: sys.version.split()[0],
+        protocol.PACKAGES_KEY: _versions(spec[protocol.PACKAGES_KEY]),
+        protocol.ENV_KEY: {k: os.environ[k] for k in PROXY_VARIABLES if os.environ.get(k)},
+        protocol.DIRECTORIES_KEY: [_directory(path) for path in spec[protocol.DIRECTORIES_KEY]],
     }
-    pid, error = _start_listener(spec["port"], spec["listen_seconds"])
+    pid, error = _start_listener(spec[protocol.PORT_KEY], spec[protocol.LISTEN_SECONDS_KEY])
     if pid:
         LISTENERS.append(pid)  # stopped at end of input at the latest
-    report["listener_pid"] = pid
-    report["port_error"] = os.strerror(error) if error else None
-    report["holder"] = _holder(spec["port"]) if error == errno.EADDRINUSE else None
-    report["boot_id"] = _boot_id()
-    token = spec.get("token")
+    report[protocol.LISTENER_PID_KEY] = pid
+    report[protocol.PORT_ERROR_KEY] = os.strerror(error) if error else None
+    report[protocol.HOLDER_KEY] = (
+        _holder(spec[protocol.PORT_KEY]) if error == errno.EADDRINUSE else None
+    )
+    report[protocol.BOOT_ID_KEY] = _boot_id()
+    token = spec.get(protocol.TOKEN_KEY)
     if token:
         try:
             os.makedirs(os.path.dirname(token), exist_ok=True)
@@ -280,13 +282,13 @@ UNREACHABLE = (errno.EHOSTUNREACH, errno.ENETUNREACH)
 def _outcome(code, detail, seconds):
     """A connect's end as the controller reads it: ok, refused, unreachable, error."""
     if code == 0:
-        outcome = {"status": "ok"}
+        outcome = {protocol.STATUS_KEY: "ok"}
     elif code == errno.ECONNREFUSED:
-        outcome = {"status": "refused"}
+        outcome = {protocol.STATUS_KEY: "refused"}
     else:
         status = "unreachable" if code in UNREACHABLE else "error"
-        outcome = {"status": status, "detail": detail or os.strerror(code)}
-    outcome["seconds"] = round(seconds, 3)
+        outcome = {protocol.STATUS_KEY: status, protocol.DETAIL_KEY: detail or os.strerror(code)}
+    outcome[protocol.SECONDS_KEY] = round(seconds, 3)
     return outcome
 
 
@@ -295,15 +297,15 @@ def cmd_connect(spec):
     (63 peers per host, 4,032 connects) starts no thread per peer."""
     import selectors
 
-    timeout = spec["timeout"]
+    timeout = spec[protocol.TIMEOUT_KEY]
     results = {}
     pending = selectors.DefaultSelector()
     started = time.monotonic()
-    for peer in spec["peers"]:
-        name = peer["name"]
+    for peer in spec[protocol.PEERS_KEY]:
+        name = peer[protocol.NAME_KEY]
         try:
             family, kind, proto, _, address = socket.getaddrinfo(
-                peer["address"], peer["port"], type=socket.SOCK_STREAM
+                peer[protocol.ADDRESS_KEY], peer[protocol.PORT_KEY], type=socket.SOCK_STREAM
             )[0]
             sock = socket.socket(family, kind, proto)
         except OSError as exc:  # a name that does not resolve
@@ -326,11 +328,17 @@ def cmd_connect(spec):
             pending.unregister(sock)
             sock.close()
     for key in list(pending.get_map().values()):
-        results[key.data] = {"status": "timeout", "seconds": round(timeout, 3)}
+        results[key.data] = {
+            protocol.STATUS_KEY: "timeout",
+            protocol.SECONDS_KEY: round(timeout, 3),
+        }
         key.fileobj.close()
     pending.close()
-    token = spec.get("token")
-    return {"peers": results, "token_visible": os.path.exists(token) if token else None}
+    token = spec.get(protocol.TOKEN_KEY)
+    return {
+        protocol.PEERS_KEY: results,
+        protocol.TOKEN_VISIBLE_KEY: os.path.exists(token) if token else None,
+    }
 
 
 def _alive(pid):
@@ -342,13 +350,13 @@ def _alive(pid):
 
 
 def cmd_cleanup(spec):
-    pid = spec.get("listener_pid")
+    pid = spec.get(protocol.LISTENER_PID_KEY)
     if pid and _alive(pid):
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-    token = spec.get("token")
+    token = spec.get(protocol.TOKEN_KEY)
     if token and os.path.exists(token):
         os.remove(token)
     return {"listener_left": bool(pid) and _alive(pid)}
@@ -362,7 +370,7 @@ VERBS = {protocol.INSPECT: cmd_inspect, protocol.CONNECT: cmd_connect,
 def serve(lines, out):
     protocol.serve(lines, out, VERBS)
     for pid in LISTENERS:  # end of input: the controller is done, or gone
-        cmd_cleanup({"listener_pid": pid})
+        cmd_cleanup({protocol.LISTENER_PID_KEY: pid})
     for server in perfprobe.SINKS:
         server.close()
     perfprobe.stop_computer()

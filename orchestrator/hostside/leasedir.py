@@ -170,8 +170,8 @@ def account(uid):
 
 
 def ignored_file(lease_dir, name, owner, why):
-    return {"file": os.path.join(lease_dir, name), "owner_uid": owner,
-            "owner_name": account(owner), "reason": why}  # fmt: skip
+    return {policy.FILE_KEY: os.path.join(lease_dir, name), policy.OWNER_UID_KEY: owner,
+            policy.OWNER_NAME_KEY: account(owner), policy.REASON_KEY: why}  # fmt: skip
 
 
 def scan(lease_dir):
@@ -195,7 +195,7 @@ def scan(lease_dir):
             continue
         path = os.path.join(lease_dir, name)
         with contextlib.suppress(OSError):
-            record["touched"] = os.lstat(path).st_mtime
+            record[policy.TOUCHED_KEY] = os.lstat(path).st_mtime
         if not (
             policy.record_alive(record, where, holders_of, process_of, now)
             or _own_keeper_lives(record, where)
@@ -205,7 +205,7 @@ def scan(lease_dir):
                     with contextlib.suppress(OSError):
                         os.remove(stale)
             continue
-        record["file"] = name
+        record[policy.FILE_KEY] = name
         live.append(record)
     return live, ignored + hostile_locks(lease_dir)
 
@@ -215,23 +215,26 @@ def _own_keeper_lives(record, where):
     its start time): its claims may not answer a look in time (a neighbour floods them with
     connections), yet its record is never thrown away under it."""
     return (
-        record["uid"] == os.getuid()
-        and record["keeper_start"] is not None
-        and (record["boot_id"], record["pidns"]) == where[:2]
-        and process_of(record["pid"]) == (record["uid"], record["keeper_start"])
+        record[policy.UID_KEY] == os.getuid()
+        and record[policy.KEEPER_START_KEY] is not None
+        and (record[policy.BOOT_ID_KEY], record[policy.PIDNS_KEY]) == where[:2]
+        and process_of(record[policy.PID_KEY])
+        == (record[policy.UID_KEY], record[policy.KEEPER_START_KEY])
     )
 
 
 def keeper_lives(record):
     """Whether the record's pid is its keeper still (this account's process, started when the
     keeper did): never signal a pid that came back as another process."""
-    found = process_of(record["pid"])
+    found = process_of(record[policy.PID_KEY])
     if found is None or found[0] != os.getuid():
         return False
-    if record["keeper_start"] is not None:
-        return found[1] == record["keeper_start"]
-    lock = os.path.join(record["lease_dir"], record["file"][: -len(".json")] + ".lock")
-    return holds_open(record["pid"], lock)  # an older keeper: it holds its lock file open
+    if record[policy.KEEPER_START_KEY] is not None:
+        return found[1] == record[policy.KEEPER_START_KEY]
+    lock = os.path.join(
+        record[policy.LEASE_DIR_KEY], record[policy.FILE_KEY][: -len(".json")] + ".lock"
+    )
+    return holds_open(record[policy.PID_KEY], lock)  # an older keeper: it holds its lock file open
 
 
 def holds_open(pid, path):
@@ -327,14 +330,17 @@ def scan_tickets(lease_dir):
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(lease_dir, name))
             continue
-        here_ = ticket["boot_id"] and (ticket["boot_id"], ticket["pidns"]) == where
+        here_ = (
+            ticket[policy.BOOT_ID_KEY]
+            and (ticket[policy.BOOT_ID_KEY], ticket[policy.PIDNS_KEY]) == where
+        )
         forged = policy.arrival_forged(
-            ticket, started_epoch(ticket["starttime"]) if here_ else None
+            ticket, started_epoch(ticket[policy.STARTTIME_KEY]) if here_ else None
         )
         if forged is not None:  # its process is seen here: alive, and started after it "arrived"
             ignored.append(ignored_file(lease_dir, name, owner, forged))
             continue
-        ticket["file"] = name
+        ticket[policy.FILE_KEY] = name
         live.append(ticket)
     return sorted(live, key=policy.order), ignored
 

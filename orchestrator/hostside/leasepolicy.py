@@ -21,6 +21,67 @@ NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")  # user, job, run id
 HOSTNAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,252}$")
 
 
+# --- the lease program's keys: its requests and answers (backends/hosts/leases.py writes and
+# model/leases.py reads them), its lease records and tickets (leases.py and leasequeue.py write
+# them, validate_record and validate_ticket read them): declared once, here.
+# acquire, release, list, withdraw: the request
+LEASE_DIR_KEY = "lease_dir"
+RUN_ID_KEY = "run_id"
+JOB_KEY = "job"
+CONTROLLER_KEY = "controller"  # the controller's host name
+IDLE_KEY = "idle"  # seconds a keeper lives after its controller stopped touching it
+DRY_RUN_KEY = "dry_run"
+TICKET_KEY = "ticket"  # queue for what is held: the ticket's ARRIVAL_KEY and process (below)
+WORKERS_KEY = "workers"  # each with NAME_KEY and the five below, PORT_KEY, RANGE_KEY, GPUS_KEY
+NAME_KEY = "name"
+KEEP_PORT_KEY = "keep_port"
+KEEP_GPUS_KEY = "keep_gpus"
+POOL_KEY = "pool"  # the GPUs a worker may take; a clash's: the pool it asked of
+SHARE_KEY = "share"
+# the answers: acquire's
+ASSIGNED_KEY = "assigned"  # per worker, its PORT_KEY and GPUS_KEY
+CLASHES_KEY = "clashes"
+QUEUED_KEY = "queued"
+IGNORED_KEY = "ignored"  # files that count for nothing (leasedir.ignored_file), and why
+# list's
+HOLDERS_KEY = "holders"  # the live records; a clash's: who holds what it could not take
+TICKETS_KEY = "tickets"
+HERE_KEY = "here"  # a record of this network namespace (else another's: it still blocks)
+# a lease record, a ticket (with UID_KEY, JOB_KEY, RUN_ID_KEY, CONTROLLER_KEY, BOOT_ID_KEY,
+# PIDNS_KEY and PID_KEY: the keeper's, or the queued controller's)
+USER_KEY = "user"
+UID_KEY = "uid"
+PID_KEY = "pid"
+SINCE_KEY = "since"
+PORTS_KEY = "ports"  # also a ticket's needs; a clash's kind
+GPUS_KEY = "gpus"  # also a worker's count, a pool's list; a clash's kind
+SHARED_GPUS_KEY = "shared_gpus"
+BOOT_ID_KEY = "boot_id"
+PIDNS_KEY = "pidns"
+NETNS_KEY = "netns"
+KEEPER_START_KEY = "keeper_start"
+TOUCHED_KEY = "touched"
+FILE_KEY = "file"  # its file's name (an ignored one's: its path)
+ARRIVAL_KEY = "arrival"  # a ticket's
+SEEN_KEY = "seen"
+STARTTIME_KEY = "starttime"
+NEEDS_KEY = "needs"  # PORTS_KEY and POOLS_KEY
+POOLS_KEY = "pools"  # each with GPUS_KEY and COUNT_KEY
+COUNT_KEY = "count"
+# a clash (clash, queue_clash; with HOLDERS_KEY, PORT_KEY, RANGE_KEY, and in acquire POOL_KEY)
+WORKER_KEY = "worker"
+KIND_KEY = "kind"
+PORT_KEY = "port"
+RANGE_KEY = "range"
+UNKNOWN_KEY = "unknown"  # held, by a claim of no live record
+UNKNOWN_UIDS_KEY = "unknown_uids"
+WANTED_GPUS_KEY = "wanted_gpus"
+# an ignored file
+OWNER_UID_KEY = "owner_uid"
+OWNER_NAME_KEY = "owner_name"
+REASON_KEY = "reason"
+
+
 def port_candidates(keep, low, high):
     """The ports to try for `port: auto`, in order: the run's own one first (a restart keeps
     it), then the range from its low end."""
@@ -51,12 +112,12 @@ def moment(value, now):
 
 def claims_owner(data, owner_uid, owner_name, uid_in_name):
     """Why the file's uid or user is not its owner's, or None. Pure."""
-    uid = data.get("uid")
+    uid = data.get(UID_KEY)
     whole = isinstance(uid, int) and not isinstance(uid, bool)
     if not whole or uid != owner_uid or str(uid) != uid_in_name:
         return f"claims uid {uid!r} but belongs to uid {owner_uid}"
-    if owner_name is not None and data.get("user") != owner_name:
-        return f"claims user {data.get('user')!r} but belongs to {owner_name}"
+    if owner_name is not None and data.get(USER_KEY) != owner_name:
+        return f"claims user {data.get(USER_KEY)!r} but belongs to {owner_name}"
     return None
 
 
@@ -83,33 +144,33 @@ def validate_record(data, owner_uid, file_name, owner_name=None, now=None):
         return None, forged
     uid = owner_uid
     record = {
-        "user": text("user", NAME),
-        "uid": uid,
-        "job": text("job", NAME),
-        "run_id": text("run_id", NAME),
-        "controller": text("controller", HOSTNAME),
-        "pid": whole(data.get("pid"), 1, 2**31),
+        USER_KEY: text(USER_KEY, NAME),
+        UID_KEY: uid,
+        JOB_KEY: text(JOB_KEY, NAME),
+        RUN_ID_KEY: text(RUN_ID_KEY, NAME),
+        CONTROLLER_KEY: text(CONTROLLER_KEY, HOSTNAME),
+        PID_KEY: whole(data.get(PID_KEY), 1, 2**31),
     }
     for key, value in record.items():
         if value is None:
             return None, f"{key} is missing or malformed"
-    if record["run_id"] != match.group(2):
+    if record[RUN_ID_KEY] != match.group(2):
         return None, "its run id differs from its name's"
-    record["since"] = moment(data.get("since"), now)
-    if record["since"] is None:
-        return None, f"since is missing, malformed or out of range ({data.get('since')!r})"
-    for key, high in (("ports", 65535), ("gpus", 4095)):
+    record[SINCE_KEY] = moment(data.get(SINCE_KEY), now)
+    if record[SINCE_KEY] is None:
+        return None, f"since is missing, malformed or out of range ({data.get(SINCE_KEY)!r})"
+    for key, high in ((PORTS_KEY, 65535), (GPUS_KEY, 4095)):
         values = data.get(key)
         if not isinstance(values, list) or len(values) > 1024:
             return None, f"{key} is not a list"
-        if any(whole(v, 0 if key == "gpus" else 1, high) is None for v in values):
+        if any(whole(v, 0 if key == GPUS_KEY else 1, high) is None for v in values):
             return None, f"{key} holds a value that is no {key[:-1]}"
         record[key] = sorted(set(values))
-    record["shared_gpus"] = data.get("shared_gpus") is True
-    for key in ("boot_id", "pidns", "netns"):  # where its keeper runs; "" from an older one
+    record[SHARED_GPUS_KEY] = data.get(SHARED_GPUS_KEY) is True
+    for key in (BOOT_ID_KEY, PIDNS_KEY, NETNS_KEY):  # where its keeper runs; "" from an older one
         value = data.get(key)
         record[key] = value if isinstance(value, str) and len(value) <= 64 else ""
-    record["keeper_start"] = whole(data.get("keeper_start"), 0, 2**63)
+    record[KEEPER_START_KEY] = whole(data.get(KEEPER_START_KEY), 0, 2**63)
     return record, None
 
 
@@ -123,19 +184,21 @@ def record_alive(record, here, holders_of, process_of, now):
     pid namespace; elsewhere the record lives while its keeper touches it (`record["touched"]`,
     RECORD_TTL). `here`: this machine's boot id, pid and network namespace. Pure."""
     boot, pidns, netns = here
-    resources = [("ports", n) for n in record["ports"]] + [("gpus", n) for n in record["gpus"]]
+    resources = [(PORTS_KEY, n) for n in record[PORTS_KEY]] + [
+        (GPUS_KEY, n) for n in record[GPUS_KEY]
+    ]
     if not resources:
         return False  # a keeper holds at least one claim
-    if (record["boot_id"] and record["boot_id"] != boot) or (
-        record["netns"] and record["netns"] != netns
+    if (record[BOOT_ID_KEY] and record[BOOT_ID_KEY] != boot) or (
+        record[NETNS_KEY] and record[NETNS_KEY] != netns
     ):
-        if record["boot_id"] == boot and record["pidns"] == pidns and record["keeper_start"]:
-            return process_of(record["pid"]) == (record["uid"], record["keeper_start"])
-        return now - record.get("touched", 0.0) <= RECORD_TTL
-    same_pids = record["keeper_start"] is not None and record["pidns"] == pidns
+        if record[BOOT_ID_KEY] == boot and record[PIDNS_KEY] == pidns and record[KEEPER_START_KEY]:
+            return process_of(record[PID_KEY]) == (record[UID_KEY], record[KEEPER_START_KEY])
+        return now - record.get(TOUCHED_KEY, 0.0) <= RECORD_TTL
+    same_pids = record[KEEPER_START_KEY] is not None and record[PIDNS_KEY] == pidns
     for kind, number in resources:
         if not any(
-            uid == record["uid"] and (pid == record["pid"] or not same_pids)
+            uid == record[UID_KEY] and (pid == record[PID_KEY] or not same_pids)
             for pid, uid in holders_of(kind, number)
         ):
             return False
@@ -148,10 +211,10 @@ def never_served(ticket, machine_gpus):
     asked), or None. Pure."""
     if machine_gpus is None:
         return None
-    for pool in ticket["needs"]["pools"]:
-        have = len(set(pool["gpus"]) & set(machine_gpus))
-        if pool["count"] > have:
-            return (f"asks for {pool['count']} GPUs of a pool of which this host has {have}: "
+    for pool in ticket[NEEDS_KEY][POOLS_KEY]:
+        have = len(set(pool[GPUS_KEY]) & set(machine_gpus))
+        if pool[COUNT_KEY] > have:
+            return (f"asks for {pool[COUNT_KEY]} GPUs of a pool of which this host has {have}: "
                     "it could never be served")  # fmt: skip
     return None
 
@@ -159,9 +222,9 @@ def never_served(ticket, machine_gpus):
 def arrival_forged(ticket, started):
     """Why a ticket's arrival cannot be true (before its process started: `started`, seconds
     since the epoch, None where its process cannot be seen from here), or None. Pure."""
-    if started is None or ticket["arrival"] >= started - ARRIVAL_SLACK:
+    if started is None or ticket[ARRIVAL_KEY] >= started - ARRIVAL_SLACK:
         return None
-    return f"its arrival ({ticket['arrival']:.0f}) is before its process started ({started:.0f})"
+    return f"its arrival ({ticket[ARRIVAL_KEY]:.0f}) is before its process started ({started:.0f})"
 
 
 def validate_ticket(data, owner_uid, file_name, owner_name=None, now=None):
@@ -177,27 +240,27 @@ def validate_ticket(data, owner_uid, file_name, owner_name=None, now=None):
     forged = claims_owner(data, owner_uid, owner_name, match.group(1))
     if forged is not None:
         return None, forged
-    ticket = {"uid": owner_uid}
-    for key, pattern in (("user", NAME), ("job", NAME), ("run_id", NAME),
-                         ("controller", HOSTNAME)):  # fmt: skip
+    ticket = {UID_KEY: owner_uid}
+    for key, pattern in ((USER_KEY, NAME), (JOB_KEY, NAME), (RUN_ID_KEY, NAME),
+                         (CONTROLLER_KEY, HOSTNAME)):  # fmt: skip
         value = data.get(key)
         if not (isinstance(value, str) and pattern.fullmatch(value)):
             return None, f"{key} is missing or malformed"
         ticket[key] = value
-    if ticket["run_id"] != match.group(2):
+    if ticket[RUN_ID_KEY] != match.group(2):
         return None, "its run id differs from its name's"
-    for key in ("arrival", "seen"):
+    for key in (ARRIVAL_KEY, SEEN_KEY):
         ticket[key] = moment(data.get(key), now)
         if ticket[key] is None:
             return None, f"{key} is missing, malformed or out of range ({data.get(key)!r})"
-    ticket["pid"] = _whole(data.get("pid"), 1, 2**31)
-    ticket["starttime"] = _whole(data.get("starttime"), 0, 2**63)
-    if ticket["pid"] is None or ticket["starttime"] is None:
+    ticket[PID_KEY] = _whole(data.get(PID_KEY), 1, 2**31)
+    ticket[STARTTIME_KEY] = _whole(data.get(STARTTIME_KEY), 0, 2**63)
+    if ticket[PID_KEY] is None or ticket[STARTTIME_KEY] is None:
         return None, "pid or starttime is missing or malformed"
-    for key in ("boot_id", "pidns"):
+    for key in (BOOT_ID_KEY, PIDNS_KEY):
         value = data.get(key)
         ticket[key] = value if isinstance(value, str) and len(value) <= 64 else ""
-    ticket["needs"], why = _valid_needs(data.get("needs"))
+    ticket[NEEDS_KEY], why = _valid_needs(data.get(NEEDS_KEY))
     return (ticket, None) if why is None else (None, why)
 
 
@@ -210,7 +273,7 @@ def _valid_needs(needs):
     """A ticket's needs, cleaned, and None; or None and why they are refused."""
     if not isinstance(needs, dict):
         return None, "needs is not an object"
-    ports, pools = needs.get("ports"), needs.get("pools")
+    ports, pools = needs.get(PORTS_KEY), needs.get(POOLS_KEY)
     if (
         not isinstance(ports, list)
         or len(ports) > 1024
@@ -221,8 +284,8 @@ def _valid_needs(needs):
         return None, "needs.pools is not a list"
     clean = []
     for pool in pools:
-        gpus = pool.get("gpus") if isinstance(pool, dict) else None
-        count = _whole(pool.get("count"), 1, 4096) if isinstance(pool, dict) else None
+        gpus = pool.get(GPUS_KEY) if isinstance(pool, dict) else None
+        count = _whole(pool.get(COUNT_KEY), 1, 4096) if isinstance(pool, dict) else None
         if (
             not isinstance(gpus, list)
             or count is None
@@ -235,31 +298,31 @@ def _valid_needs(needs):
                 None,
                 f"asks for {count} GPUs of a pool of {len(set(gpus))}: it could never be served",
             )
-        clean.append({"gpus": sorted(set(gpus)), "count": count})
-    return {"ports": sorted(set(ports)), "pools": clean}, None
+        clean.append({GPUS_KEY: sorted(set(gpus)), COUNT_KEY: count})
+    return {PORTS_KEY: sorted(set(ports)), POOLS_KEY: clean}, None
 
 
 def needs_of(workers, pool_of):
     """What a request's workers need that another job could hold: their fixed ports and the
     GPUs of their pools (`pool_of(worker)`; a port of a range is plentiful, not queued for)."""
-    ports = sorted({w["port"] for w in workers if w.get("range") is None and w.get("port")})
-    pools = [{"gpus": sorted(set(pool_of(w))), "count": int(w["gpus"])}
-             for w in workers if w.get("gpus")]  # fmt: skip
-    return {"ports": ports, "pools": pools}
+    ports = sorted({w[PORT_KEY] for w in workers if w.get(RANGE_KEY) is None and w.get(PORT_KEY)})
+    pools = [{GPUS_KEY: sorted(set(pool_of(w))), COUNT_KEY: int(w[GPUS_KEY])}
+             for w in workers if w.get(GPUS_KEY)]  # fmt: skip
+    return {PORTS_KEY: ports, POOLS_KEY: pools}
 
 
 def overlap(a, b):
     """The resources both needs name: (ports, GPUs). Pure."""
-    ports = sorted(set(a["ports"]) & set(b["ports"]))
-    gpus_a = {g for pool in a["pools"] for g in pool["gpus"]}
-    gpus_b = {g for pool in b["pools"] for g in pool["gpus"]}
+    ports = sorted(set(a[PORTS_KEY]) & set(b[PORTS_KEY]))
+    gpus_a = {g for pool in a[POOLS_KEY] for g in pool[GPUS_KEY]}
+    gpus_b = {g for pool in b[POOLS_KEY] for g in pool[GPUS_KEY]}
     return ports, sorted(gpus_a & gpus_b)
 
 
 def order(ticket):
     """A ticket's place in the queue: by arrival, then user and run (one total order on every
     host, so that two runs never wait for each other)."""
-    return (ticket["arrival"], ticket["uid"], ticket["run_id"])
+    return (ticket[ARRIVAL_KEY], ticket[UID_KEY], ticket[RUN_ID_KEY])
 
 
 def may_take(needs, place, tickets):
@@ -271,7 +334,7 @@ def may_take(needs, place, tickets):
     for ticket in sorted(tickets, key=order):
         if order(ticket) >= place:
             break
-        ports, gpus = overlap(needs, ticket["needs"])
+        ports, gpus = overlap(needs, ticket[NEEDS_KEY])
         if ports or gpus:
             ahead.append(dict(ticket, ports=ports, gpus=gpus))
     return not ahead, ahead
@@ -281,16 +344,19 @@ def ticket_alive(ticket, now, here, started_at):
     """Whether the ticket's controller lives: on this machine (`here`: this boot id and pid
     namespace) its process (`started_at(pid)`: its start time, None when gone) is looked at;
     else it was refreshed within TICKET_TTL seconds. Pure."""
-    if ticket["boot_id"] and (ticket["boot_id"], ticket["pidns"]) == here:
-        return started_at(ticket["pid"]) == ticket["starttime"]
-    return now - ticket["seen"] <= TICKET_TTL
+    if ticket[BOOT_ID_KEY] and (ticket[BOOT_ID_KEY], ticket[PIDNS_KEY]) == here:
+        return started_at(ticket[PID_KEY]) == ticket[STARTTIME_KEY]
+    return now - ticket[SEEN_KEY] <= TICKET_TTL
 
 
 def holder(live, kind, number):
     """Who holds resource `number` of `kind` ("ports", "gpus") among the live records."""
     for record in live:
         if number in record[kind]:
-            return {k: record[k] for k in ("user", "uid", "job", "run_id", "controller", "since")}
+            return {
+                k: record[k]
+                for k in (USER_KEY, UID_KEY, JOB_KEY, RUN_ID_KEY, CONTROLLER_KEY, SINCE_KEY)
+            }
     return None
 
 
@@ -303,22 +369,22 @@ def clash(worker, live, kind, held):
         if holder_ is None:
             unknown.append(number)
             continue
-        key = (holder_["uid"], holder_["run_id"])
+        key = (holder_[UID_KEY], holder_[RUN_ID_KEY])
         entry = holders.setdefault(key, dict(holder_, ports=[], gpus=[]))
         entry[kind].append(number)
     return {
-        "worker": worker["name"],
-        "kind": kind,
-        "port": worker.get("port"),
-        "range": worker.get("range"),
-        "holders": list(holders.values()),
-        "unknown": {kind: unknown} if unknown else {},
+        WORKER_KEY: worker[NAME_KEY],
+        KIND_KEY: kind,
+        PORT_KEY: worker.get(PORT_KEY),
+        RANGE_KEY: worker.get(RANGE_KEY),
+        HOLDERS_KEY: list(holders.values()),
+        UNKNOWN_KEY: {kind: unknown} if unknown else {},
     }
 
 
 def queue_clash(ahead):
     """The earlier tickets a run waits behind, as a clash answer (kind `queue`)."""
-    keys = ("user", "uid", "job", "run_id", "controller", "arrival")
-    return {"worker": "", "kind": "queue",
-            "holders": [dict({k: t[k] for k in keys}, since=t["arrival"], ports=t["ports"],
-                             gpus=t["gpus"]) for t in ahead]}  # fmt: skip
+    keys = (USER_KEY, UID_KEY, JOB_KEY, RUN_ID_KEY, CONTROLLER_KEY, ARRIVAL_KEY)
+    return {WORKER_KEY: "", KIND_KEY: "queue",
+            HOLDERS_KEY: [dict({k: t[k] for k in keys}, since=t[ARRIVAL_KEY], ports=t[PORTS_KEY],
+                             gpus=t[GPUS_KEY]) for t in ahead]}  # fmt: skip

@@ -110,12 +110,19 @@ class _Taking:
         self.live = live
         # what claims cannot show: records of this machine's other network namespaces
         boot, here = leasedir.here()[0], leasedir.netns()
-        self.elsewhere = [r for r in live if r["boot_id"] == boot and r["netns"] not in ("", here)]
+        self.elsewhere = [
+            r
+            for r in live
+            if r[policy.BOOT_ID_KEY] == boot and r[policy.NETNS_KEY] not in ("", here)
+        ]
         self.run = (os.getuid(), run_id)
-        self.own = {"ports": {p for r in mine for p in r["ports"]},
-                    "gpus": {g for r in mine for g in r["gpus"]}}  # fmt: skip
-        self.used = {"ports": set(), "gpus": set()}  # by this request's earlier workers
-        self.new = {"ports": [], "gpus": []}
+        self.own = {policy.PORTS_KEY: {p for r in mine for p in r[policy.PORTS_KEY]},
+                    policy.GPUS_KEY: {g for r in mine for g in r[policy.GPUS_KEY]}}  # fmt: skip
+        self.used = {
+            policy.PORTS_KEY: set(),
+            policy.GPUS_KEY: set(),
+        }  # by this request's earlier workers
+        self.new = {policy.PORTS_KEY: [], policy.GPUS_KEY: []}
         self.held = []  # claims.py's sockets: the keeper inherits them
         self.clashes = []
         self.ignored = []
@@ -140,8 +147,8 @@ class _Taking:
         if number not in record[kind]:
             return False
         if kind == "ports":
-            return (record["uid"], record["run_id"]) != self.run
-        return not (shared and record["shared_gpus"])
+            return (record[policy.UID_KEY], record[policy.RUN_ID_KEY]) != self.run
+        return not (shared and record[policy.SHARED_GPUS_KEY])
 
     def unknown_holders(self, kind, numbers):
         """Who holds these resources without a record: the uid a claim's holder answers with,
@@ -162,12 +169,12 @@ class _Taking:
 
 
 def cmd_acquire(request):
-    lease_dir = request["lease_dir"]
-    run_id = request["run_id"]
+    lease_dir = request[policy.LEASE_DIR_KEY]
+    run_id = request[policy.RUN_ID_KEY]
     leasedir.ensure_dir(lease_dir)
     live, ignored = leasedir.scan(lease_dir)
     mine = _mine(live, run_id)
-    if not mine and not request.get("dry_run"):  # a restart keeps what it holds, unqueued
+    if not mine and not request.get(policy.DRY_RUN_KEY):  # a restart keeps what it holds, unqueued
         waiting, bad_tickets = queue.turn(request, lease_dir)
         ignored += bad_tickets  # named also when they are in nobody's way
         if waiting is not None:
@@ -175,20 +182,26 @@ def cmd_acquire(request):
     taking = _Taking(lease_dir, live, mine, run_id)
     assigned, shared = {}, False
     try:
-        for worker in request["workers"]:
+        for worker in request[policy.WORKERS_KEY]:
             port = _acquire_port(worker, taking)
             gpus = _acquire_gpus(worker, taking)
-            shared = shared or (bool(worker.get("share")) and bool(gpus))
-            assigned[worker["name"]] = {"port": port, "gpus": gpus}
+            shared = shared or (bool(worker.get(policy.SHARE_KEY)) and bool(gpus))
+            assigned[worker[policy.NAME_KEY]] = {policy.PORT_KEY: port, policy.GPUS_KEY: gpus}
         ignored += taking.ignored
         if taking.clashes:
-            return {"clashes": taking.clashes, "ignored": ignored,
-                    "queued": bool(request.get("ticket"))}  # fmt: skip
+            return {policy.CLASHES_KEY: taking.clashes, policy.IGNORED_KEY: ignored,
+                    policy.QUEUED_KEY: bool(request.get(policy.TICKET_KEY))}  # fmt: skip
         keeper = None
-        if taking.held and not request.get("dry_run"):
-            keeper = _start_keeper(request, sorted(taking.new["ports"]),
-                                   sorted(taking.new["gpus"]), shared, taking.held)  # fmt: skip
-        return {"assigned": assigned, "ignored": ignored, "keeper": keeper, "kept": bool(mine)}
+        if taking.held and not request.get(policy.DRY_RUN_KEY):
+            keeper = _start_keeper(request, sorted(taking.new[policy.PORTS_KEY]),
+                                   sorted(taking.new[policy.GPUS_KEY]), shared,
+                                   taking.held)  # fmt: skip
+        return {
+            policy.ASSIGNED_KEY: assigned,
+            policy.IGNORED_KEY: ignored,
+            "keeper": keeper,
+            "kept": bool(mine),
+        }
     finally:
         taking.close()  # a keeper holds its own copies
 
@@ -197,25 +210,25 @@ def _mine(live, run_id):
     """The run's records on this host: this account's, in this network namespace (the run's
     workers on other namespace hosts sharing the directory hold their own)."""
     here = leasedir.netns()
-    return [r for r in live if r["uid"] == os.getuid() and r["run_id"] == run_id
-            and r["netns"] in ("", here)]  # fmt: skip
+    return [r for r in live if r[policy.UID_KEY] == os.getuid() and r[policy.RUN_ID_KEY] == run_id
+            and r[policy.NETNS_KEY] in ("", here)]  # fmt: skip
 
 
 def _acquire_port(worker, taking):
     """The worker's port, leased (or kept), or None after recording a clash."""
-    span = worker.get("range")
+    span = worker.get(policy.RANGE_KEY)
     if span is None:  # a fixed port: that one, or a clash
-        candidates = [worker.get("port")]
+        candidates = [worker.get(policy.PORT_KEY)]
     else:
-        candidates = policy.port_candidates(worker.get("keep_port"), span[0], span[1])
+        candidates = policy.port_candidates(worker.get(policy.KEEP_PORT_KEY), span[0], span[1])
     held = []
     for port in candidates:
-        if port in taking.used["ports"]:
+        if port in taking.used[policy.PORTS_KEY]:
             continue
-        if port in taking.own["ports"] or (
+        if port in taking.own[policy.PORTS_KEY] or (
             (span is None or _bindable(port)) and taking.take("ports", port)
         ):
-            taking.used["ports"].add(port)
+            taking.used[policy.PORTS_KEY].add(port)
             return port
         if span is None or _bindable(port):
             held.append(port)  # else something that is no lease listens there
@@ -224,36 +237,36 @@ def _acquire_port(worker, taking):
 
 
 def _acquire_gpus(worker, taking):
-    count = worker.get("gpus")
+    count = worker.get(policy.GPUS_KEY)
     if not count:
         return None
     pool = queue.gpu_pool(worker)
-    share = bool(worker.get("share"))
+    share = bool(worker.get(policy.SHARE_KEY))
     chosen, held = [], []
-    for gpu in policy.gpu_candidates(pool, worker.get("keep_gpus")):
+    for gpu in policy.gpu_candidates(pool, worker.get(policy.KEEP_GPUS_KEY)):
         if len(chosen) == count:
             break
-        if gpu in taking.used["gpus"]:
+        if gpu in taking.used[policy.GPUS_KEY]:
             continue
-        if gpu in taking.own["gpus"] or taking.take("gpus", gpu, shared=share):
+        if gpu in taking.own[policy.GPUS_KEY] or taking.take("gpus", gpu, shared=share):
             chosen.append(gpu)
         else:
             held.append(gpu)
     if len(chosen) < count:
         clash = _clash(worker, taking, "gpus", held)
-        clash["wanted_gpus"] = count
-        clash["pool"] = pool
+        clash[policy.WANTED_GPUS_KEY] = count
+        clash[policy.POOL_KEY] = pool
         taking.clashes.append(clash)
         return None
-    taking.used["gpus"].update(chosen)
+    taking.used[policy.GPUS_KEY].update(chosen)
     return sorted(chosen)
 
 
 def _clash(worker, taking, kind, held):
     clash = policy.clash(worker, taking.live, kind, held)
-    unknown = clash["unknown"].get(kind, [])
+    unknown = clash[policy.UNKNOWN_KEY].get(kind, [])
     if unknown:
-        clash["unknown_uids"] = taking.unknown_holders(kind, unknown)
+        clash[policy.UNKNOWN_UIDS_KEY] = taking.unknown_holders(kind, unknown)
     return clash
 
 
@@ -262,7 +275,8 @@ def _start_keeper(request, ports, gpus, shared, held):
     makes itself the process they answer as; its pid. No lock file: a file any account can
     open is no proof of life (a flock works on a read-only descriptor)."""
     base = os.path.join(
-        request["lease_dir"], f"lease-{os.getuid()}-{request['run_id']}-{os.urandom(6).hex()}"
+        request[policy.LEASE_DIR_KEY],
+        f"lease-{os.getuid()}-{request[policy.RUN_ID_KEY]}-{os.urandom(6).hex()}",
     )
     read_end, write_end = os.pipe()
     middle = os.fork()  # spawn point: the keeper, forked twice (no exec)
@@ -296,20 +310,20 @@ def _start_keeper(request, ports, gpus, shared, held):
     pid = int(answer.split()[0])
     boot, pidns = leasedir.here()
     record = {
-        "user": leasedir.account(os.getuid()),
-        "uid": os.getuid(),
-        "job": request["job"],
-        "run_id": request["run_id"],
-        "controller": request["controller"],
-        "since": time.time(),
-        "pid": pid,
-        "keeper_start": leasedir.started_at(pid),
-        "boot_id": boot,
-        "pidns": pidns,
-        "netns": leasedir.netns(),
-        "ports": ports,
-        "gpus": gpus,
-        "shared_gpus": shared,
+        policy.USER_KEY: leasedir.account(os.getuid()),
+        policy.UID_KEY: os.getuid(),
+        policy.JOB_KEY: request[policy.JOB_KEY],
+        policy.RUN_ID_KEY: request[policy.RUN_ID_KEY],
+        policy.CONTROLLER_KEY: request[policy.CONTROLLER_KEY],
+        policy.SINCE_KEY: time.time(),
+        policy.PID_KEY: pid,
+        policy.KEEPER_START_KEY: leasedir.started_at(pid),
+        policy.BOOT_ID_KEY: boot,
+        policy.PIDNS_KEY: pidns,
+        policy.NETNS_KEY: leasedir.netns(),
+        policy.PORTS_KEY: ports,
+        policy.GPUS_KEY: gpus,
+        policy.SHARED_GPUS_KEY: shared,
     }
     safefiles.write_json(base + ".json", record, mode=0o644)  # readable by every account
     return pid  # the keeper holds its copies of the claims (the caller closes its own)
@@ -345,8 +359,8 @@ def keep(request, base, held):
     """The keeper: hold the inherited claims while the run lives on this host; answer every
     look at them (who holds this?) and touch the record (its life where the claims cannot be
     seen: another network namespace)."""
-    idle = float(request.get("idle", 60))
-    run_id = request["run_id"]
+    idle = float(request.get(policy.IDLE_KEY, 60))
+    run_id = request[policy.RUN_ID_KEY]
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -374,41 +388,47 @@ def keep(request, base, held):
 
 
 def cmd_release(request):
-    lease_dir, run_id = request["lease_dir"], request["run_id"]
+    lease_dir, run_id = request[policy.LEASE_DIR_KEY], request[policy.RUN_ID_KEY]
     live, _ = leasedir.scan(lease_dir)
     mine = _mine(live, run_id)
-    released = {"ports": [], "gpus": []}
+    released = {policy.PORTS_KEY: [], policy.GPUS_KEY: []}
     for record in mine:
-        record["lease_dir"] = lease_dir
+        record[policy.LEASE_DIR_KEY] = lease_dir
         if leasedir.keeper_lives(record):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(record["pid"], signal.SIGTERM)
+                os.kill(record[policy.PID_KEY], signal.SIGTERM)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and leasedir.keeper_lives(record):
             time.sleep(0.02)
         if leasedir.keeper_lives(record):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(record["pid"], signal.SIGKILL)
-        base = os.path.join(lease_dir, record["file"][: -len(".json")])
+                os.kill(record[policy.PID_KEY], signal.SIGKILL)
+        base = os.path.join(lease_dir, record[policy.FILE_KEY][: -len(".json")])
         for path in (base + ".json", base + ".lock"):  # .lock: an older keeper's
             with contextlib.suppress(OSError):
                 os.remove(path)
-        released["ports"] += record["ports"]
-        released["gpus"] += record["gpus"]
+        released[policy.PORTS_KEY] += record[policy.PORTS_KEY]
+        released[policy.GPUS_KEY] += record[policy.GPUS_KEY]
     return {"released": released, "keepers": len(mine)}
 
 
 def cmd_list(request):
-    lease_dir = request["lease_dir"]
+    lease_dir = request[policy.LEASE_DIR_KEY]
     live, ignored = leasedir.scan(lease_dir)
     ours = leasedir.netns()
     for record in live:
-        record.pop("file", None)
-        record["here"] = record["netns"] in ("", ours)  # else another namespace's: it blocks
+        record.pop(policy.FILE_KEY, None)
+        # else another namespace's: it blocks
+        record[policy.HERE_KEY] = record[policy.NETNS_KEY] in ("", ours)
     tickets, bad = leasedir.scan_tickets(lease_dir)
     for ticket in tickets:
-        ticket.pop("file", None)
-    return {"holders": live, "ignored": ignored + bad, "tickets": tickets, "now": time.time()}
+        ticket.pop(policy.FILE_KEY, None)
+    return {
+        policy.HOLDERS_KEY: live,
+        policy.IGNORED_KEY: ignored + bad,
+        policy.TICKETS_KEY: tickets,
+        "now": time.time(),
+    }
 
 
 VERBS = {protocol.ACQUIRE: cmd_acquire, protocol.RELEASE: cmd_release, protocol.LIST: cmd_list,

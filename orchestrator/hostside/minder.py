@@ -19,10 +19,11 @@ import time
 
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator import contract
-    from orchestrator.hostside import procwatch, rundir, safefiles
+    from orchestrator.hostside import procwatch, protocol, rundir, safefiles
 else:  # shipped: hostside/bundle.py carries them in front of the agent's source
     import contract  # type: ignore[no-redef]
     import procwatch  # type: ignore[no-redef]
+    import protocol  # type: ignore[no-redef]
     import rundir  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
 
@@ -31,7 +32,7 @@ def withhold(spec):
     """Drop the controller-only variables (notify's signing secrets) from this agent's own
     environment, which every minder, standby and worker it starts inherits: on a local host
     that environment is the controller's. Names the job sets itself (env, secret_env) stay."""
-    for name in spec.pop("withhold_env", None) or ():
+    for name in spec.pop(protocol.WITHHOLD_ENV_KEY, None) or ():
         os.environ.pop(name, None)
 
 
@@ -83,7 +84,7 @@ def supervise(run_dir, adopt=None):
     with open(os.path.join(run_dir, rundir.TF_CONFIG_FILE), encoding="utf-8") as handle:
         tf_config = handle.read()
     env = dict(os.environ)
-    env.update(spec["env"])
+    env.update(spec[protocol.ENV_KEY])
     env[contract.TF_CONFIG_ENV] = tf_config
     secrets = rundir.secret_values(spec.get("secret_names", ()), os.environ)
     started = time.time()
@@ -106,7 +107,7 @@ def supervise(run_dir, adopt=None):
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     log = rundir.RotatingLog(os.path.join(run_dir, rundir.WORKER_LOG),
-                             int(spec.get("log_max_bytes") or 0))  # fmt: skip
+                             int(spec.get(protocol.LOG_MAX_BYTES_KEY) or 0))  # fmt: skip
     rundir.copy_output(child, log.write, secrets)
     returncode = child.wait()
     rundir.record_exit(run_dir, returncode, started, None, watch.joined(), secrets=secrets)
@@ -121,11 +122,11 @@ def _start_worker(run_dir, spec, env, started, secrets):
 
     try:
         return subprocess.Popen(  # spawn point: the worker
-            spec["argv"], cwd=rundir.expand(spec["cwd"]), env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            spec[protocol.ARGV_KEY], cwd=rundir.expand(spec[protocol.CWD_KEY]), env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
     except OSError as exc:
-        error = f"cannot start {spec['argv'][0]}: {exc}"
+        error = f"cannot start {spec[protocol.ARGV_KEY][0]}: {exc}"
         rundir.record_exit(run_dir, 127, started, error, secrets=secrets)
         return None
 
@@ -137,11 +138,13 @@ def _adopted(run_dir, spec, env, adopt):
     os.dup2(log, 2)
     os.close(log)
     imported = rundir.read_json(os.path.join(rundir.standby_dir(run_dir), rundir.READY_FILE))
-    how = (f"imported TensorFlow {time.time() - imported['at']:.0f} s ago" if imported
+    how = (f"imported TensorFlow {time.time() - imported[contract.READY_AT]:.0f} s ago" if imported
            else "is still importing TensorFlow")  # fmt: skip
     os.write(1, f"orchestrate: warm start: this worker's Python (pid {pid}) {how} as a standby\n"
              .encode())  # fmt: skip
-    request = {"argv": spec["argv"], "cwd": rundir.expand(spec["cwd"]), "env": env}
+    request = {contract.REQUEST_ARGV: spec[protocol.ARGV_KEY],
+               contract.REQUEST_CWD: rundir.expand(spec[protocol.CWD_KEY]),
+               contract.REQUEST_ENV: env}  # fmt: skip
     try:
         with os.fdopen(stdin_fd, "wb") as stdin:  # one line, then end of input
             stdin.write(json.dumps(request).encode() + b"\n")

@@ -16,6 +16,11 @@ import socket
 import sys
 import time
 
+if __package__:  # imported as part of orchestrate: the host probe's tests
+    from orchestrator.hostside import protocol
+else:  # shipped: hostside/bundle.py carries it in front of the host probe's source
+    import protocol  # type: ignore[no-redef]
+
 # Run by the host's python as a long-lived child (it inherits the probe's cgroup, nice level and
 # limits): it prepares the matmul, says so in one JSON line, then answers each line on stdin (a
 # window's length in seconds) with the GFLOP/s of back-to-back matmuls over that window. The
@@ -154,7 +159,7 @@ def cmd_compute(spec):
             text=True, env=env, cwd=os.path.expanduser("~"),
         )  # fmt: skip
         COMPUTERS["child"] = child
-        line = _read_line(child.stdout, spec["timeout"])
+        line = _read_line(child.stdout, spec[protocol.TIMEOUT_KEY])
         try:
             ready = json.loads(line) if line else None
         except ValueError:
@@ -162,22 +167,29 @@ def cmd_compute(spec):
         if not isinstance(ready, dict):
             why = f"exited {child.wait()}" if line == "" else "no answer in time"
             stop_computer()
-            return {"probe": None, "gflops": None, "detail": f"the compute probe {why}"}
+            return {
+                protocol.PROBE_KIND_KEY: None,
+                protocol.GFLOPS_KEY: None,
+                protocol.DETAIL_KEY: f"the compute probe {why}",
+            }
         COMPUTERS["ready"] = ready
-        if ready.get("probe") is None:
+        if ready.get(protocol.PROBE_KIND_KEY) is None:
             stop_computer()
         return ready
     child = COMPUTERS.get("child")
     if child is None:
-        return {"gflops": None, "detail": "no compute probe running"}
+        return {protocol.GFLOPS_KEY: None, protocol.DETAIL_KEY: "no compute probe running"}
     try:
         child.stdin.write(f"{spec['window']}\n")
         child.stdin.flush()
-        line = _read_line(child.stdout, spec["window"] + spec["timeout"])
+        line = _read_line(child.stdout, spec["window"] + spec[protocol.TIMEOUT_KEY])
         return {**COMPUTERS["ready"], **json.loads(line)}
     except (OSError, ValueError, TypeError):
         stop_computer()
-        return {"gflops": None, "detail": "the compute probe stopped answering"}
+        return {
+            protocol.GFLOPS_KEY: None,
+            protocol.DETAIL_KEY: "the compute probe stopped answering",
+        }
 
 
 def _run_delay():
@@ -207,7 +219,11 @@ def _drain(conn, timeout):
             total += len(chunk)
             last = now
         seconds = (last - first) if first is not None else 0.0
-        answer = {"bytes": total, "seconds": round(seconds, 6), "waited": _run_delay() - waited}
+        answer = {
+            protocol.BYTES_KEY: total,
+            protocol.SECONDS_KEY: round(seconds, 6),
+            "waited": _run_delay() - waited,
+        }
         conn.sendall((json.dumps(answer) + "\n").encode())
     except OSError:
         pass
@@ -236,17 +252,21 @@ def cmd_sink(spec):
     server.bind(("0.0.0.0", 0))  # an ephemeral port: the workers' port is not touched
     server.listen(16)
     SINKS.append(server)
-    threading.Thread(target=_sink_loop, args=(server, spec["timeout"]), daemon=True).start()
-    return {"port": server.getsockname()[1]}
+    threading.Thread(
+        target=_sink_loop, args=(server, spec[protocol.TIMEOUT_KEY]), daemon=True
+    ).start()
+    return {protocol.PORT_KEY: server.getsockname()[1]}
 
 
 def cmd_send(spec):
     """Send zeros to a peer's sink for `seconds` or `max_bytes`, whichever comes first."""
     chunk = bytes(1 << 18)
-    sent, deadline, waited_here = 0, time.monotonic() + spec["seconds"], _run_delay()
+    sent, deadline, waited_here = 0, time.monotonic() + spec[protocol.SECONDS_KEY], _run_delay()
     try:
-        with socket.create_connection((spec["address"], spec["port"]), spec["timeout"]) as sock:
-            sock.settimeout(spec["timeout"])
+        with socket.create_connection(
+            (spec[protocol.ADDRESS_KEY], spec[protocol.PORT_KEY]), spec[protocol.TIMEOUT_KEY]
+        ) as sock:
+            sock.settimeout(spec[protocol.TIMEOUT_KEY])
             while sent < spec["max_bytes"] and time.monotonic() < deadline:
                 sock.sendall(chunk)
                 sent += len(chunk)
@@ -258,15 +278,23 @@ def cmd_send(spec):
                     break
                 reply += data
     except OSError as exc:
-        return {"status": "error", "detail": exc.strerror or str(exc), "sent": sent}
+        return {
+            protocol.STATUS_KEY: "error",
+            protocol.DETAIL_KEY: exc.strerror or str(exc),
+            protocol.SENT_KEY: sent,
+        }
     try:
         answer = json.loads(reply)
-        seconds, waited = float(answer["seconds"]), float(answer.get("waited", 0.0))
+        seconds, waited = float(answer[protocol.SECONDS_KEY]), float(answer.get("waited", 0.0))
     except (ValueError, KeyError, TypeError):
-        return {"status": "error", "detail": "the peer's sink gave no figures", "sent": sent}
+        return {
+            protocol.STATUS_KEY: "error",
+            protocol.DETAIL_KEY: "the peer's sink gave no figures",
+            protocol.SENT_KEY: sent,
+        }
     # The time either end waited for a CPU is not the link's: left out, but at most half of the
     # transfer's (a rate at most doubled), so that one burst of a busy machine cannot make its
     # link look so fast that the others look slow beside it.
     busy = max(seconds - max(waited, _run_delay() - waited_here), seconds * 0.5)
-    rate = answer["bytes"] / busy if busy > 0 else None
-    return {"status": "ok", "sent": sent, **answer, "rate": rate}
+    rate = answer[protocol.BYTES_KEY] / busy if busy > 0 else None
+    return {protocol.STATUS_KEY: "ok", protocol.SENT_KEY: sent, **answer, protocol.RATE_KEY: rate}

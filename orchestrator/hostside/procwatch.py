@@ -2,26 +2,34 @@
 multi-worker cluster that loaded TensorFlow and never listened on its port never created
 MultiWorkerMirroredStrategy; it trained alone.
 
-STANDARD LIBRARY ONLY, and Python 3.7 or newer (a Slurm node's python3 may be old). Shipped, not
-installed: hostside/bundle.py carries this file's source in front of the programs that import it
-(the host agent, hostside/agent.py, and the Slurm launcher, hostside/slurm_launcher.py),
-so it runs on a host, a Slurm node or a container with nothing of orchestrate installed, and
-never the copy of an orchestrate that is installed there.
+STANDARD LIBRARY ONLY (and contract.py, whose TF_CONFIG keys it reads), and Python 3.7 or newer
+(a Slurm node's python3 may be old). Shipped, not installed: hostside/bundle.py carries this
+file's source in front of the programs that import it (the host agent, hostside/agent.py, and
+the Slurm launcher, hostside/slurm_launcher.py), so it runs on a host, a Slurm node or a
+container with nothing of orchestrate installed, and never the copy of an orchestrate that is
+installed there.
 """
 
 import json
 import os
 import time
 
+if __package__:  # imported as part of orchestrate: the controller's tests
+    from orchestrator import contract
+else:  # shipped: hostside/bundle.py carries it in front of the program's source
+    import contract  # type: ignore[no-redef]
+
 
 def cluster_port(tf_config):
     """This task's port in a TF_CONFIG (JSON text or dict) of two tasks or more, else None."""
     try:
         config = json.loads(tf_config) if isinstance(tf_config, str) else tf_config
-        cluster, task = config["cluster"], config["task"]
+        cluster, task = config[contract.TF_CLUSTER], config[contract.TF_TASK]
         if sum(len(tasks) for tasks in cluster.values()) < 2:
             return None
-        return int(str(cluster[task["type"]][int(task["index"])]).rsplit(":", 1)[1])
+        return int(
+            str(cluster[task[contract.TF_TYPE]][int(task[contract.TF_INDEX])]).rsplit(":", 1)[1]
+        )
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None
 

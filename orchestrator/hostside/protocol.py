@@ -27,7 +27,7 @@ The agent (agent.py) and its fields:
 The host probe (hostprobe.py), each with the check's spec as its fields:
   inspect  connect  cleanup             the preflight's rounds
   compute  sink  send                   `check --perf`'s
-The lease program (leases.py):
+The lease program (leases.py; every key of its requests, answers and files: leasepolicy.py):
   acquire lease_dir run_id job controller idle workers [dry_run ticket]
   release lease_dir run_id   list lease_dir   withdraw lease_dir run_id
 A `wake` line is no request and gets no answer: it ends a watch that waits. A request's `id`
@@ -117,6 +117,61 @@ RUN_ID_KEY = "run_id"
 LINGERING_KEY = "lingering"
 LEFT_S_KEY = "left_s"
 READY_KEY = "ready"
+
+# --- request fields: the controller writes them, the programs read them --------------------------
+RUN_DIRS_KEY = "run_dirs"  # probe, stop, watch, stacks, discard-, linger-standbys
+GRACE_KEY = "grace"  # stop
+TIMEOUT_KEY = "timeout"  # watch; the host probe's connect, compute, sink, send
+SECONDS_KEY = "seconds"  # linger-standbys; the host probe's send (and its answers' seconds)
+DIRECTORIES_KEY = "directories"  # make-dirs; inspect (and its answer)
+# adopt-checkpoint takes NAME_KEY (the checkpoint's), launch its SPEC_KEY: launch's spec is
+# model/workers.WorkerSpec.launch_request; agent.cmd_launch keeps it as spec.json, which the
+# minder reads; the Slurm plan's tasks (slurm_launcher.py) carry its first five.
+SPEC_KEY = "spec"
+RUN_DIR_KEY = "run_dir"  # also launch's answer
+PRIVATE_DIRS_KEY = "private_dirs"  # also make-dirs'
+CWD_KEY = "cwd"
+ARGV_KEY = "argv"
+ENV_KEY = "env"
+SECRET_ENV_KEY = "secret_env"  # the job's secrets: the minder's environment, never a file
+TF_CONFIG_KEY = "tf_config"
+LOG_MAX_BYTES_KEY = "log_max_bytes"
+WARM_KEY = "warm"  # a controller that knows standbys; in launch's answer: a standby took it
+WITHHOLD_ENV_KEY = "withhold_env"
+# standby: each of its specs (WorkerSpec.standby_request), with CWD_KEY, ENV_KEY, SECRET_ENV_KEY
+# and WITHHOLD_ENV_KEY; standbys.py keeps its fields in the standby's state.
+BACKS_KEY = "backs"  # the run directory of the attempt it backs
+PYTHON_KEY = "python"  # the worker's interpreter; in info's and inspect's answers its version
+LINGER_KEY = "linger"
+STARTED_AT_KEY = "started_at"  # the standby's state and its listing
+# info's answer (model/answers.HostInfo), with PYTHON_KEY
+HOME_KEY = "home"
+HOSTNAME_KEY = "hostname"
+
+# --- the host probe's requests and answers (backends/hosts/ writes and model/answers.py reads) -
+PACKAGES_KEY = "packages"  # inspect: the distributions asked for, and their versions
+PORT_KEY = "port"  # inspect, sink, send; connect's peers
+LISTEN_SECONDS_KEY = "listen_seconds"  # inspect
+TOKEN_KEY = "token"  # inspect, connect, cleanup: the shared-directory check's file
+LISTENER_PID_KEY = "listener_pid"  # inspect's answer, cleanup's request
+PORT_ERROR_KEY = "port_error"
+HOLDER_KEY = "holder"  # the port's holder, with PID_KEY and COMMAND_KEY
+COMMAND_KEY = "command"
+BOOT_ID_KEY = "boot_id"  # also the lease records' (leasepolicy.py)
+PATH_KEY = "path"  # each of inspect's directories, with EXISTS_KEY and the three below
+WRITABLE_KEY = "writable"
+CHECKED_KEY = "checked"
+FREE_BYTES_KEY = "free_bytes"
+PEERS_KEY = "peers"  # connect: the peers asked, and per peer how it ended
+ADDRESS_KEY = "address"  # each peer's, with NAME_KEY and PORT_KEY; send's
+STATUS_KEY = "status"  # connect's per peer, send's: ok, refused, unreachable, timeout, error
+DETAIL_KEY = "detail"  # why, where it is not ok (connect, compute, send)
+TOKEN_VISIBLE_KEY = "token_visible"  # connect
+PROBE_KIND_KEY = "probe"  # compute: numpy, tensorflow, or None (not measured)
+GFLOPS_KEY = "gflops"  # compute
+BYTES_KEY = "bytes"  # send: what the peer's sink received
+SENT_KEY = "sent"  # send
+RATE_KEY = "rate"  # send: bytes per second
 
 # --- the agent's own command lines (argv: no job value is ever in one) ----------------------------
 SUPERVISE = "supervise"  # agent.py supervise RUN_DIR [--adopt PID IN OUT]: the run's minder

@@ -130,15 +130,21 @@ def private_chain_made(directories):
 # --- stop_requested -----------------------------------------------------------------------------
 
 
+# The stop_requested file (stop_request writes it, stopped_by reads it; the probe's
+# protocol.STOPPED_BY_KEY): when, and who asked.
+STOP_AT_KEY = "at"
+STOP_BY_KEY = "by"
+
+
 def stop_request(by):
     """The stop_requested file: when, and who asked (so a survivor stopped by its minder does
     not read as stopped by `orchestrate down`)."""
-    return json.dumps({"at": time.time(), "by": by})
+    return json.dumps({STOP_AT_KEY: time.time(), STOP_BY_KEY: by})
 
 
 def stopped_by(stop_path):
     request = read_json(stop_path)
-    by = request.get("by") if isinstance(request, dict) else None  # older files: a bare time
+    by = request.get(STOP_BY_KEY) if isinstance(request, dict) else None  # older files: a bare time
     return by if isinstance(by, str) else None
 
 

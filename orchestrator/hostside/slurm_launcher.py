@@ -39,16 +39,29 @@ if TYPE_CHECKING:
 
 if __package__:  # imported as part of orchestrate: script.py, the controller's tests
     from orchestrator import contract
-    from orchestrator.hostside import procwatch, rundir, safefiles
+    from orchestrator.hostside import procwatch, protocol, rundir, safefiles
 else:  # shipped: hostside/bundle.py carries them in front of this file's source
     import contract  # type: ignore[no-redef]
     import procwatch  # type: ignore[no-redef]
+    import protocol  # type: ignore[no-redef]
     import rundir  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
 
 PLAN_ENV = "ORCHESTRATE_SLURM_PLAN"
 JOB_ID_PLACEHOLDER = "{SLURM_JOB_ID}"
 SUBMIT_DIR_PLACEHOLDER = "{SLURM_SUBMIT_DIR}"
+# The plan (backends/slurm/script.plan writes it, main reads it): the port, the secret
+# variables' names and, per SLURM_PROCID, a task: the launch spec's run directory, private
+# directories, cwd, argv and env (protocol.py's keys) with those below.
+PORT_KEY = "port"
+SECRET_ENV_KEY = "secret_env"  # names only: their values come from sbatch's environment
+TASKS_KEY = "tasks"
+ROLE_KEY = "role"  # where the job has roles: the task's TF_CONFIG type
+TASK_INDEX_KEY = "task_index"  # and its index among the tasks of that type
+RESTARTS_KEY = "restarts"  # how often its launcher starts it again in place
+PERMANENT_KEY = "permanent"  # the exit codes it is never started again after
+ENDS_WITH_KEY = "ends_with"  # the run directories whose exit 0 ends this task
+ENDS_BY_KEY = "ends_by"  # why, as its stop request says
 
 
 def _split_top_level(text):
@@ -124,8 +137,10 @@ def _filler(job_id: str, submit_dir: str) -> "Callable[[str], str]":
 
 def _prepare_run_dir(task: dict, fill: "Callable[[str], str]") -> str:
     """The task's private directories and run directory, made; node and pid written there."""
-    run_dir = os.path.expanduser(fill(task["run_dir"]))
-    _make_private_dirs([os.path.expanduser(fill(d)) for d in task.get("private_dirs", [])])
+    run_dir = os.path.expanduser(fill(task[protocol.RUN_DIR_KEY]))
+    _make_private_dirs(
+        [os.path.expanduser(fill(d)) for d in task.get(protocol.PRIVATE_DIRS_KEY, [])]
+    )
     os.makedirs(run_dir, exist_ok=True)
     _write(os.path.join(run_dir, rundir.NODE_FILE), socket.gethostname())
     _write(os.path.join(run_dir, rundir.PID_FILE), str(os.getpid()))
@@ -134,7 +149,7 @@ def _prepare_run_dir(task: dict, fill: "Callable[[str], str]") -> str:
 
 def _worker_env(task: dict, fill: "Callable[[str], str]", config: dict) -> "dict[str, str]":
     env = dict(os.environ)
-    env.update({key: fill(value) for key, value in task["env"].items()})
+    env.update({key: fill(value) for key, value in task[protocol.ENV_KEY].items()})
     env[contract.TF_CONFIG_ENV] = json.dumps(config)
     return env
 
@@ -164,15 +179,17 @@ def _start_worker(
     log = open(log_fd, "ab")  # noqa: SIM115 - the child owns it
     try:
         return subprocess.Popen(  # spawn point: the task's worker
-            [fill(a) for a in task["argv"]],
-            cwd=os.path.expanduser(fill(task["cwd"])),
+            [fill(a) for a in task[protocol.ARGV_KEY]],
+            cwd=os.path.expanduser(fill(task[protocol.CWD_KEY])),
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if piped else log,
             stderr=subprocess.STDOUT,
         )
     except OSError as exc:
-        rundir.record_exit(run_dir, 127, started, f"cannot start {task['argv'][0]}: {exc}")
+        rundir.record_exit(
+            run_dir, 127, started, f"cannot start {task[protocol.ARGV_KEY][0]}: {exc}"
+        )
         return None
     finally:
         if piped:
@@ -252,29 +269,36 @@ def main():
         os.environ.get("SLURM_STEP_NODELIST") or os.environ["SLURM_JOB_NODELIST"]
     )
     fill = _filler(job_id, os.environ.get("SLURM_SUBMIT_DIR", os.getcwd()))
-    task = plan["tasks"][index]
+    task = plan[TASKS_KEY][index]
     try:
         run_dir = _prepare_run_dir(task, fill)
     except UnsafeDirectory as exc:
         print(f"task {index}: {exc}", file=sys.stderr, flush=True)
         return 3
-    roles = [t["role"] for t in plan["tasks"]] if "role" in task else None
-    config = tf_config(nodes, plan["port"], index, roles)
-    config["task"]["index"] = task.get("task_index", config["task"]["index"])  # the launch's
+    roles = [t[ROLE_KEY] for t in plan[TASKS_KEY]] if ROLE_KEY in task else None
+    config = tf_config(nodes, plan[PORT_KEY], index, roles)
+    tf_task = config[contract.TF_TASK]
+    tf_task[contract.TF_INDEX] = task.get(TASK_INDEX_KEY, tf_task[contract.TF_INDEX])  # launch's
     _write_json(os.path.join(run_dir, rundir.TF_CONFIG_FILE), config)
     env = _worker_env(task, fill, config)
-    missing = [name for name in plan.get("secret_env", []) if name not in os.environ]
+    missing = [name for name in plan.get(SECRET_ENV_KEY, []) if name not in os.environ]
     if missing:
         return _refuse_missing_secrets(index, run_dir, time.time(), missing)
-    secrets = rundir.secret_values(plan.get("secret_env", []), os.environ)
-    started = {"fill": fill, "env": env, "run_dir": run_dir, "config": config, "secrets": secrets}
+    secrets = rundir.secret_values(plan.get(SECRET_ENV_KEY, []), os.environ)
+    started = {
+        "fill": fill,
+        protocol.ENV_KEY: env,
+        protocol.RUN_DIR_KEY: run_dir,
+        "config": config,
+        "secrets": secrets,
+    }
     returncode = _run_worker(index, task, started)
     if returncode is None:
         return 127
     if _ENDED:
-        print(f"task {index}: stopped {task['ends_by']}", flush=True)
+        print(f"task {index}: stopped {task[ENDS_BY_KEY]}", flush=True)
         return 0  # not a bad exit: srun's --kill-on-bad-exit would end the others' last work
-    if config["task"]["type"] == contract.ROLE_EVALUATOR and returncode != 0:
+    if config[contract.TF_TASK][contract.TF_TYPE] == contract.ROLE_EVALUATOR and returncode != 0:
         # The evaluator's failure is not the training's: exit.json keeps it for the
         # supervisor, and srun's --kill-on-bad-exit leaves the training tasks running.
         print(f"task {index}: the evaluator exited {returncode}; the training goes on",
@@ -298,8 +322,13 @@ KEPT_RESTARTS = 100  # restarts.json keeps the newest ones (the count is the sup
 def _run_worker(index, task, how):
     """The worker's last return code (None: it could not start), after its restarts. `how`:
     the plan's filler, the worker's environment, its run directory, TF_CONFIG and secrets."""
-    fill, env, run_dir, secrets = how["fill"], how["env"], how["run_dir"], how["secrets"]
-    budget = int(task.get("restarts", 0))
+    fill, env, run_dir, secrets = (
+        how["fill"],
+        how[protocol.ENV_KEY],
+        how[protocol.RUN_DIR_KEY],
+        how["secrets"],
+    )
+    budget = int(task.get(RESTARTS_KEY, 0))
     history = []
     while True:
         started = time.time()
@@ -312,7 +341,7 @@ def _run_worker(index, task, how):
         returncode = _wait_forwarding_signals(child, run_dir, secrets if secrets else None)
         joined = watch.joined()
         again = len(history) < budget and restartable(
-            returncode, joined, task.get("permanent", []), bool(_SIGNALLED),
+            returncode, joined, task.get(PERMANENT_KEY, []), bool(_SIGNALLED),
             os.path.exists(os.path.join(run_dir, rundir.STOP_FILE)))  # fmt: skip
         if not again:
             rundir.record_exit(run_dir, returncode, started, None, joined, secrets=secrets)
@@ -333,7 +362,7 @@ END_POLL = 1.0  # seconds between looks at the others' exit records
 def _end_with(task, fill, run_dir, child):
     """Watches, in a thread, the exit records of the tasks in task["ends_with"]: once every one
     says 0, stop_requested (by task["ends_by"]) and SIGTERM to the worker."""
-    ends_with = [os.path.expanduser(fill(d)) for d in task.get("ends_with", [])]
+    ends_with = [os.path.expanduser(fill(d)) for d in task.get(ENDS_WITH_KEY, [])]
     if not ends_with:
         return
     import threading  # not at the top: most tasks end with nobody
@@ -346,7 +375,7 @@ def _end_with(task, fill, run_dir, child):
         while child.poll() is None:
             if all(succeeded(d) for d in ends_with):
                 _write(
-                    os.path.join(run_dir, rundir.STOP_FILE), rundir.stop_request(task["ends_by"])
+                    os.path.join(run_dir, rundir.STOP_FILE), rundir.stop_request(task[ENDS_BY_KEY])
                 )
                 _ENDED.append(True)
                 _SIGNALLED.append(signal.SIGTERM)

@@ -77,8 +77,8 @@ def standby_refusal(standby, argv, env):
     # which is sooner than a cold start's (`up` starts the first attempt's before its checks).
     if runnable_argv(argv) is None:
         return f"a standby cannot run {argv[:2]}"
-    if standby.get("python") != argv[0]:
-        return f"the standby runs {standby.get('python')}, this attempt {argv[0]}"
+    if standby.get(protocol.PYTHON_KEY) != argv[0]:
+        return f"the standby runs {standby.get(protocol.PYTHON_KEY)}, this attempt {argv[0]}"
     if standby.get("digest") != env_digest(standby.get("salt", ""), argv[0], env):
         return "the standby's environment differs from this attempt's"
     if standby.get("packages_changed"):
@@ -94,7 +94,7 @@ def foreign_standby(standby, run_dir):
     of another run of the job that still runs (never released by that run's end)."""
     if standby is None or not standby.get("alive"):
         return None
-    other = rundir.run_of(standby.get("backs") or "")
+    other = rundir.run_of(standby.get(protocol.BACKS_KEY) or "")
     if other == rundir.run_of(run_dir) or standby.get("until") is not None:
         return None
     if standby.get("backing_alive"):
@@ -116,8 +116,8 @@ def standby_verdict(standby, backs, python, env, agent, *, now):
     until = standby.get("until")
     if until is not None and now >= until:
         return "replace", "its linger ran out"
-    if standby.get("python") != python:
-        return "replace", f"the standby runs {standby.get('python')}, this run {python}"
+    if standby.get(protocol.PYTHON_KEY) != python:
+        return "replace", f"the standby runs {standby.get(protocol.PYTHON_KEY)}, this run {python}"
     if standby.get("digest") != env_digest(standby.get("salt", ""), python, env):
         return "replace", "the standby's environment differs from this run's"
     if standby.get("agent") != agent:
@@ -125,7 +125,7 @@ def standby_verdict(standby, backs, python, env, agent, *, now):
     if standby.get("packages_changed"):
         return "replace", (f"packages changed in {standby['packages_changed']} since the "
                            "standby's import")  # fmt: skip
-    if standby.get("backs") == backs and until is None:
+    if standby.get(protocol.BACKS_KEY) == backs and until is None:
         return "keep", None
     return "take", None
 
@@ -135,13 +135,13 @@ def standby_summary(name, standby, now, rss_bytes):
     until = standby.get("until")
     return {
         protocol.NAME_KEY: name,
-        protocol.PID_KEY: standby.get("pid"),
-        protocol.WORKER_PID_KEY: standby.get("worker_pid"),
-        protocol.RUN_ID_KEY: os.path.basename(rundir.run_of(standby.get("backs") or "")),
-        "backs": standby.get("backs"),
+        protocol.PID_KEY: standby.get(protocol.PID_KEY),
+        protocol.WORKER_PID_KEY: standby.get(protocol.WORKER_PID_KEY),
+        protocol.RUN_ID_KEY: os.path.basename(rundir.run_of(standby.get(protocol.BACKS_KEY) or "")),
+        protocol.BACKS_KEY: standby.get(protocol.BACKS_KEY),
         protocol.LINGERING_KEY: until is not None,
         protocol.LEFT_S_KEY: None if until is None else max(0.0, until - now),
-        protocol.READY_KEY: bool(standby.get("ready")),
+        protocol.READY_KEY: bool(standby.get(protocol.READY_KEY)),
         protocol.RSS_BYTES_KEY: rss_bytes,
-        "started_at": standby.get("started_at"),
+        protocol.STARTED_AT_KEY: standby.get(protocol.STARTED_AT_KEY),
     }

@@ -56,7 +56,7 @@ def standby_state(sdir):
     pid = rundir.read_int(os.path.join(sdir, rundir.PID_FILE))
     ready = os.path.join(sdir, rundir.READY_FILE)
     return dict(spec, pid=pid, alive=bool(pid) and control.is_our_minder(pid, sdir),
-                backing_alive=control.minder_alive(spec.get("backs") or "/"),
+                backing_alive=control.minder_alive(spec.get(protocol.BACKS_KEY) or "/"),
                 worker_pid=rundir.read_int(os.path.join(sdir, rundir.WORKER_PID_FILE)),
                 ready=os.path.exists(ready), packages_changed=packages_changed(ready))  # fmt: skip
 
@@ -98,7 +98,7 @@ def cmd_standbys(request):
             for name in sorted(os.listdir(root)):
                 state = standby_state(os.path.join(root, name))
                 if state is not None and state["alive"]:
-                    rss = _rss_bytes([state["pid"], state.get("worker_pid")])
+                    rss = _rss_bytes([state[protocol.PID_KEY], state.get(protocol.WORKER_PID_KEY)])
                     found.append(policy.standby_summary(name, state, now, rss))
         listing[job] = found
     return {protocol.NOW_KEY: now, protocol.STANDBYS_KEY: listing}
@@ -107,9 +107,9 @@ def cmd_standbys(request):
 def cmd_linger_standbys(request):
     """The run ended: each of its slots' standbys stays `seconds` from now (job.linger) for the
     next run of the job, whose `standby` request takes it; then it exits by itself."""
-    seconds = float(request["seconds"])
+    seconds = float(request[protocol.SECONDS_KEY])
     outcome = {}
-    for run_dir in request["run_dirs"]:
+    for run_dir in request[protocol.RUN_DIRS_KEY]:
         path = rundir.expand(run_dir)
         sdir = rundir.standby_dir(path)
         state = standby_state(sdir)
@@ -124,7 +124,7 @@ def cmd_linger_standbys(request):
 
 
 def _backs_run(state, run):
-    return rundir.run_of(state.get("backs") or "") == run
+    return rundir.run_of(state.get(protocol.BACKS_KEY) or "") == run
 
 
 def _rewrite_spec(sdir, change):
@@ -148,7 +148,7 @@ def _take_standby(sdir, backs, linger):
     """Re-point the slot's standby at `backs` (a lingering one: for a new run)."""
 
     def repoint(record):
-        previous = rundir.run_of(record.get("backs") or "")
+        previous = rundir.run_of(record.get(protocol.BACKS_KEY) or "")
         if previous != rundir.run_of(backs):
             record["taken_from"] = os.path.basename(previous)
         record.update(backs=backs, linger=linger)
@@ -179,15 +179,15 @@ def hand_to_standby(run_dir, spec, secrets):
     foreign = policy.foreign_standby(standby, run_dir)
     if foreign:
         return None, foreign  # another live run's: left alone
-    if not spec.get("warm"):
+    if not spec.get(protocol.WARM_KEY):
         _kill_standby(sdir)
         return None, "warm restarts are off"
-    env = policy.import_env(os.environ, spec["env"], secrets)
-    why = policy.standby_refusal(standby, spec["argv"], env)
+    env = policy.import_env(os.environ, spec[protocol.ENV_KEY], secrets)
+    why = policy.standby_refusal(standby, spec[protocol.ARGV_KEY], env)
     if why is not None:
         _kill_standby(sdir)
         return None, why
-    pid = standby["pid"]
+    pid = standby[protocol.PID_KEY]
     try:  # the claim: exactly one launch gets a standby
         os.replace(os.path.join(sdir, rundir.SPEC_FILE), os.path.join(sdir, rundir.CLAIMED_FILE))
         fifo = _open_handover(os.path.join(sdir, rundir.HANDOVER_FIFO))
@@ -202,7 +202,7 @@ def hand_to_standby(run_dir, spec, secrets):
                                  f"{standby['taken_from']} left lingering")  # fmt: skip
     try:
         connection = {k: os.environ[k] for k in policy.PER_CONNECTION_ENV if k in os.environ}
-        message = json.dumps({"run_dir": run_dir, "connection_env": connection}).encode()
+        message = json.dumps({protocol.RUN_DIR_KEY: run_dir, "connection_env": connection}).encode()
         os.write(fifo, message + b"\n")  # under PIPE_BUF (4 KiB): written at once
     finally:
         os.close(fifo)
@@ -237,41 +237,41 @@ def cmd_standby(request):
     """Start (or keep) one standby per spec; the answer per backed run directory."""
     answers = {}
     for spec in request["specs"]:
-        backs = rundir.expand(spec["backs"])
+        backs = rundir.expand(spec[protocol.BACKS_KEY])
         try:
-            answers[spec["backs"]] = _start_standby(backs, spec)
+            answers[spec[protocol.BACKS_KEY]] = _start_standby(backs, spec)
         except Exception as exc:  # one slot's failure must not hide the others' answers
-            answers[spec["backs"]] = f"error: {type(exc).__name__}: {exc}"
+            answers[spec[protocol.BACKS_KEY]] = f"error: {type(exc).__name__}: {exc}"
     return {protocol.STANDBYS_KEY: answers}
 
 
 def _start_standby(backs, spec):
     spec = dict(spec)
     minder.withhold(spec)
-    secrets = spec.pop("secret_env", None) or {}
+    secrets = spec.pop(protocol.SECRET_ENV_KEY, None) or {}
     source = spec.pop("agent_source")
     sdir = rundir.standby_dir(backs)
     run = rundir.run_of(backs)
     if os.path.exists(os.path.join(run, rundir.DISCARDED_MARKER)):
         return "not started: the run's standbys were discarded"
-    env = policy.import_env(os.environ, spec["env"], secrets)
+    env = policy.import_env(os.environ, spec[protocol.ENV_KEY], secrets)
     current = standby_state(sdir)
-    linger = float(spec.get("linger", 120))
-    verdict, why = policy.standby_verdict(current, backs, spec["python"], env,
+    linger = float(spec.get(protocol.LINGER_KEY, 120))
+    verdict, why = policy.standby_verdict(current, backs, spec[protocol.PYTHON_KEY], env,
                                           policy.agent_digest(source), now=time.time())  # fmt: skip
     if verdict == "leave":
         return f"not started: {why}"
     if verdict == "keep":
         return "kept"
     if verdict == "take":
-        previous = os.path.basename(rundir.run_of(current.get("backs") or ""))
+        previous = os.path.basename(rundir.run_of(current.get(protocol.BACKS_KEY) or ""))
         if _take_standby(sdir, backs, linger):
             return "kept" if previous == os.path.basename(run) else f"taken from run {previous}"
         return "not started: another request took the slot's standby"
     _kill_standby(sdir)
     replaced = None
     if current is not None and why and not _backs_run(current, run):
-        left_by = os.path.basename(rundir.run_of(current["backs"]))
+        left_by = os.path.basename(rundir.run_of(current[protocol.BACKS_KEY]))
         replaced = (f"not the standby run {left_by} left lingering: {why}; this run's standby "
                     "imports TensorFlow afresh")  # fmt: skip
     # {job}/runs and the run's directory private too (the discard marker goes there)
@@ -281,7 +281,7 @@ def _start_standby(backs, spec):
     if replaced:
         record["replaced"] = replaced
     safefiles.write_json(os.path.join(sdir, rundir.SPEC_FILE), record)
-    child_env = dict(os.environ, **spec["env"], **secrets)
+    child_env = dict(os.environ, **spec[protocol.ENV_KEY], **secrets)
     agent_path = os.path.join(sdir, rundir.AGENT_FILE)
     argv = protocol.standby_argv(sys.executable, agent_path, sdir)
     # spawn point: a standby, `agent.py standby STANDBY_DIR`, detached
@@ -305,14 +305,14 @@ def _standby_record(backs, spec, env, linger, source):
     """A new standby's spec.json: what it backs, and what standby_verdict compares."""
     salt = os.urandom(16).hex()
     return {
-        "backs": backs,
-        "python": spec["python"],
-        "cwd": spec["cwd"],
-        "linger": linger,
+        protocol.BACKS_KEY: backs,
+        protocol.PYTHON_KEY: spec[protocol.PYTHON_KEY],
+        protocol.CWD_KEY: spec[protocol.CWD_KEY],
+        protocol.LINGER_KEY: linger,
         "salt": salt,
-        "digest": policy.env_digest(salt, spec["python"], env),
+        "digest": policy.env_digest(salt, spec[protocol.PYTHON_KEY], env),
         "agent": policy.agent_digest(source),
-        "started_at": time.time(),
+        protocol.STARTED_AT_KEY: time.time(),
     }
 
 
@@ -321,7 +321,7 @@ def cmd_discard_standbys(request):
     none may start after this (a marker in the run's directory). A slot's standby that another
     run took meanwhile is that run's and stays."""
     outcome = {}
-    for run_dir in request["run_dirs"]:
+    for run_dir in request[protocol.RUN_DIRS_KEY]:
         path = rundir.expand(run_dir)
         run = rundir.run_of(path)
         # The marker only behind this account's private {job}/runs/{run_id}: nothing is
@@ -346,7 +346,8 @@ def run_standby(sdir):
     spec = _read_standby_spec(sdir)
     ready = os.path.join(sdir, rundir.READY_FILE)
     child = subprocess.Popen(  # spawn point: the standby's Python, which imports TensorFlow
-        [spec["python"], "-m", STANDBY_MODULE, ready], cwd=rundir.expand(spec["cwd"]),
+        [spec[protocol.PYTHON_KEY], "-m", STANDBY_MODULE, ready],
+        cwd=rundir.expand(spec[protocol.CWD_KEY]),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     safefiles.write_text(os.path.join(sdir, rundir.WORKER_PID_FILE), str(child.pid))
@@ -418,15 +419,17 @@ def _read_standby_spec(sdir):
 
 def _standby_done(spec, ended_at):
     """True when the standby should leave; else since when the attempt it backs has ended."""
-    if os.path.exists(os.path.join(rundir.run_of(spec["backs"]), rundir.DISCARDED_MARKER)):
+    if os.path.exists(
+        os.path.join(rundir.run_of(spec[protocol.BACKS_KEY]), rundir.DISCARDED_MARKER)
+    ):
         return True
     if spec.get("until") is not None:  # its run ended and left it lingering
         return True if time.time() >= spec["until"] else None
-    if control.minder_alive(spec["backs"]):
+    if control.minder_alive(spec[protocol.BACKS_KEY]):
         return None
     # The attempt it backs ended: a restart claims it soon, or nobody ever will.
     ended_at = ended_at or time.monotonic()
-    return True if time.monotonic() - ended_at > spec["linger"] else ended_at
+    return True if time.monotonic() - ended_at > spec[protocol.LINGER_KEY] else ended_at
 
 
 def _file_identity(path):
@@ -440,7 +443,7 @@ def _file_identity(path):
 def _adopt_run(child, message, keep_open):
     """Become the run directory's minder: exec `supervise RUN_DIR --adopt` in this same
     process, handing it the child and both ends of its pipes. Returns only if that failed."""
-    run_dir = message["run_dir"]
+    run_dir = message[protocol.RUN_DIR_KEY]
     os.close(keep_open)
     pipes = (child.stdin.fileno(), child.stdout.fileno())
     for fd in pipes:
@@ -452,7 +455,7 @@ def _adopt_run(child, message, keep_open):
     # variables (the rest is equal: standby_refusal checked it).
     env = {k: v for k, v in os.environ.items() if k not in policy.PER_CONNECTION_ENV}
     env.update(message.get("connection_env") or {})
-    env.update(spec["env"])
+    env.update(spec[protocol.ENV_KEY])
     agent_path = os.path.join(run_dir, rundir.AGENT_FILE)
     argv = protocol.minder_argv(sys.executable, agent_path, run_dir, (child.pid, *pipes))
     with contextlib.suppress(OSError):

@@ -17,27 +17,35 @@ import sys
 
 # protocol.ID, the session's request id: this program imports nothing shipped (Python 3.6).
 REQUEST_ID = "id"
+# Its request and answer, by these names here (backends/slurm/commands.py writes and reads them).
+ARGV_KEY = "argv"
+ENV_KEY = "env"
+TIMEOUT_KEY = "timeout"
+RETURNCODE_KEY = "returncode"
+STDOUT_KEY = "stdout"
+STDERR_KEY = "stderr"
+ERROR_KEY = "error"  # protocol.ERROR_KEY: it could not run the command, or the request was bad
 
 
 def run(request):
     env = dict(os.environ)
-    env.update({str(k): str(v) for k, v in request.get("env", {}).items()})
+    env.update({str(k): str(v) for k, v in request.get(ENV_KEY, {}).items()})
     try:
         done = subprocess.run(  # noqa: UP022 - capture_output is 3.7+, a login node may be 3.6
-            [str(a) for a in request["argv"]],
+            [str(a) for a in request[ARGV_KEY]],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            timeout=request.get("timeout"),
+            timeout=request.get(TIMEOUT_KEY),
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return {ERROR_KEY: f"{type(exc).__name__}: {exc}"}
     return {
-        "returncode": done.returncode,
-        "stdout": done.stdout.decode("utf-8", "replace"),
-        "stderr": done.stderr.decode("utf-8", "replace"),
+        RETURNCODE_KEY: done.returncode,
+        STDOUT_KEY: done.stdout.decode("utf-8", "replace"),
+        STDERR_KEY: done.stderr.decode("utf-8", "replace"),
     }
 
 
@@ -49,7 +57,7 @@ def main():
                 request = json.loads(line)
                 answer = run(request)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                answer = {"error": f"bad request: {exc}"}
+                answer = {ERROR_KEY: f"bad request: {exc}"}
             if isinstance(request, dict) and REQUEST_ID in request:
                 # Echoed as every host program does: the controller drops a session whose
                 # answer carries another id or none.

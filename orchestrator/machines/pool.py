@@ -158,7 +158,10 @@ class Machines:
 
         def watch(key: MachineKey) -> None:
             group = groups[key]
-            fields = {"run_dirs": [w.run_dir for w in group], "timeout": timeout}
+            fields = {
+                protocol.RUN_DIRS_KEY: [w.run_dir for w in group],
+                protocol.TIMEOUT_KEY: timeout,
+            }
             try:
                 answer = self._ask(group[0].host, protocol.WATCH, timeout + PROBE_TIMEOUT, fields)
                 answers[key] = bool(answer.get(protocol.CHANGED_KEY))
@@ -201,7 +204,7 @@ class Machines:
         return BACKOFF_FIRST * 2 ** min(self._failures.get(key, 1) - 1, 10)
 
     def _probe_machine(self, host: Host, run_dirs: list[str]) -> dict[str, WorkerProbe]:
-        answer = self._ask(host, protocol.PROBE, PROBE_TIMEOUT, {"run_dirs": run_dirs})
+        answer = self._ask(host, protocol.PROBE, PROBE_TIMEOUT, {protocol.RUN_DIRS_KEY: run_dirs})
         key = session_key(host)
         try:
             probes = parsed(host.name, parse_probe_answer, answer)

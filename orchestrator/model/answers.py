@@ -37,7 +37,11 @@ class HostInfo:
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> HostInfo:
-        return cls(str(data["home"]), str(data.get("hostname", "")), str(data.get("python", "")))
+        return cls(
+            str(data[protocol.HOME_KEY]),
+            str(data.get(protocol.HOSTNAME_KEY, "")),
+            str(data.get(protocol.PYTHON_KEY, "")),
+        )
 
 
 @dataclass(frozen=True)
@@ -340,28 +344,28 @@ class Inspection:
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> Inspection:
-        holder = data.get("holder")
+        holder = data.get(protocol.HOLDER_KEY)
         directories = tuple(
-            DirectoryReport(str(d["path"]), bool(d["writable"]), str(d["checked"]),
-                            int(d["free_bytes"]))
-            for d in data.get("directories", ())
+            DirectoryReport(str(d[protocol.PATH_KEY]), bool(d[protocol.WRITABLE_KEY]),
+                            str(d[protocol.CHECKED_KEY]), int(d[protocol.FREE_BYTES_KEY]))
+            for d in data.get(protocol.DIRECTORIES_KEY, ())
         )  # fmt: skip
         return cls(
-            python=str(data.get("python", "")),
-            packages={str(k): text(v) for k, v in mapping(data.get("packages")).items()},
-            env={str(k): str(v) for k, v in mapping(data.get("env")).items()},
+            python=str(data.get(protocol.PYTHON_KEY, "")),
+            packages={str(k): text(v) for k, v in mapping(data.get(protocol.PACKAGES_KEY)).items()},
+            env={str(k): str(v) for k, v in mapping(data.get(protocol.ENV_KEY)).items()},
             directories=directories,
-            listener_pid=integer(data.get("listener_pid")),
-            port_error=text(data.get("port_error")),
+            listener_pid=integer(data.get(protocol.LISTENER_PID_KEY)),
+            port_error=text(data.get(protocol.PORT_ERROR_KEY)),
             holder=_holder(holder) if isinstance(holder, dict) else None,
-            boot_id=text(data.get("boot_id")),
+            boot_id=text(data.get(protocol.BOOT_ID_KEY)),
         )
 
 
 def _holder(data: Mapping[str, Any]) -> PortHolder:
     return PortHolder(
-        int(data["pid"]),
-        str(data.get("command", "?")),
+        int(data[protocol.PID_KEY]),
+        str(data.get(protocol.COMMAND_KEY, "?")),
         text(data.get("orchestrate_run_id")),
         text(data.get("orchestrate_worker")),
     )
@@ -383,10 +387,10 @@ class Connections:
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> Connections:
         peers = {
-            str(name): PeerProbe(str(p["status"]), text(p.get("detail")))
-            for name, p in mapping(data.get("peers")).items()
+            str(name): PeerProbe(str(p[protocol.STATUS_KEY]), text(p.get(protocol.DETAIL_KEY)))
+            for name, p in mapping(data.get(protocol.PEERS_KEY)).items()
         }
-        visible = data.get("token_visible")
+        visible = data.get(protocol.TOKEN_VISIBLE_KEY)
         return cls(peers, visible if isinstance(visible, bool) else None)
 
 
@@ -402,9 +406,9 @@ class ComputeProbe:
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> ComputeProbe:
-        gflops = number(data.get("gflops"))
-        return cls(text(data.get("probe")), text(data.get("device")) or "cpu",
-                   gflops if gflops and gflops > 0 else None, text(data.get("detail")),
+        gflops = number(data.get(protocol.GFLOPS_KEY))
+        return cls(text(data.get(protocol.PROBE_KIND_KEY)), text(data.get("device")) or "cpu",
+                   gflops if gflops and gflops > 0 else None, text(data.get(protocol.DETAIL_KEY)),
                    number(data.get("cpu_limit")))  # fmt: skip
 
 
@@ -420,10 +424,11 @@ class Transfer:
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> Transfer:
-        rate = number(data.get("rate"))
-        ok = data.get("status") == "ok" and rate is not None and rate > 0
-        return cls(ok, rate if ok else None, integer(data.get("sent")) or 0,
-                   number(data.get("seconds")), text(data.get("detail")))  # fmt: skip
+        rate = number(data.get(protocol.RATE_KEY))
+        ok = data.get(protocol.STATUS_KEY) == "ok" and rate is not None and rate > 0
+        return cls(ok, rate if ok else None, integer(data.get(protocol.SENT_KEY)) or 0,
+                   number(data.get(protocol.SECONDS_KEY)),
+                   text(data.get(protocol.DETAIL_KEY)))  # fmt: skip
 
 
 def parsed(host: str, parse: Any, data: Mapping[str, Any]) -> Any:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.hostside import leasepolicy as policy
 from orchestrator.model.reading import integer, number, text
 
 DEFAULT_LEASE_DIR = "/var/tmp/orchestrate-leases"
@@ -44,12 +45,12 @@ class Holder:
     def parse(cls, data: Any) -> Holder:
         data = data if isinstance(data, dict) else {}
         return cls(
-            user=text(data.get("user")) or "?",
-            job=text(data.get("job")) or "?",
-            run_id=text(data.get("run_id")) or "?",
-            controller=text(data.get("controller")) or "",
-            since=number(data.get("since")) or 0.0,
-            uid=integer(data.get("uid")),
+            user=text(data.get(policy.USER_KEY)) or "?",
+            job=text(data.get(policy.JOB_KEY)) or "?",
+            run_id=text(data.get(policy.RUN_ID_KEY)) or "?",
+            controller=text(data.get(policy.CONTROLLER_KEY)) or "",
+            since=number(data.get(policy.SINCE_KEY)) or 0.0,
+            uid=integer(data.get(policy.UID_KEY)),
         )
 
     @property
@@ -70,8 +71,13 @@ class Lease:
     @classmethod
     def parse(cls, host: str, data: Any) -> Lease:
         data = data if isinstance(data, dict) else {}
-        return cls(host, Holder.parse(data), _ints(data.get("ports")), _ints(data.get("gpus")),
-                   data.get("shared_gpus") is True)  # fmt: skip
+        return cls(
+            host,
+            Holder.parse(data),
+            _ints(data.get(policy.PORTS_KEY)),
+            _ints(data.get(policy.GPUS_KEY)),
+            data.get(policy.SHARED_GPUS_KEY) is True,
+        )
 
 
 @dataclass(frozen=True)
@@ -87,8 +93,13 @@ class Ignored:
     @classmethod
     def parse(cls, host: str, data: Any) -> Ignored:
         data = data if isinstance(data, dict) else {}
-        return cls(host, text(data.get("file")) or "?", text(data.get("reason")) or "?",
-                   integer(data.get("owner_uid")), text(data.get("owner_name")))  # fmt: skip
+        return cls(
+            host,
+            text(data.get(policy.FILE_KEY)) or "?",
+            text(data.get(policy.REASON_KEY)) or "?",
+            integer(data.get(policy.OWNER_UID_KEY)),
+            text(data.get(policy.OWNER_NAME_KEY)),
+        )
 
     def describe(self) -> str:
         owner = ""
@@ -164,32 +175,47 @@ def parse_clashes(host: str, clashes: Any) -> list[Clash]:
     for entry in clashes if isinstance(clashes, list) else []:
         if not isinstance(entry, dict):
             continue
-        if entry.get("kind") == "queue":
-            for data in entry.get("holders") or []:
-                queued.append(Clash(host, Holder.parse(data), _sorted(_ints(data.get("ports"))),
-                                    _sorted(_ints(data.get("gpus"))), queued=True))  # fmt: skip
+        if entry.get(policy.KIND_KEY) == "queue":
+            for data in entry.get(policy.HOLDERS_KEY) or []:
+                queued.append(
+                    Clash(
+                        host,
+                        Holder.parse(data),
+                        _sorted(_ints(data.get(policy.PORTS_KEY))),
+                        _sorted(_ints(data.get(policy.GPUS_KEY))),
+                        queued=True,
+                    )
+                )
             continue
-        kind = "gpus" if entry.get("kind") == "gpus" else "ports"
+        kind = "gpus" if entry.get(policy.KIND_KEY) == "gpus" else "ports"
         wanted.append(_wanted(entry, kind))
-        for data in entry.get("holders") or []:
+        for data in entry.get(policy.HOLDERS_KEY) or []:
             holder = Holder.parse(data)
-            slot = merged.setdefault(holder.key, {"holder": holder, "ports": [], "gpus": []})
+            slot = merged.setdefault(
+                holder.key, {"holder": holder, policy.PORTS_KEY: [], policy.GPUS_KEY: []}
+            )
             slot[kind] += _ints(data.get(kind) if isinstance(data, dict) else None)
-        unknown = entry.get("unknown")
+        unknown = entry.get(policy.UNKNOWN_KEY)
         if isinstance(unknown, dict) and unknown.get(kind):
-            slot = merged.setdefault(None, {"holder": None, "ports": [], "gpus": [], "uids": []})
+            slot = merged.setdefault(
+                None, {"holder": None, policy.PORTS_KEY: [], policy.GPUS_KEY: [], "uids": []}
+            )
             slot[kind] += _ints(unknown.get(kind))
-            uids = entry.get("unknown_uids")
+            uids = entry.get(policy.UNKNOWN_UIDS_KEY)
             slot["uids"] += _ints(list(uids.values()) if isinstance(uids, dict) else None)
-        if not entry.get("holders") and not (isinstance(unknown, dict) and unknown.get(kind)):
-            merged.setdefault(None, {"holder": None, "ports": [], "gpus": [], "uids": []})
+        if not entry.get(policy.HOLDERS_KEY) and not (
+            isinstance(unknown, dict) and unknown.get(kind)
+        ):
+            merged.setdefault(
+                None, {"holder": None, policy.PORTS_KEY: [], policy.GPUS_KEY: [], "uids": []}
+            )
     what = "; ".join(dict.fromkeys(w for w in wanted if w))
     return queued + [
         Clash(
             host,
             slot["holder"],
-            _sorted(slot["ports"]),
-            _sorted(slot["gpus"]),
+            _sorted(slot[policy.PORTS_KEY]),
+            _sorted(slot[policy.GPUS_KEY]),
             what,
             uids=_sorted(slot.get("uids", [])),
         )
@@ -218,12 +244,13 @@ def _sorted(values: Iterable[int]) -> tuple[int, ...]:
 
 def _wanted(entry: Mapping[str, Any], kind: str) -> str:
     if kind == "gpus":
-        pool = ",".join(map(str, _ints(entry.get("pool"))))
-        return f"{integer(entry.get('wanted_gpus')) or '?'} GPU(s) of the pool {pool or '(empty)'}"
-    span = _ints(entry.get("range"))
+        pool = ",".join(map(str, _ints(entry.get(policy.POOL_KEY))))
+        wanted = integer(entry.get(policy.WANTED_GPUS_KEY)) or "?"
+        return f"{wanted} GPU(s) of the pool {pool or '(empty)'}"
+    span = _ints(entry.get(policy.RANGE_KEY))
     if len(span) == 2:
         return f"a port of {span[0]}-{span[1]}"
-    return f"port {integer(entry.get('port')) or '?'}"
+    return f"port {integer(entry.get(policy.PORT_KEY)) or '?'}"
 
 
 def clash_message(clashes: Sequence[Clash], now: float | None = None) -> str:
@@ -242,10 +269,10 @@ class Assignment:
 
     @classmethod
     def parse(cls, data: Any) -> Assignment:
-        port = integer(data.get("port")) if isinstance(data, dict) else None
+        port = integer(data.get(policy.PORT_KEY)) if isinstance(data, dict) else None
         if port is None:
             raise ValueError(f"no port in {data!r}")
-        gpus = data.get("gpus")
+        gpus = data.get(policy.GPUS_KEY)
         return cls(port, None if gpus is None else _ints(gpus))
 
 
@@ -259,10 +286,12 @@ class Acquired:
 
     @classmethod
     def parse(cls, host: str, data: Mapping[str, Any]) -> Acquired:
-        ignored = tuple(Ignored.parse(host, i) for i in data.get("ignored") or [])
-        if data.get("clashes"):
-            return cls(clashes=tuple(parse_clashes(host, data["clashes"])), ignored=ignored)
-        assigned = {str(k): Assignment.parse(v) for k, v in data["assigned"].items()}
+        ignored = tuple(Ignored.parse(host, i) for i in data.get(policy.IGNORED_KEY) or [])
+        if data.get(policy.CLASHES_KEY):
+            return cls(
+                clashes=tuple(parse_clashes(host, data[policy.CLASHES_KEY])), ignored=ignored
+            )
+        assigned = {str(k): Assignment.parse(v) for k, v in data[policy.ASSIGNED_KEY].items()}
         return cls(assigned=assigned, ignored=ignored)
 
 
@@ -306,14 +335,14 @@ class Ticket:
     @classmethod
     def parse(cls, host: str, data: Any) -> Ticket:
         data = data if isinstance(data, dict) else {}
-        needs = data.get("needs") if isinstance(data.get("needs"), dict) else {}
-        pools = [p for p in needs.get("pools") or [] if isinstance(p, dict)]
+        needs = data.get(policy.NEEDS_KEY) if isinstance(data.get(policy.NEEDS_KEY), dict) else {}
+        pools = [p for p in needs.get(policy.POOLS_KEY) or [] if isinstance(p, dict)]
         return cls(
             host,
-            Holder.parse({**data, "since": data.get("arrival")}),
-            _sorted(_ints(needs.get("ports"))),
-            _sorted(g for p in pools for g in _ints(p.get("gpus"))),
-            sum(integer(p.get("count")) or 0 for p in pools),
+            Holder.parse({**data, policy.SINCE_KEY: data.get(policy.ARRIVAL_KEY)}),
+            _sorted(_ints(needs.get(policy.PORTS_KEY))),
+            _sorted(g for p in pools for g in _ints(p.get(policy.GPUS_KEY))),
+            sum(integer(p.get(policy.COUNT_KEY)) or 0 for p in pools),
         )
 
 

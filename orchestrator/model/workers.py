@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.contract import EXPORT_DIR_NAME, WORKER_LOG
+from orchestrator.hostside import protocol
 from orchestrator.model.inventory import Host, Job
 from orchestrator.model.launch import WorkerLaunch
 
@@ -91,16 +92,16 @@ class WorkerSpec:
         """What the host agent's `launch` verb reads (on its standard input). The agent writes
         all but `secret_env` into spec.json; `secret_env` goes to the supervisor's environment."""
         return {
-            "run_dir": self.run_dir,
-            "private_dirs": list(self.private_dirs),
-            "cwd": self.cwd,
-            "argv": list(self.argv),
-            "env": dict(self.env),
-            "secret_env": dict(self.secrets),
-            "tf_config": self.tf_config,
-            "log_max_bytes": self.log_max_bytes,
-            "warm": self.warm,
-            "withhold_env": list(self.withheld_env),
+            protocol.RUN_DIR_KEY: self.run_dir,
+            protocol.PRIVATE_DIRS_KEY: list(self.private_dirs),
+            protocol.CWD_KEY: self.cwd,
+            protocol.ARGV_KEY: list(self.argv),
+            protocol.ENV_KEY: dict(self.env),
+            protocol.SECRET_ENV_KEY: dict(self.secrets),
+            protocol.TF_CONFIG_KEY: self.tf_config,
+            protocol.LOG_MAX_BYTES_KEY: self.log_max_bytes,
+            protocol.WARM_KEY: self.warm,
+            protocol.WITHHOLD_ENV_KEY: list(self.withheld_env),
         }
 
     def standby_request(self, linger: float) -> dict[str, Any]:
@@ -108,13 +109,13 @@ class WorkerSpec:
         the environment this worker has (its secrets too), backing this attempt, gone `linger`
         seconds after the attempt ended unless the next one claimed it."""
         return {
-            "backs": self.run_dir,
-            "python": self.argv[0],
-            "cwd": self.cwd,
-            "env": dict(self.env),
-            "secret_env": dict(self.secrets),
-            "linger": linger,
-            "withhold_env": list(self.withheld_env),
+            protocol.BACKS_KEY: self.run_dir,
+            protocol.PYTHON_KEY: self.argv[0],
+            protocol.CWD_KEY: self.cwd,
+            protocol.ENV_KEY: dict(self.env),
+            protocol.SECRET_ENV_KEY: dict(self.secrets),
+            protocol.LINGER_KEY: linger,
+            protocol.WITHHOLD_ENV_KEY: list(self.withheld_env),
         }
 
 

@@ -127,12 +127,12 @@ SHIPPED = {
                  ("contract", "protocol", "safefiles", "rundir", "control", "files", "procwatch",
                   "minder", "standbypolicy", "standbys")),
     "hostprobe.py": (lambda: host_program("hostprobe.py"),
-                     ("contract", "perfprobe", "protocol", "workerpath")),
+                     ("contract", "protocol", "perfprobe", "workerpath")),
     "leases.py": (lambda: host_program("leases.py"),
                   ("claims", "contract", "leasepolicy", "protocol", "safefiles", "leasedir",
                    "leasequeue", "rundir")),
     "launcher.py": (lambda: script.LAUNCHER_SOURCE,
-                    ("contract", "procwatch", "safefiles", "rundir")),
+                    ("contract", "procwatch", "protocol", "safefiles", "rundir")),
     "pod_launcher.py": (lambda: trainjob.LAUNCHER_SOURCE, ("contract",)),
 }  # fmt: skip
 CARRIED = sorted({module for _, needed in SHIPPED.values() for module in needed})

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import HostError, HostErrors, LeaseClash
 from orchestrator.fanout import fan_out
+from orchestrator.hostside import leasepolicy as policy
 from orchestrator.hostside import protocol
 from orchestrator.model.leases import (
     KEEPER_IDLE_SECONDS,
@@ -57,14 +58,14 @@ def worker_request(host: Host) -> dict[str, Any]:
     the run has now), its GPU count, pool and the ones it has now."""
     auto = host.port_range is not None
     return {
-        "name": host.name,
-        "port": None if auto else host.port,
-        "range": list(host.port_range) if host.port_range else None,
-        "keep_port": host.port if auto and host.port else None,
-        "gpus": host.gpus,
-        "pool": list(host.visible_gpus) if host.visible_gpus is not None else None,
-        "keep_gpus": list(host.leased_gpus) if host.leased_gpus else None,
-        "share": host.share_gpus,
+        policy.NAME_KEY: host.name,
+        policy.PORT_KEY: None if auto else host.port,
+        policy.RANGE_KEY: list(host.port_range) if host.port_range else None,
+        policy.KEEP_PORT_KEY: host.port if auto and host.port else None,
+        policy.GPUS_KEY: host.gpus,
+        policy.POOL_KEY: list(host.visible_gpus) if host.visible_gpus is not None else None,
+        policy.KEEP_GPUS_KEY: list(host.leased_gpus) if host.leased_gpus else None,
+        policy.SHARE_KEY: host.share_gpus,
     }
 
 
@@ -73,13 +74,13 @@ def lease_request(
     idle: float = KEEPER_IDLE_SECONDS,
 ) -> dict[str, Any]:  # fmt: skip
     return {
-        "lease_dir": hosts[0].lease_dir,
-        "run_id": run_id,
-        "job": job,
-        "controller": controller,
-        "idle": idle,
-        "dry_run": dry_run,
-        "workers": [worker_request(host) for host in hosts],
+        policy.LEASE_DIR_KEY: hosts[0].lease_dir,
+        policy.RUN_ID_KEY: run_id,
+        policy.JOB_KEY: job,
+        policy.CONTROLLER_KEY: controller,
+        policy.IDLE_KEY: idle,
+        policy.DRY_RUN_KEY: dry_run,
+        policy.WORKERS_KEY: [worker_request(host) for host in hosts],
     }
 
 
@@ -116,7 +117,7 @@ def take(
         request = lease_request(hosts, run_id, inventory.job.name, controller=controller,
                                 dry_run=dry_run)  # fmt: skip
         if ticket is not None:
-            request["ticket"] = dict(ticket)
+            request[policy.TICKET_KEY] = dict(ticket)
         answer = agent(hosts[0]).leases(protocol.ACQUIRE, **request)
         try:
             return Acquired.parse(hosts[0].name, answer)
@@ -190,16 +191,16 @@ def listing(
     tickets: list[Ticket] = []
     for key, answer in answers.ok.items():
         name = "+".join(h.name for h in groups[key])  # the inventory's names of the machine
-        found_tickets = answer.get("tickets")
+        found_tickets = answer.get(policy.TICKETS_KEY)
         tickets += [Ticket.parse(name, t) for t in found_tickets if isinstance(t, dict)] \
             if isinstance(found_tickets, list) else []  # fmt: skip
-        holders = answer.get("holders")
+        holders = answer.get(policy.HOLDERS_KEY)
         # A record of another network namespace sharing the lease directory is listed by its
         # own host (and blocks here): listed here too, it would read as this host's lease.
         leases += [Lease.parse(name, h) for h in holders
-                   if isinstance(h, dict) and h.get("here") is not False] \
+                   if isinstance(h, dict) and h.get(policy.HERE_KEY) is not False] \
             if isinstance(holders, list) else []  # fmt: skip
-        found = answer.get("ignored")
+        found = answer.get(policy.IGNORED_KEY)
         ignored += [Ignored.parse(name, i) for i in found] if isinstance(found, list) else []
     failed = {
         "+".join(h.name for h in groups[key]): error.message

@@ -337,7 +337,7 @@ def run_perf_round(
             protocol.SEND,
             LINK_TIMEOUT * 3 + LINK_SECONDS + 30,
             address=perf.hosts[target].address,
-            port=sinks.ok[target].get("port"),
+            port=sinks.ok[target].get(protocol.PORT_KEY),
             seconds=LINK_SECONDS,
             max_bytes=LINK_BYTES,
             timeout=LINK_TIMEOUT,

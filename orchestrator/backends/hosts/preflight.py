@@ -369,7 +369,7 @@ def _connect_round(
 
     def connect(host: Host) -> Connections:
         peers = [
-            {"name": p.name, "address": p.address, "port": p.port}
+            {protocol.NAME_KEY: p.name, protocol.ADDRESS_KEY: p.address, protocol.PORT_KEY: p.port}
             for p in listening
             if p.name != host.name
         ]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from orchestrator.contract import ISOLATED
 from orchestrator.errors import HostError
+from orchestrator.hostside import withenv
 from orchestrator.machines.hostclient import host_program
 from orchestrator.machines.runner import CommandResult, Runner
 
@@ -122,15 +123,17 @@ class Slurm:
         runner = self.runner
         session = runner.session([python, *ISOLATED, "-c", host_program(WITH_ENV)])
         try:
-            answer = session.request({"argv": argv, "env": dict(env), "timeout": timeout},
-                                     timeout=timeout + 30)  # fmt: skip
+            request = {withenv.ARGV_KEY: argv, withenv.ENV_KEY: dict(env),
+                       withenv.TIMEOUT_KEY: timeout}  # fmt: skip
+            answer = session.request(request, timeout=timeout + 30)
         finally:
             session.close()
-        if "error" in answer:
+        if withenv.ERROR_KEY in answer:
             raise HostError(runner.host_name, f"cannot run {argv[0]} with job.secret_env's "
-                            f"values: {answer['error']}")  # fmt: skip
-        return CommandResult(runner.host_name, tuple(argv), int(answer["returncode"]),
-                             str(answer["stdout"]), str(answer["stderr"]))  # fmt: skip
+                            f"values: {answer[withenv.ERROR_KEY]}")  # fmt: skip
+        return CommandResult(runner.host_name, tuple(argv), int(answer[withenv.RETURNCODE_KEY]),
+                             str(answer[withenv.STDOUT_KEY]),
+                             str(answer[withenv.STDERR_KEY]))  # fmt: skip
 
     def state(self, job_id: str) -> JobState:
         result = self.run(["scontrol", "show", "job", "-o", job_id], timeout=30)

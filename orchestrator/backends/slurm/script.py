@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from orchestrator.contract import ISOLATED
 from orchestrator.errors import ScriptRefused
+from orchestrator.hostside import protocol
+from orchestrator.hostside import slurm_launcher as launcher
 from orchestrator.hostside.bundle import shipped_program
 from orchestrator.model.inventory import ROLE_CHIEF, ROLE_EVALUATOR, ROLE_PS, ROLE_WORKER
 from orchestrator.model.slurm import (
@@ -46,12 +48,14 @@ def plan(
     ordered = sorted(specs, key=lambda s: s.index)
     roles = any(s.launch.role != ROLE_WORKER for s in ordered)
     return {
-        "port": spec.port,
-        "secret_env": list(secret_env),
-        "tasks": [{"run_dir": s.run_dir, "private_dirs": list(s.private_dirs), "cwd": s.cwd,
-                   "argv": list(s.argv), "env": dict(s.env), **_roles(s, roles),
-                   **_ends_with(s, ordered)}
-                  for s in ordered],
+        launcher.PORT_KEY: spec.port,
+        launcher.SECRET_ENV_KEY: list(secret_env),
+        launcher.TASKS_KEY: [{protocol.RUN_DIR_KEY: s.run_dir,
+                              protocol.PRIVATE_DIRS_KEY: list(s.private_dirs),
+                              protocol.CWD_KEY: s.cwd, protocol.ARGV_KEY: list(s.argv),
+                              protocol.ENV_KEY: dict(s.env), **_roles(s, roles),
+                              **_ends_with(s, ordered)}
+                             for s in ordered],
     }  # fmt: skip
 
 
@@ -64,10 +68,13 @@ def _ends_with(spec: WorkerSpec, specs: Sequence[WorkerSpec]) -> dict[str, objec
     role = spec.launch.role
     chief = [s.run_dir for s in specs if s.launch.role == ROLE_CHIEF]
     if role in (ROLE_PS, ROLE_WORKER) and chief:
-        return {"ends_with": chief, "ends_by": "after the chief finished"}
+        return {launcher.ENDS_WITH_KEY: chief, launcher.ENDS_BY_KEY: "after the chief finished"}
     if role == ROLE_EVALUATOR:
         training = chief or [s.run_dir for s in specs if s.launch.role == ROLE_WORKER]
-        return {"ends_with": training, "ends_by": "after the training finished"}
+        return {
+            launcher.ENDS_WITH_KEY: training,
+            launcher.ENDS_BY_KEY: "after the training finished",
+        }
     return {}
 
 
@@ -76,11 +83,14 @@ def _roles(spec: WorkerSpec, roles: bool) -> dict[str, object]:
     often its launcher starts it again in place (a ParameterServerStrategy worker, the
     evaluator), with the exit codes that are never restarted."""
     launch = spec.launch
-    found: dict[str, object] = {"role": launch.role, "task_index": launch.task_index} \
-        if roles else {}  # fmt: skip
+    found: dict[str, object] = (
+        {launcher.ROLE_KEY: launch.role, launcher.TASK_INDEX_KEY: launch.task_index}
+        if roles
+        else {}
+    )
     if launch.restarts_alone:
-        found["restarts"] = launch.restarts_alone
-        found["permanent"] = list(launch.permanent_exit_codes)
+        found[launcher.RESTARTS_KEY] = launch.restarts_alone
+        found[launcher.PERMANENT_KEY] = list(launch.permanent_exit_codes)
     return found
 
 
