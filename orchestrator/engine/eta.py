@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable
 from typing import Protocol
 
-from orchestrator.engine.state import WorkerState
+from orchestrator.model.vocabulary import WorkerState
 
 MAX_ETA_SECONDS = 100 * 365 * 86400.0  # a century: beyond it the rate says nothing of the end
 

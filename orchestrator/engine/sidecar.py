@@ -16,11 +16,11 @@ from orchestrator.backends.base import Backend
 from orchestrator.engine import roles
 from orchestrator.engine.lifecycle import start_alone
 from orchestrator.engine.policy import worker_failure, worker_restart
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus
 from orchestrator.errors import OrchestrateError
 from orchestrator.model.inventory import ROLE_EVALUATOR
 from orchestrator.model.records import Restart, RunRecord, alone_counts, restarted_alone
+from orchestrator.model.vocabulary import WorkerState
 
 STOP_GRACE = 5.0  # a ps or worker of a finished chief: it only serves
 
@@ -109,7 +109,7 @@ class Sidecar:
         worker = status.workers[index]
         failure = worker_failure(worker)
         restart = Restart(time.time(), record.attempt, worker.name, failure.reason, worker.step,
-                          failure.kind.value)  # fmt: skip
+                          failure.kind)  # fmt: skip
         record, number = self._record_alone(record, restart)
         try:
             return start_alone(record, self.backend, index, number)

@@ -134,8 +134,8 @@ def test_status_table_renders_every_column() -> None:
     probe = WorkerProbe.parse({"exists": True, "pid": 3, "alive": True, "worker_pid": 4,
                                "progress": {"step": 7, "target_steps": 10, "loss": 0.25}},
                               now=0.0)  # fmt: skip
-    from orchestrator.engine.state import WorkerState
     from orchestrator.engine.status import RunStatus
+    from orchestrator.model.vocabulary import WorkerState
 
     status = RunStatus("run1", "demo", WorkerState.RUNNING, (worker_status(worker, probe),))
     console = Console(width=160, record=True)

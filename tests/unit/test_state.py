@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from orchestrator.engine.failures import FailureKind
 from orchestrator.engine.state import Expectation, classify, overall
-from orchestrator.engine.state import WorkerState as S
 from orchestrator.model.answers import WorkerProbe
+from orchestrator.model.vocabulary import FailureKind
+from orchestrator.model.vocabulary import WorkerState as S
 
 
 def probe(**fields: object) -> WorkerProbe:
