@@ -12,12 +12,12 @@ import math
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.engine.roles import labelled
+from orchestrator.engine.rolepolicy import labelled
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.answers import StandbyInfo
+from orchestrator.model.findings import PreflightReport, Status
 from orchestrator.model.firewall import HostRules
 from orchestrator.model.leases import LeaseListing, clock
-from orchestrator.model.preflight import PreflightReport, Status
 from orchestrator.model.printable import printable
 from orchestrator.model.vocabulary import WorkerState
 

@@ -18,7 +18,7 @@ from orchestrator.contract import (
 from orchestrator.engine.eta import run_eta, worker_eta
 from orchestrator.engine.failures import classify_exit, explain
 from orchestrator.engine.pace import pace_outlier
-from orchestrator.engine.roles import run_state, serving
+from orchestrator.engine.rolepolicy import run_state, serving
 from orchestrator.engine.state import Expectation, classify
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.inventory import ROLE_EVALUATOR, ROLE_WORKER

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import NoReturn
 
 from orchestrator.backends.base import Backend
-from orchestrator.engine import roles
+from orchestrator.engine import rolepolicy
 from orchestrator.engine.checkpoints import Mirror
 from orchestrator.engine.failures import Failure, early_exit, explain
 from orchestrator.engine.goodput import closed
@@ -166,9 +166,9 @@ class Supervisor:
                 self.store.save(acted)
                 continue
             pairs = [(w.role, w.state) for w in status.workers]
-            training = only(status, roles.training(pairs))
+            training = only(status, rolepolicy.training(pairs))
             failure = first_failure(training) or self.watch.check(
-                only(status, roles.watched(pairs)), time.monotonic()
+                only(status, rolepolicy.watched(pairs)), time.monotonic()
             )
             if failure is not None and self._awaits_cause(failure, training):
                 self._pause()  # ends at once when the next exit is recorded

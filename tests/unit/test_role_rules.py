@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.registry import load_inventory
-from orchestrator.engine import roles
+from orchestrator.engine import rolepolicy as roles
 from orchestrator.engine.lifecycle import start_run
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor

@@ -29,7 +29,7 @@ from orchestrator.hostside import slurm_launcher as launcher
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.answers import ExitRecord, WorkerProbe
-from orchestrator.model.preflight import PreflightOptions
+from orchestrator.model.findings import PreflightOptions
 from orchestrator.model.records import RunRecord, WorkerRecord
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.model.vocabulary import WorkerState

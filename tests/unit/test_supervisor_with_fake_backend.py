@@ -31,8 +31,8 @@ from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import JobFailed
 from orchestrator.fanout import GroupResult
+from orchestrator.model.findings import Finding, PreflightReport, Status
 from orchestrator.model.inventory import Host, Inventory, Job
-from orchestrator.model.preflight import Finding, PreflightReport, Status
 from orchestrator.model.vocabulary import FailureKind, WorkerState
 from tests.fakes.backend import FakeBackend, Script, exited, running
 
