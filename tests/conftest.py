@@ -43,7 +43,8 @@ PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTT
 
 def clean_env(**extra: str) -> dict[str, str]:
     # Proxy variables break worker-to-worker gRPC; TF's C++ log noise hides what matters.
-    env = {k: v for k, v in os.environ.items() if k not in PROXY_VARIABLES}
+    # COLUMNS sets the CLI's width (cli/app.py): a test that wants one says so.
+    env = {k: v for k, v in os.environ.items() if k not in (*PROXY_VARIABLES, "COLUMNS")}
     env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}, **extra)
     return env
 
@@ -55,12 +56,16 @@ class Cli:
     cwd: Path
 
     def __call__(
-        self, *args: str, timeout: float = 180, check: bool = False
+        self,
+        *args: str,
+        timeout: float = 180,
+        check: bool = False,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [sys.executable, "-m", "orchestrator", *args],
             cwd=self.cwd,
-            env=clean_env(),
+            env={**clean_env(), **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout,

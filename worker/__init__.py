@@ -11,7 +11,8 @@ worker stops them all at one step, after a checkpoint there, with exit code 75 (
 For a `script:` job of your own: `is_chief()`, `write_dir(path)` (the chief writes `path`, the
 others a temporary directory they remove), `checkpoint_dir()`, `target_steps()` (the job's
 `steps:`) and `report(step=..., loss=...)` (worker.helpers, worker.progress); `keras()` is the
-Keras of job.keras.
+Keras of job.keras; `keras_progress()` is a callback that reports `model.fit`'s progress
+(worker.kerasprogress).
 
 Importing this package is cheap: TensorFlow is imported only when training starts, so the controller
 side and user scripts can use `TrainingTask` and `report` without paying for it.
@@ -19,6 +20,7 @@ side and user scripts can use `TrainingTask` and `report` without paying for it.
 
 from worker.helpers import checkpoint_dir, is_chief, target_steps, task_index, write_dir
 from worker.kerasflavor import keras
+from worker.kerasprogress import keras_progress
 from worker.progress import ProgressWriter, report
 from worker.task import TrainingTask
 
@@ -28,6 +30,7 @@ __all__ = [
     "checkpoint_dir",
     "is_chief",
     "keras",
+    "keras_progress",
     "report",
     "target_steps",
     "task_index",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 from rich.console import Console, ConsoleOptions, RenderableType
@@ -43,9 +44,17 @@ class PlainTextConsole(Console):
                 yield segment._replace(text=printable(segment.text, multiline=True))
 
 
-# Piped output is read by people too (CI logs, `| less`): give tables room instead of 80 columns.
-console = PlainTextConsole(width=None if sys.stdout.isatty() else 160)
-errors = PlainTextConsole(stderr=True, width=None if sys.stderr.isatty() else 160)
+def output_width(stream: TextIO) -> int | None:
+    """COLUMNS when the user set it (a number); else a terminal's own width (None: Rich asks
+    it); else 160: piped output is read by people too (CI logs, `| less`), give tables room."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and 20 <= int(columns) <= 1000:
+        return int(columns)
+    return None if stream.isatty() else 160
+
+
+console = PlainTextConsole(width=output_width(sys.stdout))
+errors = PlainTextConsole(stderr=True, width=output_width(sys.stderr))
 
 EXIT_INTERRUPTED = 130
 
@@ -98,6 +107,19 @@ class StoppedWatching(OrchestrateError):
         super().__init__(
             "stopped watching; the workers keep running",
             hint="'orchestrate status', 'orchestrate tail -f', or 'orchestrate down' to stop them",
+        )
+
+
+class StillSupervised(OrchestrateError):
+    """Ctrl-C on a process that supervised a run: the supervision goes on, detached."""
+
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self, run_id: str, pid: int) -> None:
+        super().__init__(
+            f"stopped watching; run {run_id} stays supervised: a detached supervisor (pid {pid}) "
+            "restarts it when a worker fails",
+            hint="'orchestrate attach' re-enters the live view; 'orchestrate down' stops the run",
         )
 
 

@@ -7,11 +7,18 @@ they will show. The lines these functions return are printable already."""
 
 from __future__ import annotations
 
-import math
-
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.cli.format import (
+    STATE_STYLES,
+    duration,
+    number,
+    shown,
+    size,
+    step_text,
+)
+from orchestrator.cli.statustable import StatusTable, shared_values
 from orchestrator.engine.rolepolicy import labelled
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.answers import StandbyInfo
@@ -21,53 +28,10 @@ from orchestrator.model.leases import LeaseListing, clock
 from orchestrator.model.printable import printable
 from orchestrator.model.vocabulary import WorkerState
 
-STATE_STYLES = {
-    WorkerState.PENDING: "dim",
-    WorkerState.STARTING: "yellow",
-    WorkerState.RUNNING: "cyan",
-    WorkerState.SUCCEEDED: "green",
-    WorkerState.FAILED: "bold red",
-    WorkerState.STOPPED: "magenta",
-    WorkerState.UNKNOWN: "red",
-}
 
-
-def shown(value: str) -> Text:
-    """A table cell of text orchestrate did not write: printable, and no markup."""
-    return Text(printable(value))
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):  # int(inf) raises: unknown, not a crash
-        return "-"
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
-def size(rss: int | None) -> str:
-    return "-" if rss is None else f"{rss / 2**20:.0f} MiB"
-
-
-def number(value: float | None, digits: int = 4) -> str:
-    return "-" if value is None else f"{value:.{digits}g}"
-
-
-def devices(names: tuple[str, ...]) -> str:
-    """ "/device:GPU:0" → "GPU:0"; the worker lists only its own devices."""
-    return ", ".join(name.removeprefix("/device:") for name in names) or "-"
-
-
-def step_text(worker: WorkerStatus) -> str:
-    if worker.step is None:
-        return "-"
-    return f"{worker.step}/{worker.target_steps}" if worker.target_steps else str(worker.step)
-
-
-def status_table(status: RunStatus) -> Table:
+def status_table(status: RunStatus) -> StatusTable:
+    """The run's line and its workers' table, its columns chosen by the width it is printed at
+    (cli/statustable.py)."""
     title = Text.assemble(
         f"run {status.run_id}  job {status.job}  ",
         (status.state.value, STATE_STYLES[status.state]),
@@ -83,34 +47,7 @@ def status_table(status: RunStatus) -> Table:
         title.append("\n" + printable(status.outcome), style="red")
     if status.leases_lost:
         title.append("\nrunning unleased: " + printable(status.leases_lost), style="red")
-    table = Table(title=title, title_justify="left", expand=False)
-    for column in (
-        "worker", "#", "host", "state", "pid", "step", "loss", "acc", "val_loss", "val_acc", "ckpt"
-    ):  # fmt: skip
-        table.add_column(column, justify="right" if column in ("#", "pid", "step") else "left")
-    for column in ("steps/s", "uptime", "cpu%", "mem"):
-        table.add_column(column, justify="right")
-    table.add_column("devices")
-    for w in status.workers:
-        table.add_row(
-            shown(labelled(w.name, w.role)),
-            str(w.index),
-            shown(w.host),
-            Text(w.state.value, STATE_STYLES[w.state]),
-            str(w.pid or "-"),
-            step_text(w),
-            number(w.loss),
-            number(w.accuracy, 3),
-            number(w.val_loss),
-            number(w.val_accuracy, 3),
-            "-" if w.checkpoint_step is None else str(w.checkpoint_step),
-            number(w.steps_per_sec, 3),
-            duration(w.uptime),
-            number(w.cpu_percent, 3),
-            size(w.rss_bytes),
-            shown(devices(w.devices)),
-        )
-    return table
+    return StatusTable(status, title)
 
 
 def standby_lines(standbys: dict[str, StandbyInfo]) -> list[str]:
@@ -178,6 +115,22 @@ def progress_line(worker: WorkerStatus) -> str:
         parts.append(f"ETA {duration(worker.eta_seconds)}")
     if worker.reason and worker.state in (WorkerState.FAILED, WorkerState.UNKNOWN):
         parts.append(worker.reason)
+    return printable("  ".join(parts))
+
+
+def run_line(status: RunStatus) -> str | None:
+    """One line for the whole run when its workers are in one state at one step with one loss
+    (lockstep), for logs and pipes; None when they differ."""
+    workers = status.workers
+    if len(workers) < 2 or len({w.state for w in workers}) > 1:
+        return None
+    once = shared_values(workers)
+    if "step" not in once:
+        return None
+    parts = [f"run {status.run_id}: {workers[0].state.value}, {len(workers)} workers"]
+    parts += [f"{name} {value}" for name, value in once.items()]
+    if status.eta_seconds is not None:
+        parts.append(f"ETA {duration(status.eta_seconds)}")
     return printable("  ".join(parts))
 
 

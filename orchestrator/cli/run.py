@@ -32,7 +32,7 @@ from orchestrator.cli.check import (
 from orchestrator.cli.dashboard import DEFAULT_PORT as DASHBOARD_PORT
 from orchestrator.cli.dashboard import spawn_dashboard
 from orchestrator.cli.hosts import prepare_before_checks
-from orchestrator.cli.live import finish, supervise_here, view
+from orchestrator.cli.live import finish, spawn_supervisor, supervise_here, view
 from orchestrator.cli.render import duration
 from orchestrator.engine.control import stop_everything, stop_unrecorded, watch
 from orchestrator.engine.lifecycle import (
@@ -47,7 +47,6 @@ from orchestrator.engine.locks import (
 from orchestrator.engine.notify import RunEvents, missing_notify_secrets
 from orchestrator.engine.policy import linger_seconds, with_warm_default
 from orchestrator.engine.queue import Withdrawn, pending, wait_for_leases, withdraw
-from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_env
 from orchestrator.engine.start import StartHooks, StartOptions, start_first_attempt
 from orchestrator.engine.status import RunStatus, collect_status
@@ -224,7 +223,7 @@ def start_and_supervise(
         if with_dashboard:
             _start_dashboard(context, record.run_id, dashboard_port)
         if detach:
-            pid = _spawn_supervisor(context.store, record.run_id)
+            pid = spawn_supervisor(context.store, record.run_id)
             errors.print(
                 f"detached; a supervisor (pid {pid}) restarts the cluster when a worker fails. "
                 "Follow with 'orchestrate attach', 'orchestrate status', 'orchestrate tail -f'"
@@ -308,30 +307,19 @@ def _say(message: str) -> None:
     errors.print(message, markup=False, highlight=False)
 
 
-def _spawn_supervisor(store: RunStore, run_id: str) -> int:
-    """The detached `orchestrate supervise RUN_ID`: its own session, so it outlives this
-    command and its terminal; its output goes to the run's log in the state directory. It
-    inherits this environment: the job's secret_env values for restarts live there, in memory."""
-    with store.open_private(store.log_path(run_id), append=True) as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "--state-dir", str(store.root.resolve()),
-             "supervise", run_id],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    return process.pid
-
-
 @cli.command(hidden=True)
 @click.argument("run_id")
 @click.option("--interval", default=1.0)
 @pass_context
 def supervise(context: Context, run_id: str, interval: float) -> None:
-    """Supervise RUN_ID in this process (started detached by 'up --detach')."""
+    """Supervise RUN_ID in this process (started detached by 'up --detach', or by Ctrl-C on a
+    supervising 'up' or 'attach', possibly in the middle of a restart's launch)."""
     record = context.store.load(run_id)
     secret_values(record.inventory.job.secret_env, os.environ, doing="supervising the run")
     with open_backend(record.inventory) as backend:
-        supervise_here(context.store, backend, record, interval)
+        if interrupted_launch(context.store, record) and not record.stop_requested:
+            record = relaunch(context.store, backend, record, _say)
+        supervise_here(context.store, backend, record, interval, hand_over=False)
 
 
 @cli.command()

@@ -265,7 +265,7 @@ class Failure:
 
     @property
     def signature(self) -> tuple[str, str, int | None]:
-        """What "the same failure" means: the same worker, the same kind, the same step."""
+        """Who failed how and where, as restarts record it (`same_failure` compares two)."""
         return (self.worker, self.kind.value, self.step)
 
 
@@ -279,6 +279,25 @@ def permanent_reason(
         return f"exit code {failure.exit_code} is marked permanent"
     if failure.kind in DETERMINISTIC:
         return f"a {failure.kind.value} failure repeats on every restart"
-    if previous is not None and previous == failure.signature:
+    if previous is not None and same_failure(failure.signature, previous):
         return "it failed the same way at the same step twice in a row"
     return None
+
+
+# Kinds that say something about one machine (a signal, a stall, a host gone, its port): they
+# repeat only on the same worker. The others are the code's or the data's, and fail whichever
+# worker reaches the step first (under MultiWorkerMirroredStrategy every worker raises alike).
+MACHINE_KINDS = frozenset(
+    {FailureKind.KILLED, FailureKind.STALLED, FailureKind.NOT_STARTED, FailureKind.UNREACHABLE,
+     FailureKind.VANISHED, FailureKind.PEER_LOST, FailureKind.PORT_BUSY, FailureKind.PREEMPTED}
+)  # fmt: skip
+
+
+def same_failure(this: tuple[str, str, int | None], previous: tuple[str, str, int | None]) -> bool:
+    """Whether two failures' (worker, kind, step) are "the same failure": the same kind at the
+    same step, on the same worker where the kind is about a machine (MACHINE_KINDS)."""
+    worker, kind, step = this
+    if (kind, step) != previous[1:]:
+        return False
+    code_or_data = kind in {k.value for k in FailureKind} and FailureKind(kind) not in MACHINE_KINDS
+    return worker == previous[0] or code_or_data

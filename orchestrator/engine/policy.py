@@ -2,7 +2,8 @@
 stall, an exit, a preemption), how long its survivors may take to stop, whether a failure ends
 the run or is worth a restart, the backoff, and the words that conclude a run.
 
-A failure with the signature of the previous one (same worker, same kind, same step), a
+A failure with the signature of the previous one (the same kind at the same step; of the same
+worker too where the kind is about a machine, failures.same_failure), a
 deterministic kind, or an exit code the job marks permanent ends the run at once instead of
 looping (failures.py decides). A preemption (every worker saved and exited 75) spends no
 restart: where the backend resubmits preempted attempts (Slurm) the next attempt is submitted
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.contract import EXIT_PREEMPTED, STRATEGY_PS
+from orchestrator.engine.excerpt import excerpt
 from orchestrator.engine.failures import (
     Failure,
     classify_exit,
@@ -406,9 +408,10 @@ def failure_report(status: RunStatus) -> str:
     advice = explain(failure.kind, worker.log_tail)
     if advice:
         lines.append(f"what to do: {advice}")
-    if worker.log_tail:
+    shown = excerpt(worker.log_tail)
+    if shown:
         lines.append(f"last lines of {worker.name}'s log:")
-        lines.extend(f"  {line}" for line in worker.log_tail[-10:])
+        lines.extend(f"  {line}" for line in shown)
     return "\n".join(lines)
 
 
@@ -424,7 +427,8 @@ def give_up_message(
     advice = explain(failure.kind, log_tail)
     if advice:
         lines.append(f"what to do: {advice}")
-    if log_tail:
+    shown = excerpt(log_tail, len(log_tail))
+    if shown:
         lines.append(f"last lines of {failure.worker}'s log:")
-        lines.extend(f"  {line}" for line in log_tail)
+        lines.extend(f"  {line}" for line in shown)
     return "\n".join(lines)

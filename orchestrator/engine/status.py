@@ -175,6 +175,7 @@ class RunStatus:
     scheduler: SchedulerState | None = None  # a scheduler's view of the attempt (Slurm job)
     # "worker w1 restarted (2 of 6), the chief continued": per worker restarted by itself
     alone: tuple[str, ...] = ()
+    started_at: float | None = None  # the run's record was made (the elapsed time's start)
 
     @property
     def pace(self) -> str | None:
@@ -367,6 +368,7 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         scheduler=backend.scheduler.scheduler_state(record) if backend.scheduler else None,
         state=run_state((s.role, s.state) for s in statuses),
         workers=tuple(statuses),
+        started_at=record.created_at,
     )
 
 

@@ -52,8 +52,9 @@ def test_evaluate_export_and_restore(cli: Cli, reaper: list[str]) -> None:
     images, _ = shapes.make_images(32, seed=7)  # neither training nor eval data
 
     local_tf_inventory(cli, steps=30, eval_every=10, export="keras")
-    cli("up", "inv.yaml", check=True, timeout=300)
+    up = cli("up", "inv.yaml", check=True, timeout=300)
     reaper.append(cli.record()["run_id"])
+    assert f"exported model: {job / 'export'}\n" in up.stderr  # where, said at the end of `up`
     loss_30, accuracy_30 = final_evaluation(cli, 30)
     logs = cli("tail", "-n", "100", check=True).stdout
     assert "chief | worker: evaluating 1001 examples in 16 steps every 10 steps" in logs

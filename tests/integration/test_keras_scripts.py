@@ -70,6 +70,13 @@ def test_fit_with_backup_and_restore_trains_in_sync_under_legacy(cli: Cli) -> No
     result = cli("up", str(inventory), timeout=240)
     assert result.returncode == 0, result.stderr
     assert_trained_in_sync(cli, "fit_mwms")
+    # keras_progress() in its callbacks (issue 56): the steps, loss and saves of model.fit
+    assert "job fit_mwms succeeded at step 8" in result.stderr
+    status = cli("status", "--json", check=True).stdout
+    workers = json.loads(status)["workers"]
+    assert [(w["step"], w["target_steps"]) for w in workers] == [(8, 8), (8, 8)], workers
+    assert all(w["loss"] is not None and w["checkpoint_step"] == 8 for w in workers), workers
+    assert json.loads(status)["goodput"]["goodput"] is not None  # start-up told from training
     checkpoints = cli.cwd / "work" / "fit_mwms" / "checkpoints"
     assert (checkpoints / "saved" / "model.keras").is_file()  # the chief's save
     run_dir = next((cli.cwd / "work" / "fit_mwms" / "runs").glob("*/attempt-0/worker-1"))
@@ -200,6 +207,30 @@ def test_a_one_worker_script_without_the_strategy_succeeds(cli: Cli) -> None:
     result = cli("up", "--skip-checks", str(inventory), timeout=240)
     assert result.returncode == 0, result.stderr
     assert "job no_strategy succeeded at step 3" in result.stderr
+
+
+def test_keras3_fit_reports_its_progress_through_the_callback(cli: Cli) -> None:
+    inventory = script_inventory(cli, "fit_keras3_alone.py", hosts=1)
+    result = cli("up", "--skip-checks", str(inventory), timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "job fit_keras3_alone succeeded at step 8" in result.stderr
+    (worker,) = cli.status()["workers"]
+    assert (worker["step"], worker["target_steps"], worker["checkpoint_step"]) == (8, 8, 8)
+    assert worker["loss"] is not None and worker["val_loss"] is not None, worker
+    assert "keras 3." in cli("tail", "-n", "50", check=True).stdout
+
+
+def test_a_failures_excerpt_leaves_tensorflows_start_up_noise_out(cli: Cli) -> None:
+    # TF_CPP_MIN_LOG_LEVEL as a user has it (unset: 0), so TensorFlow prints its CUDA lines.
+    inventory = script_inventory(cli, "fails_after_import.py", hosts=1, max_restarts=0,
+                                 env={"TF_CPP_MIN_LOG_LEVEL": "0"})  # fmt: skip
+    result = cli("up", "--skip-checks", str(inventory), timeout=240)
+    assert result.returncode == 1, result.stderr
+    assert "ValueError: bad batch shape at step 5" in result.stderr
+    logs = cli("tail", "-n", "50", check=True).stdout
+    assert "cudart_stub.cc" in logs or "cpu_feature_guard" in logs  # the noise was there
+    for noise in ("cudart_stub.cc", "cpu_feature_guard", "oneDNN", "cuInit", "InitializeLog"):
+        assert noise not in result.stderr, result.stderr
 
 
 def test_missing_user_module_points_at_files_and_is_not_retried(cli: Cli) -> None:

@@ -98,6 +98,29 @@ def test_failed_worker_fails_the_job_with_a_report(cli: Cli, reaper: list[str]) 
         "beta": "failed",
     }
     assert status["restarts"] == 1 and status["attempt"] == 1
+
+
+def test_the_same_error_on_another_worker_ends_the_run_after_one_restart(
+    cli: Cli, reaper: list[str]
+) -> None:
+    """Issue 56: a deterministic error fails whichever worker reaches its step first; alike in
+    two attempts in a row it ends the run (it was retried until max_restarts)."""
+    make_job(cli.cwd, steps=5)
+    marker = cli.cwd / "failed-once"
+    # Attempt 0: alpha raises after step 5; from then on beta does, at the same step.
+    (cli.cwd / "train.py").write_text(SCRIPT.replace(
+        'os.environ.get("FAIL_WORKER")',
+        f'("beta" if os.path.exists({str(marker)!r}) else "alpha")'
+    ).replace(
+        '    raise SystemExit("boom: "',
+        f'    open({str(marker)!r}, "w").close()\n    raise SystemExit("boom: "',
+    ))  # fmt: skip
+    result = cli("up", "inv.yaml")
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 1, result.stderr
+    assert "failed the same way at the same step twice in a row" in result.stderr
+    status = cli.status()
+    assert status["restarts"] == 1 and status["attempt"] == 1, status
     assert status["outcome"].startswith("gave up: beta at step 5: exit 1: boom: beta")
 
 

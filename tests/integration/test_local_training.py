@@ -82,6 +82,12 @@ def test_status_while_training_and_down_in_the_middle(cli: Cli, reaper: list[str
         assert worker["uptime"] > 0
     table = cli("status", check=True).stdout
     assert "chief" in table and "running" in table
+    # At 80 columns (issue 56): nothing wider, the worker, its state and the step whole.
+    narrow = cli("status", check=True, env={"COLUMNS": "80"}).stdout.splitlines()
+    assert max(map(len, narrow)) <= 80, narrow
+    rows = [line for line in narrow if line.startswith("│ chief") or line.startswith("│ other")]
+    assert len(rows) == 2 and all("running" in row for row in rows), narrow
+    assert "/100000" in "\n".join(narrow) and "…" not in "\n".join(narrow), narrow
     record = json.loads((cli.cwd / ".orchestrate" / "runs" / f"{run_id}.json").read_text())
     assert [w["name"] for w in record["workers"]] == ["chief", "other"]
     # Two supervisors and their workers (the first attempt's standbys, which `up` started

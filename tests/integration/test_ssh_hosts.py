@@ -231,6 +231,8 @@ def test_training_over_ssh_resumes_from_the_chiefs_checkpoint(cli: Cli, cluster:
     assert (
         "resuming from checkpoint ckpt-40" in resumed.stderr and "copied to host2" in resumed.stderr
     )
+    # The end of `up` says where the remote chief's model went, and how to fetch it (issue 56).
+    assert "/shapes/export on host1 ('orchestrate pull-export' copies it here)" in resumed.stderr
     logs = cli("tail", "-n", "100", check=True).stdout
     for name in ("host1", "host2"):
         assert f"{name} | worker: restored checkpoint at step 40" in logs

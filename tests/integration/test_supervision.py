@@ -218,6 +218,28 @@ def test_detached_supervisor_restarts_and_attach_follows_to_the_end(
     assert "alpha" in log and "restarting the cluster" in log
 
 
+def test_ctrl_c_on_up_leaves_the_run_supervised(cli: Cli, reaper: list[str]) -> None:
+    """Issue 56: Ctrl-C stops watching, not supervising; a worker killed afterwards is
+    restarted by the detached supervisor that took over, and the run succeeds."""
+    make_job(cli, {}, STEPS=60, DELAY=0.15)
+    up = cli.popen("up", "--skip-checks", "inv.yaml")
+    (alpha,) = suspend_workers([stepping(cli, "alpha")])  # held: the run cannot end first
+    run_id = cli.record()["run_id"]
+    reaper.append(run_id)
+    up.send_signal(signal.SIGINT)
+    _, err = up.communicate(timeout=60)
+    assert up.returncode == 130, err
+    assert f"run {run_id} stays supervised: a detached supervisor (pid" in err, err
+    assert "'orchestrate attach' re-enters the live view" in err
+    (supervisor,) = detached_supervisors(run_id)
+    alpha.kill()
+    status = cli.status_when(lambda s: s["state"] in ("succeeded", "failed"), timeout=180)
+    assert status["state"] == "succeeded" and status["restarts"] == 1, status
+    log = (cli.cwd / ".orchestrate" / "runs" / f"{run_id}.log").read_text()
+    assert "alpha" in log and "restarting the cluster" in log
+    supervisor.wait(timeout=60)
+
+
 def test_attach_takes_over_when_the_controller_died(cli: Cli, reaper: list[str]) -> None:
     make_job(cli, {}, STEPS=80)
     up = cli.popen("up", "--skip-checks", "inv.yaml")

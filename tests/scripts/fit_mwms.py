@@ -9,7 +9,7 @@ import tensorflow as tf
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 
-from worker import checkpoint_dir, write_dir
+from worker import checkpoint_dir, keras_progress, write_dir
 
 EPOCHS = int(os.environ.get("EPOCHS", "2"))
 GLOBAL_BATCH = 32
@@ -27,7 +27,9 @@ with strategy.scope():
     )
 
 backup = tf.keras.callbacks.BackupAndRestore(backup_dir=os.path.join(checkpoint_dir(), "backup"))
-model.fit(dataset, epochs=EPOCHS, steps_per_epoch=4, callbacks=[backup], verbose=2)
+model.fit(
+    dataset, epochs=EPOCHS, steps_per_epoch=4, callbacks=[backup, keras_progress()], verbose=2
+)
 
 with write_dir(os.path.join(checkpoint_dir(), "saved")) as target:
     model.save(os.path.join(target, "model.keras"))

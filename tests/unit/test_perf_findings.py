@@ -21,6 +21,7 @@ from orchestrator.backends.hosts.perf import (
     rate_text,
     ring_links,
     schedule,
+    slow_links,
     slow_ones,
 )
 from orchestrator.backends.registry import load_inventory
@@ -103,7 +104,7 @@ def test_a_slow_link_is_named_on_its_sender_and_a_failed_one_is_not_measured() -
         ("c", "d"): Transfer(True, 0.9e9, 32 << 20, 0.04),
         ("d", "a"): Transfer(False, None, 0, None, "Connection refused"),
     }
-    found = {f.host: f for f in link_findings(transfers)}
+    found = {f.host: f for f in link_findings(transfers, {})}
     assert found["b"].status is Status.WARN
     assert found["b"].detail == "to c: 2.5 MB/s, 0.00x the other links"
     assert found["b"].figures is not None and found["b"].figures["to"] == "c"
@@ -241,15 +242,26 @@ def test_a_link_slow_for_one_pass_is_measured_again_and_not_named() -> None:
     best = measure_links(RING, send, MACHINES)
     assert {link: t.rate for link, t in best.items()} == dict.fromkeys(RING, 1e9)
     assert len(sent) == 2 * LINK_BURSTS * len(RING)  # one more pass, for every link
-    assert [f for f in link_findings(best) if f.status is not Status.OK] == []
+    assert [f for f in link_findings(best, MACHINES) if f.status is not Status.OK] == []
 
 
 def test_a_link_that_stays_slow_is_named_after_its_rechecks_and_a_healthy_ring_has_none() -> None:
     send, sent = _sender({("c", "a"): 10**6})  # shaped: slow however often it is measured
     best = measure_links(RING, send, MACHINES)
     assert len(sent) == (1 + LINK_RECHECKS) * LINK_BURSTS * len(RING)
-    (warned,) = [f for f in link_findings(best) if f.status is Status.WARN]
+    (warned,) = [f for f in link_findings(best, MACHINES) if f.status is Status.WARN]
     assert (warned.host, warned.detail) == ("c", "to a: 20 MB/s, 0.02x the other links")
     send, sent = _sender({})
     measure_links(RING, send, MACHINES)
     assert len(sent) == LINK_BURSTS * len(RING)  # nothing slow: one pass
+
+
+def test_a_link_between_hosts_of_one_machine_is_named_only_far_below_the_others() -> None:
+    rates = {("a", "b"): 1.5e9, ("b", "c"): 3.5e9, ("c", "a"): 3.9e9}  # CI's healthy veth, 0.39x
+    one_machine = dict.fromkeys("abc", "m1")
+    assert slow_links(rates, one_machine) == {}
+    assert set(slow_links(rates, MACHINES)) == {("a", "b")}  # across machines: 0.5x
+    shaped = {**rates, ("a", "b"): 5e6}
+    assert set(slow_links(shaped, one_machine)) == {("a", "b")}
+    # a link from a host of one machine to a host of another is a network link
+    assert set(slow_links(rates, {"a": "m1", "b": "m2", "c": "m2"})) == {("a", "b")}

@@ -11,7 +11,8 @@ Probes of hosts on one machine (the same boot_id) run one after another, never a
 they do not slow each other into false warnings; everything else runs in parallel.
 
 The decision (who is slow) is `slow_ones`, pure: a host below COMPUTE_RATIO of the median of the
-others' compute (same device), a link below LINK_RATIO of the others' median throughput.
+others' compute (same device), a link below LINK_RATIO of the others' median throughput
+(SAME_MACHINE_LINK_RATIO between two hosts of one machine).
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ from orchestrator.model.inventory import Host, Inventory
 
 COMPUTE_RATIO = 0.7  # a host below this much of the others' median compute is named
 LINK_RATIO = 0.5  # a link below this much of the other links' median throughput is named
+# ... or this much, when both its ends are hosts of one machine (namespaces, containers): such a
+# link crosses no network card, it moves through memory as fast as its two ends get a CPU, and
+# the machine's other load moves it by more than 2x (a healthy veth read 0.39x in CI), while a
+# shaped or broken one reads 0.01x or less.
+SAME_MACHINE_LINK_RATIO = 0.2
 COMPUTE_WINDOWS = 12  # the compute probe: a host's best of this many windows ...
 COMPUTE_WINDOW_SECONDS = 0.1  # ... each one CFS quota period (100 ms) at least
 CPU_MATRIX = 1024  # float32 matmul sizes: large enough to keep BLAS or a GPU busy
@@ -41,7 +47,7 @@ LINK_BURSTS = 8  # each link carries this many bursts (its best counts) ...
 LINK_SECONDS = 0.15  # ... of at most this long ...
 LINK_BYTES = 32 << 20  # ... or this many bytes
 LINK_TIMEOUT = 5.0  # seconds to connect to a sink, and for each read and write
-# A link below LINK_RATIO after its bursts is measured again, with every other link, up to this
+# A link below its ratio after its bursts is measured again, with every other link, up to this
 # many times more: it is named only if it stays below. On a busy machine one link's bursts can
 # all land while its sender waits for a CPU (a healthy link read 0.49x once); a shaped or
 # broken link stays slow however often it is measured.
@@ -65,6 +71,20 @@ def slow_ones(values: Mapping[K, float], ratio: float) -> dict[K, float]:
         if others > 0 and value / others < ratio:
             found[key] = value / others
     return found
+
+
+def slow_links(
+    rates: Mapping[tuple[str, str], float], machine_of: Mapping[str, str]
+) -> dict[tuple[str, str], float]:
+    """The links below their ratio of the others' median: LINK_RATIO across machines,
+    SAME_MACHINE_LINK_RATIO between two hosts of one machine (a host not in `machine_of` is a
+    machine of its own)."""
+
+    def ratio(link: tuple[str, str]) -> float:
+        ends = {machine_of.get(host, host) for host in link}
+        return SAME_MACHINE_LINK_RATIO if len(ends) == 1 else LINK_RATIO
+
+    return {k: r for k, r in slow_ones(rates, LINK_RATIO).items() if r < ratio(k)}
 
 
 def relative(values: Mapping[K, float]) -> dict[K, float]:
@@ -178,11 +198,13 @@ def rate_text(rate: float) -> str:
     return f"{rate / 1e6:.3g} MB/s" if rate < 1e8 else f"{rate / 1e6:.0f} MB/s"
 
 
-def link_findings(transfers: Mapping[tuple[str, str], Transfer]) -> list[Finding]:
+def link_findings(
+    transfers: Mapping[tuple[str, str], Transfer], machine_of: Mapping[str, str]
+) -> list[Finding]:
     """One `throughput` finding per ring link, on its sending host."""
     rates = {link: t.rate for link, t in transfers.items() if t.ok and t.rate}
     ratios = relative(rates)
-    slow = slow_ones(rates, LINK_RATIO)
+    slow = slow_links(rates, machine_of)
     findings = []
     for (source, target), transfer in transfers.items():
         link = (source, target)
@@ -327,7 +349,7 @@ def run_perf_round(
             transfers[link] = Transfer(False, None, 0, None, sinks.failed[link[1]].message)
     ready = [link for link in links if link[1] in sinks.ok]
     transfers.update(measure_links(ready, send, perf.machine_of))
-    return findings + link_findings({link: transfers[link] for link in links})
+    return findings + link_findings({link: transfers[link] for link in links}, perf.machine_of)
 
 
 def measure_links(
@@ -336,8 +358,9 @@ def measure_links(
     machine_of: Mapping[str, str],
 ) -> dict[tuple[str, str], Transfer]:
     """Each link's best of LINK_BURSTS bursts, round-robin like the compute windows; while a
-    link reads below LINK_RATIO of the others, every link gets LINK_BURSTS more (at most
-    LINK_RECHECKS times), so a link is named for staying slow, not for one unlucky pass."""
+    link reads below its ratio of the others (`slow_links`), every link gets LINK_BURSTS more
+    (at most LINK_RECHECKS times), so a link is named for staying slow, not for one unlucky
+    pass."""
     best: dict[tuple[str, str], Transfer] = {}
     for _ in range(1 + LINK_RECHECKS):
         for _ in range(LINK_BURSTS):
@@ -349,6 +372,6 @@ def measure_links(
                 for link, error in sent.failed.items():
                     best.setdefault(link, Transfer(False, None, 0, None, error.message))
         rates = {link: t.rate for link, t in best.items() if t.ok and t.rate}
-        if not slow_ones(rates, LINK_RATIO):
+        if not slow_links(rates, machine_of):
             break
     return best

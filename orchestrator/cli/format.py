@@ -1,0 +1,61 @@
+"""Small formatters the terminal views share: a duration, a size, a number, a worker's step,
+a cell of text orchestrate did not write. Pure; no printing."""
+
+from __future__ import annotations
+
+import math
+
+from rich.text import Text
+
+from orchestrator.engine.status import WorkerStatus
+from orchestrator.model.printable import printable
+from orchestrator.model.vocabulary import WorkerState
+
+STATE_STYLES = {
+    WorkerState.PENDING: "dim",
+    WorkerState.STARTING: "yellow",
+    WorkerState.RUNNING: "cyan",
+    WorkerState.SUCCEEDED: "green",
+    WorkerState.FAILED: "bold red",
+    WorkerState.STOPPED: "magenta",
+    WorkerState.UNKNOWN: "red",
+}
+
+
+def shown(value: str) -> Text:
+    """A table cell of text orchestrate did not write: printable, and no markup."""
+    return Text(printable(value))
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):  # int(inf) raises: unknown, not a crash
+        return "-"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def size(rss: int | None) -> str:
+    return "-" if rss is None else f"{rss / 2**20:.0f} MiB"
+
+
+def number(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def devices(names: tuple[str, ...]) -> str:
+    """ "/device:GPU:0" → "GPU:0"; the worker lists only its own devices."""
+    return ", ".join(name.removeprefix("/device:") for name in names) or "-"
+
+
+def step_text(worker: WorkerStatus) -> str:
+    if worker.step is None:
+        return "-"
+    return f"{worker.step}/{worker.target_steps}" if worker.target_steps else str(worker.step)
+
+
+def checkpoint_text(worker: WorkerStatus) -> str:
+    return "-" if worker.checkpoint_step is None else str(worker.checkpoint_step)
