@@ -54,11 +54,11 @@ from bench.bench_fanout import (
     timed,
 )
 from orchestrator.backends.hosts.backend import HostBackend
-from orchestrator.backends.hosts.preflight import run_preflight
+from orchestrator.backends.hosts.checks import run_preflight
 from orchestrator.backends.registry import load_inventory
 from orchestrator.machines.runner import LineSession
+from orchestrator.model.findings import PreflightReport, Status
 from orchestrator.model.inventory import Host, Inventory
-from orchestrator.model.preflight import PreflightReport, Status
 from tests.cluster.inventories import host_entries, write_inventory
 from tests.cluster.netns import NamespaceCluster, unavailable_reason
 from tests.conftest import clean_env

@@ -64,8 +64,8 @@ from bench.bench_fanout import (
 )
 from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import collect_status
+from orchestrator.model.vocabulary import WorkerState
 from tests.cluster.inventories import host_entries, write_inventory
 from tests.cluster.netns import NamespaceCluster, namespace_pids, unavailable_reason
 from tests.conftest import clean_env

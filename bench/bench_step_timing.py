@@ -55,10 +55,10 @@ def in_process(pairs: int) -> None:
     from worker.mirrored import build_loop
     from worker.preemption import watch_sigterm
     from worker.progress import ProgressWriter
-    from worker.state import build_state
     from worker.strategy import create_strategy
     from worker.summaries import Summaries
     from worker.task import load_task
+    from worker.trainstate import build_state
 
     with tempfile.TemporaryDirectory() as scratch:
         flags = ["--task", "worker.examples.shapes:task", "--steps", "1000000", "--batch-size",

@@ -1,5 +1,5 @@
 """The built-in worker under MultiWorkerMirroredStrategy or MirroredStrategy: its entry, over the
-loop kit (worker.strategy, worker.state, worker.dataset, worker.window, worker.step,
+loop kit (worker.strategy, worker.trainstate, worker.dataset, worker.window, worker.step,
 worker.saver, worker.loop, worker.preemption), as worker.parameter_server is under
 ParameterServerStrategy.
 
@@ -38,11 +38,11 @@ from worker.preemption import Preemption, SigtermFlag, sigterm_while_connecting,
 from worker.progress import ProgressWriter
 from worker.saver import CheckpointSaver, remove_interrupted_saves
 from worker.sharded_eval import Evaluator, has_integer_labels
-from worker.state import TrainState, resume_state
 from worker.step import make_train_step
 from worker.strategy import check_batch_split, create_strategy
 from worker.summaries import ProfileWindow, Summaries, current_learning_rate
 from worker.task import TrainingTask
+from worker.trainstate import TrainState, resume_state
 from worker.window import Window
 
 

@@ -33,10 +33,10 @@ from worker.output import log
 from worker.preemption import Preemption, watch_sigterm
 from worker.saver import CheckpointSaver, remove_interrupted_saves
 from worker.sharded_eval import Evaluator, has_integer_labels
-from worker.state import TrainState, resume_state
 from worker.step import gradient_step
 from worker.summaries import ProfileWindow, Summaries, current_learning_rate
 from worker.task import TrainingTask
+from worker.trainstate import TrainState, resume_state
 from worker.window import Window
 
 

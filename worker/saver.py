@@ -19,7 +19,7 @@ import tensorflow as tf
 from worker import asyncsave, kerasflavor
 from worker.config import WorkerConfig
 from worker.output import log
-from worker.state import CHECKPOINT_NAME, TrainState
+from worker.trainstate import CHECKPOINT_NAME, TrainState
 
 
 class CheckpointSaver:

@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from worker.preemption import Preemption
 from worker.sharded_eval import correct_mask
-from worker.state import TrainState
 from worker.task import TrainingTask
+from worker.trainstate import TrainState
 from worker.window import Window
 
 

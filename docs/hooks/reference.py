@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.backends.registry import key_reference
-from orchestrator.engine.failures import DETERMINISTIC, HINTS, MEANINGS, FailureKind
+from orchestrator.engine.failures import DETERMINISTIC, HINTS, MEANINGS
+from orchestrator.model.vocabulary import FailureKind
 
 
 def cell(text: str) -> str:

@@ -2,10 +2,10 @@
 
 In the spirit of torch elastic's agent (start workers, monitor them, stop them): `up`, `status`,
 `tail`, `down`, `check`, `supervise` and `tensorboard` are written once against `Backend`, which
-is a few narrow roles (roles.py): `Lifecycle`, `Logs`, `Files`, `Preparation` and `Reach`, which
-every backend plays, and the optional `Standbys`, `Leases`, `Scheduler` and `Firewall`, which a
-backend declares as data: the role, or None. Hosts reached through a Runner (local processes,
-SSH) are one implementation (hosts/), whose connection kinds live in
+is a few narrow capabilities (capabilities.py): `Lifecycle`, `Logs`, `Files`, `Preparation` and
+`Reach`, which every backend has, and the optional `Standbys`, `Leases`, `Scheduler` and `Firewall`,
+which a backend declares as data: the capability, or None. Hosts reached through a Runner (local
+processes, SSH) are one implementation (hosts/), whose connection kinds live in
 orchestrator/machines/kinds/; Slurm is another (slurm/), which needs no host agent forking
 processes. registry.py names them and picks one for an inventory.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from orchestrator.backends.roles import (
+from orchestrator.backends.capabilities import (
     Files,
     Firewall,
     Leased,
@@ -56,7 +56,7 @@ ExportWriter = Callable[["Inventory", Planner], str]
 
 
 class Backend(Lifecycle, Logs, Files, Preparation, Reach):
-    """Every role a place where workers live plays, and what it declares about the others."""
+    """Every capability a place where workers live has, and what it declares about the others."""
 
     # A preempted attempt (every worker saved and exited 75) is resubmitted by the supervisor
     # instead of ending the run: a scheduler preempts and gives the nodes back later.
@@ -79,7 +79,7 @@ class Backend(Lifecycle, Logs, Files, Preparation, Reach):
         registry's table); None: an inventory not known yet (`local`, a record's earlier run)."""
         return cls()
 
-    # --- the optional roles, as data: the role, or None where this backend has none -----------
+    # --- the optional capabilities, as data: the capability, or None where it has none ---------
     @property
     def keeper(self) -> Standbys | None:
         """Standbys for warm restarts (hosts); None: every attempt starts cold (Slurm)."""

@@ -1,7 +1,7 @@
 """The one module that names the backends: a table of every host source an inventory may use
 (its top-level block: `hosts:`, `slurm:`, `ansible:`), each with the backend that runs its
 workers and the export formats that backend writes. Everything above asks here and then speaks
-only to backends.base.Backend and its roles.
+only to backends.base.Backend and its capabilities.
 
 config/ cannot import backends/, so the table is handed down: the loader takes the sources as a
 parameter, and `load_inventory` here is the loader with this table's sources. A backend's class

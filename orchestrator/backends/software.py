@@ -1,6 +1,6 @@
 """The software a worker's machine needs for the job: one list of checks for every backend's
 preflight, judged from what a probe found on each machine (hosts: the host probe, in
-backends/hosts/preflight.py; Slurm: the node probe, in backends/slurm/checks.py). Pure.
+backends/hosts/checks.py; Slurm: the node probe, in backends/slurm/checks.py). Pure.
 
 The checks, per machine and in this order:
 - python: the version the worker runs (different ones across the machines: a warning);
@@ -23,8 +23,8 @@ from orchestrator.contract import (
     minor_version,
     tf_keras_requirement,
 )
+from orchestrator.model.findings import Finding, Status
 from orchestrator.model.inventory import Job
-from orchestrator.model.preflight import Finding, Status
 
 WORKER_PACKAGE = "orchestrate"
 # The distributions every probe reports the versions of, where the worker will import from.

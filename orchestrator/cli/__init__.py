@@ -4,13 +4,13 @@
 """
 
 from orchestrator.cli import (  # noqa: F401 - they register commands
+    check,
     dashboard,
     export,
     hosts,
     jobs,
     local,
     notify,
-    preflight,
     run,
     views,
 )

@@ -7,9 +7,9 @@ import math
 
 from rich.text import Text
 
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import WorkerStatus
 from orchestrator.model.printable import printable
+from orchestrator.model.vocabulary import WorkerState
 
 STATE_STYLES = {
     WorkerState.PENDING: "dim",

@@ -25,12 +25,12 @@ from orchestrator.engine.goodput import run_account, summary
 from orchestrator.engine.locks import SupervisorLock
 from orchestrator.engine.policy import conclude
 from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import JobFailed, OrchestrateError, RunStateError
 from orchestrator.model.printable import printable
 from orchestrator.model.records import RunRecord
+from orchestrator.model.vocabulary import WorkerState
 
 PLAIN_REPORT_EVERY = 15.0  # seconds between progress lines when the output is not a terminal
 

@@ -19,14 +19,14 @@ from orchestrator.cli.format import (
     step_text,
 )
 from orchestrator.cli.statustable import StatusTable, shared_values
-from orchestrator.engine.roles import labelled
-from orchestrator.engine.state import WorkerState
+from orchestrator.engine.rolepolicy import labelled
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.answers import StandbyInfo
+from orchestrator.model.findings import PreflightReport, Status
 from orchestrator.model.firewall import HostRules
 from orchestrator.model.leases import LeaseListing, clock
-from orchestrator.model.preflight import PreflightReport, Status
 from orchestrator.model.printable import printable
+from orchestrator.model.vocabulary import WorkerState
 
 
 def status_table(status: RunStatus) -> StatusTable:

@@ -22,17 +22,17 @@ from orchestrator.cli.app import (
     pass_context,
     run_option,
 )
-from orchestrator.cli.dashboard import DEFAULT_PORT as DASHBOARD_PORT
-from orchestrator.cli.dashboard import spawn_dashboard
-from orchestrator.cli.hosts import prepare_before_checks
-from orchestrator.cli.live import finish, spawn_supervisor, supervise_here, view
-from orchestrator.cli.preflight import (
+from orchestrator.cli.check import (
     blocking_error,
     min_free_option,
     probe_timeout_option,
     run_checks,
     show_findings,
 )
+from orchestrator.cli.dashboard import DEFAULT_PORT as DASHBOARD_PORT
+from orchestrator.cli.dashboard import spawn_dashboard
+from orchestrator.cli.hosts import prepare_before_checks
+from orchestrator.cli.live import finish, spawn_supervisor, supervise_here, view
 from orchestrator.cli.render import duration
 from orchestrator.engine.control import stop_everything, stop_unrecorded, watch
 from orchestrator.engine.lifecycle import (

@@ -28,7 +28,7 @@ from orchestrator.cli.format import (
     size,
     step_text,
 )
-from orchestrator.engine.roles import labelled
+from orchestrator.engine.rolepolicy import labelled
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.printable import printable
 

@@ -29,13 +29,13 @@ from orchestrator.engine.loggroups import WINDOW, Grouper, Line, label, merge
 from orchestrator.engine.logs import follow, follow_timed, last_lines, select_workers
 from orchestrator.engine.queue import pending
 from orchestrator.engine.stacks import grouped
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import collect_status
 from orchestrator.engine.tensorboard import events_are_remote, local_event_dir, pull_events
 from orchestrator.errors import MissingTool, PartialFailure
 from orchestrator.model.leases import clock
 from orchestrator.model.printable import printable, strict_json
 from orchestrator.model.records import WorkerRecord
+from orchestrator.model.vocabulary import WorkerState
 
 
 @cli.command()

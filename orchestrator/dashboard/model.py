@@ -12,12 +12,12 @@ from orchestrator.contract import HISTORY_FILE
 from orchestrator.dashboard.charts import Marker, Series, line_chart, stacked_bar
 from orchestrator.engine.goodput import LABELS, PARTS, run_account, summary
 from orchestrator.engine.policy import first_failure
-from orchestrator.engine.roles import labelled
+from orchestrator.engine.rolepolicy import labelled
 from orchestrator.engine.snapshot import Snapshot
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.reading import number as finite_number
 from orchestrator.model.records import RunRecord, restarted_alone
+from orchestrator.model.vocabulary import WorkerState
 
 __all__ = ["HISTORY_FILE"]  # watch.py reads the worker's history file by this name
 LOG_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red")  # the order `tail` uses

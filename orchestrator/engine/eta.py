@@ -15,12 +15,14 @@ import math
 from collections.abc import Iterable
 from typing import Protocol
 
-from orchestrator.engine.state import WorkerState
+from orchestrator.model.vocabulary import WorkerState
 
 MAX_ETA_SECONDS = 100 * 365 * 86400.0  # a century: beyond it the rate says nothing of the end
 
 
-class Progress(Protocol):
+class StepRate(Protocol):
+    """What the ETA reads of a worker (a WorkerStatus): not the progress file (model.answers)."""
+
     @property
     def state(self) -> WorkerState: ...
     @property
@@ -44,13 +46,13 @@ def eta_seconds(step: int | None, target: int | None, rate: float | None) -> flo
     return seconds if math.isfinite(seconds) and seconds <= MAX_ETA_SECONDS else None
 
 
-def worker_eta(worker: Progress) -> float | None:
+def worker_eta(worker: StepRate) -> float | None:
     if worker.state is not WorkerState.RUNNING:
         return None
     return eta_seconds(worker.step, worker.target_steps, worker.steps_per_sec)
 
 
-def run_eta(workers: Iterable[Progress]) -> float | None:
+def run_eta(workers: Iterable[StepRate]) -> float | None:
     """The longest ETA of the workers that have one."""
     etas = [eta for eta in map(worker_eta, workers) if eta is not None]
     return max(etas) if etas else None

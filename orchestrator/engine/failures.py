@@ -11,31 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from enum import Enum
 
 from orchestrator.contract import EXIT_PREEMPTED, EXIT_USAGE
-
-
-class FailureKind(str, Enum):
-    KILLED = "killed"
-    PREEMPTED = "preempted"
-    STALLED = "stalled"
-    NOT_STARTED = "not started"
-    UNREACHABLE = "unreachable"
-    VANISHED = "vanished"
-    USAGE = "usage"
-    IMPORT_ERROR = "import error"
-    KERAS_API = "keras api"
-    OUT_OF_MEMORY = "out of memory"
-    DISK_FULL = "disk full"
-    PORT_BUSY = "port busy"
-    PEER_LOST = "peer lost"
-    EARLY_EXIT = "early exit"
-    LEFT_EARLY = "left early"
-    STOPPED_SHORT = "stopped short"
-    BAD_PROGRESS = "bad progress"
-    CRASHED = "crashed"
-
+from orchestrator.model.vocabulary import FailureKind
 
 # What each kind means, for people: the manual's failure reference is generated from this and
 # HINTS (docs/hooks/reference.py), so a new kind arrives with its entry.

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.contract import STRATEGY_PS
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.inventory import ROLE_CHIEF, ROLE_WORKER
 from orchestrator.model.records import Attempt, RunRecord, WorkerSpan
+from orchestrator.model.vocabulary import AttemptEnd, WorkerState
 
 PARTS = ("productive", "startup", "checkpoint", "evaluation", "lost", "restart", "stall",
          "queue", "shutdown", "unknown")  # fmt: skip
@@ -43,12 +43,18 @@ LABELS = {"productive": "training", "startup": "start-up", "checkpoint": "checkp
           "stall": "stalls", "queue": "queue", "shutdown": "shutdown",
           "unknown": "unknown"}  # fmt: skip
 TRAINING_ROLES = (ROLE_CHIEF, ROLE_WORKER)
-# How an attempt ended (Attempt.end), and "live" for the one that runs.
-FINISHED, STOPPED, PREEMPTED, STALLED, CRASHED, LIVE = (
-    "finished", "stopped", "preempted", "stalled", "crashed", "live")  # fmt: skip
+# How a worker's time in an attempt ended is how the attempt did (Attempt.end), or in the one
+# that runs how the worker did, LIVE while it runs.
+LIVE = None
 # Where the time from a worker's last report to its attempt's end goes, by how it ended.
-TAIL = {FINISHED: "shutdown", STOPPED: "shutdown", PREEMPTED: "restart", STALLED: "stall",
-        CRASHED: "lost", LIVE: "productive"}  # fmt: skip
+TAIL: dict[AttemptEnd | str | None, str] = {
+    AttemptEnd.FINISHED: "shutdown",
+    AttemptEnd.STOPPED: "shutdown",
+    AttemptEnd.PREEMPTED: "restart",
+    AttemptEnd.STALLED: "stall",
+    AttemptEnd.CRASHED: "lost",
+    LIVE: "productive",
+}
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,7 @@ def span_of(worker: WorkerStatus) -> WorkerSpan:
     )  # fmt: skip
 
 
-def closed(attempt: Attempt, status: RunStatus, end: str, ended_at: float) -> Attempt:
+def closed(attempt: Attempt, status: RunStatus, end: AttemptEnd, ended_at: float) -> Attempt:
     """The attempt as it ended: its workers' spans from the last status, how and when."""
     spans = tuple(span_of(w) for w in status.workers)
     return Attempt(attempt.number, attempt.launched_at, spans, ended_at, end)
@@ -174,33 +180,36 @@ def _failed_at(attempt: Attempt) -> float:
     """When an ended attempt failed: its first failed worker's exit (a crash), else when the
     supervisor saw it end (a stall's verdict, a preemption noticed)."""
     exits = [s.finished_at for s in attempt.workers if s.failed and s.finished_at is not None]
-    if attempt.end == CRASHED and exits:
+    if attempt.end == AttemptEnd.CRASHED and exits:
         return min(exits)
     return attempt.ended_at if attempt.ended_at is not None else attempt.launched_at
 
 
-def _how(attempt: Attempt, span: WorkerSpan) -> str:
+def _how(attempt: Attempt, span: WorkerSpan) -> AttemptEnd | str | None:
     if attempt.end is not None:
         return attempt.end
     if span.finished_at is None:
         return LIVE
-    return CRASHED if span.failed else FINISHED
+    return AttemptEnd.CRASHED if span.failed else AttemptEnd.FINISHED
 
 
 def _end(attempt: Attempt, span: WorkerSpan, now: float) -> float:
     """Where the worker's time in the attempt ends: the attempt's failure; its own exit once
     it finished; while it runs, its last report (or now, before its first step)."""
     how = _how(attempt, span)
-    if how in (CRASHED, STALLED, PREEMPTED) and attempt.end is not None:
+    if (
+        how in (AttemptEnd.CRASHED, AttemptEnd.STALLED, AttemptEnd.PREEMPTED)
+        and attempt.end is not None
+    ):
         return _failed_at(attempt)
     if span.finished_at is not None:
         return span.finished_at
-    if how == LIVE:
+    if how is LIVE:
         return span.reported_at if span.first_step_at is not None and span.reported_at else now
     return attempt.ended_at if attempt.ended_at is not None else now
 
 
-def _resume(span: WorkerSpan, after: Attempt | None, how: str) -> int | None:
+def _resume(span: WorkerSpan, after: Attempt | None, how: AttemptEnd | str | None) -> int | None:
     """The step the model kept of this attempt's work: the step the next attempt of the slot
     began at; for the run's last attempt all it reached when it finished, else its last
     checkpoint (a run that gave up keeps that); None when nothing says (a script's)."""
@@ -209,7 +218,7 @@ def _resume(span: WorkerSpan, after: Attempt | None, how: str) -> int | None:
         if nxt is not None and nxt.start_step is not None:
             return nxt.start_step
         return span.checkpoint_step
-    if how in (FINISHED, LIVE):
+    if how in (AttemptEnd.FINISHED, LIVE):
         return span.step
     return span.checkpoint_step
 
@@ -218,7 +227,7 @@ def _resume(span: WorkerSpan, after: Attempt | None, how: str) -> int | None:
 class _Frame:
     begin: float  # the attempt's launch, or the previous attempt's failure
     end: float
-    how: str
+    how: AttemptEnd | str | None  # None: LIVE
     resume: int | None
     lead: str  # what the time before the first step is: startup, or restart
     script: bool
@@ -230,7 +239,11 @@ def _cell(span: WorkerSpan, frame: _Frame) -> Account:
     begin, end = frame.begin, max(frame.end, frame.begin)
     if span.first_step_at is None:  # never stepped, or stepped without saying when
         stepped = span.step is not None and span.step > (span.start_step or 0)
-        silent = frame.script and span.step is None and frame.how in (FINISHED, STOPPED, LIVE)
+        silent = (
+            frame.script
+            and span.step is None
+            and frame.how in (AttemptEnd.FINISHED, AttemptEnd.STOPPED, LIVE)
+        )
         return Account({"unknown" if stepped or silent else frame.lead: end - begin})
     first = _clamp(span.first_step_at, begin, end)
     last = _clamp(span.reported_at or first, first, end)

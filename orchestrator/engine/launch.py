@@ -43,7 +43,7 @@ from orchestrator.contract import (
     WORKER_MODULE,
     booted,
 )
-from orchestrator.engine.roles import EVALUATOR_RESTARTS
+from orchestrator.engine.rolepolicy import EVALUATOR_RESTARTS
 from orchestrator.engine.tfconfig import task_of
 from orchestrator.model.inventory import (
     ROLE_EVALUATOR,
@@ -80,7 +80,7 @@ def worker_launch(inventory: Inventory, index: int, place: Placement) -> WorkerL
 def restarts_alone(job: Job, role: str) -> int:
     """How often a worker of `role` restarts by itself (WorkerLaunch.restarts_alone): a
     ParameterServerStrategy worker its job.max_worker_restarts, the evaluator
-    roles.EVALUATOR_RESTARTS, any other none (a lost one restarts the cluster)."""
+    rolepolicy.EVALUATOR_RESTARTS, any other none (a lost one restarts the cluster)."""
     if role == ROLE_EVALUATOR:
         return EVALUATOR_RESTARTS
     if role == ROLE_WORKER and job.strategy == STRATEGY_PS:

@@ -13,7 +13,7 @@ from typing import Any
 from orchestrator.backends.base import Backend
 from orchestrator.engine.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.engine.plan import new_run_id, plan_workers
-from orchestrator.engine.roles import stop_order
+from orchestrator.engine.rolepolicy import stop_order
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.secretenv import secret_values
 from orchestrator.errors import HostErrors, OrchestrateError
@@ -280,7 +280,7 @@ def stop_run(
     """SIGTERM every worker's process group, SIGKILL what is left after `grace` seconds; with
     `standbys`, the slots' standbys and the run's leases go too (the run ends; a restart keeps
     them). `by` says who stopped them, in their status. A ParameterServerStrategy chief is
-    stopped before its ps and workers (roles.stop_order)."""
+    stopped before its ps and workers (rolepolicy.stop_order)."""
     answers: GroupResult[str, StopAnswer] = GroupResult()
     for group in stop_order([w.host.role for w in record.workers]):
         stopped = backend.stop([record.workers[i] for i in group], grace, by)

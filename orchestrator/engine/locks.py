@@ -16,12 +16,12 @@ from orchestrator.backends.registry import open_backend, serves
 from orchestrator.engine.lifecycle import launch_attempt, stop_run
 from orchestrator.engine.policy import STOP_GRACE
 from orchestrator.engine.runstore import RunStore, private_dir, writing_state
-from orchestrator.engine.state import ACTIVE, WorkerState
 from orchestrator.engine.status import collect_status
 from orchestrator.errors import (
     RunStateError,
 )
 from orchestrator.model.records import RunRecord
+from orchestrator.model.vocabulary import ACTIVE, WorkerState
 
 
 class FileLock:

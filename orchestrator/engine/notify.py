@@ -38,16 +38,16 @@ from orchestrator.engine.events import (
     target_label,
     wants,
 )
-from orchestrator.engine.failures import Failure, FailureKind
+from orchestrator.engine.failures import Failure
 from orchestrator.engine.goodput import run_account
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.snapshot import read_snapshot
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus
 from orchestrator.errors import JobFailed, OrchestrateError, SecretMissing
 from orchestrator.model.inventory import NotifyTarget
 from orchestrator.model.printable import printable
 from orchestrator.model.records import Restart, RunRecord
+from orchestrator.model.vocabulary import FailureKind, WorkerState
 from orchestrator.paths import is_loopback
 
 TRIES = 3

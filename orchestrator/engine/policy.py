@@ -20,13 +20,11 @@ from orchestrator.contract import EXIT_PREEMPTED, STRATEGY_PS
 from orchestrator.engine.excerpt import excerpt
 from orchestrator.engine.failures import (
     Failure,
-    FailureKind,
     classify_exit,
     explain,
     permanent_reason,
     with_consequences,
 )
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.errors import (
     InventoryError,
@@ -41,6 +39,7 @@ from orchestrator.model.inventory import (
     Job,
 )
 from orchestrator.model.records import Restart, RunRecord, alone_counts
+from orchestrator.model.vocabulary import FailureKind, WorkerState
 
 MAX_BACKOFF = 300
 
@@ -221,11 +220,10 @@ def worker_failure(worker: WorkerStatus) -> Failure:
 def _exit_kind(worker: WorkerStatus) -> FailureKind:
     if worker.exit_code is None:
         return FailureKind.VANISHED
-    if worker.failure_kind is not None:  # what status decided (an exit 0 that failed)
-        try:
-            return FailureKind(worker.failure_kind)
-        except ValueError:
-            pass  # a kind this orchestrate does not know: read the exit again
+    # What status decided (an exit 0 that failed); a kind this orchestrate does not know (a
+    # snapshot of another version): the exit is read again.
+    if isinstance(worker.failure_kind, FailureKind):
+        return worker.failure_kind
     return classify_exit(worker.exit_code, worker.log_tail)
 
 
@@ -249,7 +247,7 @@ def survivors_grace(failure: Failure, job: Job) -> float:
 
 def failed_restarts(restarts: tuple[Restart, ...]) -> tuple[Restart, ...]:
     """The restarts that spent max_restarts: all but those after a preemption."""
-    return tuple(r for r in restarts if r.kind != FailureKind.PREEMPTED.value)
+    return tuple(r for r in restarts if r.kind != FailureKind.PREEMPTED)
 
 
 def give_up_reason(failure: Failure, restarts: tuple[Restart, ...], job: Job) -> str | None:

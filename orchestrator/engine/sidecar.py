@@ -1,4 +1,4 @@
-"""The supervisor's part for the hosts' roles (roles.py and policy.py decide): once a
+"""The supervisor's part for the hosts' roles (rolepolicy.py and policy.py decide): once a
 ParameterServerStrategy chief exited 0, stop the ps and workers it leaves serving; start a failed
 ParameterServerStrategy worker again by itself while the chief and the ps go on (its own budget,
 job.max_worker_restarts, kept in the run's record); start a failed evaluator again alone
@@ -13,14 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from orchestrator.backends.base import Backend
-from orchestrator.engine import roles
+from orchestrator.engine import rolepolicy
 from orchestrator.engine.lifecycle import start_alone
 from orchestrator.engine.policy import worker_failure, worker_restart
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus
 from orchestrator.errors import OrchestrateError
 from orchestrator.model.inventory import ROLE_EVALUATOR
 from orchestrator.model.records import Restart, RunRecord, alone_counts, restarted_alone
+from orchestrator.model.vocabulary import WorkerState
 
 STOP_GRACE = 5.0  # a ps or worker of a finished chief: it only serves
 
@@ -77,24 +77,24 @@ class Sidecar:
 
     def _act(self, record: RunRecord, status: RunStatus) -> RunRecord | None:
         pairs = [(w.role, w.state) for w in status.workers]
-        stop = roles.to_stop(pairs)
+        stop = rolepolicy.to_stop(pairs)
         if stop:
             names = ", ".join(status.workers[i].name for i in stop)
             self.say(f"the chief finished: stopping {names}")
             self.backend.stop([record.workers[i] for i in stop], STOP_GRACE,
-                              roles.STOPPED_AFTER_CHIEF)  # fmt: skip
+                              rolepolicy.STOPPED_AFTER_CHIEF)  # fmt: skip
             return record
         if self.backend.restarts_in_place:  # the launchers restart, _mirror_in_place tells
             return self._end_evaluator(record, status)
         index = worker_restart(status, record.alone, record.inventory.job)
         if index is not None:
             return self._restart_worker(record, status, index)
-        index = roles.evaluator_restart(pairs, self.restarted)
+        index = rolepolicy.evaluator_restart(pairs, self.restarted)
         if index is not None:
             self.restarted += 1
             worker = status.workers[index]
             self.say(f"the evaluator {worker.name} failed ({worker.reason}); starting it again "
-                     f"alone ({self.restarted}/{roles.EVALUATOR_RESTARTS})")  # fmt: skip
+                     f"alone ({self.restarted}/{rolepolicy.EVALUATOR_RESTARTS})")  # fmt: skip
             try:
                 return start_alone(record, self.backend, index, self.restarted)
             except OrchestrateError as error:
@@ -109,7 +109,7 @@ class Sidecar:
         worker = status.workers[index]
         failure = worker_failure(worker)
         restart = Restart(time.time(), record.attempt, worker.name, failure.reason, worker.step,
-                          failure.kind.value)  # fmt: skip
+                          failure.kind)  # fmt: skip
         record, number = self._record_alone(record, restart)
         try:
             return start_alone(record, self.backend, index, number)
@@ -119,7 +119,7 @@ class Sidecar:
 
     def _end_evaluator(self, record: RunRecord, status: RunStatus) -> RunRecord | None:
         training = [w for w in status.workers if w.role != ROLE_EVALUATOR]
-        done = roles.run_state((w.role, w.state) for w in training) is WorkerState.SUCCEEDED
+        done = rolepolicy.run_state((w.role, w.state) for w in training) is WorkerState.SUCCEEDED
         waiting = [i for i, w in enumerate(status.workers)
                    if w.role == ROLE_EVALUATOR and not w.state.finished]  # fmt: skip
         if not done or not waiting:

@@ -17,28 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import Enum
 
 from orchestrator.contract import EXIT_PREEMPTED
-from orchestrator.engine.failures import NEVER_JOINED, FailureKind
+from orchestrator.engine.failures import NEVER_JOINED
 from orchestrator.model.answers import BY_DOWN, WorkerProbe
-
-
-class WorkerState(str, Enum):
-    PENDING = "pending"
-    STARTING = "starting"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-    UNKNOWN = "unknown"
-
-    @property
-    def finished(self) -> bool:
-        return self in (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED)
-
-
-ACTIVE = (WorkerState.PENDING, WorkerState.STARTING, WorkerState.RUNNING)
+from orchestrator.model.vocabulary import ACTIVE, FailureKind, WorkerState
 
 
 @dataclass(frozen=True)

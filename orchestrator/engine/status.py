@@ -18,8 +18,8 @@ from orchestrator.contract import (
 from orchestrator.engine.eta import run_eta, worker_eta
 from orchestrator.engine.failures import classify_exit, explain
 from orchestrator.engine.pace import pace_outlier
-from orchestrator.engine.roles import run_state, serving
-from orchestrator.engine.state import Expectation, WorkerState, classify
+from orchestrator.engine.rolepolicy import run_state, serving
+from orchestrator.engine.state import Expectation, classify
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.inventory import ROLE_EVALUATOR, ROLE_WORKER
 from orchestrator.model.reading import (
@@ -38,6 +38,7 @@ from orchestrator.model.records import (
     WorkerRecord,
     alone_lines,
 )
+from orchestrator.model.vocabulary import FailureKind, WorkerState, known
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,9 @@ class WorkerStatus:
     devices: tuple[str, ...]
     log_tail: tuple[str, ...]
     note: str | None = None  # what the worker wants a person to know (a checkpoint fallback)
-    # For a failed worker with an exit record: failures.FailureKind's value and what to do.
-    failure_kind: str | None = None
+    # For a failed worker with an exit record: how it failed and what to do. A kind this
+    # orchestrate does not know (a snapshot of another version) stays as written.
+    failure_kind: FailureKind | str | None = None
     hint: str | None = None
     # Held in a scheduler's queue (Slurm PENDING): the stall clock starts when it runs.
     queued: bool = False
@@ -86,6 +88,10 @@ class WorkerStatus:
     checkpoint_at: float | None = None
     checkpoint_seconds: float | None = None
     eval_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.failure_kind is not None:
+            object.__setattr__(self, "failure_kind", known(FailureKind, self.failure_kind))
 
     @property
     def stepped(self) -> bool:
@@ -255,10 +261,11 @@ def worker_status(
     )
     ended = exit_record.finished_at if exit_record and not alive else None
     uptime = _elapsed(started, ended or (probe.now if probe else 0.0))
-    kind = hint = None
+    kind: FailureKind | None = None
+    hint = None
     if verdict.state is WorkerState.FAILED and exit_record is not None:
         failure = verdict.kind or classify_exit(exit_record.returncode, exit_record.log_tail)
-        kind, hint = failure.value, explain(failure, exit_record.log_tail)
+        kind, hint = failure, explain(failure, exit_record.log_tail)
     return WorkerStatus(
         name=worker.name,
         index=worker.index,
@@ -318,7 +325,7 @@ def in_place_restarts(name: str, probe: WorkerProbe | None, attempt: int) -> tup
     for restart in probe.restarts if probe else ():
         ended = restart.exit
         how = f"killed by {ended.signal}" if ended.signal else f"exit {ended.returncode}"
-        kind = classify_exit(ended.returncode, ended.log_tail).value
+        kind = classify_exit(ended.returncode, ended.log_tail)
         reason = f"{how}: {ended.error}" if ended.error else how
         found.append(Restart(ended.finished_at or 0.0, attempt, name, reason, restart.step, kind))
     return tuple(found)

@@ -22,14 +22,9 @@ from dataclasses import replace
 from typing import NoReturn
 
 from orchestrator.backends.base import Backend
-from orchestrator.engine import roles
+from orchestrator.engine import rolepolicy
 from orchestrator.engine.checkpoints import Mirror
-from orchestrator.engine.failures import (
-    Failure,
-    FailureKind,
-    early_exit,
-    explain,
-)
+from orchestrator.engine.failures import Failure, early_exit, explain
 from orchestrator.engine.goodput import closed
 from orchestrator.engine.hangs import at_stall
 from orchestrator.engine.leasewatch import LeaseWatch
@@ -61,7 +56,6 @@ from orchestrator.engine.replan import plan_cluster
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.sidecar import Sidecar, only
 from orchestrator.engine.snapshot import write_snapshot
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.errors import (
     HostErrors,
@@ -71,6 +65,7 @@ from orchestrator.errors import (
 )
 from orchestrator.model.inventory import ROLE_EVALUATOR
 from orchestrator.model.records import Restart, RunRecord
+from orchestrator.model.vocabulary import AttemptEnd, FailureKind, WorkerState
 
 # A standby waits this long past the restart's backoff after its attempt ended for the next one
 # to claim it (the stop, a checkpoint's spread, a partition's wait); then it exits by itself.
@@ -143,18 +138,22 @@ class Supervisor:
             if status.state is WorkerState.STOPPED and not stopping:
                 preempted = preemption(status) if self.backend.resubmits_preempted else None
                 if preempted is not None:
-                    self._close_attempt("preempted")
+                    self._close_attempt(AttemptEnd.PREEMPTED)
                     self._recover(preempted)
                     continue
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
-                ended = "finished" if status.state is WorkerState.SUCCEEDED else "stopped"
-                self._close_attempt("preempted" if preemption(status) else ended)
+                ended = (
+                    AttemptEnd.FINISHED
+                    if status.state is WorkerState.SUCCEEDED
+                    else AttemptEnd.STOPPED
+                )
+                self._close_attempt(AttemptEnd.PREEMPTED if preemption(status) else ended)
                 self.events.ended(status, stopping)
                 return status
             if stopping:
                 # `down` is stopping the run: what ends now is no failure to recover from.
                 if status.state.finished:
-                    self._close_attempt("stopped")
+                    self._close_attempt(AttemptEnd.STOPPED)
                     return status
                 if self._stop_as_asked():
                     continue
@@ -167,9 +166,9 @@ class Supervisor:
                 self.store.save(acted)
                 continue
             pairs = [(w.role, w.state) for w in status.workers]
-            training = only(status, roles.training(pairs))
+            training = only(status, rolepolicy.training(pairs))
             failure = first_failure(training) or self.watch.check(
-                only(status, roles.watched(pairs)), time.monotonic()
+                only(status, rolepolicy.watched(pairs)), time.monotonic()
             )
             if failure is not None and self._awaits_cause(failure, training):
                 self._pause()  # ends at once when the next exit is recorded
@@ -178,7 +177,8 @@ class Supervisor:
             if failure is not None:
                 done = [w.name for w in status.workers if w.state is WorkerState.SUCCEEDED]
                 failure = early_exit(failure, done)
-                self._close_attempt(failure.kind.value)  # at the verdict, before the stop
+                # At the verdict, before the stop.
+                self._close_attempt(AttemptEnd.of_failure(failure.kind))
                 self._recover(failure)
             else:
                 self._check_leases(status)
@@ -292,7 +292,7 @@ class Supervisor:
             if kept is not None:
                 self.say(f"stacks of every worker at the stall: {kept}")
         restart = Restart(detected, self.record.attempt, failure.worker, failure.reason,
-                          failure.step, failure.kind.value)  # fmt: skip
+                          failure.step, failure.kind)  # fmt: skip
         # A worker that exited wrote its whole log: its survivors are stopped first (they block
         # in a collective without it), its tail read after. A stalled one still writes: before.
         stalled = failure.kind is FailureKind.STALLED
@@ -343,13 +343,12 @@ class Supervisor:
         """The latest poll's status (the end of `up` accounts the run's goodput with it)."""
         return self._status
 
-    def _close_attempt(self, kind: str) -> None:
+    def _close_attempt(self, end: AttemptEnd) -> None:
         """Goodput: keep the ended attempt's spans in the record (its workers' run directories
-        are the next attempt's no more), with how it ended (goodput's words)."""
+        are the next attempt's no more), with how it ended."""
         attempts = self.record.attempts
         if self._status is None or not attempts or attempts[-1].end is not None:
             return
-        end = kind if kind in ("finished", "stopped", "preempted", "stalled") else "crashed"
         last = closed(attempts[-1], self._status, end, time.time())
         self.record = replace(self.record, attempts=(*attempts[:-1], last))
         self.store.save(self.record)

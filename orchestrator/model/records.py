@@ -21,6 +21,7 @@ from orchestrator.model.inventory import (
     SourceSettings,
     SyncSpec,
 )
+from orchestrator.model.vocabulary import AttemptEnd, FailureKind, known
 
 # (connection kind, its settings as JSON) -> the kind's settings object
 SettingsReader = Callable[[str, Mapping[str, Any]], Any]
@@ -49,7 +50,12 @@ class Restart:
     worker: str
     reason: str
     step: int | None
-    kind: str = "crashed"  # failures.FailureKind's value
+    # How the worker failed; a word this version does not know (a record of another
+    # orchestrate) stays as written.
+    kind: FailureKind | str = FailureKind.CRASHED
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", known(FailureKind, self.kind))
 
     @property
     def signature(self) -> tuple[str, str, int | None]:
@@ -111,9 +117,13 @@ class Attempt:
     launched_at: float
     workers: tuple[WorkerSpan, ...] = ()
     ended_at: float | None = None
-    # How it ended, once it did: finished, stopped, preempted, stalled or crashed (any other
-    # failure); None while it runs.
-    end: str | None = None
+    # How it ended, once it did; None while it runs. A word this version does not know (a
+    # record of another orchestrate) stays as written.
+    end: AttemptEnd | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.end is not None:
+            object.__setattr__(self, "end", known(AttemptEnd, self.end))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Attempt:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.backends.base import Backend, Leased, Leases
+from orchestrator.backends.hosts.checks import partition_findings, run_preflight
 from orchestrator.backends.hosts.leases import CLASH_HINT, resolved
-from orchestrator.backends.hosts.preflight import partition_findings, run_preflight
 from orchestrator.errors import ConnectError, HostError, LeaseClash
 from orchestrator.fanout import GroupResult
 from orchestrator.machines.kinds import kind_of
@@ -27,6 +27,7 @@ from orchestrator.model.answers import (
     StopAnswer,
     WorkerProbe,
 )
+from orchestrator.model.findings import CHECK, Finding, PreflightOptions, PreflightReport
 from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.leases import (
     Assignment,
@@ -37,7 +38,6 @@ from orchestrator.model.leases import (
     by_run,
     clash_message,
 )
-from orchestrator.model.preflight import CHECK, Finding, PreflightOptions, PreflightReport
 from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec
 

@@ -32,7 +32,9 @@ BIG = "tests.tasks.big:task"
 EXIT_PREEMPTED = 75
 STARTUP_S = 120  # TensorFlow import and the first steps on two busy CPU cores
 STOP_S = 20  # SIGTERM to exit: up to --preemption-check-every steps, a save, TensorFlow teardown
-STEP_KEY = "step/.ATTRIBUTES/VARIABLE_VALUE"  # the `step` variable in worker.state's checkpoint
+STEP_KEY = (
+    "step/.ATTRIBUTES/VARIABLE_VALUE"  # the `step` variable in worker.trainstate's checkpoint
+)
 
 
 class Worker:

@@ -19,7 +19,6 @@ from orchestrator.cli.render import duration, progress_line, status_table
 from orchestrator.dashboard import model
 from orchestrator.engine.eta import MAX_ETA_SECONDS, eta_seconds
 from orchestrator.engine.policy import conclude
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus, worker_status
 from orchestrator.model.answers import Progress, WorkerProbe
 from orchestrator.model.inventory import Host, Inventory, Job
@@ -35,6 +34,7 @@ from orchestrator.model.reading import (
     steps,
 )
 from orchestrator.model.records import RunRecord, WorkerRecord
+from orchestrator.model.vocabulary import WorkerState
 
 REPO = Path(__file__).resolve().parents[2]
 ABSURD = [math.nan, math.inf, -math.inf, float("1e999"), 10**400, -(10**400)]

@@ -26,13 +26,13 @@ from orchestrator.engine.control import stop_everything
 from orchestrator.engine.lifecycle import start_run, stop_run
 from orchestrator.engine.locks import SupervisorLock
 from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import collect_status
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.hostside import hostprobe
 from orchestrator.machines import pool
 from orchestrator.machines.hostclient import host_program
 from orchestrator.model.answers import BY_DOWN
+from orchestrator.model.vocabulary import WorkerState
 from tests.fakes.backend import FakeBackend, running
 
 

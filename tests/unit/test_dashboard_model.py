@@ -10,10 +10,10 @@ from orchestrator.dashboard import model
 from orchestrator.dashboard.charts import Marker, Series, line_chart, nice_ticks
 from orchestrator.dashboard.server import may_go_without_token
 from orchestrator.dashboard.watch import attempt_dir
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import Restart, RunRecord
+from orchestrator.model.vocabulary import WorkerState
 from worker import progress
 
 

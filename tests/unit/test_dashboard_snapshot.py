@@ -11,9 +11,9 @@ import pytest
 
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.snapshot import read_snapshot, write_snapshot
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.records import Restart, SchedulerState
+from orchestrator.model.vocabulary import WorkerState
 
 # Every field set, none to its default: a field from_json forgot would not read back.
 CHIEF = WorkerStatus(

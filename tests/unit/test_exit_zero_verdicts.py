@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from orchestrator.contract import TARGET_STEPS_ENV
-from orchestrator.engine.failures import DETERMINISTIC, HINTS, MEANINGS, NEVER_JOINED, FailureKind
+from orchestrator.engine.failures import DETERMINISTIC, HINTS, MEANINGS, NEVER_JOINED
 from orchestrator.engine.plan import plan_workers
-from orchestrator.engine.state import Expectation, WorkerState, classify
+from orchestrator.engine.state import Expectation, classify
 from orchestrator.model.answers import WorkerProbe
+from orchestrator.model.vocabulary import FailureKind, WorkerState
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.unit.test_supervisor_with_fake_backend import inventory, supervise
 from worker.helpers import target_steps

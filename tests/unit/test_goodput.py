@@ -14,11 +14,11 @@ from orchestrator.backends.registry import host_settings, source_settings_of
 from orchestrator.cli.render import kept_warm
 from orchestrator.dashboard import model
 from orchestrator.engine import goodput
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.answers import StandbyInfo
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import Attempt, Restart, RunRecord, WorkerSpan
+from orchestrator.model.vocabulary import WorkerState
 
 NAMES = ("worker-0", "worker-1")
 

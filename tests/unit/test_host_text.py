@@ -28,14 +28,14 @@ from orchestrator.cli.render import (
     status_table,
 )
 from orchestrator.engine.notify import NotDelivered, deliver
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.errors import HostError
+from orchestrator.model.findings import Finding, PreflightReport, Status
 from orchestrator.model.inventory import NotifyTarget
 from orchestrator.model.leases import Holder, JobLeases, Lease, LeaseListing
-from orchestrator.model.preflight import Finding, PreflightReport, Status
 from orchestrator.model.printable import finite, printable, strict_json
 from orchestrator.model.records import Restart
+from orchestrator.model.vocabulary import WorkerState
 
 # The file name: retitles the terminal, then clears the screen.
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.backends.hosts.preflight import run_preflight
+from orchestrator.backends.hosts.checks import run_preflight
 from orchestrator.backends.registry import load_inventory, load_inventory_text
 from orchestrator.cli.render import problems
 from orchestrator.config.local import free_ports, local_inventory
@@ -21,20 +21,19 @@ from orchestrator.engine.failures import (
     HINTS,
     MEANINGS,
     Failure,
-    FailureKind,
     classify_exit,
     early_exit,
     explain,
 )
 from orchestrator.engine.lifecycle import start_run
 from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import collect_status
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import InventoryError, JobFailed
 from orchestrator.machines.kinds import kind_of
+from orchestrator.model.findings import Status
 from orchestrator.model.inventory import Host, Inventory, Job
-from orchestrator.model.preflight import Status
+from orchestrator.model.vocabulary import FailureKind, WorkerState
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.fakes.planning import plan_workers
 from tests.unit.test_preflight_findings import all_ok_peers, backend_with, cluster, inspection

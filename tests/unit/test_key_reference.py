@@ -21,8 +21,8 @@ from orchestrator.config.sources.ansible import ANSIBLE_KEYS
 from orchestrator.config.sources.hosts import HOST_KEYS, host_keys
 from orchestrator.config.sources.slurm import SLURM_KEYS
 from orchestrator.config.sync import SYNC_KEYS
-from orchestrator.engine.failures import FailureKind
 from orchestrator.machines import kinds
+from orchestrator.model.vocabulary import FailureKind
 from orchestrator.yamlsource import parse
 
 HOOK = Path(__file__).resolve().parents[2] / "docs" / "hooks" / "reference.py"

@@ -18,13 +18,13 @@ from orchestrator.backends.registry import load_inventory
 from orchestrator.engine.lifecycle import start_run, stop_run
 from orchestrator.engine.plan import plan_workers
 from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import InventoryError, JobFailed, LeaseClash
 from orchestrator.hostside import leasepolicy as policy
 from orchestrator.machines.hostclient import host_program
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.leases import Clash, Holder, clash_message, clock, parse_clashes
+from orchestrator.model.vocabulary import WorkerState
 from tests.fakes.backend import FakeBackend, exited, running
 
 RUN = "20261201-104200-ab12"

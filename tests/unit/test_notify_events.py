@@ -30,7 +30,7 @@ from orchestrator.engine.events import (
     target_label,
     wants,
 )
-from orchestrator.engine.failures import Failure, FailureKind
+from orchestrator.engine.failures import Failure
 from orchestrator.engine.goodput import PARTS
 from orchestrator.engine.lifecycle import start_run
 from orchestrator.engine.notify import (
@@ -42,7 +42,6 @@ from orchestrator.engine.notify import (
 )
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.snapshot import write_snapshot
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import InventoryError, JobFailed, SecretMissing
@@ -55,6 +54,7 @@ from orchestrator.model.inventory import (
     NotifyTarget,
 )
 from orchestrator.model.records import Restart, RunRecord
+from orchestrator.model.vocabulary import FailureKind, WorkerState
 from tests.fakes.backend import FakeBackend, Script, exited, running
 
 HEAD = (

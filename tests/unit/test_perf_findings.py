@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.backends.hosts.checks import run_preflight
 from orchestrator.backends.hosts.perf import (
     LINK_BURSTS,
     LINK_RECHECKS,
@@ -23,13 +24,12 @@ from orchestrator.backends.hosts.perf import (
     slow_links,
     slow_ones,
 )
-from orchestrator.backends.hosts.preflight import run_preflight
 from orchestrator.backends.registry import load_inventory
 from orchestrator.errors import InventoryError
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import ComputeProbe, Transfer
+from orchestrator.model.findings import Status
 from orchestrator.model.inventory import Host
-from orchestrator.model.preflight import Status
 from tests.fakes.backend import healthy, scripted_session
 from tests.unit.test_preflight_findings import cluster
 

@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__
+from orchestrator.backends.hosts.checks import run_preflight
 from orchestrator.backends.hosts.firewall import host_rules
-from orchestrator.backends.hosts.preflight import run_preflight
 from orchestrator.machines.sshsettings import SshSettings
+from orchestrator.model.findings import Status
 from orchestrator.model.inventory import Host, Inventory, Job
-from orchestrator.model.preflight import Status
 from tests.fakes.backend import FakeBackend
 
 GOOD_DIR = {"path": "/w", "writable": True, "checked": "/w", "free_bytes": 50 << 30}

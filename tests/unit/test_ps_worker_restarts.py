@@ -18,13 +18,13 @@ from orchestrator.dashboard.model import timeline
 from orchestrator.engine.lifecycle import start_run, stop_run
 from orchestrator.engine.policy import worker_budget_spent, worker_failure, worker_restart
 from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus, worker_status
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import JobFailed
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.inventory import Host, Inventory, Job, NotifyTarget
 from orchestrator.model.records import Restart, WorkerRecord
+from orchestrator.model.vocabulary import WorkerState
 from tests.fakes.backend import FakeBackend, exited, running
 
 S = WorkerState

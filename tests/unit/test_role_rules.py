@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.registry import load_inventory
-from orchestrator.engine import roles
+from orchestrator.engine import rolepolicy as roles
 from orchestrator.engine.lifecycle import start_run
 from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.engine.tfconfig import tf_config
 from orchestrator.errors import InventoryError
 from orchestrator.export.tfjob import problems, tfjob
 from orchestrator.model.answers import BY_DOWN
 from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.vocabulary import WorkerState
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.fakes.planning import plan_workers
 
@@ -273,8 +273,9 @@ def test_roles_are_shown_in_status_the_dashboard_and_the_root_cause(tmp_path: Pa
 
     from orchestrator.cli.render import progress_line, status_table
     from orchestrator.dashboard.model import root_cause
-    from orchestrator.engine.failures import Failure, FailureKind
+    from orchestrator.engine.failures import Failure
     from orchestrator.engine.policy import give_up_message
+    from orchestrator.model.vocabulary import FailureKind
 
     hosts = (Host("boss", "10.0.0.1", 1, role="chief"), Host("w", "10.0.0.2", 1),
              Host("p", "10.0.0.3", 1, role="ps"))  # fmt: skip

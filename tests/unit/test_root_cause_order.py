@@ -14,12 +14,12 @@ from collections.abc import Sequence
 import pytest
 
 from orchestrator.dashboard import model
-from orchestrator.engine.failures import Failure, FailureKind, classify_exit
+from orchestrator.engine.failures import Failure, classify_exit
 from orchestrator.engine.policy import CAUSE_WINDOW, awaits_cause, first_failure
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import RunRecord
+from orchestrator.model.vocabulary import FailureKind, WorkerState
 
 # What TensorFlow 2.x's MultiWorkerMirroredStrategy printed in the peers of a worker killed by
 # SIGKILL mid-training (the chief of the dashboard test on a busy machine, and the others).

@@ -4,10 +4,11 @@ on the same worker."""
 
 from __future__ import annotations
 
-from orchestrator.engine.failures import Failure, FailureKind, permanent_reason, same_failure
+from orchestrator.engine.failures import Failure, permanent_reason, same_failure
 from orchestrator.engine.policy import give_up_reason
 from orchestrator.model.inventory import Job
 from orchestrator.model.records import Restart
+from orchestrator.model.vocabulary import FailureKind
 
 
 def test_an_error_at_the_same_step_is_the_same_failure_on_another_worker() -> None:

@@ -134,8 +134,8 @@ def test_status_table_renders_every_column() -> None:
     probe = WorkerProbe.parse({"exists": True, "pid": 3, "alive": True, "worker_pid": 4,
                                "progress": {"step": 7, "target_steps": 10, "loss": 0.25}},
                               now=0.0)  # fmt: skip
-    from orchestrator.engine.state import WorkerState
     from orchestrator.engine.status import RunStatus
+    from orchestrator.model.vocabulary import WorkerState
 
     status = RunStatus("run1", "demo", WorkerState.RUNNING, (worker_status(worker, probe),))
     console = Console(width=160, record=True)
@@ -160,7 +160,7 @@ def test_no_module_outside_the_kinds_compares_a_connection_name() -> None:
 
 def test_the_controller_imports_no_tensorflow() -> None:
     code = ("import sys, orchestrator.cli, orchestrator.engine.supervise, "
-            "orchestrator.backends.hosts.preflight; "
+            "orchestrator.backends.hosts.checks; "
             "print('tensorflow' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from orchestrator.backends.hosts.checks import ExposureProbe, run_preflight
 from orchestrator.backends.hosts.firewall import FORMATS, host_rules
-from orchestrator.backends.hosts.preflight import ExposureProbe, run_preflight
 from orchestrator.backends.registry import load_inventory
 from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script
 from orchestrator.engine.runstore import RunStore
@@ -27,7 +27,7 @@ from orchestrator.errors import InventoryError, SecretMissing
 from orchestrator.export.tfjob import problems, tfjob
 from orchestrator.machines.hostclient import HostAgent
 from orchestrator.machines.runner import LocalRunner
-from orchestrator.model.preflight import Status
+from orchestrator.model.findings import Status
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.model.workers import private_dirs
 from tests.fakes.planning import plan_workers

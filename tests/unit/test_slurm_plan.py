@@ -23,15 +23,16 @@ from orchestrator.backends.slurm.commands import (
 from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script
 from orchestrator.contract import EXIT_PREEMPTED
 from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.state import WorkerState, classify
+from orchestrator.engine.state import classify
 from orchestrator.errors import InventoryError, ScriptRefused
 from orchestrator.hostside import slurm_launcher as launcher
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.answers import ExitRecord, WorkerProbe
-from orchestrator.model.preflight import PreflightOptions
+from orchestrator.model.findings import PreflightOptions
 from orchestrator.model.records import RunRecord, WorkerRecord
 from orchestrator.model.slurm import SlurmSpec
+from orchestrator.model.vocabulary import WorkerState
 from tests.fakes.planning import plan_workers
 
 JOB = "job:\n  task: worker.examples.shapes:task\n  steps: 10\n"

@@ -15,8 +15,8 @@ from orchestrator import __version__
 from orchestrator.backends.slurm.checks import node_probe, node_software
 from orchestrator.backends.software import Software, Where, software_findings
 from orchestrator.contract import ISOLATED, KERAS_LEGACY
+from orchestrator.model.findings import Finding, Status
 from orchestrator.model.inventory import Job
-from orchestrator.model.preflight import Finding, Status
 
 TASK = Job(name="j", task="pkg.mod:task", steps=10)
 SCRIPT = Job(name="j", script="/s/train.py")

@@ -7,8 +7,8 @@ import stat
 from pathlib import Path
 
 from orchestrator.engine.stacks import Frame, grouped, last_dump, parse, summarise, worker_place
-from orchestrator.engine.state import WorkerState
 from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.vocabulary import WorkerState
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.unit.test_supervisor_with_fake_backend import supervise
 

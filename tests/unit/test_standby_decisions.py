@@ -21,7 +21,6 @@ from orchestrator.contract import BOOT_MARKER, booted
 from orchestrator.engine.lifecycle import first_standbys, start_run
 from orchestrator.engine.policy import linger_seconds, with_warm_default
 from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import InventoryError, RunStateError
 from orchestrator.fanout import GroupResult
@@ -30,6 +29,7 @@ from orchestrator.hostside import standbypolicy as policy
 from orchestrator.model.answers import StandbyInfo
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import WorkerRecord
+from orchestrator.model.vocabulary import WorkerState
 from orchestrator.model.workers import Started, WorkerSpec
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.fakes.planning import plan_workers

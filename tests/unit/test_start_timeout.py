@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends.registry import load_inventory
-from orchestrator.engine.failures import FailureKind
 from orchestrator.engine.policy import StallWatch
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.errors import InventoryError
 from orchestrator.model.inventory import DEFAULT_START_TIMEOUT, Job
+from orchestrator.model.vocabulary import FailureKind, WorkerState
 
 
 def worker(state: WorkerState, step: int | None = None, **fields: object) -> WorkerStatus:

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.backends.base import Standbys
 from orchestrator.engine.control import _read_answer
-from orchestrator.engine.failures import Failure, FailureKind
+from orchestrator.engine.failures import Failure
 from orchestrator.engine.lifecycle import start_run
 from orchestrator.engine.policy import (
     CAUSE_WINDOW,
@@ -27,13 +27,13 @@ from orchestrator.engine.policy import (
     survivors_grace,
 )
 from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.state import WorkerState
 from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import JobFailed
 from orchestrator.fanout import GroupResult
+from orchestrator.model.findings import Finding, PreflightReport, Status
 from orchestrator.model.inventory import Host, Inventory, Job
-from orchestrator.model.preflight import Finding, PreflightReport, Status
+from orchestrator.model.vocabulary import FailureKind, WorkerState
 from tests.fakes.backend import FakeBackend, Script, exited, running
 
 

@@ -13,22 +13,22 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends.base import Backend, Firewall, Leased, Leases, Standbys
 from orchestrator.backends.hosts import leases
+from orchestrator.backends.hosts.checks import (
+    ExposureProbe,
+    partition_findings,
+    run_preflight,
+)
 from orchestrator.backends.hosts.firewall import (
     controller_address,
     controller_towards,
     host_rules,
     reaches,
 )
-from orchestrator.backends.hosts.preflight import (
-    ExposureProbe,
-    partition_findings,
-    run_preflight,
-)
 from orchestrator.backends.hosts.prep import prepare_hosts
 from orchestrator.fanout import GroupResult, fan_out
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.pool import Machines, expand_uploads, machine_key
-from orchestrator.model.preflight import CHECK, Finding, PreflightOptions, PreflightReport
+from orchestrator.model.findings import CHECK, Finding, PreflightOptions, PreflightReport
 from orchestrator.model.workers import Started
 
 if TYPE_CHECKING:

@@ -28,8 +28,8 @@ from orchestrator.machines.hostclient import request
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import ComputeProbe, Inspection, Transfer, parsed
+from orchestrator.model.findings import Finding, Status
 from orchestrator.model.inventory import Host, Inventory
-from orchestrator.model.preflight import Finding, Status
 
 COMPUTE_RATIO = 0.7  # a host below this much of the others' median compute is named
 LINK_RATIO = 0.5  # a link below this much of the other links' median throughput is named

@@ -40,8 +40,8 @@ from orchestrator.model.answers import (
     StopAnswer,
     WorkerProbe,
 )
+from orchestrator.model.findings import CHECK, Finding, PreflightOptions, PreflightReport, Status
 from orchestrator.model.inventory import DEFAULT_CONNECTION, Host
-from orchestrator.model.preflight import CHECK, Finding, PreflightOptions, PreflightReport, Status
 from orchestrator.model.records import SchedulerState
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.model.workers import Started

@@ -26,7 +26,7 @@ from orchestrator.backends.software import PACKAGES, Software, Where, software_f
 from orchestrator.contract import ISOLATED
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.hostside.bundle import bundle
-from orchestrator.model.preflight import Finding, PreflightReport, Status
+from orchestrator.model.findings import Finding, PreflightReport, Status
 from orchestrator.model.reading import mapping, text
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.model.workers import checkpoint_dir, job_dir

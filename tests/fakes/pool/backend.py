@@ -1,7 +1,7 @@
 """The pool backend: each worker is a child process of this controller, in a directory that
 stands for the pool; no host agent, no SSH, no scheduler.
 
-It implements the five roles every backend plays (backends/roles.py) on local files and
+It implements the five capabilities every backend has (backends/capabilities.py) on local files and
 processes and declares it has none of the optional ones (its properties stay None), which is all
 `check` and `up` need: registered with one registry line (tests/unit/test_fourth_backend.py).
 """
@@ -29,8 +29,8 @@ from orchestrator.model.answers import (
     StopAnswer,
     WorkerProbe,
 )
+from orchestrator.model.findings import CHECK, Finding, PreflightOptions, PreflightReport, Status
 from orchestrator.model.inventory import Host, Inventory
-from orchestrator.model.preflight import CHECK, Finding, PreflightOptions, PreflightReport, Status
 from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec
 from tests.fakes.pool.source import PoolSpec

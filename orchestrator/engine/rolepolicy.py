@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from orchestrator.engine.state import WorkerState, overall
+from orchestrator.engine.state import overall
 from orchestrator.model.inventory import ROLE_CHIEF, ROLE_EVALUATOR, ROLE_PS, ROLE_WORKER
+from orchestrator.model.vocabulary import WorkerState
 
 # How often an evaluator that failed is started again, alone, before it is left failed.
 EVALUATOR_RESTARTS = 3

@@ -1,13 +1,14 @@
-"""The roles a backend plays, each a narrow interface: what the engine and the CLI ask of the
-place where workers live, grouped by what a caller needs.
+"""The capabilities of a backend, each a narrow interface: what the engine and the CLI ask of
+the place where workers live, grouped by what a caller needs. (A *role* is only ever a worker's
+TF_CONFIG type: chief, worker, ps, evaluator.)
 
-Every backend plays the five roles `Backend` is made of (base.py): `Lifecycle` (an attempt's
-workers), `Logs`, `Files` (on a worker's host), `Preparation` (before a start) and `Reach`
-(which hosts answer, which read this machine's files). The others are optional and a backend
-declares them as data, `Backend.keeper`, `.leasing`, `.scheduler`, `.firewall`: the role, or
-None where it has none. A caller asks the data ("does this backend keep standbys?"), never a
-stub that raises or answers nothing. A caller that needs one role takes that role (files:
-`Files`), so a fake for it implements a few methods, not thirty.
+Every backend has the five capabilities `Backend` is made of (base.py): `Lifecycle` (an attempt's
+workers), `Logs`, `Files` (on a worker's host), `Preparation` (before a start) and `Reach` (which
+hosts answer, which read this machine's files). The others are optional and a backend declares them
+as data, `Backend.keeper`, `.leasing`, `.scheduler`, `.firewall`: the capability, or None where it
+has none. A caller asks the data ("does this backend keep standbys?"), never a stub that raises or
+answers nothing. A caller that needs one capability takes that one (files: `Files`), so a fake for
+it implements a few methods, not thirty.
 """
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ from orchestrator.model.answers import (
     StopAnswer,
     WorkerProbe,
 )
+from orchestrator.model.findings import CHECK, PreflightOptions
 from orchestrator.model.leases import Ignored
-from orchestrator.model.preflight import CHECK, PreflightOptions
 from orchestrator.model.workers import Started
 
 if TYPE_CHECKING:
+    from orchestrator.model.findings import Finding, PreflightReport
     from orchestrator.model.firewall import HostRules
     from orchestrator.model.inventory import Host, Inventory, LoginDetails
     from orchestrator.model.leases import LeaseListing
-    from orchestrator.model.preflight import Finding, PreflightReport
     from orchestrator.model.records import RunRecord, SchedulerState, WorkerRecord
     from orchestrator.model.workers import WorkerSpec
 
@@ -179,13 +180,13 @@ class Reach(ABC):
         return None
 
 
-# --- optional roles: a backend has them (Backend.keeper, .leasing, ...) or declares None ------
+# --- optional capabilities: a backend has them (Backend.keeper, ...) or declares None --------
 
 
 class Standbys(ABC):
     """Warm restarts: per worker slot, a process that has imported TensorFlow and becomes that
-    slot's worker in the next attempt (WorkerSpec.standby_request). A backend without this role
-    starts every attempt cold, and nothing asks for standbys, not even the workdirs."""
+    slot's worker in the next attempt (WorkerSpec.standby_request). A backend without this
+    capability starts every attempt cold, and nothing asks for standbys, not even the workdirs."""
 
     @abstractmethod
     def start_standbys(self, specs: Sequence[WorkerSpec], linger: float) -> GroupResult[str, str]:
@@ -220,7 +221,7 @@ class Leased:
 class Leases(ABC):
     """Ports and GPUs of shared machines held against every other job (`port: auto`, `gpus:
     N`, `up --queue`, `orchestrate jobs`). A scheduler leases itself: a backend without this
-    role leases nothing, and its runs start with the inventory as written."""
+    capability leases nothing, and its runs start with the inventory as written."""
 
     @abstractmethod
     def take_leases(

@@ -15,15 +15,15 @@ from orchestrator.cli.app import Context, cli, errors
 from orchestrator.cli.render import finding_hints, findings_table, firewall_script
 from orchestrator.engine.lifecycle import take_leases
 from orchestrator.errors import InventoryError, PreflightFailed, Problem
-from orchestrator.model.firewall import FORMATS
-from orchestrator.model.inventory import Inventory
-from orchestrator.model.preflight import (
+from orchestrator.model.findings import (
     DEFAULT_MIN_FREE_BYTES,
     DEFAULT_PROBE_TIMEOUT,
     PreflightOptions,
     PreflightReport,
     Status,
 )
+from orchestrator.model.firewall import FORMATS
+from orchestrator.model.inventory import Inventory
 from orchestrator.model.printable import strict_json
 
 CHECK_RUN_ID = "check"  # no run of that id exists: a dry lease keeps nothing of any run

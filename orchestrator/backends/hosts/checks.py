@@ -30,14 +30,14 @@ from orchestrator.machines.hostclient import request
 from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import Connections, Inspection, PeerProbe, parsed
-from orchestrator.model.inventory import Host, Inventory
-from orchestrator.model.preflight import (
+from orchestrator.model.findings import (
     DEFAULT_MIN_FREE_BYTES,
     DEFAULT_PROBE_TIMEOUT,
     Finding,
     PreflightReport,
     Status,
 )
+from orchestrator.model.inventory import Host, Inventory
 from orchestrator.model.workers import checkpoint_dir, job_dir
 from orchestrator.paths import is_loopback
 
