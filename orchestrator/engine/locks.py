@@ -174,3 +174,12 @@ def refuse_if_active(
             hint="watch it with 'orchestrate attach' or 'orchestrate status', "
             "or stop it with 'orchestrate down' before starting another",
         )
+
+
+def supervised_run(store: RunStore) -> RunRecord | None:
+    """This state directory's latest run while a process supervises it (a live run), else
+    None. Cheap: no host is asked."""
+    if store.current_id() is None:
+        return None
+    record = store.load()
+    return record if SupervisorLock(store.lock_path(record.run_id)).held_elsewhere() else None

@@ -178,6 +178,12 @@ def test_detached_run_status_tail_and_down_leave_no_process(cli: Cli, reaper: li
     assert len(run_processes(run_id)) == 4  # two supervisors, two workers
     again = cli("up", "inv.yaml")
     assert again.returncode == 4 and "is still running" in again.stderr
+    # Issue 56: the live run holds its fixed ports without a lease: `jobs` names it.
+    jobs = cli("jobs", "inv.yaml", check=True)
+    assert f"run {run_id} of job demo (this directory) holds fixed ports" in jobs.stderr
+    assert "no job holds a lease" not in jobs.stderr
+    listed = json.loads(cli("jobs", "--json", "inv.yaml", check=True).stdout)["runs_here"]
+    assert [w["worker"] for w in listed[0]["workers"]] == ["alpha", "beta"]
     down = cli("down", check=True)
     assert "alpha: stopped" in down.stdout and "beta: stopped" in down.stdout
     assert run_processes(run_id) == []

@@ -153,8 +153,7 @@ def test_busy_port_names_its_holder_and_a_leftover_worker(
     assert problems[("host1", "port")].startswith(f"port 20000 is busy: pid {plain.pid} (")
     assert "time.sleep(60)" in problems[("host1", "port")]
     assert problems[("host2", "port")] == (
-        f"port 20000 is held by a leftover worker of run 20261129-000000-dead "
-        f"(pid {leftover.pid}, worker host2)"
+        f"port 20000 is held by worker host2 of run 20261129-000000-dead (pid {leftover.pid})"
     )
     hint = next(f["hint"] for f in items if f["host"] == "host2" and f["check"] == "port")
     assert "orchestrate down --run 20261129-000000-dead" in hint

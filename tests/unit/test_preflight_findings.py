@@ -83,7 +83,7 @@ def test_each_problem_is_named_on_its_host(tmp_path: Path) -> None:
     report = run_preflight(cluster(tmp_path), backend_with(inspections, peers))
     found = findings(report)
     assert found[("b", "port")][0] is Status.FAIL
-    assert "leftover worker of run r1 (pid 77, worker b)" in found[("b", "port")][1]
+    assert "held by worker b of run r1 (pid 77)" in found[("b", "port")][1]
     assert "timed out after 3 s" in found[("c", "reachable")][1]
     assert "from b: refused" in found[("c", "reachable")][1]
     assert found[("b", "proxy")][0] is Status.FAIL and "https_proxy" in found[("b", "proxy")][1]

@@ -81,10 +81,13 @@ def port_finding(host: Host, report: Inspection) -> Finding:
             host.name,
             "port",
             Status.FAIL,
-            f"port {host.port} is held by a leftover worker of run {holder.run_id} "
-            f"(pid {holder.pid}, worker {holder.worker or '?'})",
-            hint=f"stop it with 'orchestrate down --run {holder.run_id}' from the "
-            f"directory that started it, or 'kill {holder.pid}' on the host",
+            # One wording whether run X is live or a worker outlived it: the host cannot tell
+            # which, and a live run's worker is no "leftover".
+            f"port {host.port} is held by worker {holder.worker or '?'} of run {holder.run_id} "
+            f"(pid {holder.pid})",
+            hint=f"if run {holder.run_id} is still wanted, wait for it or give this job other "
+            f"ports ('port: auto'); else stop it with 'orchestrate down --run {holder.run_id}' "
+            f"from the directory that started it, or 'kill {holder.pid}' on the host",
         )
     if holder:
         detail = f"port {host.port} is busy: pid {holder.pid} ({holder.command}) listens on it"
