@@ -23,6 +23,9 @@ TF_CONFIG_ENV = "TF_CONFIG"
 RUN_ID_ENV = "ORCHESTRATE_RUN_ID"
 WORKER_ENV = "ORCHESTRATE_WORKER"
 RUN_DIR_ENV = "ORCHESTRATE_RUN_DIR"
+# In a worker's run directory, written by its host's agent before the SIGTERM of a stop that
+# was asked for (`down`): the worker then says "stopped", not "preempted".
+STOP_REQUEST_FILE = "stop_requested"
 PROGRESS_FILE_ENV = "ORCHESTRATE_PROGRESS_FILE"
 CHECKPOINT_DIR_ENV = "ORCHESTRATE_CHECKPOINT_DIR"
 TARGET_STEPS_ENV = "ORCHESTRATE_TARGET_STEPS"  # a script job's steps: (worker.target_steps())

@@ -17,10 +17,12 @@ from orchestrator.contract import (
     CHECKPOINT_SECONDS,
     EVAL_SECONDS,
     LOSS,
+    RUN_DIR_ENV,
     STEP_CALL_SECONDS,
     STEP_SECONDS,
     STEP_TIMING_ENV,
     STEPS_PER_SEC,
+    STOP_REQUEST_FILE,
     VAL_ACCURACY,
     VAL_LOSS,
 )
@@ -168,7 +170,7 @@ class Loop:
             self.saver.save(step, wait=True)  # the preemption's save is on disk before the exit
         self.saver.close()  # an earlier one written in the background too
         self.progress.add_seconds(CHECKPOINT_SECONDS, time.perf_counter() - started)
-        log(f"worker: preempted: saved checkpoint at step {step}")
+        log(f"worker: {stop_word()}: saved checkpoint at step {step}")
         self.summaries.close()
         self.progress.write(step=step, checkpoint_step=step, preempted=True)
         raise Preempted(step)
@@ -211,3 +213,11 @@ def timing_enabled() -> bool:
 
 def _fmt(value: float | None, digits: int) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def stop_word() -> str:
+    """ "stopped" when the stop was asked for (`down`: the agent wrote the run directory's stop
+    request before its SIGTERM), else "preempted" (a scheduler's or a person's SIGTERM)."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    asked = bool(run_dir) and os.path.exists(os.path.join(run_dir or "", STOP_REQUEST_FILE))
+    return "stopped" if asked else "preempted"

@@ -147,7 +147,9 @@ class Supervisor:
                     if status.state is WorkerState.SUCCEEDED
                     else AttemptEnd.STOPPED
                 )
-                self._close_attempt(AttemptEnd.PREEMPTED if preemption(status) else ended)
+                # `down --save` ends it like a preemption (saved, exit 75): a stop all the same.
+                saved = preemption(status) is not None and not stopping
+                self._close_attempt(AttemptEnd.PREEMPTED if saved else ended)
                 self.events.ended(status, stopping)
                 return status
             if stopping:

@@ -408,6 +408,14 @@ def test_down_save_reports_the_saved_step_and_the_next_up_resumes(
     down = cli("down", "--save", check=True, timeout=120)
     assert "saved a checkpoint at step" in down.stderr
     step = int(down.stderr.split("saved a checkpoint at step ")[1].split()[0])
+    # A stop, not a preemption (issue 56): the workers say so, and the account loses nothing.
+    logs = cli("tail", "-n", "30", check=True).stdout
+    assert f"worker: stopped: saved checkpoint at step {step}" in logs
+    assert "preempted" not in logs
+    run_id = cli.record()["run_id"]
+    wait_for(lambda: not detached_supervisors(run_id), timeout=60, what="the supervisor's end")
+    goodput = cli.status()["goodput"]
+    assert goodput["seconds"]["lost"] == 0 and goodput["seconds"]["restart"] == 0, goodput
     local_tf_inventory(cli, steps=step + 20, checkpoint_every=1000)
     cli("up", "--skip-checks", "inv.yaml", check=True, timeout=300)
     assert restored_steps(cli) == [step, step]
