@@ -5,6 +5,9 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path, PurePosixPath
 
+# The controller's state directory, relative to where a command runs (--state-dir).
+DEFAULT_STATE_DIR = ".orchestrate"
+
 
 def controller_path(value: str, base: Path) -> Path:
     """Paths on this machine are relative to the inventory file, like docker-compose's."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 from rich.console import Console, ConsoleOptions, RenderableType
@@ -14,7 +15,10 @@ from rich.segment import Segment
 from rich.text import Text
 
 from orchestrator import __version__
-from orchestrator.engine.runstore import DEFAULT_STATE_DIR, RunStore
+from orchestrator.paths import DEFAULT_STATE_DIR
+
+if TYPE_CHECKING:
+    from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import (
     OrchestrateError,
 )
@@ -60,8 +64,20 @@ EXIT_INTERRUPTED = 130
 
 
 class Context:
+    """What every command shares: the state directory's run store, made when first used (the
+    store's import pulls in every backend: `--version` and `--help` need none of it)."""
+
     def __init__(self, state_dir: str) -> None:
-        self.store = RunStore(state_dir)
+        self.state_dir = state_dir
+        self._store: RunStore | None = None
+
+    @property
+    def store(self) -> RunStore:
+        if self._store is None:
+            from orchestrator.engine.runstore import RunStore
+
+            self._store = RunStore(self.state_dir)
+        return self._store
 
 
 pass_context = click.make_pass_decorator(Context)
@@ -74,7 +90,29 @@ inventory_argument = click.argument(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Each command's module, imported when the command runs (or `--help` lists it): the CLI starts
+# without importing what other commands need (tests/unit/test_cli_start.py keeps this complete).
+COMMAND_MODULES = {
+    "check": "check", "firewall": "check", "dashboard": "dashboard", "export": "export",
+    "hosts": "hosts", "setup": "hosts", "jobs": "jobs", "up": "run", "supervise": "run",
+    "attach": "run", "down": "run", "local": "local", "notify": "notify", "status": "views",
+    "tail": "views", "stacks": "views", "tensorboard": "views", "pull-export": "views",
+}  # fmt: skip
+
+
+class LazyGroup(click.Group):
+    """A group whose commands register themselves when their module is imported, on demand."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMAND_MODULES) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            importlib.import_module(f"orchestrator.cli.{COMMAND_MODULES[cmd_name]}")
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="orchestrate")
 @click.option(
     "--state-dir",

@@ -12,8 +12,7 @@ import click
 from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import load_inventory, open_backend
 from orchestrator.cli.app import Context, cli, errors
-from orchestrator.cli.render import finding_hints, findings_table, firewall_script
-from orchestrator.engine.lifecycle import take_leases
+from orchestrator.cli.checkview import finding_hints, findings_table, firewall_script
 from orchestrator.errors import InventoryError, PreflightFailed, Problem
 from orchestrator.model.findings import (
     DEFAULT_MIN_FREE_BYTES,
@@ -130,6 +129,9 @@ def check(
     inventory = load_inventory(inventory_file)
     with open_backend(inventory) as backend:
         # port: auto and gpus: N: what `up` would lease now (nothing is held); a clash exits 4.
+        # Imported here: the lifecycle pulls in the engine, which a refused inventory never needs.
+        from orchestrator.engine.lifecycle import take_leases
+
         inventory = take_leases(inventory, CHECK_RUN_ID, backend, _warn, dry_run=True)
         report = run_checks(inventory, backend, probe_timeout, min_free_gb, perf=perf)
     if as_json:

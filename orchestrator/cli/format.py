@@ -4,12 +4,15 @@ a cell of text orchestrate did not write. Pure; no printing."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 
-from orchestrator.engine.status import WorkerStatus
 from orchestrator.model.printable import printable
 from orchestrator.model.vocabulary import WorkerState
+
+if TYPE_CHECKING:  # only a type here: the status module pulls in the engine (`check`'s start)
+    from orchestrator.engine.status import WorkerStatus
 
 STATE_STYLES = {
     WorkerState.PENDING: "dim",

@@ -45,7 +45,6 @@ from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.errors import HostError, RecordDamaged, RunStateError
 from orchestrator.model.records import RunRecord
 
-DEFAULT_STATE_DIR = ".orchestrate"
 THIS_MACHINE = "this machine"  # what errors about the state directory name as their host
 
 

@@ -19,9 +19,8 @@ from rich.text import Text
 
 from orchestrator.cli import cli, main
 from orchestrator.cli.app import PlainTextConsole
+from orchestrator.cli.checkview import finding_hints, findings_table
 from orchestrator.cli.render import (
-    finding_hints,
-    findings_table,
     jobs_table,
     problems,
     progress_line,
