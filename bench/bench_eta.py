@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-POLL = 2.0
+POLL = 1.0
 EVERY = 100
 
 

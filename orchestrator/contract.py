@@ -331,3 +331,19 @@ exec(_orchestrate_code, _orchestrate_globals)
 def booted(argv: tuple[str, ...]) -> tuple[str, ...]:
     """`PYTHON SCRIPT ARGS` -> `PYTHON -c SCRIPT_BOOT SCRIPT ARGS`."""
     return (argv[0], "-c", SCRIPT_BOOT, *argv[1:])
+
+
+# --- installing it ------------------------------------------------------------------------------
+
+# The name pip knows this project by: on PyPI "orchestrate" is another project (SigOpt's client),
+# and so are "worker" and "orchestrator", so a hint never names those. Not published on PyPI:
+# it is installed from its source (a clone).
+DISTRIBUTION = "tf-orchestrate"
+
+
+def install_hint(extra: str, where: str = "on this machine") -> str:
+    """The `pip install` of one of the project's extras, as it works from a clone of it."""
+    return (
+        f"pip install '.[{extra}]' in a clone of orchestrate ({DISTRIBUTION}) {where}, "
+        f"or pip install '/path/to/the/clone[{extra}]'"
+    )

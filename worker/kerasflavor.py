@@ -23,6 +23,7 @@ from orchestrator.contract import (
     KERAS_LEGACY,
     KERAS_MARKER_FILE,
     LEGACY_KERAS_ENV,
+    install_hint,
     legacy_keras_requested,
 )
 from worker.config import ConfigError
@@ -41,7 +42,7 @@ def keras() -> ModuleType:
         except ImportError as exc:
             raise ConfigError(
                 f"{LEGACY_KERAS_ENV}=1 (job.keras: legacy) but tf_keras is not installed: "
-                "pip install 'orchestrate[legacy-keras]' on this host"
+                + install_hint("legacy-keras", "on this host")
             ) from exc
         return tf_keras
     import keras as keras3

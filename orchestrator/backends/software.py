@@ -20,6 +20,7 @@ from orchestrator.contract import (
     KERAS_LEGACY,
     TF_KERAS_PACKAGE,
     TF_PACKAGES,
+    install_hint,
     minor_version,
     tf_keras_requirement,
 )
@@ -88,7 +89,7 @@ def tensorflow_finding(
             "tensorflow",
             Status.FAIL if job.task is not None else Status.WARN,
             f"TensorFlow is not installed for the {where.machine}'s python",
-            hint=f"pip install 'orchestrate[worker]' into the Python named by {where.python}",
+            hint=install_hint("worker", f"into the Python named by {where.python}"),
         )
     if len(everywhere) > 1:
         return Finding(
@@ -110,7 +111,7 @@ def worker_finding(name: str, installed: str | None, where: Where) -> Finding:
         if installed is None
         else f"orchestrate worker {installed} differs from the controller's {__version__}"
     )
-    hint = f"pip install 'orchestrate[worker]=={__version__}' on the {where.machine}"
+    hint = install_hint("worker", f"at version {__version__} on the {where.machine}")
     return Finding(name, "worker", Status.FAIL, detail, hint)
 
 
@@ -123,7 +124,7 @@ def legacy_keras_finding(
     wanted = tf_keras_requirement(tensorflow) if tensorflow else TF_KERAS_PACKAGE
     hint = (
         f"pip install '{wanted}' into the Python named by {where.python} "
-        "(or 'orchestrate[legacy-keras]')"
+        f"(or {install_hint('legacy-keras', 'there')})"
     )
     if tf_keras is None:
         detail = "job.keras is legacy but tf_keras (Keras 2) is not installed"

@@ -15,6 +15,7 @@ import time
 import click
 
 from orchestrator.cli.app import Context, cli, errors, pass_context, run_option
+from orchestrator.contract import install_hint
 from orchestrator.engine.plan import RUN_ID_PATTERN
 from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import MissingTool, RunStateError
@@ -34,7 +35,7 @@ def _require_web_stack() -> None:
     if any(importlib.util.find_spec(name) is None for name in ("starlette", "uvicorn")):
         raise MissingTool(
             "the dashboard needs Starlette and uvicorn, which are not installed for this Python",
-            hint="pip install 'orchestrate[dashboard]'",
+            hint=install_hint("dashboard"),
         )
 
 

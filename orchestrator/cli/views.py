@@ -22,6 +22,7 @@ from orchestrator.cli.app import (
     run_option,
 )
 from orchestrator.cli.render import problems, standby_lines, status_table
+from orchestrator.contract import install_hint
 from orchestrator.engine.exports import export_is_remote, local_export, pull_export
 from orchestrator.engine.goodput import run_account, summary
 from orchestrator.engine.hangs import collect
@@ -237,7 +238,7 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
     if importlib.util.find_spec("tensorboard") is None:
         raise MissingTool(
             "TensorBoard is not installed for this Python",
-            hint="pip install tensorboard (or 'orchestrate[worker]')",
+            hint=f"pip install tensorboard (or {install_hint('worker')})",
         )
     record = context.store.load(run_id)
     with open_backend(record.inventory) as backend:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from orchestrator.contract import EXIT_PREEMPTED, EXIT_USAGE
+from orchestrator.contract import EXIT_PREEMPTED, EXIT_USAGE, install_hint
 from orchestrator.model.vocabulary import FailureKind
 
 # What each kind means, for people: the manual's failure reference is generated from this and
@@ -66,8 +66,8 @@ DETERMINISTIC = frozenset(
 HINTS: dict[FailureKind, str] = {
     FailureKind.KERAS_API: (
         "this is tf.keras 2 code (Keras 2 APIs, or model.fit under MultiWorkerMirroredStrategy) "
-        "running on Keras 3: set job.keras: legacy in the inventory, and install "
-        "'orchestrate[legacy-keras]' (tf-keras of TensorFlow's version) on every host"
+        "running on Keras 3: set job.keras: legacy in the inventory, and install tf-keras of "
+        f"TensorFlow's version on every host ({install_hint('legacy-keras', 'there')})"
     ),
     FailureKind.IMPORT_ERROR: (
         "a module the worker imports is missing on its host: a module of your own goes under "
@@ -203,9 +203,8 @@ def explain(kind: FailureKind, log_tail: Sequence[str] = ()) -> str | None:
     text = "\n".join(log_tail)
     if kind is FailureKind.IMPORT_ERROR:
         if re.search(r"do not have the tf_keras package|No module named 'tf_keras'", text):
-            return (
-                "job.keras is legacy but tf_keras is missing on the host: pip install "
-                "'orchestrate[legacy-keras]' (tf-keras of TensorFlow's version) there"
+            return "job.keras is legacy but tf_keras is missing on the host: " + install_hint(
+                "legacy-keras", "there"
             )
         found = _MISSING_MODULE.findall(text)
         if found:

@@ -139,7 +139,7 @@ def test_without_ansible_core_the_error_names_the_extra(project: Path):
         "except InventoryError as e: print(e.message)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "needs ansible-core" in out.stdout and "orchestrate[ansible]" in out.stdout
+    assert "needs ansible-core" in out.stdout and "pip install '.[ansible]'" in out.stdout
 
 
 def test_one_host_source_only_and_a_missing_port_is_explained(project: Path):

@@ -117,7 +117,8 @@ def test_no_keras_finding_without_legacy(tmp_path: Path) -> None:
         (["ModuleNotFoundError: No module named 'mylib.tools'"], FailureKind.IMPORT_ERROR,
          "list mylib.py (or the mylib/ directory) under job.files:"),
         (["WARNING: Your environment has TF_USE_LEGACY_KERAS set to True, but you do not have the "
-          "tf_keras package installed."], FailureKind.IMPORT_ERROR, "orchestrate[legacy-keras]"),
+          "tf_keras package installed."], FailureKind.IMPORT_ERROR,
+         "pip install '.[legacy-keras]'"),
     ],
 )  # fmt: skip
 def test_each_kind_explains_what_to_do(tail: list[str], kind: FailureKind, advice: str) -> None:

@@ -46,7 +46,9 @@ def test_a_good_task_machine_passes_python_tensorflow_and_worker() -> None:
 def test_a_task_needs_the_controllers_worker_version(installed: str | None, words: str) -> None:
     found = by_check(software_findings(TASK, {"n1": software(worker=installed)}, SLURM), "n1")
     assert found["worker"].status is Status.FAIL and words in found["worker"].detail
-    assert found["worker"].hint == f"pip install 'orchestrate[worker]=={__version__}' on the node"
+    assert found["worker"].hint.startswith("pip install '.[worker]' in a clone of orchestrate")
+    assert f"at version {__version__} on the node" in found["worker"].hint
+    assert "'orchestrate[" not in found["worker"].hint  # PyPI's orchestrate is another project
 
 
 def test_a_script_is_not_asked_for_the_worker_and_only_warned_without_tensorflow() -> None:
@@ -54,7 +56,8 @@ def test_a_script_is_not_asked_for_the_worker_and_only_warned_without_tensorflow
     assert "worker" not in found
     assert found["tensorflow"].status is Status.WARN
     assert found["tensorflow"].hint == (
-        "pip install 'orchestrate[worker]' into the Python named by 'python:'"
+        "pip install '.[worker]' in a clone of orchestrate (tf-orchestrate) into the Python "
+        "named by 'python:', or pip install '/path/to/the/clone[worker]'"
     )
     task = by_check(software_findings(TASK, {"a": software(None)}, Where()), "a")
     assert task["tensorflow"].status is Status.FAIL

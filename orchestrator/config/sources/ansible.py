@@ -1,7 +1,7 @@
 """`ansible:` as a host source: the workers are the hosts of a group of an Ansible inventory.
 
 ansible-core's own InventoryManager and VariableManager read the inventory (an optional extra,
-`orchestrate[ansible]`), so host ranges (`gpu[01:04]`), children groups, group_vars/host_vars
+the `ansible` extra), so host ranges (`gpu[01:04]`), children groups, group_vars/host_vars
 and templated variables mean exactly what they mean to Ansible; no INI parser of our own.
 
 Each host becomes an inventory host entry and goes through the same checks as a `hosts:` entry:
@@ -29,11 +29,12 @@ from orchestrator.boundedread import ANSIBLE_FILE_CAP, ANSIBLE_FILES_CAP, check_
 from orchestrator.config.report import Report
 from orchestrator.config.sources.base import HostSource, Placed, RoleRule
 from orchestrator.config.sources.hosts import host_keys, parse_host
+from orchestrator.contract import install_hint
 from orchestrator.paths import controller_path
 from orchestrator.values import Key, key_names, string
 from orchestrator.yamlsource import LineMap
 
-EXTRA = "orchestrate[ansible]"
+ANSIBLE_HINT = install_hint("ansible")
 # `ansible:`'s keys; the manual's key reference is written from these entries.
 ANSIBLE_KEY_ENTRIES: tuple[Key, ...] = (
     Key("inventory", "string (a path on this machine)", "required",
@@ -106,8 +107,8 @@ def _ansible_hosts(
     try:
         found = read_hosts(path, values["group"], values["port_var"])
     except ImportError:
-        report.add(line, "ansible", f"needs ansible-core to read Ansible inventories: "
-                   f"pip install '{EXTRA}'")  # fmt: skip
+        report.add(line, "ansible", "needs ansible-core to read Ansible inventories: "
+                   + ANSIBLE_HINT)  # fmt: skip
         return []
     except AnsibleInventoryError as exc:
         report.add(where_line, "ansible.inventory", f"Ansible cannot read {path}: {exc}")
