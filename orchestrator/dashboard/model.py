@@ -10,6 +10,7 @@ from typing import Any
 
 from orchestrator.contract import HISTORY_FILE
 from orchestrator.dashboard.charts import Marker, Series, line_chart, stacked_bar
+from orchestrator.dashboard.curves import SMOOTHING, log10, smoothed
 from orchestrator.engine.goodput import LABELS, PARTS, run_account, summary
 from orchestrator.engine.policy import first_failure
 from orchestrator.engine.rolepolicy import labelled
@@ -134,14 +135,35 @@ def charts(record: RunRecord, history: Mapping[int, Sequence[Mapping[str, Any]]]
             markers.append(Marker(float(step), f"restart {number}"))
     waiting = "waiting for the first logged step"
     no_eval = "no evaluation yet (a task's eval_dataset, or report(val_loss=...))"
+    loss = curve(history, "loss")
     return {
-        "loss": line_chart("loss", curve(history, "loss"), markers, waiting),
+        "loss": line_chart("loss", loss, markers, waiting),
+        "loss_smoothed": line_chart(
+            f"loss, smoothed ({SMOOTHING} EMA)", smoothed(loss), markers, waiting
+        ),
+        "loss_log": line_chart("log10(loss)", log10(loss), markers, waiting),
         "steps_per_sec": line_chart("steps/s", curve(history, "steps_per_sec"), markers, waiting),
         "val_loss": line_chart("val_loss", curve(history, "val_loss"), markers, no_eval),
         "val_accuracy": line_chart(
             "val_accuracy", curve(history, "val_accuracy"), markers, no_eval
         ),
     }
+
+
+# A check of the run's own inventory at most this long before the run began is its check (the
+# one `up` itself ran is seconds before); any other is another inventory's, or stale.
+PREFLIGHT_WINDOW = 600.0
+
+
+def run_preflight(document: Any, record: RunRecord) -> dict[str, Any] | None:
+    """The recorded preflight findings when they are this run's: of its inventory, checked in
+    the PREFLIGHT_WINDOW before it began; None otherwise (the panel then says none)."""
+    if not isinstance(document, dict) or document.get("inventory") != record.inventory.path:
+        return None
+    checked = document.get("checked_at")
+    if not isinstance(checked, int | float):
+        return None
+    return document if 0 <= record.created_at - checked <= PREFLIGHT_WINDOW else None
 
 
 def goodput(record: RunRecord, status: RunStatus | None, now: float) -> dict[str, Any]:

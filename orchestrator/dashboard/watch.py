@@ -214,7 +214,7 @@ class RunWatch:
             "root_cause": model.root_cause(record, status),
             "goodput": model.goodput(record, status, time.time()),
             "charts": model.charts(record, self._history),
-            "preflight": self._read_json(self.store.preflight_path()),
+            "preflight": model.run_preflight(self._read_json(self.store.preflight_path()), record),
             "leases": self._lease_listing(record, backend),
             "tensorboard": self._tensorboard(),
             "runs": [

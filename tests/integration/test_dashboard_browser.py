@@ -137,6 +137,13 @@ def test_page_follows_training_and_a_restart(cli: Cli, reaper: list[str], browse
         )
         wait_for(lambda: count("#chart-loss polyline") >= 1, timeout=30, what="the loss curve")
         markers = count("#chart-loss .marker")
+        # The loss chart's views (issue 56): the choice redraws it at once, from the last document.
+        driver.execute_script(
+            "const s = document.getElementById('loss-view'); s.value = 'loss_log';"
+            "s.dispatchEvent(new Event('change'));"
+        )
+        assert "log10(loss)" in text("#chart-loss .chart-title")
+        assert count("#chart-loss polyline") >= 1
         # Goodput's stacked bar: training and the restart's downtime among its segments, the
         # shares adding up to the whole; its line names the restart; the runs table a figure.
         wait_for(lambda: count("#goodput-bar rect[data-part='restart']") == 1, timeout=30,

@@ -46,9 +46,10 @@ def test_a_good_task_machine_passes_python_tensorflow_and_worker() -> None:
 def test_a_task_needs_the_controllers_worker_version(installed: str | None, words: str) -> None:
     found = by_check(software_findings(TASK, {"n1": software(worker=installed)}, SLURM), "n1")
     assert found["worker"].status is Status.FAIL and words in found["worker"].detail
-    assert found["worker"].hint.startswith("pip install '.[worker]' in a clone of orchestrate")
-    assert f"at version {__version__} on the node" in found["worker"].hint
-    assert "'orchestrate[" not in found["worker"].hint  # PyPI's orchestrate is another project
+    hint = found["worker"].hint or ""
+    assert hint.startswith("pip install '.[worker]' in a clone of orchestrate")
+    assert f"at version {__version__} on the node" in hint
+    assert "'orchestrate[" not in hint  # PyPI's orchestrate is another project
 
 
 def test_a_script_is_not_asked_for_the_worker_and_only_warned_without_tensorflow() -> None:

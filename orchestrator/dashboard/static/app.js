@@ -5,6 +5,7 @@ const settings = JSON.parse(document.getElementById("settings").textContent);
 const $ = (id) => document.getElementById(id);
 let runId = settings.run;
 let source = null;
+let lastDoc = null;  // the latest document: the loss view's choice redraws from it
 const LOG_LIMIT = 2000;
 
 // The token travels in the HttpOnly cookie the first visit got: no URL carries it.
@@ -126,10 +127,16 @@ function renderTimeline(doc) {
     : [el("li", { class: "empty", text: "no restarts" })]));
 }
 
+// The loss chart's view: raw, smoothed or log10 (each rendered by the server, dashboard/curves.py).
+function lossView() {
+  const chosen = $("loss-view") ? $("loss-view").value : "loss";
+  return ["loss", "loss_smoothed", "loss_log"].includes(chosen) ? chosen : "loss";
+}
+
 function renderPreflight(doc) {
   const report = doc.preflight;
   if (!report || !report.findings) {
-    $("preflight").replaceChildren(el("div", { class: "muted-line", text: "no preflight check recorded" }));
+    $("preflight").replaceChildren(el("div", { class: "muted-line", text: "no preflight check of this run's inventory recorded before it began" }));
     return;
   }
   const problems = report.findings.filter((f) => f.status !== "ok");
@@ -202,6 +209,7 @@ function renderLeases(doc) {
 }
 
 function render(doc) {
+  lastDoc = doc;
   if (doc.error) {
     $("run-title").textContent = doc.error;
     return;
@@ -223,7 +231,7 @@ function render(doc) {
   // Server-rendered like the charts (dashboard/charts.py): escaped there, no host text raw.
   $("goodput-bar").innerHTML = doc.goodput ? doc.goodput.bar : "";
   $("goodput-line").textContent = doc.goodput ? doc.goodput.line : "";
-  $("chart-loss").innerHTML = doc.charts.loss;
+  $("chart-loss").innerHTML = doc.charts[lossView()] || doc.charts.loss;
   $("chart-rate").innerHTML = doc.charts.steps_per_sec;
   $("chart-val-loss").innerHTML = doc.charts.val_loss;
   $("chart-val-accuracy").innerHTML = doc.charts.val_accuracy;
@@ -267,4 +275,7 @@ function waitForRun() {
   }).catch(() => setTimeout(waitForRun, 2000));
 }
 
+$("loss-view").addEventListener("change", () => {
+  if (lastDoc) $("chart-loss").innerHTML = lastDoc.charts[lossView()] || lastDoc.charts.loss;
+});
 if (runId) connect(runId); else waitForRun();
