@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from orchestrator import __version__
 from orchestrator.contract import (
+    DISTRIBUTION,
     KERAS_LEGACY,
     TF_KERAS_PACKAGE,
     TF_PACKAGES,
@@ -27,7 +28,7 @@ from orchestrator.contract import (
 from orchestrator.model.findings import Finding, Status
 from orchestrator.model.inventory import Job
 
-WORKER_PACKAGE = "orchestrate"
+WORKER_PACKAGE = DISTRIBUTION  # not "orchestrate": on PyPI that is another project
 # The distributions every probe reports the versions of, where the worker will import from.
 PACKAGES = (*TF_PACKAGES, TF_KERAS_PACKAGE, WORKER_PACKAGE)
 

@@ -147,8 +147,7 @@ class Supervisor:
                     if status.state is WorkerState.SUCCEEDED
                     else AttemptEnd.STOPPED
                 )
-                # `down --save` ends it like a preemption (saved, exit 75): a stop all the same.
-                saved = preemption(status) is not None and not stopping
+                saved = preemption(status) is not None and not stopping  # down --save: a stop
                 self._close_attempt(AttemptEnd.PREEMPTED if saved else ended)
                 self.events.ended(status, stopping)
                 return status

@@ -241,7 +241,7 @@ def healthy(request: Mapping[str, Any]) -> dict[str, Any]:
     if request["verb"] == "inspect":
         from orchestrator import __version__
 
-        packages = {"tensorflow": "2.21.0", "orchestrate": __version__}
+        packages = {"tensorflow": "2.21.0", "tf-orchestrate": __version__}
         directories = [GOOD_DIRECTORY for _ in request["directories"]]
         return {"python": "3.11.2", "packages": packages, "env": {}, "directories": directories,
                 "listener_pid": 4242, "port_error": None, "holder": None}  # fmt: skip

@@ -73,6 +73,18 @@ def dashboard_processes(run_id: str) -> list[psutil.Process]:
     return found
 
 
+def assert_loss_views(driver: Any) -> None:
+    """The loss chart's views (issue 56): the choice redraws it at once, from the last document."""
+    drawn = driver.execute_script(
+        "const s = document.getElementById('loss-view'); s.value = 'loss_log';"
+        "s.dispatchEvent(new Event('change'));"
+        "const chart = document.getElementById('chart-loss');"
+        "return [chart.querySelector('.chart-title').textContent,"
+        "        chart.querySelectorAll('polyline').length];"
+    )
+    assert drawn[0] == "log10(loss)" and drawn[1] >= 1, drawn
+
+
 def test_page_follows_training_and_a_restart(cli: Cli, reaper: list[str], browser: Any) -> None:
     driver = browser
     local_tf_inventory(cli, steps=100_000, log_every=5, checkpoint_every=25, restart_backoff=0)
@@ -137,13 +149,7 @@ def test_page_follows_training_and_a_restart(cli: Cli, reaper: list[str], browse
         )
         wait_for(lambda: count("#chart-loss polyline") >= 1, timeout=30, what="the loss curve")
         markers = count("#chart-loss .marker")
-        # The loss chart's views (issue 56): the choice redraws it at once, from the last document.
-        driver.execute_script(
-            "const s = document.getElementById('loss-view'); s.value = 'loss_log';"
-            "s.dispatchEvent(new Event('change'));"
-        )
-        assert "log10(loss)" in text("#chart-loss .chart-title")
-        assert count("#chart-loss polyline") >= 1
+        assert_loss_views(driver)
         # Goodput's stacked bar: training and the restart's downtime among its segments, the
         # shares adding up to the whole; its line names the restart; the runs table a figure.
         wait_for(lambda: count("#goodput-bar rect[data-part='restart']") == 1, timeout=30,

@@ -53,7 +53,7 @@ def test_hostprobe_finds_the_versions_importlib_metadata_finds() -> None:
         except importlib.metadata.PackageNotFoundError:
             expected[name] = None
     assert found == expected
-    assert found["orchestrate"] and found["surely-not-installed-here"] is None
+    assert found["tf-orchestrate"] and found["surely-not-installed-here"] is None
 
 
 def test_the_agent_makes_directories_and_private_run_directories(tmp_path: Path) -> None:

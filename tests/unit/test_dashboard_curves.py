@@ -12,6 +12,11 @@ from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import RunRecord
 
 
+def a_record(created_at: float) -> RunRecord:
+    inventory = Inventory("inv.yaml", ".", (Host("a", "x", 1),), Job("j", script="t.py"))
+    return RunRecord("r", inventory, created_at=created_at)
+
+
 def test_smoothing_is_debiased_per_attempt_and_keeps_gaps() -> None:
     (line,) = smoothed([Series(0, ((1, 2.0), (2, 2.0), (3, math.nan), (4, 2.0)))], weight=0.6)
     values = [v for _, v in line.points]
@@ -30,8 +35,7 @@ def test_log10_leaves_values_at_or_below_zero_out() -> None:
 
 
 def test_the_charts_carry_the_loss_views() -> None:
-    record = RunRecord("r", Inventory("inv.yaml", ".", (Host("a", "x", 1),), Job("j", script="t.py")),
-                       created_at=1000.0)  # fmt: skip
+    record = a_record(1000.0)
     history = {0: [{"step": s, "loss": 1.0 / s} for s in range(1, 30)]}
     found = charts(record, history)
     assert "<polyline" in found["loss_smoothed"] and "<polyline" in found["loss_log"]
@@ -39,8 +43,7 @@ def test_the_charts_carry_the_loss_views() -> None:
 
 
 def test_the_preflight_panel_shows_only_this_runs_check() -> None:
-    record = RunRecord("r", Inventory("inv.yaml", ".", (Host("a", "x", 1),), Job("j", script="t.py")),
-                       created_at=10_000.0)  # fmt: skip
+    record = a_record(10_000.0)
     ours = {"inventory": "inv.yaml", "checked_at": 9_990.0, "findings": []}
     assert run_preflight(ours, record) == ours
     assert run_preflight({**ours, "inventory": "other.yaml"}, record) is None

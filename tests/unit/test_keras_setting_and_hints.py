@@ -85,8 +85,8 @@ def test_keras_values_and_the_variable_in_env_are_inventory_errors(tmp_path: Pat
 def test_legacy_keras_preflight(tmp_path: Path, tf_keras: str | None, status: Status,
                                 words: str) -> None:  # fmt: skip
     inventory = cluster(tmp_path, keras="legacy")
-    packages = {"tensorflow": "2.21.0", "tf-keras": tf_keras, "orchestrate": inspection()[
-        "packages"]["orchestrate"]}  # fmt: skip
+    packages = {"tensorflow": "2.21.0", "tf-keras": tf_keras, "tf-orchestrate": inspection()[
+        "packages"]["tf-orchestrate"]}  # fmt: skip
     backend = backend_with({"b": inspection(packages=packages)}, all_ok_peers())
     report = run_preflight(inventory, backend)
     (finding,) = [f for f in report.findings if f.host == "b" and f.check == "keras"]
@@ -174,7 +174,8 @@ def test_the_killed_peer_not_the_aborted_one_is_the_root_cause(tmp_path: Path) -
 def test_an_early_exit_is_reported_and_not_retried(tmp_path: Path) -> None:
     waiting = {"exists": True, "pid": 100, "alive": True, "worker_pid": 101, "progress": None}
     backend = FakeBackend(scripts={"a": {0: [exited(0, None)]}, "b": {0: [waiting]}})
-    store, error = supervise(tmp_path, backend, max_restarts=3, stall_timeout=1)
+    # start_timeout 1: the waiting peer is given up on at once (it never steps in this fake)
+    store, error = supervise(tmp_path, backend, max_restarts=3, stall_timeout=1, start_timeout=1)
     assert "the worker that failed first: a" in error.message
     assert "after 0 restart(s)" in error.message
     assert store.load().restarts == ()

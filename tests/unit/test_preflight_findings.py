@@ -19,7 +19,7 @@ GOOD_DIR = {"path": "/w", "writable": True, "checked": "/w", "free_bytes": 50 <<
 def inspection(**over: Any) -> dict[str, Any]:
     return {
         "python": "3.11.2",
-        "packages": {"tensorflow": "2.21.0", "orchestrate": __version__},
+        "packages": {"tensorflow": "2.21.0", "tf-orchestrate": __version__},
         "env": {},
         "directories": [GOOD_DIR, GOOD_DIR],
         "listener_pid": 4242,
@@ -76,7 +76,7 @@ def test_each_problem_is_named_on_its_host(tmp_path: Path) -> None:
             holder={"pid": 77, "command": "python train.py", "orchestrate_run_id": "r1",
                     "orchestrate_worker": "b"},
             env={"https_proxy": "http://proxy:3128"},
-            packages={"tensorflow": "2.20.0", "orchestrate": "0.0.1"},
+            packages={"tensorflow": "2.20.0", "tf-orchestrate": "0.0.1"},
         ),
         "c": inspection(directories=[GOOD_DIR, {**GOOD_DIR, "free_bytes": 1 << 20}]),
     }  # fmt: skip

@@ -26,7 +26,7 @@ SLURM = Where("slurm.python", "node")
 def software(tensorflow: str | None = "2.21.0", tf_keras: str | None = None,
              worker: str | None = __version__, python: str = "3.11.7") -> Software:  # fmt: skip
     return Software(python, {"tensorflow": tensorflow, "tf-keras": tf_keras,
-                             "orchestrate": worker})  # fmt: skip
+                             "tf-orchestrate": worker})  # fmt: skip
 
 
 def by_check(findings: list[Finding], machine: str) -> dict[str, Finding]:
@@ -94,11 +94,11 @@ def test_versions_are_judged_across_the_machines() -> None:
 
 
 def test_a_node_answer_of_the_wrong_shape_reads_as_not_installed() -> None:
-    packages = {"tensorflow": 2.21, "tf-keras": ["x"], "orchestrate": "0.1.0"}
+    packages = {"tensorflow": 2.21, "tf-keras": ["x"], "tf-orchestrate": "0.1.0"}
     read = node_software({"node": "n1", "python": "3.11.7", "packages": packages})
     assert read.tensorflow is None and read.packages["tf-keras"] is None
-    assert read.packages["orchestrate"] == "0.1.0"
-    assert node_software({"node": "n1", "packages": "nope"}).packages["orchestrate"] is None
+    assert read.packages["tf-orchestrate"] == "0.1.0"
+    assert node_software({"node": "n1", "packages": "nope"}).packages["tf-orchestrate"] is None
 
 
 def test_the_node_probe_reports_the_packages_the_checks_judge(tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_the_node_probe_reports_the_packages_the_checks_judge(tmp_path: Path) ->
     answer = subprocess.run([sys.executable, *ISOLATED, "-c", probe], cwd=tmp_path,
                             capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
     found = node_software(json.loads(answer.stdout))
-    assert found.packages["orchestrate"] == __version__
+    assert found.packages["tf-orchestrate"] == __version__
     # What this interpreter has: the unprivileged unit run's venv has neither TensorFlow nor
     # tf-keras, and the probe must then say so rather than fail.
     assert found.packages["tf-keras"] == installed("tf-keras")
