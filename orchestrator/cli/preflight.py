@@ -14,6 +14,7 @@ from orchestrator.backends.registry import load_inventory, open_backend
 from orchestrator.cli.app import Context, cli, errors
 from orchestrator.cli.render import finding_hints, findings_table, firewall_script
 from orchestrator.engine.lifecycle import take_leases
+from orchestrator.engine.tracking import tracking_findings
 from orchestrator.errors import InventoryError, PreflightFailed, Problem
 from orchestrator.model.firewall import FORMATS
 from orchestrator.model.inventory import Inventory
@@ -63,6 +64,8 @@ def run_checks(
             probe_timeout, int(min_free_gb * 2**30), exposure=True, perf=perf
         )
         report = backend.preflight(inventory, options)
+        # The tracker (job.tracking) from this machine: a warning at most, never a block.
+        report = PreflightReport((*report.findings, *tracking_findings(inventory)))
     _record(report, inventory)
     return report
 

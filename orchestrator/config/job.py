@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.report import Report, line_of
+from orchestrator.config.tracking import parse_tracking
 from orchestrator.contract import (
     EXPORT_FORMATS,
     KERAS_SETTINGS,
     LEGACY_KERAS_ENV,
     RESERVED_ENV_PREFIXES,
     STRATEGY_PS,
+    TRACKING_ENV,
+    TRACKING_SECRET_ENV,
     task_problem,
 )
 from orchestrator.model.inventory import Job
@@ -154,11 +157,16 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
         "when another job holds (or an earlier queued job waits for) a port or GPU this job "
         "leases, wait for it as `pending` instead of failing, in the order of arrival, and "
         "start as soon as everything is free (as `up --queue`; see Shared machines)", boolean),
+    Key("tracking", "mapping (see `job.tracking` below)", "",
+        "one MLflow and/or Weights & Biases run per run, whatever its restarts: every worker "
+        "of every attempt logs into it, and orchestrate logs the job's settings, the restarts, "
+        "the goodput and the verdict (see Experiment tracking)", lambda value: (value, None)),
 )  # fmt: skip
 JOB_KEYS: dict[str, Checker] = checkers(JOB_KEY_ENTRIES)
 
-# Keys parsed by their own functions below (lists and mappings, checked per item).
-LIST_JOB_KEYS = ("args", "env", "secret_env", "files", "permanent_exit_codes")
+# Keys parsed by their own functions (lists and mappings, checked per item; tracking's in
+# config/tracking.py).
+LIST_JOB_KEYS = ("args", "env", "secret_env", "files", "permanent_exit_codes", "tracking")
 
 
 def parse_job(document: LineMap, report: Report, stem: str, base: Path) -> Job | None:
@@ -183,6 +191,8 @@ def parse_job(document: LineMap, report: Report, stem: str, base: Path) -> Job |
     values["env"] = _parse_env(block, report)
     values["secret_env"] = _parse_secret_env(block, report, values["env"])
     values.setdefault("name", stem if NAME_PATTERN.fullmatch(stem) else "job")
+    if "tracking" in block:
+        values["tracking"] = parse_tracking(block, report)
     if ("task" in block) == ("script" in block):
         report.add(
             block.line,
@@ -228,8 +238,14 @@ def _parse_env(block: LineMap, report: Report) -> dict[str, str]:
         if not isinstance(key, str) or not ENV_NAME_PATTERN.fullmatch(key):
             report.add(line_of(raw, key), where, "expected an environment variable name")
             continue
-        if key.startswith(RESERVED_ENV_PREFIXES):
+        if key.startswith(RESERVED_ENV_PREFIXES) or key in TRACKING_ENV:
             report.add(line_of(raw, key), where, "is set by orchestrate for each worker")
+            continue
+        if key in TRACKING_SECRET_ENV:
+            report.add(line_of(raw, key), where,
+                       "a tracker's credential must not be written in the inventory: list its "
+                       "name in job.secret_env (its value is taken from the environment of "
+                       "'orchestrate up')")  # fmt: skip
             continue
         if key == LEGACY_KERAS_ENV:
             report.add(line_of(raw, key), where,
@@ -255,7 +271,7 @@ def _parse_secret_env(block: LineMap, report: Report, env: Mapping[str, str]) ->
     names: set[str] = set()  # those kept so far: each passed every check below
 
     def allowed(item: str) -> Checked:
-        if item.startswith(RESERVED_ENV_PREFIXES):
+        if item.startswith(RESERVED_ENV_PREFIXES) or item in TRACKING_ENV:
             return None, "is set by orchestrate for each worker"
         if item in env:
             return None, (f"{item} is also in job.env; a secret's value must not be written in "
