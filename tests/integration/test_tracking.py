@@ -253,3 +253,46 @@ def test_an_unreachable_tracker_is_a_warning_and_the_run_trains(
     assert done.returncode == 0, done.stderr
     assert "warning: tracking: no MLflow run" in done.stdout + done.stderr
     assert cli.record()["inventory"]["job"]["tracking"]["mlflow_run_id"] is None
+
+
+WANDB_SCRIPT = textwrap.dedent("""\
+    import os, sys
+    import wandb
+
+    attempt = int(os.environ["ORCHESTRATE_RUN_DIR"].split("attempt-")[1].split("/")[0])
+    worker = os.environ["ORCHESTRATE_WORKER"]
+    # A directory per worker and attempt: W&B names an offline run by the second it began.
+    os.environ["WANDB_DIR"] = os.path.join(os.environ["WANDB_DIR"], f"{worker}-{attempt}")
+    os.makedirs(os.environ["WANDB_DIR"])
+    run = wandb.init()  # WANDB_RUN_ID, WANDB_RESUME=allow, WANDB_PROJECT: orchestrate's
+    run.log({f"attempt_{worker}": attempt})
+    run.finish()
+    if worker == "beta" and attempt == 0:
+        sys.exit(1)  # one restart: the next attempt's wandb.init() joins the same run
+    """)
+
+
+def test_wandb_offline_keeps_one_run_id_across_attempts(cli: Cli, reaper: list[str]) -> None:
+    """W&B in offline mode: both workers of both attempts wrote their runs under the one id
+    orchestrate picked, as W&B's own run files say (offline-run-TIME-ID/run-ID.wandb)."""
+    pytest.importorskip("wandb", reason="the dev extra installs wandb")
+    (cli.cwd / "train.py").write_text(WANDB_SCRIPT)
+    runs = cli.cwd / "wandb-runs"
+    runs.mkdir()
+    ports = free_ports(2)
+    local_inventory(cli, [f"name: alpha, address: localhost, port: {ports[0]}",
+                          f"name: beta, address: localhost, port: {ports[1]}"],
+                    {"name": "demo", "script": "train.py", "restart_backoff": 0,
+                     "env": {"WANDB_MODE": "offline", "WANDB_DIR": str(runs),
+                             "WANDB_SILENT": "true"},
+                     "tracking": {"wandb": {"project": "vision", "entity": "lab"}}})  # fmt: skip
+    done = cli("up", "--skip-checks", "inv.yaml", timeout=240)
+    reaper.append(cli.record()["run_id"])
+    assert done.returncode == 0, done.stderr
+    run_id = cli.record()["inventory"]["job"]["tracking"]["wandb_run_id"]
+    assert run_id and len(run_id) == 8
+    found = sorted(runs.glob("*/wandb/offline-run-*"))
+    assert [path.parents[1].name for path in found] == ["alpha-0", "alpha-1", "beta-0", "beta-1"]
+    assert {path.name.rsplit("-", 1)[1] for path in found} == {run_id}
+    assert all((path / f"run-{run_id}.wandb").is_file() for path in found)
+    assert f"W&B run {run_id} in lab/vision" in cli("status").stdout
