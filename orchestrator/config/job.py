@@ -9,15 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.report import Report, line_of
-from orchestrator.config.tracking import parse_tracking
+from orchestrator.config.tracking import parse_tracking, tracking_env_problems
 from orchestrator.contract import (
     EXPORT_FORMATS,
     KERAS_SETTINGS,
     LEGACY_KERAS_ENV,
     RESERVED_ENV_PREFIXES,
     STRATEGY_PS,
-    TRACKING_ENV,
-    TRACKING_SECRET_ENV,
     task_problem,
 )
 from orchestrator.model.inventory import Job
@@ -193,6 +191,7 @@ def parse_job(document: LineMap, report: Report, stem: str, base: Path) -> Job |
     values.setdefault("name", stem if NAME_PATTERN.fullmatch(stem) else "job")
     if "tracking" in block:
         values["tracking"] = parse_tracking(block, report)
+        tracking_env_problems(block, report)
     if ("task" in block) == ("script" in block):
         report.add(
             block.line,
@@ -238,14 +237,8 @@ def _parse_env(block: LineMap, report: Report) -> dict[str, str]:
         if not isinstance(key, str) or not ENV_NAME_PATTERN.fullmatch(key):
             report.add(line_of(raw, key), where, "expected an environment variable name")
             continue
-        if key.startswith(RESERVED_ENV_PREFIXES) or key in TRACKING_ENV:
+        if key.startswith(RESERVED_ENV_PREFIXES):
             report.add(line_of(raw, key), where, "is set by orchestrate for each worker")
-            continue
-        if key in TRACKING_SECRET_ENV:
-            report.add(line_of(raw, key), where,
-                       "a tracker's credential must not be written in the inventory: list its "
-                       "name in job.secret_env (its value is taken from the environment of "
-                       "'orchestrate up')")  # fmt: skip
             continue
         if key == LEGACY_KERAS_ENV:
             report.add(line_of(raw, key), where,
@@ -271,7 +264,7 @@ def _parse_secret_env(block: LineMap, report: Report, env: Mapping[str, str]) ->
     names: set[str] = set()  # those kept so far: each passed every check below
 
     def allowed(item: str) -> Checked:
-        if item.startswith(RESERVED_ENV_PREFIXES) or item in TRACKING_ENV:
+        if item.startswith(RESERVED_ENV_PREFIXES):
             return None, "is set by orchestrate for each worker"
         if item in env:
             return None, (f"{item} is also in job.env; a secret's value must not be written in "

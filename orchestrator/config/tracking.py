@@ -13,9 +13,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from orchestrator.config.report import Report, line_of
+from orchestrator.contract import TRACKING_ENV, TRACKING_SECRET_ENV
 from orchestrator.model.inventory import Tracking
 from orchestrator.values import Checked, Checker, Key, checkers, describe, string
-from orchestrator.yamlsource import LineMap
+from orchestrator.yamlsource import LineList, LineMap
 
 
 def _mlflow_uri(value: Any) -> Checked:
@@ -96,3 +97,25 @@ def _wandb(raw: LineMap, report: Report) -> dict[str, str]:
     if "project" not in block:
         report.add(block.line, f"{where}.project", "missing; the W&B project the run logs into")
     return values
+
+
+def tracking_env_problems(block: LineMap, report: Report) -> None:
+    """With job.tracking: job.env may not set what orchestrate sets from it (the run's
+    identity, the project), nor hold a tracker's credential (job.secret_env does)."""
+    env = block.get("env")
+    if isinstance(env, LineMap):
+        for key in env:
+            where = f"job.env.{key}"
+            if key in TRACKING_ENV:
+                report.add(line_of(env, key), where, "is set by orchestrate from job.tracking")
+            elif key in TRACKING_SECRET_ENV:
+                report.add(line_of(env, key), where,
+                           "a tracker's credential must not be written in the inventory: list "
+                           "its name in job.secret_env (its value is taken from the "
+                           "environment of 'orchestrate up')")  # fmt: skip
+    secrets = block.get("secret_env")
+    if isinstance(secrets, LineList):
+        for index, item in enumerate(secrets):
+            if item in TRACKING_ENV:
+                report.add(secrets.item_lines[index], f"job.secret_env[{index}]",
+                           "is set by orchestrate from job.tracking")  # fmt: skip

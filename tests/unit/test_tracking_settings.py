@@ -23,6 +23,7 @@ from orchestrator.model.inventory import Job, Tracking
 from orchestrator.model.records import RunRecord
 from worker.tracking import fresh
 
+GOLDEN = Path(__file__).parent / "golden" / "inventories"
 BASE = """\
 defaults: {connection: local, workdir: ./work}
 hosts:
@@ -61,6 +62,9 @@ def test_mlflow_and_wandb_settings_are_read(tmp_path: Path) -> None:
     assert load(tmp_path, "").tracking is None
 
 
+WANDB = "tracking: {wandb: {project: p}}"
+
+
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
@@ -74,14 +78,20 @@ def test_mlflow_and_wandb_settings_are_read(tmp_path: Path) -> None:
         ("tracking: {wandb: vision}", "job.tracking.wandb: expected a mapping"),
         ("tracking: {wandb: {entity: lab}}", "job.tracking.wandb.project: missing"),
         ("tracking: {wandb: {project: p, team: t}}", "job.tracking.wandb.team: unknown key"),
-        ("env: {MLFLOW_RUN_ID: x}", "job.env.MLFLOW_RUN_ID: is set by orchestrate"),
-        ("env: {WANDB_API_KEY: x}", "job.env.WANDB_API_KEY: a tracker's credential must not"),
-        ("secret_env: [WANDB_RUN_ID]", "job.secret_env[0]: is set by orchestrate"),
+        (f"{WANDB}\nenv: {{MLFLOW_RUN_ID: x}}", "job.env.MLFLOW_RUN_ID: is set by orchestrate"),
+        (f"{WANDB}\nenv: {{WANDB_API_KEY: x}}", "job.env.WANDB_API_KEY: a tracker's credential"),
+        (f"{WANDB}\nsecret_env: [WANDB_RUN_ID]", "job.secret_env[0]: is set by orchestrate"),
     ],
 )
 def test_bad_settings_name_their_key(tmp_path: Path, extra: str, expected: str) -> None:
     found = problems(tmp_path, extra + "\n")
     assert any(expected in p for p in found), found
+
+
+def test_without_tracking_the_trackers_variables_are_the_users() -> None:
+    """An inventory that sets WANDB_PROJECT itself, as before job.tracking existed, loads."""
+    job = load_inventory(GOLDEN / "script.yaml").job
+    assert job.tracking is None and "WANDB_PROJECT" in job.env
 
 
 def test_a_bad_setting_is_exit_2_naming_the_key_from_the_cli(tmp_path: Path) -> None:
