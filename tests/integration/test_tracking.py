@@ -213,6 +213,28 @@ def test_a_scripts_own_start_run_joins_the_run_from_every_attempt(
 
 
 @pytest.mark.tf
+@pytest.mark.tf
+def test_down_ends_the_mlflow_run_killed(cli: Cli, reaper: list[str], mlflow_server: str) -> None:
+    """A detached run stopped by `down`: its MLflow run ends KILLED, its verdict `stopped`."""
+    (cli.cwd / "train.py").write_text(STEPPER.read_text())
+    experiment = f"down-{cli.cwd.name}"
+    ports = free_ports(2)
+    local_inventory(cli, [f"name: alpha, address: localhost, port: {ports[0]}",
+                          f"name: beta, address: localhost, port: {ports[1]}"],
+                    {"name": "demo", "script": "train.py", "warm_restarts": False,
+                     "env": {"STEPS": 100_000, "DELAY": 0.05},
+                     "tracking": {"mlflow": mlflow_server, "experiment": experiment}})  # fmt: skip
+    cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
+    reaper.append(cli.record()["run_id"])
+    cli.status_when(lambda s: s["state"] == "running", timeout=60)
+    client = MlflowClient(mlflow_server)
+    assert the_one_run(client, experiment).info.status == "RUNNING"
+    cli("down", check=True)  # it waits for its writes to the tracker before it exits
+    run = the_one_run(client, experiment)
+    assert run.info.status == "KILLED" and run.data.tags["orchestrate.verdict"] == "stopped"
+
+
+@pytest.mark.tf
 def test_metrics_resumed_from_an_earlier_step_are_not_logged_twice(mlflow_server: str) -> None:
     """The worker's rule (worker/tracking.py) against the real server: a second attempt that
     resumes at step 20 of a run that logged up to 40 logs only 50 and 60."""
