@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends.registry import host_settings, load_inventory, source_settings_of
+from orchestrator.dashboard.watch import mlflow_link
 from orchestrator.engine.launch import tracking_env
 from orchestrator.engine.plan import plan_workers
 from orchestrator.engine.tracking import job_params, run_link, tracking_lines
@@ -160,6 +161,21 @@ def test_params_leave_out_the_environment_and_say_the_link() -> None:
     assert tracking_lines(IDENTITY) == [
         "tracking: MLflow run abc  http://m:5000/#/experiments/7/runs/abc",
         "tracking: W&B run x1y2z3w4 in e/p"]  # fmt: skip
+
+
+def test_the_dashboard_links_to_the_mlflow_run_and_only_over_http(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text(BASE)
+    inventory = load_inventory(path)
+
+    def record(tracking: Tracking | None) -> RunRecord:
+        job = replace(inventory.job, tracking=tracking)
+        return RunRecord(run_id="r", inventory=replace(inventory, job=job), created_at=1.0)
+
+    assert mlflow_link(record(IDENTITY)) == "http://m:5000/#/experiments/7/runs/abc"
+    assert mlflow_link(record(None)) is None
+    assert mlflow_link(record(Tracking(mlflow="http://m:5000"))) is None  # no run was made
+    assert mlflow_link(record(replace(IDENTITY, mlflow="javascript:alert(1)"))) is None
 
 
 def test_steps_the_run_holds_already_are_not_logged_again() -> None:
