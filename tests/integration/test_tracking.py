@@ -235,6 +235,30 @@ def test_down_ends_the_mlflow_run_killed(cli: Cli, reaper: list[str], mlflow_ser
 
 
 @pytest.mark.tf
+def test_a_failed_run_ends_its_mlflow_run_failed_with_the_cause(
+    cli: Cli, reaper: list[str], mlflow_server: str
+) -> None:
+    (cli.cwd / "train.py").write_text(STEPPER.read_text())
+    experiment = f"failed-{cli.cwd.name}"
+    ports = free_ports(2)
+    local_inventory(cli, [f"name: alpha, address: localhost, port: {ports[0]}",
+                          f"name: beta, address: localhost, port: {ports[1]}"],
+                    {"name": "demo", "script": "train.py", "warm_restarts": False,
+                     "permanent_exit_codes": [3],
+                     "env": {"STEPS": 40, "DELAY": 0.05, "FAIL_WORKER": "beta",
+                             "FAIL_HOW": "permanent"},
+                     "tracking": {"mlflow": mlflow_server, "experiment": experiment}})  # fmt: skip
+    done = cli("up", "--skip-checks", "inv.yaml", timeout=120)
+    reaper.append(cli.record()["run_id"])
+    assert done.returncode == 1, done.stderr
+    run = the_one_run(MlflowClient(mlflow_server), experiment)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["orchestrate.verdict"] == "failed"
+    assert "exit code 3 is marked permanent" in run.data.tags["orchestrate.root_cause"]
+    assert run.data.metrics["orchestrate.goodput.total_seconds"] > 0  # the share: none measured
+
+
+@pytest.mark.tf
 def test_metrics_resumed_from_an_earlier_step_are_not_logged_twice(mlflow_server: str) -> None:
     """The worker's rule (worker/tracking.py) against the real server: a second attempt that
     resumes at step 20 of a run that logged up to 40 logs only 50 and 60."""
