@@ -119,7 +119,10 @@ def test_a_killed_worker_leaves_one_finished_mlflow_run_with_both_attempts(
     the restart (worker, cause, step) and the goodput logged by the controller, the job's
     settings as params; `status` names the run and links to it."""
     experiment = f"shapes-{cli.cwd.name}"
+    # Warm restarts, as a task job has them by default: the second attempt's chief is a
+    # standby that imported TensorFlow before it was handed the worker's environment.
     local_tf_inventory(cli, steps=STEPS, checkpoint_every=40, log_every=10, restart_backoff=0,
+                       warm_restarts=True,
                        tracking={"mlflow": mlflow_server, "experiment": experiment})  # fmt: skip
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     job_root = cli.cwd / "work" / "shapes"
