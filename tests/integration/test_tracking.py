@@ -65,7 +65,9 @@ def _start_server(home: Path, port: int) -> subprocess.Popen[bytes]:
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
              str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
              "--default-artifact-root", str(home / "artifacts")],
-            cwd=home, stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
+            cwd=home, stdout=log, stderr=subprocess.STDOUT,
+            # No background job runners (huey, seven processes): tracking needs none of them.
+            env=clean_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
             start_new_session=True,  # its own group: uvicorn's processes go with it
         )  # fmt: skip
 
@@ -82,13 +84,14 @@ def _health(server: subprocess.Popen[bytes], port: int) -> str | None:
 
 
 def _stop(server: subprocess.Popen[bytes]) -> None:
+    """The server's whole group: it leaves job runners (huey) behind after a SIGTERM."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(server.pid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         server.wait(15)
-    except subprocess.TimeoutExpired:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+    server.wait()
 
 
 STEPS = 400
