@@ -30,6 +30,21 @@ PROGRESS_FILE_ENV = "ORCHESTRATE_PROGRESS_FILE"
 CHECKPOINT_DIR_ENV = "ORCHESTRATE_CHECKPOINT_DIR"
 TARGET_STEPS_ENV = "ORCHESTRATE_TARGET_STEPS"  # a script job's steps: (worker.target_steps())
 RESERVED_ENV_PREFIXES = (TF_CONFIG_ENV, "ORCHESTRATE_")
+# With job.tracking (docs/tracking.md): the run's identity in its tracker, the same for every
+# worker of every attempt, so the built-in loop and a script's own mlflow.start_run() or
+# wandb.init() join the one run the controller made. job.env may not set them.
+MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
+MLFLOW_RUN_ENV = "MLFLOW_RUN_ID"
+MLFLOW_EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_ID"
+MLFLOW_EXPERIMENT_NAME_ENV = "MLFLOW_EXPERIMENT_NAME"  # only while the run has no MLflow run id
+WANDB_RUN_ENV = "WANDB_RUN_ID"
+WANDB_RESUME_ENV = "WANDB_RESUME"
+WANDB_PROJECT_ENV = "WANDB_PROJECT"
+WANDB_ENTITY_ENV = "WANDB_ENTITY"
+TRACKING_ENV = (MLFLOW_URI_ENV, MLFLOW_RUN_ENV, MLFLOW_EXPERIMENT_ENV, MLFLOW_EXPERIMENT_NAME_ENV,
+                WANDB_RUN_ENV, WANDB_RESUME_ENV, WANDB_PROJECT_ENV, WANDB_ENTITY_ENV)  # fmt: skip
+# Credentials of the trackers: only ever through job.secret_env, never job.env (the inventory).
+TRACKING_SECRET_ENV = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "WANDB_API_KEY")
 
 # --- the progress file (progress.json) ------------------------------------------------------------
 # One JSON object per worker, rewritten whole at each write (worker/progress.py; the built-in loop,

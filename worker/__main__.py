@@ -12,6 +12,11 @@ register_stack_dump(os.environ.get(RUN_DIR_ENV))
 from worker.cli import main  # noqa: E402 - after the handler
 
 code = main()
+# A failed attempt's chief too: its metrics still queued for the run's MLflow run are sent
+# (job.tracking; nothing to do without it).
+from worker.tracking import close_all  # noqa: E402
+
+close_all()
 # Results, checkpoints and summaries are flushed by now (the loop closes what it opened). Leave
 # at once: interpreter teardown can block for tens of seconds in TensorFlow's dataset-iterator
 # destructors (~MultiDeviceIterator), and a finished worker that lingers looks stalled.

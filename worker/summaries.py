@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from worker import images
 from worker.output import log
+from worker.tracking import MetricLog
 
 SUMMARY_FLUSH_MILLIS = 10_000
 SAMPLE_IMAGES = 16  # tiled 4x4 into the "inputs/grid" image
@@ -45,6 +46,8 @@ class Summaries:
             )
         else:
             self._writer = tf.summary.create_noop_writer()
+        # The run's MLflow run (job.tracking), the chief's scalars only, as TensorBoard's.
+        self._tracking = MetricLog.from_env(is_chief)
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         """One scalar per name; None values (nothing measured yet) are skipped."""
@@ -52,6 +55,8 @@ class Summaries:
             for name, value in values.items():
                 if value is not None:
                     tf.summary.scalar(name, value)
+        if self._tracking is not None:
+            self._tracking.log(step, values)
 
     def inputs(self, dataset: tf.data.Dataset, step: int) -> None:
         """The first examples of the task's dataset as "inputs/sample" and "inputs/grid".
@@ -98,6 +103,8 @@ class Summaries:
     def close(self) -> None:
         self._writer.flush()
         self._writer.close()
+        if self._tracking is not None:
+            self._tracking.close()
 
 
 def _has_image_features(element_spec: Any) -> bool:

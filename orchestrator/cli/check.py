@@ -62,6 +62,11 @@ def run_checks(
             probe_timeout, int(min_free_gb * 2**30), exposure=True, perf=perf
         )
         report = backend.preflight(inventory, options)
+        # The tracker (job.tracking) from this machine: a warning at most, never a block.
+        # Imported here: the engine is not loaded for an inventory that is refused.
+        from orchestrator.engine.tracking import tracking_findings
+
+        report = PreflightReport((*report.findings, *tracking_findings(inventory)))
     _record(report, inventory)
     return report
 

@@ -32,6 +32,7 @@ from orchestrator.engine.queue import pending
 from orchestrator.engine.stacks import grouped
 from orchestrator.engine.status import collect_status
 from orchestrator.engine.tensorboard import events_are_remote, local_event_dir, pull_events
+from orchestrator.engine.tracking import tracking_json, tracking_lines
 from orchestrator.errors import MissingTool, PartialFailure
 from orchestrator.model.leases import clock
 from orchestrator.model.printable import printable, strict_json
@@ -69,10 +70,13 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
         data = result.to_json()
         data["standbys"] = [s.to_json() for s in standbys.values()]
         data["goodput"] = account.to_json()
+        data["tracking"] = tracking_json(record.inventory.job.tracking)
         click.echo(strict_json(data, indent=2))
     else:
         console.print(status_table(result))
         console.print(summary(account), markup=False, highlight=False)
+        for line in tracking_lines(record.inventory.job.tracking):
+            console.print(printable(line), markup=False, highlight=False)
         for line in standby_lines(standbys):
             console.print(line, style="dim", markup=False, highlight=False)
         for line in problems(result):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config.report import Report, line_of
+from orchestrator.config.tracking import parse_tracking, tracking_env_problems
 from orchestrator.contract import (
     EXPORT_FORMATS,
     KERAS_SETTINGS,
@@ -154,11 +155,16 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
         "when another job holds (or an earlier queued job waits for) a port or GPU this job "
         "leases, wait for it as `pending` instead of failing, in the order of arrival, and "
         "start as soon as everything is free (as `up --queue`; see Shared machines)", boolean),
+    Key("tracking", "mapping (see `job.tracking` below)", "",
+        "one MLflow and/or Weights & Biases run per run, whatever its restarts: every worker "
+        "of every attempt logs into it, and orchestrate logs the job's settings, the restarts, "
+        "the goodput and the verdict (see Experiment tracking)", lambda value: (value, None)),
 )  # fmt: skip
 JOB_KEYS: dict[str, Checker] = checkers(JOB_KEY_ENTRIES)
 
-# Keys parsed by their own functions below (lists and mappings, checked per item).
-LIST_JOB_KEYS = ("args", "env", "secret_env", "files", "permanent_exit_codes")
+# Keys parsed by their own functions (lists and mappings, checked per item; tracking's in
+# config/tracking.py).
+LIST_JOB_KEYS = ("args", "env", "secret_env", "files", "permanent_exit_codes", "tracking")
 
 
 def parse_job(document: LineMap, report: Report, stem: str, base: Path) -> Job | None:
@@ -183,6 +189,9 @@ def parse_job(document: LineMap, report: Report, stem: str, base: Path) -> Job |
     values["env"] = _parse_env(block, report)
     values["secret_env"] = _parse_secret_env(block, report, values["env"])
     values.setdefault("name", stem if NAME_PATTERN.fullmatch(stem) else "job")
+    if "tracking" in block:
+        values["tracking"] = parse_tracking(block, report)
+        tracking_env_problems(block, report)
     if ("task" in block) == ("script" in block):
         report.add(
             block.line,

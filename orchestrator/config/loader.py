@@ -27,6 +27,7 @@ from orchestrator.config.sources.hosts import (
     parse_hosts,
 )
 from orchestrator.config.sync import SYNC_KEY_ENTRIES, parse_sync
+from orchestrator.config.tracking import TRACKING_KEY_ENTRIES
 from orchestrator.contract import STRATEGY_MIRRORED, STRATEGY_PS
 from orchestrator.errors import InventoryError
 from orchestrator.machines import kinds
@@ -112,6 +113,11 @@ def key_reference(
             )
     blocks += [
         ("job", "what every worker runs", JOB_KEY_ENTRIES),
+        (
+            "job.tracking",
+            "the experiment tracker of every run (see Experiment tracking)",
+            TRACKING_KEY_ENTRIES,
+        ),
         ("sync", "`sync: DIR` is `sync: {source: DIR}`", SYNC_KEY_ENTRIES),
         ("preflight", "what `up`'s preflight check adds", PREFLIGHT_KEY_ENTRIES),
         ("notify", "each entry of `notify:`: a webhook or a command", NOTIFY_KEY_ENTRIES),

@@ -33,6 +33,7 @@ from orchestrator.engine.plan import RUN_ID_PATTERN
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.snapshot import Snapshot, read_snapshot
 from orchestrator.engine.status import RunStatus, collect_status
+from orchestrator.engine.tracking import run_link, tracking_json
 from orchestrator.errors import HostError, OrchestrateError
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.leases import LeaseListing
@@ -217,6 +218,8 @@ class RunWatch:
             "preflight": model.run_preflight(self._read_json(self.store.preflight_path()), record),
             "leases": self._lease_listing(record, backend),
             "tensorboard": self._tensorboard(),
+            "mlflow": mlflow_link(record),
+            "tracking": tracking_json(record.inventory.job.tracking),  # as `status --json`
             "runs": [
                 {**run, "state": status.state.value} if run["run_id"] == record.run_id else run
                 for run in self._earlier_runs()
@@ -340,6 +343,13 @@ def run_summaries(store: RunStore) -> list[dict[str, Any]]:
             continue
         runs.append(model.run_summary(record, read_snapshot(store, run_id), current))
     return runs
+
+
+def mlflow_link(record: RunRecord) -> str | None:
+    """The run's MLflow run (job.tracking) on its server, when it has one to link to."""
+    tracking = record.inventory.job.tracking
+    link = run_link(tracking) if tracking is not None else None
+    return link if web_link(link) else None
 
 
 def web_link(url: object) -> bool:

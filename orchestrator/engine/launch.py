@@ -37,9 +37,17 @@ from orchestrator.contract import (
     FLAG_WATCH,
     KERAS_LEGACY,
     LEGACY_KERAS_ENV,
+    MLFLOW_EXPERIMENT_ENV,
+    MLFLOW_EXPERIMENT_NAME_ENV,
+    MLFLOW_RUN_ENV,
+    MLFLOW_URI_ENV,
     STRATEGY_MULTI_WORKER,
     STRATEGY_PS,
     TARGET_STEPS_ENV,
+    WANDB_ENTITY_ENV,
+    WANDB_PROJECT_ENV,
+    WANDB_RESUME_ENV,
+    WANDB_RUN_ENV,
     WORKER_MODULE,
     booted,
 )
@@ -51,6 +59,7 @@ from orchestrator.model.inventory import (
     Host,
     Inventory,
     Job,
+    Tracking,
 )
 from orchestrator.model.launch import Placement, WorkerLaunch
 from orchestrator.model.workers import export_dir
@@ -99,6 +108,8 @@ def worker_env(job: Job, host: Host, place: Placement) -> dict[str, str]:
         CHECKPOINT_DIR_ENV: place.checkpoint_dir,
         **place.place_env,
     }
+    if job.tracking is not None:
+        env.update(tracking_env(job.tracking, job.name))
     if job.keras == KERAS_LEGACY:
         env[LEGACY_KERAS_ENV] = "1"  # tf.keras is Keras 2 (tf_keras), in scripts and tasks
     if job.script is not None and job.steps is not None:
@@ -107,6 +118,29 @@ def worker_env(job: Job, host: Host, place: Placement) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.leased_gpus))
     elif job.script is not None and host.visible_gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.visible_gpus))
+    return env
+
+
+def tracking_env(tracking: Tracking, job_name: str) -> dict[str, str]:
+    """The run's identity in its trackers (job.tracking), the same for every worker of every
+    attempt: MLflow's run and experiment ids once the run has them (mlflow.start_run() then
+    resumes that run), else the experiment's name (a run the tracker could not be reached for
+    at `up`, an export); W&B's run id with resume allowed (wandb.init() joins or makes it)."""
+    env: dict[str, str] = {}
+    if tracking.mlflow is not None:
+        env[MLFLOW_URI_ENV] = tracking.mlflow
+        if tracking.mlflow_run_id is not None and tracking.mlflow_experiment_id is not None:
+            env[MLFLOW_RUN_ENV] = tracking.mlflow_run_id
+            env[MLFLOW_EXPERIMENT_ENV] = tracking.mlflow_experiment_id
+        else:
+            env[MLFLOW_EXPERIMENT_NAME_ENV] = tracking.experiment or job_name
+    if tracking.wandb_project is not None:
+        env[WANDB_PROJECT_ENV] = tracking.wandb_project
+        if tracking.wandb_entity is not None:
+            env[WANDB_ENTITY_ENV] = tracking.wandb_entity
+        if tracking.wandb_run_id is not None:
+            env[WANDB_RUN_ENV] = tracking.wandb_run_id
+            env[WANDB_RESUME_ENV] = "allow"
     return env
 
 

@@ -43,6 +43,7 @@ from orchestrator.engine.goodput import run_account
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.snapshot import read_snapshot
 from orchestrator.engine.status import RunStatus
+from orchestrator.engine.tracking import Tracker
 from orchestrator.errors import JobFailed, OrchestrateError, SecretMissing
 from orchestrator.model.inventory import NotifyTarget
 from orchestrator.model.printable import printable
@@ -357,6 +358,7 @@ class RunEvents:
             else None
         )
         self.status: RunStatus | None = None
+        self.tracker = Tracker.of(record.inventory.job.tracking, lambda m: say(f"tracking: {m}"))
 
     def seen(self, status: RunStatus) -> None:
         """A poll's status: the run's first one is its `started`."""
@@ -380,16 +382,18 @@ class RunEvents:
         if gave_up:
             self._emit("failed", "failed", f"{cause}; {gave_up}", hint)
         elif failure.kind is FailureKind.PREEMPTED:
-            self._emit("preempted", f"preempted-{attempt}", f"{cause}; resubmitting", hint)
+            self._emit("preempted", f"preempted-{attempt}", f"{cause}; resubmitting", hint,
+                       restart=restart)  # fmt: skip
         else:
             done = len(self.status.restarts) if self.status else 0
-            self._emit("restarting", f"restarting-{attempt}", cause, hint, restarts=done + 1)
+            self._emit("restarting", f"restarting-{attempt}", cause, hint, restarts=done + 1,
+                       restart=restart)  # fmt: skip
 
     def restarted_alone(self, line: str, restart: Restart) -> None:
         """A ParameterServerStrategy worker started again by itself (the chief went on): told
         as `restarting`, its line first ("worker w1 restarted (2 of 6), the chief continued")."""
         self._emit("restarting", f"alone-{restart.worker}-{restart.at:.3f}",
-                   f"{line}: {restart.describe()}")  # fmt: skip
+                   f"{line}: {restart.describe()}", restart=restart)  # fmt: skip
 
     def lease_lost(self, lost: str, at: float) -> None:
         """A keeper of the run died and what it held could not be leased again: another job
@@ -429,6 +433,8 @@ class RunEvents:
     def close(self) -> None:
         if self.notifier is not None:
             self.notifier.close()
+        if self.tracker is not None:
+            self.tracker.close()
 
     def _emit(
         self,
@@ -437,8 +443,11 @@ class RunEvents:
         cause: str | None = None,
         hint: str | None = None,
         restarts: int | None = None,
+        *,
+        restart: Restart | None = None,
     ) -> None:
-        if self.notifier is None or not self._claim(key):
+        """Tell the targets and the tracker (job.tracking) of event `name`, once per run."""
+        if (self.notifier is None and self.tracker is None) or not self._claim(key):
             return
         log = self.store.dashboard_log_path(self.record.run_id)
         try:
@@ -446,12 +455,16 @@ class RunEvents:
         except OSError:
             dashboard = None
         ended = name in ("succeeded", "failed")
-        self.notifier.emit(run_event(
+        event = run_event(
             name, job=self.record.job_name, run_id=self.record.run_id, status=self.status,
             at=time.time(), event_id=uuid.uuid4().hex, root_cause=cause, hint=hint,
             restarts=restarts,
             dashboard=dashboard, goodput=self._goodput() if ended else None,
-        ))  # fmt: skip
+        )  # fmt: skip
+        if self.notifier is not None:
+            self.notifier.emit(event)
+        if self.tracker is not None:
+            self.tracker.event(key, event, restart)
 
     def _goodput(self) -> dict[str, Any]:
         """The run's account at its end, from its record as the supervisor last saved it."""

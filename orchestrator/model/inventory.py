@@ -98,6 +98,23 @@ class NotifyTarget:
 
 
 @dataclass(frozen=True)
+class Tracking:
+    """`job.tracking`: the experiment tracker every worker of every attempt of a run logs into
+    (engine/tracking.py, docs/tracking.md): an MLflow tracking server and experiment, a Weights
+    & Biases project, or both. The `*_id` fields are the run's identity there, set when the run
+    starts (as a lease sets a host's port), kept in the run record with the inventory: every
+    later attempt and every supervisor of the run reads them back and joins the same run."""
+
+    mlflow: str | None = None  # the tracking server's URI (MLFLOW_TRACKING_URI)
+    experiment: str | None = None  # MLflow's experiment; None: the job's name
+    wandb_project: str | None = None
+    wandb_entity: str | None = None
+    mlflow_run_id: str | None = None
+    mlflow_experiment_id: str | None = None
+    wandb_run_id: str | None = None
+
+
+@dataclass(frozen=True)
 class Host:
     """One worker: where it runs, how to reach it, and its TensorFlow gRPC port."""
 
@@ -201,6 +218,7 @@ class Job:
     # preemption's block): less time blocked in saves (goodput; bench/bench_goodput.py).
     async_checkpoints: bool = True
     queue: bool = False  # `up` waits its turn for held leases instead of failing (engine/queue.py)
+    tracking: Tracking | None = None  # one MLflow / W&B run per run (engine/tracking.py)
 
     @property
     def start_limit(self) -> int:

@@ -20,6 +20,7 @@ from orchestrator.model.inventory import (
     NotifyTarget,
     SourceSettings,
     SyncSpec,
+    Tracking,
 )
 from orchestrator.model.vocabulary import AttemptEnd, FailureKind, known
 
@@ -255,6 +256,8 @@ def _inventory(
     job: dict[str, Any] = {
         k: tuple(v) if isinstance(v, list) else v for k, v in data["job"].items()
     }
+    if job.get("tracking") is not None:  # the run's identity in its tracker, with the settings
+        job["tracking"] = Tracking(**job["tracking"])
     return Inventory(
         path=data["path"],
         base_dir=data["base_dir"],

@@ -226,6 +226,10 @@ function render(doc) {
   const board = doc.tensorboard && webLink(doc.tensorboard.url) ? doc.tensorboard.url : null;
   tb.classList.toggle("hidden", !board);
   if (board) tb.href = board; else tb.removeAttribute("href");
+  const mlflow = $("mlflow");  // the run's one MLflow run (job.tracking)
+  const tracked = webLink(doc.mlflow) ? doc.mlflow : null;
+  mlflow.classList.toggle("hidden", !tracked);
+  if (tracked) mlflow.href = tracked; else mlflow.removeAttribute("href");
   renderSummary(doc);
   renderWorkers(doc);
   // Server-rendered like the charts (dashboard/charts.py): escaped there, no host text raw.

@@ -1,0 +1,350 @@
+"""job.tracking on real runs (issue 58): a real MLflow tracking server (`mlflow server`, sqlite
+backend, on loopback in the test's directory), real local workers, the real CLI.
+
+The tests that use the server are marked `tf`: they share one server (module-scoped, about
+30 s to start on a busy machine), so they run in one lane, the TensorFlow one."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import (
+    Cli,
+    clean_env,
+    first_run_dir,
+    free_ports,
+    local_inventory,
+    local_tf_inventory,
+    progress_in,
+    restored_steps,
+    suspend_workers,
+    wait_for,
+)
+from tests.scripts import STEPPER
+
+mlflow = pytest.importorskip("mlflow", reason="the dev extra installs mlflow (its server)")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`mlflow server` with a sqlite store in a temporary directory, on a free loopback port
+    (another if something took that one first: the server then exits); its URI once /health
+    answers."""
+    home = tmp_path_factory.mktemp("mlflow")
+    for _ in range(3):
+        port = free_ports(1)[0]
+        server = _start_server(home, port)
+        try:
+            health = functools.partial(_health, server, port)
+            if wait_for(health, 180, "the MLflow server's /health", interval=0.5) == "up":
+                yield f"http://127.0.0.1:{port}"
+                return
+        finally:
+            _stop(server)
+    raise AssertionError((home / "server.log").read_text()[-3000:])
+
+
+def _start_server(home: Path, port: int) -> subprocess.Popen[bytes]:
+    with (home / "server.log").open("a") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
+             str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
+             "--default-artifact-root", str(home / "artifacts")],
+            cwd=home, stdout=log, stderr=subprocess.STDOUT,
+            # No background job runners (huey, seven processes): tracking needs none of them.
+            env=clean_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
+            start_new_session=True,  # its own group: uvicorn's processes go with it
+        )  # fmt: skip
+
+
+def _health(server: subprocess.Popen[bytes], port: int) -> str | None:
+    """ "up" once our server answers, "gone" when it exited (its port was taken)."""
+    if server.poll() is not None:
+        return "gone"
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+            return "up" if answer.status == 200 else None
+    except (OSError, http.client.HTTPException):  # not yet, or someone else's listener
+        return None
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    """The server's whole group: it leaves job runners (huey) behind after a SIGTERM."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.wait(15)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+
+
+STEPS = 400
+
+
+def sent_up_to(client: MlflowClient, experiment: str, step: int) -> int | None:
+    """`step` once the experiment's run has the loss of every log step up to it."""
+    found = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([found.experiment_id]) if found else []
+    history = client.get_metric_history(runs[0].info.run_id, "loss") if runs else []
+    return step if sorted(m.step for m in history) == list(range(10, step + 1, 10)) else None
+
+
+def the_one_run(client: MlflowClient, experiment: str) -> Any:
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no experiment {experiment}"
+    runs = client.search_runs([found.experiment_id])
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    return runs[0]
+
+
+@pytest.mark.tf
+def test_a_killed_worker_leaves_one_finished_mlflow_run_with_both_attempts(
+    cli: Cli, reaper: list[str], mlflow_server: str
+) -> None:
+    """The bundled example on two local workers, `other` SIGKILLed after the chief's first
+    checkpoint: one MLflow run, FINISHED, its loss from both attempts without a step twice,
+    the restart (worker, cause, step) and the goodput logged by the controller, the job's
+    settings as params; `status` names the run and links to it."""
+    experiment = f"shapes-{cli.cwd.name}"
+    # Warm restarts, as a task job has them by default: the second attempt's chief is a
+    # standby that imported TensorFlow before it was handed the worker's environment.
+    local_tf_inventory(cli, steps=STEPS, checkpoint_every=40, log_every=10, restart_backoff=0,
+                       warm_restarts=True,
+                       tracking={"mlflow": mlflow_server, "experiment": experiment})  # fmt: skip
+    up = cli.popen("up", "--skip-checks", "inv.yaml")
+    job_root = cli.cwd / "work" / "shapes"
+    client = MlflowClient(mlflow_server)
+    try:
+        first = wait_for(lambda: progress_in(first_run_dir(job_root, "chief")).get(
+            "checkpoint_step"), 180, "the first checkpoint", interval=0.05)  # fmt: skip
+        # Past it (usually before the next: then the next attempt trains steps again that the
+        # run holds already, which must not be logged twice), hold `other`: the chief waits for
+        # it in its next collective while its own thread sends what it logged (a failed
+        # attempt's survivors are killed at once, queue and all).
+        chief_dir = first_run_dir(job_root, "chief")
+        wait_for(lambda: progress_in(chief_dir).get("step", 0) > first, 60, "a step past it",
+                 interval=0.02)  # fmt: skip
+        (other,) = suspend_workers([first_run_dir(job_root, "other")])
+        sent = wait_for(lambda: sent_up_to(client, experiment, progress_in(chief_dir)["step"]),
+                        120, "the chief's loss in MLflow")  # fmt: skip
+        other.kill()
+        out, err = up.communicate(timeout=300)
+    finally:
+        up.kill()
+    reaper.append(cli.record()["run_id"])
+    assert up.returncode == 0, err
+    assert "killed by SIGKILL" in out
+    run = the_one_run(client, experiment)
+    run_id = run.info.run_id
+    assert run.info.status == "FINISHED"
+    assert f"tracking: MLflow run {run_id}" in out + err
+    # The controller's: the restart, the goodput, the verdict, the settings.
+    tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
+    assert tags["orchestrate.restart.1.worker"] == "other"
+    assert "SIGKILL" in tags["orchestrate.restart.1"]
+    assert tags["orchestrate.verdict"] == "succeeded"
+    assert metrics["orchestrate.restarts"] == 1
+    assert 0 < metrics["orchestrate.goodput"] < 1
+    assert metrics["orchestrate.goodput.lost_seconds"] >= 0
+    assert (
+        params["job.steps"] == str(STEPS) and params["orchestrate.run_id"] == cli.record()["run_id"]
+    )
+    # The chief's loss from both attempts (before and after the restart), no step twice: what
+    # the first attempt sent stays, the second logs every step past it to the last.
+    history = client.get_metric_history(run_id, "loss")
+    steps = sorted(m.step for m in history)
+    assert steps == list(range(10, STEPS + 1, 10)), f"a step logged twice, or lost: {steps}"
+    restarted_at = cli.record()["restarts"][0]["at"] * 1000
+    assert max(m.step for m in history if m.timestamp < restarted_at) == sent
+    assert min(m.step for m in history if m.timestamp > restarted_at) == sent + 10
+    resumed = restored_steps(cli)
+    assert resumed and min(resumed) >= first
+    status = cli.status()
+    assert status["tracking"]["mlflow_run_id"] == run_id
+    assert status["tracking"]["mlflow_link"].endswith(f"/runs/{run_id}")
+    assert f"tracking: MLflow run {run_id}" in cli("status").stdout
+
+
+SCRIPT = textwrap.dedent("""\
+    import os, sys
+    import mlflow
+
+    attempt = int(os.environ["ORCHESTRATE_RUN_DIR"].split("attempt-")[1].split("/")[0])
+    worker = os.environ["ORCHESTRATE_WORKER"]
+    with mlflow.start_run() as run:  # MLFLOW_RUN_ID: the run orchestrate made
+        mlflow.log_metric(f"hello_{worker}", attempt, step=attempt)
+    print("logged into", run.info.run_id, flush=True)
+    if worker == "beta" and attempt == 0:
+        sys.exit(1)  # one restart: the next attempt joins the same run
+    """)
+
+
+@pytest.mark.tf
+def test_a_scripts_own_start_run_joins_the_run_from_every_attempt(
+    cli: Cli, reaper: list[str], mlflow_server: str
+) -> None:
+    (cli.cwd / "train.py").write_text(SCRIPT)
+    experiment = f"script-{cli.cwd.name}"
+    ports = free_ports(2)
+    local_inventory(cli, [f"name: alpha, address: localhost, port: {ports[0]}",
+                          f"name: beta, address: localhost, port: {ports[1]}"],
+                    {"name": "demo", "script": "train.py", "restart_backoff": 0,
+                     "tracking": {"mlflow": mlflow_server, "experiment": experiment}})  # fmt: skip
+    done = cli("up", "--skip-checks", "inv.yaml", timeout=240)
+    reaper.append(cli.record()["run_id"])
+    assert done.returncode == 0, done.stderr
+    client = MlflowClient(mlflow_server)
+    run = the_one_run(client, experiment)
+    assert run.info.status == "FINISHED"
+    for worker, attempts in (("alpha", [0, 1]), ("beta", [0, 1])):
+        history = client.get_metric_history(run.info.run_id, f"hello_{worker}")
+        assert sorted(m.step for m in history) == attempts
+    assert run.data.tags["orchestrate.restart.1.worker"] == "beta"
+
+
+@pytest.mark.tf
+@pytest.mark.tf
+def test_down_ends_the_mlflow_run_killed(cli: Cli, reaper: list[str], mlflow_server: str) -> None:
+    """A detached run stopped by `down`: its MLflow run ends KILLED, its verdict `stopped`."""
+    (cli.cwd / "train.py").write_text(STEPPER.read_text())
+    experiment = f"down-{cli.cwd.name}"
+    ports = free_ports(2)
+    local_inventory(cli, [f"name: alpha, address: localhost, port: {ports[0]}",
+                          f"name: beta, address: localhost, port: {ports[1]}"],
+                    {"name": "demo", "script": "train.py", "warm_restarts": False,
+                     "env": {"STEPS": 100_000, "DELAY": 0.05},
+                     "tracking": {"mlflow": mlflow_server, "experiment": experiment}})  # fmt: skip
+    cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
+    reaper.append(cli.record()["run_id"])
+    cli.status_when(lambda s: s["state"] == "running", timeout=60)
+    client = MlflowClient(mlflow_server)
+    assert the_one_run(client, experiment).info.status == "RUNNING"
+    cli("down", check=True)  # it waits for its writes to the tracker before it exits
+    run = the_one_run(client, experiment)
+    assert run.info.status == "KILLED" and run.data.tags["orchestrate.verdict"] == "stopped"
+
+
+@pytest.mark.tf
+def test_a_failed_run_ends_its_mlflow_run_failed_with_the_cause(
+    cli: Cli, reaper: list[str], mlflow_server: str
+) -> None:
+    (cli.cwd / "train.py").write_text(STEPPER.read_text())
+    experiment = f"failed-{cli.cwd.name}"
+    ports = free_ports(2)
+    local_inventory(cli, [f"name: alpha, address: localhost, port: {ports[0]}",
+                          f"name: beta, address: localhost, port: {ports[1]}"],
+                    {"name": "demo", "script": "train.py", "warm_restarts": False,
+                     "permanent_exit_codes": [3],
+                     "env": {"STEPS": 40, "DELAY": 0.05, "FAIL_WORKER": "beta",
+                             "FAIL_HOW": "permanent"},
+                     "tracking": {"mlflow": mlflow_server, "experiment": experiment}})  # fmt: skip
+    done = cli("up", "--skip-checks", "inv.yaml", timeout=120)
+    reaper.append(cli.record()["run_id"])
+    assert done.returncode == 1, done.stderr
+    run = the_one_run(MlflowClient(mlflow_server), experiment)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["orchestrate.verdict"] == "failed"
+    assert "exit code 3 is marked permanent" in run.data.tags["orchestrate.root_cause"]
+    assert run.data.metrics["orchestrate.goodput.total_seconds"] > 0  # the share: none measured
+
+
+@pytest.mark.tf
+def test_metrics_resumed_from_an_earlier_step_are_not_logged_twice(mlflow_server: str) -> None:
+    """The worker's rule (worker/tracking.py) against the real server: a second attempt that
+    resumes at step 20 of a run that logged up to 40 logs only 50 and 60."""
+    from worker.tracking import MetricLog
+
+    client = MlflowClient(mlflow_server)
+    experiment = client.create_experiment(f"dedupe-{time.time_ns()}")
+    run_id = client.create_run(experiment).info.run_id
+    for attempt, steps in ((0, range(10, 41, 10)), (1, range(30, 61, 10))):
+        log = MetricLog(mlflow_server, run_id)
+        for step in steps:
+            log.log(step, {"loss": float(attempt), "val_loss": None})
+        log.close()
+        assert not log.thread.is_alive()
+    history = client.get_metric_history(run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [
+        (10, 0.0), (20, 0.0), (30, 0.0), (40, 0.0), (50, 1.0), (60, 1.0)]  # fmt: skip
+
+
+def test_an_unreachable_tracker_is_a_warning_and_the_run_trains(
+    cli: Cli, reaper: list[str]
+) -> None:
+    """Nothing listens at the MLflow URI: `check` warns and passes, `up` warns and the run
+    succeeds; its workers get the experiment's name only."""
+    (cli.cwd / "train.py").write_text(STEPPER.read_text())
+    nowhere = f"http://127.0.0.1:{free_ports(1)[0]}"
+    ports = free_ports(2)
+    local_inventory(cli, [f"name: alpha, address: localhost, port: {ports[0]}",
+                          f"name: beta, address: localhost, port: {ports[1]}"],
+                    {"name": "demo", "script": "train.py", "warm_restarts": False,
+                     "env": {"STEPS": 5, "DELAY": 0.01},
+                     "tracking": {"mlflow": nowhere}})  # fmt: skip
+    checked = cli("check", "inv.yaml")
+    assert checked.returncode == 0, checked.stderr
+    assert "tracking" in checked.stderr and nowhere in checked.stderr
+    done = cli("up", "--skip-checks", "inv.yaml", timeout=120)
+    reaper.append(cli.record()["run_id"])
+    assert done.returncode == 0, done.stderr
+    assert "warning: tracking: no MLflow run" in done.stdout + done.stderr
+    assert cli.record()["inventory"]["job"]["tracking"]["mlflow_run_id"] is None
+
+
+WANDB_SCRIPT = textwrap.dedent("""\
+    import os, sys
+    import wandb
+
+    attempt = int(os.environ["ORCHESTRATE_RUN_DIR"].split("attempt-")[1].split("/")[0])
+    worker = os.environ["ORCHESTRATE_WORKER"]
+    # A directory per worker and attempt: W&B names an offline run by the second it began.
+    os.environ["WANDB_DIR"] = os.path.join(os.environ["WANDB_DIR"], f"{worker}-{attempt}")
+    os.makedirs(os.environ["WANDB_DIR"])
+    run = wandb.init()  # WANDB_RUN_ID, WANDB_RESUME=allow, WANDB_PROJECT: orchestrate's
+    run.log({f"attempt_{worker}": attempt})
+    run.finish()
+    if worker == "beta" and attempt == 0:
+        sys.exit(1)  # one restart: the next attempt's wandb.init() joins the same run
+    """)
+
+
+def test_wandb_offline_keeps_one_run_id_across_attempts(cli: Cli, reaper: list[str]) -> None:
+    """W&B in offline mode: both workers of both attempts wrote their runs under the one id
+    orchestrate picked, as W&B's own run files say (offline-run-TIME-ID/run-ID.wandb)."""
+    pytest.importorskip("wandb", reason="the dev extra installs wandb")
+    (cli.cwd / "train.py").write_text(WANDB_SCRIPT)
+    runs = cli.cwd / "wandb-runs"
+    runs.mkdir()
+    ports = free_ports(2)
+    local_inventory(cli, [f"name: alpha, address: localhost, port: {ports[0]}",
+                          f"name: beta, address: localhost, port: {ports[1]}"],
+                    {"name": "demo", "script": "train.py", "restart_backoff": 0,
+                     "env": {"WANDB_MODE": "offline", "WANDB_DIR": str(runs),
+                             "WANDB_SILENT": "true"},
+                     "tracking": {"wandb": {"project": "vision", "entity": "lab"}}})  # fmt: skip
+    done = cli("up", "--skip-checks", "inv.yaml", timeout=240)
+    reaper.append(cli.record()["run_id"])
+    assert done.returncode == 0, done.stderr
+    run_id = cli.record()["inventory"]["job"]["tracking"]["wandb_run_id"]
+    assert run_id and len(run_id) == 8
+    found = sorted(runs.glob("*/wandb/offline-run-*"))
+    assert [path.parents[1].name for path in found] == ["alpha-0", "alpha-1", "beta-0", "beta-1"]
+    assert {path.name.rsplit("-", 1)[1] for path in found} == {run_id}
+    assert all((path / f"run-{run_id}.wandb").is_file() for path in found)
+    assert f"W&B run {run_id} in lab/vision" in cli("status").stdout
