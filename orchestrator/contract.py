@@ -222,6 +222,9 @@ JAX_NUM_PROCESSES_ENV = "JAX_NUM_PROCESSES"
 JAX_PROCESS_ID_ENV = "JAX_PROCESS_ID"
 JAX_CPU_COLLECTIVES_ENV = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
 JAX_CPU_COLLECTIVES = "gloo"
+# The per-process ones: the same job.env on every worker cannot carry them (config/job.py).
+JAX_CLUSTER_ENV = (KERAS_ADDRESSES_ENV, KERAS_NUM_PROCESSES_ENV, KERAS_PROCESS_ID_ENV,
+                   JAX_COORDINATOR_ENV, JAX_NUM_PROCESSES_ENV, JAX_PROCESS_ID_ENV)  # fmt: skip
 # Distributions whose versions preflight reports for a jax job.
 JAX_PACKAGE, KERAS_PACKAGE = "jax", "keras"
 

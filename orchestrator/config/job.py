@@ -11,6 +11,7 @@ from typing import Any
 from orchestrator.config.report import Report, line_of
 from orchestrator.contract import (
     EXPORT_FORMATS,
+    JAX_CLUSTER_ENV,
     KERAS_SETTINGS,
     LEGACY_KERAS_ENV,
     RESERVED_ENV_PREFIXES,
@@ -233,6 +234,11 @@ def _parse_env(block: LineMap, report: Report) -> dict[str, str]:
             continue
         if key.startswith(RESERVED_ENV_PREFIXES):
             report.add(line_of(raw, key), where, "is set by orchestrate for each worker")
+            continue
+        if key in JAX_CLUSTER_ENV:
+            report.add(line_of(raw, key), where,
+                       "set 'job.keras: jax' instead: orchestrate then gives each worker its "
+                       "own (job.env is the same on every worker)")  # fmt: skip
             continue
         if key == LEGACY_KERAS_ENV:
             report.add(line_of(raw, key), where,

@@ -82,6 +82,13 @@ def test_what_keras_jax_refuses_is_said_with_its_line(tmp_path: Path) -> None:
     assert any("hosts.e.role: an evaluator reads TensorFlow checkpoints" in p for p in found)
 
 
+def test_the_per_process_variables_are_not_job_env(tmp_path: Path) -> None:
+    job = "{script: train.py, keras: jax, env: {KERAS_DISTRIBUTION_PROCESS_ID: '0'}}"
+    found = problems(inventory_file(tmp_path, job))
+    assert any("job.env.KERAS_DISTRIBUTION_PROCESS_ID: set 'job.keras: jax' instead" in p
+               for p in found), found  # fmt: skip
+
+
 def test_keras_jax_is_refused_on_slurm_until_its_launcher_writes_the_cluster(
     tmp_path: Path,
 ) -> None:
