@@ -196,7 +196,8 @@ EXPORT_DIR_NAME = "export"
 # and versioned with TensorFlow: tf-keras 2.X works with TensorFlow 2.X only.
 KERAS_DEFAULT = "default"  # the Keras that ships with TensorFlow (Keras 3)
 KERAS_LEGACY = "legacy"  # tf.keras is Keras 2 (tf_keras): model.fit under MWMS, reset_states
-KERAS_SETTINGS = (KERAS_DEFAULT, KERAS_LEGACY)
+KERAS_JAX = "jax"  # Keras 3 on the JAX backend, across processes by keras.distribution
+KERAS_SETTINGS = (KERAS_DEFAULT, KERAS_LEGACY, KERAS_JAX)
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 TF_KERAS_PACKAGE = "tf-keras"
 # Beside the chief's checkpoints: which Keras wrote them (restoring under the other is refused).
@@ -218,6 +219,47 @@ def minor_version(version: str) -> str:
 def tf_keras_requirement(tensorflow_version: str) -> str:
     """The pip requirement of the tf-keras that matches a TensorFlow version."""
     return f"{TF_KERAS_PACKAGE}~={minor_version(tensorflow_version)}.0"
+
+
+# --- a Keras 3 / JAX cluster (`job.keras: jax`) ----------------------------------------------
+# What keras.distribution.initialize() reads (keras/src/distribution/distribution_lib.py): every
+# process's host:port, comma-separated in process order (the first is JAX's coordinator), the
+# process count, and this process's id. A plain JAX script reads the JAX_ ones instead:
+# jax.distributed.initialize() takes the coordinator's address from the environment, the count
+# and the id only as arguments (worker/jax_cluster.py passes them). The gloo collectives give CPU
+# processes their cross-process reductions (without them JAX on CPU has none). No TF_CONFIG.
+KERAS_BACKEND_ENV = "KERAS_BACKEND"
+KERAS_ADDRESSES_ENV = "KERAS_DISTRIBUTION_JOB_ADDRESSES"
+KERAS_NUM_PROCESSES_ENV = "KERAS_DISTRIBUTION_NUM_PROCESSES"
+KERAS_PROCESS_ID_ENV = "KERAS_DISTRIBUTION_PROCESS_ID"
+JAX_COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
+JAX_NUM_PROCESSES_ENV = "JAX_NUM_PROCESSES"
+JAX_PROCESS_ID_ENV = "JAX_PROCESS_ID"
+JAX_CPU_COLLECTIVES_ENV = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
+JAX_CPU_COLLECTIVES = "gloo"
+# The per-process ones: the same job.env on every worker cannot carry them (config/job.py).
+JAX_CLUSTER_ENV = (KERAS_ADDRESSES_ENV, KERAS_NUM_PROCESSES_ENV, KERAS_PROCESS_ID_ENV,
+                   JAX_COORDINATOR_ENV, JAX_NUM_PROCESSES_ENV, JAX_PROCESS_ID_ENV)  # fmt: skip
+# Distributions whose versions preflight reports for a jax job.
+JAX_PACKAGE, KERAS_PACKAGE = "jax", "keras"
+
+
+def jax_cluster_env(endpoints: Sequence[str], index: int) -> dict[str, str]:
+    """The variables of process `index` of a JAX cluster whose processes' host:port are
+    `endpoints`, in process order: the first is the coordinator."""
+    if not 0 <= index < len(endpoints):
+        raise IndexError(f"process {index} out of range 0..{len(endpoints) - 1}")
+    count, me = str(len(endpoints)), str(index)
+    return {
+        KERAS_BACKEND_ENV: KERAS_JAX,
+        KERAS_ADDRESSES_ENV: ",".join(endpoints),
+        KERAS_NUM_PROCESSES_ENV: count,
+        KERAS_PROCESS_ID_ENV: me,
+        JAX_COORDINATOR_ENV: endpoints[0],
+        JAX_NUM_PROCESSES_ENV: count,
+        JAX_PROCESS_ID_ENV: me,
+        JAX_CPU_COLLECTIVES_ENV: JAX_CPU_COLLECTIVES,
+    }
 
 
 # MODULE:FUNCTION, where MODULE is a dotted Python name and FUNCTION an identifier.

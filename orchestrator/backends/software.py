@@ -7,7 +7,9 @@ The checks, per machine and in this order:
 - tensorflow: installed (a task job fails without it, a script only warns: it may not need it),
   and one version everywhere (collectives between different versions fail);
 - worker (a task job): the orchestrate worker package, of the controller's version;
-- keras (`job.keras: legacy`): tf_keras of TensorFlow's minor version.
+- keras (`job.keras: legacy`): tf_keras of TensorFlow's minor version;
+- jax (`job.keras: jax`, instead of tensorflow: such a host needs no TensorFlow): JAX and
+  Keras 3 installed, one version of each everywhere.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from dataclasses import dataclass
 from orchestrator import __version__
 from orchestrator.contract import (
     DISTRIBUTION,
+    JAX_PACKAGE,
+    KERAS_JAX,
     KERAS_LEGACY,
+    KERAS_PACKAGE,
     TF_KERAS_PACKAGE,
     TF_PACKAGES,
     install_hint,
@@ -30,7 +35,7 @@ from orchestrator.model.inventory import Job
 
 WORKER_PACKAGE = DISTRIBUTION  # not "orchestrate": on PyPI that is another project
 # The distributions every probe reports the versions of, where the worker will import from.
-PACKAGES = (*TF_PACKAGES, TF_KERAS_PACKAGE, WORKER_PACKAGE)
+PACKAGES = (*TF_PACKAGES, TF_KERAS_PACKAGE, WORKER_PACKAGE, JAX_PACKAGE, KERAS_PACKAGE)
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,9 @@ def software_findings(job: Job, found: Mapping[str, Software], where: Where) -> 
     findings = []
     for name, software in found.items():
         findings.append(python_finding(name, software.python, pythons))
+        if job.keras == KERAS_JAX:
+            findings.append(jax_finding(name, software, found, where))
+            continue
         findings.append(tensorflow_finding(name, software.tensorflow, versions, job, where))
         if job.task is not None:
             findings.append(worker_finding(name, software.packages.get(WORKER_PACKAGE), where))
@@ -140,3 +148,30 @@ def legacy_keras_finding(
             hint,
         )
     return Finding(name, "keras", Status.OK, f"tf_keras {tf_keras} (Keras 2, job.keras: legacy)")
+
+
+def jax_finding(
+    name: str, software: Software, found: Mapping[str, Software], where: Where
+) -> Finding:
+    """`job.keras: jax` needs JAX and Keras 3 where the worker runs, and one version of each on
+    every machine: the processes compile and run one program together, and its collectives
+    between different versions fail."""
+    hint = f"pip install 'orchestrate[jax]' into the Python named by {where.python}"
+    jax, keras = software.packages.get(JAX_PACKAGE), software.packages.get(KERAS_PACKAGE)
+    missing = [label for label, version in (("JAX", jax), ("Keras", keras)) if version is None]
+    if missing:
+        detail = f"job.keras is jax but {' and '.join(missing)} is not installed"
+        return Finding(name, "jax", Status.FAIL, detail, hint)
+    assert jax is not None and keras is not None
+    if not keras.split(".")[0].isdigit() or int(keras.split(".")[0]) < 3:
+        return Finding(name, "jax", Status.FAIL, f"Keras {keras} is not Keras 3: "
+                       "keras.distribution and the JAX backend need Keras 3", hint)  # fmt: skip
+    for label, package in (("JAX", JAX_PACKAGE), ("Keras", KERAS_PACKAGE)):
+        everywhere = sorted({v for v in (s.packages.get(package) for s in found.values()) if v})
+        if len(everywhere) > 1:
+            return Finding(name, "jax", Status.FAIL,
+                           f"{label} {software.packages.get(package)}, but the cluster mixes "
+                           f"{', '.join(everywhere)}: its processes run one program together",
+                           hint=f"install the same {label} version on every "
+                           f"{where.machine}")  # fmt: skip
+    return Finding(name, "jax", Status.OK, f"JAX {jax}, Keras {keras} (job.keras: jax)")

@@ -9,6 +9,7 @@ import yaml
 
 from orchestrator.backends.registry import BACKEND_FORMATS, export_writer, load_inventory
 from orchestrator.cli.app import cli, errors
+from orchestrator.contract import KERAS_JAX
 from orchestrator.engine.plan import plan_workers
 from orchestrator.errors import ExportRefused
 from orchestrator.model.inventory import Inventory
@@ -93,6 +94,12 @@ def export(  # noqa: PLR0917 - click passes every option by position
     that runs sbatch (its default --export=ALL passes them on).
     """
     inventory = load_inventory(inventory_file)
+    if inventory.job.keras == KERAS_JAX:
+        # Each format writes its cluster as TF_CONFIG from its own addresses (Slurm's nodes,
+        # the pods'); the JAX cluster's variables come from the inventory's hosts only.
+        raise ExportRefused(f"job.keras: jax cannot be exported as {fmt} yet: the exports "
+                            "write TensorFlow's TF_CONFIG, not the JAX cluster's variables",
+                            hint="run it on hosts with 'orchestrate up'")  # fmt: skip
     if fmt in BACKEND_FORMATS:
         click.echo(export_writer(fmt)(inventory, plan_workers), nl=False)
         return

@@ -24,7 +24,8 @@ from orchestrator.errors import InventoryError, Problem
 @click.option(
     "--keras", type=click.Choice(KERAS_SETTINGS), default=KERAS_DEFAULT, show_default=True,
     help="legacy: tf.keras is Keras 2 (tf_keras), for tf.keras 2 code such as model.fit under "
-    "MultiWorkerMirroredStrategy.",
+    "MultiWorkerMirroredStrategy; jax: a Keras 3 script on the JAX backend (keras.distribution), "
+    "each worker given the JAX cluster's variables instead of TF_CONFIG.",
 )  # fmt: skip
 @click.option(
     "--save", "save_to", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
@@ -52,7 +53,8 @@ def local(  # noqa: PLR0917 - click passes every option by position
     """Run SCRIPT on N workers of this machine, with no inventory to write: like
     `torchrun --standalone --nproc-per-node N`.
 
-    Each worker is a local process with TF_CONFIG for a cluster on free localhost ports. The
+    Each worker is a local process with TF_CONFIG (with --keras jax: KERAS_DISTRIBUTION_* and
+    JAX_*) for a cluster on free localhost ports. The
     inventory it builds is shown (or written with --save FILE, to rerun with 'orchestrate up
     FILE'), then run exactly as 'up' runs it: preflight, start, supervision with restarts, the
     root cause when it fails. Arguments for the script go after '--':
@@ -60,6 +62,7 @@ def local(  # noqa: PLR0917 - click passes every option by position
     \b
     orchestrate local train.py -n 2 -- --epochs 3
     orchestrate local train.py --keras legacy --save two-workers.yaml
+    orchestrate local keras3_train.py --keras jax
     """
     script = script.expanduser().resolve()
     if not script.is_file():

@@ -12,6 +12,7 @@ from orchestrator.config.report import Report, line_of
 from orchestrator.config.tracking import parse_tracking, tracking_env_problems
 from orchestrator.contract import (
     EXPORT_FORMATS,
+    JAX_CLUSTER_ENV,
     KERAS_SETTINGS,
     LEGACY_KERAS_ENV,
     RESERVED_ENV_PREFIXES,
@@ -140,7 +141,10 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
     Key("keras", " or ".join(f"`{k}`" for k in KERAS_SETTINGS), "`default`",
         "`legacy`: every worker runs with `TF_USE_LEGACY_KERAS=1`, so `tf.keras` is Keras 2 "
         "(tf_keras): model.fit under MultiWorkerMirroredStrategy, `reset_states`, tf.keras 2 "
-        "code; `default`: the Keras 3 that ships with TensorFlow", choice(*KERAS_SETTINGS)),
+        "code; `default`: the Keras 3 that ships with TensorFlow; `jax`: a `script:` of Keras 3 "
+        "on the JAX backend, across the hosts by `keras.distribution` (each worker gets "
+        "`KERAS_BACKEND=jax` and the `KERAS_DISTRIBUTION_*` and `JAX_*` cluster variables, "
+        "no TF_CONFIG; see Keras 3 across machines)", choice(*KERAS_SETTINGS)),
     Key("steps_per_call", "integer, at least 1", "`1`",
         "training steps run inside one `tf.function` call; `log_every`, `checkpoint_every` and "
         "`eval_every` must be multiples of it", POSITIVE),
@@ -239,6 +243,11 @@ def _parse_env(block: LineMap, report: Report) -> dict[str, str]:
             continue
         if key.startswith(RESERVED_ENV_PREFIXES):
             report.add(line_of(raw, key), where, "is set by orchestrate for each worker")
+            continue
+        if key in JAX_CLUSTER_ENV:
+            report.add(line_of(raw, key), where,
+                       "set 'job.keras: jax' instead: orchestrate then gives each worker its "
+                       "own (job.env is the same on every worker)")  # fmt: skip
             continue
         if key == LEGACY_KERAS_ENV:
             report.add(line_of(raw, key), where,

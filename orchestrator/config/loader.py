@@ -28,7 +28,7 @@ from orchestrator.config.sources.hosts import (
 )
 from orchestrator.config.sync import SYNC_KEY_ENTRIES, parse_sync
 from orchestrator.config.tracking import TRACKING_KEY_ENTRIES
-from orchestrator.contract import STRATEGY_MIRRORED, STRATEGY_PS
+from orchestrator.contract import KERAS_JAX, STRATEGY_MIRRORED, STRATEGY_MULTI_WORKER, STRATEGY_PS
 from orchestrator.errors import InventoryError
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import (
@@ -234,6 +234,8 @@ def _parse_min_hosts(document: LineMap, count: int, report: Report) -> int | Non
 
 def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report: Report) -> None:
     block = document["job"]
+    if job.keras == KERAS_JAX:
+        _check_jax_job(job, hosts, block, report)
     hosts = [host for host in hosts if host.role != ROLE_EVALUATOR]  # the training hosts
     if job.strategy == STRATEGY_MIRRORED and len(hosts) > 1:
         report.add(
@@ -269,6 +271,23 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
         ):
             if key in block and not (key == "strategy" and job.strategy == STRATEGY_PS):
                 report.add(line_of(block, key), f"job.{key}", "applies to job.task only")
+
+
+def _check_jax_job(job: Job, hosts: list[Host], block: LineMap, report: Report) -> None:
+    """What `keras: jax` runs so far: a script, one process per host, no evaluator (JAX's
+    processes are one cluster of equals, the first its coordinator)."""
+    where = line_of(block, "keras")
+    if job.task is not None:
+        report.add(where, "job.keras", "jax runs a job.script (a Keras 3 script with "
+                   "keras.distribution); the built-in loop (job.task) runs on "
+                   "TensorFlow")  # fmt: skip
+    if job.strategy != STRATEGY_MULTI_WORKER:
+        report.add(line_of(block, "strategy"), "job.strategy",
+                   f"{job.strategy} is TensorFlow's; under keras: jax leave it unset")  # fmt: skip
+    for host in hosts:
+        if host.role == ROLE_EVALUATOR:
+            report.add(None, f"hosts.{host.name}.role", "an evaluator reads TensorFlow "
+                       "checkpoints; a keras: jax job has none: leave role unset")  # fmt: skip
 
 
 def _check_steps_per_call(job: Job, block: LineMap, report: Report) -> None:

@@ -33,6 +33,10 @@ MEANINGS: dict[FailureKind, str] = {
     FailureKind.DISK_FULL: "a write failed for lack of space (No space left on device, a quota)",
     FailureKind.PORT_BUSY: "the gRPC server could not bind its port",
     FailureKind.PEER_LOST: "a collective failed because another worker went away",
+    FailureKind.COORDINATOR_UNREACHABLE: (
+        "a JAX process (job.keras: jax) timed out registering with the coordinator on the "
+        "chief's host:port: the coordinator unreachable, or a peer that never registered"
+    ),
     FailureKind.EARLY_EXIT: "exit 0 below the target step",
     FailureKind.LEFT_EARLY: (
         "exited 0 while its peers still waited for it in a collective, or never joined the "
@@ -81,6 +85,12 @@ HINTS: dict[FailureKind, str] = {
     FailureKind.PEER_LOST: (
         "its collective was aborted because a peer went away; the worker that failed first is "
         "the cause: read its log ('orchestrate tail NAME')"
+    ),
+    FailureKind.COORDINATOR_UNREACHABLE: (
+        "the JAX cluster did not form within jax.distributed.initialize's timeout (300 s; the "
+        "coordinator and its peers print the same): a worker that failed earlier is the cause; "
+        "otherwise the chief's host:port must be open to every host (a firewall, a proxy "
+        "variable in the workers' environment): 'orchestrate check INVENTORY'"
     ),
     FailureKind.OUT_OF_MEMORY: (
         "the worker ran out of memory: lower job.batch_size or the model's size; on GPUs set "
@@ -153,6 +163,13 @@ _ABORT_SIGNATURES = (
     r"Socket closed",
     r"Connection reset by peer",
     r"failed to connect to all addresses",
+    # JAX (job.keras: jax): gloo's CPU collectives when a peer's socket closed ("Gloo AllGather
+    # failed ... Connection reset by peer"), the coordination service's verdict that a task
+    # died, and the coordinator's registration barrier that a peer never reached.
+    r"Gloo [\w-]+ failed",
+    r"JAX distributed service detected fatal errors",
+    r"cluster registration failed",
+    r"Wait_for_all_tasks_to_register",
 )
 
 # Checked in order against the log tail: the first match names the kind.
@@ -169,6 +186,13 @@ _LOG_PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
                 r"unsupported type \(<class '[\w.]*PerReplica'>\)|"
                 r"is not available with Keras 3")),
     (FailureKind.IMPORT_ERROR, re.compile(r"\b(ModuleNotFoundError|ImportError)\b")),
+    # A JAX process whose registration with the coordinator (its RegisterTask call) timed out
+    # or found no one, before it could lose any peer; the coordinator's own timeout is an
+    # abort signature above (it waited for the others).
+    (FailureKind.COORDINATOR_UNREACHABLE,
+     re.compile(r"(DEADLINE_EXCEEDED|UNAVAILABLE)[\s\S]{0,400}?/RegisterTask\b|"
+                r"unknown_target_for_coordination_leader|"
+                r"[Ff]ailed to connect to (the )?coordination service")),
     (FailureKind.PEER_LOST, re.compile("|".join(_ABORT_SIGNATURES))),
 )  # fmt: skip
 

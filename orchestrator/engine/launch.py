@@ -35,6 +35,7 @@ from orchestrator.contract import (
     FLAG_TASK,
     FLAG_VISIBLE_GPUS,
     FLAG_WATCH,
+    KERAS_JAX,
     KERAS_LEGACY,
     LEGACY_KERAS_ENV,
     MLFLOW_EXPERIMENT_ENV,
@@ -50,6 +51,7 @@ from orchestrator.contract import (
     WANDB_RUN_ENV,
     WORKER_MODULE,
     booted,
+    jax_cluster_env,
 )
 from orchestrator.engine.rolepolicy import EVALUATOR_RESTARTS
 from orchestrator.engine.tfconfig import task_of
@@ -76,7 +78,7 @@ def worker_launch(inventory: Inventory, index: int, place: Placement) -> WorkerL
         role=host.role,
         task_index=0 if host.role == ROLE_EVALUATOR else task["index"],
         argv=worker_argv(job, host, place),
-        env=worker_env(job, host, place),
+        env={**worker_env(job, host, place), **cluster_env(inventory, index)},
         secret_env=job.secret_env,
         cwd=place.cwd,
         checkpoint_dir=place.checkpoint_dir,
@@ -84,6 +86,16 @@ def worker_launch(inventory: Inventory, index: int, place: Placement) -> WorkerL
         gpus=inventory.gpus_per_worker,
         restarts_alone=restarts_alone(job, host.role),
     )
+
+
+def cluster_env(inventory: Inventory, index: int) -> dict[str, str]:
+    """`job.keras: jax`: the JAX cluster's variables of the host at `index` (the hosts'
+    endpoints in task order, the chief first: the coordinator). A TensorFlow job's cluster is
+    its TF_CONFIG, which each launcher writes instead (engine/plan.py, the Slurm and pod
+    launchers)."""
+    if inventory.job.keras != KERAS_JAX:
+        return {}
+    return jax_cluster_env([host.endpoint for host in inventory.hosts], index)
 
 
 def restarts_alone(job: Job, role: str) -> int:

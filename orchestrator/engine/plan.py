@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import PurePath
 
 from orchestrator.contract import (
+    KERAS_JAX,
     PROGRESS_FILE,
     PROGRESS_FILE_ENV,
     RUN_DIR_ENV,
@@ -119,7 +120,8 @@ def plan_workers(
                 host=host,
                 run_dir=run_dir,
                 launch=worker_launch(inventory, index, place),
-                tf_config=tf_config(inventory, index),
+                # A JAX cluster has no TF_CONFIG: its variables are in the launch's env.
+                tf_config={} if inventory.job.keras == KERAS_JAX else tf_config(inventory, index),
                 log_max_bytes=inventory.job.log_max_mb << 20,
                 uploads=uploads(inventory.job, run_dir, synced, in_place=in_place),
                 secrets=dict(secrets or {}),

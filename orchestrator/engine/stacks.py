@@ -4,10 +4,10 @@ text.
 
 A worker's place is its innermost frame of user or orchestrate code. Frames of TensorFlow that
 are known waits are said in words (a collective, the input iterator's get_next, a checkpoint
-save, the cluster forming); a thread inside a tf.function shows only its execute call: "in the
-compiled step". The worker whose place is elsewhere (user code, a library, a py_function's body
-running inside the step) while the others wait is the one they wait for; with none or several
-such workers, which one is "undetermined".
+save, the cluster forming: TensorFlow's, or JAX's under job.keras: jax); a thread inside a
+tf.function shows only its execute call: "in the compiled step". The worker whose place is
+elsewhere (user code, a library, a py_function's body running inside the step) while the others
+wait is the one they wait for; with none or several such workers, which one is "undetermined".
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ KNOWN: tuple[tuple[str, str, str, str], ...] = (
     ("collective", "/distribute/cross_device_utils.py", r".", "waits in a collective (all-reduce)"),
     ("forming", "/distribute/collective_all_reduce_strategy.py", r".",
      "waits for the cluster to form (MultiWorkerMirroredStrategy)"),
+    # job.keras: jax: keras.distribution.initialize() and jax_cluster.initialize() both end
+    # here, silent for up to 300 s while the coordinator or a peer has not registered.
+    ("forming", "/jax/_src/distributed.py", r"initialize|connect",
+     "waits for the JAX cluster to form (jax.distributed.initialize: the coordinator or a "
+     "peer has not registered)"),
     ("compiled", "/eager/execute.py", r".", "waits in the compiled step"),
     ("compiled", "/eager/polymorphic_function/", r".", "waits in the compiled step"),
     ("compiled", "/eager/function.py", r".", "waits in the compiled step"),

@@ -28,8 +28,8 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.model.inventory import Inventory, Job, Tracking
 from orchestrator.model.findings import Finding, Status
+from orchestrator.model.inventory import Inventory, Job, Tracking
 from orchestrator.model.printable import printable
 from orchestrator.model.records import Restart
 

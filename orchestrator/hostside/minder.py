@@ -85,7 +85,10 @@ def supervise(run_dir, adopt=None):
         tf_config = handle.read()
     env = dict(os.environ)
     env.update(spec[protocol.ENV_KEY])
-    env[contract.TF_CONFIG_ENV] = tf_config
+    if json.loads(tf_config or "{}"):
+        env[contract.TF_CONFIG_ENV] = tf_config
+    else:  # a JAX cluster (job.keras: jax): no TF_CONFIG, not even one the host's shell set
+        env.pop(contract.TF_CONFIG_ENV, None)
     secrets = rundir.secret_values(spec.get("secret_names", ()), os.environ)
     started = time.time()
     if adopt is not None:

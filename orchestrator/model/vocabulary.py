@@ -66,6 +66,7 @@ class FailureKind(Word):
     DISK_FULL = "disk full"
     PORT_BUSY = "port busy"
     PEER_LOST = "peer lost"
+    COORDINATOR_UNREACHABLE = "coordinator unreachable"  # job.keras: jax
     EARLY_EXIT = "early exit"
     LEFT_EARLY = "left early"
     STOPPED_SHORT = "stopped short"

@@ -47,6 +47,20 @@ def test_known_tensorflow_waits_are_said_in_words() -> None:
     assert collective.words == "waits in a collective (all-reduce), from main (record.py:30)"
 
 
+def test_a_jax_process_waiting_for_its_cluster_is_a_wait_and_its_late_peer_is_blamed() -> None:
+    # Recorded from Keras 3.15.1 / JAX 0.10.2: keras.distribution.initialize() with its peer
+    # never started (job.keras: jax).
+    forming = worker_place(parse(recorded("jax-initialize.txt")))
+    assert forming is not None and forming.waits
+    assert forming.words == (
+        "waits for the JAX cluster to form (jax.distributed.initialize: the coordinator or a "
+        "peer has not registered), from <module> (train.py:6)"
+    )
+    summary = summarise({"worker-0": recorded("jax-initialize.txt"),
+                         "worker-1": recorded("script-user-wait.txt")})  # fmt: skip
+    assert summary.blamed == "worker-1"
+
+
 def test_a_py_function_blocking_inside_the_pipeline_is_user_code_inside_tensorflow() -> None:
     # The main thread waits in get_next; TensorFlow's thread runs the user's function.
     place = worker_place(parse(recorded("eager-getnext.txt")))

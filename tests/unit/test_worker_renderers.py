@@ -40,7 +40,13 @@ import pytest
 import yaml
 
 from orchestrator.backends.registry import load_inventory
-from orchestrator.contract import CHECKPOINT_DIR_ENV, SCRIPT_BOOT
+from orchestrator.contract import (
+    CHECKPOINT_DIR_ENV,
+    JAX_PROCESS_ID_ENV,
+    KERAS_PROCESS_ID_ENV,
+    SCRIPT_BOOT,
+    TF_CONFIG_ENV,
+)
 from orchestrator.engine.plan import plan_workers
 from orchestrator.errors import ExportRefused
 from orchestrator.machines import kinds
@@ -54,6 +60,9 @@ PLACEMENT_ENV = frozenset({
     "ORCHESTRATE_TF_WORKERS", "ORCHESTRATE_JOBSET_NAME",  # the TrainJob's pod launcher
     "CUDA_VISIBLE_DEVICES",  # a host's own GPU indices
 })  # fmt: skip
+# keras: jax: each process's id (its place in the cluster) is its own, like TF_CONFIG's task;
+# test_a_jax_job_gives_each_host_its_process checks them.
+PROCESS_ENV = frozenset({KERAS_PROCESS_ID_ENV, JAX_PROCESS_ID_ENV})
 REPLICA_ROLES = {"Chief": "chief", "PS": "ps", "Worker": "worker", "Evaluator": "evaluator"}
 SECRETS = {"WANDB_API_KEY": "never-rendered"}
 
@@ -95,7 +104,7 @@ def command(argv: list[str], env: dict[str, str]) -> tuple[str, ...]:
 
 def worker(argv: list[str], env: dict[str, str], secrets: list[str], gpus: int | None) -> Worker:
     assert CHECKPOINT_DIR_ENV in env, f"no {CHECKPOINT_DIR_ENV} in {sorted(env)}"
-    kept = {k: v for k, v in env.items() if k not in PLACEMENT_ENV}
+    kept = {k: v for k, v in env.items() if k not in PLACEMENT_ENV | PROCESS_ENV}
     kept[CHECKPOINT_DIR_ENV] = "{checkpoints}"
     kept.update({name: secret(name) for name in secrets})
     return Worker(command(argv, env), kept, gpus)
@@ -208,6 +217,8 @@ ROWS = (
     Row("visible-gpus", "hosts' visible_gpus and gpu_memory_growth"),
     Row("ps", "chief, ps, worker and evaluator roles", refused=("trainjob",)),
     Row("evaluator", "workers and an evaluator", refused=("trainjob",)),
+    # The exports write TF_CONFIG from their own addresses; the JAX cluster's come from hosts.
+    Row("jax", "keras: jax (a Keras 3 script on JAX)", refused=("sbatch", "tfjob", "trainjob")),
 )
 
 
@@ -248,3 +259,29 @@ def test_a_renderer_that_cannot_start_a_role_refuses_the_job(cell: tuple[Row, st
     with pytest.raises(ExportRefused) as refused:
         RENDERERS[fmt](row.golden())
     assert refused.value.exit_code == 2
+
+
+def test_a_jax_job_gives_each_host_its_process() -> None:
+    """keras: jax: every worker gets the JAX cluster in task order (the chief first, the
+    coordinator), its own process id, Keras on JAX and gloo's CPU collectives, and no
+    TF_CONFIG (the launch request's tf_config is empty: the minder then sets none)."""
+    inventory = load_inventory(golden.INVENTORIES / "jax.yaml")
+    specs = plan_workers(inventory, "r", {h.name: "/w" for h in inventory.hosts}, 0, {},
+                         reads_in_place=_reads_in_place)  # fmt: skip
+    addresses = "10.0.0.1:2222,10.0.0.2:2223,10.0.0.3:2224"
+    for index, spec in enumerate(specs):
+        request = spec.launch_request()
+        assert request["tf_config"] == {}
+        env = request["env"]
+        assert TF_CONFIG_ENV not in env
+        assert {k: v for k, v in env.items() if "KERAS" in k or k.startswith("JAX_")} == {
+            "KERAS_BACKEND": "jax",
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": addresses,
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": "3",
+            "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
+            "JAX_COORDINATOR_ADDRESS": "10.0.0.1:2222",
+            "JAX_NUM_PROCESSES": "3",
+            "JAX_PROCESS_ID": str(index),
+            "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+        }
+        assert env["TF_CPP_MIN_LOG_LEVEL"] == "2"  # the job's own env stays
