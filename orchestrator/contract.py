@@ -30,6 +30,12 @@ PROGRESS_FILE_ENV = "ORCHESTRATE_PROGRESS_FILE"
 CHECKPOINT_DIR_ENV = "ORCHESTRATE_CHECKPOINT_DIR"
 TARGET_STEPS_ENV = "ORCHESTRATE_TARGET_STEPS"  # a script job's steps: (worker.target_steps())
 RESERVED_ENV_PREFIXES = (TF_CONFIG_ENV, "ORCHESTRATE_")
+# A built-in worker (`python -m worker`) starts with Python's safe path (3.11+: its working
+# directory is not put first on sys.path), so a `worker.py` of the user's there cannot replace
+# orchestrate's package; the worker then appends the directory, so the user's own modules
+# still import, and drops both variables, so the user's subprocesses start as usual.
+SAFE_PATH_ENV = "PYTHONSAFEPATH"
+USER_DIRECTORY_LAST_ENV = "ORCHESTRATE_USER_DIRECTORY_LAST"
 # With job.tracking (docs/tracking.md): the run's identity in its tracker, the same for every
 # worker of every attempt, so the built-in loop and a script's own mlflow.start_run() or
 # wandb.init() join the one run the controller made. job.env may not set them.

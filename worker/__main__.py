@@ -9,6 +9,10 @@ from orchestrator.contract import RUN_DIR_ENV, register_stack_dump
 # and the supervisor at a stall). Before TensorFlow's import, so a hang there shows too.
 register_stack_dump(os.environ.get(RUN_DIR_ENV))
 
+from worker.userpath import user_directory_last  # noqa: E402 - after the handler
+
+user_directory_last()  # before the task's module is imported: the user's modules, last
+
 from worker.cli import main  # noqa: E402 - after the handler
 
 code = main()

@@ -31,6 +31,7 @@ from orchestrator.contract import (
     REQUEST_ARGV,
     REQUEST_CWD,
     REQUEST_ENV,
+    SAFE_PATH_ENV,
 )
 
 
@@ -74,17 +75,29 @@ def become(request: dict[str, object]) -> None:
             del sys.modules[name]  # imported afresh, in the worker's own environment
     if len(argv) >= 3 and argv[1] == "-m":
         sys.argv = [argv[2], *argv[3:]]
-        sys.path[0] = os.getcwd()  # what `python -m` puts first
+        if not env.get(SAFE_PATH_ENV):  # under the safe path the worker appends it itself
+            first_on_path(os.getcwd())  # what `python -m` puts first
         runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
     elif len(argv) >= 3 and argv[1] == "-c":  # a script behind the stacks boot (contract)
         sys.argv = ["-c", *argv[3:]]
-        sys.path[0] = ""  # what `python -c` puts first; the boot sets the script's
+        first_on_path("")  # what `python -c` puts first; the boot sets the script's
         exec(compile(argv[2], "<string>", "exec"), {"__name__": "__main__"})
     else:
         script = os.path.abspath(argv[1])
         sys.argv = [argv[1], *argv[2:]]
-        sys.path[0] = os.path.dirname(script)  # what `python SCRIPT` puts first
+        first_on_path(os.path.dirname(script))  # what `python SCRIPT` puts first
         runpy.run_path(script, run_name="__main__")
+
+
+def first_on_path(entry: str) -> None:
+    """Put `entry` first on sys.path as Python would have for the worker's command. This
+    standby started with the safe path (nothing of its directory on sys.path: it imports
+    TensorFlow, no module of the user's), or, on Python before 3.11, with its directory first:
+    that entry is the one replaced."""
+    if getattr(sys.flags, "safe_path", False):
+        sys.path.insert(0, entry)
+    else:
+        sys.path[0] = entry
 
 
 def main() -> int:

@@ -42,9 +42,11 @@ from orchestrator.contract import (
     MLFLOW_EXPERIMENT_NAME_ENV,
     MLFLOW_RUN_ENV,
     MLFLOW_URI_ENV,
+    SAFE_PATH_ENV,
     STRATEGY_MULTI_WORKER,
     STRATEGY_PS,
     TARGET_STEPS_ENV,
+    USER_DIRECTORY_LAST_ENV,
     WANDB_ENTITY_ENV,
     WANDB_PROJECT_ENV,
     WANDB_RESUME_ENV,
@@ -124,6 +126,8 @@ def worker_env(job: Job, host: Host, place: Placement) -> dict[str, str]:
         env.update(tracking_env(job.tracking, job.name))
     if job.keras == KERAS_LEGACY:
         env[LEGACY_KERAS_ENV] = "1"  # tf.keras is Keras 2 (tf_keras), in scripts and tasks
+    if job.task is not None and SAFE_PATH_ENV not in job.env:  # contract.SAFE_PATH_ENV: why
+        env.update({SAFE_PATH_ENV: "1", USER_DIRECTORY_LAST_ENV: "1"})
     if job.script is not None and job.steps is not None:
         env[TARGET_STEPS_ENV] = str(job.steps)  # the script's target (steps:)
     if host.leased_gpus is not None:  # exactly the GPUs the run's lease gave (gpus: N)

@@ -348,6 +348,9 @@ def run_standby(sdir):
     child = subprocess.Popen(  # spawn point: the standby's Python, which imports TensorFlow
         [spec[protocol.PYTHON_KEY], "-m", STANDBY_MODULE, ready],
         cwd=rundir.expand(spec[protocol.CWD_KEY]),
+        # The safe path (3.11+): a worker.py in that directory cannot replace orchestrate's
+        # package (contract.SAFE_PATH_ENV); the worker it becomes puts the directory back.
+        env=dict(os.environ, **{contract.SAFE_PATH_ENV: "1"}),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     safefiles.write_text(os.path.join(sdir, rundir.WORKER_PID_FILE), str(child.pid))

@@ -15,11 +15,15 @@ SITE_DIRECTORIES = ("site-packages", "dist-packages")  # dist-packages: Debian's
 
 
 def worker_path(cwd=None):
-    """A worker's sys.path: `cwd` (a `python -m` worker's first entry) and PYTHONPATH first,
-    then this interpreter's own path with the user site before its site-packages."""
-    extra = [cwd] if cwd else []
-    extra += [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    """A built-in worker's sys.path: PYTHONPATH, then this interpreter's own path with the user
+    site before its site-packages; `cwd` last where Python has the safe path (3.11+: the
+    controller starts `python -m worker` with it, contract.SAFE_PATH_ENV), else first."""
+    extra = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
     path = [entry for entry in sys.path if entry]
     sites = [i for i, entry in enumerate(path) if entry.endswith(SITE_DIRECTORIES)]
     path.insert(sites[0] if sites else len(path), site.getusersitepackages())
-    return list(dict.fromkeys(extra + path))
+    if not cwd:
+        return list(dict.fromkeys(extra + path))
+    if sys.version_info >= (3, 11):
+        return list(dict.fromkeys([*extra, *path, cwd]))
+    return list(dict.fromkeys([cwd, *extra, *path]))

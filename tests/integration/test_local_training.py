@@ -63,6 +63,24 @@ def test_two_workers_train_then_resume(cli: Cli, reaper: list[str]) -> None:
     assert "already at step 80" in cli("tail", "-n", "5", check=True).stdout
 
 
+def test_a_users_worker_py_cannot_replace_orchestrates_and_their_modules_import(
+    cli: Cli, reaper: list[str]
+) -> None:
+    """Issue 56: a `worker.py` of the user's beside the inventory (the workers' directory)
+    replaced orchestrate's worker package and the job failed; the user's own task module there
+    must still import. The first attempt's workers are standbys that took the launch."""
+    (cli.cwd / "worker.py").write_text("raise SystemExit('the user worker.py was imported')\n")
+    (cli.cwd / "my_task.py").write_text(
+        "from worker.examples import shapes\n\n\ndef task():\n    return shapes.task()\n"
+    )
+    local_tf_inventory(cli, steps=20, task="my_task:task", warm_restarts=True)
+    result = cli("up", "inv.yaml", timeout=300)
+    reaper.append(cli.record()["run_id"])
+    assert result.returncode == 0, result.stderr
+    assert "job shapes succeeded at step 20" in result.stderr
+    assert "the user worker.py" not in cli("tail", "-n", "200", check=True).stdout
+
+
 def test_status_while_training_and_down_in_the_middle(cli: Cli, reaper: list[str]) -> None:
     local_tf_inventory(cli, steps=100_000, warm_restarts=True)  # the first standbys: below
     cli("up", "--detach", "inv.yaml", check=True)

@@ -47,7 +47,9 @@ ORCHESTRATE_SLURM_PLAN=$(cat <<'ORCHESTRATE_PLAN_END'
     "ORCHESTRATE_WORKER": "task0",
     "ORCHESTRATE_RUN_DIR": "~/orchestrate/evaluator/runs/slurm-{SLURM_JOB_ID}/attempt-0/task0",
     "ORCHESTRATE_PROGRESS_FILE": "~/orchestrate/evaluator/runs/slurm-{SLURM_JOB_ID}/attempt-0/task0/progress.json",
-    "ORCHESTRATE_CHECKPOINT_DIR": "~/orchestrate/evaluator/checkpoints"
+    "ORCHESTRATE_CHECKPOINT_DIR": "~/orchestrate/evaluator/checkpoints",
+    "PYTHONSAFEPATH": "1",
+    "ORCHESTRATE_USER_DIRECTORY_LAST": "1"
    },
    "role": "worker",
    "task_index": 0
@@ -86,7 +88,9 @@ ORCHESTRATE_SLURM_PLAN=$(cat <<'ORCHESTRATE_PLAN_END'
     "ORCHESTRATE_WORKER": "task1",
     "ORCHESTRATE_RUN_DIR": "~/orchestrate/evaluator/runs/slurm-{SLURM_JOB_ID}/attempt-0/task1",
     "ORCHESTRATE_PROGRESS_FILE": "~/orchestrate/evaluator/runs/slurm-{SLURM_JOB_ID}/attempt-0/task1/progress.json",
-    "ORCHESTRATE_CHECKPOINT_DIR": "~/orchestrate/evaluator/checkpoints"
+    "ORCHESTRATE_CHECKPOINT_DIR": "~/orchestrate/evaluator/checkpoints",
+    "PYTHONSAFEPATH": "1",
+    "ORCHESTRATE_USER_DIRECTORY_LAST": "1"
    },
    "role": "worker",
    "task_index": 1
@@ -120,7 +124,9 @@ ORCHESTRATE_SLURM_PLAN=$(cat <<'ORCHESTRATE_PLAN_END'
     "ORCHESTRATE_WORKER": "task2",
     "ORCHESTRATE_RUN_DIR": "~/orchestrate/evaluator/runs/slurm-{SLURM_JOB_ID}/attempt-0/task2",
     "ORCHESTRATE_PROGRESS_FILE": "~/orchestrate/evaluator/runs/slurm-{SLURM_JOB_ID}/attempt-0/task2/progress.json",
-    "ORCHESTRATE_CHECKPOINT_DIR": "~/orchestrate/evaluator/checkpoints"
+    "ORCHESTRATE_CHECKPOINT_DIR": "~/orchestrate/evaluator/checkpoints",
+    "PYTHONSAFEPATH": "1",
+    "ORCHESTRATE_USER_DIRECTORY_LAST": "1"
    },
    "role": "evaluator",
    "task_index": 0,

@@ -57,7 +57,9 @@ ORCHESTRATE_SLURM_PLAN=$(cat <<'ORCHESTRATE_PLAN_END'
     "ORCHESTRATE_WORKER": "task0",
     "ORCHESTRATE_RUN_DIR": "~/orchestrate/shapes/runs/slurm-{SLURM_JOB_ID}/attempt-0/task0",
     "ORCHESTRATE_PROGRESS_FILE": "~/orchestrate/shapes/runs/slurm-{SLURM_JOB_ID}/attempt-0/task0/progress.json",
-    "ORCHESTRATE_CHECKPOINT_DIR": "~/orchestrate/shapes/checkpoints"
+    "ORCHESTRATE_CHECKPOINT_DIR": "~/orchestrate/shapes/checkpoints",
+    "PYTHONSAFEPATH": "1",
+    "ORCHESTRATE_USER_DIRECTORY_LAST": "1"
    }
   },
   {
@@ -101,7 +103,9 @@ ORCHESTRATE_SLURM_PLAN=$(cat <<'ORCHESTRATE_PLAN_END'
     "ORCHESTRATE_WORKER": "task1",
     "ORCHESTRATE_RUN_DIR": "~/orchestrate/shapes/runs/slurm-{SLURM_JOB_ID}/attempt-0/task1",
     "ORCHESTRATE_PROGRESS_FILE": "~/orchestrate/shapes/runs/slurm-{SLURM_JOB_ID}/attempt-0/task1/progress.json",
-    "ORCHESTRATE_CHECKPOINT_DIR": "~/orchestrate/shapes/checkpoints"
+    "ORCHESTRATE_CHECKPOINT_DIR": "~/orchestrate/shapes/checkpoints",
+    "PYTHONSAFEPATH": "1",
+    "ORCHESTRATE_USER_DIRECTORY_LAST": "1"
    }
   }
  ]
