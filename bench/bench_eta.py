@@ -2,7 +2,9 @@
 checkpoint every EVERY steps), `status --json` polled every POLL seconds; at a quarter, half and
 three quarters of the run, the ETA it showed against the time the run then really took, for
 the wall-clock ETA (engine/eta.py) and for the one it replaced (steps left over the latest
-steps/s, recomputed from the same snapshot's fields).
+steps/s, recomputed from the same snapshot's fields). The ETA is the time to the target step:
+"took" ends at the first snapshot that shows every worker there; what follows (the final
+evaluation, the export, the exit) is printed apart.
 
     .venv/bin/python -m bench.bench_eta --steps 600
 """
@@ -78,7 +80,8 @@ def main() -> None:
         cli(directory, "up", "--detach", "--skip-checks", "inv.yaml")
         seen = poll(directory)
         cli(directory, "down")
-    end = seen[-1][0]
+    target = options.steps
+    end = next((at for at, step, _, _ in seen if step >= target or step < 0), seen[-1][0])
     print(f"{'at':>6} {'step':>6} {'took':>8} {'ETA now':>8} {'error':>7} {'ETA before':>10} "
           f"{'error':>7}")  # fmt: skip
     for share in (0.25, 0.5, 0.75):
@@ -91,7 +94,9 @@ def main() -> None:
         shown = [f"{eta:.0f} s" if eta is not None else "-" for eta in (new, old)]
         print(f"{share:>6.0%} {step:>6} {took:>6.0f} s {shown[0]:>8} {error(new):>7} "
               f"{shown[1]:>10} {error(old):>7}")  # fmt: skip
-    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    print(f"then {seen[-1][0] - end:.0f} s from the target step to the run's end "
+          f"(final evaluation, export, exit); load average at the end: "
+          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":
