@@ -43,8 +43,9 @@ PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "HTTP_PROXY", "HTT
 
 def clean_env(**extra: str) -> dict[str, str]:
     # Proxy variables break worker-to-worker gRPC; TF's C++ log noise hides what matters.
-    # COLUMNS sets the CLI's width (cli/app.py): a test that wants one says so.
-    env = {k: v for k, v in os.environ.items() if k not in (*PROXY_VARIABLES, "COLUMNS")}
+    # ORCHESTRATE_WIDTH sets the CLI's width (cli/app.py): a test that wants one says so.
+    dropped = (*PROXY_VARIABLES, "ORCHESTRATE_WIDTH")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}, **extra)
     return env
 

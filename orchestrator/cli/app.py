@@ -48,10 +48,14 @@ class PlainTextConsole(Console):
                 yield segment._replace(text=printable(segment.text, multiline=True))
 
 
+WIDTH_ENV = "ORCHESTRATE_WIDTH"
+
+
 def output_width(stream: TextIO) -> int | None:
-    """COLUMNS when the user set it (a number); else a terminal's own width (None: Rich asks
-    it); else 160: piped output is read by people too (CI logs, `| less`), give tables room."""
-    columns = os.environ.get("COLUMNS", "")
+    """$ORCHESTRATE_WIDTH when set (a number); else a terminal's own width (None: Rich asks
+    it); else 160: piped output is read by people too (CI logs, `| less`), give tables room.
+    Not $COLUMNS: shells and CI runners export it (80) where output goes to a log."""
+    columns = os.environ.get(WIDTH_ENV, "")
     if columns.isdigit() and 20 <= int(columns) <= 1000:
         return int(columns)
     return None if stream.isatty() else 160

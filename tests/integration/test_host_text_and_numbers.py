@@ -160,4 +160,4 @@ def test_every_json_option_is_covered_here() -> None:
     """A command that gains --json is added to the strict test above."""
     cli_dir = Path(__file__).resolve().parents[2] / "orchestrator" / "cli"
     with_json = {p.name for p in cli_dir.glob("*.py") if '"--json"' in p.read_text()}
-    assert with_json == {"jobs.py", "preflight.py", "hosts.py", "views.py"}
+    assert with_json == {"jobs.py", "check.py", "hosts.py", "views.py"}

@@ -101,7 +101,7 @@ def test_status_while_training_and_down_in_the_middle(cli: Cli, reaper: list[str
     table = cli("status", check=True).stdout
     assert "chief" in table and "running" in table
     # At 80 columns (issue 56): nothing wider, the worker, its state and the step whole.
-    narrow = cli("status", check=True, env={"COLUMNS": "80"}).stdout.splitlines()
+    narrow = cli("status", check=True, env={"ORCHESTRATE_WIDTH": "80"}).stdout.splitlines()
     assert max(map(len, narrow)) <= 80, narrow
     rows = [line for line in narrow if line.startswith("│ chief") or line.startswith("│ other")]
     assert len(rows) == 2 and all("running" in row for row in rows), narrow
