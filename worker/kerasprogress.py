@@ -10,6 +10,10 @@ job's checkpoint directory. With them a `model.fit` job gets what the built-in l
 and the dashboard's curves, an ETA, stall detection and goodput. Without the controller
 (ORCHESTRATE_PROGRESS_FILE unset) it does nothing.
 
+The saves it sees are files that changed under the job's checkpoint directory: the chief's own
+at once; another worker sees the chief's in a shared directory only as they land, which can be
+after its own epoch ended (its checkpoint step then lags, or misses the last save).
+
 It works with tf.keras 2 (tf_keras, `job.keras: legacy`) and Keras 3 (`job.keras: jax`, or Keras 3
 on one host): its base class is the Keras of the job's setting (worker.kerasflavor), or the one
 passed in `keras=`. Neither Keras nor TensorFlow is imported before it is called.

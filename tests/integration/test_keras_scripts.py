@@ -75,7 +75,11 @@ def test_fit_with_backup_and_restore_trains_in_sync_under_legacy(cli: Cli) -> No
     status = cli("status", "--json", check=True).stdout
     workers = json.loads(status)["workers"]
     assert [(w["step"], w["target_steps"]) for w in workers] == [(8, 8), (8, 8)], workers
-    assert all(w["loss"] is not None and w["checkpoint_step"] == 8 for w in workers), workers
+    assert all(w["loss"] is not None for w in workers), workers
+    # The chief's saves are its own; worker-1 sees them in the shared directory as they land,
+    # which may be after its own epoch's end (an epoch late, or never for the last one).
+    assert workers[0]["checkpoint_step"] == 8, workers
+    assert workers[1]["checkpoint_step"] in (None, 4, 8), workers
     assert json.loads(status)["goodput"]["goodput"] is not None  # start-up told from training
     checkpoints = cli.cwd / "work" / "fit_mwms" / "checkpoints"
     assert (checkpoints / "saved" / "model.keras").is_file()  # the chief's save
