@@ -26,6 +26,7 @@ from orchestrator.contract import install_hint
 from orchestrator.engine.exports import export_is_remote, local_export, pull_export
 from orchestrator.engine.goodput import run_account, summary
 from orchestrator.engine.hangs import collect
+from orchestrator.engine.locks import is_supervised
 from orchestrator.engine.loggroups import WINDOW, Grouper, Line, label, merge
 from orchestrator.engine.logs import follow, follow_timed, last_lines, select_workers
 from orchestrator.engine.queue import pending
@@ -66,8 +67,10 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
         kept = backend.keeper.standbys(record.workers).ok if backend.keeper else {}
         standbys = {n: s for n, s in kept.items() if s}
     account = run_account(record, result, time.time())
+    supervised = is_supervised(context.store, record.run_id)
     if as_json:
         data = result.to_json()
+        data["supervised"] = supervised
         data["standbys"] = [s.to_json() for s in standbys.values()]
         data["goodput"] = account.to_json()
         data["tracking"] = tracking_json(record.inventory.job.tracking)
@@ -81,6 +84,9 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
             console.print(line, style="dim", markup=False, highlight=False)
         for line in problems(result):
             console.print(line, style="red", markup=False, highlight=False)
+        if supervised and result.state is WorkerState.FAILED:
+            console.print("its supervisor is restarting it ('orchestrate attach' watches)",
+                          markup=False, highlight=False)  # fmt: skip
     silent = [w.name for w in result.workers if w.state is WorkerState.UNKNOWN]
     if silent:
         raise PartialFailure(

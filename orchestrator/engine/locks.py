@@ -159,7 +159,7 @@ def refuse_if_active(
         if not record.outcome:
             store.save(replace(record, outcome="its launch was interrupted; stopped"))
         return
-    supervised = SupervisorLock(store.lock_path(previous.run_id)).held_elsewhere()
+    supervised = is_supervised(store, previous.run_id)
     # The earlier run may live elsewhere (hosts, or a Slurm cluster): ask its own backend,
     # or this one when it serves both (its sessions then serve the launch too).
     if serves(backend, previous.inventory):
@@ -176,10 +176,16 @@ def refuse_if_active(
         )
 
 
+def is_supervised(store: RunStore, run_id: str) -> bool:
+    """Whether another process supervises this run now: a failed worker it shows is about to
+    be restarted, not the run's end."""
+    return SupervisorLock(store.lock_path(run_id)).held_elsewhere()
+
+
 def supervised_run(store: RunStore) -> RunRecord | None:
     """This state directory's latest run while a process supervises it (a live run), else
     None. Cheap: no host is asked."""
     if store.current_id() is None:
         return None
     record = store.load()
-    return record if SupervisorLock(store.lock_path(record.run_id)).held_elsewhere() else None
+    return record if is_supervised(store, record.run_id) else None
