@@ -39,7 +39,7 @@ from orchestrator.contract import (
     VAL_ACCURACY,
     VAL_LOSS,
 )
-from worker.progress import _script_writer
+from worker.progress import script_writer
 
 WRITE_EVERY = 1.0  # seconds between two writes during an epoch: a file write per batch is waste
 
@@ -95,7 +95,7 @@ class FitReporter:
 
     def __init__(self, every: float) -> None:
         self.every = every
-        self.writer = _script_writer()
+        self.writer = script_writer()
         self.last_write = 0.0
         self.rate_from: tuple[int, float] | None = None  # (step, time) of the rate's start
         self.started = False

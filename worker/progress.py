@@ -187,12 +187,12 @@ def report(**fields: Any) -> None:
     Does nothing when the variable is unset, so a script runs the same with or without the
     controller.
     """
-    writer = _script_writer()
+    writer = script_writer()
     if writer is not None:
         writer.write(**fields)
 
 
-def _script_writer() -> ProgressWriter | None:
+def script_writer() -> ProgressWriter | None:
     """The process's writer of $ORCHESTRATE_PROGRESS_FILE (one per file, shared by report() and
     timed()); None when the variable is unset."""
     path = os.environ.get(PROGRESS_FILE_ENV)
@@ -215,7 +215,7 @@ def timed(kind: str) -> Iterator[None]:
     try:
         yield
     finally:
-        writer = _script_writer()
+        writer = script_writer()
         if writer is not None:
             writer.add_seconds(key, time.monotonic() - started)
 

@@ -1,9 +1,8 @@
-"""Small formatters the terminal views share: a duration, a size, a number, a worker's step,
-a cell of text orchestrate did not write. Pure; no printing."""
+"""Small formatters the terminal views share: a size, a number, a worker's step, a cell of
+text orchestrate did not write (a duration is model/timetext's). Pure; no printing."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -28,17 +27,6 @@ STATE_STYLES = {
 def shown(value: str) -> Text:
     """A table cell of text orchestrate did not write: printable, and no markup."""
     return Text(printable(value))
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):  # int(inf) raises: unknown, not a crash
-        return "-"
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def size(rss: int | None) -> str:

@@ -12,7 +12,6 @@ from rich.text import Text
 
 from orchestrator.cli.format import (
     STATE_STYLES,
-    duration,
     number,
     shown,
     size,
@@ -24,6 +23,7 @@ from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.answers import StandbyInfo
 from orchestrator.model.leases import LeaseListing, clock
 from orchestrator.model.printable import printable
+from orchestrator.model.timetext import duration
 from orchestrator.model.vocabulary import WorkerState
 
 

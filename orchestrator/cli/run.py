@@ -33,7 +33,6 @@ from orchestrator.cli.dashboard import DEFAULT_PORT as DASHBOARD_PORT
 from orchestrator.cli.dashboard import spawn_dashboard
 from orchestrator.cli.hosts import prepare_before_checks
 from orchestrator.cli.live import finish, spawn_supervisor, supervise_here, view
-from orchestrator.cli.render import duration
 from orchestrator.engine.control import stop_everything, stop_unrecorded, watch
 from orchestrator.engine.lifecycle import (
     DEFAULT_GRACE,
@@ -59,6 +58,7 @@ from orchestrator.errors import (
 )
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import RunRecord
+from orchestrator.model.timetext import duration
 
 
 @cli.command()

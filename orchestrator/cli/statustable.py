@@ -22,7 +22,6 @@ from orchestrator.cli.format import (
     STATE_STYLES,
     checkpoint_text,
     devices,
-    duration,
     number,
     shown,
     size,
@@ -31,6 +30,7 @@ from orchestrator.cli.format import (
 from orchestrator.engine.rolepolicy import labelled
 from orchestrator.engine.status import RunStatus, WorkerStatus
 from orchestrator.model.printable import printable
+from orchestrator.model.timetext import duration
 
 Cell = Callable[[WorkerStatus], str]
 

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from orchestrator.engine.status import RunStatus
 from orchestrator.model.inventory import NotifyTarget
+from orchestrator.model.timetext import duration
 
 TEST_EVENT = "test"
 HEADLINES = {
@@ -105,15 +106,6 @@ def event_text(event: Mapping[str, Any]) -> str:
     if event.get("dashboard"):
         parts.append(f"Dashboard: {event['dashboard']}")
     return ". ".join(p.rstrip(".") for p in parts) + "."
-
-
-def duration(seconds: float) -> str:
-    whole = int(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def wants(target: NotifyTarget, name: str) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.cli.render import duration, progress_line, status_table
+from orchestrator.cli.render import progress_line, status_table
 from orchestrator.dashboard import model
 from orchestrator.engine.eta import MAX_ETA_SECONDS, eta_seconds
 from orchestrator.engine.policy import conclude
@@ -34,6 +34,7 @@ from orchestrator.model.reading import (
     steps,
 )
 from orchestrator.model.records import RunRecord, WorkerRecord
+from orchestrator.model.timetext import duration
 from orchestrator.model.vocabulary import WorkerState
 
 REPO = Path(__file__).resolve().parents[2]
