@@ -58,6 +58,18 @@ install_venv() {
     .venv/bin/python -m pip install -q -e '.[worker,legacy-keras,dev,docs]'
 }
 phase setup "pip install of the project and its extras (.venv)" install_venv
+# The tests' MLflow tracking server in a venv of its own (pyproject.toml's tracking-server extra
+# says why), installed beside the checks and the lanes; its tests wait for it (tests/mlflowserver.py).
+install_tracking_server() {
+    python3 -m venv .venv-mlflow
+    .venv/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['tracking-server']))" >"$logs/tracking-server.txt"
+    .venv-mlflow/bin/python -m pip install -q -r "$logs/tracking-server.txt"
+    touch .venv-mlflow/installed
+}
+rm -f .venv-mlflow/installed
+phase setup "the MLflow tracking server's venv (.venv-mlflow), in the background" \
+    install_tracking_server >"$logs/tracking-server.log" 2>&1 &
+tracking_server_pid=$!
 # The worker image's wheels (TensorFlow and the rest), from pip's cache of the install above,
 # so that the image's build does not download them again (docker/Dockerfile, docker/wheels/).
 image_wheels() {
@@ -143,6 +155,10 @@ if [ "$own_selection" -eq 0 ]; then
     if [ "$quiet_status" -eq 5 ] && [ "$status" -eq 0 ]; then quiet_status=0; fi
 fi
 
+if ! wait "$tracking_server_pid"; then
+    echo "--- the MLflow tracking server's venv failed to install:"
+    tail -n 20 "$logs/tracking-server.log"
+fi
 if [ -n "$image_pid" ]; then
     echo "--- the worker image, built ahead (docker/cluster.sh build --stand-in-base)"
     wait "$image_pid" || echo "--- the image's build exited $? (the container tests say more)"

@@ -12,7 +12,6 @@ import http.client
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 import urllib.request
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mlflow.tracking import MlflowClient  # the client: the dev extra's mlflow-skinny
 
 from tests.conftest import (
     Cli,
@@ -34,10 +34,8 @@ from tests.conftest import (
     suspend_workers,
     wait_for,
 )
+from tests.mlflowserver import server_python
 from tests.scripts import STEPPER
-
-mlflow = pytest.importorskip("mlflow", reason="the dev extra installs mlflow (its server)")
-from mlflow.tracking import MlflowClient  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +60,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _start_server(home: Path, port: int) -> subprocess.Popen[bytes]:
     with (home / "server.log").open("a") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
+            [server_python(), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
              str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{home}/mlflow.db",
              "--default-artifact-root", str(home / "artifacts")],
             cwd=home, stdout=log, stderr=subprocess.STDOUT,
