@@ -121,14 +121,14 @@ def up(  # noqa: PLR0917 - click passes every option by position
     have not run yet (see 'orchestrate setup'), run the preflight checks (see 'orchestrate
     check'), start every worker detached, and watch them until the job ends. A built-in loop's
     job whose chief's last checkpoint already reaches job.steps (and whose export is there) is
-    not started again: `up` says so and exits 0, and `status` still shows the run that trained
-    (--fresh starts over).
+    not started again: 'up' says so and exits 0, and 'orchestrate status' still shows the run
+    that trained (--fresh starts over).
 
     The workers keep running if this command is interrupted or its terminal closes; Ctrl-C only
-    stops watching. Exit status: 0 when every worker succeeded, 1 when the job failed, 2 for an
-    invalid inventory, 3 when a host could not be reached, 4 when a run of the state directory is
-    still active (or a port or GPU it leases is held, without --queue), 5 when a preflight
-    check failed.
+    stops watching. Exit status: 0 when every worker succeeded (or nothing was left to train), 1
+    when the job failed, 2 for an invalid inventory, 3 when a host could not be reached, 4 when a
+    run of the state directory is still active (or a port or GPU it leases is held, without
+    --queue), 5 when a preflight check failed.
     """
     inventory = load_inventory(inventory_file)
     queue = queue or inventory.job.queue
