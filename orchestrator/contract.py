@@ -196,6 +196,16 @@ TF_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
 EXPORT_FORMATS = ("keras", "saved_model")
 # The export's place, beside checkpoints/ and tensorboard/ in the job's directory.
 EXPORT_DIR_NAME = "export"
+# What each format writes there: Keras 3's file, tf.keras 2's SavedModel directory (keras); the
+# inference SavedModel (saved_model). The controller looks for them before it starts a finished
+# job again: one whose export is missing still starts, to export from its last checkpoint.
+EXPORT_KERAS_FILE = "model.keras"
+EXPORT_KERAS2_DIR = "model"
+EXPORT_SAVED_MODEL_DIR = "saved_model"
+EXPORT_WRITES = {
+    EXPORT_FORMATS[0]: (EXPORT_KERAS_FILE, EXPORT_KERAS2_DIR),
+    EXPORT_FORMATS[1]: (EXPORT_SAVED_MODEL_DIR,),
+}
 
 # `job.keras`: which Keras `tf.keras` is on the workers. TensorFlow 2.16+ ships Keras 3; Keras 2
 # lives on as the tf-keras distribution (import name tf_keras), chosen by TF_USE_LEGACY_KERAS=1

@@ -21,12 +21,17 @@ import shutil
 import tempfile
 from typing import Any
 
-from orchestrator.contract import EXPORT_FORMATS
+from orchestrator.contract import (
+    EXPORT_FORMATS,
+    EXPORT_KERAS2_DIR,
+    EXPORT_KERAS_FILE,
+    EXPORT_SAVED_MODEL_DIR,
+)
 
 EXPORT_KERAS, EXPORT_SAVED_MODEL = EXPORT_FORMATS
-KERAS_FILE = "model.keras"  # Keras 3
-KERAS2_DIR = "model"  # tf.keras 2: the full model as a SavedModel directory
-SAVED_MODEL_DIR = "saved_model"
+KERAS_FILE = EXPORT_KERAS_FILE  # Keras 3
+KERAS2_DIR = EXPORT_KERAS2_DIR  # tf.keras 2: the full model as a SavedModel directory
+SAVED_MODEL_DIR = EXPORT_SAVED_MODEL_DIR
 
 
 def keras_major(model: Any) -> int:

@@ -24,6 +24,7 @@ from orchestrator.model.answers import (
     BY_DOWN,
     CheckpointListing,
     FileListing,
+    SetAside,
     StackAnswer,
     StandbyInfo,
     StopAnswer,
@@ -116,6 +117,11 @@ class Files(ABC):
     ) -> None:
         """Make `name`, whose files are in `directory` already, that directory's latest, with
         `checkpoints` (oldest first) the earlier ones its state file lists."""
+
+    @abstractmethod
+    def set_aside(self, host: Host, directory: str, stamp: str) -> SetAside:
+        """Move the contents of a host's directory to a sibling, `DIRECTORY.set-aside-STAMP`,
+        leaving it empty (`up --fresh`): nothing is deleted."""
 
     @abstractmethod
     def list_files(self, host: Host, directory: str) -> FileListing:

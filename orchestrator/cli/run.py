@@ -46,6 +46,7 @@ from orchestrator.engine.locks import (
 from orchestrator.engine.notify import RunEvents, missing_notify_secrets
 from orchestrator.engine.policy import linger_seconds, with_warm_default
 from orchestrator.engine.queue import Withdrawn, pending, wait_for_leases, withdraw
+from orchestrator.engine.rerun import Trained
 from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_env
 from orchestrator.engine.start import StartHooks, StartOptions, start_first_attempt
 from orchestrator.engine.status import RunStatus, collect_status
@@ -93,6 +94,14 @@ from orchestrator.model.timetext import duration
     help="When another job holds a port or GPU this job leases, wait as pending (in the order "
     "of arrival) instead of failing, and start when everything is free (as 'job.queue: true').",
 )
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Start over from step 0: once the checks pass, the job's checkpoint directory on every "
+    "host (and spare) is emptied into a sibling DIRECTORY.set-aside-TIME on that host (moved, "
+    "never deleted; each move is said), then the job trains from no checkpoint. Without it, a "
+    "job whose last checkpoint already reaches job.steps starts nothing and exits 0.",
+)
 @pass_context
 def up(  # noqa: PLR0917 - click passes every option by position
     context: Context,
@@ -106,16 +115,20 @@ def up(  # noqa: PLR0917 - click passes every option by position
     dashboard_port: int,
     force_setup: bool,
     queue: bool,
+    fresh: bool,
 ) -> None:
     """Validate INVENTORY, mirror its 'sync:' directory and run its 'setup:' commands where they
     have not run yet (see 'orchestrate setup'), run the preflight checks (see 'orchestrate
-    check'), start every worker detached, and watch them until the job ends.
+    check'), start every worker detached, and watch them until the job ends. A built-in loop's
+    job whose chief's last checkpoint already reaches job.steps (and whose export is there) is
+    not started again: 'up' says so and exits 0, and 'orchestrate status' still shows the run
+    that trained (--fresh starts over).
 
     The workers keep running if this command is interrupted or its terminal closes; Ctrl-C only
-    stops watching. Exit status: 0 when every worker succeeded, 1 when the job failed, 2 for an
-    invalid inventory, 3 when a host could not be reached, 4 when a run of the state directory is
-    still active (or a port or GPU it leases is held, without --queue), 5 when a preflight
-    check failed.
+    stops watching. Exit status: 0 when every worker succeeded (or nothing was left to train), 1
+    when the job failed, 2 for an invalid inventory, 3 when a host could not be reached, 4 when a
+    run of the state directory is still active (or a port or GPU it leases is held, without
+    --queue), 5 when a preflight check failed.
     """
     inventory = load_inventory(inventory_file)
     queue = queue or inventory.job.queue
@@ -123,13 +136,13 @@ def up(  # noqa: PLR0917 - click passes every option by position
         _spawn_queued(context, inventory_file, skip_checks=skip_checks,
                       probe_timeout=probe_timeout, min_free_gb=min_free_gb, interval=interval,
                       with_dashboard=with_dashboard, dashboard_port=dashboard_port,
-                      force_setup=force_setup)  # fmt: skip
+                      force_setup=force_setup, fresh=fresh)  # fmt: skip
         return
     start_and_supervise(context, inventory, str(inventory_file), detach=detach,
                         skip_checks=skip_checks,
                         probe_timeout=probe_timeout, min_free_gb=min_free_gb, interval=interval,
                         with_dashboard=with_dashboard, dashboard_port=dashboard_port,
-                        force_setup=force_setup, queue=queue)  # fmt: skip
+                        force_setup=force_setup, queue=queue, fresh=fresh)  # fmt: skip
 
 
 def _spawn_queued(context: Context, inventory_file: Path, **options: object) -> None:
@@ -142,7 +155,7 @@ def _spawn_queued(context: Context, inventory_file: Path, **options: object) -> 
                "--min-free-gb", str(options["min_free_gb"]),
                "--interval", str(options["interval"]),
                "--dashboard-port", str(options["dashboard_port"])]  # fmt: skip
-    for flag in ("skip_checks", "with_dashboard", "force_setup"):
+    for flag in ("skip_checks", "with_dashboard", "force_setup", "fresh"):
         if options[flag]:
             command.append("--dashboard" if flag == "with_dashboard" else
                            "--" + flag.replace("_", "-"))  # fmt: skip
@@ -203,9 +216,11 @@ def start_and_supervise(
     dashboard_port: int = DASHBOARD_PORT,
     force_setup: bool = False,
     queue: bool = False,
+    fresh: bool = False,
 ) -> None:
     """What `up` does with a loaded inventory (`orchestrate local` builds its own); `queue`:
-    wait for held leases (engine/queue.py) instead of failing."""
+    wait for held leases (engine/queue.py) instead of failing; `fresh`: start over from no
+    checkpoint (engine/rerun.py)."""
     secrets, inventory = _ready_to_start(context, inventory)
     with open_backend(inventory) as backend:
         hooks = StartHooks(
@@ -217,8 +232,12 @@ def start_and_supervise(
             announce=lambda leased: _announce(leased, source, secrets),
             step=lambda message: errors.print(f"  {message}", markup=False, highlight=False),
         )  # fmt: skip
-        options = StartOptions(skip_checks=skip_checks, force_setup=force_setup, queue=queue)
+        options = StartOptions(skip_checks=skip_checks, force_setup=force_setup, queue=queue,
+                               fresh=fresh)  # fmt: skip
         record = start_first_attempt(context.store, backend, inventory, hooks, options)
+        if isinstance(record, Trained):  # nothing started, no run made: `status` keeps the last
+            _say(f"job {inventory.job.name}: {record.message}")
+            return
         errors.print(f"run {record.run_id}: logs and progress in {record.workers[0].run_dir}")
         if with_dashboard:
             _start_dashboard(context, record.run_id, dashboard_port)

@@ -4,7 +4,9 @@ and asks (the CLI's `up` and `orchestrate local`).
 The order, and why:
 1. exclusive start: one `up` at a time in a state directory, from the check for an active run
    through the launch (a second `up` waits, then finds this run active and refuses);
-2. the refusal of a second copy of an active run of the job;
+2. the refusal of a second copy of an active run of the job; then, for a job already trained
+   (the chief's checkpoint reaches job.steps, engine/rerun.py), nothing more: no run is made,
+   so `status` still shows the run that trained (not with `up --fresh`);
 3. sync and setup (`prepare`): they may install what the checks look for, so they go first;
 4. the run's id, then its turn in the queue (`up --queue`), before its leases;
 5. the leases (port: auto, gpus: N): the checks check the leased ports; then the run's
@@ -13,7 +15,8 @@ The order, and why:
    slow the compute probes;
 7. the first standbys: TensorFlow's import overlaps the checks and the launch;
 8. the preflight checks (unless skipped, or run at 6 with the performance round);
-9. the announcement, then the start: the run recorded and its workers launched.
+9. the announcement; with `up --fresh`, the job's checkpoints set aside (only now that the
+   checks passed); then the start: the run recorded and its workers launched.
 Leases and standbys are let go if a step fails before the run is recorded as started.
 
 The restarts follow in engine/supervise.py (the Supervisor) and engine/lifecycle.py.
@@ -29,6 +32,7 @@ from orchestrator.backends.base import Backend
 from orchestrator.engine.lifecycle import first_standbys, held_leases, start_run
 from orchestrator.engine.locks import exclusive_start, refuse_if_active
 from orchestrator.engine.plan import new_run_id
+from orchestrator.engine.rerun import Trained, already_trained, set_aside_checkpoints
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.supervise import STANDBY_SLACK
 from orchestrator.engine.tracking import held_tracking
@@ -57,11 +61,13 @@ class StartHooks:
 
 @dataclass(frozen=True)
 class StartOptions:
-    """`up`'s choices: skip the preflight checks, run setup everywhere, wait for held leases."""
+    """`up`'s choices: skip the preflight checks, run setup everywhere, wait for held leases,
+    start over from no checkpoint (`fresh`)."""
 
     skip_checks: bool = False
     force_setup: bool = False
     queue: bool = False
+    fresh: bool = False
 
 
 def start_first_attempt(
@@ -70,10 +76,14 @@ def start_first_attempt(
     inventory: Inventory,
     hooks: StartHooks,
     options: StartOptions,
-) -> RunRecord:
-    """Attempt 0 of a new run, in the order of the module's docstring; the run's record."""
+) -> RunRecord | Trained:
+    """Attempt 0 of a new run, in the order of the module's docstring; the run's record, or
+    what the job's checkpoint reached when there is nothing to train (nothing started)."""
     with exclusive_start(store, hooks.say):
         refuse_if_active(store, backend, hooks.say)
+        trained = None if options.fresh else already_trained(inventory, backend)
+        if trained is not None:
+            return trained
         prepared = hooks.prepare(inventory, backend, options.force_setup)
         run_id = new_run_id()
         with ExitStack() as held:
@@ -89,6 +99,8 @@ def start_first_attempt(
             if not options.skip_checks and not measured:
                 hooks.check(leased, backend, False)
             hooks.announce(leased)
+            if options.fresh:
+                set_aside_checkpoints(leased, backend, hooks.step)
             return start_run(
                 leased,
                 store,

@@ -100,6 +100,7 @@ VERBS = {
     protocol.MAKE_DIRS: files.cmd_make_dirs,
     protocol.CHECKPOINT: files.cmd_checkpoint,
     protocol.ADOPT_CHECKPOINT: files.cmd_adopt_checkpoint,
+    protocol.SET_ASIDE: files.cmd_set_aside,
     protocol.INFO: cmd_info,
     protocol.LAUNCH: cmd_launch,
     protocol.PROBE: control.cmd_probe,

@@ -6,6 +6,7 @@ STANDARD LIBRARY ONLY (part of the agent, shipped with it: hostside/bundle.py).
 
 import contextlib
 import os
+import stat
 
 if __package__:  # imported as part of orchestrate: the controller's tests
     from orchestrator.hostside import protocol, rundir, safefiles
@@ -76,6 +77,39 @@ def cmd_adopt_checkpoint(request):
         handle.writelines(f'all_model_checkpoint_paths: "{n}"\n' for n in names)
     os.replace(tmp, state)  # last, so a half-copied checkpoint is never the latest
     return {protocol.DIRECTORY_KEY: directory, protocol.LATEST_KEY: name}
+
+
+def cmd_set_aside(request):
+    """Move the directory's contents to a sibling, DIRECTORY.set-aside-STAMP (-STAMP-2, ... when
+    that is taken): `up --fresh` starts over and loses nothing. The directory (a link's target)
+    is renamed whole, which cannot half-happen, and made again, empty and with its mode, so that
+    a link to it still leads somewhere. A directory that is missing or empty is left alone."""
+    directory = os.path.realpath(rundir.expand(request[protocol.DIRECTORY_KEY]))
+    stamp = str(request[protocol.STAMP_KEY])
+    if not stamp or "/" in stamp or stamp.strip(".") == "":
+        raise ValueError(f"not a stamp for a directory's name: {stamp!r}")
+    count = sum(len(names) for _parent, _dirs, names in os.walk(directory))
+    try:
+        empty = not os.listdir(directory)
+    except OSError:  # missing, or not a directory: nothing of a checkpoint's to move
+        empty = True
+    if empty:
+        return {protocol.DIRECTORY_KEY: directory, protocol.MOVED_TO_KEY: None,
+                protocol.COUNT_KEY: 0}  # fmt: skip
+    base = f"{directory}.set-aside-{stamp}"
+    target, number = base, 1
+    while os.path.lexists(target):
+        number += 1
+        target = f"{base}-{number}"
+    mode = stat.S_IMODE(os.stat(directory).st_mode)
+    try:
+        os.rename(directory, target)
+    except OSError as error:  # a mount point, a directory of another owner
+        raise OSError(f"cannot move {directory} to {target}: {error.strerror}") from None
+    os.mkdir(directory)
+    os.chmod(directory, mode)
+    return {protocol.DIRECTORY_KEY: directory, protocol.MOVED_TO_KEY: target,
+            protocol.COUNT_KEY: count}  # fmt: skip
 
 
 def cmd_files(request):

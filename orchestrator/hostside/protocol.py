@@ -18,6 +18,7 @@ The agent (agent.py) and its fields:
   checkpoint directory [companions]     the checkpoints TensorFlow's state file lists there
   adopt-checkpoint directory name checkpoints
                                         make `name` the latest checkpoint there
+  set-aside directory stamp             move its contents to DIRECTORY.set-aside-STAMP
   files directory                       every file under it with its size and time
   make-dirs directories private_dirs    create directories, the private ones 0700
   standby specs                         per worker slot, a standby that imported TensorFlow
@@ -57,6 +58,7 @@ WATCH = "watch"
 STACKS = "stacks"
 CHECKPOINT = "checkpoint"
 ADOPT_CHECKPOINT = "adopt-checkpoint"
+SET_ASIDE = "set-aside"
 FILES = "files"
 MAKE_DIRS = "make-dirs"
 STANDBY = "standby"
@@ -93,7 +95,9 @@ CHANGED_KEY = "changed"  # watch: a worker ended
 FILES_KEY = "files"  # checkpoint, files: the files found
 LATEST_KEY = "latest"  # checkpoint, adopt-checkpoint
 CHECKPOINTS_KEY = "checkpoints"  # checkpoint: every one listed, the latest last
-DIRECTORY_KEY = "directory"  # checkpoint
+DIRECTORY_KEY = "directory"  # checkpoint, set-aside (also set-aside's request)
+MOVED_TO_KEY = "moved_to"  # set-aside: where the contents went; None when there were none
+COUNT_KEY = "count"  # set-aside: how many files moved
 ROOT_KEY = "root"  # files
 
 # probe: each run directory's record (control.probe_runs writes it, model/answers.WorkerProbe
@@ -124,6 +128,7 @@ GRACE_KEY = "grace"  # stop
 TIMEOUT_KEY = "timeout"  # watch; the host probe's connect, compute, sink, send
 SECONDS_KEY = "seconds"  # linger-standbys; the host probe's send (and its answers' seconds)
 DIRECTORIES_KEY = "directories"  # make-dirs; inspect (and its answer)
+STAMP_KEY = "stamp"  # set-aside: the controller's time, the same on every host
 # adopt-checkpoint takes NAME_KEY (the checkpoint's), launch its SPEC_KEY: launch's spec is
 # model/workers.WorkerSpec.launch_request; agent.cmd_launch keeps it as spec.json, which the
 # minder reads; the Slurm plan's tasks (slurm_launcher.py) carry its first five.

@@ -22,6 +22,7 @@ from orchestrator.model.answers import (
     CheckpointListing,
     FileListing,
     HostInfo,
+    SetAside,
     StackAnswer,
     StandbyInfo,
     StopAnswer,
@@ -113,6 +114,10 @@ class HostAgent:
     def adopt_checkpoint(self, directory: str, name: str, checkpoints: list[str]) -> None:
         self._call(protocol.ADOPT_CHECKPOINT, dict, timeout=30, directory=directory, name=name,
                    checkpoints=checkpoints)  # fmt: skip
+
+    def set_aside(self, directory: str, stamp: str) -> SetAside:
+        return self._call(protocol.SET_ASIDE, SetAside.parse, timeout=60, directory=directory,
+                          stamp=stamp)  # fmt: skip
 
     def files(self, directory: str) -> FileListing:
         return self._call(protocol.FILES, FileListing.parse, directory=directory)

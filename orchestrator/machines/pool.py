@@ -28,6 +28,7 @@ from orchestrator.model.answers import (
     BY_DOWN,
     CheckpointListing,
     FileListing,
+    SetAside,
     StackAnswer,
     StandbyInfo,
     StopAnswer,
@@ -329,6 +330,9 @@ class Machines:
         self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
     ) -> None:
         self.agent(host).adopt_checkpoint(directory, name, list(checkpoints))
+
+    def set_aside(self, host: Host, directory: str, stamp: str) -> SetAside:
+        return self.agent(host).set_aside(directory, stamp)
 
     def list_files(self, host: Host, directory: str) -> FileListing:
         return self.agent(host).files(directory)

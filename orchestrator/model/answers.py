@@ -302,6 +302,22 @@ class CheckpointListing:
 
 
 @dataclass(frozen=True)
+class SetAside:
+    """What `set-aside` did with a host's directory: where its `count` files went (None: it
+    held none, and stays as it was)."""
+
+    directory: str
+    moved_to: str | None
+    count: int = 0
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> SetAside:
+        count = integer(data.get(protocol.COUNT_KEY))
+        return cls(str(data[protocol.DIRECTORY_KEY]), text(data.get(protocol.MOVED_TO_KEY)),
+                   count if count is not None and count >= 0 else 0)  # fmt: skip
+
+
+@dataclass(frozen=True)
 class FileListing:
     root: str
     files: Mapping[str, tuple[int, float]]  # relative path -> (size, mtime)

@@ -23,6 +23,7 @@ from orchestrator.model.answers import (
     BY_DOWN,
     CheckpointListing,
     FileListing,
+    SetAside,
     StackAnswer,
     StopAnswer,
     WorkerProbe,
@@ -207,6 +208,9 @@ class FakeBackend(Backend, Leases):
         self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
     ) -> None:
         raise AssertionError("no checkpoint exists, so none is adopted")
+
+    def set_aside(self, host: Host, directory: str, stamp: str) -> SetAside:
+        return SetAside(directory, None)  # a fake host keeps no checkpoint to set aside
 
     def list_files(self, host: Host, directory: str) -> FileListing:
         return FileListing(directory, {})

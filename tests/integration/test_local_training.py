@@ -57,10 +57,12 @@ def test_two_workers_train_then_resume(cli: Cli, reaper: list[str]) -> None:
     assert {"inputs/sample", "inputs/grid"} <= set(served["images"])
     assert "/work/shapes/tensorboard" in served["stdout"]
 
-    # Same steps again: already there, finishes at once.
+    # Same steps again: already there, so nothing starts and the trained run stays the one
+    # status shows (issue 56; tests/integration/test_rerun_finished_job.py has --fresh).
+    trained = cli.record()["run_id"]
     again = cli("up", "inv.yaml", check=True, timeout=300)
-    assert "succeeded at step 80" in again.stderr
-    assert "already at step 80" in cli("tail", "-n", "5", check=True).stdout
+    assert "ckpt-80 already reaches steps: 80: nothing to train" in " ".join(again.stderr.split())
+    assert cli.record()["run_id"] == trained
 
 
 def test_a_users_worker_py_cannot_replace_orchestrates_and_their_modules_import(

@@ -189,6 +189,12 @@ def test_trains_on_two_nodes_then_resumes_from_the_checkpoint(orchestrate: Orche
     # The launcher saw each task listen on its port: both joined the cluster (issue 28).
     exits = sorted(history.glob("attempt-*/task*/exit.json"))
     assert [json.loads(path.read_text()).get("joined") for path in exits] == [True, True]
+    # The same steps a third time (issue 56): the chief's checkpoint, read on the shared disk
+    # through the login side, reaches them: no batch job, no run, exit 0.
+    third = orchestrate("up", str(orchestrate.inventory(steps=200)))
+    assert third.returncode == 0, third.stderr
+    assert "ckpt-200 already reaches steps: 200: nothing to train" in _flat(third.stderr)
+    assert orchestrate.status()["run_id"] == status["run_id"]
     # The dashboard of a Slurm run: the chief's curves (the final evaluation's too) and both
     # tasks' logs, read on the shared disk through the backend.
     document, lines = dashboard_view(

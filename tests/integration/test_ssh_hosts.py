@@ -206,6 +206,27 @@ def test_wrong_key_closed_port_and_silent_address_each_get_a_clear_error(
     assert elapsed < 3 + 5, "one silent host must not hold the others past the timeout"
 
 
+def test_up_fresh_sets_aside_the_checkpoints_of_every_host_that_holds_them(
+    cli: Cli, cluster: NamespaceCluster
+):
+    """Issue 56: the chief's checkpoints and the copy a resume spread to the other host (no
+    shared disk) both move aside, each on its own host over SSH and each said; none deleted."""
+    write_inventory(cli, cluster, script_job(cli))
+    directories = [host.workdir / "demo" / "checkpoints" for host in cluster.hosts]
+    for directory in directories:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "checkpoint").write_text('model_checkpoint_path: "ckpt-3"\n')
+        (directory / "ckpt-3.index").write_bytes(b"index")
+    result = cli("up", "--fresh", "inv.yaml", check=True, env={"ORCHESTRATE_WIDTH": "400"})
+    assert "job demo succeeded" in result.stderr
+    for host, directory in zip(cluster.hosts, directories, strict=True):
+        (aside,) = directory.parent.glob("checkpoints.set-aside-*")
+        assert (f"--fresh: set aside 2 file(s) of {directory.resolve()} on {host.name}: moved to "
+                f"{aside.resolve()}") in result.stderr  # fmt: skip
+        assert sorted(p.name for p in aside.iterdir()) == ["checkpoint", "ckpt-3.index"]
+        assert list(directory.iterdir()) == []
+
+
 @pytest.mark.tf
 def test_training_over_ssh_resumes_from_the_chiefs_checkpoint(cli: Cli, cluster: NamespaceCluster):
     job = {

@@ -36,6 +36,7 @@ from orchestrator.model.answers import (
     CheckpointListing,
     ExitRecord,
     FileListing,
+    SetAside,
     StackAnswer,
     StopAnswer,
     WorkerProbe,
@@ -271,6 +272,9 @@ class SlurmBackend(Backend, Scheduler):
         self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
     ) -> None:
         self.files.adopt_checkpoint(self._at(host), directory, name, checkpoints)
+
+    def set_aside(self, host: Host, directory: str, stamp: str) -> SetAside:
+        return self.files.set_aside(self._at(host), directory, stamp)
 
     def list_files(self, host: Host, directory: str) -> FileListing:
         return self.files.list_files(self._at(host), directory)

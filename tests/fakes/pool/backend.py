@@ -25,6 +25,7 @@ from orchestrator.model.answers import (
     BY_DOWN,
     CheckpointListing,
     FileListing,
+    SetAside,
     StackAnswer,
     StopAnswer,
     WorkerProbe,
@@ -133,6 +134,9 @@ class PoolBackend(Backend):
         self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
     ) -> None:
         raise AssertionError("the pool's checkpoints are shared: none is ever adopted")
+
+    def set_aside(self, host: Host, directory: str, stamp: str) -> SetAside:
+        return SetAside(directory, None)  # the scripts here keep no checkpoint to set aside
 
     def list_files(self, host: Host, directory: str) -> FileListing:
         root = Path(directory)
