@@ -25,6 +25,7 @@ import pytest
 from tests.conftest import (
     Cli,
     clean_env,
+    detached_supervisors,
     first_run_dir,
     free_ports,
     local_inventory,
@@ -34,6 +35,7 @@ from tests.conftest import (
     suspend_workers,
     wait_for,
 )
+from tests.integration.test_dashboard_http import serve
 from tests.scripts import STEPPER
 
 mlflow = pytest.importorskip("mlflow", reason="the dev extra installs mlflow (its server)")
@@ -181,6 +183,80 @@ def test_a_killed_worker_leaves_one_finished_mlflow_run_with_both_attempts(
     assert f"tracking: MLflow run {run_id}" in cli("status").stdout
 
 
+@pytest.mark.tf
+def test_an_up_that_resumes_a_saved_run_resumes_its_tracking_run(
+    cli: Cli, reaper: list[str], mlflow_server: str
+) -> None:
+    """`up`, `down --save` mid-run, `up` again (more steps, other ports) from the saved
+    checkpoint: one MLflow run, KILLED by the `down`, RUNNING again during the second `up`,
+    FINISHED at its end, with the loss of both ups and no step twice; one W&B run id. Then
+    `status` and the real dashboard (its page document and /status) link to that run."""
+    experiment = f"resume-{cli.cwd.name}"
+    tracking = {"mlflow": mlflow_server, "experiment": experiment, "wandb": {"project": "p"}}
+    local_tf_inventory(cli, steps=100_000, checkpoint_every=1000, log_every=10,
+                       tracking=tracking)  # fmt: skip
+    cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
+    first = cli.record()
+    reaper.append(first["run_id"])
+    cli.status_when(lambda s: all((w["step"] or 0) >= 45 for w in s["workers"]), 180)
+    down = cli("down", "--save", check=True, timeout=120)
+    saved = int(down.stderr.split("saved a checkpoint at step ")[1].split()[0])
+    wait_for(lambda: not detached_supervisors(first["run_id"]), 60, "the supervisor's end")
+    client = MlflowClient(mlflow_server)
+    run_id = the_one_run(client, experiment).info.run_id
+    assert client.get_run(run_id).info.status == "KILLED"
+
+    target = (saved // 10 + 4) * 10
+    local_tf_inventory(cli, steps=target, checkpoint_every=1000, log_every=10, tracking=tracking)
+    up = cli.popen("up", "--skip-checks", "inv.yaml")
+    try:
+        cli.status_when(lambda s: s["run_id"] != first["run_id"] and s["state"] == "running", 180)
+        assert client.get_run(run_id).info.status == "RUNNING"
+        out, err = up.communicate(timeout=300)
+    finally:
+        up.kill()
+    second = cli.record()
+    reaper.append(second["run_id"])
+    assert up.returncode == 0, err
+    assert f"tracking: MLflow run {run_id} resumed (run {first['run_id']}" in out + err
+    assert restored_steps(cli) == [saved, saved]
+    run = the_one_run(client, experiment)
+    assert run.info.status == "FINISHED" and run.data.tags["orchestrate.verdict"] == "succeeded"
+    assert run.data.tags["orchestrate.run_ids"] == f"{first['run_id']} {second['run_id']}"
+    assert run.data.params["orchestrate.run_id"] == first["run_id"]  # the first up's settings
+    identities = [r["inventory"]["job"]["tracking"] for r in (first, second)]
+    assert identities[0]["mlflow_run_id"] == identities[1]["mlflow_run_id"] == run_id
+    assert identities[0]["wandb_run_id"] == identities[1]["wandb_run_id"] is not None
+    # Both ups' loss, each step once: the first's up to the save, the second's past it.
+    history = client.get_metric_history(run_id, "loss")
+    steps = sorted(m.step for m in history)
+    assert steps == list(range(10, target + 1, 10)), f"a step logged twice, or lost: {steps}"
+    resumed_at = second["created_at"] * 1000
+    assert max(m.step for m in history if m.timestamp < resumed_at) <= saved
+    assert min(m.step for m in history if m.timestamp > resumed_at) > saved
+    assert_linked(cli, run_id)
+
+
+def assert_linked(cli: Cli, run_id: str) -> None:
+    """`status`, `status --json` and the real dashboard name the MLflow run and link to it."""
+    link_end = f"/runs/{run_id}"
+    assert f"tracking: MLflow run {run_id}" in cli("status").stdout
+    assert cli.status()["tracking"]["mlflow_link"].endswith(link_end)
+    served = serve(cli)
+    try:
+        current = cli.record()["run_id"]
+        document = served.get(f"/api/runs/{current}/dashboard").json()
+        assert document["mlflow"].endswith(link_end)
+        status = served.get(f"/api/runs/{current}/status").json()
+        assert status["tracking"]["mlflow_run_id"] == run_id
+        assert status["tracking"]["mlflow_link"] == document["mlflow"]
+        page = served.get("/").text
+        assert 'id="mlflow"' in page  # the link app.js fills from the document's `mlflow`
+    finally:
+        served.process.terminate()
+        served.process.wait(timeout=15)
+
+
 SCRIPT = textwrap.dedent("""\
     import os, sys
     import mlflow
@@ -218,7 +294,6 @@ def test_a_scripts_own_start_run_joins_the_run_from_every_attempt(
     assert run.data.tags["orchestrate.restart.1.worker"] == "beta"
 
 
-@pytest.mark.tf
 @pytest.mark.tf
 def test_down_ends_the_mlflow_run_killed(cli: Cli, reaper: list[str], mlflow_server: str) -> None:
     """A detached run stopped by `down`: its MLflow run ends KILLED, its verdict `stopped`."""
@@ -282,6 +357,43 @@ def test_metrics_resumed_from_an_earlier_step_are_not_logged_twice(mlflow_server
     history = client.get_metric_history(run_id, "loss")
     assert sorted((m.step, m.value) for m in history) == [
         (10, 0.0), (20, 0.0), (30, 0.0), (40, 0.0), (50, 1.0), (60, 1.0)]  # fmt: skip
+
+
+@pytest.mark.tf
+def test_a_resumed_runs_restarts_number_on_after_the_earlier_ones(mlflow_server: str) -> None:
+    """The supervisor's tracker against the real server: in a run that resumes one whose two
+    restarts are tagged already (restarts_before=2), its first restart is the 3rd; the end's
+    count says 3 and ends the run FINISHED."""
+    from orchestrator.engine.events import run_event
+    from orchestrator.engine.tracking import Tracker
+    from orchestrator.model.inventory import Tracking
+    from orchestrator.model.records import Restart
+
+    client = MlflowClient(mlflow_server)
+    experiment = client.create_experiment(f"numbering-{time.time_ns()}")
+    run_id = client.create_run(experiment).info.run_id
+    client.set_tag(run_id, "orchestrate.restart.2", "other at step 57: killed by SIGKILL")
+    tracking = Tracking(mlflow=mlflow_server, mlflow_run_id=run_id,
+                        mlflow_experiment_id=experiment, restarts_before=2)  # fmt: skip
+    said: list[str] = []
+    tracker = Tracker(tracking, said.append)
+    restart = Restart(at=time.time(), attempt=0, worker="chief", reason="exit code 1", step=80)
+
+    def event(name: str, restarts: int) -> dict[str, Any]:
+        return run_event(name, job="demo", run_id="r2", status=None, at=time.time(),
+                         event_id=name, restarts=restarts)  # fmt: skip
+
+    tracker.event("restarting-0", event("restarting", 1), restart)
+    tracker.event("succeeded", event("succeeded", 1), None)
+    tracker.close()
+    assert said == []
+    run = client.get_run(run_id)
+    assert run.data.tags["orchestrate.restart.2"].endswith("killed by SIGKILL")  # kept
+    assert run.data.tags["orchestrate.restart.3"] == "chief at step 80: exit code 1"
+    assert run.data.tags["orchestrate.restart.3.worker"] == "chief"
+    assert run.data.tags["orchestrate.restart_count"] == "3"
+    assert run.data.metrics["orchestrate.restarts"] == 3
+    assert run.info.status == "FINISHED"
 
 
 def test_an_unreachable_tracker_is_a_warning_and_the_run_trains(
