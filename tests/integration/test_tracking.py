@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.client
+import importlib.metadata
+import importlib.util
 import os
 import signal
 import subprocess
@@ -38,8 +40,23 @@ from tests.conftest import (
 from tests.integration.test_dashboard_http import serve
 from tests.scripts import STEPPER
 
-mlflow = pytest.importorskip("mlflow", reason="the dev extra installs mlflow (its server)")
-from mlflow.tracking import MlflowClient  # noqa: E402
+# A missing MLflow or W&B is a failure, never a skip: the dev extra installs both (the client,
+# the whole of MLflow for its server, wandb), and a skip would hide job.tracking untested.
+DEV_EXTRA = "the dev extra installs it: pip install -e '.[dev]'"
+try:
+    from mlflow.tracking import MlflowClient
+except ImportError as missing:
+    raise ImportError(f"these tests need MLflow's client ({missing}); {DEV_EXTRA}") from missing
+
+
+def server_installed() -> None:
+    """`mlflow server` needs the whole of MLflow (its stores, its web app), not mlflow-skinny,
+    whose client the tests import: its distribution, by name, or a failure that says so."""
+    try:
+        importlib.metadata.version("mlflow")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.fail(f"`mlflow server` needs the package mlflow (not only mlflow-skinny); "
+                    f"{DEV_EXTRA}", pytrace=False)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +64,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`mlflow server` with a sqlite store in a temporary directory, on a free loopback port
     (another if something took that one first: the server then exits); its URI once /health
     answers."""
+    server_installed()
     home = tmp_path_factory.mktemp("mlflow")
     for _ in range(3):
         port = free_ports(1)[0]
@@ -439,7 +457,8 @@ WANDB_SCRIPT = textwrap.dedent("""\
 def test_wandb_offline_keeps_one_run_id_across_attempts(cli: Cli, reaper: list[str]) -> None:
     """W&B in offline mode: both workers of both attempts wrote their runs under the one id
     orchestrate picked, as W&B's own run files say (offline-run-TIME-ID/run-ID.wandb)."""
-    pytest.importorskip("wandb", reason="the dev extra installs wandb")
+    if importlib.util.find_spec("wandb") is None:
+        pytest.fail(f"this test runs wandb.init(): {DEV_EXTRA}", pytrace=False)
     (cli.cwd / "train.py").write_text(WANDB_SCRIPT)
     runs = cli.cwd / "wandb-runs"
     runs.mkdir()
