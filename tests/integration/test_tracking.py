@@ -37,6 +37,7 @@ from tests.conftest import (
     suspend_workers,
     wait_for,
 )
+from tests.integration.test_dashboard_browser import browser  # noqa: F401 - the fixture
 from tests.integration.test_dashboard_http import serve
 from tests.scripts import STEPPER
 
@@ -273,6 +274,59 @@ def assert_linked(cli: Cli, run_id: str) -> None:
     finally:
         served.process.terminate()
         served.process.wait(timeout=15)
+
+
+@pytest.mark.tf
+def test_the_dashboard_page_links_to_the_mlflow_run(
+    cli: Cli,
+    reaper: list[str],
+    mlflow_server: str,
+    browser: Any,  # noqa: F811 - the fixture
+) -> None:
+    """In a real browser, the page of a tracked run shows its `MLflow ↗` link, to the run's
+    page on the server; the page of a run without tracking shows none."""
+    (cli.cwd / "train.py").write_text(STEPPER.read_text())
+    experiment = f"page-{cli.cwd.name}"
+    ports = free_ports(2)
+    hosts = [f"name: alpha, address: localhost, port: {ports[0]}",
+             f"name: beta, address: localhost, port: {ports[1]}"]  # fmt: skip
+    job = {"name": "demo", "script": "train.py", "warm_restarts": False,
+           "env": {"STEPS": 5, "DELAY": 0.01}}  # fmt: skip
+    local_inventory(cli, hosts, {**job, "tracking": {"mlflow": mlflow_server,
+                                                     "experiment": experiment}})  # fmt: skip
+    cli("up", "--skip-checks", "inv.yaml", check=True, timeout=120)
+    tracked = cli.record()["run_id"]
+    reaper.append(tracked)
+    run = the_one_run(MlflowClient(mlflow_server), experiment).info
+    page = f"{mlflow_server}/#/experiments/{run.experiment_id}/runs/{run.run_id}"
+    local_inventory(cli, hosts, job)
+    cli("up", "--skip-checks", "inv.yaml", check=True, timeout=120)
+    reaper.append(cli.record()["run_id"])
+    served = serve(cli)
+    try:
+        browser.get(served.url)  # the token traded for the cookie
+
+        def link(run: str) -> tuple[bool, str | None] | None:
+            browser.get(f"{served.base}/runs/{run}")
+            shown = browser.execute_script(LINK_SCRIPT)
+            return (shown[0], shown[1]) if shown[2] == run else None
+
+        visible, href = wait_for(lambda: link(tracked), 30, "the tracked run's page")
+        assert visible and href == page
+        untracked = wait_for(lambda: link(cli.record()["run_id"]), 30, "the other run's page")
+        assert untracked == (False, None)
+    finally:
+        served.process.terminate()
+        served.process.wait(timeout=15)
+
+
+# The MLflow link as the page shows it (visible, href) once it shows the run it was asked for.
+LINK_SCRIPT = """
+const link = document.getElementById("mlflow");
+const title = document.getElementById("run-title").textContent;
+const shown = getComputedStyle(link).display !== "none";
+return [shown, link.getAttribute("href"), title.split("run ").pop()];
+"""
 
 
 SCRIPT = textwrap.dedent("""\
