@@ -468,6 +468,38 @@ def test_a_resumed_runs_restarts_number_on_after_the_earlier_ones(mlflow_server:
     assert run.info.status == "FINISHED"
 
 
+@pytest.mark.tf
+def test_a_resumed_run_whose_up_does_not_start_ends_as_it_was(mlflow_server: str) -> None:
+    """`up`'s hold on the tracking run (engine/tracking.held_tracking) against the real server:
+    the resumed MLflow run is RUNNING while the start goes on; a start that fails (a check)
+    sets it back to how the earlier run ended, its verdict that run's, where a run made for
+    the `up` would end KILLED as `not started`."""
+    from orchestrator.engine.tracking import held_tracking
+    from orchestrator.engine.trackresume import Resumed
+    from orchestrator.model.inventory import Inventory, Job, Tracking
+
+    client = MlflowClient(mlflow_server)
+    experiment = client.create_experiment(f"held-{time.time_ns()}")
+    run_id = client.create_run(experiment, tags={"orchestrate.run_id": "r1"}).info.run_id
+    client.set_tag(run_id, "orchestrate.verdict", "failed")
+    client.set_terminated(run_id, status="FAILED")
+    tracking = Tracking(mlflow=mlflow_server, mlflow_run_id=run_id,
+                        mlflow_experiment_id=experiment)  # fmt: skip
+    job = Job(name="demo", script="train.py", tracking=tracking)
+    inventory = Inventory(path="inv.yaml", base_dir=".", hosts=(), job=job)
+    said: list[str] = []
+    with pytest.raises(RuntimeError), held_tracking(
+        inventory, "r2", said.append, Resumed(tracking, "r1", "ckpt-40")
+    ) as opened:  # fmt: skip
+        assert opened.job.tracking == tracking
+        assert client.get_run(run_id).info.status == "RUNNING"
+        raise RuntimeError("a check failed")
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED" and run.data.tags["orchestrate.verdict"] == "failed"
+    assert run.data.tags["orchestrate.run_ids"] == "r1 r2"
+    assert any(f"MLflow run {run_id} resumed (run r1" in line for line in said), said
+
+
 def test_an_unreachable_tracker_is_a_warning_and_the_run_trains(
     cli: Cli, reaper: list[str]
 ) -> None:
