@@ -10,7 +10,8 @@ The order, and why:
 3. sync and setup (`prepare`): they may install what the checks look for, so they go first;
 4. the run's id, then its turn in the queue (`up --queue`), before its leases;
 5. the leases (port: auto, gpus: N): the checks check the leased ports; then the run's
-   tracking run (job.tracking), whose identity the standbys' environment holds;
+   tracking run (job.tracking), whose identity the standbys' environment holds: a new one, or
+   the earlier run's when this one resumes its checkpoint (engine/trackresume.py);
 6. the performance checks (`check --perf`), before the standbys, whose TensorFlow import would
    slow the compute probes;
 7. the first standbys: TensorFlow's import overlaps the checks and the launch;
@@ -36,6 +37,7 @@ from orchestrator.engine.rerun import Trained, already_trained, set_aside_checkp
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.supervise import STANDBY_SLACK
 from orchestrator.engine.tracking import held_tracking
+from orchestrator.engine.trackresume import resumed_tracking
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import RunRecord
 
@@ -90,8 +92,10 @@ def start_first_attempt(
             # Its turn first (then held_leases keeps what its keepers hold); goodput's queue.
             queued = hooks.wait_in_queue(inventory, run_id, backend) if options.queue else 0.0
             leased = held.enter_context(held_leases(inventory, run_id, backend, hooks.say))
-            # One tracking run per run (job.tracking), before the standbys take its identity.
-            leased = held.enter_context(held_tracking(leased, run_id, hooks.say))
+            # One tracking run per run (job.tracking), before the standbys take its identity;
+            # the earlier run's, when this one resumes its checkpoint.
+            resumed = resumed_tracking(store, backend, leased, hooks.say)
+            leased = held.enter_context(held_tracking(leased, run_id, hooks.say, resumed))
             measured = not options.skip_checks and leased.perf_check
             if measured:  # the standbys' TensorFlow import would slow the compute probes
                 hooks.check(leased, backend, True)

@@ -28,6 +28,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from orchestrator import __version__
+from orchestrator.engine.trackresume import Resumed
 from orchestrator.model.findings import Finding, Status
 from orchestrator.model.inventory import Inventory, Job, Tracking
 from orchestrator.model.printable import printable
@@ -40,6 +41,7 @@ CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_
                    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}  # fmt: skip
 CLOSE_LIMIT = 30.0  # the most seconds the end of supervision waits for the tracker's writes
 PARAM_LIMIT = 500  # characters of a param's value (MLflow's oldest servers' limit)
+TAG_LIMIT = 5000  # characters of a tag's value (MLflow's oldest servers' limit)
 # How a run's events end the MLflow run (engine/events.py's names).
 END_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "stopped": "KILLED",
               "preempted": "KILLED"}  # fmt: skip
@@ -125,13 +127,20 @@ def job_params(job: Job, run_id: str, workers: int) -> dict[str, str]:
     return params
 
 
-def open_tracking(inventory: Inventory, run_id: str, say: Callable[[str], None]) -> Inventory:
+def open_tracking(
+    inventory: Inventory, run_id: str, say: Callable[[str], None], resumed: Resumed | None = None
+) -> tuple[Inventory, str | None]:
     """The inventory with the run's identity in its trackers (job.tracking): a W&B run id, and
-    an MLflow run made now with the job's settings as params. A tracker that cannot be reached
+    an MLflow run made now with the job's settings as params; or, for an `up` that resumes an
+    earlier run's checkpoint (`resumed`, engine/trackresume.py), that run's identity, its MLflow
+    run RUNNING again (its status before is returned beside). A tracker that cannot be reached
     is said and left out; the run trains without it."""
     tracking = inventory.job.tracking
     if tracking is None:
-        return inventory
+        return inventory, None
+    before = None
+    if resumed is not None:
+        tracking, before = _resume(resumed, run_id, say)
     if tracking.wandb_project is not None and tracking.wandb_run_id is None:
         tracking = replace(tracking, wandb_run_id=wandb_run_id())
     if tracking.mlflow is not None and tracking.mlflow_run_id is None:
@@ -141,17 +150,62 @@ def open_tracking(inventory: Inventory, run_id: str, say: Callable[[str], None])
         except TrackingError as exc:
             say(f"warning: tracking: no MLflow run for this run: {printable(str(exc))}; the "
                 "workers get the experiment's name only, and training goes on")  # fmt: skip
-    return replace(inventory, job=replace(inventory.job, tracking=tracking))
+    return replace(inventory, job=replace(inventory.job, tracking=tracking)), before
+
+
+def _resume(
+    resumed: Resumed, run_id: str, say: Callable[[str], None]
+) -> tuple[Tracking, str | None]:
+    """The earlier run's identity, its MLflow run set RUNNING again and tagged with this run
+    (and its status before); without its MLflow run when that is gone or cannot be reached (a
+    new one is then made)."""
+    tracking = resumed.tracking
+    whence = f"run {resumed.run_id}, whose checkpoint {resumed.checkpoint} this run resumes"
+    if tracking.wandb_run_id is not None:
+        say(f"tracking: W&B run {tracking.wandb_run_id} resumed ({whence})")
+    if tracking.mlflow is None or tracking.mlflow_run_id is None:
+        return tracking, None
+    try:
+        before = _reopen(tracking.mlflow, tracking.mlflow_run_id, run_id)
+    except TrackingError as exc:
+        say(f"warning: tracking: MLflow run {tracking.mlflow_run_id} of {whence} not "
+            f"resumed: {printable(str(exc))}; making a new one")  # fmt: skip
+        return replace(tracking, mlflow_run_id=None, mlflow_experiment_id=None), None
+    say(f"tracking: MLflow run {tracking.mlflow_run_id} resumed ({whence}): {run_link(tracking)}")
+    return tracking, before
+
+
+def _reopen(uri: str, mlflow_id: str, run_id: str) -> str:
+    """MLflow run `mlflow_id` RUNNING again, `run_id` named in its tags (orchestrate.run_id:
+    the latest run; orchestrate.run_ids: every run that logged into it); its status before.
+    Its params stay the first run's: MLflow refuses a param's change."""
+    client = mlflow_client(uri)
+    run = _call("reading the run", lambda: client.get_run(mlflow_id))
+    if run.info.lifecycle_stage != "active":
+        raise TrackingError(f"the run is {run.info.lifecycle_stage}")
+    tags = run.data.tags
+    runs = f"{tags.get('orchestrate.run_ids') or tags.get('orchestrate.run_id', '')} {run_id}"
+    _call("resuming the run", lambda: client.update_run(mlflow_id, status="RUNNING"))
+
+    def tag() -> None:
+        from mlflow.entities import RunTag
+
+        latest = {"orchestrate.run_id": run_id, "orchestrate.run_ids": runs.strip()[-TAG_LIMIT:]}
+        client.log_batch(mlflow_id, tags=[RunTag(k, v) for k, v in latest.items()])
+
+    _call("tagging the run", tag)
+    return str(run.info.status)
 
 
 @contextmanager
 def held_tracking(
-    inventory: Inventory, run_id: str, say: Callable[[str], None]
+    inventory: Inventory, run_id: str, say: Callable[[str], None], resumed: Resumed | None = None
 ) -> Iterator[Inventory]:
     """`up`: the run's identity in its trackers (open_tracking) from before its standbys (their
-    environment is the workers') through its launch; an MLflow run made for a run that then
-    did not start (a failed check) is ended KILLED, tagged so."""
-    opened = open_tracking(inventory, run_id, say)
+    environment is the workers') through its launch. When the run then does not start (a failed
+    check), an MLflow run made for it is ended KILLED, tagged so, and a resumed one ends as it
+    was (FAILED, KILLED: its verdict stays the earlier run's)."""
+    opened, before = open_tracking(inventory, run_id, say, resumed)
     try:
         yield opened
     except BaseException:
@@ -160,9 +214,12 @@ def held_tracking(
             with suppress(TrackingError):
                 client = mlflow_client(tracking.mlflow)
                 run = tracking.mlflow_run_id
-                _call("ending the run", lambda: client.set_tag(run, "orchestrate.verdict",
-                                                               "not started"))  # fmt: skip
-                _call("ending the run", lambda: client.set_terminated(run, status="KILLED"))
+                if before is None:
+                    _call("ending the run", lambda: client.set_tag(run, "orchestrate.verdict",
+                                                                   "not started"))  # fmt: skip
+                status = before or "KILLED"
+                if status in END_STATUS.values():  # one found RUNNING is left so
+                    _call("ending the run", lambda: client.set_terminated(run, status=status))
         raise
 
 
@@ -216,6 +273,7 @@ class Tracker:
         assert tracking.mlflow is not None and tracking.mlflow_run_id is not None
         self.uri = tracking.mlflow
         self.run_id = tracking.mlflow_run_id
+        self.before = tracking.restarts_before  # the earlier runs' restarts (a resumed run)
         self.say = say
         self.said = False
         self.jobs: queue.Queue[Callable[[Any], None] | None] = queue.Queue()
@@ -245,11 +303,11 @@ class Tracker:
         """A restart of the cluster (the Nth: tag orchestrate.restart.N, metric
         orchestrate.restarts = N at the failed step), or of one worker by itself."""
         key = (f"orchestrate.restart_alone.{restart.worker}.{restart.at:.0f}" if alone
-               else f"orchestrate.restart.{restart.attempt + 1}")  # fmt: skip
+               else f"orchestrate.restart.{self.before + restart.attempt + 1}")  # fmt: skip
         tags = {key: restart.describe()[:PARAM_LIMIT], f"{key}.worker": restart.worker,
                 f"{key}.kind": restart.kind,
                 f"{key}.step": "" if restart.step is None else str(restart.step)}  # fmt: skip
-        count = restart.attempt + 1
+        count = self.before + restart.attempt + 1
         step = restart.step or 0
         at = int(restart.at * 1000)
 
@@ -270,8 +328,8 @@ class Tracker:
                   "orchestrate.goodput.total_seconds": goodput.get("total_seconds"),
                   **{f"orchestrate.goodput.{part}_seconds": seconds
                      for part, seconds in (goodput.get("seconds") or {}).items()}}  # fmt: skip
-        tags = {"orchestrate.verdict": name,
-                "orchestrate.restart_count": str(event.get("restarts") or 0)}  # fmt: skip
+        restarts = self.before + (event.get("restarts") or 0)
+        tags = {"orchestrate.verdict": name, "orchestrate.restart_count": str(restarts)}
         if event.get("root_cause"):
             tags["orchestrate.root_cause"] = str(event["root_cause"])[:PARAM_LIMIT]
 

@@ -103,7 +103,8 @@ class Tracking:
     (engine/tracking.py, docs/tracking.md): an MLflow tracking server and experiment, a Weights
     & Biases project, or both. The `*_id` fields are the run's identity there, set when the run
     starts (as a lease sets a host's port), kept in the run record with the inventory: every
-    later attempt and every supervisor of the run reads them back and joins the same run."""
+    later attempt and every supervisor of the run reads them back and joins the same run; a
+    later `up` that resumes the run's checkpoint carries them on (engine/trackresume.py)."""
 
     mlflow: str | None = None  # the tracking server's URI (MLFLOW_TRACKING_URI)
     experiment: str | None = None  # MLflow's experiment; None: the job's name
@@ -112,6 +113,9 @@ class Tracking:
     mlflow_run_id: str | None = None
     mlflow_experiment_id: str | None = None
     wandb_run_id: str | None = None
+    # The cluster restarts the earlier runs of a resumed tracking run had (engine/trackresume):
+    # this run's restart tags number on after them instead of overwriting theirs.
+    restarts_before: int = 0
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.client
+import importlib.metadata
+import importlib.util
 import os
 import signal
 import subprocess
@@ -20,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlflow.tracking import MlflowClient  # the client: the dev extra's mlflow-skinny
 
 from tests.conftest import (
     Cli,
     clean_env,
+    detached_supervisors,
     first_run_dir,
     free_ports,
     local_inventory,
@@ -34,8 +36,18 @@ from tests.conftest import (
     suspend_workers,
     wait_for,
 )
+from tests.integration.test_dashboard_browser import browser  # noqa: F401 - the fixture
+from tests.integration.test_dashboard_http import serve
 from tests.mlflowserver import server_python
 from tests.scripts import STEPPER
+
+# A missing MLflow client or W&B is a failure, never a skip: the dev extra installs both (the
+# server is tests/mlflowserver.py's), and a skip would hide job.tracking untested.
+DEV_EXTRA = "the dev extra installs it: pip install -e '.[dev]'"
+try:
+    from mlflow.tracking import MlflowClient
+except ImportError as missing:
+    raise ImportError(f"these tests need MLflow's client ({missing}); {DEV_EXTRA}") from missing
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +191,133 @@ def test_a_killed_worker_leaves_one_finished_mlflow_run_with_both_attempts(
     assert f"tracking: MLflow run {run_id}" in cli("status").stdout
 
 
+@pytest.mark.tf
+def test_an_up_that_resumes_a_saved_run_resumes_its_tracking_run(
+    cli: Cli, reaper: list[str], mlflow_server: str
+) -> None:
+    """`up`, `down --save` mid-run, `up` again (more steps, other ports) from the saved
+    checkpoint: one MLflow run, KILLED by the `down`, RUNNING again during the second `up`,
+    FINISHED at its end, with the loss of both ups and no step twice; one W&B run id. Then
+    `status` and the real dashboard (its page document and /status) link to that run."""
+    experiment = f"resume-{cli.cwd.name}"
+    tracking = {"mlflow": mlflow_server, "experiment": experiment, "wandb": {"project": "p"}}
+    local_tf_inventory(cli, steps=100_000, checkpoint_every=1000, log_every=10,
+                       tracking=tracking)  # fmt: skip
+    cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
+    first = cli.record()
+    reaper.append(first["run_id"])
+    cli.status_when(lambda s: all((w["step"] or 0) >= 45 for w in s["workers"]), 180)
+    down = cli("down", "--save", check=True, timeout=120)
+    saved = int(down.stderr.split("saved a checkpoint at step ")[1].split()[0])
+    wait_for(lambda: not detached_supervisors(first["run_id"]), 60, "the supervisor's end")
+    client = MlflowClient(mlflow_server)
+    run_id = the_one_run(client, experiment).info.run_id
+    assert client.get_run(run_id).info.status == "KILLED"
+
+    target = (saved // 10 + 4) * 10
+    local_tf_inventory(cli, steps=target, checkpoint_every=1000, log_every=10, tracking=tracking)
+    up = cli.popen("up", "--skip-checks", "inv.yaml")
+    try:
+        cli.status_when(lambda s: s["run_id"] != first["run_id"] and s["state"] == "running", 180)
+        assert client.get_run(run_id).info.status == "RUNNING"
+        out, err = up.communicate(timeout=300)
+    finally:
+        up.kill()
+    second = cli.record()
+    reaper.append(second["run_id"])
+    assert up.returncode == 0, err
+    assert f"tracking: MLflow run {run_id} resumed (run {first['run_id']}" in out + err
+    assert restored_steps(cli) == [saved, saved]
+    run = the_one_run(client, experiment)
+    assert run.info.status == "FINISHED" and run.data.tags["orchestrate.verdict"] == "succeeded"
+    assert run.data.tags["orchestrate.run_ids"] == f"{first['run_id']} {second['run_id']}"
+    assert run.data.params["orchestrate.run_id"] == first["run_id"]  # the first up's settings
+    identities = [r["inventory"]["job"]["tracking"] for r in (first, second)]
+    assert identities[0]["mlflow_run_id"] == identities[1]["mlflow_run_id"] == run_id
+    assert identities[0]["wandb_run_id"] == identities[1]["wandb_run_id"] is not None
+    # Both ups' loss, each step once: the first's up to the save, the second's past it.
+    history = client.get_metric_history(run_id, "loss")
+    steps = sorted(m.step for m in history)
+    assert steps == list(range(10, target + 1, 10)), f"a step logged twice, or lost: {steps}"
+    resumed_at = second["created_at"] * 1000
+    assert max(m.step for m in history if m.timestamp < resumed_at) <= saved
+    assert min(m.step for m in history if m.timestamp > resumed_at) > saved
+    assert_linked(cli, run_id)
+
+
+def assert_linked(cli: Cli, run_id: str) -> None:
+    """`status`, `status --json` and the real dashboard name the MLflow run and link to it."""
+    link_end = f"/runs/{run_id}"
+    assert f"tracking: MLflow run {run_id}" in cli("status").stdout
+    assert cli.status()["tracking"]["mlflow_link"].endswith(link_end)
+    served = serve(cli)
+    try:
+        current = cli.record()["run_id"]
+        document = served.get(f"/api/runs/{current}/dashboard").json()
+        assert document["mlflow"].endswith(link_end)
+        status = served.get(f"/api/runs/{current}/status").json()
+        assert status["tracking"]["mlflow_run_id"] == run_id
+        assert status["tracking"]["mlflow_link"] == document["mlflow"]
+        page = served.get("/").text
+        assert 'id="mlflow"' in page  # the link app.js fills from the document's `mlflow`
+    finally:
+        served.process.terminate()
+        served.process.wait(timeout=15)
+
+
+@pytest.mark.tf
+def test_the_dashboard_page_links_to_the_mlflow_run(
+    cli: Cli,
+    reaper: list[str],
+    mlflow_server: str,
+    browser: Any,  # noqa: F811 - the fixture
+) -> None:
+    """In a real browser, the page of a tracked run shows its `MLflow ↗` link, to the run's
+    page on the server; the page of a run without tracking shows none."""
+    (cli.cwd / "train.py").write_text(STEPPER.read_text())
+    experiment = f"page-{cli.cwd.name}"
+    ports = free_ports(2)
+    hosts = [f"name: alpha, address: localhost, port: {ports[0]}",
+             f"name: beta, address: localhost, port: {ports[1]}"]  # fmt: skip
+    job = {"name": "demo", "script": "train.py", "warm_restarts": False,
+           "env": {"STEPS": 5, "DELAY": 0.01}}  # fmt: skip
+    local_inventory(cli, hosts, {**job, "tracking": {"mlflow": mlflow_server,
+                                                     "experiment": experiment}})  # fmt: skip
+    cli("up", "--skip-checks", "inv.yaml", check=True, timeout=120)
+    tracked = cli.record()["run_id"]
+    reaper.append(tracked)
+    run = the_one_run(MlflowClient(mlflow_server), experiment).info
+    page = f"{mlflow_server}/#/experiments/{run.experiment_id}/runs/{run.run_id}"
+    local_inventory(cli, hosts, job)
+    cli("up", "--skip-checks", "inv.yaml", check=True, timeout=120)
+    reaper.append(cli.record()["run_id"])
+    served = serve(cli)
+    try:
+        browser.get(served.url)  # the token traded for the cookie
+
+        def link(run: str) -> tuple[bool, str | None] | None:
+            browser.get(f"{served.base}/runs/{run}")
+            shown = browser.execute_script(LINK_SCRIPT)
+            return (shown[0], shown[1]) if shown[2] == run else None
+
+        visible, href = wait_for(lambda: link(tracked), 30, "the tracked run's page")
+        assert visible and href == page
+        untracked = wait_for(lambda: link(cli.record()["run_id"]), 30, "the other run's page")
+        assert untracked == (False, None)
+    finally:
+        served.process.terminate()
+        served.process.wait(timeout=15)
+
+
+# The MLflow link as the page shows it (visible, href) once it shows the run it was asked for.
+LINK_SCRIPT = """
+const link = document.getElementById("mlflow");
+const title = document.getElementById("run-title").textContent;
+const shown = getComputedStyle(link).display !== "none";
+return [shown, link.getAttribute("href"), title.split("run ").pop()];
+"""
+
+
 SCRIPT = textwrap.dedent("""\
     import os, sys
     import mlflow
@@ -216,7 +355,6 @@ def test_a_scripts_own_start_run_joins_the_run_from_every_attempt(
     assert run.data.tags["orchestrate.restart.1.worker"] == "beta"
 
 
-@pytest.mark.tf
 @pytest.mark.tf
 def test_down_ends_the_mlflow_run_killed(cli: Cli, reaper: list[str], mlflow_server: str) -> None:
     """A detached run stopped by `down`: its MLflow run ends KILLED, its verdict `stopped`."""
@@ -282,6 +420,75 @@ def test_metrics_resumed_from_an_earlier_step_are_not_logged_twice(mlflow_server
         (10, 0.0), (20, 0.0), (30, 0.0), (40, 0.0), (50, 1.0), (60, 1.0)]  # fmt: skip
 
 
+@pytest.mark.tf
+def test_a_resumed_runs_restarts_number_on_after_the_earlier_ones(mlflow_server: str) -> None:
+    """The supervisor's tracker against the real server: in a run that resumes one whose two
+    restarts are tagged already (restarts_before=2), its first restart is the 3rd; the end's
+    count says 3 and ends the run FINISHED."""
+    from orchestrator.engine.events import run_event
+    from orchestrator.engine.tracking import Tracker
+    from orchestrator.model.inventory import Tracking
+    from orchestrator.model.records import Restart
+
+    client = MlflowClient(mlflow_server)
+    experiment = client.create_experiment(f"numbering-{time.time_ns()}")
+    run_id = client.create_run(experiment).info.run_id
+    client.set_tag(run_id, "orchestrate.restart.2", "other at step 57: killed by SIGKILL")
+    tracking = Tracking(mlflow=mlflow_server, mlflow_run_id=run_id,
+                        mlflow_experiment_id=experiment, restarts_before=2)  # fmt: skip
+    said: list[str] = []
+    tracker = Tracker(tracking, said.append)
+    restart = Restart(at=time.time(), attempt=0, worker="chief", reason="exit code 1", step=80)
+
+    def event(name: str, restarts: int) -> dict[str, Any]:
+        return run_event(name, job="demo", run_id="r2", status=None, at=time.time(),
+                         event_id=name, restarts=restarts)  # fmt: skip
+
+    tracker.event("restarting-0", event("restarting", 1), restart)
+    tracker.event("succeeded", event("succeeded", 1), None)
+    tracker.close()
+    assert said == []
+    run = client.get_run(run_id)
+    assert run.data.tags["orchestrate.restart.2"].endswith("killed by SIGKILL")  # kept
+    assert run.data.tags["orchestrate.restart.3"] == "chief at step 80: exit code 1"
+    assert run.data.tags["orchestrate.restart.3.worker"] == "chief"
+    assert run.data.tags["orchestrate.restart_count"] == "3"
+    assert run.data.metrics["orchestrate.restarts"] == 3
+    assert run.info.status == "FINISHED"
+
+
+@pytest.mark.tf
+def test_a_resumed_run_whose_up_does_not_start_ends_as_it_was(mlflow_server: str) -> None:
+    """`up`'s hold on the tracking run (engine/tracking.held_tracking) against the real server:
+    the resumed MLflow run is RUNNING while the start goes on; a start that fails (a check)
+    sets it back to how the earlier run ended, its verdict that run's, where a run made for
+    the `up` would end KILLED as `not started`."""
+    from orchestrator.engine.tracking import held_tracking
+    from orchestrator.engine.trackresume import Resumed
+    from orchestrator.model.inventory import Inventory, Job, Tracking
+
+    client = MlflowClient(mlflow_server)
+    experiment = client.create_experiment(f"held-{time.time_ns()}")
+    run_id = client.create_run(experiment, tags={"orchestrate.run_id": "r1"}).info.run_id
+    client.set_tag(run_id, "orchestrate.verdict", "failed")
+    client.set_terminated(run_id, status="FAILED")
+    tracking = Tracking(mlflow=mlflow_server, mlflow_run_id=run_id,
+                        mlflow_experiment_id=experiment)  # fmt: skip
+    job = Job(name="demo", script="train.py", tracking=tracking)
+    inventory = Inventory(path="inv.yaml", base_dir=".", hosts=(), job=job)
+    said: list[str] = []
+    with pytest.raises(RuntimeError), held_tracking(
+        inventory, "r2", said.append, Resumed(tracking, "r1", "ckpt-40")
+    ) as opened:  # fmt: skip
+        assert opened.job.tracking == tracking
+        assert client.get_run(run_id).info.status == "RUNNING"
+        raise RuntimeError("a check failed")
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED" and run.data.tags["orchestrate.verdict"] == "failed"
+    assert run.data.tags["orchestrate.run_ids"] == "r1 r2"
+    assert any(f"MLflow run {run_id} resumed (run r1" in line for line in said), said
+
+
 def test_an_unreachable_tracker_is_a_warning_and_the_run_trains(
     cli: Cli, reaper: list[str]
 ) -> None:
@@ -325,7 +532,8 @@ WANDB_SCRIPT = textwrap.dedent("""\
 def test_wandb_offline_keeps_one_run_id_across_attempts(cli: Cli, reaper: list[str]) -> None:
     """W&B in offline mode: both workers of both attempts wrote their runs under the one id
     orchestrate picked, as W&B's own run files say (offline-run-TIME-ID/run-ID.wandb)."""
-    pytest.importorskip("wandb", reason="the dev extra installs wandb")
+    if importlib.util.find_spec("wandb") is None:
+        pytest.fail(f"this test runs wandb.init(): {DEV_EXTRA}", pytrace=False)
     (cli.cwd / "train.py").write_text(WANDB_SCRIPT)
     runs = cli.cwd / "wandb-runs"
     runs.mkdir()
