@@ -1,5 +1,6 @@
 """A job started again: nothing to train when its chief's latest checkpoint reaches job.steps,
-and `up --fresh`, which sets the job's checkpoints aside (moved, never deleted) to train from 0.
+and `up --fresh`, which sets the job's checkpoints and the chief's TensorBoard events aside
+(moved, never deleted) to train from 0.
 
 Only the built-in loop's checkpoints are read: the worker names each `ckpt-<step>`
 (checkpoints.checkpoint_step), so the chief's listing says the step without TensorFlow. A
@@ -20,7 +21,7 @@ from orchestrator.engine.checkpoints import checked_listing, checkpoint_step
 from orchestrator.errors import HostError, HostErrors
 from orchestrator.model.answers import SetAside
 from orchestrator.model.inventory import Inventory, Job
-from orchestrator.model.workers import checkpoint_dir, export_dir, job_dir
+from orchestrator.model.workers import checkpoint_dir, export_dir, job_dir, tensorboard_dir
 
 
 @dataclass(frozen=True)
@@ -114,9 +115,16 @@ def set_aside_checkpoints(
             say(f"--fresh: set aside {result.count} file(s) of {result.directory} on "
                 f"{host.name}: moved to {result.moved_to}")  # fmt: skip
             moved.append(result)
+    chief = inventory.hosts[0]
     if not moved:
-        chief = inventory.hosts[0]
         directory = checkpoint_dir(job, job_dir(job, workdirs[chief.name]))
         say(f"--fresh: no checkpoint to set aside ({directory} on {chief.name} holds none); "
             "training from step 0")  # fmt: skip
+    # The chief's TensorBoard events too: the new run's curves would start again at step 0 over
+    # the old ones in the same directory.
+    events_dir = tensorboard_dir(checkpoint_dir(job, job_dir(job, workdirs[chief.name])))
+    events = backend.set_aside(chief, events_dir, stamp)
+    if events.moved_to is not None:
+        say(f"--fresh: set aside the TensorBoard events of {events.directory} on {chief.name}: "
+            f"moved to {events.moved_to}")  # fmt: skip
     return moved

@@ -11,17 +11,15 @@ import posixpath
 from pathlib import Path
 
 from orchestrator.backends.base import Backend
-from orchestrator.contract import TENSORBOARD_DIR_NAME
 from orchestrator.engine.runstore import RunStore
 from orchestrator.errors import HostError
 from orchestrator.model.records import RunRecord, WorkerRecord
+from orchestrator.model.workers import tensorboard_dir
 from orchestrator.paths import inside
 
 
 def chief_event_dir(chief: WorkerRecord) -> str:
-    # The worker's default: a "tensorboard" directory beside the checkpoint directory.
-    parent = posixpath.dirname(chief.checkpoint_dir.rstrip("/"))
-    return posixpath.join(parent, TENSORBOARD_DIR_NAME)
+    return tensorboard_dir(chief.checkpoint_dir)
 
 
 def events_are_remote(record: RunRecord, backend: Backend) -> bool:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.contract import EXPORT_DIR_NAME, WORKER_LOG
+from orchestrator.contract import EXPORT_DIR_NAME, TENSORBOARD_DIR_NAME, WORKER_LOG
 from orchestrator.hostside import protocol
 from orchestrator.model.inventory import Host, Job
 from orchestrator.model.launch import WorkerLaunch
@@ -125,6 +125,11 @@ def job_dir(job: Job, workdir: str) -> str:
 
 def checkpoint_dir(job: Job, job_directory: str) -> str:
     return posixpath.join(job_directory, job.checkpoint_dir)  # an absolute path wins in join
+
+
+def tensorboard_dir(checkpoint_directory: str) -> str:
+    """The worker's default: a "tensorboard" directory beside the checkpoint directory."""
+    return posixpath.join(posixpath.dirname(checkpoint_directory.rstrip("/")), TENSORBOARD_DIR_NAME)
 
 
 def export_dir(job_directory: str) -> str:

@@ -63,6 +63,11 @@ def test_a_finished_job_trains_nothing_again_and_fresh_starts_over(
     said = f"--fresh: set aside {len(moved)} file(s) of {checkpoints} on chief: moved to {aside}"
     assert said in fresh.stderr
     assert listed_checkpoints(aside) == 'model_checkpoint_path: "ckpt-20"'
+    (events,) = job.glob("tensorboard.set-aside-*")  # the old curves are not drawn over
+    assert any(events.rglob("events.out.tfevents.*")), sorted(events.rglob("*"))
+    assert f"--fresh: set aside the TensorBoard events of {job / 'tensorboard'} on chief" in (
+        fresh.stderr
+    )
     assert {"ckpt-20.index", "checkpoint"} <= set(moved)
     assert "job shapes succeeded at step 20" in fresh.stderr
     restarted = cli.record()["run_id"]
