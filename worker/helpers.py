@@ -27,6 +27,7 @@ from contextlib import contextmanager
 
 from orchestrator.contract import (
     CHECKPOINT_DIR_ENV,
+    KERAS_PROCESS_ID_ENV,
     RUN_DIR_ENV,
     TARGET_STEPS_ENV,
     TF_CONFIG_ENV,
@@ -51,9 +52,13 @@ def task_index(env: Mapping[str, str] | None = None) -> int:
 
 def is_chief(env: Mapping[str, str] | None = None) -> bool:
     """Whether this worker keeps the checkpoints, saved models and summaries: the "chief" task if
-    the cluster names one, else worker 0 (the rule MultiWorkerMirroredStrategy follows), or a
-    process without TF_CONFIG."""
-    task_type, index = _task(os.environ if env is None else env)
+    the cluster names one, else worker 0 (the rule MultiWorkerMirroredStrategy follows); under
+    `job.keras: jax` process 0 (keras.distribution's coordinator); or a process outside a
+    cluster."""
+    env = os.environ if env is None else env
+    task_type, index = _task(env)
+    if task_type is None and KERAS_PROCESS_ID_ENV in env:  # job.keras: jax: no TF_CONFIG
+        return env[KERAS_PROCESS_ID_ENV] == "0"
     return task_type in (None, "chief") or (task_type == "worker" and index == 0)
 
 

@@ -7,7 +7,8 @@ The callback writes the progress file the controller polls (worker.progress): th
 optimizer's own count, so it goes on from where BackupAndRestore resumed), the target, the loss
 and accuracy, steps/s, each epoch's validation figures, and the step of each save it sees in the
 job's checkpoint directory. With them a `model.fit` job gets what the built-in loop has: `status`
-and the dashboard's curves, an ETA, stall detection and goodput. Without the controller
+and the dashboard's curves, an ETA, stall detection and goodput; and with job.tracking the
+chief logs the same figures into the run's MLflow run. Without the controller
 (ORCHESTRATE_PROGRESS_FILE unset) it does nothing.
 
 The saves it sees are files that changed under the job's checkpoint directory: the chief's own
@@ -39,8 +40,11 @@ from orchestrator.contract import (
     VAL_ACCURACY,
     VAL_LOSS,
 )
+from worker.helpers import is_chief
 from worker.progress import script_writer
+from worker.tracking import MetricLog
 
+TRACKED = (LOSS, ACCURACY, VAL_LOSS, VAL_ACCURACY)  # what the chief logs into MLflow
 WRITE_EVERY = 1.0  # seconds between two writes during an epoch: a file write per batch is waste
 
 
@@ -100,6 +104,10 @@ class FitReporter:
         self.rate_from: tuple[int, float] | None = None  # (step, time) of the rate's start
         self.started = False
         self.saves_seen = newest_save(os.environ.get(CHECKPOINT_DIR_ENV))
+        # The run's MLflow run (job.tracking): the chief logs what it reports, as the built-in
+        # loop does, at the optimizer's step (no step twice after a resume: worker.tracking).
+        self.tracking = MetricLog.from_env(is_chief()) if self.writer is not None else None
+        self.tracked: dict[str, int] = {}  # per figure, the last step logged to MLflow
 
     def batch(self, step: int | None, logs: dict[str, Any], params: dict[str, Any]) -> None:
         if self.writer is None or step is None:
@@ -137,6 +145,18 @@ class FitReporter:
             self.rate_from = (step, now)
         self.writer.write(**fields)
         self.last_write = now
+        self.track(step, fields)
+
+    def track(self, step: int, fields: dict[str, Any]) -> None:
+        """Each figure into the MLflow run once per step: the end of training repeats the last
+        epoch's step, and an epoch's end adds its validation figures at a batch's step."""
+        if self.tracking is None:
+            return
+        values = {name: fields[name] for name in TRACKED
+                  if name in fields and self.tracked.get(name, -1) < step}  # fmt: skip
+        self.tracked.update(dict.fromkeys(values, step))
+        if values:
+            self.tracking.log(step, values)
 
 
 def target(params: dict[str, Any]) -> int | None:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import (
+    REPO,
     Cli,
     clean_env,
     detached_supervisors,
@@ -353,6 +354,31 @@ def test_a_scripts_own_start_run_joins_the_run_from_every_attempt(
         history = client.get_metric_history(run.info.run_id, f"hello_{worker}")
         assert sorted(m.step for m in history) == attempts
     assert run.data.tags["orchestrate.restart.1.worker"] == "beta"
+
+
+@pytest.mark.tf
+def test_a_model_fit_script_with_keras_progress_logs_into_the_run(
+    cli: Cli, reaper: list[str], mlflow_server: str
+) -> None:
+    """keras_progress() (issue 56) logs what it reports from the chief into the run's MLflow
+    run, once per step, at the optimizer's step (issue 58)."""
+    experiment = f"fit-{cli.cwd.name}"
+    ports = free_ports(2)
+    local_inventory(cli, [f"name: worker-{i}, address: localhost, port: {p}"
+                          for i, p in enumerate(ports)],
+                    {"name": "fit", "script": str(REPO / "tests" / "scripts" / "fit_mwms.py"),
+                     "keras": "legacy", "env": {"TF_CPP_MIN_LOG_LEVEL": "2"},
+                     "tracking": {"mlflow": mlflow_server, "experiment": experiment}})  # fmt: skip
+    done = cli("up", "--skip-checks", "inv.yaml", timeout=300)
+    reaper.append(cli.record()["run_id"])
+    assert done.returncode == 0, done.stderr
+    client = MlflowClient(mlflow_server)
+    run = the_one_run(client, experiment)
+    assert run.info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
+    assert len(steps) == len(set(steps)) and 8 in steps and max(steps) == 8, steps
+    accuracy = [m.step for m in client.get_metric_history(run.info.run_id, "accuracy")]
+    assert len(accuracy) == len(set(accuracy)) and 8 in accuracy, accuracy
 
 
 @pytest.mark.tf

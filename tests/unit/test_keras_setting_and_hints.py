@@ -217,6 +217,9 @@ def test_chief_and_write_dir(tmp_path: Path) -> None:
 
     assert helpers.is_chief(config(0)) and not helpers.is_chief(config(1))
     assert helpers.is_chief({})  # no TF_CONFIG: a one-worker cluster
+    # job.keras: jax has no TF_CONFIG: keras.distribution's process 0 is the chief
+    jax = "KERAS_DISTRIBUTION_PROCESS_ID"
+    assert helpers.is_chief({jax: "0"}) and not helpers.is_chief({jax: "1"})
     assert helpers.task_index(config(1)) == 1
     target = tmp_path / "saved"
     with helpers.write_dir(str(target), config(0)) as where:

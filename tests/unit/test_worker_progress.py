@@ -218,3 +218,33 @@ def test_history_counts_an_existing_file_when_a_writer_restarts(tmp_path):
     for step in range(8, 16):
         second.append({"step": step, "time": 0.0, "loss": 1.0})
     assert len(Path(path).read_text().splitlines()) <= 10
+
+
+class RecordedMetrics:
+    """worker.tracking.MetricLog's interface, keeping what it was asked to log."""
+
+    def __init__(self) -> None:
+        self.logged: list[tuple[int, dict[str, float | None]]] = []
+
+    def log(self, step: int, values: dict[str, float | None]) -> None:
+        self.logged.append((step, dict(values)))
+
+
+def test_keras_progress_logs_each_figure_once_per_step_into_the_tracker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker.kerasprogress import FitReporter
+
+    monkeypatch.setenv("ORCHESTRATE_PROGRESS_FILE", str(tmp_path / "progress.json"))
+    reporter = FitReporter(every=0.0)
+    tracker = RecordedMetrics()
+    reporter.tracking = tracker  # type: ignore[assignment]
+    params = {"epochs": 2, "steps": 4}
+    reporter.batch(1, {"loss": 2.0}, params)  # the first batch: the start step, no figures
+    reporter.batch(2, {"loss": 1.5, "accuracy": 0.5}, params)
+    reporter.epoch(4, {"loss": 1.0, "accuracy": 0.6, "val_loss": 1.2, "val_accuracy": 0.55})
+    reporter.epoch(4, {"loss": 1.0, "accuracy": 0.6})  # on_train_end: the same step again
+    assert tracker.logged == [
+        (2, {"loss": 1.5, "accuracy": 0.5}),
+        (4, {"loss": 1.0, "accuracy": 0.6, "val_loss": 1.2, "val_accuracy": 0.55}),
+    ]
