@@ -67,6 +67,24 @@ install_tracking_server() {
     touch .venv-mlflow/installed
 }
 rm -f .venv-mlflow/installed
+# What a user of `job.keras: jax` installs, alone: `pip install '.[jax]'` (JAX, Keras 3, no
+# TensorFlow), into .venv-jax, in the background; tests/integration/test_keras_jax_only.py runs a
+# Keras 3 script from it (tests/jaxonly.py waits for it).
+install_jax_only() {
+    # From a copy of the checkout: a build in place writes build/ and *.egg-info beside the
+    # code the lanes and the checks are reading.
+    local source
+    source="$(mktemp -d)"
+    tar -c --exclude='./.venv*' --exclude=./.git --exclude=./docker/wheels . | tar -x -C "$source"
+    python3 -m venv .venv-jax
+    .venv-jax/bin/python -m pip install -q "$source[jax]"
+    rm -rf "$source"
+    touch .venv-jax/installed
+}
+rm -f .venv-jax/installed
+phase setup "a jax-only install (.venv-jax: pip install '.[jax]'), in the background" \
+    install_jax_only >"$logs/jax-only.log" 2>&1 &
+jax_only_pid=$!
 phase setup "the MLflow tracking server's venv (.venv-mlflow), in the background" \
     install_tracking_server >"$logs/tracking-server.log" 2>&1 &
 tracking_server_pid=$!
@@ -155,6 +173,10 @@ if [ "$own_selection" -eq 0 ]; then
     if [ "$quiet_status" -eq 5 ] && [ "$status" -eq 0 ]; then quiet_status=0; fi
 fi
 
+if ! wait "$jax_only_pid"; then
+    echo "--- the jax-only venv failed to install:"
+    tail -n 20 "$logs/jax-only.log"
+fi
 if ! wait "$tracking_server_pid"; then
     echo "--- the MLflow tracking server's venv failed to install:"
     tail -n 20 "$logs/tracking-server.log"
