@@ -77,7 +77,7 @@ install_jax_only() {
     source="$(mktemp -d)"
     tar -c --exclude='./.venv*' --exclude=./.git --exclude=./docker/wheels . | tar -x -C "$source"
     python3 -m venv .venv-jax
-    .venv-jax/bin/python -m pip install -q "$source[jax]"
+    .venv-jax/bin/python -m pip install -q "${source}[jax]"
     rm -rf "$source"
     touch .venv-jax/installed
 }
