@@ -94,12 +94,13 @@ def export(  # noqa: PLR0917 - click passes every option by position
     that runs sbatch (its default --export=ALL passes them on).
     """
     inventory = load_inventory(inventory_file)
-    if inventory.job.keras == KERAS_JAX:
-        # Each format writes its cluster as TF_CONFIG from its own addresses (Slurm's nodes,
-        # the pods'); the JAX cluster's variables come from the inventory's hosts only.
-        raise ExportRefused(f"job.keras: jax cannot be exported as {fmt} yet: the exports "
-                            "write TensorFlow's TF_CONFIG, not the JAX cluster's variables",
-                            hint="run it on hosts with 'orchestrate up'")  # fmt: skip
+    if inventory.job.keras == KERAS_JAX and fmt not in BACKEND_FORMATS:
+        # The pods' launcher writes TF_CONFIG from the pods' names; the JAX cluster's variables
+        # come from the hosts, or from Slurm's node list (the sbatch script's launcher).
+        raise ExportRefused(f"job.keras: jax cannot be exported as {fmt} yet: its pods' "
+                            "launcher writes TensorFlow's TF_CONFIG, not the JAX cluster's "
+                            "variables", hint="run it on hosts or Slurm with 'orchestrate up', "
+                            "or export it as sbatch")  # fmt: skip
     if fmt in BACKEND_FORMATS:
         click.echo(export_writer(fmt)(inventory, plan_workers), nl=False)
         return
