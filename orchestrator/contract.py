@@ -246,6 +246,7 @@ JAX_CPU_COLLECTIVES = "gloo"
 # Where a scheduler's variables are present (Slurm's), jax.distributed.initialize takes the local
 # device ids it was not given from them; the Slurm launcher sets these instead (slurm_launcher).
 JAX_LOCAL_DEVICES_ENV = "JAX_LOCAL_DEVICE_IDS"
+CUDA_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"  # a host's or a Slurm task's GPUs, as CUDA numbers them
 # The per-process ones: the same job.env on every worker cannot carry them (config/job.py).
 JAX_CLUSTER_ENV = (KERAS_ADDRESSES_ENV, KERAS_NUM_PROCESSES_ENV, KERAS_PROCESS_ID_ENV,
                    JAX_COORDINATOR_ENV, JAX_NUM_PROCESSES_ENV, JAX_PROCESS_ID_ENV)  # fmt: skip

@@ -335,7 +335,7 @@ def _cluster_of(plan, nodes, index):
     """Task `index`'s TF_CONFIG (empty for a JAX cluster) and its JAX cluster's variables (none
     for a TensorFlow job), from the node list and the plan's port and roles."""
     if plan.get(CLUSTER_KEY) == contract.KERAS_JAX:
-        return {}, jax_env(nodes, plan[PORT_KEY], index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return {}, jax_env(nodes, plan[PORT_KEY], index, os.environ.get(contract.CUDA_DEVICES_ENV))
     task = plan[TASKS_KEY][index]
     roles = [t[ROLE_KEY] for t in plan[TASKS_KEY]] if ROLE_KEY in task else None
     config = tf_config(nodes, plan[PORT_KEY], index, roles)

@@ -177,3 +177,34 @@ def test_jax_and_keras_versions_are_checked_on_every_host(
     if status is Status.FAIL:
         hint = finding.hint or ""
         assert "pip install 'orchestrate[jax]'" in hint or "the same JAX version" in hint, hint
+
+
+@pytest.mark.parametrize(
+    ("addresses", "status", "words"),
+    [
+        (["10.9.0.2", "127.0.1.1"], Status.OK, "node-b resolves to 10.9.0.2"),
+        (["127.0.1.1", "10.9.0.2"], Status.FAIL, "node-b resolves to 127.0.1.1 on b"),
+        ([], Status.FAIL, "node-b resolves to no address on b"),
+    ],
+)
+def test_a_host_name_that_resolves_to_loopback_is_found_for_gloo(
+    tmp_path: Path, addresses: list[str], status: Status, words: str
+) -> None:
+    """gloo (JAX's CPU collectives) advertises the first address of the host's own name: a
+    loopback one sends the peers to their own machines (measured on namespace hosts: "timed
+    out connecting ... remote=[127.0.0.1]"). TensorFlow jobs are not asked about it."""
+    tasked = cluster(tmp_path)
+    inventory = Inventory(tasked.path, tasked.base_dir, tasked.hosts,
+                          Job("demo", script="train.py", keras="jax"))  # fmt: skip
+    named = {n: inspection(packages=dict(JAX_OK), hostname=f"node-{n}",
+                           name_addresses=[f"10.9.0.{i + 1}"])
+             for i, n in enumerate("ac")}  # fmt: skip
+    b = inspection(packages=dict(JAX_OK), hostname="node-b", name_addresses=addresses)
+    report = run_preflight(inventory, backend_with({**named, "b": b}, all_ok_peers()))
+    gloo = {f.host: f for f in report.findings if f.check == "gloo"}
+    assert sorted(gloo) == ["a", "b", "c"] and gloo["a"].status is Status.OK
+    assert gloo["b"].status is status and words in gloo["b"].detail, gloo["b"]
+    if status is Status.FAIL:
+        assert "(10.9.0.2) in its /etc/hosts" in (gloo["b"].hint or "")
+    tensorflow = run_preflight(tasked, backend_with({"b": b}, all_ok_peers()))
+    assert not [f for f in tensorflow.findings if f.check == "gloo"]

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from orchestrator.backends.hosts.perf import run_perf_round
 from orchestrator.backends.software import PACKAGES, Software, Where
 from orchestrator.backends.software import software_findings as shared_software_findings
+from orchestrator.contract import KERAS_JAX
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult, fan_out
 from orchestrator.hostside import protocol
@@ -185,6 +186,25 @@ PROBE_MEANING = {
     "unreachable": "unreachable: no route",
     "error": "failed",
 }
+
+
+def gloo_finding(host: Host, report: Inspection) -> Finding | None:
+    """`keras: jax` on hosts of several machines: JAX's gloo collectives bind the first address
+    the host's own name resolves to and tell the other workers to connect there (JAX offers no
+    setting for it), so a name that resolves to loopback (Debian's 127.0.1.1) sends every peer
+    to its own machine: the first collective times out. None where it cannot matter (a host
+    at a loopback address, whose peers share its machine) or the probe did not say."""
+    if report.name_addresses is None or is_loopback(host.address):
+        return None
+    name, first = report.hostname or "the host's name", next(iter(report.name_addresses), None)
+    if first is not None and not is_loopback(first):
+        return Finding(host.name, "gloo", Status.OK, f"{name} resolves to {first}")
+    said = f"resolves to {first}" if first else "resolves to no address"
+    return Finding(host.name, "gloo", Status.FAIL,
+                   f"{name} {said} on {host.name}: JAX's gloo collectives (keras: jax) tell the "
+                   "other workers that address, and they cannot reach the host there",
+                   hint=f"map {name} to the address the other hosts reach {host.name} at "
+                   f"({host.address}) in its /etc/hosts or DNS")  # fmt: skip
 
 
 def reachability_finding(target: Host, probes: Mapping[str, PeerProbe], timeout: float) -> Finding:
@@ -424,6 +444,8 @@ def _host_findings(
         findings += directory_findings(host, report, ["workdir", "checkpoints"], min_free)
         peers = [p for p in inventory.hosts if p.name != host.name]
         findings.append(proxy_finding(host, {**report.env, **env}, peers))
+        gloo = gloo_finding(host, report) if inventory.job.keras == KERAS_JAX and peers else None
+        findings += [gloo] if gloo else []
         if report.listener_pid:
             probes = {
                 peer: answer.peers[host.name]
