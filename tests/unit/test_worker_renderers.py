@@ -57,6 +57,7 @@ PLACEMENT_ENV = frozenset({
     "ORCHESTRATE_PROGRESS_FILE",  # hosts and Slurm: the run directory
     "ORCHESTRATE_PERMANENT_EXIT_CODES",  # the TFJob's exit wrapper
     "ORCHESTRATE_TF_WORKERS", "ORCHESTRATE_JOBSET_NAME",  # the TrainJob's pod launcher
+    "ORCHESTRATE_CLUSTER",  # which cluster that launcher writes (keras: jax: the JAX one)
     "CUDA_VISIBLE_DEVICES",  # a host's own GPU indices
 })  # fmt: skip
 # keras: jax: each process's id (its place in the cluster) is its own, like TF_CONFIG's task,
@@ -218,8 +219,8 @@ ROWS = (
     Row("visible-gpus", "hosts' visible_gpus and gpu_memory_growth"),
     Row("ps", "chief, ps, worker and evaluator roles", refused=("trainjob",)),
     Row("evaluator", "workers and an evaluator", refused=("trainjob",)),
-    # The pods' launcher writes TF_CONFIG from the pods' names, not the JAX cluster.
-    Row("jax", "keras: jax (a Keras 3 script on JAX)", refused=("tfjob", "trainjob")),
+    # A TFJob's operator writes TF_CONFIG, not the JAX cluster.
+    Row("jax", "keras: jax (a Keras 3 script on JAX)", refused=("tfjob",)),
 )
 
 
