@@ -28,6 +28,17 @@ GLOO_RESET = [
     "Connection reset by peer",
 ]
 GLOO_ALLGATHER = ["RuntimeError: Gloo AllGather failed: [pair.cc:589] Connection closed by peer"]
+# Both workers of two namespace hosts whose name resolved to 127.0.0.1 (measured): gloo sent
+# each to its own loopback.
+GLOO_LOOPBACK = [
+    "jax.errors.JaxRuntimeError: UNKNOWN: Gloo context initialization failed: [external/gloo/"
+    "gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused, "
+    "remote=[127.0.0.1]:33154$1",
+]
+GLOO_CONNECT_TIMEOUT = [
+    "jax.errors.JaxRuntimeError: UNKNOWN: Gloo context initialization failed: [external/gloo/"
+    "gloo/transport/tcp/pair.h:311] Connect timeout [none]",
+]
 FATAL = [
     "F1207 08:39:53.679502   19216 client.h:80] Terminating process because the JAX distributed "
     "service detected fatal errors. This most likely indicates that another task died; see the "
@@ -134,6 +145,8 @@ def test_a_plain_jax_script_gets_initialize_s_arguments() -> None:
         (-6, FATAL, FailureKind.PEER_LOST),  # JAX aborts the process itself: SIGABRT
         (1, REGISTRATION_FAILED, FailureKind.PEER_LOST),  # the coordinator waited for a peer
         (-6, REGISTER_TIMEOUT, FailureKind.COORDINATOR_UNREACHABLE),
+        (1, GLOO_LOOPBACK, FailureKind.COLLECTIVES_UNREACHABLE),
+        (1, GLOO_CONNECT_TIMEOUT, FailureKind.COLLECTIVES_UNREACHABLE),
         (-9, GLOO_RESET, FailureKind.KILLED),  # killed from outside: its own abort is no cause
     ],
 )
@@ -146,6 +159,8 @@ def test_jax_failures_are_read_from_the_log(
 def test_an_unreachable_coordinator_says_where_to_look() -> None:
     hint = explain(FailureKind.COORDINATOR_UNREACHABLE) or ""
     assert "chief's host:port" in hint and "orchestrate check" in hint
+    hint = explain(FailureKind.COLLECTIVES_UNREACHABLE) or ""
+    assert "not 127.0.x.x" in hint and "the gloo check" in hint
 
 
 JAX_OK = {"jax": "0.10.2", "keras": "3.15.1"}
