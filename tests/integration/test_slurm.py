@@ -715,6 +715,15 @@ def test_keras3_fit_on_jax_trains_two_tasks_and_resumes_after_a_killed_one(
 
 def test_an_exported_keras_jax_script_trains_under_plain_sbatch(orchestrate: Orchestrate) -> None:
     inventory = orchestrate.inventory(steps=0, job=_jax_job(1))
+    # First the check: each node's name resolves there to its own address (its NodeAddr),
+    # which gloo tells the other task; JAX and Keras 3 on both.
+    check = orchestrate("check", "--json", str(inventory))
+    assert check.returncode == 0, check.stdout + check.stderr
+    found = {(f["host"], f["check"]): f for f in json.loads(check.stdout)}
+    for node in ("n1", "n2"):
+        assert found[(node, "gloo")]["status"] == "ok", found[(node, "gloo")]
+        assert "resolves to 10.232.0." in found[(node, "gloo")]["detail"]
+        assert found[(node, "jax")]["status"] == "ok"
     exported = orchestrate("export", str(inventory), "--format", "sbatch")
     assert exported.returncode == 0, exported.stderr
     script = orchestrate.cwd / "fitjax.sbatch"

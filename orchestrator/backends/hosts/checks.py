@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from orchestrator.backends.hosts.perf import run_perf_round
 from orchestrator.backends.software import PACKAGES, Software, Where
+from orchestrator.backends.software import gloo_finding as shared_gloo_finding
 from orchestrator.backends.software import software_findings as shared_software_findings
 from orchestrator.contract import KERAS_JAX
 from orchestrator.errors import ConnectError, HostError
@@ -189,22 +190,11 @@ PROBE_MEANING = {
 
 
 def gloo_finding(host: Host, report: Inspection) -> Finding | None:
-    """`keras: jax` on hosts of several machines: JAX's gloo collectives bind the first address
-    the host's own name resolves to and tell the other workers to connect there (JAX offers no
-    setting for it), so a name that resolves to loopback (Debian's 127.0.1.1) sends every peer
-    to its own machine: the first collective times out. None where it cannot matter (a host
-    at a loopback address, whose peers share its machine) or the probe did not say."""
+    """software.gloo_finding of a host; None where it cannot matter (a host at a loopback
+    address, whose peers share its machine) or the probe did not say."""
     if report.name_addresses is None or is_loopback(host.address):
         return None
-    name, first = report.hostname or "the host's name", next(iter(report.name_addresses), None)
-    if first is not None and not is_loopback(first):
-        return Finding(host.name, "gloo", Status.OK, f"{name} resolves to {first}")
-    said = f"resolves to {first}" if first else "resolves to no address"
-    return Finding(host.name, "gloo", Status.FAIL,
-                   f"{name} {said} on {host.name}: JAX's gloo collectives (keras: jax) tell the "
-                   "other workers that address, and they cannot reach the host there",
-                   hint=f"map {name} to the address the other hosts reach {host.name} at "
-                   f"({host.address}) in its /etc/hosts or DNS")  # fmt: skip
+    return shared_gloo_finding(host.name, report.hostname, report.name_addresses, host.address)
 
 
 def reachability_finding(target: Host, probes: Mapping[str, PeerProbe], timeout: float) -> Finding:
