@@ -253,11 +253,27 @@ JAX_NUM_PROCESSES_ENV = "JAX_NUM_PROCESSES"
 JAX_PROCESS_ID_ENV = "JAX_PROCESS_ID"
 JAX_CPU_COLLECTIVES_ENV = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
 JAX_CPU_COLLECTIVES = "gloo"
+# Where a scheduler's variables are present (Slurm's), jax.distributed.initialize takes the local
+# device ids it was not given from them; the Slurm launcher sets these instead (slurm_launcher).
+JAX_LOCAL_DEVICES_ENV = "JAX_LOCAL_DEVICE_IDS"
+CUDA_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"  # a host's or a Slurm task's GPUs, as CUDA numbers them
 # The per-process ones: the same job.env on every worker cannot carry them (config/job.py).
 JAX_CLUSTER_ENV = (KERAS_ADDRESSES_ENV, KERAS_NUM_PROCESSES_ENV, KERAS_PROCESS_ID_ENV,
                    JAX_COORDINATOR_ENV, JAX_NUM_PROCESSES_ENV, JAX_PROCESS_ID_ENV)  # fmt: skip
 # Distributions whose versions preflight reports for a jax job.
 JAX_PACKAGE, KERAS_PACKAGE = "jax", "keras"
+
+
+# The variables that name the cluster's addresses and this process's place in it: a launcher
+# that learns the addresses only where it runs (Slurm's) writes them there, not in its plan.
+JAX_PLACE_ENV = (
+    KERAS_ADDRESSES_ENV,
+    KERAS_NUM_PROCESSES_ENV,
+    KERAS_PROCESS_ID_ENV,
+    JAX_COORDINATOR_ENV,
+    JAX_NUM_PROCESSES_ENV,
+    JAX_PROCESS_ID_ENV,
+)
 
 
 def jax_cluster_env(endpoints: Sequence[str], index: int) -> dict[str, str]:

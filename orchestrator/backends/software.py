@@ -10,11 +10,13 @@ The checks, per machine and in this order:
 - keras (`job.keras: legacy`): tf_keras of TensorFlow's minor version;
 - jax (`job.keras: jax`, instead of tensorflow: such a host needs no TensorFlow): JAX and
   Keras 3 installed, one version of each everywhere.
+Beside them, not software but judged alike by both backends from their probes' answers:
+- gloo (`job.keras: jax`): the machine's own name resolves to an address its peers reach.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator import __version__
@@ -32,6 +34,7 @@ from orchestrator.contract import (
 )
 from orchestrator.model.findings import Finding, Status
 from orchestrator.model.inventory import Job
+from orchestrator.paths import is_loopback
 
 WORKER_PACKAGE = DISTRIBUTION  # not "orchestrate": on PyPI that is another project
 # The distributions every probe reports the versions of, where the worker will import from.
@@ -175,3 +178,21 @@ def jax_finding(
                            hint=f"install the same {label} version on every "
                            f"{where.machine}")  # fmt: skip
     return Finding(name, "jax", Status.OK, f"JAX {jax}, Keras {keras} (job.keras: jax)")
+
+
+def gloo_finding(
+    name: str, hostname: str | None, addresses: Sequence[str], reached_at: str
+) -> Finding:
+    """`keras: jax` on several machines: JAX's gloo collectives bind the first address the
+    machine's own name resolves to and tell the other workers to connect there (JAX offers no
+    setting for it), so a name at loopback (Debian's 127.0.1.1) sends every peer to its own
+    machine and the first collective times out. `reached_at`: where the peers reach it."""
+    said, first = hostname or "the machine's name", next(iter(addresses), None)
+    if first is not None and not is_loopback(first):
+        return Finding(name, "gloo", Status.OK, f"{said} resolves to {first}")
+    found = f"resolves to {first}" if first else "resolves to no address"
+    return Finding(name, "gloo", Status.FAIL,
+                   f"{said} {found} on {name}: JAX's gloo collectives (keras: jax) tell the "
+                   "other workers that address, and they cannot reach it there",
+                   hint=f"map {said} to the address the others reach {name} at ({reached_at}) "
+                   "in its /etc/hosts or DNS")  # fmt: skip

@@ -94,12 +94,12 @@ def export(  # noqa: PLR0917 - click passes every option by position
     that runs sbatch (its default --export=ALL passes them on).
     """
     inventory = load_inventory(inventory_file)
-    if inventory.job.keras == KERAS_JAX:
-        # Each format writes its cluster as TF_CONFIG from its own addresses (Slurm's nodes,
-        # the pods'); the JAX cluster's variables come from the inventory's hosts only.
-        raise ExportRefused(f"job.keras: jax cannot be exported as {fmt} yet: the exports "
-                            "write TensorFlow's TF_CONFIG, not the JAX cluster's variables",
-                            hint="run it on hosts with 'orchestrate up'")  # fmt: skip
+    if inventory.job.keras == KERAS_JAX and fmt == "tfjob":
+        # A TFJob's operator writes TF_CONFIG; Kubeflow's JAX runtime is Trainer v2's.
+        raise ExportRefused("job.keras: jax cannot be exported as a TFJob: its operator writes "
+                            "TensorFlow's TF_CONFIG, not the JAX cluster's variables",
+                            hint="export it as trainjob (Trainer v2's jax policy) or "
+                            "sbatch")  # fmt: skip
     if fmt in BACKEND_FORMATS:
         click.echo(export_writer(fmt)(inventory, plan_workers), nl=False)
         return

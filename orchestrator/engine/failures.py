@@ -37,6 +37,11 @@ MEANINGS: dict[FailureKind, str] = {
         "a JAX process (job.keras: jax) timed out registering with the coordinator on the "
         "chief's host:port: the coordinator unreachable, or a peer that never registered"
     ),
+    FailureKind.COLLECTIVES_UNREACHABLE: (
+        "a JAX process's gloo collectives (job.keras: jax) could not connect to a peer at the "
+        "address the peer announced: its host name resolving to loopback, or a firewall "
+        "closing the ports gloo listens on"
+    ),
     FailureKind.EARLY_EXIT: "exit 0 below the target step",
     FailureKind.LEFT_EARLY: (
         "exited 0 while its peers still waited for it in a collective, or never joined the "
@@ -91,6 +96,12 @@ HINTS: dict[FailureKind, str] = {
         "coordinator and its peers print the same): a worker that failed earlier is the cause; "
         "otherwise the chief's host:port must be open to every host (a firewall, a proxy "
         "variable in the workers' environment): 'orchestrate check INVENTORY'"
+    ),
+    FailureKind.COLLECTIVES_UNREACHABLE: (
+        "gloo tells each peer the address its host's own name resolves to: every host's name "
+        "must resolve there to an address the other hosts reach, not 127.0.x.x ('orchestrate "
+        "check INVENTORY': the gloo check), and the hosts must accept connections from each "
+        "other on gloo's own ports too, besides the inventory's"
     ),
     FailureKind.OUT_OF_MEMORY: (
         "the worker ran out of memory: lower job.batch_size or the model's size; on GPUs set "
@@ -193,6 +204,9 @@ _LOG_PATTERNS: tuple[tuple[FailureKind, re.Pattern[str]], ...] = (
      re.compile(r"(DEADLINE_EXCEEDED|UNAVAILABLE)[\s\S]{0,400}?/RegisterTask\b|"
                 r"unknown_target_for_coordination_leader|"
                 r"[Ff]ailed to connect to (the )?coordination service")),
+    # gloo's context (JAX's CPU collectives) never connected: measured with host names at
+    # 127.0.0.1 ("timed out connecting ... remote=[127.0.0.1]:PORT", "Connect timeout").
+    (FailureKind.COLLECTIVES_UNREACHABLE, re.compile(r"Gloo context initialization failed")),
     (FailureKind.PEER_LOST, re.compile("|".join(_ABORT_SIGNATURES))),
 )  # fmt: skip
 

@@ -81,16 +81,17 @@ def secret_refs(names: Iterable[str], secret: str | None) -> list[dict[str, Any]
 
 def container(
     name: str, image: str | None, command: list[str], launch: WorkerLaunch, *,
-    env: list[dict[str, Any]], port_name: str, working_dir: str | None = None,
+    env: list[dict[str, Any]], port_name: str, working_dir: str | None = None, port: int = PORT,
 ) -> dict[str, Any]:  # fmt: skip
-    """The worker's container: its command line as args to `command`, `env`, the TensorFlow
-    port, the checkpoint volume mounted, and the GPUs the launch asks for."""
+    """The worker's container: its command line as args to `command`, `env`, its port (the
+    TensorFlow port unless said), the checkpoint volume mounted, and the GPUs the launch asks
+    for."""
     built: dict[str, Any] = {"name": name, "image": image or "", "command": command,
                              "args": list(launch.argv)}  # fmt: skip
     if working_dir is not None:
         built["workingDir"] = working_dir
     built["env"] = env
-    built["ports"] = [{"name": port_name, "containerPort": PORT}]
+    built["ports"] = [{"name": port_name, "containerPort": port}]
     built["volumeMounts"] = [{"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT}]
     if launch.gpus:
         built["resources"] = {"limits": {GPU_RESOURCE: launch.gpus}}

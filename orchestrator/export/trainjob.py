@@ -8,6 +8,13 @@ Trainer v2 has no TensorFlow runtime, so the runtime is a plain one (`mlPolicy` 
 hostside/pod_launcher.py: the launcher writes each pod's TF_CONFIG from the worker list computed
 here (JobSet's pod host names `{name}-node-0-{i}.{name}:2222`) and the pod's JOB_COMPLETION_INDEX.
 
+A `keras: jax` job targets the Trainer's own JAX policy instead (`mlPolicy.jax`, as its
+`jax-distributed` runtime declares it): for a TrainJob with a `trainer`, the Trainer's jax plugin
+(pkg/runtime/framework/plugins/jax, v2.3.0) gives the `node` container JAX_NUM_PROCESSES,
+JAX_PROCESS_ID (the completion index) and JAX_COORDINATOR_ADDRESS (pod 0 at port 29500); the
+launcher checks them against the export's pod list and adds the KERAS_DISTRIBUTION_* variables
+Keras reads, which the Trainer does not write. No TF_CONFIG.
+
 Semantics, as close to the TFJob export as Trainer v2 (JobSet over Indexed Jobs) allows:
 - restarts: the Job has backoffLimit 0, so any failed pod fails its Job and JobSet recreates the
   whole set (every worker, as one MultiWorkerMirroredStrategy cluster must), at most
@@ -23,9 +30,10 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from orchestrator.contract import ISOLATED
+from orchestrator.contract import ISOLATED, JAX_PLACE_ENV, KERAS_JAX
 from orchestrator.export import kubernetes as k8s
 from orchestrator.hostside import pod_launcher
 from orchestrator.hostside.bundle import shipped_program
@@ -40,6 +48,9 @@ ANCESTOR_TRAINER = "trainer"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 PORT = k8s.PORT
 PORT_NAME = "tf-worker"
+# The Trainer's ContainerTrainerPort, where its jax policy puts JAX's coordinator (pod 0).
+JAX_PORT = 29500
+JAX_PORT_NAME = "jax-coordinator"
 CHECKPOINT_MOUNT = k8s.CHECKPOINT_MOUNT
 DEFAULT_WORKDIR = "/workspace"
 PERMANENT_RULE = "permanent_exit_code"
@@ -101,18 +112,26 @@ def trainjob(
     job.files (which needs `pvc`) the working directory is their directory on the claim."""
     job = inventory.job
     name = name or job.name
+    jax, nodes = job.keras == KERAS_JAX, len(inventory.hosts)
     checkpoints = k8s.checkpoint_path(job, pvc)
-    workers = worker_hosts(name, len(inventory.hosts))
+    workers = worker_hosts(name, nodes, JAX_PORT if jax else PORT)
     container = _container(inventory, image, checkpoints, secret=secret, workdir=workdir,
                            workers=workers)  # fmt: skip
     job_spec = _job_spec(job, container, k8s.checkpoint_volume(pvc))
-    metadata = k8s.metadata(name, namespace, {"trainer.kubeflow.org/framework": "tensorflow"})
-    runtime = _runtime(metadata, len(inventory.hosts), job.max_restarts, job_spec)
+    framework = "jax" if jax else "tensorflow"
+    metadata = k8s.metadata(name, namespace, {"trainer.kubeflow.org/framework": framework})
+    policy: dict[str, Any] = {"numNodes": nodes, **({"jax": {}} if jax else {})}
+    runtime = _runtime(metadata, policy, job.max_restarts, job_spec)
+    spec: dict[str, Any] = {
+        "runtimeRef": {"apiGroup": API_GROUP, "kind": "TrainingRuntime", "name": name}
+    }
+    if jax:  # the jax plugin writes its variables only for a TrainJob with a trainer
+        spec["trainer"] = {"numNodes": nodes}
     train_job = {
         "apiVersion": API_VERSION,
         "kind": "TrainJob",
         "metadata": dict(metadata, labels=dict(k8s.APP_LABELS)),
-        "spec": {"runtimeRef": {"apiGroup": API_GROUP, "kind": "TrainingRuntime", "name": name}},
+        "spec": spec,
     }
     return [runtime, train_job]
 
@@ -139,15 +158,16 @@ def _job_spec(job: Job, container: dict[str, Any], volume: dict[str, Any]) -> di
 
 
 def _runtime(
-    metadata: dict[str, Any], nodes: int, max_restarts: int, job_spec: dict[str, Any]
+    metadata: dict[str, Any], policy: dict[str, Any], max_restarts: int, job_spec: dict[str, Any]
 ) -> dict[str, Any]:
-    """The TrainingRuntime: the plain policy (numNodes only) over one `node` replicated job."""
+    """The TrainingRuntime: its policy (numNodes, and jax for a keras: jax job) over one `node`
+    replicated job."""
     return {
         "apiVersion": API_VERSION,
         "kind": "TrainingRuntime",
         "metadata": metadata,
         "spec": {
-            "mlPolicy": {"numNodes": nodes},
+            "mlPolicy": policy,
             "template": {"spec": {
                 "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
                 "failurePolicy": {
@@ -175,6 +195,9 @@ def _container(inventory: Inventory, image: str | None, checkpoints: str, *, sec
         "fieldPath": f"metadata.labels['{JOBSET_NAME_LABEL}']"}}}  # fmt: skip
     env = [*k8s.values(launch.env), jobset_name, *k8s.secret_refs(launch.secret_env, secret)]
     command = [k8s.IMAGE_PYTHON, *ISOLATED, "-c", LAUNCHER_SOURCE]  # spawn point: pod launcher
+    if inventory.job.keras == KERAS_JAX:
+        return k8s.container(NODE, image, command, launch, env=env, port_name=JAX_PORT_NAME,
+                             working_dir=launch.cwd, port=JAX_PORT)  # fmt: skip
     return k8s.container(NODE, image, command, launch, env=env, port_name=PORT_NAME,
                          working_dir=launch.cwd)  # fmt: skip
 
@@ -189,9 +212,17 @@ def _launch(
     place_env = {pod_launcher.WORKERS_ENV: json.dumps(workers)}
     if inventory.job.files:
         place_env["PYTHONPATH"] = cwd  # a task module or a script's import among the files
-    return k8s.pod_launch(inventory, 0, job_dir=posixpath.dirname(checkpoints),
-                          checkpoints=checkpoints, cwd=cwd, script_dir=workdir,
-                          place_env=place_env)  # fmt: skip
+    jax = inventory.job.keras == KERAS_JAX
+    if jax:
+        place_env[pod_launcher.CLUSTER_ENV] = KERAS_JAX
+    launch = k8s.pod_launch(inventory, 0, job_dir=posixpath.dirname(checkpoints),
+                            checkpoints=checkpoints, cwd=cwd, script_dir=workdir,
+                            place_env=place_env)  # fmt: skip
+    if not jax:
+        return launch
+    # The hosts' addresses and the first host's place are no pod's: the launcher writes each
+    # pod's from the Trainer's variables and the pod list.
+    return replace(launch, env={k: v for k, v in launch.env.items() if k not in JAX_PLACE_ENV})
 
 
 def dump(documents: Sequence[dict[str, Any]]) -> str:

@@ -393,7 +393,9 @@ def _launcher_rules(runtime: dict[str, Any], jobset_name: str) -> list[str]:
             for entry in container.get("env") or []:
                 if entry.get("name") == pod_launcher.WORKERS_ENV:
                     workers = json.loads(entry.get("value") or "[]")
-                    if workers != worker_hosts(jobset_name, len(workers)) or len(workers) != nodes:
+                    port = int(workers[0].rsplit(":", 1)[1]) if workers else 0  # a jax job's
+                    pods = worker_hosts(jobset_name, len(workers), port)
+                    if workers != pods or len(workers) != nodes:
                         return [f"TrainingRuntime {pod_launcher.WORKERS_ENV}: the worker list "
                                 f"is not the {nodes} pods of TrainJob {jobset_name!r}"]  # fmt: skip
     return []

@@ -247,6 +247,17 @@ def _boot_id():
         return None
 
 
+def _name_addresses():
+    """The host's name and the addresses it resolves to here, as gloo (JAX's CPU collectives)
+    resolves it to pick the address it tells its peers: getaddrinfo of gethostname()."""
+    name = socket.gethostname()
+    try:
+        found = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+    except OSError:
+        return name, []
+    return name, list(dict.fromkeys(entry[4][0] for entry in found))  # gloo takes the first
+
+
 def cmd_inspect(spec):
     report = {
         protocol.PYTHON_KEY: sys.version.split()[0],
@@ -263,6 +274,7 @@ def cmd_inspect(spec):
         _holder(spec[protocol.PORT_KEY]) if error == errno.EADDRINUSE else None
     )
     report[protocol.BOOT_ID_KEY] = _boot_id()
+    report[protocol.HOSTNAME_KEY], report[protocol.NAME_ADDRESSES_KEY] = _name_addresses()
     token = spec.get(protocol.TOKEN_KEY)
     if token:
         try:

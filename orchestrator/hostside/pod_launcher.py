@@ -12,6 +12,12 @@ Indexed Job gives it, JOB_COMPLETION_INDEX. Index 0 is the chief.
 ORCHESTRATE_JOBSET_NAME (the downward API: the pod's jobset.sigs.k8s.io/jobset-name label), when
 set, must be the name the list was computed for: a TrainJob submitted under another name would
 otherwise wait forever for peers that do not exist; it exits 2 (permanent) naming both.
+
+ORCHESTRATE_CLUSTER=jax (a `keras: jax` job, whose runtime has the Trainer's jax policy): no
+TF_CONFIG; the Trainer gave the pod JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID,
+which must be what the export's pod list says (else exit 2 naming them: a runtime without the
+jax policy, a TrainJob without a trainer), and this adds the KERAS_DISTRIBUTION_* variables
+keras.distribution.initialize() reads (contract.jax_cluster_env, as every launcher builds them).
 """
 
 import json
@@ -28,6 +34,13 @@ else:  # shipped: hostside/bundle.py carries it in front of this file's source
 WORKERS_ENV = "ORCHESTRATE_TF_WORKERS"
 JOBSET_NAME_ENV = "ORCHESTRATE_JOBSET_NAME"
 INDEX_ENV = "JOB_COMPLETION_INDEX"
+CLUSTER_ENV = "ORCHESTRATE_CLUSTER"
+# What the Trainer's jax policy writes; each is checked against the export's pod list.
+TRAINER_JAX_ENV = (
+    contract.JAX_COORDINATOR_ENV,
+    contract.JAX_NUM_PROCESSES_ENV,
+    contract.JAX_PROCESS_ID_ENV,
+)
 
 
 def tf_config(workers, index):
@@ -56,6 +69,18 @@ def problem(workers, index_text, jobset_name):
     return None
 
 
+def jax_env(workers, index, env):
+    """(the pod's JAX cluster, None), or (None, why not): the Trainer's variables in `env` that
+    differ from the export's, or are missing."""
+    ours = contract.jax_cluster_env(list(workers), index)
+    wrong = [f"{name}={env.get(name)!r} (the export says {ours[name]!r})"
+             for name in TRAINER_JAX_ENV if env.get(name) != ours[name]]  # fmt: skip
+    if not wrong:
+        return ours, None
+    return None, (f"{', '.join(wrong)}: the TrainingRuntime needs the Trainer's jax policy "
+                  "(mlPolicy.jax) and the TrainJob a trainer, as exported")  # fmt: skip
+
+
 def run(argv, env):
     """The worker's exit code (128+N for a death by signal N); until it exits, SIGTERM and
     SIGINT are passed on (pod deletion, preemption: the built-in loop saves and exits 75)."""
@@ -81,11 +106,20 @@ def main():
         print(f"orchestrate launcher: {found}", file=sys.stderr, flush=True)
         return contract.EXIT_USAGE
     index = int(index_text)
-    config = tf_config(workers, index)
     env = dict(os.environ)
-    env[contract.TF_CONFIG_ENV] = json.dumps(config)
-    role = " (chief)" if index == 0 else ""
-    said = f"worker {index} of {len(workers)}{role}, TF_CONFIG {env[contract.TF_CONFIG_ENV]}"
+    if env.pop(CLUSTER_ENV, "") == contract.KERAS_JAX:
+        cluster, found = jax_env(workers, index, env)
+        if found is not None:
+            print(f"orchestrate launcher: {found}", file=sys.stderr, flush=True)
+            return contract.EXIT_USAGE
+        env.pop(contract.TF_CONFIG_ENV, None)
+        env.update(cluster)
+        addresses = cluster[contract.KERAS_ADDRESSES_ENV]
+        said = f"process {index} of {len(workers)}, JAX cluster {addresses}"
+    else:
+        env[contract.TF_CONFIG_ENV] = json.dumps(tf_config(workers, index))
+        role = " (chief)" if index == 0 else ""
+        said = f"worker {index} of {len(workers)}{role}, TF_CONFIG {env[contract.TF_CONFIG_ENV]}"
     print(f"orchestrate launcher: {said}", flush=True)
     try:
         return run(sys.argv[1:], env)

@@ -163,6 +163,9 @@ PORT_ERROR_KEY = "port_error"
 HOLDER_KEY = "holder"  # the port's holder, with PID_KEY and COMMAND_KEY
 COMMAND_KEY = "command"
 BOOT_ID_KEY = "boot_id"  # also the lease records' (leasepolicy.py)
+# inspect's answer, with HOSTNAME_KEY: the addresses the host's own name resolves to (JAX's gloo
+# collectives advertise the first to their peers: a keras: jax job's check reads them)
+NAME_ADDRESSES_KEY = "name_addresses"
 PATH_KEY = "path"  # each of inspect's directories, with EXISTS_KEY and the three below
 WRITABLE_KEY = "writable"
 CHECKED_KEY = "checked"

@@ -62,6 +62,9 @@ RESTARTS_KEY = "restarts"  # how often its launcher starts it again in place
 PERMANENT_KEY = "permanent"  # the exit codes it is never started again after
 ENDS_WITH_KEY = "ends_with"  # the run directories whose exit 0 ends this task
 ENDS_BY_KEY = "ends_by"  # why, as its stop request says
+# "jax" for a `job.keras: jax` job: its cluster is the JAX one (contract.jax_cluster_env), from
+# the same node list and port, instead of TF_CONFIG.
+CLUSTER_KEY = "cluster"
 
 
 def _split_top_level(text):
@@ -147,10 +150,30 @@ def _prepare_run_dir(task: dict, fill: "Callable[[str], str]") -> str:
     return run_dir
 
 
-def _worker_env(task: dict, fill: "Callable[[str], str]", config: dict) -> "dict[str, str]":
+def jax_env(nodes, port, index, visible_gpus=None):
+    """Task `index`'s JAX cluster (job.keras: jax): every node's host:port in SLURM_PROCID order,
+    the first the coordinator. JAX_LOCAL_DEVICE_IDS too: without it, jax.distributed.initialize
+    fills the local device ids it was not given from Slurm's variables (its SlurmCluster:
+    [SLURM_LOCALID], i.e. [0] with one task per node), which would leave each task one of the
+    GPUs Slurm gave it; `visible_gpus` (Slurm's CUDA_VISIBLE_DEVICES) keeps them all."""
+    env = contract.jax_cluster_env([f"{node}:{port}" for node in nodes], index)
+    count = len([g for g in (visible_gpus or "").split(",") if g.strip()])
+    env[contract.JAX_LOCAL_DEVICES_ENV] = ",".join(str(i) for i in range(max(count, 1)))
+    return env
+
+
+def _worker_env(
+    task: dict, fill: "Callable[[str], str]", config: dict, cluster: "dict[str, str]"
+) -> "dict[str, str]":
+    """The node's environment, the task's, then its cluster: TF_CONFIG, or (config empty) the
+    JAX cluster's variables and no TF_CONFIG, not even one the submitting shell exported."""
     env = dict(os.environ)
     env.update({key: fill(value) for key, value in task[protocol.ENV_KEY].items()})
-    env[contract.TF_CONFIG_ENV] = json.dumps(config)
+    if config:
+        env[contract.TF_CONFIG_ENV] = json.dumps(config)
+    else:
+        env.pop(contract.TF_CONFIG_ENV, None)
+    env.update(cluster)
     return env
 
 
@@ -275,12 +298,9 @@ def main():
     except UnsafeDirectory as exc:
         print(f"task {index}: {exc}", file=sys.stderr, flush=True)
         return 3
-    roles = [t[ROLE_KEY] for t in plan[TASKS_KEY]] if ROLE_KEY in task else None
-    config = tf_config(nodes, plan[PORT_KEY], index, roles)
-    tf_task = config[contract.TF_TASK]
-    tf_task[contract.TF_INDEX] = task.get(TASK_INDEX_KEY, tf_task[contract.TF_INDEX])  # launch's
+    config, cluster = _cluster_of(plan, nodes, index)
     _write_json(os.path.join(run_dir, rundir.TF_CONFIG_FILE), config)
-    env = _worker_env(task, fill, config)
+    env = _worker_env(task, fill, config, cluster)
     missing = [name for name in plan.get(SECRET_ENV_KEY, []) if name not in os.environ]
     if missing:
         return _refuse_missing_secrets(index, run_dir, time.time(), missing)
@@ -298,13 +318,30 @@ def main():
     if _ENDED:
         print(f"task {index}: stopped {task[ENDS_BY_KEY]}", flush=True)
         return 0  # not a bad exit: srun's --kill-on-bad-exit would end the others' last work
-    if config[contract.TF_TASK][contract.TF_TYPE] == contract.ROLE_EVALUATOR and returncode != 0:
+    if (
+        config
+        and config[contract.TF_TASK][contract.TF_TYPE] == contract.ROLE_EVALUATOR
+        and (returncode != 0)
+    ):
         # The evaluator's failure is not the training's: exit.json keeps it for the
         # supervisor, and srun's --kill-on-bad-exit leaves the training tasks running.
         print(f"task {index}: the evaluator exited {returncode}; the training goes on",
               flush=True)  # fmt: skip
         return 0
     return _srun_exit(index, returncode)
+
+
+def _cluster_of(plan, nodes, index):
+    """Task `index`'s TF_CONFIG (empty for a JAX cluster) and its JAX cluster's variables (none
+    for a TensorFlow job), from the node list and the plan's port and roles."""
+    if plan.get(CLUSTER_KEY) == contract.KERAS_JAX:
+        return {}, jax_env(nodes, plan[PORT_KEY], index, os.environ.get(contract.CUDA_DEVICES_ENV))
+    task = plan[TASKS_KEY][index]
+    roles = [t[ROLE_KEY] for t in plan[TASKS_KEY]] if ROLE_KEY in task else None
+    config = tf_config(nodes, plan[PORT_KEY], index, roles)
+    tf_task = config[contract.TF_TASK]
+    tf_task[contract.TF_INDEX] = task.get(TASK_INDEX_KEY, tf_task[contract.TF_INDEX])  # launch's
+    return config, {}
 
 
 # --- a worker started again in place (issue 45) -------------------------------------------------

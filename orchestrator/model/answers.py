@@ -357,10 +357,14 @@ class Inspection:
     port_error: str | None
     holder: PortHolder | None
     boot_id: str | None = None  # one per booted machine: hosts that share it share its CPUs
+    hostname: str | None = None
+    # What the host's name resolves to there (None: an older probe did not say).
+    name_addresses: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> Inspection:
         holder = data.get(protocol.HOLDER_KEY)
+        addresses = data.get(protocol.NAME_ADDRESSES_KEY)
         directories = tuple(
             DirectoryReport(str(d[protocol.PATH_KEY]), bool(d[protocol.WRITABLE_KEY]),
                             str(d[protocol.CHECKED_KEY]), int(d[protocol.FREE_BYTES_KEY]))
@@ -375,6 +379,8 @@ class Inspection:
             port_error=text(data.get(protocol.PORT_ERROR_KEY)),
             holder=_holder(holder) if isinstance(holder, dict) else None,
             boot_id=text(data.get(protocol.BOOT_ID_KEY)),
+            hostname=text(data.get(protocol.HOSTNAME_KEY)),
+            name_addresses=texts(addresses) if isinstance(addresses, list) else None,
         )
 
 

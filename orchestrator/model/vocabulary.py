@@ -67,6 +67,7 @@ class FailureKind(Word):
     PORT_BUSY = "port busy"
     PEER_LOST = "peer lost"
     COORDINATOR_UNREACHABLE = "coordinator unreachable"  # job.keras: jax
+    COLLECTIVES_UNREACHABLE = "collectives unreachable"  # job.keras: jax, gloo's own connections
     EARLY_EXIT = "early exit"
     LEFT_EARLY = "left early"
     STOPPED_SHORT = "stopped short"

@@ -667,3 +667,81 @@ def test_an_exported_parameter_server_script_ends_with_its_chief_under_plain_sba
     for task in ("task1", "task2", "task3"):
         stop = json.loads((attempt / task / "stop_requested").read_text())
         assert stop["by"] == "after the chief finished", (task, stop)
+
+
+# --- keras: jax (issue 57): Keras 3 model.fit on the JAX backend, the cluster from the nodes ---
+JAX_SCRIPT = REPO / "tests" / "scripts" / "fit_keras3_jax.py"
+
+
+def _jax_job(epochs: int, **env: object) -> list[str]:
+    """The model.fit script of test_keras_jax.py (a BackupAndRestore every 4 steps, 8 steps an
+    epoch), as a `keras: jax` job."""
+    values = {"EPOCHS": epochs, "SAVE_EVERY": 4, **env}
+    return ["  name: fitjax", f"  script: {json.dumps(str(JAX_SCRIPT))}", "  keras: jax",
+            "  max_restarts: 2", f"  env: {json.dumps(values)}"]  # fmt: skip
+
+
+def _jax_finals(attempt: Path) -> list[dict[str, Any]]:
+    return [json.loads((attempt / task / "checksum.json").read_text())
+            for task in ("task0", "task1")]  # fmt: skip
+
+
+def test_keras3_fit_on_jax_trains_two_tasks_and_resumes_after_a_killed_one(
+    orchestrate: Orchestrate,
+) -> None:
+    """Each task's JAX cluster comes from Slurm's node list (the launcher's), JAX's own Slurm
+    detection agreeing with it; a SIGKILLed task ends the batch job, the next resumes both from
+    their BackupAndRestore, and both end with the same weights."""
+    inventory = orchestrate.inventory(steps=0, job=_jax_job(3, STEP_DELAY=0.3))
+    up = orchestrate("up", "--detach", str(inventory))
+    assert up.returncode == 0, up.stderr
+
+    def backed_up_in_the_second_epoch() -> dict[str, Any] | None:
+        status = orchestrate.status(polling=True)
+        points = [w["checkpoint_step"] or 0 for w in status["workers"]]
+        return status if status["state"] == "running" and min(points) >= 12 else None
+
+    status = wait_for(backed_up_in_the_second_epoch, 240, "a backup in the second epoch")
+    os.kill(status["workers"][1]["pid"], signal.SIGKILL)
+    final = wait_finished(orchestrate, timeout=300)
+    assert final["state"] == "succeeded", final
+    restarts = json.loads((orchestrate.cwd / ".orchestrate" / "runs" /
+                           f"{final['run_id']}.json").read_text())["restarts"]  # fmt: skip
+    assert [(r["worker"], r["kind"]) for r in restarts] == [("task1", "killed")], restarts
+    runs = orchestrate.cwd / "shared" / "fitjax" / "runs" / final["run_id"]
+    assert not (runs / "attempt-0" / "task0" / "checksum.json").exists()
+    done = _jax_finals(runs / "attempt-1")
+    port = 20000  # the slurm: block's default port, on every node
+    assert [d["addresses"] for d in done] == [f"n1:{port},n2:{port}"] * 2, done
+    assert [(d["process"], d["tf_config"]) for d in done] == [(0, None), (1, None)]
+    assert done[0]["sha256"] == done[1]["sha256"], f"the weights differ: {done}"
+    log = (runs / "attempt-1" / "task1" / "worker.log").read_text()
+    assert "Epoch 2/3" in log and "Epoch 1/3" not in log, log[-2000:]
+
+
+def test_an_exported_keras_jax_script_trains_under_plain_sbatch(orchestrate: Orchestrate) -> None:
+    inventory = orchestrate.inventory(steps=0, job=_jax_job(1))
+    # First the check: each node's name resolves there to its own address (its NodeAddr),
+    # which gloo tells the other task; JAX and Keras 3 on both.
+    check = orchestrate("check", "--json", str(inventory))
+    assert check.returncode == 0, check.stdout + check.stderr
+    found = {(f["host"], f["check"]): f for f in json.loads(check.stdout)}
+    for node in ("n1", "n2"):
+        assert found[(node, "gloo")]["status"] == "ok", found[(node, "gloo")]
+        assert "resolves to 10.232.0." in found[(node, "gloo")]["detail"]
+        assert found[(node, "jax")]["status"] == "ok"
+    exported = orchestrate("export", str(inventory), "--format", "sbatch")
+    assert exported.returncode == 0, exported.stderr
+    script = orchestrate.cwd / "fitjax.sbatch"
+    script.write_text(exported.stdout)
+    submitted = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], cwd=orchestrate.cwd,
+                               env=orchestrate.env, capture_output=True, text=True, timeout=240,
+                               check=False)  # fmt: skip
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    attempt = orchestrate.cwd / "shared" / "fitjax" / "runs" / f"slurm-{job}" / "attempt-0"
+    for task in ("task0", "task1"):
+        assert json.loads((attempt / task / "exit.json").read_text())["returncode"] == 0
+    done = _jax_finals(attempt)
+    assert [d["process"] for d in done] == [0, 1] and done[0]["addresses"] == "n1:20000,n2:20000"
+    assert done[0]["sha256"] == done[1]["sha256"], f"the weights differ: {done}"

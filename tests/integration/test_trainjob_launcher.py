@@ -95,3 +95,54 @@ def test_two_pods_launched_from_the_runtime_train_together(tmp_path: Path) -> No
     assert "(chief)" in results[0][1] and "(chief)" not in results[1][1]
     assert (checkpoints / "checkpoint").exists()  # the chief wrote them
     assert host_program_imports(marker) == [], all_imports(marker)
+
+
+def test_two_jax_pods_launched_from_the_runtime_fit_together(tmp_path: Path) -> None:
+    """keras: jax: the pods get what the Trainer's jax policy writes (JAX_COORDINATOR_ADDRESS,
+    pod 0's; JAX_NUM_PROCESSES; JAX_PROCESS_ID, the index), JobSet's names swapped for local
+    ports as above; the launcher adds Keras' variables and a real Keras 3 model.fit on JAX
+    (tests/scripts/fit_keras3_jax.py) trains in both with the same weights."""
+    script = REPO / "tests" / "scripts" / "fit_keras3_jax.py"
+    inventory_file = tmp_path / "inv.yaml"
+    inventory_file.write_text(
+        "defaults: {port: 2222}\n"
+        "hosts:\n  - {name: a, address: 10.0.0.1}\n  - {name: b, address: 10.0.0.2}\n"
+        f"job: {{name: fit, script: {json.dumps(str(script))}, keras: jax,\n"
+        "      env: {EPOCHS: '1', SAVE_EVERY: '4', TF_CPP_MIN_LOG_LEVEL: '2'}}\n"
+    )
+    documents = trainjob(load_inventory(inventory_file), "img")
+    assert problems(documents) == []
+    replicated = documents[0]["spec"]["template"]["spec"]["replicatedJobs"][0]
+    container = replicated["template"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert container["args"] == ["python", "/workspace/fit_keras3_jax.py"]
+    command = [sys.executable, *container["command"][1:], sys.executable, str(script)]
+    local = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    processes = []
+    for index in range(2):
+        run_dir = tmp_path / f"pod{index}"
+        run_dir.mkdir()
+        pod_env = worker_env(run_dir, None, **{**env, CHECKPOINT_DIR_ENV: str(tmp_path / "c")})
+        pod_env.update({pod_launcher.WORKERS_ENV: json.dumps(local),
+                        pod_launcher.INDEX_ENV: str(index),
+                        # the Trainer's jax policy, for pods named as `local`
+                        "JAX_COORDINATOR_ADDRESS": local[0], "JAX_NUM_PROCESSES": "2",
+                        "JAX_PROCESS_ID": str(index)})  # fmt: skip
+        pod = subprocess.Popen(command, cwd=REPO, env=pod_env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        processes.append(pod)
+    outputs = []
+    for process in processes:
+        try:
+            outputs.append(process.communicate(timeout=TIMEOUT_S)[0])
+        except subprocess.TimeoutExpired:
+            for other in processes:
+                other.kill()
+            pytest.fail(f"a pod did not finish in {TIMEOUT_S}s\n{process.communicate()[0]}")
+    for index, (process, out) in enumerate(zip(processes, outputs, strict=True)):
+        assert process.returncode == 0, f"pod {index}: exit {process.returncode}\n{out[-3000:]}"
+        assert f"process {index} of 2, JAX cluster {','.join(local)}" in out
+    done = [json.loads((tmp_path / f"pod{i}" / "checksum.json").read_text()) for i in range(2)]
+    assert [(d["process"], d["tf_config"], d["addresses"]) for d in done] == [
+        (0, None, ",".join(local)), (1, None, ",".join(local))]  # fmt: skip
+    assert done[0]["sha256"] == done[1]["sha256"], done

@@ -65,4 +65,9 @@ backup = keras.callbacks.BackupAndRestore(
     os.path.join(checkpoint_dir(), f"backup-{process}"), save_freq=SAVE_EVERY
 )
 model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=[backup, Progress()], verbose=2)
-common.write_checksum(model, process=process, tf_config=os.environ.get("TF_CONFIG"))
+common.write_checksum(
+    model,
+    process=process,
+    tf_config=os.environ.get("TF_CONFIG"),
+    addresses=os.environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES"),
+)

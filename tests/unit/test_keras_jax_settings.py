@@ -28,6 +28,17 @@ GLOO_RESET = [
     "Connection reset by peer",
 ]
 GLOO_ALLGATHER = ["RuntimeError: Gloo AllGather failed: [pair.cc:589] Connection closed by peer"]
+# Both workers of two namespace hosts whose name resolved to 127.0.0.1 (measured): gloo sent
+# each to its own loopback.
+GLOO_LOOPBACK = [
+    "jax.errors.JaxRuntimeError: UNKNOWN: Gloo context initialization failed: [external/gloo/"
+    "gloo/transport/tcp/pair.cc:152] timed out connecting: SO_ERROR: Connection refused, "
+    "remote=[127.0.0.1]:33154$1",
+]
+GLOO_CONNECT_TIMEOUT = [
+    "jax.errors.JaxRuntimeError: UNKNOWN: Gloo context initialization failed: [external/gloo/"
+    "gloo/transport/tcp/pair.h:311] Connect timeout [none]",
+]
 FATAL = [
     "F1207 08:39:53.679502   19216 client.h:80] Terminating process because the JAX distributed "
     "service detected fatal errors. This most likely indicates that another task died; see the "
@@ -89,14 +100,14 @@ def test_the_per_process_variables_are_not_job_env(tmp_path: Path) -> None:
                for p in found), found  # fmt: skip
 
 
-def test_keras_jax_is_refused_on_slurm_until_its_launcher_writes_the_cluster(
-    tmp_path: Path,
-) -> None:
+def test_keras_jax_loads_on_slurm_its_cluster_left_to_the_launcher(tmp_path: Path) -> None:
+    """Refused until the batch script's launcher wrote the JAX cluster from Slurm's node list
+    (test_slurm_plan.py checks what it writes)."""
     (tmp_path / "train.py").write_text("")
     slurm = tmp_path / "slurm.yaml"
     slurm.write_text("slurm:\n  nodes: 2\njob:\n  name: demo\n  script: train.py\n  keras: jax\n")
-    assert any("slurm.yaml:6: job.keras: jax does not run on Slurm yet" in p
-               for p in problems(slurm))  # fmt: skip
+    inventory = load_inventory(slurm)
+    assert inventory.job.keras == "jax" and len(inventory.hosts) == 2
 
 
 def test_the_local_inventory_of_keras_jax_runs_a_jax_cluster(tmp_path: Path) -> None:
@@ -134,6 +145,8 @@ def test_a_plain_jax_script_gets_initialize_s_arguments() -> None:
         (-6, FATAL, FailureKind.PEER_LOST),  # JAX aborts the process itself: SIGABRT
         (1, REGISTRATION_FAILED, FailureKind.PEER_LOST),  # the coordinator waited for a peer
         (-6, REGISTER_TIMEOUT, FailureKind.COORDINATOR_UNREACHABLE),
+        (1, GLOO_LOOPBACK, FailureKind.COLLECTIVES_UNREACHABLE),
+        (1, GLOO_CONNECT_TIMEOUT, FailureKind.COLLECTIVES_UNREACHABLE),
         (-9, GLOO_RESET, FailureKind.KILLED),  # killed from outside: its own abort is no cause
     ],
 )
@@ -146,6 +159,8 @@ def test_jax_failures_are_read_from_the_log(
 def test_an_unreachable_coordinator_says_where_to_look() -> None:
     hint = explain(FailureKind.COORDINATOR_UNREACHABLE) or ""
     assert "chief's host:port" in hint and "orchestrate check" in hint
+    hint = explain(FailureKind.COLLECTIVES_UNREACHABLE) or ""
+    assert "not 127.0.x.x" in hint and "the gloo check" in hint
 
 
 JAX_OK = {"jax": "0.10.2", "keras": "3.15.1"}
@@ -177,3 +192,34 @@ def test_jax_and_keras_versions_are_checked_on_every_host(
     if status is Status.FAIL:
         hint = finding.hint or ""
         assert "pip install 'orchestrate[jax]'" in hint or "the same JAX version" in hint, hint
+
+
+@pytest.mark.parametrize(
+    ("addresses", "status", "words"),
+    [
+        (["10.9.0.2", "127.0.1.1"], Status.OK, "node-b resolves to 10.9.0.2"),
+        (["127.0.1.1", "10.9.0.2"], Status.FAIL, "node-b resolves to 127.0.1.1 on b"),
+        ([], Status.FAIL, "node-b resolves to no address on b"),
+    ],
+)
+def test_a_host_name_that_resolves_to_loopback_is_found_for_gloo(
+    tmp_path: Path, addresses: list[str], status: Status, words: str
+) -> None:
+    """gloo (JAX's CPU collectives) advertises the first address of the host's own name: a
+    loopback one sends the peers to their own machines (measured on namespace hosts: "timed
+    out connecting ... remote=[127.0.0.1]"). TensorFlow jobs are not asked about it."""
+    tasked = cluster(tmp_path)
+    inventory = Inventory(tasked.path, tasked.base_dir, tasked.hosts,
+                          Job("demo", script="train.py", keras="jax"))  # fmt: skip
+    named = {n: inspection(packages=dict(JAX_OK), hostname=f"node-{n}",
+                           name_addresses=[f"10.9.0.{i + 1}"])
+             for i, n in enumerate("ac")}  # fmt: skip
+    b = inspection(packages=dict(JAX_OK), hostname="node-b", name_addresses=addresses)
+    report = run_preflight(inventory, backend_with({**named, "b": b}, all_ok_peers()))
+    gloo = {f.host: f for f in report.findings if f.check == "gloo"}
+    assert sorted(gloo) == ["a", "b", "c"] and gloo["a"].status is Status.OK
+    assert gloo["b"].status is status and words in gloo["b"].detail, gloo["b"]
+    if status is Status.FAIL:
+        assert "(10.9.0.2) in its /etc/hosts" in (gloo["b"].hint or "")
+    tensorflow = run_preflight(tasked, backend_with({"b": b}, all_ok_peers()))
+    assert not [f for f in tensorflow.findings if f.check == "gloo"]

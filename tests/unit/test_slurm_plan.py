@@ -21,7 +21,7 @@ from orchestrator.backends.slurm.commands import (
     usable,
 )
 from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script
-from orchestrator.contract import EXIT_PREEMPTED
+from orchestrator.contract import EXIT_PREEMPTED, JAX_PLACE_ENV
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import classify
 from orchestrator.errors import InventoryError, ScriptRefused
@@ -250,6 +250,55 @@ def test_the_launcher_runs_a_task_and_records_its_exit(tmp_path: Path) -> None:
     assert json.loads((run_dir / "exit.json").read_text())["returncode"] == 75
     logged = json.loads((run_dir / "worker.log").read_text().splitlines()[0])
     assert logged["cluster"]["worker"] == ["n1:2222", "n2:2222"]
+
+
+def test_the_launcher_gives_a_jax_task_its_cluster_from_the_node_list(tmp_path: Path) -> None:
+    """keras: jax on Slurm: the plan (from a real slurm: inventory) holds no addresses (the
+    tasks' placeholder names are not the nodes); the launcher writes the JAX cluster from
+    SLURM_STEP_NODELIST in SLURM_PROCID order, drops a TF_CONFIG the submitting shell exported,
+    and pins JAX's local devices to every GPU Slurm gave the task (else JAX's own Slurm
+    detection would give it [SLURM_LOCALID])."""
+    (tmp_path / "train.py").write_text("")
+    inventory = load_inventory(
+        write(
+            tmp_path,
+            "slurm:\n  nodes: 2\n  port: 7000\n"
+            + JOB.replace(
+                "  task: worker.examples.shapes:task\n", "  script: train.py\n  keras: jax\n"
+            ),
+        )
+    )
+    assert isinstance(inventory.source_settings, SlurmSpec)
+    specs = plan_workers(inventory, "run1", {h.name: str(tmp_path) for h in inventory.hosts})
+    script = batch_script(inventory.source_settings, inventory.job, specs)
+    plan = json.loads(script.split("<<'ORCHESTRATE_PLAN_END'\n", 1)[1].split("\nORCHE", 1)[0])
+    assert plan["cluster"] == "jax"
+    assert not [k for t in plan["tasks"] for k in t["env"] if k in JAX_PLACE_ENV]
+    shown = [
+        *JAX_PLACE_ENV,
+        "KERAS_BACKEND",
+        "JAX_CPU_COLLECTIVES_IMPLEMENTATION",
+        "JAX_LOCAL_DEVICE_IDS",
+        "TF_CONFIG",
+    ]
+    plan["tasks"][1]["argv"] = [sys.executable, "-c", "import json, os; print(json.dumps("
+                                f"{{k: os.environ.get(k) for k in {shown!r}}}))"]  # fmt: skip
+    env = {"ORCHESTRATE_SLURM_PLAN": json.dumps(plan), "SLURM_PROCID": "1", "SLURM_JOB_ID": "9",
+           "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_LOCALID": "0", "PATH": "/usr/bin:/bin",
+           "CUDA_VISIBLE_DEVICES": "2,5", "TF_CONFIG": '{"from": "the shell"}'}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", LAUNCHER_SOURCE], env=env, capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = Path(plan["tasks"][1]["run_dir"].replace("{SLURM_JOB_ID}", "9"))
+    assert json.loads((run_dir / "worker.log").read_text().splitlines()[0]) == {
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES": "gpu07:7000,gpu08:7000",
+        "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": "1",
+        "JAX_COORDINATOR_ADDRESS": "gpu07:7000", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1",
+        "KERAS_BACKEND": "jax", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+        "JAX_LOCAL_DEVICE_IDS": "0,1", "TF_CONFIG": None,
+    }  # fmt: skip
+    assert json.loads((run_dir / "tf_config.json").read_text()) == {}
+    assert launcher.jax_env(["n1"], 1, 0)["JAX_LOCAL_DEVICE_IDS"] == "0"  # no GPU: harmless
 
 
 def test_slurms_answers_parse() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +115,10 @@ def test_the_node_probe_reports_the_packages_the_checks_judge(tmp_path: Path) ->
     assert found.packages["tf-keras"] == installed("tf-keras")
     assert found.tensorflow == installed("tensorflow")
     assert json.loads(answer.stdout)["seen"] == {str(tmp_path): True}
+    # What this machine's name resolves to, as gloo (keras: jax) resolves it.
+    name = socket.gethostname()
+    expected = list(dict.fromkeys(a[4][0] for a in socket.getaddrinfo(name, None, 0, 1)))
+    assert json.loads(answer.stdout)["addresses"] == expected
 
 
 def installed(package: str) -> str | None:

@@ -331,3 +331,40 @@ def test_the_launcher_gives_each_index_its_tf_config(tmp_path: Path) -> None:
     env[pod_launcher.JOBSET_NAME_ENV] = "other"
     result = subprocess.run([*launched, "0"], env=env, capture_output=True, text=True, check=False)
     assert result.returncode == 2 and "exported for 'shapes'" in result.stderr
+
+
+def test_a_keras_jax_trainjob_targets_the_trainers_jax_policy(tmp_path: Path) -> None:
+    """The runtime declares mlPolicy.jax (whose plugin, in Trainer v2.3.0, writes
+    JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID into a TrainJob's `node`
+    container, pod 0 at port 29500, when the TrainJob has a trainer); the launcher checks them
+    against the export's pods, adds Keras' variables and sets no TF_CONFIG; without them (a
+    runtime without the policy) it exits 2 naming what is missing."""
+    (tmp_path / "train.py").write_text("")
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("defaults: {port: 2222}\nhosts:\n  - {name: a, address: 10.0.0.1}\n"
+                         "  - {name: b, address: 10.0.0.2}\n"
+                         "job: {name: fit, script: train.py, keras: jax}\n")  # fmt: skip
+    runtime, train_job = trainjob(load_inventory(inventory), "img")
+    assert problems([runtime, train_job]) == []
+    assert runtime["spec"]["mlPolicy"] == {"numNodes": 2, "jax": {}}
+    assert train_job["spec"]["trainer"] == {"numNodes": 2}
+    pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+    container = pod["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert not {"TF_CONFIG", "JAX_COORDINATOR_ADDRESS", "KERAS_DISTRIBUTION_PROCESS_ID"} & set(env)
+    workers = json.loads(env[pod_launcher.WORKERS_ENV])
+    assert workers == ["fit-node-0-0.fit:29500", "fit-node-0-1.fit:29500"]
+    assert container["ports"] == [{"name": "jax-coordinator", "containerPort": 29500}]
+    shown = ("TF_CONFIG", "KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_PROCESS_ID")
+    show = f"import json, os; print(json.dumps([os.environ.get(k) for k in {shown!r}]))"
+    launched = [sys.executable, "-I", "-c", LAUNCHER_SOURCE, sys.executable, "-c", show]
+    pod_env = {**os.environ, **env, pod_launcher.INDEX_ENV: "1", "TF_CONFIG": "{}"}
+    result = subprocess.run(launched, env=pod_env, capture_output=True, text=True, check=False)
+    assert result.returncode == 2 and "JAX_COORDINATOR_ADDRESS=None" in result.stderr
+    assert "mlPolicy.jax" in result.stderr
+    trainer = {"JAX_COORDINATOR_ADDRESS": "fit-node-0-0.fit:29500", "JAX_NUM_PROCESSES": "2",
+               "JAX_PROCESS_ID": "1"}  # what the jax plugin writes for TrainJob "fit"  # fmt: skip
+    result = subprocess.run(launched, env={**pod_env, **trainer}, capture_output=True, text=True,
+                            check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == [None, ",".join(workers), "1"]

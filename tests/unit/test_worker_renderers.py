@@ -42,8 +42,7 @@ import yaml
 from orchestrator.backends.registry import load_inventory
 from orchestrator.contract import (
     CHECKPOINT_DIR_ENV,
-    JAX_PROCESS_ID_ENV,
-    KERAS_PROCESS_ID_ENV,
+    JAX_PLACE_ENV,
     SCRIPT_BOOT,
     TF_CONFIG_ENV,
 )
@@ -58,11 +57,14 @@ PLACEMENT_ENV = frozenset({
     "ORCHESTRATE_PROGRESS_FILE",  # hosts and Slurm: the run directory
     "ORCHESTRATE_PERMANENT_EXIT_CODES",  # the TFJob's exit wrapper
     "ORCHESTRATE_TF_WORKERS", "ORCHESTRATE_JOBSET_NAME",  # the TrainJob's pod launcher
+    "ORCHESTRATE_CLUSTER",  # which cluster that launcher writes (keras: jax: the JAX one)
     "CUDA_VISIBLE_DEVICES",  # a host's own GPU indices
 })  # fmt: skip
-# keras: jax: each process's id (its place in the cluster) is its own, like TF_CONFIG's task;
-# test_a_jax_job_gives_each_host_its_process checks them.
-PROCESS_ENV = frozenset({KERAS_PROCESS_ID_ENV, JAX_PROCESS_ID_ENV})
+# keras: jax: each process's id (its place in the cluster) is its own, like TF_CONFIG's task,
+# and the cluster's addresses are where it runs: the hosts' (test_a_jax_job_gives_each_host_its_
+# process checks them), or the nodes Slurm picks, which the batch script's launcher writes
+# (test_slurm_plan.py checks it, test_slurm.py on a real cluster).
+PROCESS_ENV = frozenset(JAX_PLACE_ENV)
 REPLICA_ROLES = {"Chief": "chief", "PS": "ps", "Worker": "worker", "Evaluator": "evaluator"}
 SECRETS = {"WANDB_API_KEY": "never-rendered"}
 
@@ -217,8 +219,8 @@ ROWS = (
     Row("visible-gpus", "hosts' visible_gpus and gpu_memory_growth"),
     Row("ps", "chief, ps, worker and evaluator roles", refused=("trainjob",)),
     Row("evaluator", "workers and an evaluator", refused=("trainjob",)),
-    # The exports write TF_CONFIG from their own addresses; the JAX cluster's come from hosts.
-    Row("jax", "keras: jax (a Keras 3 script on JAX)", refused=("sbatch", "tfjob", "trainjob")),
+    # A TFJob's operator writes TF_CONFIG, not the JAX cluster.
+    Row("jax", "keras: jax (a Keras 3 script on JAX)", refused=("tfjob",)),
 )
 
 

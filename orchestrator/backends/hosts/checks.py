@@ -22,7 +22,9 @@ from typing import Any, Protocol
 
 from orchestrator.backends.hosts.perf import run_perf_round
 from orchestrator.backends.software import PACKAGES, Software, Where
+from orchestrator.backends.software import gloo_finding as shared_gloo_finding
 from orchestrator.backends.software import software_findings as shared_software_findings
+from orchestrator.contract import KERAS_JAX
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.fanout import GroupResult, fan_out
 from orchestrator.hostside import protocol
@@ -185,6 +187,14 @@ PROBE_MEANING = {
     "unreachable": "unreachable: no route",
     "error": "failed",
 }
+
+
+def gloo_finding(host: Host, report: Inspection) -> Finding | None:
+    """software.gloo_finding of a host; None where it cannot matter (a host at a loopback
+    address, whose peers share its machine) or the probe did not say."""
+    if report.name_addresses is None or is_loopback(host.address):
+        return None
+    return shared_gloo_finding(host.name, report.hostname, report.name_addresses, host.address)
 
 
 def reachability_finding(target: Host, probes: Mapping[str, PeerProbe], timeout: float) -> Finding:
@@ -424,6 +434,8 @@ def _host_findings(
         findings += directory_findings(host, report, ["workdir", "checkpoints"], min_free)
         peers = [p for p in inventory.hosts if p.name != host.name]
         findings.append(proxy_finding(host, {**report.env, **env}, peers))
+        gloo = gloo_finding(host, report) if inventory.job.keras == KERAS_JAX and peers else None
+        findings += [gloo] if gloo else []
         if report.listener_pid:
             probes = {
                 peer: answer.peers[host.name]

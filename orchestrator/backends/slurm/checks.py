@@ -2,7 +2,8 @@
 
 1. the partition exists and has N usable nodes (sinfo);
 2. one short srun on N nodes: each node's Python, TensorFlow, worker package and (keras:
-   legacy) tf_keras, judged by the software checks every backend shares (backends/software.py);
+   legacy) tf_keras, judged by the software checks every backend shares (backends/software.py),
+   and (keras: jax) what the node's own name resolves to, for gloo;
 3. the job directory and the checkpoint directory are on a filesystem every node and the login
    node see: the login node (this machine, or slurm.login's) writes a token file there, every
    task reads it and writes its own answer beside it, and the login node reads every answer
@@ -22,12 +23,18 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends.slurm.commands import SLURM, Slurm, parse_node_states, usable
-from orchestrator.backends.software import PACKAGES, Software, Where, software_findings
-from orchestrator.contract import ISOLATED
+from orchestrator.backends.software import (
+    PACKAGES,
+    Software,
+    Where,
+    gloo_finding,
+    software_findings,
+)
+from orchestrator.contract import ISOLATED, KERAS_JAX
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.hostside.bundle import bundle
 from orchestrator.model.findings import Finding, PreflightReport, Status
-from orchestrator.model.reading import mapping, text
+from orchestrator.model.reading import mapping, text, texts
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.model.workers import checkpoint_dir, job_dir
 
@@ -56,8 +63,13 @@ for directory, token in DIRECTORIES.items():
             handle.write(token)
     except OSError as exc:
         seen[directory] = str(exc)
+try:  # as gloo resolves it (keras: jax): the first address of the node's own name
+    found = socket.getaddrinfo(node, None, 0, socket.SOCK_STREAM)
+    addresses = list(dict.fromkeys(entry[4][0] for entry in found))
+except OSError:
+    addresses = []
 print(json.dumps({"node": node, "python": sys.version.split()[0],
-                  "packages": packages, "seen": seen}))
+                  "packages": packages, "seen": seen, "addresses": addresses}))
 """
 
 
@@ -104,6 +116,10 @@ def slurm_preflight(
         return PreflightReport(tuple(findings))
     found = {str(a["node"]): node_software(a) for a in answers}
     findings += software_findings(inventory.job, found, Where("slurm.python", "node"))
+    if inventory.job.keras == KERAS_JAX and spec.nodes > 1:
+        findings += [gloo_finding(str(a["node"]), str(a["node"]), texts(a.get("addresses")),
+                                  "its address in slurm.conf's NodeAddr")
+                     for a in answers]  # fmt: skip
     readback = {path: _seen_by(runner.run, path) for path in directories}
     findings += _shared(answers, directories, readback, viewer)
     return PreflightReport(tuple(findings))

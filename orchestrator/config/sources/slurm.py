@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.report import Report, line_of
 from orchestrator.config.sources.base import HostSource, Placed
-from orchestrator.contract import KERAS_JAX, STRATEGY_PS
+from orchestrator.contract import STRATEGY_PS
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import (
     DEFAULT_CONNECTION,
@@ -303,18 +303,6 @@ def check_batch_script_values(job: Job, document: LineMap, report: Report) -> No
             report.add(line, key, end_marker_problem(marker))
 
 
-def check_slurm_job(job: Job, document: LineMap, report: Report) -> None:
-    """The batch script's values (check_batch_script_values), and the jobs it cannot run yet:
-    `keras: jax` needs the coordinator's address from the node list, which the batch script's
-    launcher does not write yet (it writes TF_CONFIG)."""
-    check_batch_script_values(job, document, report)
-    if job.keras == KERAS_JAX:
-        block = document["job"]
-        report.add(line_of(block, "keras"), "job.keras", "jax does not run on Slurm yet "
-                   "(its launcher writes TF_CONFIG, not the JAX cluster's variables); use "
-                   "hosts: or ansible:")  # fmt: skip
-
-
 # Without `login:` the files of a Slurm run are read where `orchestrate` runs (the login node);
 # with it, over SSH: the default connection kind, whose keys `login:` takes.
 
@@ -394,7 +382,7 @@ SOURCE = HostSource(
     check_roles=check_slurm_roles,
     no_setup="applies to hosts reached over SSH (hosts: or ansible:); on Slurm, prepare the "
     "nodes' shared environment",
-    check_job=check_slurm_job,
+    check_job=check_batch_script_values,
     settings_from_json=spec_from_json,
 )  # fmt: skip
 __all__ = ["DEFAULT_PORT", "parse_slurm", "slurm_workers"]
