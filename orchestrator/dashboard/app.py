@@ -121,7 +121,8 @@ class _Handlers:
         # As `status --json` has it: the run's goodput account (the page's line and bar aside).
         account = {k: v for k, v in (document.get("goodput") or {}).items()
                    if k not in ("line", "bar")}  # fmt: skip
-        return JSONResponse({**status, "goodput": account, "tracking": document.get("tracking")})
+        return JSONResponse({**status, "goodput": account, "tracking": document.get("tracking"),
+                             "supervised": document.get("supervised")})  # fmt: skip
 
     async def dashboard(self, request: Request) -> Response:
         watch = self._watched(request)

@@ -29,6 +29,7 @@ from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.dashboard import model
 from orchestrator.dashboard.model import HISTORY_FILE
 from orchestrator.engine.hangs import kept as kept_stacks
+from orchestrator.engine.locks import is_supervised
 from orchestrator.engine.plan import RUN_ID_PATTERN
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.snapshot import Snapshot, read_snapshot
@@ -220,6 +221,7 @@ class RunWatch:
             "tensorboard": self._tensorboard(),
             "mlflow": mlflow_link(record),
             "tracking": tracking_json(record.inventory.job.tracking),  # as `status --json`
+            "supervised": is_supervised(self.store, record.run_id),  # as `status --json`
             "runs": [
                 {**run, "state": status.state.value} if run["run_id"] == record.run_id else run
                 for run in self._earlier_runs()
