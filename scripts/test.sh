@@ -60,10 +60,13 @@ install_venv() {
 phase setup "pip install of the project and its extras (.venv)" install_venv
 # The tests' MLflow tracking server in a venv of its own (pyproject.toml's tracking-server extra
 # says why), installed beside the checks and the lanes; its tests wait for it (tests/mlflowserver.py).
+# --no-compile here and for .venv-jax: byte-compiling every module of their packages took CPU
+# from the lanes (the server's install alone took 363 s beside them); Python compiles what the
+# tests import, when they import it.
 install_tracking_server() {
     python3 -m venv .venv-mlflow
     .venv/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['tracking-server']))" >"$logs/tracking-server.txt"
-    .venv-mlflow/bin/python -m pip install -q -r "$logs/tracking-server.txt"
+    .venv-mlflow/bin/python -m pip install -q --no-compile -r "$logs/tracking-server.txt"
     touch .venv-mlflow/installed
 }
 rm -f .venv-mlflow/installed
@@ -77,7 +80,7 @@ install_jax_only() {
     source="$(mktemp -d)"
     tar -c --exclude='./.venv*' --exclude=./.git --exclude=./docker/wheels . | tar -x -C "$source"
     python3 -m venv .venv-jax
-    .venv-jax/bin/python -m pip install -q "${source}[jax]"
+    .venv-jax/bin/python -m pip install -q --no-compile "${source}[jax]"
     rm -rf "$source"
     touch .venv-jax/installed
 }
