@@ -4,6 +4,7 @@ warm and its conclusion."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from orchestrator.cli.statustable import progress_bar
 from orchestrator.engine.advice import goodput_advice
 from orchestrator.engine.exports import chief_export_dir, export_is_remote
 from orchestrator.engine.goodput import run_account, summary
-from orchestrator.engine.locks import SupervisorLock
+from orchestrator.engine.locks import SupervisorLock, wait_held
 from orchestrator.engine.policy import conclude
 from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.status import RunStatus
@@ -88,7 +89,7 @@ def supervise_here(
     with `hand_over` a detached supervisor takes the run over (a person at a terminal expects
     the run to stay looked after, as `up -d`'s is)."""
     lock = SupervisorLock(store.lock_path(record.run_id))
-    if not lock.acquire():
+    if not lock.acquire_patiently():
         raise RunStateError(
             f"run {record.run_id} is already supervised by another process",
             hint="'orchestrate attach' shows its live view",
@@ -114,6 +115,9 @@ def supervise_here(
     finish(final, ended)
 
 
+HANDOVER_WAIT = 30.0  # seconds a Ctrl-C waits for the detached supervisor to hold the run
+
+
 def hand_over_supervision(store: RunStore, run_id: str) -> OrchestrateError:
     """After Ctrl-C: a detached supervisor for the run, unless it gave up or was stopped
     meanwhile (one started for a run that has just succeeded ends at its first look). A second
@@ -123,9 +127,22 @@ def hand_over_supervision(store: RunStore, run_id: str) -> OrchestrateError:
         return StoppedWatching()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        return StillSupervised(run_id, spawn_supervisor(store, run_id))
+        pid = spawn_supervisor(store, run_id)
+        # Said once it is true: the new supervisor holds the run (a worker lost in between is
+        # its first poll's), or it has already ended (the run ended meanwhile).
+        wait_held(SupervisorLock(store.lock_path(run_id)), lambda: child_running(pid),
+                  HANDOVER_WAIT)  # fmt: skip
+        return StillSupervised(run_id, pid)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def child_running(pid: int) -> bool:
+    """Whether this process's child `pid` has not exited (an exited one is reaped here)."""
+    try:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return False
 
 
 def spawn_supervisor(store: RunStore, run_id: str) -> int:

@@ -61,13 +61,15 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
                           highlight=False)  # fmt: skip
         return
     record = context.store.load(run_id)
+    # Asked before the status is collected: a run whose supervisor had ended by then shows its
+    # end; asked after, a run that ended meanwhile showed `running` and `supervised: false`.
+    supervised = is_supervised(context.store, record.run_id)
     with open_backend(record.inventory) as backend:
         result = collect_status(record, backend)
         # The slots' standbys, from the hosts' own listing (a host not answering lists none).
         kept = backend.keeper.standbys(record.workers).ok if backend.keeper else {}
         standbys = {n: s for n, s in kept.items() if s}
     account = run_account(record, result, time.time())
-    supervised = is_supervised(context.store, record.run_id)
     if as_json:
         data = result.to_json()
         data["supervised"] = supervised

@@ -50,6 +50,17 @@ class FileLock:
         self._fd = fd
         return True
 
+    def acquire_patiently(self, patience: float = 2.0) -> bool:
+        """acquire(), tried again for `patience` seconds: `status` and `attach` learn whether a
+        run is supervised by taking its lock for an instant (held_elsewhere), and a supervisor
+        starting in that instant must not conclude that another one holds the run."""
+        deadline = time.monotonic() + patience
+        while not self.acquire():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def held_elsewhere(self) -> bool:
         if self.acquire():
             self.release()
@@ -82,6 +93,17 @@ class FileLock:
 
 
 SupervisorLock = FileLock  # one per run: `{run_id}.lock`
+
+
+def wait_held(lock: FileLock, alive: Callable[[], bool], timeout: float) -> bool:
+    """Whether another process came to hold `lock` within `timeout` seconds, while `alive()`
+    (the process expected to take it) says it is still there."""
+    deadline = time.monotonic() + timeout
+    while not lock.held_elsewhere():
+        if time.monotonic() >= deadline or not alive():
+            return False
+        time.sleep(0.05)
+    return True
 
 
 START_WAIT = 300.0  # seconds a second `up` waits for the first to finish launching

@@ -40,6 +40,7 @@ from tests.conftest import (
     suspend_workers,
     wait_for,
 )
+from tests.jaxonly import jax_only_python
 from tests.planted import ALL_NAMES, all_imports, host_program_imports, plant
 
 pytestmark = [pytest.mark.slurm, pytest.mark.tf]
@@ -675,7 +676,10 @@ JAX_SCRIPT = REPO / "tests" / "scripts" / "fit_keras3_jax.py"
 
 def _jax_job(epochs: int, **env: object) -> list[str]:
     """The model.fit script of test_keras_jax.py (a BackupAndRestore every 4 steps, 8 steps an
-    epoch), as a `keras: jax` job."""
+    epoch), as a `keras: jax` job. Its nodes run the jax-only install (tests/jaxonly.py), as a
+    JAX user's hosts do: with TensorFlow installed beside JAX, Keras 3 imports TensorFlow in the
+    middle of a run, and in one CI run both tasks then aborted in JAX's coordination service
+    ("tried to connect with a different incarnation")."""
     values = {"EPOCHS": epochs, "SAVE_EVERY": 4, **env}
     return ["  name: fitjax", f"  script: {json.dumps(str(JAX_SCRIPT))}", "  keras: jax",
             "  max_restarts: 2", f"  env: {json.dumps(values)}"]  # fmt: skip
@@ -692,7 +696,9 @@ def test_keras3_fit_on_jax_trains_two_tasks_and_resumes_after_a_killed_one(
     """Each task's JAX cluster comes from Slurm's node list (the launcher's), JAX's own Slurm
     detection agreeing with it; a SIGKILLed task ends the batch job, the next resumes both from
     their BackupAndRestore, and both end with the same weights."""
-    inventory = orchestrate.inventory(steps=0, job=_jax_job(3, STEP_DELAY=0.3))
+    inventory = orchestrate.inventory(
+        steps=0, job=_jax_job(3, STEP_DELAY=0.3), python=jax_only_python()
+    )
     up = orchestrate("up", "--detach", str(inventory))
     assert up.returncode == 0, up.stderr
 
@@ -720,7 +726,7 @@ def test_keras3_fit_on_jax_trains_two_tasks_and_resumes_after_a_killed_one(
 
 
 def test_an_exported_keras_jax_script_trains_under_plain_sbatch(orchestrate: Orchestrate) -> None:
-    inventory = orchestrate.inventory(steps=0, job=_jax_job(1))
+    inventory = orchestrate.inventory(steps=0, job=_jax_job(1), python=jax_only_python())
     # First the check: each node's name resolves there to its own address (its NodeAddr),
     # which gloo tells the other task; JAX and Keras 3 on both.
     check = orchestrate("check", "--json", str(inventory))
