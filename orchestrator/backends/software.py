@@ -159,7 +159,7 @@ def jax_finding(
     """`job.keras: jax` needs JAX and Keras 3 where the worker runs, and one version of each on
     every machine: the processes compile and run one program together, and its collectives
     between different versions fail."""
-    hint = f"pip install 'orchestrate[jax]' into the Python named by {where.python}"
+    hint = install_hint("jax", f"into the Python named by {where.python}")
     jax, keras = software.packages.get(JAX_PACKAGE), software.packages.get(KERAS_PACKAGE)
     missing = [label for label, version in (("JAX", jax), ("Keras", keras)) if version is None]
     if missing:
