@@ -194,6 +194,12 @@ def test_wrong_key_closed_port_and_silent_address_each_get_a_clear_error(
     # host2 keeps answering pings but has no sshd; nothing at all answers at .99.
     cluster.stop_sshd(cluster.hosts[1])
     try:
+        # The same `up` without the silent host, timed under the same load: what the CLI's
+        # start and the other hosts cost here (a fixed bound failed on a loaded CI runner).
+        write_inventory(cli, cluster, job, hosts=host_entries(cluster))
+        started = time.monotonic()
+        assert cli("up", "--skip-checks", "inv.yaml").returncode == 3
+        without_ghost = time.monotonic() - started
         hosts = [*host_entries(cluster), {"name": "ghost", "address": "10.231.0.99"}]
         write_inventory(cli, cluster, job, hosts=hosts)
         started = time.monotonic()
@@ -206,7 +212,11 @@ def test_wrong_key_closed_port_and_silent_address_each_get_a_clear_error(
     assert "host2: connection refused by root@10.231.0.12:22" in result.stderr
     assert "ghost: no answer from root@10.231.0.99:22 within 3 s" in result.stderr
     assert "host1" not in result.stderr.split("failed on", 1)[1]  # the good host is not blamed
-    assert elapsed < 3 + 5, "one silent host must not hold the others past the timeout"
+    # The silent host costs its 3 s timeout beside the others, not after them (slack: 3 s).
+    assert elapsed < without_ghost + 3 + 3, (
+        f"one silent host must not hold the others past the timeout ({elapsed:.1f} s against "
+        f"{without_ghost:.1f} s without it)"
+    )
 
 
 def test_up_fresh_sets_aside_the_checkpoints_of_every_host_that_holds_them(
