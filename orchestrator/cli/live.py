@@ -89,7 +89,7 @@ def supervise_here(
     with `hand_over` a detached supervisor takes the run over (a person at a terminal expects
     the run to stay looked after, as `up -d`'s is)."""
     lock = SupervisorLock(store.lock_path(record.run_id))
-    if not lock.acquire_patiently():
+    if not lock.wait(SUPERVISOR_START_WAIT):
         raise RunStateError(
             f"run {record.run_id} is already supervised by another process",
             hint="'orchestrate attach' shows its live view",
@@ -115,6 +115,7 @@ def supervise_here(
     finish(final, ended)
 
 
+SUPERVISOR_START_WAIT = 2.0  # seconds a supervisor waits out a look at its lock (FileLock.wait)
 HANDOVER_WAIT = 30.0  # seconds a Ctrl-C waits for the detached supervisor to hold the run
 
 

@@ -50,17 +50,6 @@ class FileLock:
         self._fd = fd
         return True
 
-    def acquire_patiently(self, patience: float = 2.0) -> bool:
-        """acquire(), tried again for `patience` seconds: `status` and `attach` learn whether a
-        run is supervised by taking its lock for an instant (held_elsewhere), and a supervisor
-        starting in that instant must not conclude that another one holds the run."""
-        deadline = time.monotonic() + patience
-        while not self.acquire():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-        return True
-
     def held_elsewhere(self) -> bool:
         if self.acquire():
             self.release()
@@ -83,7 +72,10 @@ class FileLock:
         return True
 
     def wait(self, timeout: float) -> bool:
-        """Acquire, waiting up to `timeout` seconds for the holder to let go."""
+        """Acquire, waiting up to `timeout` seconds for the holder to let go. A supervisor
+        starts with it too: `status` and `attach` learn whether a run is supervised by taking
+        its lock for an instant (held_elsewhere), and one starting in that instant must not
+        conclude that another holds the run."""
         deadline = time.monotonic() + timeout
         while not self.acquire():
             if time.monotonic() >= deadline:

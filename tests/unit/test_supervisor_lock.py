@@ -1,5 +1,5 @@
 """A supervisor starting while `status` looks at its run's lock (held_elsewhere takes it for an
-instant) still gets it: acquire_patiently tries again for a while. A real holder in another
+instant) still gets it: FileLock.wait tries again for a while. A real holder in another
 process holds it past that."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_a_lock_held_for_an_instant_is_acquired_once_let_go(tmp_path: Path) -> N
     brief = holder(path, 0.3)
     lock = FileLock(path)
     assert not lock.acquire()  # what the supervisor did before: it gave up at once
-    assert lock.acquire_patiently(patience=5.0)
+    assert lock.wait(5.0)
     lock.release()
     brief.wait(10)
 
@@ -44,7 +44,7 @@ def test_a_lock_held_longer_than_the_patience_is_refused(tmp_path: Path) -> None
     long = holder(path, 30)
     try:
         started = time.monotonic()
-        assert not FileLock(path).acquire_patiently(patience=0.5)
+        assert not FileLock(path).wait(0.5)
         assert 0.5 <= time.monotonic() - started < 5
         assert FileLock(path).held_elsewhere()
     finally:
