@@ -82,8 +82,12 @@ def problems(path: Path) -> list[str]:
 
 
 def test_what_keras_jax_refuses_is_said_with_its_line(tmp_path: Path) -> None:
-    task = problems(inventory_file(tmp_path, "{task: 'm:f', steps: 5, keras: jax}"))
-    assert any("job.keras: jax runs a job.script" in p for p in task), task
+    tools = "{task: 'm:f', steps: 5, keras: jax, export: saved_model, profile_steps: [2, 3]}"
+    task = problems(inventory_file(tmp_path, tools))
+    assert any("job.export: saved_model is a TensorFlow SavedModel" in p for p in task), task
+    assert any("job.profile_steps: TensorFlow's profiler" in p for p in task), task
+    loop = load_inventory(inventory_file(tmp_path, "{task: 'm:f', steps: 5, keras: jax}"))
+    assert loop.job.keras == "jax" and loop.job.task == "m:f"  # the built-in loop on JAX
     mirrored = problems(
         inventory_file(tmp_path, "{script: train.py, keras: jax, strategy: mirrored}")
     )
