@@ -5,11 +5,11 @@ MultiWorkerMirroredStrategy and worker.parameter_server under ParameterServerStr
 
   keras.distribution.initialize() (the KERAS_DISTRIBUTION_* variables orchestrate sets) ->
   DataParallel over every process's devices, auto_shard_dataset off -> one seed everywhere ->
-  the task's NumPy arrays, each process its shard -> model and optimizer, compiled -> the
-  latest checkpoint -> steps (model.train_on_batch on the process's share of the global batch;
-  the gradients are averaged over all of them) with logs, progress, the chief's checkpoints,
-  evaluations and stop checks -> a final evaluation and, with --export keras, the chief's
-  model.keras.
+  the task's NumPy arrays, each process its shard -> model and optimizer (compiled, for the
+  export's sake) -> the latest checkpoint -> steps (worker.jaxstep: a jitted step over the
+  global batch, each process feeding its share; the gradients are averaged over all of them)
+  with logs, progress, the chief's checkpoints, evaluations and stop checks -> a final
+  evaluation and, with --export keras, the chief's model.keras.
 
 No TensorFlow: a keras: jax host has none (docs/keras3.md says why). The task's dataset and
 eval_dataset factories return NumPy arrays here (worker.task); the loop's batches are a function
@@ -37,6 +37,7 @@ from worker.jaxparts import (
     StopVote,
     restore,
 )
+from worker.jaxstep import Trainer
 from worker.loop import Loop
 from worker.output import log
 from worker.preemption import SigtermFlag, watch_sigterm
@@ -83,6 +84,7 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
     batches = jaxdata.train_batches(features, labels, start_step=start_step, batch=batch,
                                     process=process, processes=processes)  # fmt: skip
     final_step = loop.run(batches, start_step)
+    loop.saver.before_read()  # type: ignore[attr-defined]  # the last step's values
     finish(config, model, process)
     return final_step
 
@@ -99,9 +101,9 @@ def shared_seed(seed: int | None) -> int:
 
 
 def build(task: TrainingTask, features: np.ndarray, labels: np.ndarray) -> tuple[Any, Any, bool]:
-    """The task's model and optimizer, compiled with its per-example loss (averaged over the
-    global batch) and, for class-index labels, accuracy; the optimizer's variables made, so a
-    checkpoint can fill them before the first step."""
+    """The task's model and optimizer, compiled with its loss and, for class-index labels,
+    accuracy (the exported model.keras loads compiled; the step is worker.jaxstep's); the
+    optimizer's variables made, so a checkpoint can fill them before the first step."""
     model, optimizer = task.model(), task.optimizer()
     if not model.built:
         model.build((None, *features.shape[1:]))
@@ -129,28 +131,22 @@ def build_loop(
 
     process, processes = jax.process_index(), jax.process_count()
     window = HostWindow()
-
-    def train_step(batches: Any, steps: int) -> None:
-        for _ in range(steps):
-            x, y = next(batches)
-            # The loss, then the compiled metrics (accuracy, with class-index labels), as host
-            # values of the global batch: the same on every process.
-            values = np.atleast_1d(model.train_on_batch(x, y))
-            window.add(float(values[0]), float(values[1]) if with_accuracy else None)
-
+    trainer = Trainer(model, optimizer, task.loss, window, with_accuracy)
     evaluator = None
     if task.eval_dataset is not None:
         x, y = jaxdata.arrays_of(task.eval_dataset(), "eval_dataset")
         batch = jaxdata.local_batch(config.batch_size, processes)
         evaluator = Evaluator(model, task.loss, jaxdata.eval_batches(x, y, batch, process,
                               processes), with_accuracy, len(y))  # fmt: skip
+        evaluator.before_read = trainer.sync
         log(f"worker: evaluating {evaluator.examples} examples in {evaluator.steps} steps "
             + (f"every {config.eval_every} steps and " if config.eval_every else "")
             + "after the last step")  # fmt: skip
     saver = Saver(model, optimizer, config.checkpoint_dir, config.max_to_keep, process == 0)
+    saver.before_read = trainer.sync
     return Loop(
         config=config,
-        train_step=train_step,
+        train_step=trainer,
         window=window,  # type: ignore[arg-type]
         saver=saver,  # type: ignore[arg-type]
         summaries=Scalars(process == 0),  # type: ignore[arg-type]

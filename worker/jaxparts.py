@@ -22,7 +22,7 @@ from worker.tracking import MetricLog
 
 class _Count:
     """Loop reads `window.steps.numpy()` to wait for a step; here every step has been waited
-    for already (train_on_batch returns its logs as host values)."""
+    for already (its loss is read as a host value)."""
 
     def __init__(self) -> None:
         self.value = 0.0
@@ -32,8 +32,9 @@ class _Count:
 
 
 class HostWindow:
-    """Loss and accuracy of the steps since the last log, summed on the host: train_on_batch
-    returns each step's values, the global batch's (the same on every process)."""
+    """Loss and accuracy of the steps since the last log, summed on the host: the step
+    (worker.jaxstep) returns each step's values, the global batch's (the same on every
+    process)."""
 
     def __init__(self) -> None:
         self.steps = _Count()
@@ -84,6 +85,7 @@ class Saver:
         self.directory, self.max_to_keep, self.is_chief = directory, max_to_keep, is_chief
         self.saved_step: int | None = None
         self.on_written: Callable[[int], None] = lambda step: None
+        self.before_read: Callable[[], None] = lambda: None  # the step's values into the model
         if is_chief:
             jaxsaver.remove_interrupted_saves(directory)
 
@@ -91,6 +93,7 @@ class Saver:
         """Blocking: the values are copied off the devices and written at once (the whole
         model is small next to a step of it, and the write is one file)."""
         if self.is_chief:
+            self.before_read()
             saved = jaxsaver.Saved(step, state_arrays(self.model.weights),
                                    state_arrays(self.optimizer.variables))  # fmt: skip
             jaxsaver.save(self.directory, saved, self.max_to_keep)
@@ -175,6 +178,7 @@ class Evaluator:
 
         self.model, self.batches, self.with_accuracy = model, batches, with_accuracy
         self.steps = len(batches)
+        self.before_read: Callable[[], None] = lambda: None  # the step's values into the model
         self.sharding = batch_sharding()
 
         def sums(trainable: Any, other: Any, x: Any, y: Any, w: Any) -> Any:
@@ -198,6 +202,7 @@ class Evaluator:
 
     def evaluate(self) -> EvalResult:
         started = time.perf_counter()
+        self.before_read()
         trainable = [v.value for v in self.model.trainable_variables]
         other = [v.value for v in self.model.non_trainable_variables]
         loss, right, count = self._total(lambda x, y, w: self._sums(trainable, other, x, y, w))

@@ -22,10 +22,10 @@ pytestmark = pytest.mark.tf
 
 JOB = "shapes"
 WORKERS = ("worker-0", "worker-1")
-STEPS = 160
+STEPS = 200
 EVERY = 20  # checkpoints
-# 512 a step (256 a worker): about 10 steps/s on a loaded 2-core machine, so a kill lands
-# mid-run, after a few checkpoints, without a delay written into the loop.
+# 512 a step (256 a worker): about 20 steps/s on a loaded 2-core machine, so a kill after the
+# second checkpoint lands mid-run without a delay written into the loop.
 BATCH = 512
 DIGEST = re.compile(r"worker: final weights sha256 ([0-9a-f]{64})")
 
@@ -35,7 +35,7 @@ def jax_loop_inventory(cli: Cli, python: str) -> Path:
     hosts = [f"name: {name}, address: localhost, port: {port}, python: {python}"
              for name, port in zip(WORKERS, ports, strict=True)]  # fmt: skip
     job = {"name": JOB, "task": "worker.examples.shapes:task", "keras": "jax", "steps": STEPS,
-           "checkpoint_every": EVERY, "log_every": EVERY, "eval_every": 80, "batch_size": BATCH,
+           "checkpoint_every": EVERY, "log_every": EVERY, "eval_every": 100, "batch_size": BATCH,
            "seed": 7, "export": "keras", "max_restarts": 2, "restart_backoff": 0,
            "env": {"TF_CPP_MIN_LOG_LEVEL": "2"}}  # fmt: skip
     return local_inventory(cli, hosts, job)
