@@ -71,7 +71,8 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
     progress = ProgressWriter(config.progress_file)
     write_start(progress, start_step=start_step, restored_step=restored_step,
                 target_steps=config.steps, task_index=process, num_workers=processes,
-                devices=[str(d) for d in jax.local_devices()],
+                devices=[f"/device:{d.platform.upper()}:{i}"  # as the TensorFlow loop names them
+                         for i, d in enumerate(jax.local_devices())],
                 num_replicas=jax.device_count())  # fmt: skip
     if note:
         progress.write(note=note)

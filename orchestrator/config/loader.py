@@ -290,6 +290,10 @@ def _check_jax_job(job: Job, hosts: list[Host], block: LineMap, report: Report) 
         if host.role == ROLE_EVALUATOR:
             report.add(None, f"hosts.{host.name}.role", "an evaluator reads TensorFlow "
                        "checkpoints; a keras: jax job has none: leave role unset")  # fmt: skip
+    if job.warm_restarts:
+        report.add(line_of(block, "warm_restarts"), "job.warm_restarts",
+                   "a standby imports TensorFlow, which a keras: jax host does not have: "
+                   "leave it unset")  # fmt: skip
     if job.task is None:
         return
     if job.profile_steps:

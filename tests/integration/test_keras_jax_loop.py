@@ -91,8 +91,14 @@ def test_the_bundled_example_trains_on_jax_survives_a_killed_worker_and_resumes(
     assert status["state"] == "succeeded"
     assert [(w["step"], w["checkpoint_step"]) for w in status["workers"]] == [(STEPS, STEPS)] * 2
     assert status["workers"][0]["val_accuracy"] > 0.5  # four classes: it learned
+    assert [w["devices"] for w in status["workers"]] == [["/device:CPU:0"]] * 2
     checkpoints = sorted(p.name for p in (root / "checkpoints").glob("ckpt-*"))
     assert f"ckpt-{STEPS}.npz" in checkpoints, checkpoints
+    # The controller reads the chief's NumPy checkpoints as TensorFlow's: nothing left to train.
+    again = cli("up", str(inventory), "--skip-checks", check=True, timeout=120)
+    assert f"ckpt-{STEPS} already reaches steps: {STEPS}: nothing to train" in " ".join(
+        again.stderr.split()
+    )
 
     # The chief's export loads back, in the jax-only install, with the weights both ended with.
     model = root / "export" / "model.keras"
