@@ -55,8 +55,8 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
     import jax
     import keras
 
-    if os.environ.get(KERAS_PROCESS_ID_ENV) is not None:  # by hand, outside a job: one process
-        keras.distribution.initialize()
+    if os.environ.get(KERAS_PROCESS_ID_ENV) is not None:  # orchestrate set the cluster's
+        keras.distribution.initialize()  # variables; run by hand without them: one process
     keras.distribution.set_distribution(
         keras.distribution.DataParallel(devices=jax.devices(), auto_shard_dataset=False)
     )
