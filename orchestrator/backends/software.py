@@ -73,6 +73,10 @@ def software_findings(job: Job, found: Mapping[str, Software], where: Where) -> 
         findings.append(python_finding(name, software.python, pythons))
         if job.keras == KERAS_JAX:
             findings.append(jax_finding(name, software, found, where))
+            if software.tensorflow:
+                findings.append(beside_jax_finding(name, software.tensorflow, where))
+            if job.task is not None:  # the built-in loop on JAX is the worker package's
+                findings.append(worker_finding(name, software.packages.get(WORKER_PACKAGE), where))
             continue
         findings.append(tensorflow_finding(name, software.tensorflow, versions, job, where))
         if job.task is not None:
@@ -178,6 +182,17 @@ def jax_finding(
                            hint=f"install the same {label} version on every "
                            f"{where.machine}")  # fmt: skip
     return Finding(name, "jax", Status.OK, f"JAX {jax}, Keras {keras} (job.keras: jax)")
+
+
+def beside_jax_finding(name: str, tensorflow: str, where: Where) -> Finding:
+    """TensorFlow installed where a `keras: jax` worker runs: Keras 3 imports it lazily (its
+    data adapters, its export), and its own copy of the XLA runtime beside JAX's once aborted
+    both tasks of a job in JAX's coordination service mid-`model.fit` (docs/keras3.md)."""
+    return Finding(name, "tensorflow", Status.WARN,
+                   f"TensorFlow {tensorflow} is installed beside JAX: Keras 3 may import it "
+                   "mid-run, and its second XLA runtime has aborted JAX's coordination",
+                   hint="give the jax job a Python without TensorFlow: "
+                   + install_hint("jax", f"into a new venv, named by {where.python}"))  # fmt: skip
 
 
 def gloo_finding(

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import __version__
 from orchestrator.backends.hosts.checks import run_preflight
 from orchestrator.backends.registry import load_inventory, load_inventory_text
+from orchestrator.backends.software import WORKER_PACKAGE
 from orchestrator.config.local import local_inventory
 from orchestrator.contract import JAX_CPU_COLLECTIVES_ENV, KERAS_BACKEND_ENV
 from orchestrator.engine.failures import FailureKind, classify_exit, explain
@@ -203,6 +205,33 @@ def test_jax_and_keras_versions_are_checked_on_every_host(
         hint = finding.hint or ""
         assert "pip install '.[jax]'" in hint or "the same JAX version" in hint, hint
         assert "'orchestrate[" not in hint  # PyPI's orchestrate is another project
+
+
+def test_tensorflow_beside_jax_is_a_warning_and_a_jax_task_needs_the_worker_package(
+    tmp_path: Path,
+) -> None:
+    """TensorFlow on host b beside JAX: a warning naming it (the check still passes); the
+    built-in loop (`task:`) on JAX needs the controller's worker package on every host."""
+    tasked = cluster(tmp_path)
+    inventory = Inventory(tasked.path, tasked.base_dir, tasked.hosts,
+                          Job("demo", task="m:f", keras="jax"))  # fmt: skip
+    worker = {WORKER_PACKAGE: __version__}
+    backend = backend_with({"a": inspection(packages={**JAX_OK, **worker}),
+                            "b": inspection(packages={**JAX_OK, **worker, "tensorflow": "2.21.0"}),
+                            "c": inspection(packages=dict(JAX_OK))},
+                           all_ok_peers())  # fmt: skip
+    report = run_preflight(inventory, backend)
+    found = {(f.host, f.check): f for f in report.findings}
+    beside = found["b", "tensorflow"]
+    assert (
+        beside.status is Status.WARN
+        and "TensorFlow 2.21.0 is installed beside JAX" in beside.detail
+    )
+    assert "pip install '.[jax]'" in (beside.hint or "")
+    assert ("a", "tensorflow") not in found and ("c", "tensorflow") not in found
+    assert found["a", "worker"].status is Status.OK
+    assert found["c", "worker"].status is Status.FAIL
+    assert "worker package is not installed" in found["c", "worker"].detail
 
 
 @pytest.mark.parametrize(
