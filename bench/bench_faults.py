@@ -35,7 +35,7 @@ from pathlib import Path
 from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.backends.registry import load_inventory
 from orchestrator.engine.lifecycle import start_run, stop_run
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.fanout import GroupResult
 from orchestrator.model.answers import BY_DOWN, StopAnswer

@@ -26,7 +26,7 @@ import psutil
 from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.backends.registry import load_inventory
 from orchestrator.engine.lifecycle import start_run, stop_run
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor
 from tests.cluster.inventories import write_inventory
 from tests.cluster.netns import NamespaceCluster, cleanup_leftovers

@@ -23,7 +23,6 @@ from orchestrator.cli.app import (
 )
 from orchestrator.cli.render import problems, standby_lines, status_table
 from orchestrator.contract import install_hint
-from orchestrator.engine.exports import export_is_remote, local_export, pull_export
 from orchestrator.engine.goodput import run_account, summary
 from orchestrator.engine.hangs import collect
 from orchestrator.engine.locks import is_supervised
@@ -32,7 +31,8 @@ from orchestrator.engine.logs import follow, follow_timed, last_lines, select_wo
 from orchestrator.engine.queue import pending
 from orchestrator.engine.stacks import grouped
 from orchestrator.engine.status import collect_status
-from orchestrator.engine.tensorboard import events_are_remote, local_event_dir, pull_events
+from orchestrator.engine.store.exports import export_is_remote, local_export, pull_export
+from orchestrator.engine.store.tensorboard import events_are_remote, local_event_dir, pull_events
 from orchestrator.engine.tracking import tracking_json, tracking_lines
 from orchestrator.errors import MissingTool, PartialFailure
 from orchestrator.model.leases import clock

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from orchestrator.backends.base import Backend, Lifecycle
 from orchestrator.engine.failures import Failure
-from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.stacks import Summary, last_dump, summarise
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import OrchestrateError
 from orchestrator.model.records import RunRecord, WorkerRecord
 

@@ -40,9 +40,9 @@ from orchestrator.engine.events import (
 )
 from orchestrator.engine.failures import Failure
 from orchestrator.engine.goodput import run_account
-from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.snapshot import read_snapshot
 from orchestrator.engine.status import RunStatus
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.tracking import Tracker
 from orchestrator.errors import JobFailed, OrchestrateError, SecretMissing
 from orchestrator.model.inventory import NotifyTarget

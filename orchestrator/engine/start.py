@@ -34,7 +34,7 @@ from orchestrator.engine.lifecycle import first_standbys, held_leases, start_run
 from orchestrator.engine.locks import exclusive_start, refuse_if_active
 from orchestrator.engine.plan import new_run_id
 from orchestrator.engine.rerun import Trained, already_trained, set_aside_checkpoints
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import STANDBY_SLACK
 from orchestrator.engine.tracking import held_tracking
 from orchestrator.engine.trackresume import resumed_tracking

@@ -23,7 +23,6 @@ from typing import NoReturn
 
 from orchestrator.backends.base import Backend
 from orchestrator.engine import rolepolicy
-from orchestrator.engine.checkpoints import Mirror
 from orchestrator.engine.failures import Failure, early_exit, explain
 from orchestrator.engine.goodput import closed
 from orchestrator.engine.hangs import at_stall
@@ -53,10 +52,11 @@ from orchestrator.engine.policy import (
     worker_budget_spent,
 )
 from orchestrator.engine.replan import plan_cluster
-from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.sidecar import Sidecar, only
 from orchestrator.engine.snapshot import write_snapshot
 from orchestrator.engine.status import RunStatus, collect_status
+from orchestrator.engine.store.checkpoints import Mirror
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import (
     HostErrors,
     JobFailed,

@@ -1,4 +1,4 @@
-"""The record of a run, as the state directory keeps it (engine/runstore.py writes and reads
+"""The record of a run, as the state directory keeps it (engine/store/runstore.py writes and reads
 the files): the inventory as it was at `up`, the current attempt's workers, every restart.
 
 Decoding lives here with the types; what it cannot know, which settings type a connection kind

@@ -25,8 +25,8 @@ from orchestrator.backends.registry import load_inventory
 from orchestrator.engine.control import stop_everything
 from orchestrator.engine.lifecycle import start_run, stop_run
 from orchestrator.engine.locks import SupervisorLock
-from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.status import collect_status
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.hostside import hostprobe
 from orchestrator.machines import pool

@@ -26,7 +26,7 @@ from orchestrator.dashboard.auth import allowed_hosts, cookie_name, other_users,
 from orchestrator.dashboard.charts import Series, line_chart
 from orchestrator.dashboard.watch import Hub, RunWatch, web_link
 from orchestrator.engine.plan import RUN_ID_PATTERN, new_run_id
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import RunRecord
 

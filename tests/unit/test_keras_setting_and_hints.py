@@ -26,8 +26,8 @@ from orchestrator.engine.failures import (
     explain,
 )
 from orchestrator.engine.lifecycle import start_run
-from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.status import collect_status
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import InventoryError, JobFailed
 from orchestrator.machines.kinds import kind_of

@@ -17,7 +17,7 @@ import pytest
 from orchestrator.backends.registry import load_inventory
 from orchestrator.engine.lifecycle import start_run, stop_run
 from orchestrator.engine.plan import plan_workers
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import InventoryError, JobFailed, LeaseClash
 from orchestrator.hostside import leasepolicy as policy

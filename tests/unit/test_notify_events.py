@@ -40,9 +40,9 @@ from orchestrator.engine.notify import (
     deliver,
     missing_notify_secrets,
 )
-from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.snapshot import write_snapshot
 from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import InventoryError, JobFailed, SecretMissing
 from orchestrator.model.inventory import (

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from orchestrator.engine.queue import Withdrawn, controller_ticket, pending, wait_for_leases
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import LeaseClash
 from orchestrator.hostside import leasedir
 from orchestrator.hostside import leasepolicy as policy

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.backends.registry import load_inventory
 from orchestrator.engine import rolepolicy as roles
 from orchestrator.engine.lifecycle import start_run
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.engine.tfconfig import tf_config
 from orchestrator.errors import InventoryError

@@ -13,8 +13,8 @@ from rich.console import Console
 
 from orchestrator.backends.registry import load_inventory
 from orchestrator.cli.render import status_table
-from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.status import worker_status
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import HostError, HostErrors, InventoryError
 from orchestrator.fanout import fan_out, per_machine
 from orchestrator.machines.sshsettings import SshSettings

@@ -22,8 +22,8 @@ from orchestrator.backends.slurm.commands import (
 )
 from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script
 from orchestrator.contract import EXIT_PREEMPTED, JAX_PLACE_ENV
-from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.state import classify
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import InventoryError, ScriptRefused
 from orchestrator.hostside import slurm_launcher as launcher
 from orchestrator.machines.kinds import kind_of

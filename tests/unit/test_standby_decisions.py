@@ -20,7 +20,7 @@ from orchestrator.backends.registry import load_inventory
 from orchestrator.contract import BOOT_MARKER, booted
 from orchestrator.engine.lifecycle import first_standbys, start_run
 from orchestrator.engine.policy import linger_seconds, with_warm_default
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import InventoryError, RunStateError
 from orchestrator.fanout import GroupResult

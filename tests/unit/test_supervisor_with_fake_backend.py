@@ -26,8 +26,8 @@ from orchestrator.engine.policy import (
     first_failure,
     survivors_grace,
 )
-from orchestrator.engine.runstore import RunStore
 from orchestrator.engine.status import RunStatus, collect_status
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import JobFailed
 from orchestrator.fanout import GroupResult

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.backends.registry import load_inventory, open_backend
 from orchestrator.engine.plan import plan_workers
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.trackresume import carried, resumed_tracking
 from orchestrator.model.inventory import Inventory, Tracking
 from orchestrator.model.records import Attempt, RunRecord, WorkerRecord
