@@ -55,7 +55,8 @@ TRACKING_SECRET_ENV = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "WAN
 # --- the progress file (progress.json) ------------------------------------------------------------
 # One JSON object per worker, rewritten whole at each write (worker/progress.py; the built-in loop,
 # the evaluator and a script's report() write it), read by the controller (model/answers.py's
-# Progress, engine/status.py). Its keys, declared once: both sides spell them by these names.
+# Progress, engine/observe/status.py). Its keys, declared once: both sides spell them by these
+# names.
 STEP = "step"
 START_STEP = "start_step"  # where this attempt began (the built-in loop's first write)
 TARGET_STEPS = "target_steps"
@@ -128,15 +129,15 @@ REQUEST_ENV = "env"
 REQUEST_CWD = "cwd"
 
 # Progress keys of the built-in loop's step timing (worker/loop.py writes them at each log step,
-# engine/pace.py reads them): the mean seconds per step spent inside the step calls, and the mean
-# wall seconds per step, over the last log window. Their difference is the host's own time per
+# engine/observe/pace.py reads them): the mean seconds per step spent inside the step calls, and the
+# mean wall seconds per step, over the last log window. Their difference is the host's own time per
 # step; in a synchronous job the others wait for the worker with the most of it.
 STEP_CALL_SECONDS = "step_call_seconds"
 STEP_SECONDS = "step_seconds"
 STEP_TIMING_ENV = "ORCHESTRATE_STEP_TIMING"  # "0": no timing (bench/bench_step_timing.py)
 
-# Progress keys behind a run's goodput (engine/goodput.py): when this attempt's first step was
-# done (worker/progress.py writes it at the first step past start_step, for scripts too), and
+# Progress keys behind a run's goodput (engine/observe/goodput.py): when this attempt's first step
+# was done (worker/progress.py writes it at the first step past start_step, for scripts too), and
 # the seconds the step loop was blocked in checkpoint saves and in evaluations, summed over the
 # attempt (the built-in loop; a script with worker.progress.timed).
 FIRST_STEP_AT = "first_step_at"

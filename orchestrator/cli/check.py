@@ -64,7 +64,7 @@ def run_checks(
         report = backend.preflight(inventory, options)
         # The tracker (job.tracking) from this machine: a warning at most, never a block.
         # Imported here: the engine is not loaded for an inventory that is refused.
-        from orchestrator.engine.tracking import tracking_findings
+        from orchestrator.engine.trackers.tracking import tracking_findings
 
         report = PreflightReport((*report.findings, *tracking_findings(inventory)))
     _record(report, inventory)

@@ -43,13 +43,13 @@ from orchestrator.engine.locks import (
     interrupted_launch,
     relaunch,
 )
-from orchestrator.engine.notify import RunEvents, missing_notify_secrets
+from orchestrator.engine.observe.notify import RunEvents, missing_notify_secrets
+from orchestrator.engine.observe.status import RunStatus, collect_status
 from orchestrator.engine.policy import linger_seconds, with_warm_default
 from orchestrator.engine.queue import Withdrawn, pending, wait_for_leases, withdraw
 from orchestrator.engine.rerun import Trained
 from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_env
 from orchestrator.engine.start import StartHooks, StartOptions, start_first_attempt
-from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.errors import (
     MissingTool,
     PartialFailure,

@@ -14,7 +14,7 @@ from orchestrator.backends.base import Backend
 from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.engine.lifecycle import StopReport, stop_run
 from orchestrator.engine.locks import FileLock, SupervisorLock
-from orchestrator.engine.status import RunStatus, collect_status
+from orchestrator.engine.observe.status import RunStatus, collect_status
 from orchestrator.engine.store.runstore import RunStore, StopRequest
 from orchestrator.errors import RecordDamaged
 from orchestrator.model.records import RunRecord

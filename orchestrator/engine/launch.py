@@ -55,7 +55,7 @@ from orchestrator.contract import (
     booted,
     jax_cluster_env,
 )
-from orchestrator.engine.rolepolicy import EVALUATOR_RESTARTS
+from orchestrator.engine.observe.rolepolicy import EVALUATOR_RESTARTS
 from orchestrator.engine.tfconfig import task_of
 from orchestrator.model.inventory import (
     ROLE_EVALUATOR,

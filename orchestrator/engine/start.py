@@ -11,7 +11,7 @@ The order, and why:
 4. the run's id, then its turn in the queue (`up --queue`), before its leases;
 5. the leases (port: auto, gpus: N): the checks check the leased ports; then the run's
    tracking run (job.tracking), whose identity the standbys' environment holds: a new one, or
-   the earlier run's when this one resumes its checkpoint (engine/trackresume.py);
+   the earlier run's when this one resumes its checkpoint (engine/trackers/trackresume.py);
 6. the performance checks (`check --perf`), before the standbys, whose TensorFlow import would
    slow the compute probes;
 7. the first standbys: TensorFlow's import overlaps the checks and the launch;
@@ -36,8 +36,8 @@ from orchestrator.engine.plan import new_run_id
 from orchestrator.engine.rerun import Trained, already_trained, set_aside_checkpoints
 from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import STANDBY_SLACK
-from orchestrator.engine.tracking import held_tracking
-from orchestrator.engine.trackresume import resumed_tracking
+from orchestrator.engine.trackers.tracking import held_tracking
+from orchestrator.engine.trackers.trackresume import resumed_tracking
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import RunRecord
 

@@ -22,9 +22,6 @@ from dataclasses import replace
 from typing import NoReturn
 
 from orchestrator.backends.base import Backend
-from orchestrator.engine import rolepolicy
-from orchestrator.engine.failures import Failure, early_exit, explain
-from orchestrator.engine.goodput import closed
 from orchestrator.engine.hangs import at_stall
 from orchestrator.engine.leasewatch import LeaseWatch
 from orchestrator.engine.lifecycle import (
@@ -34,8 +31,13 @@ from orchestrator.engine.lifecycle import (
     start_standbys,
     stop_run,
 )
-from orchestrator.engine.logs import last_lines
-from orchestrator.engine.notify import RunEvents
+from orchestrator.engine.observe import rolepolicy
+from orchestrator.engine.observe.failures import Failure, early_exit, explain
+from orchestrator.engine.observe.goodput import closed
+from orchestrator.engine.observe.logs import last_lines
+from orchestrator.engine.observe.notify import RunEvents
+from orchestrator.engine.observe.snapshot import write_snapshot
+from orchestrator.engine.observe.status import RunStatus, collect_status
 from orchestrator.engine.policy import (
     HOST_LOCAL_FAILURES,
     StallWatch,
@@ -53,8 +55,6 @@ from orchestrator.engine.policy import (
 )
 from orchestrator.engine.replan import plan_cluster
 from orchestrator.engine.sidecar import Sidecar, only
-from orchestrator.engine.snapshot import write_snapshot
-from orchestrator.engine.status import RunStatus, collect_status
 from orchestrator.engine.store.checkpoints import Mirror
 from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import (

@@ -90,7 +90,7 @@ def alone_counts(alone: tuple[Restart, ...]) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class WorkerSpan:
-    """One worker in one attempt, as a run's goodput (engine/goodput.py) needs it: from its
+    """One worker in one attempt, as a run's goodput (engine/observe/goodput.py) needs it: from its
     progress file and exit record, kept in the run record once the attempt ended (its run
     directory is on its host; the next attempt has another). Times are the host's clock."""
 
@@ -182,7 +182,7 @@ class RunRecord:
     # ParameterServerStrategy): why each was, in order; they spend job.max_worker_restarts,
     # never max_restarts.
     alone: tuple[Restart, ...] = ()
-    # Goodput's records (engine/goodput.py): each attempt's launch and, once it ended, its
+    # Goodput's records (engine/observe/goodput.py): each attempt's launch and, once it ended, its
     # workers' spans; and how long `up --queue` waited for the leases before the run began.
     attempts: tuple[Attempt, ...] = ()
     queue_seconds: float = 0.0

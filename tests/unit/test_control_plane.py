@@ -25,7 +25,7 @@ from orchestrator.backends.registry import load_inventory
 from orchestrator.engine.control import stop_everything
 from orchestrator.engine.lifecycle import start_run, stop_run
 from orchestrator.engine.locks import SupervisorLock
-from orchestrator.engine.status import collect_status
+from orchestrator.engine.observe.status import collect_status
 from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.hostside import hostprobe

@@ -12,7 +12,7 @@ from orchestrator.backends.hosts.checks import run_preflight
 from orchestrator.backends.registry import load_inventory, load_inventory_text
 from orchestrator.config.local import local_inventory
 from orchestrator.contract import JAX_CPU_COLLECTIVES_ENV, KERAS_BACKEND_ENV
-from orchestrator.engine.failures import FailureKind, classify_exit, explain
+from orchestrator.engine.observe.failures import FailureKind, classify_exit, explain
 from orchestrator.errors import InventoryError
 from orchestrator.model.findings import Status
 from orchestrator.model.inventory import Inventory, Job

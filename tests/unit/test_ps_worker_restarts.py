@@ -16,8 +16,8 @@ from orchestrator.backends.registry import load_inventory
 from orchestrator.cli.render import status_table
 from orchestrator.dashboard.model import timeline
 from orchestrator.engine.lifecycle import start_run, stop_run
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus, worker_status
 from orchestrator.engine.policy import worker_budget_spent, worker_failure, worker_restart
-from orchestrator.engine.status import RunStatus, WorkerStatus, worker_status
 from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.errors import JobFailed

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.registry import load_inventory
-from orchestrator.engine import rolepolicy as roles
 from orchestrator.engine.lifecycle import start_run
+from orchestrator.engine.observe import rolepolicy as roles
 from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.supervise import Supervisor
 from orchestrator.engine.tfconfig import tf_config
@@ -273,7 +273,7 @@ def test_roles_are_shown_in_status_the_dashboard_and_the_root_cause(tmp_path: Pa
 
     from orchestrator.cli.render import progress_line, status_table
     from orchestrator.dashboard.model import root_cause
-    from orchestrator.engine.failures import Failure
+    from orchestrator.engine.observe.failures import Failure
     from orchestrator.engine.policy import give_up_message
     from orchestrator.model.vocabulary import FailureKind
 

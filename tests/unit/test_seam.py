@@ -13,7 +13,7 @@ from rich.console import Console
 
 from orchestrator.backends.registry import load_inventory
 from orchestrator.cli.render import status_table
-from orchestrator.engine.status import worker_status
+from orchestrator.engine.observe.status import worker_status
 from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import HostError, HostErrors, InventoryError
 from orchestrator.fanout import fan_out, per_machine
@@ -134,7 +134,7 @@ def test_status_table_renders_every_column() -> None:
     probe = WorkerProbe.parse({"exists": True, "pid": 3, "alive": True, "worker_pid": 4,
                                "progress": {"step": 7, "target_steps": 10, "loss": 0.25}},
                               now=0.0)  # fmt: skip
-    from orchestrator.engine.status import RunStatus
+    from orchestrator.engine.observe.status import RunStatus
     from orchestrator.model.vocabulary import WorkerState
 
     status = RunStatus("run1", "demo", WorkerState.RUNNING, (worker_status(worker, probe),))

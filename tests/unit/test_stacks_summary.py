@@ -6,7 +6,14 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from orchestrator.engine.stacks import Frame, grouped, last_dump, parse, summarise, worker_place
+from orchestrator.engine.observe.stacks import (
+    Frame,
+    grouped,
+    last_dump,
+    parse,
+    summarise,
+    worker_place,
+)
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.vocabulary import WorkerState
 from tests.fakes.backend import FakeBackend, exited, running

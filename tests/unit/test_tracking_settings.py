@@ -18,7 +18,7 @@ from orchestrator.backends.registry import host_settings, load_inventory, source
 from orchestrator.dashboard.watch import mlflow_link
 from orchestrator.engine.launch import tracking_env
 from orchestrator.engine.plan import plan_workers
-from orchestrator.engine.tracking import job_params, run_link, tracking_lines
+from orchestrator.engine.trackers.tracking import job_params, run_link, tracking_lines
 from orchestrator.errors import InventoryError
 from orchestrator.model.inventory import Job, Tracking
 from orchestrator.model.records import RunRecord

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from orchestrator.boundedread import RECORD_CAP, read_text
-from orchestrator.engine.status import RunStatus
+from orchestrator.engine.observe.status import RunStatus
 from orchestrator.engine.store.runstore import RunStore
 
 
