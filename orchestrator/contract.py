@@ -74,7 +74,7 @@ EVALUATED_CHECKPOINT = "checkpoint"  # the evaluator's: the checkpoint it evalua
 TIMED_CHECKPOINT = "checkpoint"
 TIMED_EVALUATION = "evaluation"
 
-# --- the worker's command line (engine/launch.py writes it, worker/cli.py parses it) -------------
+# --- the worker's command line (engine/workers/launch.py writes it, worker/cli.py parses it) -----
 # `--strategy`: the worker's tf.distribute strategy (`job.strategy` in the inventory).
 STRATEGY_MULTI_WORKER = "multi-worker"  # MultiWorkerMirroredStrategy: every host a worker
 STRATEGY_MIRRORED = "mirrored"  # MirroredStrategy: one host, its GPUs
@@ -89,7 +89,7 @@ DEFAULT_LOG_EVERY = 10
 # Training steps per tf.function call (--steps-per-call). One call costs a Python dispatch and a
 # host wait wherever a value is read; K steps per call pay it once for K steps.
 DEFAULT_STEPS_PER_CALL = 1
-# The flags engine/launch.py gives `python -m worker` (worker/cli.py parses them) and the
+# The flags engine/workers/launch.py gives `python -m worker` (worker/cli.py parses them) and the
 # evaluator's `python -m worker.evaluate --watch` (worker/evaluate.py): each spelled once.
 WORKER_MODULE = "worker"
 EVALUATE_MODULE = "worker.evaluate"
@@ -151,12 +151,12 @@ HISTORY_FILE = "progress-history.jsonl"  # bounded, one line per metric step: th
 WORKER_LOG = "worker.log"
 
 # --- TF_CONFIG ------------------------------------------------------------------------------------
-# Built here once for every launcher: the engine's hosts (engine/tfconfig.py), the Slurm launcher
-# (hostside/slurm_launcher.py) and the pod launcher (hostside/pod_launcher.py). As TensorFlow
-# specifies it: the cluster lists the training tasks by type, in task order within a type; a task
-# is its type and its index within that type. The evaluator is in no cluster list: its task is
-# {"type": "evaluator", "index": 0}. Under MultiWorkerMirroredStrategy every task is a worker
-# (worker 0 is the chief).
+# Built here once for every launcher: the engine's hosts (engine/workers/tfconfig.py), the Slurm
+# launcher (hostside/slurm_launcher.py) and the pod launcher (hostside/pod_launcher.py). As
+# TensorFlow specifies it: the cluster lists the training tasks by type, in task order within a
+# type; a task is its type and its index within that type. The evaluator is in no cluster list: its
+# task is {"type": "evaluator", "index": 0}. Under MultiWorkerMirroredStrategy every task is a
+# worker (worker 0 is the chief).
 ROLE_WORKER, ROLE_CHIEF, ROLE_PS, ROLE_EVALUATOR = "worker", "chief", "ps", "evaluator"
 # TensorFlow's order of a cluster spec's task types (as its tutorials write them).
 CLUSTER_ORDER = (ROLE_CHIEF, ROLE_WORKER, ROLE_PS)

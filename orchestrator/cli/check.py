@@ -135,7 +135,7 @@ def check(
     with open_backend(inventory) as backend:
         # port: auto and gpus: N: what `up` would lease now (nothing is held); a clash exits 4.
         # Imported here: the lifecycle pulls in the engine, which a refused inventory never needs.
-        from orchestrator.engine.lifecycle import take_leases
+        from orchestrator.engine.workers.lifecycle import take_leases
 
         inventory = take_leases(inventory, CHECK_RUN_ID, backend, _warn, dry_run=True)
         report = run_checks(inventory, backend, probe_timeout, min_free_gb, perf=perf)

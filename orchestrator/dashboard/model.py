@@ -15,7 +15,7 @@ from orchestrator.engine.observe.goodput import LABELS, PARTS, run_account, summ
 from orchestrator.engine.observe.rolepolicy import labelled
 from orchestrator.engine.observe.snapshot import Snapshot
 from orchestrator.engine.observe.status import RunStatus, WorkerStatus
-from orchestrator.engine.policy import first_failure
+from orchestrator.engine.supervision.policy import first_failure
 from orchestrator.model.reading import number as finite_number
 from orchestrator.model.records import RunRecord, restarted_alone
 from orchestrator.model.vocabulary import WorkerState
@@ -61,7 +61,7 @@ def timeline(
     record: RunRecord, stacks: Mapping[int, Sequence[str]] | None = None
 ) -> list[dict[str, Any]]:
     """Each restart, with the workers whose stacks were kept at its stall (`stacks`: by the
-    attempt that stalled, engine.hangs.kept's names)."""
+    attempt that stalled, engine.supervision.hangs.kept's names)."""
     kept = stacks or {}
     restarts = [
         {**restart.__dict__, "number": number, "text": restart.describe(),

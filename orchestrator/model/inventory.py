@@ -222,7 +222,8 @@ class Job:
     # The built-in loop's checkpoint writes in the background (the last save and a
     # preemption's block): less time blocked in saves (goodput; bench/bench_goodput.py).
     async_checkpoints: bool = True
-    queue: bool = False  # `up` waits its turn for held leases instead of failing (engine/queue.py)
+    # `up` waits its turn for held leases instead of failing (engine/start/queue.py)
+    queue: bool = False
     tracking: Tracking | None = None  # one MLflow / W&B run per run (engine/trackers/tracking.py)
 
     @property

@@ -187,7 +187,8 @@ class RunRecord:
     attempts: tuple[Attempt, ...] = ()
     queue_seconds: float = 0.0
     # What the run's workers use that no keeper of the run holds any more and that could not be
-    # leased again (engine/leasewatch.py): said by `status` while it lasts; None when leased.
+    # leased again (engine/supervision/leasewatch.py): said by `status` while it lasts; None when
+    # leased.
     leases_lost: str | None = None
 
     @property

@@ -20,7 +20,6 @@ from orchestrator.backends.registry import load_inventory
 from orchestrator.cli.render import progress_line, status_table
 from orchestrator.config.notify import SIGNATURE_HEADER
 from orchestrator.dashboard import model
-from orchestrator.engine.lifecycle import start_run
 from orchestrator.engine.observe.eta import eta_seconds, run_eta, worker_eta
 from orchestrator.engine.observe.events import (
     body,
@@ -43,7 +42,8 @@ from orchestrator.engine.observe.notify import (
 from orchestrator.engine.observe.snapshot import write_snapshot
 from orchestrator.engine.observe.status import RunStatus, WorkerStatus
 from orchestrator.engine.store.runstore import RunStore
-from orchestrator.engine.supervise import Supervisor
+from orchestrator.engine.supervision.supervise import Supervisor
+from orchestrator.engine.workers.lifecycle import start_run
 from orchestrator.errors import InventoryError, JobFailed, SecretMissing
 from orchestrator.model.inventory import (
     DEFAULT_NOTIFY_EVENTS,

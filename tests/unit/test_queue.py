@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.engine.queue import Withdrawn, controller_ticket, pending, wait_for_leases
+from orchestrator.engine.start.queue import Withdrawn, controller_ticket, pending, wait_for_leases
 from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import LeaseClash
 from orchestrator.hostside import leasedir

@@ -159,7 +159,7 @@ def test_no_module_outside_the_kinds_compares_a_connection_name() -> None:
 
 
 def test_the_controller_imports_no_tensorflow() -> None:
-    code = ("import sys, orchestrator.cli, orchestrator.engine.supervise, "
+    code = ("import sys, orchestrator.cli, orchestrator.engine.supervision.supervise, "
             "orchestrator.backends.hosts.checks; "
             "print('tensorflow' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -345,7 +345,7 @@ def test_the_exported_script_of_a_login_inventory_is_the_one_to_submit_there(
     tmp_path: Path,
 ) -> None:
     from orchestrator.backends.slurm.export import sbatch_script
-    from orchestrator.engine.plan import plan_workers
+    from orchestrator.engine.workers.plan import plan_workers
     from orchestrator.model.inventory import Inventory
 
     def sbatch_export(inventory: Inventory) -> str:

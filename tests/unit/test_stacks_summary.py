@@ -183,7 +183,7 @@ def test_the_dashboard_serves_the_kept_stacks_of_each_restart_as_escaped_text(
     from orchestrator.dashboard.app import create_app
     from orchestrator.dashboard.model import timeline
     from orchestrator.dashboard.watch import Hub
-    from orchestrator.engine.hangs import kept
+    from orchestrator.engine.supervision.hangs import kept
 
     backend = FakeBackend(
         scripts={"a": {0: [running(3)], 1: [exited(0, 5)]}, "b": {0: [running(3)],

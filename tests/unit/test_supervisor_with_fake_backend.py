@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.base import Standbys
-from orchestrator.engine.control import _read_answer
-from orchestrator.engine.lifecycle import start_run
 from orchestrator.engine.observe.failures import Failure
 from orchestrator.engine.observe.status import RunStatus, collect_status
-from orchestrator.engine.policy import (
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.contact import _read_answer
+from orchestrator.engine.supervision.policy import (
     CAUSE_WINDOW,
     SCRIPT_SURVIVOR_GRACE,
     STOP_GRACE,
@@ -27,8 +27,8 @@ from orchestrator.engine.policy import (
     first_failure,
     survivors_grace,
 )
-from orchestrator.engine.store.runstore import RunStore
-from orchestrator.engine.supervise import Supervisor
+from orchestrator.engine.supervision.supervise import Supervisor
+from orchestrator.engine.workers.lifecycle import start_run
 from orchestrator.errors import JobFailed
 from orchestrator.fanout import GroupResult
 from orchestrator.model.findings import Finding, PreflightReport, Status

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends.registry import load_inventory, open_backend
-from orchestrator.engine.plan import plan_workers
 from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.trackers.trackresume import carried, resumed_tracking
+from orchestrator.engine.workers.plan import plan_workers
 from orchestrator.model.inventory import Inventory, Tracking
 from orchestrator.model.records import Attempt, RunRecord, WorkerRecord
 from orchestrator.model.vocabulary import AttemptEnd

@@ -170,7 +170,8 @@ class RunStatus:
     attempt: int = 0
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None
-    # the ports and GPUs the run uses that it no longer holds a lease on (engine/leasewatch.py)
+    # the ports and GPUs the run uses that it no longer holds a lease on
+    # (engine/supervision/leasewatch.py)
     leases_lost: str | None = None
     scheduler: SchedulerState | None = None  # a scheduler's view of the attempt (Slurm job)
     # "worker w1 restarted (2 of 6), the chief continued": per worker restarted by itself

@@ -3,7 +3,7 @@ docs/tracking.md).
 
 At `up` (`open_tracking`) the controller makes the run's MLflow run (its experiment too, if
 missing) and picks its W&B run id; both go into the inventory's `job.tracking`, which the run
-record keeps, so every attempt's workers (engine/launch.py's `tracking_env`) and every later
+record keeps, so every attempt's workers (engine/workers/launch.py's `tracking_env`) and every later
 supervisor of the run join that one run. The supervisor's events (engine/observe/notify.py's
 `RunEvents`, the one place a run's events are made) reach a `Tracker`, which logs the restarts
 and, at the end, the goodput and the verdict, and ends the MLflow run FINISHED, FAILED or

@@ -22,15 +22,6 @@ from dataclasses import replace
 from typing import NoReturn
 
 from orchestrator.backends.base import Backend
-from orchestrator.engine.hangs import at_stall
-from orchestrator.engine.leasewatch import LeaseWatch
-from orchestrator.engine.lifecycle import (
-    end_standbys,
-    launch_attempt,
-    release_leases,
-    start_standbys,
-    stop_run,
-)
 from orchestrator.engine.observe import rolepolicy
 from orchestrator.engine.observe.failures import Failure, early_exit, explain
 from orchestrator.engine.observe.goodput import closed
@@ -38,7 +29,11 @@ from orchestrator.engine.observe.logs import last_lines
 from orchestrator.engine.observe.notify import RunEvents
 from orchestrator.engine.observe.snapshot import write_snapshot
 from orchestrator.engine.observe.status import RunStatus, collect_status
-from orchestrator.engine.policy import (
+from orchestrator.engine.store.checkpoints import Mirror
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.hangs import at_stall
+from orchestrator.engine.supervision.leasewatch import LeaseWatch
+from orchestrator.engine.supervision.policy import (
     HOST_LOCAL_FAILURES,
     StallWatch,
     awaits_cause,
@@ -53,10 +48,15 @@ from orchestrator.engine.policy import (
     survivors_grace,
     worker_budget_spent,
 )
-from orchestrator.engine.replan import plan_cluster
-from orchestrator.engine.sidecar import Sidecar, only
-from orchestrator.engine.store.checkpoints import Mirror
-from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.replan import plan_cluster
+from orchestrator.engine.supervision.sidecar import Sidecar, only
+from orchestrator.engine.workers.lifecycle import (
+    end_standbys,
+    launch_attempt,
+    release_leases,
+    start_standbys,
+    stop_run,
+)
 from orchestrator.errors import (
     HostErrors,
     JobFailed,
