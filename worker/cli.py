@@ -46,6 +46,8 @@ from orchestrator.contract import (
     FLAG_SYNC_CHECKPOINTS,
     FLAG_TASK,
     FLAG_VISIBLE_GPUS,
+    KERAS_BACKEND_ENV,
+    KERAS_JAX,
 )
 from worker import config as cfg
 from worker.preemption import Preempted
@@ -293,7 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _train(config: cfg.WorkerConfig, task: TrainingTask) -> None:
     """The loop of the config's strategy; TensorFlow is imported only now that the inputs are
     known to be good."""
-    if config.cluster.parameter_server:
+    if os.environ.get(KERAS_BACKEND_ENV) == KERAS_JAX:  # job.keras: jax: no TensorFlow at all
+        from worker import jaxloop
+
+        jaxloop.run(config, task)
+    elif config.cluster.parameter_server:
         from worker import parameter_server
 
         parameter_server.run(config, task)

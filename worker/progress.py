@@ -41,6 +41,8 @@ from orchestrator.contract import (
     PROGRESS_FILE_ENV,
     START_STEP,
     STEP,
+    STEP_CALL_SECONDS,
+    STEP_SECONDS,
     STEPS_PER_SEC,
     TIMED_CHECKPOINT,
     TIMED_EVALUATION,
@@ -105,6 +107,47 @@ class ProgressWriter:
             total = self._fields.get(key)
             total = (total if isinstance(total, int | float) else 0.0) + max(0.0, seconds)
             self.write(**fields, **{key: total})
+
+
+def write_start(
+    progress: ProgressWriter,
+    *,
+    start_step: int,
+    restored_step: int | None,
+    target_steps: int,
+    task_index: int,
+    num_workers: int,
+    devices: list[str],
+    num_replicas: int,
+) -> None:
+    """The built-in loop's first write (under TensorFlow and JAX alike): every key present, the
+    values known before any step."""
+    progress.write(
+        step=start_step,
+        start_step=start_step,
+        target_steps=target_steps,
+        loss=None,
+        accuracy=None,
+        checkpoint_step=restored_step,
+        steps_per_sec=None,
+        task_index=task_index,
+        num_workers=num_workers,
+        devices=devices,
+        num_replicas=num_replicas,
+        preempted=False,
+        val_loss=None,
+        val_accuracy=None,
+        eval_step=None,
+        # Goodput: the built-in loop measures both (0 so far), a script may not (unknown).
+        **{
+            STEP_CALL_SECONDS: None,
+            STEP_SECONDS: None,
+            FIRST_STEP_AT: None,
+            CHECKPOINT_AT: None,
+            CHECKPOINT_SECONDS: 0.0,
+            EVAL_SECONDS: 0.0,
+        },
+    )
 
 
 def _stepped(fields: dict[str, Any]) -> bool:

@@ -62,6 +62,13 @@ class TrainingTask:
         evaluate on (val_loss, val_accuracy): after the last step, every --eval-every steps, and
         in `python -m worker.evaluate`. Every example counts once, on whichever worker; like
         `dataset` it must give the same examples in the same order each time it is built.
+
+    Under job.keras: jax (worker.jaxloop: Keras 3 on JAX, no TensorFlow on the hosts) `dataset`
+    and `eval_dataset` return a (features, labels) pair of NumPy arrays instead, one example
+    per row, the same each time (a tf.data.Dataset there is an error that says so); the worker
+    shards, shuffles, repeats and batches them itself. `model`, `optimizer` and `loss` are
+    Keras 3's (`worker.keras()` is), `loss` written with keras.ops, not tf. worker.examples.shapes
+    returns either, by KERAS_BACKEND.
     """
 
     model: Callable[[], keras.Model]

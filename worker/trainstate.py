@@ -13,18 +13,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from orchestrator.contract import (
-    CHECKPOINT_AT,
-    CHECKPOINT_SECONDS,
-    EVAL_SECONDS,
-    FIRST_STEP_AT,
-    STEP_CALL_SECONDS,
-    STEP_SECONDS,
-)
 from worker import kerasflavor
 from worker.config import ConfigError, WorkerConfig
 from worker.output import log
 from worker.progress import ProgressWriter
+from worker.progress import write_start as write_first
 from worker.restore import zeros_batch
 from worker.task import TrainingTask
 
@@ -139,32 +132,16 @@ def write_start(
     restored_step: int | None,
     num_replicas: int,
 ) -> None:
-    """The first progress write: every key present, the values known before any step."""
-    progress.write(
-        step=start_step,
+    """The first progress write (worker.progress.write_start), with this worker's devices."""
+    write_first(
+        progress,
         start_step=start_step,
+        restored_step=restored_step,
         target_steps=config.steps,
-        loss=None,
-        accuracy=None,
-        checkpoint_step=restored_step,
-        steps_per_sec=None,
         task_index=config.cluster.task_index,
         num_workers=config.cluster.num_workers,
         devices=device_names(config.cluster.task_index),
         num_replicas=num_replicas,
-        preempted=False,
-        val_loss=None,
-        val_accuracy=None,
-        eval_step=None,
-        # Goodput: the built-in loop measures both (0 so far), a script may not (unknown).
-        **{
-            STEP_CALL_SECONDS: None,
-            STEP_SECONDS: None,
-            FIRST_STEP_AT: None,
-            CHECKPOINT_AT: None,
-            CHECKPOINT_SECONDS: 0.0,
-            EVAL_SECONDS: 0.0,
-        },
     )
 
 

@@ -141,8 +141,9 @@ JOB_KEY_ENTRIES: tuple[Key, ...] = (
     Key("keras", " or ".join(f"`{k}`" for k in KERAS_SETTINGS), "`default`",
         "`legacy`: every worker runs with `TF_USE_LEGACY_KERAS=1`, so `tf.keras` is Keras 2 "
         "(tf_keras): model.fit under MultiWorkerMirroredStrategy, `reset_states`, tf.keras 2 "
-        "code; `default`: the Keras 3 that ships with TensorFlow; `jax`: a `script:` of Keras 3 "
-        "on the JAX backend, across the hosts by `keras.distribution` (each worker gets "
+        "code; `default`: the Keras 3 that ships with TensorFlow; `jax`: Keras 3 on the JAX "
+        "backend, a `script:` or the built-in loop (`task:`, its dataset factories returning "
+        "NumPy arrays), across the hosts by `keras.distribution` (each worker gets "
         "`KERAS_BACKEND=jax` and the `KERAS_DISTRIBUTION_*` and `JAX_*` cluster variables, "
         "no TF_CONFIG; see Keras 3 across machines)", choice(*KERAS_SETTINGS)),
     Key("steps_per_call", "integer, at least 1", "`1`",

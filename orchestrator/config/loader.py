@@ -28,7 +28,13 @@ from orchestrator.config.sources.hosts import (
 )
 from orchestrator.config.sync import SYNC_KEY_ENTRIES, parse_sync
 from orchestrator.config.tracking import TRACKING_KEY_ENTRIES
-from orchestrator.contract import KERAS_JAX, STRATEGY_MIRRORED, STRATEGY_MULTI_WORKER, STRATEGY_PS
+from orchestrator.contract import (
+    EXPORT_FORMATS,
+    KERAS_JAX,
+    STRATEGY_MIRRORED,
+    STRATEGY_MULTI_WORKER,
+    STRATEGY_PS,
+)
 from orchestrator.errors import InventoryError
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import (
@@ -274,13 +280,9 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
 
 
 def _check_jax_job(job: Job, hosts: list[Host], block: LineMap, report: Report) -> None:
-    """What `keras: jax` runs so far: a script, one process per host, no evaluator (JAX's
-    processes are one cluster of equals, the first its coordinator)."""
-    where = line_of(block, "keras")
-    if job.task is not None:
-        report.add(where, "job.keras", "jax runs a job.script (a Keras 3 script with "
-                   "keras.distribution); the built-in loop (job.task) runs on "
-                   "TensorFlow")  # fmt: skip
+    """What `keras: jax` runs: a script, or the built-in loop (worker/jaxloop.py); one process
+    per host, no evaluator (JAX's processes are one cluster of equals, the first its
+    coordinator), none of TensorFlow's own tools."""
     if job.strategy != STRATEGY_MULTI_WORKER:
         report.add(line_of(block, "strategy"), "job.strategy",
                    f"{job.strategy} is TensorFlow's; under keras: jax leave it unset")  # fmt: skip
@@ -288,6 +290,19 @@ def _check_jax_job(job: Job, hosts: list[Host], block: LineMap, report: Report) 
         if host.role == ROLE_EVALUATOR:
             report.add(None, f"hosts.{host.name}.role", "an evaluator reads TensorFlow "
                        "checkpoints; a keras: jax job has none: leave role unset")  # fmt: skip
+    if job.warm_restarts:
+        report.add(line_of(block, "warm_restarts"), "job.warm_restarts",
+                   "a standby imports TensorFlow, which a keras: jax host does not have: "
+                   "leave it unset")  # fmt: skip
+    if job.task is None:
+        return
+    if job.profile_steps:
+        report.add(line_of(block, "profile_steps"), "job.profile_steps",
+                   "TensorFlow's profiler; under keras: jax leave it unset")  # fmt: skip
+    if job.export is not None and job.export != EXPORT_FORMATS[0]:
+        report.add(line_of(block, "export"), "job.export",
+                   f"{job.export} is a TensorFlow SavedModel; under keras: jax the loop exports "
+                   f"{EXPORT_FORMATS[0]} (model.keras)")  # fmt: skip
 
 
 def _check_steps_per_call(job: Job, block: LineMap, report: Report) -> None:

@@ -17,6 +17,7 @@ from orchestrator.contract import (
     DEFAULT_MAX_TO_KEEP,
     DEFAULT_STEPS_PER_CALL,
     KERAS_DEFAULT,
+    KERAS_JAX,
     ROLE_CHIEF,
     ROLE_EVALUATOR,
     ROLE_PS,
@@ -236,8 +237,11 @@ class Job:
 
     @property
     def warm(self) -> bool:
-        """Whether restarts use standbys: warm_restarts, or unset, whether this is a task."""
-        return self.task is not None if self.warm_restarts is None else self.warm_restarts
+        """Whether restarts use standbys: warm_restarts, or unset, whether this is a task that
+        runs on TensorFlow (a standby imports it; a keras: jax host has none)."""
+        if self.warm_restarts is None:
+            return self.task is not None and self.keras != KERAS_JAX
+        return self.warm_restarts
 
 
 class SourceSettings(Protocol):

@@ -31,3 +31,11 @@ def test_lost_work_and_stalls_name_their_settings() -> None:
     assert lines[0].endswith("lower job.checkpoint_every (now 500)")
     assert "job.stall_timeout (now 300 s)" in lines[1]
     assert goodput_advice(account(), job) == []
+
+
+def test_a_long_start_up_names_the_framework_the_job_imports() -> None:
+    tensorflow = Job(name="shapes", task="worker.examples.shapes:task")
+    jax = Job(name="shapes", task="worker.examples.shapes:task", keras="jax")
+    (tf_line,) = goodput_advice(account(productive=60, startup=40), tensorflow)
+    (jax_line,) = goodput_advice(account(productive=60, startup=40), jax)
+    assert "importing TensorFlow" in tf_line and "importing JAX" in jax_line

@@ -13,6 +13,7 @@ from orchestrator.backends.registry import load_inventory, load_inventory_text
 from orchestrator.config.local import local_inventory
 from orchestrator.contract import JAX_CPU_COLLECTIVES_ENV, KERAS_BACKEND_ENV
 from orchestrator.engine.observe.failures import FailureKind, classify_exit, explain
+from orchestrator.engine.supervision.policy import WARM_RESTARTS_ENV, with_warm_default
 from orchestrator.errors import InventoryError
 from orchestrator.model.findings import Status
 from orchestrator.model.inventory import Inventory, Job
@@ -82,8 +83,17 @@ def problems(path: Path) -> list[str]:
 
 
 def test_what_keras_jax_refuses_is_said_with_its_line(tmp_path: Path) -> None:
-    task = problems(inventory_file(tmp_path, "{task: 'm:f', steps: 5, keras: jax}"))
-    assert any("job.keras: jax runs a job.script" in p for p in task), task
+    tools = "{task: 'm:f', steps: 5, keras: jax, export: saved_model, profile_steps: [2, 3]}"
+    task = problems(inventory_file(tmp_path, tools))
+    assert any("job.export: saved_model is a TensorFlow SavedModel" in p for p in task), task
+    assert any("job.profile_steps: TensorFlow's profiler" in p for p in task), task
+    loop = load_inventory(inventory_file(tmp_path, "{task: 'm:f', steps: 5, keras: jax}"))
+    assert loop.job.keras == "jax" and loop.job.task == "m:f"  # the built-in loop on JAX
+    assert not loop.job.warm  # a standby would import TensorFlow, which a jax host lacks
+    assert not with_warm_default(loop, {WARM_RESTARTS_ENV: "1"}).job.warm
+    warm = problems(inventory_file(tmp_path, "{task: 'm:f', steps: 5, keras: jax, "
+                                   "warm_restarts: true}"))  # fmt: skip
+    assert any("job.warm_restarts: a standby imports TensorFlow" in p for p in warm), warm
     mirrored = problems(
         inventory_file(tmp_path, "{script: train.py, keras: jax, strategy: mirrored}")
     )

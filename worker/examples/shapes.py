@@ -13,10 +13,12 @@ cluster: if loss falls and accuracy climbs, the workers really train together. I
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from orchestrator.contract import KERAS_BACKEND_ENV, KERAS_JAX
 from worker.kerasflavor import keras as chosen_keras
 from worker.task import TrainingTask
 
@@ -83,17 +85,22 @@ def build_model() -> keras.Model:
     )
 
 
-def build_dataset() -> tf.data.Dataset:
+def build_dataset() -> tf.data.Dataset | tuple[np.ndarray, np.ndarray]:
+    return _examples(NUM_EXAMPLES, SEED)
+
+
+def build_eval_dataset() -> tf.data.Dataset | tuple[np.ndarray, np.ndarray]:
+    return _examples(NUM_EVAL_EXAMPLES, EVAL_SEED)
+
+
+def _examples(n: int, seed: int) -> tf.data.Dataset | tuple[np.ndarray, np.ndarray]:
+    """A tf.data.Dataset for the TensorFlow loop; the NumPy arrays themselves under
+    job.keras: jax (KERAS_BACKEND=jax), whose hosts have no TensorFlow (worker.task)."""
+    images, labels = make_images(n, seed)
+    if os.environ.get(KERAS_BACKEND_ENV) == KERAS_JAX:
+        return images, labels
     import tensorflow as tf
 
-    images, labels = make_images(NUM_EXAMPLES, SEED)
-    return tf.data.Dataset.from_tensor_slices((images, labels))
-
-
-def build_eval_dataset() -> tf.data.Dataset:
-    import tensorflow as tf
-
-    images, labels = make_images(NUM_EVAL_EXAMPLES, EVAL_SEED)
     return tf.data.Dataset.from_tensor_slices((images, labels))
 
 

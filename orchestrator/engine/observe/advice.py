@@ -4,6 +4,7 @@ job.eval_every (now 100)"). Pure."""
 
 from __future__ import annotations
 
+from orchestrator.contract import KERAS_JAX
 from orchestrator.engine.observe.goodput import RunAccount, share
 from orchestrator.model.inventory import Job
 
@@ -38,6 +39,7 @@ def goodput_advice(account: RunAccount, job: Job) -> list[str]:
                      f"{job.stall_timeout:g} s) restarts a hung cluster sooner")  # fmt: skip
     startup = share(cluster, "startup")
     if startup >= 2 * DOMINANT:
+        framework = "JAX" if job.keras == KERAS_JAX else "TensorFlow"
         lines.append(f"start-up took {startup:.0%} of the time: for a run this short, most of it "
-                     "is importing TensorFlow and forming the cluster")  # fmt: skip
+                     f"is importing {framework} and forming the cluster")  # fmt: skip
     return lines

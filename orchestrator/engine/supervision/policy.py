@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orchestrator.contract import EXIT_PREEMPTED, STRATEGY_PS
+from orchestrator.contract import EXIT_PREEMPTED, KERAS_JAX, STRATEGY_PS
 from orchestrator.engine.observe.excerpt import excerpt
 from orchestrator.engine.observe.failures import (
     Failure,
@@ -349,8 +349,8 @@ def with_warm_default(inventory: Inventory, environ: Mapping[str, str]) -> Inven
     inventory leaves it out; unset or empty: as the inventory says (on for `task:`). Resolved
     once, at `up`: the run's record keeps the value, so its supervisors and restarts agree."""
     text = environ.get(WARM_RESTARTS_ENV, "").strip()
-    if inventory.job.warm_restarts is not None or not text:
-        return inventory
+    if inventory.job.warm_restarts is not None or not text or inventory.job.keras == KERAS_JAX:
+        return inventory  # a keras: jax host has no TensorFlow for a standby to import
     if text not in ("0", "1"):
         raise InventoryError(
             [Problem(f"${WARM_RESTARTS_ENV}", None, "", f"expected 0 or 1, got {text!r}")],
