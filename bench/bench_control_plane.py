@@ -63,8 +63,8 @@ from bench.bench_fanout import (
     timed,
 )
 from orchestrator.backends.hosts.backend import HostBackend
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.status import collect_status
+from orchestrator.engine.observe.status import collect_status
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.model.vocabulary import WorkerState
 from tests.cluster.inventories import host_entries, write_inventory
 from tests.cluster.netns import NamespaceCluster, namespace_pids, unavailable_reason

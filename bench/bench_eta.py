@@ -2,8 +2,8 @@
 example on two local workers with inventory/local.yaml's own job settings (evaluation,
 checkpoints, export) and only `steps` changed, `status --json` polled every POLL seconds; at a
 quarter, half and three quarters of the run, the ETA it showed against the time the run then
-really took, for the wall-clock ETA (engine/eta.py) and for the one it replaced (steps left over
-the latest steps/s, recomputed from the same snapshot's fields). The ETA is the time to the
+really took, for the wall-clock ETA (engine/observe/eta.py) and for the one it replaced (steps left
+over the latest steps/s, recomputed from the same snapshot's fields). The ETA is the time to the
 target step: "took" ends at the first snapshot that shows every worker there; what follows (the
 final evaluation, the export, the exit) is printed apart, and then the run's goodput and parts.
 

@@ -34,9 +34,9 @@ from pathlib import Path
 
 from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.backends.registry import load_inventory
-from orchestrator.engine.lifecycle import start_run, stop_run
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.supervise import Supervisor
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.supervise import Supervisor
+from orchestrator.engine.workers.lifecycle import start_run, stop_run
 from orchestrator.fanout import GroupResult
 from orchestrator.model.answers import BY_DOWN, StopAnswer
 from orchestrator.model.records import WorkerRecord

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.bench_launch import BATCH, by_hand, env, free_ports, tf_configs, wait_logs, worker_argv
-from orchestrator.engine.locks import SupervisorLock
+from orchestrator.engine.supervision.locks import SupervisorLock
 
 STEPS = 120  # wait_logs needs a logged rate after step 50
 STRATEGY = "import tensorflow as tf; tf.distribute.MultiWorkerMirroredStrategy()"

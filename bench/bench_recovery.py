@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench.bench_launch import env, free_ports, tf_configs
-from orchestrator.engine.policy import TASK_SURVIVOR_GRACE
+from orchestrator.engine.supervision.policy import TASK_SURVIVOR_GRACE
 from orchestrator.model.inventory import Job
 from tests.conftest import wait_for
 

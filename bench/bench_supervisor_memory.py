@@ -25,9 +25,9 @@ import psutil
 
 from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.backends.registry import load_inventory
-from orchestrator.engine.lifecycle import start_run, stop_run
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.supervise import Supervisor
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.supervise import Supervisor
+from orchestrator.engine.workers.lifecycle import start_run, stop_run
 from tests.cluster.inventories import write_inventory
 from tests.cluster.netns import NamespaceCluster, cleanup_leftovers
 

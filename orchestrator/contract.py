@@ -55,7 +55,8 @@ TRACKING_SECRET_ENV = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD", "WAN
 # --- the progress file (progress.json) ------------------------------------------------------------
 # One JSON object per worker, rewritten whole at each write (worker/progress.py; the built-in loop,
 # the evaluator and a script's report() write it), read by the controller (model/answers.py's
-# Progress, engine/status.py). Its keys, declared once: both sides spell them by these names.
+# Progress, engine/observe/status.py). Its keys, declared once: both sides spell them by these
+# names.
 STEP = "step"
 START_STEP = "start_step"  # where this attempt began (the built-in loop's first write)
 TARGET_STEPS = "target_steps"
@@ -73,7 +74,7 @@ EVALUATED_CHECKPOINT = "checkpoint"  # the evaluator's: the checkpoint it evalua
 TIMED_CHECKPOINT = "checkpoint"
 TIMED_EVALUATION = "evaluation"
 
-# --- the worker's command line (engine/launch.py writes it, worker/cli.py parses it) -------------
+# --- the worker's command line (engine/workers/launch.py writes it, worker/cli.py parses it) -----
 # `--strategy`: the worker's tf.distribute strategy (`job.strategy` in the inventory).
 STRATEGY_MULTI_WORKER = "multi-worker"  # MultiWorkerMirroredStrategy: every host a worker
 STRATEGY_MIRRORED = "mirrored"  # MirroredStrategy: one host, its GPUs
@@ -88,7 +89,7 @@ DEFAULT_LOG_EVERY = 10
 # Training steps per tf.function call (--steps-per-call). One call costs a Python dispatch and a
 # host wait wherever a value is read; K steps per call pay it once for K steps.
 DEFAULT_STEPS_PER_CALL = 1
-# The flags engine/launch.py gives `python -m worker` (worker/cli.py parses them) and the
+# The flags engine/workers/launch.py gives `python -m worker` (worker/cli.py parses them) and the
 # evaluator's `python -m worker.evaluate --watch` (worker/evaluate.py): each spelled once.
 WORKER_MODULE = "worker"
 EVALUATE_MODULE = "worker.evaluate"
@@ -128,15 +129,15 @@ REQUEST_ENV = "env"
 REQUEST_CWD = "cwd"
 
 # Progress keys of the built-in loop's step timing (worker/loop.py writes them at each log step,
-# engine/pace.py reads them): the mean seconds per step spent inside the step calls, and the mean
-# wall seconds per step, over the last log window. Their difference is the host's own time per
+# engine/observe/pace.py reads them): the mean seconds per step spent inside the step calls, and the
+# mean wall seconds per step, over the last log window. Their difference is the host's own time per
 # step; in a synchronous job the others wait for the worker with the most of it.
 STEP_CALL_SECONDS = "step_call_seconds"
 STEP_SECONDS = "step_seconds"
 STEP_TIMING_ENV = "ORCHESTRATE_STEP_TIMING"  # "0": no timing (bench/bench_step_timing.py)
 
-# Progress keys behind a run's goodput (engine/goodput.py): when this attempt's first step was
-# done (worker/progress.py writes it at the first step past start_step, for scripts too), and
+# Progress keys behind a run's goodput (engine/observe/goodput.py): when this attempt's first step
+# was done (worker/progress.py writes it at the first step past start_step, for scripts too), and
 # the seconds the step loop was blocked in checkpoint saves and in evaluations, summed over the
 # attempt (the built-in loop; a script with worker.progress.timed).
 FIRST_STEP_AT = "first_step_at"
@@ -150,12 +151,12 @@ HISTORY_FILE = "progress-history.jsonl"  # bounded, one line per metric step: th
 WORKER_LOG = "worker.log"
 
 # --- TF_CONFIG ------------------------------------------------------------------------------------
-# Built here once for every launcher: the engine's hosts (engine/tfconfig.py), the Slurm launcher
-# (hostside/slurm_launcher.py) and the pod launcher (hostside/pod_launcher.py). As TensorFlow
-# specifies it: the cluster lists the training tasks by type, in task order within a type; a task
-# is its type and its index within that type. The evaluator is in no cluster list: its task is
-# {"type": "evaluator", "index": 0}. Under MultiWorkerMirroredStrategy every task is a worker
-# (worker 0 is the chief).
+# Built here once for every launcher: the engine's hosts (engine/workers/tfconfig.py), the Slurm
+# launcher (hostside/slurm_launcher.py) and the pod launcher (hostside/pod_launcher.py). As
+# TensorFlow specifies it: the cluster lists the training tasks by type, in task order within a
+# type; a task is its type and its index within that type. The evaluator is in no cluster list: its
+# task is {"type": "evaluator", "index": 0}. Under MultiWorkerMirroredStrategy every task is a
+# worker (worker 0 is the chief).
 ROLE_WORKER, ROLE_CHIEF, ROLE_PS, ROLE_EVALUATOR = "worker", "chief", "ps", "evaluator"
 # TensorFlow's order of a cluster spec's task types (as its tutorials write them).
 CLUSTER_ORDER = (ROLE_CHIEF, ROLE_WORKER, ROLE_PS)

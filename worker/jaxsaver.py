@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # The TensorFlow loop's prefix too (worker.trainstate, which imports TensorFlow): the controller
-# reads the step from the name (orchestrator/engine/checkpoints.checkpoint_step).
+# reads the step from the name (orchestrator/engine/store/checkpoints.checkpoint_step).
 CHECKPOINT_NAME = "ckpt"
 STATE_FILE = "checkpoint"
 SUFFIX = ".npz"

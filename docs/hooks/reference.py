@@ -4,7 +4,7 @@
 reads, so it cannot drift from it: the inventory keys from the loader's one key registry
 (`orchestrator.backends.registry.key_reference`: the loader's `key_reference` with the host
 sources of the registry's table, the entries every known-key check is derived from)
-and the failure kinds from `orchestrator.engine.failures` (MEANINGS, HINTS, DETERMINISTIC).
+and the failure kinds from `orchestrator.engine.observe.failures` (MEANINGS, HINTS, DETERMINISTIC).
 Nothing here is a page of its own: edit the tables. tests/unit/test_key_reference.py renders
 the pages without MkDocs.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.backends.registry import key_reference
-from orchestrator.engine.failures import DETERMINISTIC, HINTS, MEANINGS
+from orchestrator.engine.observe.failures import DETERMINISTIC, HINTS, MEANINGS
 from orchestrator.model.vocabulary import FailureKind
 
 
@@ -30,7 +30,7 @@ def failures_page() -> str:
         "Every kind of failure the supervisor tells apart, what it means and what to do: the hint",
         "that `up`'s root cause, `status` (`what to do:`; `failure_kind` and `hint` in",
         "`status --json`) and the dashboard show. Generated from",
-        "`orchestrator/engine/failures.py`.",
+        "`orchestrator/engine/observe/failures.py`.",
         "A kind that is not retried ends the run at once: it fails the same way on every restart.",
         "",
         "| kind | what it means | retried | what to do |",

@@ -18,7 +18,7 @@ from orchestrator import __version__
 from orchestrator.paths import DEFAULT_STATE_DIR
 
 if TYPE_CHECKING:
-    from orchestrator.engine.runstore import RunStore
+    from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import (
     OrchestrateError,
 )
@@ -78,7 +78,7 @@ class Context:
     @property
     def store(self) -> RunStore:
         if self._store is None:
-            from orchestrator.engine.runstore import RunStore
+            from orchestrator.engine.store.runstore import RunStore
 
             self._store = RunStore(self.state_dir)
         return self._store

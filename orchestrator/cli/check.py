@@ -64,7 +64,7 @@ def run_checks(
         report = backend.preflight(inventory, options)
         # The tracker (job.tracking) from this machine: a warning at most, never a block.
         # Imported here: the engine is not loaded for an inventory that is refused.
-        from orchestrator.engine.tracking import tracking_findings
+        from orchestrator.engine.trackers.tracking import tracking_findings
 
         report = PreflightReport((*report.findings, *tracking_findings(inventory)))
     _record(report, inventory)
@@ -135,7 +135,7 @@ def check(
     with open_backend(inventory) as backend:
         # port: auto and gpus: N: what `up` would lease now (nothing is held); a clash exits 4.
         # Imported here: the lifecycle pulls in the engine, which a refused inventory never needs.
-        from orchestrator.engine.lifecycle import take_leases
+        from orchestrator.engine.workers.lifecycle import take_leases
 
         inventory = take_leases(inventory, CHECK_RUN_ID, backend, _warn, dry_run=True)
         report = run_checks(inventory, backend, probe_timeout, min_free_gb, perf=perf)

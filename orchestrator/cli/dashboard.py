@@ -16,8 +16,8 @@ import click
 
 from orchestrator.cli.app import Context, cli, errors, pass_context, run_option
 from orchestrator.contract import install_hint
-from orchestrator.engine.plan import RUN_ID_PATTERN
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.workers.plan import RUN_ID_PATTERN
 from orchestrator.errors import MissingTool, RunStateError
 
 DEFAULT_PORT = 6100

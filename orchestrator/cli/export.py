@@ -10,7 +10,7 @@ import yaml
 from orchestrator.backends.registry import BACKEND_FORMATS, export_writer, load_inventory
 from orchestrator.cli.app import cli, errors
 from orchestrator.contract import KERAS_JAX
-from orchestrator.engine.plan import plan_workers
+from orchestrator.engine.workers.plan import plan_workers
 from orchestrator.errors import ExportRefused
 from orchestrator.model.inventory import Inventory
 

@@ -11,7 +11,7 @@ from orchestrator.model.printable import printable
 from orchestrator.model.vocabulary import WorkerState
 
 if TYPE_CHECKING:  # only a type here: the status module pulls in the engine (`check`'s start)
-    from orchestrator.engine.status import WorkerStatus
+    from orchestrator.engine.observe.status import WorkerStatus
 
 STATE_STYLES = {
     WorkerState.PENDING: "dim",

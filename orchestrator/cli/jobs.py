@@ -10,7 +10,7 @@ import click
 from orchestrator.backends.registry import load_inventory, open_backend
 from orchestrator.cli.app import Context, cli, console, errors, pass_context
 from orchestrator.cli.render import jobs_table, queue_table
-from orchestrator.engine.locks import supervised_run
+from orchestrator.engine.supervision.locks import supervised_run
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.leases import LeaseListing
 from orchestrator.model.printable import strict_json

@@ -20,14 +20,14 @@ from orchestrator.backends.base import Backend
 from orchestrator.cli.app import StillSupervised, StoppedWatching, console, errors
 from orchestrator.cli.render import kept_warm, problems, progress_line, run_line, status_table
 from orchestrator.cli.statustable import progress_bar
-from orchestrator.engine.advice import goodput_advice
-from orchestrator.engine.exports import chief_export_dir, export_is_remote
-from orchestrator.engine.goodput import run_account, summary
-from orchestrator.engine.locks import SupervisorLock, wait_held
-from orchestrator.engine.policy import conclude
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.status import RunStatus
-from orchestrator.engine.supervise import Supervisor
+from orchestrator.engine.observe.advice import goodput_advice
+from orchestrator.engine.observe.goodput import run_account, summary
+from orchestrator.engine.observe.status import RunStatus
+from orchestrator.engine.store.exports import chief_export_dir, export_is_remote
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.locks import SupervisorLock, wait_held
+from orchestrator.engine.supervision.policy import conclude
+from orchestrator.engine.supervision.supervise import Supervisor
 from orchestrator.errors import JobFailed, OrchestrateError, RunStateError
 from orchestrator.model.printable import printable
 from orchestrator.model.records import RunRecord

@@ -9,8 +9,8 @@ import click
 
 from orchestrator.backends.registry import load_inventory
 from orchestrator.cli.app import cli, console, errors, inventory_argument
-from orchestrator.engine.events import target_label
-from orchestrator.engine.notify import send_test
+from orchestrator.engine.observe.events import target_label
+from orchestrator.engine.observe.notify import send_test
 from orchestrator.errors import InventoryError, PartialFailure, Problem
 
 

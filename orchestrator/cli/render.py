@@ -18,8 +18,8 @@ from orchestrator.cli.format import (
     step_text,
 )
 from orchestrator.cli.statustable import StatusTable, shared_values
-from orchestrator.engine.rolepolicy import labelled
-from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.engine.observe.rolepolicy import labelled
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus
 from orchestrator.model.answers import StandbyInfo
 from orchestrator.model.leases import LeaseListing, clock
 from orchestrator.model.printable import printable

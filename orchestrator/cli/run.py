@@ -33,23 +33,23 @@ from orchestrator.cli.dashboard import DEFAULT_PORT as DASHBOARD_PORT
 from orchestrator.cli.dashboard import spawn_dashboard
 from orchestrator.cli.hosts import prepare_before_checks
 from orchestrator.cli.live import finish, spawn_supervisor, supervise_here, view
-from orchestrator.engine.control import stop_everything, stop_unrecorded, watch
-from orchestrator.engine.lifecycle import (
-    DEFAULT_GRACE,
-    StopReport,
-)
-from orchestrator.engine.locks import (
+from orchestrator.engine.observe.notify import RunEvents, missing_notify_secrets
+from orchestrator.engine.observe.status import RunStatus, collect_status
+from orchestrator.engine.start.queue import Withdrawn, pending, wait_for_leases, withdraw
+from orchestrator.engine.start.rerun import Trained
+from orchestrator.engine.start.start import StartHooks, StartOptions, start_first_attempt
+from orchestrator.engine.supervision.contact import stop_everything, stop_unrecorded, watch
+from orchestrator.engine.supervision.locks import (
     SupervisorLock,
     interrupted_launch,
     relaunch,
 )
-from orchestrator.engine.notify import RunEvents, missing_notify_secrets
-from orchestrator.engine.policy import linger_seconds, with_warm_default
-from orchestrator.engine.queue import Withdrawn, pending, wait_for_leases, withdraw
-from orchestrator.engine.rerun import Trained
-from orchestrator.engine.secretenv import missing_secrets, secret_values, shown_env
-from orchestrator.engine.start import StartHooks, StartOptions, start_first_attempt
-from orchestrator.engine.status import RunStatus, collect_status
+from orchestrator.engine.supervision.policy import linger_seconds, with_warm_default
+from orchestrator.engine.workers.lifecycle import (
+    DEFAULT_GRACE,
+    StopReport,
+)
+from orchestrator.engine.workers.secretenv import missing_secrets, secret_values, shown_env
 from orchestrator.errors import (
     MissingTool,
     PartialFailure,
@@ -219,8 +219,8 @@ def start_and_supervise(
     fresh: bool = False,
 ) -> None:
     """What `up` does with a loaded inventory (`orchestrate local` builds its own); `queue`:
-    wait for held leases (engine/queue.py) instead of failing; `fresh`: start over from no
-    checkpoint (engine/rerun.py)."""
+    wait for held leases (engine/start/queue.py) instead of failing; `fresh`: start over from no
+    checkpoint (engine/start/rerun.py)."""
     secrets, inventory = _ready_to_start(context, inventory)
     with open_backend(inventory) as backend:
         hooks = StartHooks(

@@ -27,8 +27,8 @@ from orchestrator.cli.format import (
     size,
     step_text,
 )
-from orchestrator.engine.rolepolicy import labelled
-from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.engine.observe.rolepolicy import labelled
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus
 from orchestrator.model.printable import printable
 from orchestrator.model.timetext import duration
 

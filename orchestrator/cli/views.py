@@ -23,17 +23,17 @@ from orchestrator.cli.app import (
 )
 from orchestrator.cli.render import problems, standby_lines, status_table
 from orchestrator.contract import install_hint
-from orchestrator.engine.exports import export_is_remote, local_export, pull_export
-from orchestrator.engine.goodput import run_account, summary
-from orchestrator.engine.hangs import collect
-from orchestrator.engine.locks import is_supervised
-from orchestrator.engine.loggroups import WINDOW, Grouper, Line, label, merge
-from orchestrator.engine.logs import follow, follow_timed, last_lines, select_workers
-from orchestrator.engine.queue import pending
-from orchestrator.engine.stacks import grouped
-from orchestrator.engine.status import collect_status
-from orchestrator.engine.tensorboard import events_are_remote, local_event_dir, pull_events
-from orchestrator.engine.tracking import tracking_json, tracking_lines
+from orchestrator.engine.observe.goodput import run_account, summary
+from orchestrator.engine.observe.loggroups import WINDOW, Grouper, Line, label, merge
+from orchestrator.engine.observe.logs import follow, follow_timed, last_lines, select_workers
+from orchestrator.engine.observe.stacks import grouped
+from orchestrator.engine.observe.status import collect_status
+from orchestrator.engine.start.queue import pending
+from orchestrator.engine.store.exports import export_is_remote, local_export, pull_export
+from orchestrator.engine.store.tensorboard import events_are_remote, local_event_dir, pull_events
+from orchestrator.engine.supervision.hangs import collect
+from orchestrator.engine.supervision.locks import is_supervised
+from orchestrator.engine.trackers.tracking import tracking_json, tracking_lines
 from orchestrator.errors import MissingTool, PartialFailure
 from orchestrator.model.leases import clock
 from orchestrator.model.printable import printable, strict_json

@@ -1,4 +1,4 @@
-"""`notify:`: who is told of a run's events (engine/notify.py sends them). Pure apart from
+"""`notify:`: who is told of a run's events (engine/observe/notify.py sends them). Pure apart from
 checking that the files it names exist.
 
 Each entry is a webhook (`webhook: URL`, HTTPS with the certificate checked, or http:// to this

@@ -1,5 +1,5 @@
-"""`job.tracking`: the experiment tracker a run logs into (engine/tracking.py makes its one run
-there, docs/tracking.md). Pure: nothing of MLflow or W&B is imported to read it.
+"""`job.tracking`: the experiment tracker a run logs into (engine/trackers/tracking.py makes its one
+run there, docs/tracking.md). Pure: nothing of MLflow or W&B is imported to read it.
 
 `{mlflow: URI, experiment: NAME}` names an MLflow tracking server, `{wandb: {project: P,
 entity: E}}` a Weights & Biases project; both may be set. Credentials never appear here: they

@@ -38,7 +38,7 @@ from starlette.types import ASGIApp
 
 from orchestrator.dashboard.auth import Guard
 from orchestrator.dashboard.watch import Hub, RunWatch, run_summaries
-from orchestrator.engine.hangs import kept as kept_stacks
+from orchestrator.engine.supervision.hangs import kept as kept_stacks
 
 KEEPALIVE = 15.0
 STATIC = {

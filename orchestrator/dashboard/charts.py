@@ -217,7 +217,7 @@ def _attempt_lines(scale: _Scale, series: Sequence[Series]) -> list[str]:
     return parts
 
 
-# The goodput bar's colours, one per part (engine/goodput.PARTS): training green, the rest
+# The goodput bar's colours, one per part (engine/observe/goodput.PARTS): training green, the rest
 # the colours of what went wrong or waited.
 PART_COLOURS = {"productive": "#34d399", "startup": "#38bdf8", "checkpoint": "#a78bfa",
                 "evaluation": "#818cf8", "lost": "#f87171", "restart": "#fb923c",

@@ -11,11 +11,11 @@ from typing import Any
 from orchestrator.contract import HISTORY_FILE
 from orchestrator.dashboard.charts import Marker, Series, line_chart, stacked_bar
 from orchestrator.dashboard.curves import SMOOTHING, log10, smoothed
-from orchestrator.engine.goodput import LABELS, PARTS, run_account, summary
-from orchestrator.engine.policy import first_failure
-from orchestrator.engine.rolepolicy import labelled
-from orchestrator.engine.snapshot import Snapshot
-from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.engine.observe.goodput import LABELS, PARTS, run_account, summary
+from orchestrator.engine.observe.rolepolicy import labelled
+from orchestrator.engine.observe.snapshot import Snapshot
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus
+from orchestrator.engine.supervision.policy import first_failure
 from orchestrator.model.reading import number as finite_number
 from orchestrator.model.records import RunRecord, restarted_alone
 from orchestrator.model.vocabulary import WorkerState
@@ -31,7 +31,7 @@ def worker_view(worker: WorkerStatus) -> dict[str, Any]:
     return {
         **worker.to_json(),
         "progress": fraction,
-        "eta_seconds": worker.eta_seconds,  # engine/eta.py: the one estimate
+        "eta_seconds": worker.eta_seconds,  # engine/observe/eta.py: the one estimate
     }
 
 
@@ -61,7 +61,7 @@ def timeline(
     record: RunRecord, stacks: Mapping[int, Sequence[str]] | None = None
 ) -> list[dict[str, Any]]:
     """Each restart, with the workers whose stacks were kept at its stall (`stacks`: by the
-    attempt that stalled, engine.hangs.kept's names)."""
+    attempt that stalled, engine.supervision.hangs.kept's names)."""
     kept = stacks or {}
     restarts = [
         {**restart.__dict__, "number": number, "text": restart.describe(),
@@ -167,7 +167,8 @@ def run_preflight(document: Any, record: RunRecord) -> dict[str, Any] | None:
 
 
 def goodput(record: RunRecord, status: RunStatus | None, now: float) -> dict[str, Any]:
-    """The run's goodput (engine/goodput.py): the account, its one line and its stacked bar."""
+    """The run's goodput (engine/observe/goodput.py): the account, its one line and its stacked
+    bar."""
     account = run_account(record, status, now)
     cluster = account.cluster
     parts = [(name, LABELS[name], cluster.part(name)) for name in PARTS]

@@ -10,7 +10,7 @@ import uvicorn
 from orchestrator.dashboard.app import create_app
 from orchestrator.dashboard.auth import allowed_hosts, is_loopback
 from orchestrator.dashboard.watch import Hub
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import MissingTool
 
 

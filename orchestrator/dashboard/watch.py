@@ -28,13 +28,13 @@ from orchestrator.backends.registry import open_backend
 from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.dashboard import model
 from orchestrator.dashboard.model import HISTORY_FILE
-from orchestrator.engine.hangs import kept as kept_stacks
-from orchestrator.engine.locks import is_supervised
-from orchestrator.engine.plan import RUN_ID_PATTERN
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.snapshot import Snapshot, read_snapshot
-from orchestrator.engine.status import RunStatus, collect_status
-from orchestrator.engine.tracking import run_link, tracking_json
+from orchestrator.engine.observe.snapshot import Snapshot, read_snapshot
+from orchestrator.engine.observe.status import RunStatus, collect_status
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.hangs import kept as kept_stacks
+from orchestrator.engine.supervision.locks import is_supervised
+from orchestrator.engine.trackers.tracking import run_link, tracking_json
+from orchestrator.engine.workers.plan import RUN_ID_PATTERN
 from orchestrator.errors import HostError, OrchestrateError
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.leases import LeaseListing

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from orchestrator.engine.launch import worker_launch
+from orchestrator.engine.workers.launch import worker_launch
 from orchestrator.model.inventory import Inventory, Job
 from orchestrator.model.launch import Placement, WorkerLaunch
 

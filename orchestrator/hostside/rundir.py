@@ -63,7 +63,7 @@ NAMES = (SPEC_FILE, TF_CONFIG_FILE, AGENT_FILE, PID_FILE, WORKER_PID_FILE, WORKE
 
 LOG_TAIL_LINES = 20
 REDACTED = b"[redacted]"
-SECRET_MIN_CHARS = 4  # shorter values are left alone (engine/secretenv.scrub's rule too)
+SECRET_MIN_CHARS = 4  # shorter values are left alone (engine/workers/secretenv.scrub's rule too)
 
 
 def expand(path):

@@ -101,11 +101,11 @@ class NotifyTarget:
 @dataclass(frozen=True)
 class Tracking:
     """`job.tracking`: the experiment tracker every worker of every attempt of a run logs into
-    (engine/tracking.py, docs/tracking.md): an MLflow tracking server and experiment, a Weights
-    & Biases project, or both. The `*_id` fields are the run's identity there, set when the run
-    starts (as a lease sets a host's port), kept in the run record with the inventory: every
-    later attempt and every supervisor of the run reads them back and joins the same run; a
-    later `up` that resumes the run's checkpoint carries them on (engine/trackresume.py)."""
+    (engine/trackers/tracking.py, docs/tracking.md): an MLflow tracking server and experiment, a
+    Weights & Biases project, or both. The `*_id` fields are the run's identity there, set when the
+    run starts (as a lease sets a host's port), kept in the run record with the inventory: every
+    later attempt and every supervisor of the run reads them back and joins the same run; a later
+    `up` that resumes the run's checkpoint carries them on (engine/trackers/trackresume.py)."""
 
     mlflow: str | None = None  # the tracking server's URI (MLFLOW_TRACKING_URI)
     experiment: str | None = None  # MLflow's experiment; None: the job's name
@@ -114,8 +114,9 @@ class Tracking:
     mlflow_run_id: str | None = None
     mlflow_experiment_id: str | None = None
     wandb_run_id: str | None = None
-    # The cluster restarts the earlier runs of a resumed tracking run had (engine/trackresume):
-    # this run's restart tags number on after them instead of overwriting theirs.
+    # The cluster restarts the earlier runs of a resumed tracking run had
+    # (engine/trackers/trackresume): this run's restart tags number on after them instead of
+    # overwriting theirs.
     restarts_before: int = 0
 
 
@@ -222,8 +223,9 @@ class Job:
     # The built-in loop's checkpoint writes in the background (the last save and a
     # preemption's block): less time blocked in saves (goodput; bench/bench_goodput.py).
     async_checkpoints: bool = True
-    queue: bool = False  # `up` waits its turn for held leases instead of failing (engine/queue.py)
-    tracking: Tracking | None = None  # one MLflow / W&B run per run (engine/tracking.py)
+    # `up` waits its turn for held leases instead of failing (engine/start/queue.py)
+    queue: bool = False
+    tracking: Tracking | None = None  # one MLflow / W&B run per run (engine/trackers/tracking.py)
 
     @property
     def start_limit(self) -> int:
@@ -274,7 +276,7 @@ class Inventory:
     source_settings: SourceSettings | None = None
     # `preflight: {perf: true}`: `up`'s check runs the performance round too.
     perf_check: bool = False
-    notify: tuple[NotifyTarget, ...] = ()  # told of the run's events (engine/notify.py)
+    notify: tuple[NotifyTarget, ...] = ()  # told of the run's events (engine/observe/notify.py)
 
     @property
     def gpus_per_worker(self) -> int | None:

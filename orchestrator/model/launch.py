@@ -1,5 +1,5 @@
 """One worker as it is started, wherever it runs: what every launcher and export renders. Plain
-data; engine/launch.py computes it, the only place that decides a worker's command line and
+data; engine/workers/launch.py computes it, the only place that decides a worker's command line and
 environment.
 
 A `WorkerLaunch` is the same for a worker whatever starts it (the host agent, the Slurm

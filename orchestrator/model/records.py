@@ -1,4 +1,4 @@
-"""The record of a run, as the state directory keeps it (engine/runstore.py writes and reads
+"""The record of a run, as the state directory keeps it (engine/store/runstore.py writes and reads
 the files): the inventory as it was at `up`, the current attempt's workers, every restart.
 
 Decoding lives here with the types; what it cannot know, which settings type a connection kind
@@ -90,7 +90,7 @@ def alone_counts(alone: tuple[Restart, ...]) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class WorkerSpan:
-    """One worker in one attempt, as a run's goodput (engine/goodput.py) needs it: from its
+    """One worker in one attempt, as a run's goodput (engine/observe/goodput.py) needs it: from its
     progress file and exit record, kept in the run record once the attempt ended (its run
     directory is on its host; the next attempt has another). Times are the host's clock."""
 
@@ -182,12 +182,13 @@ class RunRecord:
     # ParameterServerStrategy): why each was, in order; they spend job.max_worker_restarts,
     # never max_restarts.
     alone: tuple[Restart, ...] = ()
-    # Goodput's records (engine/goodput.py): each attempt's launch and, once it ended, its
+    # Goodput's records (engine/observe/goodput.py): each attempt's launch and, once it ended, its
     # workers' spans; and how long `up --queue` waited for the leases before the run began.
     attempts: tuple[Attempt, ...] = ()
     queue_seconds: float = 0.0
     # What the run's workers use that no keeper of the run holds any more and that could not be
-    # leased again (engine/leasewatch.py): said by `status` while it lasts; None when leased.
+    # leased again (engine/supervision/leasewatch.py): said by `status` while it lasts; None when
+    # leased.
     leases_lost: str | None = None
 
     @property

@@ -3,8 +3,8 @@ how a worker failed (`FailureKind`) and how an attempt ended (`AttemptEnd`). Pur
 
 They differ in what they describe and when: a worker's *state* is what a probe shows now and
 changes at every poll; a *failure kind* is the cause of one worker's failure, decided once from
-its exit record and log (engine/failures.py) and kept in a `Restart`; an *attempt end* is how
-the whole cluster's attempt ended, one of five words kept in the attempt's goodput record: a
+its exit record and log (engine/observe/failures.py) and kept in a `Restart`; an *attempt end* is
+how the whole cluster's attempt ended, one of five words kept in the attempt's goodput record: a
 failure kind other than a preemption or a stall ends an attempt as `crashed`.
 
 Each is a `str` enum whose value is the word the records and status documents have always held,
@@ -29,7 +29,7 @@ class Word(str, Enum):
 
 
 class WorkerState(Word):
-    """One worker process now, classified from a probe of its run directory (engine/state.py
+    """One worker process now, classified from a probe of its run directory (engine/observe/state.py
     says each word's meaning and the moves between them)."""
 
     PENDING = "pending"
@@ -50,8 +50,8 @@ ACTIVE = (WorkerState.PENDING, WorkerState.STARTING, WorkerState.RUNNING)
 
 
 class FailureKind(Word):
-    """The cause of one worker's failure (engine/failures.py decides it; its MEANINGS say each
-    for people, and the manual's failure reference is generated from them)."""
+    """The cause of one worker's failure (engine/observe/failures.py decides it; its MEANINGS say
+    each for people, and the manual's failure reference is generated from them)."""
 
     KILLED = "killed"
     PREEMPTED = "preempted"

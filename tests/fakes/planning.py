@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from orchestrator.backends.hosts.backend import HostBackend
-from orchestrator.engine import plan
+from orchestrator.engine.workers import plan
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.workers import WorkerSpec
 

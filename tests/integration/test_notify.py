@@ -234,8 +234,8 @@ def test_a_restarted_run_is_told_to_every_target_and_failing_ones_change_nothing
     assert started["run_id"] == run_id and started["job"] == "demo"
     assert restarting["root_cause"].startswith("beta") and "SIGKILL" in restarting["root_cause"]
     assert restarting["restarts"] == 1 and restarting["hint"]
-    # engine/eta.py's estimate: the running worker's steps left at 20 steps/s (alpha's; beta,
-    # killed, has none), no more than the slowest worker's step would leave.
+    # engine/observe/eta.py's estimate: the running worker's steps left at 20 steps/s (alpha's;
+    # beta, killed, has none), no more than the slowest worker's step would leave.
     assert 0 < restarting["eta_seconds"] <= (120 - restarting["step"]) / 20
     assert restarting["target_steps"] == 120 and restarting["dashboard"] is None
     assert succeeded["state"] == "succeeded" and succeeded["step"] == 120

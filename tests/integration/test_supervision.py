@@ -339,7 +339,7 @@ def test_tensorflow_worker_killed_mid_training_resumes_warm_to_exactly_the_targe
 
 
 def assert_goodput_sums(record: dict[str, Any], goodput: dict[str, Any], err: str) -> None:
-    """Goodput after the SIGKILL (engine/goodput.py): every worker's parts sum to its wall
+    """Goodput after the SIGKILL (engine/observe/goodput.py): every worker's parts sum to its wall
     time, from the first launch to its exit (within 2 %), the cluster's to theirs; training,
     the restart's downtime and the work past the checkpoint are among them; `up` said so."""
     first, last = record["attempts"][0], record["attempts"][-1]

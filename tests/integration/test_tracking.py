@@ -457,8 +457,8 @@ def test_a_resumed_runs_restarts_number_on_after_the_earlier_ones(mlflow_server:
     """The supervisor's tracker against the real server: in a run that resumes one whose two
     restarts are tagged already (restarts_before=2), its first restart is the 3rd; the end's
     count says 3 and ends the run FINISHED."""
-    from orchestrator.engine.events import run_event
-    from orchestrator.engine.tracking import Tracker
+    from orchestrator.engine.observe.events import run_event
+    from orchestrator.engine.trackers.tracking import Tracker
     from orchestrator.model.inventory import Tracking
     from orchestrator.model.records import Restart
 
@@ -491,12 +491,12 @@ def test_a_resumed_runs_restarts_number_on_after_the_earlier_ones(mlflow_server:
 
 @pytest.mark.tf
 def test_a_resumed_run_whose_up_does_not_start_ends_as_it_was(mlflow_server: str) -> None:
-    """`up`'s hold on the tracking run (engine/tracking.held_tracking) against the real server:
-    the resumed MLflow run is RUNNING while the start goes on; a start that fails (a check)
-    sets it back to how the earlier run ended, its verdict that run's, where a run made for
-    the `up` would end KILLED as `not started`."""
-    from orchestrator.engine.tracking import held_tracking
-    from orchestrator.engine.trackresume import Resumed
+    """`up`'s hold on the tracking run (engine/trackers/tracking.held_tracking) against the real
+    server: the resumed MLflow run is RUNNING while the start goes on; a start that fails (a check)
+    sets it back to how the earlier run ended, its verdict that run's, where a run made for the `up`
+    would end KILLED as `not started`."""
+    from orchestrator.engine.trackers.tracking import held_tracking
+    from orchestrator.engine.trackers.trackresume import Resumed
     from orchestrator.model.inventory import Inventory, Job, Tracking
 
     client = MlflowClient(mlflow_server)

@@ -17,9 +17,9 @@ import pytest
 
 from orchestrator.cli.render import progress_line, status_table
 from orchestrator.dashboard import model
-from orchestrator.engine.eta import MAX_ETA_SECONDS, eta_seconds
-from orchestrator.engine.policy import conclude
-from orchestrator.engine.status import RunStatus, WorkerStatus, worker_status
+from orchestrator.engine.observe.eta import MAX_ETA_SECONDS, eta_seconds
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus, worker_status
+from orchestrator.engine.supervision.policy import conclude
 from orchestrator.model.answers import Progress, WorkerProbe
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.printable import strict_json

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends.registry import load_inventory
-from orchestrator.engine.tfconfig import tf_config
+from orchestrator.engine.workers.tfconfig import tf_config
 from orchestrator.errors import InventoryError
 from orchestrator.machines.kinds.ssh import openssh_argv
 from orchestrator.machines.sshsettings import SshSettings

@@ -22,12 +22,12 @@ import pytest
 
 from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.backends.registry import load_inventory
-from orchestrator.engine.control import stop_everything
-from orchestrator.engine.lifecycle import start_run, stop_run
-from orchestrator.engine.locks import SupervisorLock
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.status import collect_status
-from orchestrator.engine.supervise import Supervisor
+from orchestrator.engine.observe.status import collect_status
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.contact import stop_everything
+from orchestrator.engine.supervision.locks import SupervisorLock
+from orchestrator.engine.supervision.supervise import Supervisor
+from orchestrator.engine.workers.lifecycle import start_run, stop_run
 from orchestrator.hostside import hostprobe
 from orchestrator.machines import pool
 from orchestrator.machines.hostclient import host_program

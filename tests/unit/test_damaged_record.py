@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.engine.control import stop_unrecorded
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.contact import stop_unrecorded
 from orchestrator.errors import RecordDamaged
 
 RUN = "20260101-000000-dead"

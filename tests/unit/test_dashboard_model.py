@@ -10,7 +10,7 @@ from orchestrator.dashboard import model
 from orchestrator.dashboard.charts import Marker, Series, line_chart, nice_ticks
 from orchestrator.dashboard.server import may_go_without_token
 from orchestrator.dashboard.watch import attempt_dir
-from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import Restart, RunRecord
 from orchestrator.model.vocabulary import WorkerState
@@ -40,7 +40,7 @@ def status(state: str, *workers: WorkerStatus) -> RunStatus:
 
 
 def test_eta_from_rate_and_remaining_steps() -> None:
-    # The estimate itself is engine/eta.py's (tests/unit/test_notify_events.py).
+    # The estimate itself is engine/observe/eta.py's (tests/unit/test_notify_events.py).
     view = model.worker_view(worker(step=150, target_steps=300, steps_per_sec=10.0))
     assert view["progress"] == 0.5 and view["eta_seconds"] == 15.0
 

@@ -25,8 +25,8 @@ from orchestrator.dashboard.app import create_app
 from orchestrator.dashboard.auth import allowed_hosts, cookie_name, other_users, stored_token
 from orchestrator.dashboard.charts import Series, line_chart
 from orchestrator.dashboard.watch import Hub, RunWatch, web_link
-from orchestrator.engine.plan import RUN_ID_PATTERN, new_run_id
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.workers.plan import RUN_ID_PATTERN, new_run_id
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import RunRecord
 

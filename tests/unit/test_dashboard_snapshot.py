@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.snapshot import read_snapshot, write_snapshot
-from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.engine.observe.snapshot import read_snapshot, write_snapshot
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.model.records import Restart, SchedulerState
 from orchestrator.model.vocabulary import WorkerState
 

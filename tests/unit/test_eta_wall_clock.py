@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.engine.eta import WALL_WINDOW_SECONDS, run_eta, wall_rate, worker_eta
+from orchestrator.engine.observe.eta import WALL_WINDOW_SECONDS, run_eta, wall_rate, worker_eta
 from orchestrator.model.vocabulary import WorkerState
 
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from orchestrator.contract import TARGET_STEPS_ENV
-from orchestrator.engine.failures import DETERMINISTIC, HINTS, MEANINGS, NEVER_JOINED
-from orchestrator.engine.plan import plan_workers
-from orchestrator.engine.state import Expectation, classify
+from orchestrator.engine.observe.failures import DETERMINISTIC, HINTS, MEANINGS, NEVER_JOINED
+from orchestrator.engine.observe.state import Expectation, classify
+from orchestrator.engine.workers.plan import plan_workers
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.vocabulary import FailureKind, WorkerState
 from tests.fakes.backend import FakeBackend, exited, running

@@ -23,7 +23,7 @@ fixed the four it found: legacy x tfjob had no TF_USE_LEGACY_KERAS; visible-gpus
 Slurm for no GPU and passed no GPU flag; ps and evaluator x sbatch ran every role as a worker).
 A row's `drift` names such a cell, and test_the_known_drift_is_still_there fails once it is
 fixed: then store its golden file (--update, below) and take it out of the row's `drift`.
-Every launcher and export renders one worker definition (engine/launch.py);
+Every launcher and export renders one worker definition (engine/workers/launch.py);
 test_worker_renderers.py checks that they start the same workers.
 
 Refused, rightly (exit 2, ExportRefused; test_the_refusals_stand checks that they still are):

@@ -3,7 +3,7 @@ TensorFlow 2.21 printed them on this machine kind)."""
 
 from __future__ import annotations
 
-from orchestrator.engine.excerpt import excerpt
+from orchestrator.engine.observe.excerpt import excerpt
 
 LOG = """\
 WARNING: All log messages before absl::InitializeLog() is called are written to STDERR

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from orchestrator.backends import registry
 from orchestrator.cli import cli
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import InventoryError
 from tests.conftest import free_ports
 from tests.fakes.pool.backend import PoolBackend

@@ -1,4 +1,4 @@
-"""The goodput account (engine/goodput.py) over recorded event sequences: each case is a run
+"""The goodput account (engine/observe/goodput.py) over recorded event sequences: each case is a run
 record as the supervisor leaves it (attempts, their workers' spans, restarts), and the parts
 must sum to every worker's wall time."""
 
@@ -13,8 +13,8 @@ import pytest
 from orchestrator.backends.registry import host_settings, source_settings_of
 from orchestrator.cli.render import kept_warm
 from orchestrator.dashboard import model
-from orchestrator.engine import goodput
-from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.engine.observe import goodput
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus
 from orchestrator.model.answers import StandbyInfo
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import Attempt, Restart, RunRecord, WorkerSpan

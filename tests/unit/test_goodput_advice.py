@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.engine.advice import goodput_advice
-from orchestrator.engine.goodput import Account, RunAccount
+from orchestrator.engine.observe.advice import goodput_advice
+from orchestrator.engine.observe.goodput import Account, RunAccount
 from orchestrator.model.inventory import Job
 
 

@@ -26,8 +26,8 @@ from orchestrator.cli.render import (
     progress_line,
     status_table,
 )
-from orchestrator.engine.notify import NotDelivered, deliver
-from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.engine.observe.notify import NotDelivered, deliver
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus
 from orchestrator.errors import HostError
 from orchestrator.model.findings import Finding, PreflightReport, Status
 from orchestrator.model.inventory import NotifyTarget

@@ -23,9 +23,9 @@ from orchestrator import hostside
 from orchestrator.backends.registry import load_inventory
 from orchestrator.backends.slurm.commands import Slurm
 from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script, sbatch_quote
-from orchestrator.engine.checkpoints import Mirror, spread_latest_checkpoint
-from orchestrator.engine.exports import pull_export
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.checkpoints import Mirror, spread_latest_checkpoint
+from orchestrator.engine.store.exports import pull_export
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import HostError, InventoryError
 from orchestrator.export import kubernetes, tfjob
 from orchestrator.machines.hostclient import host_program

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.engine.checkpoints import checkpoint_step
+from orchestrator.engine.store.checkpoints import checkpoint_step
 from orchestrator.hostside import files
 from worker import jaxdata, jaxsaver
 from worker.task import TaskError

@@ -14,8 +14,8 @@ from orchestrator.backends.registry import load_inventory, load_inventory_text
 from orchestrator.backends.software import WORKER_PACKAGE
 from orchestrator.config.local import local_inventory
 from orchestrator.contract import JAX_CPU_COLLECTIVES_ENV, KERAS_BACKEND_ENV
-from orchestrator.engine.failures import FailureKind, classify_exit, explain
-from orchestrator.engine.policy import WARM_RESTARTS_ENV, with_warm_default
+from orchestrator.engine.observe.failures import FailureKind, classify_exit, explain
+from orchestrator.engine.supervision.policy import WARM_RESTARTS_ENV, with_warm_default
 from orchestrator.errors import InventoryError
 from orchestrator.model.findings import Status
 from orchestrator.model.inventory import Inventory, Job

@@ -16,7 +16,7 @@ from orchestrator.backends.registry import load_inventory, load_inventory_text
 from orchestrator.cli.render import problems
 from orchestrator.config.local import free_ports, local_inventory
 from orchestrator.contract import KERAS_MARKER_FILE, LEGACY_KERAS_ENV, tf_keras_requirement
-from orchestrator.engine.failures import (
+from orchestrator.engine.observe.failures import (
     DETERMINISTIC,
     HINTS,
     MEANINGS,
@@ -25,10 +25,10 @@ from orchestrator.engine.failures import (
     early_exit,
     explain,
 )
-from orchestrator.engine.lifecycle import start_run
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.status import collect_status
-from orchestrator.engine.supervise import Supervisor
+from orchestrator.engine.observe.status import collect_status
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.supervise import Supervisor
+from orchestrator.engine.workers.lifecycle import start_run
 from orchestrator.errors import InventoryError, JobFailed
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.findings import Status

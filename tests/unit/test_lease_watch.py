@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.engine.leasewatch import Missing, missing, pinned, reclaim
+from orchestrator.engine.supervision.leasewatch import Missing, missing, pinned, reclaim
 from orchestrator.errors import LeaseClash
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.leases import Holder, Lease, LeaseListing, by_run

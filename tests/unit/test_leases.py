@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.registry import load_inventory
-from orchestrator.engine.lifecycle import start_run, stop_run
-from orchestrator.engine.plan import plan_workers
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.supervise import Supervisor
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.supervise import Supervisor
+from orchestrator.engine.workers.lifecycle import start_run, stop_run
+from orchestrator.engine.workers.plan import plan_workers
 from orchestrator.errors import InventoryError, JobFailed, LeaseClash
 from orchestrator.hostside import leasepolicy as policy
 from orchestrator.machines.hostclient import host_program

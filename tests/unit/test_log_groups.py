@@ -1,9 +1,9 @@
-"""`tail`'s grouping (engine/loggroups.py): the same text from several workers once, the rest
-with its own worker and in each worker's order."""
+"""`tail`'s grouping (engine/observe/loggroups.py): the same text from several workers once, the
+rest with its own worker and in each worker's order."""
 
 from __future__ import annotations
 
-from orchestrator.engine.loggroups import Grouper, Line, label, merge
+from orchestrator.engine.observe.loggroups import Grouper, Line, label, merge
 
 W = ("worker-0", "worker-1", "worker-2")
 

@@ -20,8 +20,8 @@ from orchestrator.backends.registry import load_inventory
 from orchestrator.cli.render import progress_line, status_table
 from orchestrator.config.notify import SIGNATURE_HEADER
 from orchestrator.dashboard import model
-from orchestrator.engine.eta import eta_seconds, run_eta, worker_eta
-from orchestrator.engine.events import (
+from orchestrator.engine.observe.eta import eta_seconds, run_eta, worker_eta
+from orchestrator.engine.observe.events import (
     body,
     dashboard_address,
     event_text,
@@ -30,20 +30,20 @@ from orchestrator.engine.events import (
     target_label,
     wants,
 )
-from orchestrator.engine.failures import Failure
-from orchestrator.engine.goodput import PARTS
-from orchestrator.engine.lifecycle import start_run
-from orchestrator.engine.notify import (
+from orchestrator.engine.observe.failures import Failure
+from orchestrator.engine.observe.goodput import PARTS
+from orchestrator.engine.observe.notify import (
     NotDelivered,
     Notifier,
     RunEvents,
     deliver,
     missing_notify_secrets,
 )
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.snapshot import write_snapshot
-from orchestrator.engine.status import RunStatus, WorkerStatus
-from orchestrator.engine.supervise import Supervisor
+from orchestrator.engine.observe.snapshot import write_snapshot
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.supervise import Supervisor
+from orchestrator.engine.workers.lifecycle import start_run
 from orchestrator.errors import InventoryError, JobFailed, SecretMissing
 from orchestrator.model.inventory import (
     DEFAULT_NOTIFY_EVENTS,
@@ -286,7 +286,7 @@ def test_the_supervisor_tells_start_restart_with_its_cause_and_success(tmp_path:
     ]
     assert restarting["root_cause"].startswith("a at step 2: ") and restarting["restarts"] == 1
     assert restarting["hint"] and succeeded["restarts"] == 1 and succeeded["step"] == 5
-    # The run's goodput at its end (engine/goodput.py's account), in the payload; the start
+    # The run's goodput at its end (engine/observe/goodput.py's account), in the payload; the start
     # and the restart carry none. The fake reports steps but not when the first was made.
     assert succeeded["goodput"]["restarts"] == 1 and "goodput" not in restarting
     assert set(succeeded["goodput"]["seconds"]) == set(PARTS)

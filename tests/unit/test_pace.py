@@ -8,11 +8,11 @@ from pathlib import Path
 
 from orchestrator.cli.render import problems
 from orchestrator.contract import STEP_CALL_SECONDS, STEP_SECONDS
-from orchestrator.engine.lifecycle import start_run
-from orchestrator.engine.pace import pace_outlier
-from orchestrator.engine.policy import StallWatch
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.status import RunStatus, collect_status
+from orchestrator.engine.observe.pace import pace_outlier
+from orchestrator.engine.observe.status import RunStatus, collect_status
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.policy import StallWatch
+from orchestrator.engine.workers.lifecycle import start_run
 from tests.fakes.backend import FakeBackend, running
 from tests.unit.test_supervisor_with_fake_backend import inventory
 

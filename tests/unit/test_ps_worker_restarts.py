@@ -1,7 +1,7 @@
 """Under ParameterServerStrategy a lost worker restarts by itself while the chief and the ps go on:
-the pure decision (engine/policy.worker_restart, worker_budget_spent) over scripted probes, then
-the supervisor acting on it over the fake backend, with what status, the dashboard and the
-notify targets say; a worker that keeps failing ends the run with its root cause."""
+the pure decision (engine/supervision/policy.worker_restart, worker_budget_spent) over scripted
+probes, then the supervisor acting on it over the fake backend, with what status, the dashboard and
+the notify targets say; a worker that keeps failing ends the run with its root cause."""
 
 from __future__ import annotations
 
@@ -15,11 +15,15 @@ from rich.console import Console
 from orchestrator.backends.registry import load_inventory
 from orchestrator.cli.render import status_table
 from orchestrator.dashboard.model import timeline
-from orchestrator.engine.lifecycle import start_run, stop_run
-from orchestrator.engine.policy import worker_budget_spent, worker_failure, worker_restart
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.status import RunStatus, WorkerStatus, worker_status
-from orchestrator.engine.supervise import Supervisor
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus, worker_status
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.policy import (
+    worker_budget_spent,
+    worker_failure,
+    worker_restart,
+)
+from orchestrator.engine.supervision.supervise import Supervisor
+from orchestrator.engine.workers.lifecycle import start_run, stop_run
 from orchestrator.errors import JobFailed
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.inventory import Host, Inventory, Job, NotifyTarget

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.engine.queue import Withdrawn, controller_ticket, pending, wait_for_leases
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.start.queue import Withdrawn, controller_ticket, pending, wait_for_leases
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import LeaseClash
 from orchestrator.hostside import leasedir
 from orchestrator.hostside import leasepolicy as policy
@@ -270,7 +270,7 @@ def test_a_clash_without_the_queue_is_still_an_error(tmp_path: Path) -> None:
 
 
 def test_a_target_that_lists_queued_is_told_once_with_the_reason(tmp_path: Path) -> None:
-    from orchestrator.engine.notify import RunEvents
+    from orchestrator.engine.observe.notify import RunEvents
     from orchestrator.model.records import RunRecord
     from tests.unit.test_notify_events import fake_inventory, received, recording
 

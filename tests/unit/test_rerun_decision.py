@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.registry import load_inventory, open_backend
-from orchestrator.engine.rerun import (
+from orchestrator.engine.start.rerun import (
     Trained,
     already_trained,
     exported,

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.registry import load_inventory
-from orchestrator.engine import rolepolicy as roles
-from orchestrator.engine.lifecycle import start_run
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.supervise import Supervisor
-from orchestrator.engine.tfconfig import tf_config
+from orchestrator.engine.observe import rolepolicy as roles
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.supervise import Supervisor
+from orchestrator.engine.workers.lifecycle import start_run
+from orchestrator.engine.workers.tfconfig import tf_config
 from orchestrator.errors import InventoryError
 from orchestrator.export.tfjob import problems, tfjob
 from orchestrator.model.answers import BY_DOWN
@@ -273,8 +273,8 @@ def test_roles_are_shown_in_status_the_dashboard_and_the_root_cause(tmp_path: Pa
 
     from orchestrator.cli.render import progress_line, status_table
     from orchestrator.dashboard.model import root_cause
-    from orchestrator.engine.failures import Failure
-    from orchestrator.engine.policy import give_up_message
+    from orchestrator.engine.observe.failures import Failure
+    from orchestrator.engine.supervision.policy import give_up_message
     from orchestrator.model.vocabulary import FailureKind
 
     hosts = (Host("boss", "10.0.0.1", 1, role="chief"), Host("w", "10.0.0.2", 1),
@@ -361,7 +361,7 @@ def test_the_evaluator_gets_stall_timeout_after_the_training_then_sigterm(tmp_pa
 
 
 def test_a_dead_evaluator_is_neither_replaced_by_a_spare_nor_counted(tmp_path: Path) -> None:
-    from orchestrator.engine.replan import plan_cluster
+    from orchestrator.engine.supervision.replan import plan_cluster
 
     hosts = (Host("a", "10.0.0.1", 1), Host("b", "10.0.0.2", 1),
              Host("e", "10.0.0.9", 1, role="evaluator"))  # fmt: skip

@@ -1,6 +1,7 @@
 """The root cause by causality, not by arrival: over recorded exit sequences in every order, the
 worker that died is named, and the peers whose collective aborted because of it are named as
-its consequences (engine/policy.first_failure, awaits_cause; engine/failures.classify_exit).
+its consequences (engine/supervision/policy.first_failure, awaits_cause;
+engine/observe/failures.classify_exit).
 
 The statuses are real WorkerStatus values as collect_status makes them from a probe: a failed
 worker carries its exit code and log tail, and its kind is read from them."""
@@ -14,9 +15,9 @@ from collections.abc import Sequence
 import pytest
 
 from orchestrator.dashboard import model
-from orchestrator.engine.failures import Failure, classify_exit
-from orchestrator.engine.policy import CAUSE_WINDOW, awaits_cause, first_failure
-from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.engine.observe.failures import Failure, classify_exit
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus
+from orchestrator.engine.supervision.policy import CAUSE_WINDOW, awaits_cause, first_failure
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.records import RunRecord
 from orchestrator.model.vocabulary import FailureKind, WorkerState

@@ -4,8 +4,8 @@ on the same worker."""
 
 from __future__ import annotations
 
-from orchestrator.engine.failures import Failure, permanent_reason, same_failure
-from orchestrator.engine.policy import give_up_reason
+from orchestrator.engine.observe.failures import Failure, permanent_reason, same_failure
+from orchestrator.engine.supervision.policy import give_up_reason
 from orchestrator.model.inventory import Job
 from orchestrator.model.records import Restart
 from orchestrator.model.vocabulary import FailureKind

@@ -13,8 +13,8 @@ from rich.console import Console
 
 from orchestrator.backends.registry import load_inventory
 from orchestrator.cli.render import status_table
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.status import worker_status
+from orchestrator.engine.observe.status import worker_status
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import HostError, HostErrors, InventoryError
 from orchestrator.fanout import fan_out, per_machine
 from orchestrator.machines.sshsettings import SshSettings
@@ -134,7 +134,7 @@ def test_status_table_renders_every_column() -> None:
     probe = WorkerProbe.parse({"exists": True, "pid": 3, "alive": True, "worker_pid": 4,
                                "progress": {"step": 7, "target_steps": 10, "loss": 0.25}},
                               now=0.0)  # fmt: skip
-    from orchestrator.engine.status import RunStatus
+    from orchestrator.engine.observe.status import RunStatus
     from orchestrator.model.vocabulary import WorkerState
 
     status = RunStatus("run1", "demo", WorkerState.RUNNING, (worker_status(worker, probe),))
@@ -159,7 +159,7 @@ def test_no_module_outside_the_kinds_compares_a_connection_name() -> None:
 
 
 def test_the_controller_imports_no_tensorflow() -> None:
-    code = ("import sys, orchestrator.cli, orchestrator.engine.supervise, "
+    code = ("import sys, orchestrator.cli, orchestrator.engine.supervision.supervise, "
             "orchestrator.backends.hosts.checks; "
             "print('tensorflow' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

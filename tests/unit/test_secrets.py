@@ -21,8 +21,14 @@ from orchestrator.backends.hosts.checks import ExposureProbe, run_preflight
 from orchestrator.backends.hosts.firewall import FORMATS, host_rules
 from orchestrator.backends.registry import load_inventory
 from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.secretenv import REDACTED, looks_secret, scrub, secret_values, shown_env
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.workers.secretenv import (
+    REDACTED,
+    looks_secret,
+    scrub,
+    secret_values,
+    shown_env,
+)
 from orchestrator.errors import InventoryError, SecretMissing
 from orchestrator.export.tfjob import problems, tfjob
 from orchestrator.machines.hostclient import HostAgent

@@ -22,8 +22,8 @@ from orchestrator.backends.slurm.commands import (
 )
 from orchestrator.backends.slurm.script import LAUNCHER_SOURCE, batch_script
 from orchestrator.contract import EXIT_PREEMPTED, JAX_PLACE_ENV
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.state import classify
+from orchestrator.engine.observe.state import classify
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import InventoryError, ScriptRefused
 from orchestrator.hostside import slurm_launcher as launcher
 from orchestrator.machines.kinds import kind_of
@@ -345,7 +345,7 @@ def test_the_exported_script_of_a_login_inventory_is_the_one_to_submit_there(
     tmp_path: Path,
 ) -> None:
     from orchestrator.backends.slurm.export import sbatch_script
-    from orchestrator.engine.plan import plan_workers
+    from orchestrator.engine.workers.plan import plan_workers
     from orchestrator.model.inventory import Inventory
 
     def sbatch_export(inventory: Inventory) -> str:
@@ -363,7 +363,7 @@ def test_a_login_node_that_refuses_is_named_by_every_view(tmp_path: Path) -> Non
     import socket
 
     from orchestrator.backends.registry import open_backend
-    from orchestrator.engine.status import collect_status
+    from orchestrator.engine.observe.status import collect_status
     from orchestrator.errors import ConnectError
     from orchestrator.model.records import WorkerRecord
 

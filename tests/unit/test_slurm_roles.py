@@ -1,8 +1,8 @@
 """Roles on Slurm (issue 45): `slurm.roles:` and its refusals with their lines, each task's
 role in the batch script's plan, the launcher's TF_CONFIG from the plan and a node list (held to
-engine/tfconfig.py's for the same cluster), the launcher's restarts in place of a real worker
-process (restarts.json, exit.json, what srun is told), and the supervisor recording and telling
-those restarts without starting anything itself (a fake backend that restarts in place)."""
+engine/workers/tfconfig.py's for the same cluster), the launcher's restarts in place of a real
+worker process (restarts.json, exit.json, what srun is told), and the supervisor recording and
+telling those restarts without starting anything itself (a fake backend that restarts in place)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.backends.registry import load_inventory
 from orchestrator.backends.slurm.script import batch_script, plan
-from orchestrator.engine.tfconfig import tf_config as hosts_tf_config
+from orchestrator.engine.workers.tfconfig import tf_config as hosts_tf_config
 from orchestrator.errors import InventoryError, JobFailed
 from orchestrator.hostside.slurm_launcher import restartable
 from orchestrator.hostside.slurm_launcher import tf_config as launcher_tf_config

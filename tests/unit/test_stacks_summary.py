@@ -6,7 +6,14 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from orchestrator.engine.stacks import Frame, grouped, last_dump, parse, summarise, worker_place
+from orchestrator.engine.observe.stacks import (
+    Frame,
+    grouped,
+    last_dump,
+    parse,
+    summarise,
+    worker_place,
+)
 from orchestrator.model.inventory import Host, Inventory, Job
 from orchestrator.model.vocabulary import WorkerState
 from tests.fakes.backend import FakeBackend, exited, running
@@ -176,7 +183,7 @@ def test_the_dashboard_serves_the_kept_stacks_of_each_restart_as_escaped_text(
     from orchestrator.dashboard.app import create_app
     from orchestrator.dashboard.model import timeline
     from orchestrator.dashboard.watch import Hub
-    from orchestrator.engine.hangs import kept
+    from orchestrator.engine.supervision.hangs import kept
 
     backend = FakeBackend(
         scripts={"a": {0: [running(3)], 1: [exited(0, 5)]}, "b": {0: [running(3)],

@@ -18,10 +18,10 @@ from orchestrator import contract
 from orchestrator.backends.base import Standbys
 from orchestrator.backends.registry import load_inventory
 from orchestrator.contract import BOOT_MARKER, booted
-from orchestrator.engine.lifecycle import first_standbys, start_run
-from orchestrator.engine.policy import linger_seconds, with_warm_default
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.supervise import Supervisor
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.policy import linger_seconds, with_warm_default
+from orchestrator.engine.supervision.supervise import Supervisor
+from orchestrator.engine.workers.lifecycle import first_standbys, start_run
 from orchestrator.errors import InventoryError, RunStateError
 from orchestrator.fanout import GroupResult
 from orchestrator.hostside import rundir, standbys

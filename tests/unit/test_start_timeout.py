@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends.registry import load_inventory
-from orchestrator.engine.policy import StallWatch
-from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus
+from orchestrator.engine.supervision.policy import StallWatch
 from orchestrator.errors import InventoryError
 from orchestrator.model.inventory import DEFAULT_START_TIMEOUT, Job
 from orchestrator.model.vocabulary import FailureKind, WorkerState

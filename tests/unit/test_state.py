@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.engine.state import Expectation, classify, overall
+from orchestrator.engine.observe.state import Expectation, classify, overall
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.vocabulary import FailureKind
 from orchestrator.model.vocabulary import WorkerState as S
@@ -101,7 +101,7 @@ def test_exit_0_with_a_step_that_is_no_number_is_bad_progress_not_success() -> N
 
 
 def test_ps_and_workers_that_report_no_steps_serve_while_the_chief_trains() -> None:
-    from orchestrator.engine.rolepolicy import serving
+    from orchestrator.engine.observe.rolepolicy import serving
 
     pairs = [("chief", S.RUNNING), ("worker", S.STARTING), ("ps", S.STARTING),
              ("evaluator", S.STARTING), ("worker", S.FAILED)]  # fmt: skip

@@ -12,7 +12,7 @@ from rich.console import Console
 from orchestrator.cli.live import PlainReporter, terminal_view
 from orchestrator.cli.render import run_line, status_table
 from orchestrator.cli.statustable import COLUMN_PRIORITY, COLUMNS, fitted, run_progress
-from orchestrator.engine.status import RunStatus, WorkerStatus, worker_status
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus, worker_status
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.inventory import Host
 from orchestrator.model.records import WorkerRecord

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.engine.locks import FileLock
+from orchestrator.engine.supervision.locks import FileLock
 
 HOLD = """
 import fcntl, os, sys, time

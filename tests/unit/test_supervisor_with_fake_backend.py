@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from orchestrator.backends.base import Standbys
-from orchestrator.engine.control import _read_answer
-from orchestrator.engine.failures import Failure
-from orchestrator.engine.lifecycle import start_run
-from orchestrator.engine.policy import (
+from orchestrator.engine.observe.failures import Failure
+from orchestrator.engine.observe.status import RunStatus, collect_status
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.contact import _read_answer
+from orchestrator.engine.supervision.policy import (
     CAUSE_WINDOW,
     SCRIPT_SURVIVOR_GRACE,
     STOP_GRACE,
@@ -26,9 +27,8 @@ from orchestrator.engine.policy import (
     first_failure,
     survivors_grace,
 )
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.status import RunStatus, collect_status
-from orchestrator.engine.supervise import Supervisor
+from orchestrator.engine.supervision.supervise import Supervisor
+from orchestrator.engine.workers.lifecycle import start_run
 from orchestrator.errors import JobFailed
 from orchestrator.fanout import GroupResult
 from orchestrator.model.findings import Finding, PreflightReport, Status
@@ -197,7 +197,7 @@ def test_unreachable_host_shows_unknown_and_stalls_after_the_timeout(tmp_path: P
     ],
 )  # fmt: skip
 def test_every_failure_kind_is_classified(code: int, tail: list[str], kind: FailureKind) -> None:
-    from orchestrator.engine.failures import classify_exit
+    from orchestrator.engine.observe.failures import classify_exit
 
     assert classify_exit(code, tail) is kind
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.contract import SCRIPT_BOOT, booted
-from orchestrator.engine.tfconfig import tf_config
+from orchestrator.engine.workers.tfconfig import tf_config
 from orchestrator.model.inventory import Host, Inventory, Job
 from tests.fakes.planning import plan_workers
 

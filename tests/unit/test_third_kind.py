@@ -23,8 +23,8 @@ from click.testing import CliRunner
 
 from orchestrator.backends.registry import key_reference, load_inventory, open_backend
 from orchestrator.cli import cli
-from orchestrator.engine.lifecycle import start_run
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.workers.lifecycle import start_run
 from orchestrator.machines import kinds
 from orchestrator.machines.kinds.base import Kind
 from orchestrator.machines.runner import CommandResult, LineSession, LocalRunner, Runner

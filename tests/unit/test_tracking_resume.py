@@ -1,5 +1,5 @@
-"""Which earlier run's tracking run an `up` resumes (engine/trackresume.py, issue 58): a real
-state directory of run records and the real local backend reading a real checkpoint directory;
+"""Which earlier run's tracking run an `up` resumes (engine/trackers/trackresume.py, issue 58): a
+real state directory of run records and the real local backend reading a real checkpoint directory;
 no tracker is reached (the MLflow side runs against a real server in
 tests/integration/test_tracking.py)."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends.registry import load_inventory, open_backend
-from orchestrator.engine.plan import plan_workers
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.trackresume import carried, resumed_tracking
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.trackers.trackresume import carried, resumed_tracking
+from orchestrator.engine.workers.plan import plan_workers
 from orchestrator.model.inventory import Inventory, Tracking
 from orchestrator.model.records import Attempt, RunRecord, WorkerRecord
 from orchestrator.model.vocabulary import AttemptEnd

@@ -16,9 +16,9 @@ import pytest
 
 from orchestrator.backends.registry import host_settings, load_inventory, source_settings_of
 from orchestrator.dashboard.watch import mlflow_link
-from orchestrator.engine.launch import tracking_env
-from orchestrator.engine.plan import plan_workers
-from orchestrator.engine.tracking import job_params, run_link, tracking_lines
+from orchestrator.engine.trackers.tracking import job_params, run_link, tracking_lines
+from orchestrator.engine.workers.launch import tracking_env
+from orchestrator.engine.workers.plan import plan_workers
 from orchestrator.errors import InventoryError
 from orchestrator.model.inventory import Job, Tracking
 from orchestrator.model.records import RunRecord
@@ -191,7 +191,7 @@ def test_steps_the_run_holds_already_are_not_logged_again() -> None:
 
 def test_nothing_of_mlflow_or_wandb_is_imported_without_tracking() -> None:
     code = (
-        "import sys, orchestrator.cli, orchestrator.engine.supervise, worker.tracking; "
+        "import sys, orchestrator.cli, orchestrator.engine.supervision.supervise, worker.tracking; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlflow', 'wandb')))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from orchestrator.cli.render import status_table
-from orchestrator.engine.status import RunStatus, worker_status
+from orchestrator.engine.observe.status import RunStatus, worker_status
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.inventory import Host
 from orchestrator.model.records import WorkerRecord

@@ -46,7 +46,7 @@ from orchestrator.contract import (
     SCRIPT_BOOT,
     TF_CONFIG_ENV,
 )
-from orchestrator.engine.plan import plan_workers
+from orchestrator.engine.workers.plan import plan_workers
 from orchestrator.errors import ExportRefused
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import Host

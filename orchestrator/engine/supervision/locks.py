@@ -13,10 +13,10 @@ from pathlib import Path
 
 from orchestrator.backends.base import Backend
 from orchestrator.backends.registry import open_backend, serves
-from orchestrator.engine.lifecycle import launch_attempt, stop_run
-from orchestrator.engine.policy import STOP_GRACE
-from orchestrator.engine.runstore import RunStore, private_dir, writing_state
-from orchestrator.engine.status import collect_status
+from orchestrator.engine.observe.status import collect_status
+from orchestrator.engine.store.runstore import RunStore, private_dir, writing_state
+from orchestrator.engine.supervision.policy import STOP_GRACE
+from orchestrator.engine.workers.lifecycle import launch_attempt, stop_run
 from orchestrator.errors import (
     RunStateError,
 )

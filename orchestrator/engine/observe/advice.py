@@ -5,7 +5,7 @@ job.eval_every (now 100)"). Pure."""
 from __future__ import annotations
 
 from orchestrator.contract import KERAS_JAX
-from orchestrator.engine.goodput import RunAccount, share
+from orchestrator.engine.observe.goodput import RunAccount, share
 from orchestrator.model.inventory import Job
 
 # A part at or above this share of the run's time is worth a line of advice.

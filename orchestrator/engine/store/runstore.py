@@ -140,7 +140,8 @@ class RunStore:
         return self.root / "runs" / f"{run_id}.dashboard.log"
 
     def notified_path(self, run_id: str) -> Path:
-        """The run's events told to its notify targets, one key a line (engine/notify.py)."""
+        """The run's events told to its notify targets, one key a line
+        (engine/observe/notify.py)."""
         return self.root / "runs" / f"{run_id}.notified"
 
     def preflight_path(self) -> Path:

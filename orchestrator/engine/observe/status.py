@@ -15,11 +15,11 @@ from orchestrator.contract import (
     STEP_SECONDS,
     WRITTEN_AT,
 )
-from orchestrator.engine.eta import run_eta, worker_eta
-from orchestrator.engine.failures import classify_exit, explain
-from orchestrator.engine.pace import pace_outlier
-from orchestrator.engine.rolepolicy import run_state, serving
-from orchestrator.engine.state import Expectation, classify
+from orchestrator.engine.observe.eta import run_eta, worker_eta
+from orchestrator.engine.observe.failures import classify_exit, explain
+from orchestrator.engine.observe.pace import pace_outlier
+from orchestrator.engine.observe.rolepolicy import run_state, serving
+from orchestrator.engine.observe.state import Expectation, classify
 from orchestrator.model.answers import WorkerProbe
 from orchestrator.model.inventory import ROLE_EVALUATOR, ROLE_WORKER
 from orchestrator.model.reading import (
@@ -79,7 +79,7 @@ class WorkerStatus:
     # Its earlier exits this attempt, each followed by a start again in place by its launcher
     # (Slurm: a ParameterServerStrategy worker, the evaluator); the supervisor records them.
     restarted: tuple[Restart, ...] = ()
-    # Goodput's inputs (engine/goodput.py): its process's start, its first step past
+    # Goodput's inputs (engine/observe/goodput.py): its process's start, its first step past
     # start_step, its last progress write, and the loop's seconds blocked in saves and
     # evaluations (None where the worker does not say).
     started_at: float | None = None
@@ -170,7 +170,8 @@ class RunStatus:
     attempt: int = 0
     restarts: tuple[Restart, ...] = ()
     outcome: str | None = None
-    # the ports and GPUs the run uses that it no longer holds a lease on (engine/leasewatch.py)
+    # the ports and GPUs the run uses that it no longer holds a lease on
+    # (engine/supervision/leasewatch.py)
     leases_lost: str | None = None
     scheduler: SchedulerState | None = None  # a scheduler's view of the attempt (Slurm job)
     # "worker w1 restarted (2 of 6), the chief continued": per worker restarted by itself
@@ -179,7 +180,7 @@ class RunStatus:
 
     @property
     def pace(self) -> str | None:
-        """The running worker the others wait for (engine/pace.py), if one stands out."""
+        """The running worker the others wait for (engine/observe/pace.py), if one stands out."""
         running = [w for w in self.workers if w.state is WorkerState.RUNNING]
         return pace_outlier({w.name: (w.step_call_seconds, w.step_seconds) for w in running})
 

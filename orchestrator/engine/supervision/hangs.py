@@ -10,9 +10,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.backends.base import Backend, Lifecycle
-from orchestrator.engine.failures import Failure
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.stacks import Summary, last_dump, summarise
+from orchestrator.engine.observe.failures import Failure
+from orchestrator.engine.observe.stacks import Summary, last_dump, summarise
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import OrchestrateError
 from orchestrator.model.records import RunRecord, WorkerRecord
 

@@ -11,7 +11,7 @@ import posixpath
 from pathlib import Path
 
 from orchestrator.backends.base import Backend
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import HostError
 from orchestrator.model.records import RunRecord, WorkerRecord
 from orchestrator.model.workers import tensorboard_dir

@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 
 from orchestrator.boundedread import RECORD_CAP, read_text
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.status import RunStatus
+from orchestrator.engine.observe.status import RunStatus
+from orchestrator.engine.store.runstore import RunStore
 
 
 @dataclass(frozen=True)

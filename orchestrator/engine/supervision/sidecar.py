@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from orchestrator.backends.base import Backend
-from orchestrator.engine import rolepolicy
-from orchestrator.engine.lifecycle import start_alone
-from orchestrator.engine.policy import worker_failure, worker_restart
-from orchestrator.engine.status import RunStatus
+from orchestrator.engine.observe import rolepolicy
+from orchestrator.engine.observe.status import RunStatus
+from orchestrator.engine.supervision.policy import worker_failure, worker_restart
+from orchestrator.engine.workers.lifecycle import start_alone
 from orchestrator.errors import OrchestrateError
 from orchestrator.model.inventory import ROLE_EVALUATOR
 from orchestrator.model.records import Restart, RunRecord, alone_counts, restarted_alone

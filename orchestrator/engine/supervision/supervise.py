@@ -22,22 +22,18 @@ from dataclasses import replace
 from typing import NoReturn
 
 from orchestrator.backends.base import Backend
-from orchestrator.engine import rolepolicy
-from orchestrator.engine.checkpoints import Mirror
-from orchestrator.engine.failures import Failure, early_exit, explain
-from orchestrator.engine.goodput import closed
-from orchestrator.engine.hangs import at_stall
-from orchestrator.engine.leasewatch import LeaseWatch
-from orchestrator.engine.lifecycle import (
-    end_standbys,
-    launch_attempt,
-    release_leases,
-    start_standbys,
-    stop_run,
-)
-from orchestrator.engine.logs import last_lines
-from orchestrator.engine.notify import RunEvents
-from orchestrator.engine.policy import (
+from orchestrator.engine.observe import rolepolicy
+from orchestrator.engine.observe.failures import Failure, early_exit, explain
+from orchestrator.engine.observe.goodput import closed
+from orchestrator.engine.observe.logs import last_lines
+from orchestrator.engine.observe.notify import RunEvents
+from orchestrator.engine.observe.snapshot import write_snapshot
+from orchestrator.engine.observe.status import RunStatus, collect_status
+from orchestrator.engine.store.checkpoints import Mirror
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.hangs import at_stall
+from orchestrator.engine.supervision.leasewatch import LeaseWatch
+from orchestrator.engine.supervision.policy import (
     HOST_LOCAL_FAILURES,
     StallWatch,
     awaits_cause,
@@ -52,11 +48,15 @@ from orchestrator.engine.policy import (
     survivors_grace,
     worker_budget_spent,
 )
-from orchestrator.engine.replan import plan_cluster
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.sidecar import Sidecar, only
-from orchestrator.engine.snapshot import write_snapshot
-from orchestrator.engine.status import RunStatus, collect_status
+from orchestrator.engine.supervision.replan import plan_cluster
+from orchestrator.engine.supervision.sidecar import Sidecar, only
+from orchestrator.engine.workers.lifecycle import (
+    end_standbys,
+    launch_attempt,
+    release_leases,
+    start_standbys,
+    stop_run,
+)
 from orchestrator.errors import (
     HostErrors,
     JobFailed,

@@ -12,10 +12,10 @@ from typing import Any
 
 from orchestrator.backends.base import Backend
 from orchestrator.boundedread import RECORD_CAP, read_text
-from orchestrator.engine.lifecycle import StopReport, stop_run
-from orchestrator.engine.locks import FileLock, SupervisorLock
-from orchestrator.engine.runstore import RunStore, StopRequest
-from orchestrator.engine.status import RunStatus, collect_status
+from orchestrator.engine.observe.status import RunStatus, collect_status
+from orchestrator.engine.store.runstore import RunStore, StopRequest
+from orchestrator.engine.supervision.locks import FileLock, SupervisorLock
+from orchestrator.engine.workers.lifecycle import StopReport, stop_run
 from orchestrator.errors import RecordDamaged
 from orchestrator.model.records import RunRecord
 

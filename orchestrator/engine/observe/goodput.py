@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.contract import STRATEGY_PS
-from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus
 from orchestrator.model.inventory import ROLE_CHIEF, ROLE_WORKER
 from orchestrator.model.records import Attempt, RunRecord, WorkerSpan
 from orchestrator.model.vocabulary import AttemptEnd, WorkerState

@@ -7,8 +7,8 @@ A target that did not take an event is said once, with why, through the supervis
 (its log when detached). At the end the supervisor waits a bounded time for what is still
 queued (`Notifier.close`).
 
-What is sent is engine/events.py's; each run's events are claimed once in the state directory
-(`RunStore.notified_path`), so a supervisor taking a run over does not repeat them.
+What is sent is engine/observe/events.py's; each run's events are claimed once in the state
+directory (`RunStore.notified_path`), so a supervisor taking a run over does not repeat them.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from orchestrator import __version__
 from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.config.notify import SIGNATURE_HEADER
-from orchestrator.engine.events import (
+from orchestrator.engine.observe.events import (
     TEST_EVENT,
     body,
     dashboard_address,
@@ -38,12 +38,12 @@ from orchestrator.engine.events import (
     target_label,
     wants,
 )
-from orchestrator.engine.failures import Failure
-from orchestrator.engine.goodput import run_account
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.snapshot import read_snapshot
-from orchestrator.engine.status import RunStatus
-from orchestrator.engine.tracking import Tracker
+from orchestrator.engine.observe.failures import Failure
+from orchestrator.engine.observe.goodput import run_account
+from orchestrator.engine.observe.snapshot import read_snapshot
+from orchestrator.engine.observe.status import RunStatus
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.trackers.tracking import Tracker
 from orchestrator.errors import JobFailed, OrchestrateError, SecretMissing
 from orchestrator.model.inventory import NotifyTarget
 from orchestrator.model.printable import printable

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from orchestrator.backends.base import Backend
-from orchestrator.engine.checkpoints import checkpoint_step
-from orchestrator.engine.runstore import RunStore
+from orchestrator.engine.store.checkpoints import checkpoint_step
+from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import OrchestrateError
 from orchestrator.model.inventory import Host, Inventory, Tracking
 from orchestrator.model.records import RunRecord

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from orchestrator.contract import EXIT_PREEMPTED
-from orchestrator.engine.failures import NEVER_JOINED
+from orchestrator.engine.observe.failures import NEVER_JOINED
 from orchestrator.model.answers import BY_DOWN, WorkerProbe
 from orchestrator.model.vocabulary import ACTIVE, FailureKind, WorkerState
 

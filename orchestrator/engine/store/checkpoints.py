@@ -21,7 +21,7 @@ from pathlib import Path
 
 from orchestrator.backends.base import Files
 from orchestrator.contract import CHECKPOINT_COMPANIONS
-from orchestrator.engine.runstore import atomic_write, current_umask
+from orchestrator.engine.store.runstore import atomic_write, current_umask
 from orchestrator.errors import HostError
 from orchestrator.fanout import fan_out
 from orchestrator.model.answers import CheckpointListing

@@ -22,7 +22,7 @@ from typing import Any
 
 from orchestrator.backends.base import Backend, Leased
 from orchestrator.boundedread import RECORD_CAP, read_text
-from orchestrator.engine.runstore import RunStore, atomic_write
+from orchestrator.engine.store.runstore import RunStore, atomic_write
 from orchestrator.errors import LeaseClash, OrchestrateError
 from orchestrator.hostside import leasepolicy as policy
 from orchestrator.model.inventory import Inventory

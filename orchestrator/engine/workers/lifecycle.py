@@ -11,11 +11,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.backends.base import Backend
-from orchestrator.engine.checkpoints import Mirror, spread_latest_checkpoint
-from orchestrator.engine.plan import new_run_id, plan_workers
-from orchestrator.engine.rolepolicy import stop_order
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.secretenv import secret_values
+from orchestrator.engine.observe.rolepolicy import stop_order
+from orchestrator.engine.store.checkpoints import Mirror, spread_latest_checkpoint
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.workers.plan import new_run_id, plan_workers
+from orchestrator.engine.workers.secretenv import secret_values
 from orchestrator.errors import HostErrors, OrchestrateError
 from orchestrator.fanout import GroupResult
 from orchestrator.model.answers import BY_DOWN, StopAnswer

@@ -55,8 +55,8 @@ from orchestrator.contract import (
     booted,
     jax_cluster_env,
 )
-from orchestrator.engine.rolepolicy import EVALUATOR_RESTARTS
-from orchestrator.engine.tfconfig import task_of
+from orchestrator.engine.observe.rolepolicy import EVALUATOR_RESTARTS
+from orchestrator.engine.workers.tfconfig import task_of
 from orchestrator.model.inventory import (
     ROLE_EVALUATOR,
     ROLE_WORKER,
@@ -93,7 +93,7 @@ def worker_launch(inventory: Inventory, index: int, place: Placement) -> WorkerL
 def cluster_env(inventory: Inventory, index: int) -> dict[str, str]:
     """`job.keras: jax`: the JAX cluster's variables of the host at `index` (the hosts'
     endpoints in task order, the chief first: the coordinator). A TensorFlow job's cluster is
-    its TF_CONFIG, which each launcher writes instead (engine/plan.py, the Slurm and pod
+    its TF_CONFIG, which each launcher writes instead (engine/workers/plan.py, the Slurm and pod
     launchers)."""
     if inventory.job.keras != KERAS_JAX:
         return {}

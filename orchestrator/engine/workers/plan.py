@@ -1,5 +1,5 @@
 """What each worker of a run gets on a host or a Slurm node: its run directory, its placement
-(from which engine/launch.py makes its command line and environment), uploads and TF_CONFIG.
+(from which engine/workers/launch.py makes its command line and environment), uploads and TF_CONFIG.
 Pure.
 
 The layout of a job on a host (its directories, what is private) is model/workers.py's.
@@ -22,8 +22,8 @@ from orchestrator.contract import (
     RUN_ID_ENV,
     WORKER_ENV,
 )
-from orchestrator.engine.launch import worker_launch
-from orchestrator.engine.tfconfig import tf_config
+from orchestrator.engine.workers.launch import worker_launch
+from orchestrator.engine.workers.tfconfig import tf_config
 from orchestrator.model.inventory import ROLE_EVALUATOR, ROLE_WORKER, Host, Inventory, Job
 from orchestrator.model.launch import Placement
 from orchestrator.model.workers import WorkerSpec, checkpoint_dir, job_dir, sync_dir

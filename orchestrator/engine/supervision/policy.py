@@ -17,15 +17,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.contract import EXIT_PREEMPTED, KERAS_JAX, STRATEGY_PS
-from orchestrator.engine.excerpt import excerpt
-from orchestrator.engine.failures import (
+from orchestrator.engine.observe.excerpt import excerpt
+from orchestrator.engine.observe.failures import (
     Failure,
     classify_exit,
     explain,
     permanent_reason,
     with_consequences,
 )
-from orchestrator.engine.status import RunStatus, WorkerStatus
+from orchestrator.engine.observe.status import RunStatus, WorkerStatus
 from orchestrator.errors import (
     InventoryError,
     JobFailed,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from orchestrator.engine.state import overall
+from orchestrator.engine.observe.state import overall
 from orchestrator.model.inventory import ROLE_CHIEF, ROLE_EVALUATOR, ROLE_PS, ROLE_WORKER
 from orchestrator.model.vocabulary import WorkerState
 

@@ -5,13 +5,13 @@ The order, and why:
 1. exclusive start: one `up` at a time in a state directory, from the check for an active run
    through the launch (a second `up` waits, then finds this run active and refuses);
 2. the refusal of a second copy of an active run of the job; then, for a job already trained
-   (the chief's checkpoint reaches job.steps, engine/rerun.py), nothing more: no run is made,
+   (the chief's checkpoint reaches job.steps, engine/start/rerun.py), nothing more: no run is made,
    so `status` still shows the run that trained (not with `up --fresh`);
 3. sync and setup (`prepare`): they may install what the checks look for, so they go first;
 4. the run's id, then its turn in the queue (`up --queue`), before its leases;
 5. the leases (port: auto, gpus: N): the checks check the leased ports; then the run's
    tracking run (job.tracking), whose identity the standbys' environment holds: a new one, or
-   the earlier run's when this one resumes its checkpoint (engine/trackresume.py);
+   the earlier run's when this one resumes its checkpoint (engine/trackers/trackresume.py);
 6. the performance checks (`check --perf`), before the standbys, whose TensorFlow import would
    slow the compute probes;
 7. the first standbys: TensorFlow's import overlaps the checks and the launch;
@@ -20,7 +20,8 @@ The order, and why:
    checks passed); then the start: the run recorded and its workers launched.
 Leases and standbys are let go if a step fails before the run is recorded as started.
 
-The restarts follow in engine/supervise.py (the Supervisor) and engine/lifecycle.py.
+The restarts follow in engine/supervision/supervise.py (the Supervisor) and
+engine/workers/lifecycle.py.
 """
 
 from __future__ import annotations
@@ -30,14 +31,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 from orchestrator.backends.base import Backend
-from orchestrator.engine.lifecycle import first_standbys, held_leases, start_run
-from orchestrator.engine.locks import exclusive_start, refuse_if_active
-from orchestrator.engine.plan import new_run_id
-from orchestrator.engine.rerun import Trained, already_trained, set_aside_checkpoints
-from orchestrator.engine.runstore import RunStore
-from orchestrator.engine.supervise import STANDBY_SLACK
-from orchestrator.engine.tracking import held_tracking
-from orchestrator.engine.trackresume import resumed_tracking
+from orchestrator.engine.start.rerun import Trained, already_trained, set_aside_checkpoints
+from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision.locks import exclusive_start, refuse_if_active
+from orchestrator.engine.supervision.supervise import STANDBY_SLACK
+from orchestrator.engine.trackers.tracking import held_tracking
+from orchestrator.engine.trackers.trackresume import resumed_tracking
+from orchestrator.engine.workers.lifecycle import first_standbys, held_leases, start_run
+from orchestrator.engine.workers.plan import new_run_id
 from orchestrator.model.inventory import Inventory
 from orchestrator.model.records import RunRecord
 

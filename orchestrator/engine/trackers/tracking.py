@@ -3,8 +3,8 @@ docs/tracking.md).
 
 At `up` (`open_tracking`) the controller makes the run's MLflow run (its experiment too, if
 missing) and picks its W&B run id; both go into the inventory's `job.tracking`, which the run
-record keeps, so every attempt's workers (engine/launch.py's `tracking_env`) and every later
-supervisor of the run join that one run. The supervisor's events (engine/notify.py's
+record keeps, so every attempt's workers (engine/workers/launch.py's `tracking_env`) and every later
+supervisor of the run join that one run. The supervisor's events (engine/observe/notify.py's
 `RunEvents`, the one place a run's events are made) reach a `Tracker`, which logs the restarts
 and, at the end, the goodput and the verdict, and ends the MLflow run FINISHED, FAILED or
 KILLED. The controller logs nothing to W&B itself: the workers' `wandb.init()` makes that run.
@@ -28,7 +28,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.engine.trackresume import Resumed
+from orchestrator.engine.trackers.trackresume import Resumed
 from orchestrator.model.findings import Finding, Status
 from orchestrator.model.inventory import Inventory, Job, Tracking
 from orchestrator.model.printable import printable
@@ -42,7 +42,7 @@ CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_
 CLOSE_LIMIT = 30.0  # the most seconds the end of supervision waits for the tracker's writes
 PARAM_LIMIT = 500  # characters of a param's value (MLflow's oldest servers' limit)
 TAG_LIMIT = 5000  # characters of a tag's value (MLflow's oldest servers' limit)
-# How a run's events end the MLflow run (engine/events.py's names).
+# How a run's events end the MLflow run (engine/observe/events.py's names).
 END_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "stopped": "KILLED",
               "preempted": "KILLED"}  # fmt: skip
 # Job settings not logged as params: the environment may hold values (the secrets are names
@@ -132,9 +132,9 @@ def open_tracking(
 ) -> tuple[Inventory, str | None]:
     """The inventory with the run's identity in its trackers (job.tracking): a W&B run id, and
     an MLflow run made now with the job's settings as params; or, for an `up` that resumes an
-    earlier run's checkpoint (`resumed`, engine/trackresume.py), that run's identity, its MLflow
-    run RUNNING again (its status before is returned beside). A tracker that cannot be reached
-    is said and left out; the run trains without it."""
+    earlier run's checkpoint (`resumed`, engine/trackers/trackresume.py), that run's identity, its
+    MLflow run RUNNING again (its status before is returned beside). A tracker that cannot be
+    reached is said and left out; the run trains without it."""
     tracking = inventory.job.tracking
     if tracking is None:
         return inventory, None
@@ -288,8 +288,8 @@ class Tracker:
         return cls(tracking, say)
 
     def event(self, key: str, event: Mapping[str, Any], restart: Restart | None) -> None:
-        """One of the run's events (engine/events.py's document, claimed once per run as `key`
-        by RunEvents): a restart is logged, an end ends the run; the others change nothing."""
+        """One of the run's events (engine/observe/events.py's document, claimed once per run as
+        `key` by RunEvents): a restart is logged, an end ends the run; the others change nothing."""
         name = event["event"]
         if restart is not None:
             self._restart(restart, alone=key.startswith("alone-"))

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 
 from orchestrator.backends.base import Backend
 from orchestrator.contract import EXPORT_WRITES
-from orchestrator.engine.checkpoints import checked_listing, checkpoint_step
+from orchestrator.engine.store.checkpoints import checked_listing, checkpoint_step
 from orchestrator.errors import HostError, HostErrors
 from orchestrator.model.answers import SetAside
 from orchestrator.model.inventory import Inventory, Job

@@ -1,10 +1,10 @@
 """The events a run's notify targets are told of, as data: what each says, which target wants
-it, the body each is sent and its signature. Pure (engine/notify.py sends them).
+it, the body each is sent and its signature. Pure (engine/observe/notify.py sends them).
 
 An event is one JSON object: `event` (queued, started, restarting, stalled, preempted,
 succeeded, failed, stopped, lease_lost; `test` from `orchestrate notify --test`), `job`,
 `run_id`, `state`,
-`step`, `target_steps`, `eta_seconds` (engine/eta.py's), `root_cause`, `hint`, `restarts`,
+`step`, `target_steps`, `eta_seconds` (engine/observe/eta.py's), `root_cause`, `hint`, `restarts`,
 `attempt`, `dashboard` (its address, never its token), `at` (Unix time), `id` (unique, so a
 receiver can drop a repeat) and `text` (the same for people: what a Slack message shows).
 """
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from orchestrator.engine.status import RunStatus
+from orchestrator.engine.observe.status import RunStatus
 from orchestrator.model.inventory import NotifyTarget
 from orchestrator.model.timetext import duration
 
@@ -52,7 +52,7 @@ def run_event(
     goodput: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The event `name` of a run, as its status last said (None: nothing known yet);
-    `goodput`: the run's account (engine/goodput.py's to_json) at its end."""
+    `goodput`: the run's account (engine/observe/goodput.py's to_json) at its end."""
     workers = status.workers if status else ()
     steps = [w.step for w in workers if w.step is not None]
     targets = [w.target_steps for w in workers if w.target_steps]
