@@ -4,8 +4,8 @@ example's CNN and data, trained by the built-in MultiWorkerMirroredStrategy loop
 two processes (`job.keras: jax`, bench/shapes_keras3_jax.py), global batch 64 in both. Per run:
 the time from `up` to both workers' first step, the steady steps/s (the median of what status
 shows over the run's second half) and the most memory a worker held (RSS). No evaluation,
-checkpoint every 320 steps, no standbys. The JAX workers run from .venv-jax when it exists (a
-host with `pip install '.[jax]'` only, as scripts/test.sh makes it), else this Python.
+checkpoint every 320 steps, no standbys. The JAX workers run from .venv-jax (a host with
+`pip install '.[jax]'` only, as scripts/test.sh makes it): the dev venv has no JAX.
 
     .venv/bin/python -m bench.bench_tf_vs_jax --steps 640 --runs 3
 """
@@ -40,7 +40,7 @@ def job(kind: str, steps: int) -> dict[str, Any]:
 
 
 def inventory(directory: Path, kind: str, steps: int) -> None:
-    python = str(JAX_PYTHON) if kind == "jax" and JAX_PYTHON.exists() else sys.executable
+    python = str(JAX_PYTHON) if kind == "jax" else sys.executable
     base = 24000 + os.getpid() % 1000
     hosts = [{"name": f"w{i}", "address": "localhost", "port": base + i} for i in range(2)]
     defaults = {"connection": "local", "workdir": str(directory / "work"), "python": python}
@@ -87,6 +87,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=640)
     parser.add_argument("--runs", type=int, default=3)
     options = parser.parse_args()
+    if not JAX_PYTHON.exists():
+        raise SystemExit(
+            f"no jax-only install at {JAX_PYTHON.parent.parent}: python3 -m venv .venv-jax && "
+            ".venv-jax/bin/pip install '.[jax]' (the dev venv has no JAX)"
+        )
     results: dict[str, list[dict[str, float]]] = {"tf": [], "jax": []}
     for _ in range(options.runs):  # A/B pair by pair: a load change hits both alike
         for kind, runs in results.items():

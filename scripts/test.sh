@@ -71,8 +71,9 @@ install_tracking_server() {
 }
 rm -f .venv-mlflow/installed
 # What a user of `job.keras: jax` installs, alone: `pip install '.[jax]'` (JAX, Keras 3, no
-# TensorFlow), into .venv-jax, in the background; tests/integration/test_keras_jax_only.py runs a
-# Keras 3 script from it (tests/jaxonly.py waits for it).
+# TensorFlow), into .venv-jax, in the background. Every test that runs JAX runs its workers from
+# it (tests/jaxonly.py waits for it): .venv has no JAX, which TensorFlow would import in each of
+# the suite's TensorFlow processes (docs/development.md).
 install_jax_only() {
     # From a copy of the checkout: a build in place writes build/ and *.egg-info beside the
     # code the lanes and the checks are reading.

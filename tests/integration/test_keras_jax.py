@@ -4,8 +4,12 @@ trains on two workers, survives a SIGKILL of one of them (the survivor, left in 
 collective, is stopped; the cluster restarts whole and resumes from BackupAndRestore), ends
 with bit-identical weights on both, and the killed worker is named as the first failure.
 
-In the tf lane: CPU-bound worker processes, as the TensorFlow ones (jax and keras come with
-the dev extra; TensorFlow 2.21 asks for keras>=3.12, so one venv holds both)."""
+The workers run from the jax-only install (.venv-jax, tests/jaxonly.py: JAX and Keras 3, no
+TensorFlow), as a JAX user's hosts do; the controller from this venv. .venv has no JAX: TensorFlow
+imports it whenever it is installed, and every TensorFlow process of the suite paid for it.
+`orchestrate local --keras jax` and its check of the saved inventory: test_keras_jax_only.py.
+
+In the tf lane: CPU-bound worker processes, as the TensorFlow ones."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from tests.conftest import (
     progress_in,
     wait_for,
 )
+from tests.jaxonly import jax_only_python
 
 pytestmark = pytest.mark.tf
 
@@ -38,7 +43,8 @@ SAVE_EVERY = 4
 
 def jax_inventory(cli: Cli, **job: object) -> Path:
     ports = free_ports(len(WORKERS))
-    hosts = [f"name: {name}, address: localhost, port: {port}"
+    python = json.dumps(jax_only_python())
+    hosts = [f"name: {name}, address: localhost, port: {port}, python: {python}"
              for name, port in zip(WORKERS, ports, strict=True)]  # fmt: skip
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "EPOCHS": "4", "SAVE_EVERY": str(SAVE_EVERY)}
     settings = {"name": JOB, "script": str(SCRIPT), "keras": "jax",
@@ -110,21 +116,3 @@ def _current(cli: Cli) -> str | None:
         return (cli.cwd / ".orchestrate" / "current").read_text().strip() or None
     except OSError:
         return None
-
-
-def test_local_keras_jax_trains_in_sync_and_its_check_reads_jax(cli: Cli) -> None:
-    """`orchestrate local SCRIPT --keras jax` (preflight included) trains both workers alike; the
-    inventory it saved is checked for JAX and Keras 3 on each worker, not TensorFlow."""
-    result = cli("local", str(SCRIPT), "--keras", "jax", "--workdir", "./work",
-                 "--save", "local.yaml", timeout=300)  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert f"job {JOB} succeeded" in result.stderr
-    assert 'keras: "jax"' in (cli.cwd / "local.yaml").read_text()
-    done = finals(cli, 0)
-    assert sorted(done) == list(WORKERS), done
-    assert len({d["sha256"] for d in done.values()}) == 1, f"the weights differ: {done}"
-    check = json.loads(cli("check", "--json", "local.yaml", check=True).stdout)
-    jax = [f for f in check if f["check"] == "jax"]
-    assert [f["status"] for f in jax] == ["ok", "ok"], jax
-    assert "Keras 3.15.1" in jax[0]["detail"]
-    assert not [f for f in check if f["check"] == "tensorflow"]

@@ -12,7 +12,8 @@ each host gets an /etc/hosts of its own (`ip netns exec`, which starts its sshd,
 /etc/netns/NAMESPACE/hosts there) naming it at its address, as a real machine's does.
 
 In the netns lane, and marked tf for its CPU-bound worker processes. The hosts share this
-machine's file system, so their Python is this one (inventories.write_inventory), JAX and all."""
+machine's file system; their Python is the jax-only install (tests/jaxonly.py: JAX and Keras 3,
+no TensorFlow), as a JAX user's hosts have it, not the controller's (which has no JAX)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from tests.cluster.inventories import DEFAULT_PORT, write_inventory
 from tests.cluster.netns import NamespaceCluster
 from tests.cluster.pytest_support import SharedCluster
 from tests.conftest import Cli, first_run_dir, progress_in, wait_for
+from tests.jaxonly import jax_only_python
 from tests.scripts import STEPPER
 
 pytestmark = [pytest.mark.netns, pytest.mark.tf]
@@ -72,7 +74,7 @@ def test_keras3_fit_on_jax_across_hosts_survives_a_killed_worker(
     job = {"name": JOB, "script": "train.py", "files": ["common.py"], "keras": "jax",
            "max_restarts": 2, "restart_backoff": 0,
            "env": {"EPOCHS": 3, "SAVE_EVERY": SAVE_EVERY, "STEP_DELAY": 0.3}}  # fmt: skip
-    write_inventory(cli.cwd / "inv.yaml", cluster, job)
+    write_inventory(cli.cwd / "inv.yaml", cluster, job, defaults={"python": jax_only_python()})
     first, second = cluster.hosts
     check = cli("check", "--json", "inv.yaml", timeout=120)
     assert check.returncode != 0, check.stdout

@@ -20,6 +20,7 @@ from orchestrator.export.trainjob import trainjob
 from orchestrator.export.trainjob_admission import problems
 from orchestrator.hostside import pod_launcher
 from tests.conftest import free_ports, worker_env
+from tests.jaxonly import jax_only_python
 from tests.planted import all_imports, host_program_imports, plant
 
 pytestmark = pytest.mark.tf
@@ -116,7 +117,9 @@ def test_two_jax_pods_launched_from_the_runtime_fit_together(tmp_path: Path) -> 
     container = replicated["template"]["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     assert container["args"] == ["python", "/workspace/fit_keras3_jax.py"]
-    command = [sys.executable, *container["command"][1:], sys.executable, str(script)]
+    # The pods' python: the jax-only install (JAX and Keras 3, no TensorFlow), as a JAX image's.
+    python = jax_only_python()
+    command = [python, *container["command"][1:], python, str(script)]
     local = [f"127.0.0.1:{port}" for port in free_ports(2)]
     processes = []
     for index in range(2):
