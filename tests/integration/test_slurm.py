@@ -153,7 +153,29 @@ def wait_finished(orchestrate: Orchestrate, timeout: float = 150) -> dict[str, A
         done = status["state"] in ("succeeded", "failed", "stopped")
         return status if done and not _locked(lock) else None
 
-    return dict(wait_for(finished, timeout, "the run to end"))
+    try:
+        return dict(wait_for(finished, timeout, "the run to end"))
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_what_the_run_did(orchestrate)}") from None
+
+
+def _what_the_run_did(orchestrate: Orchestrate, tail: int = 1500) -> str:
+    """For a run that did not end: its status, Slurm's queue, and the end of every log of
+    its attempts (the batch script's, each task's launcher and worker)."""
+    answer = orchestrate("status", "--json", timeout=60).stdout
+    try:
+        doc = json.loads(answer)
+        workers = [{k: w.get(k) for k in ("name", "state", "step", "checkpoint_step", "pid")}
+                   for w in doc.get("workers", [])]  # fmt: skip
+        brief = json.dumps({"state": doc.get("state"), "workers": workers})
+    except ValueError:
+        brief = answer[-tail:]
+    parts = [f"status: {brief}", f"squeue: {orchestrate.slurm('squeue', '-a')}"]
+    runs = [r for r in (orchestrate.cwd / "shared").glob("*/runs/*") if r.is_dir()]
+    for log in sorted(p for r in runs for p in r.rglob("*") if p.suffix in (".log", ".out")):
+        text = log.read_text(errors="replace")[-tail:]
+        parts.append(f"--- {log.relative_to(orchestrate.cwd)}:\n{text}")
+    return "\n".join(parts)
 
 
 def _locked(path: Path) -> bool:
