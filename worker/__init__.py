@@ -12,13 +12,15 @@ For a `script:` job of your own: `is_chief()`, `write_dir(path)` (the chief writ
 others a temporary directory they remove), `checkpoint_dir()`, `target_steps()` (the job's
 `steps:`) and `report(step=..., loss=...)` (worker.helpers, worker.progress); `keras()` is the
 Keras of job.keras; `keras_progress()` is a callback that reports `model.fit`'s progress
-(worker.kerasprogress).
+(worker.kerasprogress); `keras_backup()` is Keras 3's BackupAndRestore with saves that cannot
+leave a truncated backup (worker.kerasbackup).
 
 Importing this package is cheap: TensorFlow is imported only when training starts, so the controller
 side and user scripts can use `TrainingTask` and `report` without paying for it.
 """
 
 from worker.helpers import checkpoint_dir, is_chief, target_steps, task_index, write_dir
+from worker.kerasbackup import keras_backup
 from worker.kerasflavor import keras
 from worker.kerasprogress import keras_progress
 from worker.progress import ProgressWriter, report
@@ -30,6 +32,7 @@ __all__ = [
     "checkpoint_dir",
     "is_chief",
     "keras",
+    "keras_backup",
     "keras_progress",
     "report",
     "target_steps",

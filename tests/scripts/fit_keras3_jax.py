@@ -17,7 +17,7 @@ import keras
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 
-from worker import checkpoint_dir, report
+from worker import checkpoint_dir, keras_backup, report
 
 EPOCHS = int(os.environ.get("EPOCHS", "4"))
 BATCH = 16  # each process's own
@@ -60,10 +60,10 @@ class Progress(keras.callbacks.Callback):
 
 
 # Each host keeps its own backup (no shared file system needed): every process saves at the
-# same steps, so a whole restart resumes all of them from one point.
-backup = keras.callbacks.BackupAndRestore(
-    os.path.join(checkpoint_dir(), f"backup-{process}"), save_freq=SAVE_EVERY
-)
+# same steps, so a whole restart resumes all of them from one point. keras_backup, not Keras's
+# own BackupAndRestore: a survivor's save fails midway when its peer dies mid-all-reduce, and
+# Keras's would leave its backup truncated for good (worker.kerasbackup).
+backup = keras_backup(os.path.join(checkpoint_dir(), f"backup-{process}"), SAVE_EVERY, keras)
 model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, callbacks=[backup, Progress()], verbose=2)
 common.write_checksum(
     model,
