@@ -171,6 +171,14 @@ class SlurmCluster:
                 ours = any(str(self.base) in part for part in argv)
                 if ours and Path(argv[0]).name in (*DAEMONS, "slurmstepd", "sshd"):
                     process.kill()
+        # What still runs in the nodes: a job's slurmstepd (its argv names no path of ours) and
+        # its srun and tasks outlive slurmd; they run in the nodes' namespaces, so ask those.
+        for namespace in self._namespaces():
+            listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
+                                    text=True, check=False)  # fmt: skip
+            for pid in listed.stdout.split():
+                with contextlib.suppress(psutil.Error, ValueError):
+                    psutil.Process(int(pid)).kill()
         for namespace in self._namespaces():
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True, check=False)
         # The kernel frees a deleted namespace (and the veth ends in it) later, on a busy
