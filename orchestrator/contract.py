@@ -189,6 +189,36 @@ def tf_config(endpoints: Sequence[str], roles: Sequence[str], index: int) -> dic
     return {TF_CLUSTER: cluster_spec(endpoints, roles), TF_TASK: task}
 
 
+# --- a checkpoint directory's state file ----------------------------------------------------
+# TensorFlow's list of a directory's checkpoints (tf.train.CheckpointManager writes it), which the
+# JAX loop writes in the same format (worker/jaxsaver.py) and the host agent reads and rewrites
+# (hostside/files.py): relative names, the latest first as model_checkpoint_path.
+CHECKPOINT_STATE_FILE = "checkpoint"
+
+
+def checkpoint_state_text(names: Sequence[str]) -> str:
+    """The state file naming `names` (oldest first), the last one the latest."""
+    return f'model_checkpoint_path: "{names[-1]}"\n' + "".join(
+        f'all_model_checkpoint_paths: "{name}"\n' for name in names
+    )
+
+
+def checkpoint_state_names(text: str) -> list[str]:
+    """The checkpoints a state file's text names, oldest first, the latest last ([] when it
+    names no latest)."""
+    latest, listed = None, []
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        name = value.strip().strip('"').rsplit("/", 1)[-1]  # posixpath.basename
+        if key == "model_checkpoint_path":
+            latest = name
+        elif key == "all_model_checkpoint_paths" and name not in listed:
+            listed.append(name)
+    if latest is None:
+        return []
+    return [name for name in listed if name != latest] + [latest]
+
+
 # Distributions whose installed version names the host's TensorFlow.
 TF_PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
 

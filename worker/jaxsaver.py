@@ -23,10 +23,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from orchestrator.contract import (
+    CHECKPOINT_STATE_FILE,
+    checkpoint_state_names,
+    checkpoint_state_text,
+)
+
 # The TensorFlow loop's prefix too (worker.trainstate, which imports TensorFlow): the controller
 # reads the step from the name (orchestrator/engine/store/checkpoints.checkpoint_step).
 CHECKPOINT_NAME = "ckpt"
-STATE_FILE = "checkpoint"
+STATE_FILE = CHECKPOINT_STATE_FILE
 SUFFIX = ".npz"
 STEP_KEY = "saved_step"  # beside w0, w1... (the weights) and o0, o1... (the optimizer)
 
@@ -46,28 +52,15 @@ def checkpoint_name(step: int) -> str:
 
 def listed(directory: str) -> list[str]:
     """The checkpoints the state file names, oldest first, the latest last ([] without one)."""
-    latest, names = None, []
     try:
         with open(os.path.join(directory, STATE_FILE), encoding="utf-8") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                name = os.path.basename(value.strip().strip('"'))
-                if key == "model_checkpoint_path":
-                    latest = name
-                elif key == "all_model_checkpoint_paths" and name not in names:
-                    names.append(name)
+            return checkpoint_state_names(handle.read())
     except OSError:
         return []
-    if latest is None:
-        return []
-    return [name for name in names if name != latest] + [latest]
 
 
 def _write_state(directory: str, names: Sequence[str]) -> None:
-    text = f'model_checkpoint_path: "{names[-1]}"\n' + "".join(
-        f'all_model_checkpoint_paths: "{name}"\n' for name in names
-    )
-    _replace(os.path.join(directory, STATE_FILE), text.encode())
+    _replace(os.path.join(directory, STATE_FILE), checkpoint_state_text(names).encode())
 
 
 def _replace(path: str, data: bytes) -> None:

@@ -9,32 +9,24 @@ import os
 import stat
 
 if __package__:  # imported as part of orchestrate: the controller's tests
+    from orchestrator import contract
     from orchestrator.hostside import protocol, rundir, safefiles
 else:  # shipped: hostside/bundle.py carries them in front of the agent's source
+    import contract  # type: ignore[no-redef]
     import protocol  # type: ignore[no-redef]
     import rundir  # type: ignore[no-redef]
     import safefiles  # type: ignore[no-redef]
 
-STATE_FILE = "checkpoint"  # TensorFlow's list of a directory's checkpoints
+STATE_FILE = contract.CHECKPOINT_STATE_FILE
 
 
 def _checkpoint_names(directory):
     """The checkpoints TensorFlow's state file lists, oldest first, the latest last."""
-    latest, listed = None, []
     try:
         with open(os.path.join(directory, STATE_FILE), encoding="utf-8") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                name = os.path.basename(value.strip().strip('"'))
-                if key == "model_checkpoint_path":
-                    latest = name
-                elif key == "all_model_checkpoint_paths" and name not in listed:
-                    listed.append(name)
+            return contract.checkpoint_state_names(handle.read())
     except OSError:
         return []
-    if latest is None:
-        return []
-    return [name for name in listed if name != latest] + [latest]
 
 
 def cmd_checkpoint(request):
@@ -73,8 +65,7 @@ def cmd_adopt_checkpoint(request):
     fd, tmp = safefiles.temp_beside(state, 0o666 & ~umask)
     with open(fd, "w", encoding="utf-8") as handle:
         # Relative paths: TensorFlow resolves them against this directory on this host.
-        handle.write(f'model_checkpoint_path: "{name}"\n')
-        handle.writelines(f'all_model_checkpoint_paths: "{n}"\n' for n in names)
+        handle.write(contract.checkpoint_state_text(names))
     os.replace(tmp, state)  # last, so a half-copied checkpoint is never the latest
     return {protocol.DIRECTORY_KEY: directory, protocol.LATEST_KEY: name}
 
