@@ -24,6 +24,7 @@ from orchestrator.backends.hosts.backend import HostBackend
 from orchestrator.backends.registry import load_inventory
 from orchestrator.engine.observe.status import collect_status
 from orchestrator.engine.store.runstore import RunStore
+from orchestrator.engine.supervision import contact
 from orchestrator.engine.supervision.contact import stop_everything
 from orchestrator.engine.supervision.locks import SupervisorLock
 from orchestrator.engine.supervision.supervise import Supervisor
@@ -132,7 +133,14 @@ def test_a_session_slow_to_start_still_answers_its_first_probe(
         stop_run(record, backend, grace=5)
 
 
-def test_down_wakes_the_supervisor_instead_of_waiting_for_its_next_poll(tmp_path: Path) -> None:
+def test_down_wakes_the_supervisor_instead_of_waiting_for_its_next_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Beside a loaded CI's lanes the supervisor's thread took longer than down's 3 s pickup
+    # wait, and down rightly stopped the workers itself. Waking is what is tested here, and
+    # `took` bounds it: a supervisor that only woke at its 30 s poll still fails.
+    monkeypatch.setattr(contact, "PICKUP_TIMEOUT", 30.0)
+
     class Stoppable(FakeBackend):
         stopped = False
 
