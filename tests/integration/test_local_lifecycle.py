@@ -27,6 +27,8 @@ for step in range(1, steps + 1):
     os.replace(progress + ".tmp", progress)
     print("step", step, flush=True)
     time.sleep(float(os.environ.get("DELAY", "0.05")))
+    while step == steps // 2 and os.environ.get("HOLD") and not os.path.exists(os.environ["HOLD"]):
+        time.sleep(0.05)  # held mid-run until the test lets go: running for as long as it needs
 if os.environ["ORCHESTRATE_WORKER"] == os.environ.get("FAIL_WORKER"):
     time.sleep(1)  # after its peers' exit 0: else the supervisor stops them, which is no success
     raise SystemExit("boom: " + os.environ["ORCHESTRATE_WORKER"])
@@ -41,6 +43,7 @@ def make_job(
     fail: str = "",
     args: str = "[]",
     workdir: str = "./work",
+    hold: str = "",
 ) -> Path:
     (cwd / "train.py").write_text(SCRIPT)
     port_a, port_b = free_ports(2)
@@ -55,7 +58,7 @@ def make_job(
           name: demo
           script: train.py
           args: {args}
-          env: {{STEPS: {steps}, DELAY: {delay}, FAIL_WORKER: '{fail}'}}
+          env: {{STEPS: {steps}, DELAY: {delay}, FAIL_WORKER: '{fail}', HOLD: '{hold}'}}
           restart_backoff: 0
         """)
     )
@@ -243,14 +246,18 @@ def test_tail_follow_streams_new_lines_from_both(cli: Cli, reaper: list[str]) ->
 def test_killing_the_foreground_controller_leaves_workers_running(
     cli: Cli, reaper: list[str]
 ) -> None:
-    make_job(cli.cwd, steps=60, delay=0.05)
+    # Held at step 30 until the controller is gone: a run of 3 s could end before a loaded
+    # machine's `status` saw it running (seen in CI).
+    hold = cli.cwd / "let-go"
+    make_job(cli.cwd, steps=60, delay=0.05, hold=str(hold))
     controller = cli.popen("up", "inv.yaml")
-    wait_for((cli.cwd / ".orchestrate" / "current").exists, timeout=20)
+    wait_for((cli.cwd / ".orchestrate" / "current").exists, timeout=60)
     run_id = cli.record()["run_id"]
     reaper.append(run_id)
-    wait_for(lambda: cli.status()["state"] == "running", timeout=20)
+    wait_for(lambda: cli.status()["state"] == "running", timeout=60)
     controller.kill()
     controller.wait()
+    hold.touch()
     final = wait_for(lambda: (s := cli.status())["state"] == "succeeded" and s, timeout=30)
     assert [w["step"] for w in final["workers"]] == [60, 60]
 
