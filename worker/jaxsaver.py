@@ -28,6 +28,7 @@ from orchestrator.contract import (
     checkpoint_state_names,
     checkpoint_state_text,
 )
+from worker.progress import replace_text
 
 # The TensorFlow loop's prefix too (worker.trainstate, which imports TensorFlow): the controller
 # reads the step from the name (orchestrator/engine/store/checkpoints.checkpoint_step).
@@ -60,21 +61,7 @@ def listed(directory: str) -> list[str]:
 
 
 def _write_state(directory: str, names: Sequence[str]) -> None:
-    _replace(os.path.join(directory, STATE_FILE), checkpoint_state_text(names).encode())
-
-
-def _replace(path: str, data: bytes) -> None:
-    """Writes `data` to a temporary file beside `path` and renames it over `path`."""
-    fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    replace_text(os.path.join(directory, STATE_FILE), checkpoint_state_text(names))
 
 
 def save(directory: str, saved: Saved, max_to_keep: int) -> str:

@@ -284,9 +284,14 @@ def _plain(value: Any) -> Any:
 
 
 def _write_atomically(path: str, fields: dict[str, Any]) -> None:
+    replace_text(path, json.dumps(fields, allow_nan=False, sort_keys=True) + "\n")
+
+
+def replace_text(path: str, text: str) -> None:
+    """Writes `text` to a temporary file beside `path` and renames it over `path`: a reader
+    sees the old file or the new one, never a part."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    text = json.dumps(fields, allow_nan=False, sort_keys=True) + "\n"
     # Same directory as the target: os.replace cannot be atomic across file systems.
     fd, tmp_path = tempfile.mkstemp(
         prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory
