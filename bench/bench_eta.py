@@ -7,7 +7,11 @@ over the latest steps/s, recomputed from the same snapshot's fields). The ETA is
 target step: "took" ends at the first snapshot that shows every worker there; what follows (the
 final evaluation, the export, the exit) is printed apart, and then the run's goodput and parts.
 
-    .venv/bin/python -m bench.bench_eta --steps 3000 [--warm]
+`--unwatched` measures only the goodput, of a run nobody polls: `up` in the foreground, as the
+README's command runs it. On a 2-core machine the poll's CLI process every second takes CPU from
+the workers' start-up, which a user's run does not pay.
+
+    .venv/bin/python -m bench.bench_eta --steps 3000 [--warm] [--unwatched]
 """
 
 from __future__ import annotations
@@ -47,9 +51,9 @@ def inventory(directory: Path, steps: int, warm: bool) -> Path:
     return path
 
 
-def cli(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(directory: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=directory,
-                          capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+                          capture_output=True, text=True, check=False, timeout=timeout)  # fmt: skip
 
 
 def poll(directory: Path) -> list[Snapshot]:
@@ -85,20 +89,27 @@ def standbys_ready(directory: Path) -> None:
     raise SystemExit("the standbys were not ready within 120 s")
 
 
-def measured(steps: int, warm: bool) -> tuple[list[Snapshot], dict[str, Any]]:
+def measured(steps: int, warm: bool, watched: bool = True) -> tuple[list[Snapshot], dict[str, Any]]:
     """The snapshots of a run of `steps` steps and its final status. Warm: a run of 10 steps
-    first, whose standbys the measured run takes (as a user's second `up` does)."""
+    first, whose standbys the measured run takes (as a user's second `up` does). Unwatched: `up`
+    in the foreground and no snapshot."""
     with tempfile.TemporaryDirectory() as work:
         directory = Path(work)
-        if warm:
-            inventory(directory, 10, warm)
-            cli(directory, "up", "--skip-checks", "inv.yaml")
-            standbys_ready(directory)
-        inventory(directory, steps, warm)
-        cli(directory, "up", "--detach", "--skip-checks", "inv.yaml")
-        seen = poll(directory)
-        final = json.loads(cli(directory, "status", "--json").stdout)
-        cli(directory, "down")
+        seen: list[Snapshot] = []
+        try:  # `down` in any case: a bench run leaves no worker nor standby behind
+            if warm:
+                inventory(directory, 10, warm)
+                cli(directory, "up", "--skip-checks", "inv.yaml", timeout=600)
+                standbys_ready(directory)
+            inventory(directory, steps, warm)
+            if watched:
+                cli(directory, "up", "--detach", "--skip-checks", "inv.yaml")
+                seen = poll(directory)
+            else:
+                cli(directory, "up", "--skip-checks", "inv.yaml", timeout=1800)
+            final = json.loads(cli(directory, "status", "--json").stdout)
+        finally:
+            cli(directory, "down")
     return seen, final
 
 
@@ -107,14 +118,29 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--warm", action="store_true",
                         help="measure a second run, from the first one's standbys")  # fmt: skip
+    parser.add_argument("--unwatched", action="store_true",
+                        help="no status polls: only the goodput of a foreground up")  # fmt: skip
     options = parser.parse_args()
-    seen, final = measured(options.steps, options.warm)
-    target = options.steps
+    seen, final = measured(options.steps, options.warm, watched=not options.unwatched)
+    if seen:
+        print_etas(seen, options.steps)
+    account = final["goodput"]
+    parts = ", ".join(f"{name} {share:.0%}" for name, share in account["shares"].items()
+                      if share)  # fmt: skip
+    print(
+        f"goodput {account['goodput']:.0%} of {account['total_seconds']:.0f} s: {parts}; "
+        f"load average at the end: {os.getloadavg()[0]:.1f}"
+    )
+
+
+def print_etas(seen: list[Snapshot], steps: int) -> None:
+    """The ETA shown at a quarter, half and three quarters of the run against the time taken."""
+    target = steps
     end = next((at for at, step, _, _ in seen if step >= target or step < 0), seen[-1][0])
     print(f"{'at':>6} {'step':>6} {'took':>8} {'ETA now':>8} {'error':>7} {'ETA before':>10} "
           f"{'error':>7}")  # fmt: skip
     for share in (0.25, 0.5, 0.75):
-        at, step, new, old = min(seen[:-1], key=lambda s: abs(s[1] - share * options.steps))
+        at, step, new, old = min(seen[:-1], key=lambda s: abs(s[1] - share * steps))
         took = end - at
 
         def error(eta: float | None, took: float = took) -> str:
@@ -124,12 +150,7 @@ def main() -> None:
         print(f"{share:>6.0%} {step:>6} {took:>6.0f} s {shown[0]:>8} {error(new):>7} "
               f"{shown[1]:>10} {error(old):>7}")  # fmt: skip
     print(f"then {seen[-1][0] - end:.0f} s from the target step to the run's end "
-          f"(final evaluation, export, exit); load average at the end: "
-          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
-    account = final["goodput"]
-    parts = ", ".join(f"{name} {share:.0%}" for name, share in account["shares"].items()
-                      if share)  # fmt: skip
-    print(f"goodput {account['goodput']:.0%} of {account['total_seconds']:.0f} s: {parts}")
+          f"(final evaluation, export, exit)")  # fmt: skip
 
 
 if __name__ == "__main__":

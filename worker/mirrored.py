@@ -45,6 +45,14 @@ from worker.task import TrainingTask
 from worker.trainstate import TrainState, resume_state
 from worker.window import Window
 
+# The distributed dataset's iterator stays referenced until the process leaves (worker/__main__
+# ends with os._exit, which runs no destructor). Freed when the loop returned, TensorFlow's
+# MultiDeviceIterator destructor blocked for 30-40 s on a worker whose peer had already exited:
+# a non-chief ended 37 s after its last step in about half of the bundled example's runs on a
+# loaded 2-core machine (its stacks: at `loop.run`'s line, after the call), the chief long gone,
+# and the run's goodput counted those seconds as shutdown.
+_KEPT_ITERATORS: list[Any] = []
+
 
 def run(config: WorkerConfig, task: TrainingTask) -> int:
     """Trains task up to config.steps; returns the final step. Raises Preempted on SIGTERM."""
@@ -88,7 +96,9 @@ def run(config: WorkerConfig, task: TrainingTask) -> int:
     if sigterm_while_connecting(config):
         sigterm.set()
         log("worker: SIGTERM received while the workers connected; stopping at the first check")
-    final_step = loop.run(iter(dist_dataset), start_step)
+    iterator = iter(dist_dataset)
+    _KEPT_ITERATORS.append(iterator)
+    final_step = loop.run(iterator, start_step)
     export(config, state, strategy)
     return final_step
 
