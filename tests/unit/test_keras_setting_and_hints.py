@@ -187,7 +187,7 @@ def test_status_lines_carry_the_hint(tmp_path: Path) -> None:
     hosts = (Host("a", "10.0.0.1", 20000),)
     inventory = Inventory(str(tmp_path / "i.yaml"), str(tmp_path), hosts, Job("d", script="t.py"))
     record = start_run(inventory, RunStore(tmp_path / "s"), backend)
-    status = collect_status(record, backend)
+    status = collect_status(record, backend, backend.scheduler)
     (worker,) = status.workers
     assert worker.state is WorkerState.FAILED and worker.failure_kind == "import error"
     assert worker.to_json()["hint"] and "job.files:" in worker.to_json()["hint"]

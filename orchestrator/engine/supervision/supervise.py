@@ -101,7 +101,9 @@ class Supervisor:
         self.events = RunEvents(store, record, say)  # notify: targets, told in the background
         # what the hosts' roles ask of the loop
         self.sidecar = Sidecar(backend, say, self.events.restarted_alone)
-        self.leasewatch = LeaseWatch(backend, max(interval, 2.0))  # a dead keeper: re-leased
+        self.leasewatch = LeaseWatch(
+            backend.leasing, max(interval, 2.0)
+        )  # a dead keeper: re-leased
 
     def run(self) -> RunStatus:
         """Supervise until the run succeeds, is stopped, or fails for good (JobFailed). Once it
@@ -113,15 +115,17 @@ class Supervisor:
             ended = True
             # First: a queued neighbour waits for the leases, not for the standbys or the
             # notifications below (they hold none).
-            release_leases(self.record.inventory, self.record.run_id, self.backend)
+            release_leases(self.record.inventory, self.record.run_id, self.backend.leasing)
         except JobFailed as error:
             ended = True
-            release_leases(self.record.inventory, self.record.run_id, self.backend)
+            release_leases(self.record.inventory, self.record.run_id, self.backend.leasing)
             self.events.failed(error)  # unless _recover told it already
             raise
         finally:
             with suppress(OrchestrateError):  # a host not answering: its standbys linger out
-                end_standbys(self.record, self.backend, self.linger if ended else 0)
+                end_standbys(
+                    self.record, self.backend.keeper, self.backend, self.linger if ended else 0
+                )
             self.events.close()  # a bounded wait for the notifications still queued
         return status
 
@@ -129,7 +133,7 @@ class Supervisor:
         while True:
             if not self.store.exists(self.record.run_id):
                 raise RunStateError(f"the record of run {self.record.run_id} was removed")
-            status = collect_status(self.record, self.backend)
+            status = collect_status(self.record, self.backend, self.backend.scheduler)
             self._status = status  # goodput: the attempt's spans as it ends (_close_attempt)
             self.events.seen(status)
             self.show(status)
@@ -262,7 +266,7 @@ class Supervisor:
         self._standbys_for = self.record.attempt
         linger = backoff(job, spent) + STANDBY_SLACK  # past the backoff _recover will wait
         try:
-            answers = start_standbys(self.record, self.backend, linger)
+            answers = start_standbys(self.record, self.backend.keeper, self.backend, linger)
         except OrchestrateError as error:  # a secret gone from the environment: cold restarts
             self.say(f"no standbys for a warm restart: {error.message}")
             return
