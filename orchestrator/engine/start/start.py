@@ -20,8 +20,8 @@ The order, and why:
    checks passed); then the start: the run recorded and its workers launched.
 Leases and standbys are let go if a step fails before the run is recorded as started.
 
-The restarts follow in engine/supervision/supervise.py (the Supervisor) and
-engine/workers/lifecycle.py.
+A restart is the same kind of ordered sequence, Supervisor._restart in
+engine/supervision/supervise.py, over engine/workers/lifecycle.py's launch.
 """
 
 from __future__ import annotations
