@@ -32,14 +32,14 @@ from orchestrator.engine.workers.lifecycle import start_run
 from orchestrator.errors import JobFailed
 from orchestrator.fanout import GroupResult
 from orchestrator.model.findings import Finding, PreflightReport, Status
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.vocabulary import FailureKind, WorkerState
 from tests.fakes.backend import FakeBackend, Script, exited, running
 
 
 def inventory(tmp_path: Path, spares: int = 0, **job: Any) -> Inventory:
-    hosts = tuple(Host(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
-    extra = tuple(Host(f"spare{i}", f"10.0.1.{i + 1}", 20000) for i in range(spares))
+    hosts = tuple(WorkerSlot(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
+    extra = tuple(WorkerSlot(f"spare{i}", f"10.0.1.{i + 1}", 20000) for i in range(spares))
     options = {"script": "train.py", "restart_backoff": 0, "max_restarts": 3, **job}
     return Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts,
                      Job("demo", **options), extra)  # fmt: skip
@@ -446,7 +446,7 @@ def test_the_supervisor_checks_and_prepares_through_the_backend_interface_only(
                     *, force_setup: bool = False, spares: bool = False) -> None:  # fmt: skip
             self.prepared.append((tuple(sorted(workdirs)), spares))
 
-        def preflight_session(self, host: Host) -> Any:
+        def preflight_session(self, host: WorkerSlot) -> Any:
             raise AssertionError("the supervisor opened a host's probe session itself")
 
     backend = Interface(scripts={

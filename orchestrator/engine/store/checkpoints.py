@@ -25,7 +25,7 @@ from orchestrator.engine.store.runstore import atomic_write, current_umask
 from orchestrator.errors import HostError
 from orchestrator.fanout import fan_out
 from orchestrator.model.answers import CheckpointListing
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import WorkerSlot
 from orchestrator.model.workers import WorkerSpec
 from orchestrator.paths import plain_name
 
@@ -61,7 +61,7 @@ class Mirror:
         files = {p.name: p.stat().st_size for p in directory.iterdir()}
         return CheckpointListing(str(directory), name, files, (name,))
 
-    def update(self, host: Host, checkpoint_dir: str, files: Files) -> str | None:
+    def update(self, host: WorkerSlot, checkpoint_dir: str, files: Files) -> str | None:
         """Copy the host's latest checkpoint here unless it is already here; its name."""
         found = checked_listing(host, files.checkpoint(host, checkpoint_dir))
         current = self.latest()
@@ -129,7 +129,7 @@ def spread_latest_checkpoint(
     )
 
 
-def checked_listing(host: Host, listing: CheckpointListing) -> CheckpointListing:
+def checked_listing(host: WorkerSlot, listing: CheckpointListing) -> CheckpointListing:
     """A host's checkpoint listing whose every name is one plain name (`ckpt-100`,
     `ckpt-100.index`): they become paths here (the mirror, a staging directory) and in the
     other hosts' checkpoint directories. A name with '/' or '..' is the host's error."""
@@ -152,7 +152,7 @@ def _missing(listing: CheckpointListing, wanted: CheckpointListing) -> set[str]:
 
 
 def _download(
-    host: Host, found: CheckpointListing, names: set[str] | None, files: Files, staging: Path
+    host: WorkerSlot, found: CheckpointListing, names: set[str] | None, files: Files, staging: Path
 ) -> None:
     for name in sorted(found.files if names is None else names):
         files.download(host, posixpath.join(found.directory, name), str(staging / name))

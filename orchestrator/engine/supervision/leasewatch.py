@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from orchestrator.backends.capabilities import Leases
 from orchestrator.errors import OrchestrateError
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import Inventory, WorkerSlot
 from orchestrator.model.leases import LeaseListing
 
 LEASE_CHECK_SECONDS = 2.0  # at most this long between two looks (the poll's, if longer)
@@ -69,7 +69,7 @@ def missing(
     return tuple(found)
 
 
-def pinned(host: Host) -> Host:
+def pinned(host: WorkerSlot) -> WorkerSlot:
     """The worker as a lease request that takes exactly what it uses: its port fixed, its
     GPUs the only pool."""
     gpus = host.leased_gpus

@@ -27,7 +27,7 @@ from orchestrator.backends.capabilities import Files, Lifecycle
 from orchestrator.engine.store.checkpoints import checkpoint_step
 from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import OrchestrateError
-from orchestrator.model.inventory import Host, Inventory, Tracking
+from orchestrator.model.inventory import Inventory, Tracking, WorkerSlot
 from orchestrator.model.records import RunRecord
 from orchestrator.model.vocabulary import AttemptEnd
 from orchestrator.model.workers import checkpoint_dir, job_dir
@@ -70,7 +70,7 @@ def succeeded(record: RunRecord) -> bool:
     return bool(record.attempts) and record.attempts[-1].end == AttemptEnd.FINISHED
 
 
-def same_machine(one: Host, other: Host) -> bool:
+def same_machine(one: WorkerSlot, other: WorkerSlot) -> bool:
     return (one.address, one.connection, one.settings) == (
         other.address, other.connection, other.settings)  # fmt: skip
 
