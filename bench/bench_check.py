@@ -58,7 +58,7 @@ from orchestrator.backends.hosts.checks import run_preflight
 from orchestrator.backends.registry import load_inventory
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.findings import PreflightReport, Status
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import Inventory, WorkerSlot
 from tests.cluster.inventories import host_entries, write_inventory
 from tests.cluster.netns import NamespaceCluster, unavailable_reason
 from tests.conftest import clean_env
@@ -156,7 +156,7 @@ class TimedMachines(HostBackend):
         super().__init__()
         self.spans: list[tuple[str, float, float]] = []
 
-    def preflight_session(self, host: Host) -> LineSession:
+    def preflight_session(self, host: WorkerSlot) -> LineSession:
         return _TimedSession(super().preflight_session(host), self.spans)
 
 

@@ -212,7 +212,7 @@ def poll_over_sessions(setup: Setup, polls: int) -> float:
     untimed poll, plus the snapshot's JSON) over `polls` polls."""
     record = RunStore(setup.state_dir).load()
     with HostBackend() as backend:
-        first = collect_status(record, backend)
+        first = collect_status(record, backend, backend.scheduler)
         started = (WorkerState.STARTING, WorkerState.RUNNING)  # a script reports no steps
         if any(w.state not in started for w in first.workers):
             states = {w.name: f"{w.state.value} {w.reason or ''}" for w in first.workers}
@@ -220,7 +220,7 @@ def poll_over_sessions(setup: Setup, polls: int) -> float:
         samples = []
         for _ in range(polls):
             start = time.perf_counter()
-            status = collect_status(record, backend)
+            status = collect_status(record, backend, backend.scheduler)
             json.dumps(status.to_json())
             samples.append(time.perf_counter() - start)
     return statistics.median(samples)

@@ -45,7 +45,7 @@ from orchestrator.fanout import fan_out
 from orchestrator.machines.hostclient import agent_source
 from orchestrator.machines.runner import CommandResult
 from orchestrator.machines.sshsettings import SshSettings
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import WorkerSlot
 from tests.cluster.netns import BRIDGE_ADDRESS, SUBNET, NamespaceCluster, unavailable_reason
 
 SIZES = (1, 4, 16)
@@ -71,7 +71,7 @@ class BenchError(RuntimeError):
 class Target:
     """The cluster as each method needs it: inventory hosts for orchestrate, names for ssh."""
 
-    hosts: tuple[Host, ...]
+    hosts: tuple[WorkerSlot, ...]
     names: tuple[str, ...]
     ssh_config: Path
 
@@ -99,7 +99,7 @@ def make_target(cluster: NamespaceCluster) -> Target:
         if ipaddress.IPv4Address(host.address) not in SUBNET:
             raise BenchError(f"{host.name} has {host.address}, outside the cluster's {SUBNET}")
     hosts = tuple(
-        Host(
+        WorkerSlot(
             name=host.name,
             address=host.address,
             port=20000,
@@ -125,7 +125,9 @@ def _check_ok(result: CommandResult) -> CommandResult:
     return result
 
 
-def orchestrate(hosts: Sequence[Host], action: Callable[[HostBackend, Host], object]) -> None:
+def orchestrate(
+    hosts: Sequence[WorkerSlot], action: Callable[[HostBackend, WorkerSlot], object]
+) -> None:
     machines = HostBackend()
     try:
         fan_out(hosts, lambda host: action(machines, host)).raise_if_failed("benchmark")
@@ -134,7 +136,7 @@ def orchestrate(hosts: Sequence[Host], action: Callable[[HostBackend, Host], obj
 
 
 def orchestrate_true(target: Target, n: int) -> None:
-    def action(machines: HostBackend, host: Host) -> object:
+    def action(machines: HostBackend, host: WorkerSlot) -> object:
         return _check_ok(machines.runner(host).run(["true"], timeout=COMMAND_TIMEOUT_S))
 
     orchestrate(target.hosts[:n], action)

@@ -35,7 +35,7 @@ from pathlib import Path
 from orchestrator.backends.hosts.backend import HostBackend, expand_uploads
 from orchestrator.backends.hosts.sync import sync_hosts
 from orchestrator.machines.sshsettings import SshSettings
-from orchestrator.model.inventory import Host, SyncSpec
+from orchestrator.model.inventory import SyncSpec, WorkerSlot
 from tests.cluster.netns import NamespaceCluster, cleanup_leftovers, unavailable_reason
 
 FILES = 1000
@@ -79,7 +79,7 @@ def main() -> None:
         size = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
         with NamespaceCluster(1, PREFIX, base_dir=scratch / "cluster") as cluster:
             target = cluster.hosts[0]
-            host = Host(
+            host = WorkerSlot(
                 name="host1", address=target.address, port=20000, workdir=str(target.workdir),
                 settings=SshSettings(ssh_user="root", ssh_key=str(cluster.client_key_path),
                                      ssh_known_hosts=str(cluster.known_hosts_path)),

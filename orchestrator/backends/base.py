@@ -29,7 +29,7 @@ from orchestrator.backends.capabilities import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.model.inventory import Host, Inventory
+    from orchestrator.model.inventory import Inventory, WorkerSlot
     from orchestrator.model.workers import WorkerSpec
 
 __all__ = [
@@ -48,7 +48,7 @@ class Planner(Protocol):
         run_id: str,
         workdirs: dict[str, str],
         *,
-        reads_in_place: Callable[[Host], bool],
+        reads_in_place: Callable[[WorkerSlot], bool],
     ) -> list[WorkerSpec]: ...
 
 

@@ -37,7 +37,7 @@ from orchestrator.model.workers import Started
 if TYPE_CHECKING:
     from orchestrator.model.findings import Finding, PreflightReport
     from orchestrator.model.firewall import HostRules
-    from orchestrator.model.inventory import Host, Inventory, LoginDetails
+    from orchestrator.model.inventory import Inventory, LoginDetails, WorkerSlot
     from orchestrator.model.leases import LeaseListing
     from orchestrator.model.records import RunRecord, SchedulerState, WorkerRecord
     from orchestrator.model.workers import WorkerSpec
@@ -50,7 +50,7 @@ class Lifecycle(ABC):
     their stacks. Answers are typed (model/answers.py) and per worker, in GroupResults."""
 
     @abstractmethod
-    def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
+    def workdirs(self, hosts: Sequence[WorkerSlot]) -> GroupResult[str, str]:
         """Each host's workdir as an absolute path on that host, by host name."""
 
     @abstractmethod
@@ -108,35 +108,35 @@ class Files(ABC):
     """Files on a worker's host: checkpoints, progress histories, event files, exports."""
 
     @abstractmethod
-    def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
+    def checkpoint(self, host: WorkerSlot, directory: str) -> CheckpointListing:
         """The latest TensorFlow checkpoint in a host's directory."""
 
     @abstractmethod
     def adopt_checkpoint(
-        self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
+        self, host: WorkerSlot, directory: str, name: str, checkpoints: Sequence[str]
     ) -> None:
         """Make `name`, whose files are in `directory` already, that directory's latest, with
         `checkpoints` (oldest first) the earlier ones its state file lists."""
 
     @abstractmethod
-    def set_aside(self, host: Host, directory: str, stamp: str) -> SetAside:
+    def set_aside(self, host: WorkerSlot, directory: str, stamp: str) -> SetAside:
         """Move the contents of a host's directory to a sibling, `DIRECTORY.set-aside-STAMP`,
         leaving it empty (`up --fresh`): nothing is deleted."""
 
     @abstractmethod
-    def list_files(self, host: Host, directory: str) -> FileListing:
+    def list_files(self, host: WorkerSlot, directory: str) -> FileListing:
         """Every file under a host's directory, with sizes and modification times."""
 
     @abstractmethod
-    def read_text(self, host: Host, path: str) -> str | None:
+    def read_text(self, host: WorkerSlot, path: str) -> str | None:
         """A small text file of the host (a progress history); None when it does not exist."""
 
     @abstractmethod
-    def download(self, host: Host, remote: str, local: str) -> None:
+    def download(self, host: WorkerSlot, remote: str, local: str) -> None:
         """Copy one file of the host to this machine."""
 
     @abstractmethod
-    def upload(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
+    def upload(self, host: WorkerSlot, files: Sequence[tuple[str, str]]) -> None:
         """Copy (path here, path there) pairs to the host, creating the directories."""
 
 
@@ -171,16 +171,16 @@ class Reach(ABC):
     """Which hosts answer, and how each is reached from here."""
 
     @abstractmethod
-    def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
+    def unreachable(self, hosts: Sequence[WorkerSlot]) -> dict[str, str]:
         """The hosts that cannot be reached at all (not merely failing a command), with why."""
 
     @abstractmethod
-    def reads_in_place(self, host: Host) -> bool:
+    def reads_in_place(self, host: WorkerSlot) -> bool:
         """Whether the worker on `host` sees this machine's files: nothing is uploaded, it
         starts in the inventory's directory, and its checkpoints, event files and export are
         read where they are (never mirrored or pulled)."""
 
-    def login_details(self, host: Host) -> LoginDetails | None:
+    def login_details(self, host: WorkerSlot) -> LoginDetails | None:
         """How the host's machine is reached, as resolved (`orchestrate hosts`); None when
         nothing logs in to it."""
         return None

@@ -137,7 +137,7 @@ def check(
         # Imported here: the lifecycle pulls in the engine, which a refused inventory never needs.
         from orchestrator.engine.workers.lifecycle import take_leases
 
-        inventory = take_leases(inventory, CHECK_RUN_ID, backend, _warn, dry_run=True)
+        inventory = take_leases(inventory, CHECK_RUN_ID, backend.leasing, _warn, dry_run=True)
         report = run_checks(inventory, backend, probe_timeout, min_free_gb, perf=perf)
     if as_json:
         click.echo(strict_json([f.to_json() for f in report.findings], indent=2))

@@ -8,14 +8,15 @@ import click
 from rich.table import Table
 
 from orchestrator.backends.base import Backend
+from orchestrator.backends.capabilities import Reach
 from orchestrator.backends.registry import load_inventory, open_backend
 from orchestrator.cli.app import cli, console, errors
-from orchestrator.model.inventory import Host, Inventory, LoginDetails
+from orchestrator.model.inventory import Inventory, LoginDetails, WorkerSlot
 from orchestrator.model.printable import strict_json
 
 
-def _row(host: Host, role: str, backend: Backend) -> dict[str, object]:
-    details = backend.login_details(host) or LoginDetails()
+def _row(host: WorkerSlot, role: str, reach: Reach) -> dict[str, object]:
+    details = reach.login_details(host) or LoginDetails()
     return {
         "name": host.name,
         "role": role,

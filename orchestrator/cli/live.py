@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.text import Text
 
 from orchestrator.backends.base import Backend
+from orchestrator.backends.capabilities import Reach
 from orchestrator.cli.app import StillSupervised, StoppedWatching, console, errors
 from orchestrator.cli.render import kept_warm, problems, progress_line, run_line, status_table
 from orchestrator.cli.statustable import progress_bar
@@ -182,13 +183,13 @@ def epilogue(record: RunRecord, final: RunStatus | None, backend: Backend) -> No
         errors.print(warm, markup=False, highlight=False)
 
 
-def export_line(record: RunRecord, backend: Backend) -> str | None:
+def export_line(record: RunRecord, reach: Reach) -> str | None:
     """Where the job's exported model is (job.export), and how to fetch it from a remote chief."""
     if record.inventory.job.export is None:
         return None
     chief = record.workers[0]
     where = chief_export_dir(chief)
-    if export_is_remote(record, backend):
+    if export_is_remote(record, reach):
         return printable(f"exported model: {where} on {chief.host.name} ('orchestrate "
                          "pull-export' copies it here)")  # fmt: skip
     return printable(f"exported model: {where}")

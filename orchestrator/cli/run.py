@@ -289,7 +289,7 @@ def _wait_in_queue(context: Context, inventory: Inventory, run_id: str, backend:
             said.append((reason, now))
 
     try:
-        wait_for_leases(inventory, run_id, backend, context.store, on_wait)
+        wait_for_leases(inventory, run_id, backend.leasing, context.store, on_wait)
     except Withdrawn:
         raise QueueWithdrawn(f"run {run_id} was withdrawn from the queue; nothing started") \
             from None  # fmt: skip
@@ -371,7 +371,8 @@ def attach(context: Context, run_id: str | None, interval: float) -> None:
         errors.print(f"run {record.run_id}: watching (another process supervises it)")
         try:
             with view() as (show, _message):
-                final = watch(context.store, backend, record.run_id, show, interval)
+                final = watch(context.store, backend, backend.scheduler, record.run_id,
+                              show=show, interval=interval)  # fmt: skip
         except KeyboardInterrupt:
             raise StoppedWatching() from None
     finish(final, context.store.load(record.run_id))
@@ -382,7 +383,7 @@ def _require_secrets_to_supervise(record: RunRecord, backend: Backend) -> None:
     were never written down, so this shell must have them (a finished run needs none)."""
     if not missing_secrets(record.inventory.job.secret_env, os.environ):
         return
-    if collect_status(record, backend).state.finished:
+    if collect_status(record, backend, backend.scheduler).state.finished:
         return
     doing = f"taking over the supervision of run {record.run_id} (a restart)"
     secret_values(record.inventory.job.secret_env, os.environ, doing=doing)
@@ -426,7 +427,7 @@ def down(context: Context, grace: float | None, save: bool, run_id: str | None) 
         return
     with open_backend(inventory) as backend:
         record, report = stop_everything(context.store, backend, run_id, grace)
-        final = collect_status(record, backend) if save else None
+        final = collect_status(record, backend, backend.scheduler) if save else None
     events = RunEvents(context.store, record, _say)  # notify: targets hear of the stop
     events.stopped()
     events.close()

@@ -65,7 +65,7 @@ def status(context: Context, as_json: bool, run_id: str | None) -> None:
     # end; asked after, a run that ended meanwhile showed `running` and `supervised: false`.
     supervised = is_supervised(context.store, record.run_id)
     with open_backend(record.inventory) as backend:
-        result = collect_status(record, backend)
+        result = collect_status(record, backend, backend.scheduler)
         # The slots' standbys, from the hosts' own listing (a host not answering lists none).
         kept = backend.keeper.standbys(record.workers).ok if backend.keeper else {}
         standbys = {n: s for n, s in kept.items() if s}
@@ -255,7 +255,7 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
     record = context.store.load(run_id)
     with open_backend(record.inventory) as backend:
         logdir = local_event_dir(record, context.store, backend)
-        pulled = pull_events(record, backend, logdir)
+        pulled = pull_events(record, backend, backend, logdir)
         if pulled:
             errors.print(f"pulled {pulled} event file(s) from {record.workers[0].name}")
         # A file, not a pipe: a full pipe would stall it.
@@ -273,7 +273,7 @@ def tensorboard(context: Context, port: int, refresh: float, run_id: str | None)
             context.store.write_file(context.store.tensorboard_path(), json.dumps(served))
             while server.poll() is None:
                 time.sleep(refresh if events_are_remote(record, backend) else 1.0)
-                pull_events(record, backend, logdir)
+                pull_events(record, backend, backend, logdir)
         except KeyboardInterrupt:
             server.terminate()
             try:

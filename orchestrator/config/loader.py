@@ -39,9 +39,9 @@ from orchestrator.errors import InventoryError
 from orchestrator.machines import kinds
 from orchestrator.model.inventory import (
     ROLE_EVALUATOR,
-    Host,
     Inventory,
     Job,
+    WorkerSlot,
 )
 from orchestrator.paths import is_loopback
 from orchestrator.values import (
@@ -52,7 +52,7 @@ from orchestrator.values import (
 )
 from orchestrator.yamlsource import LineMap, YamlSyntaxError, parse
 
-__all__ = ["Host", "HostSource", "Inventory", "Job", "is_loopback", "load_inventory"]
+__all__ = ["HostSource", "Inventory", "Job", "WorkerSlot", "is_loopback", "load_inventory"]
 
 
 # The top level's keys besides the host sources. A host source (config/sources/base.HostSource,
@@ -238,7 +238,9 @@ def _parse_min_hosts(document: LineMap, count: int, report: Report) -> int | Non
     return int(value)
 
 
-def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report: Report) -> None:
+def _check_job_fits_hosts(
+    job: Job, hosts: list[WorkerSlot], document: LineMap, report: Report
+) -> None:
     block = document["job"]
     if job.keras == KERAS_JAX:
         _check_jax_job(job, hosts, block, report)
@@ -279,7 +281,7 @@ def _check_job_fits_hosts(job: Job, hosts: list[Host], document: LineMap, report
                 report.add(line_of(block, key), f"job.{key}", "applies to job.task only")
 
 
-def _check_jax_job(job: Job, hosts: list[Host], block: LineMap, report: Report) -> None:
+def _check_jax_job(job: Job, hosts: list[WorkerSlot], block: LineMap, report: Report) -> None:
     """What `keras: jax` runs: a script, or the built-in loop (worker/jaxloop.py); one process
     per host, no evaluator (JAX's processes are one cluster of equals, the first its
     coordinator), none of TensorFlow's own tools."""

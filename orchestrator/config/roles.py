@@ -25,13 +25,13 @@ from orchestrator.model.inventory import (
     ROLE_EVALUATOR,
     ROLE_PS,
     ROLE_WORKER,
-    Host,
     Job,
+    WorkerSlot,
 )
 from orchestrator.model.workers import job_dir
 from orchestrator.yamlsource import LineMap
 
-Placed = tuple[str, int | None, Host]
+Placed = tuple[str, int | None, WorkerSlot]
 
 
 def check_roles(
@@ -135,7 +135,7 @@ def _check_evaluator(placed: Sequence[Placed], job: Job, report: Report) -> None
             "machine with the same workdir (or set an absolute job.checkpoint_dir)"))  # fmt: skip
 
 
-def same_checkpoints(one: Host, other: Host, job: Job) -> bool:
+def same_checkpoints(one: WorkerSlot, other: WorkerSlot, job: Job) -> bool:
     """Whether the two hosts' workers see one checkpoint directory: the same machine (or both
     sharing this machine's files) and the same path there."""
     kind_one, kind_other = kinds.kind_of(one), kinds.kind_of(other)
@@ -146,7 +146,7 @@ def same_checkpoints(one: Host, other: Host, job: Job) -> bool:
     return path == posixpath.join(job_dir(job, other.workdir), job.checkpoint_dir)
 
 
-def chief_first(hosts: Sequence[Host]) -> tuple[Host, ...]:
+def chief_first(hosts: Sequence[WorkerSlot]) -> tuple[WorkerSlot, ...]:
     """The hosts with the chief first and the evaluator last, the others in file order: the
     first host of a run is its chief everywhere (its checkpoints, its mirror, its export)."""
     rank = {ROLE_CHIEF: 0, ROLE_EVALUATOR: 2}

@@ -247,7 +247,7 @@ class RunWatch:
         if snapshot is not None and _fresh(snapshot, self.interval):
             return snapshot.status, "supervisor"
         self.polls += 1
-        return collect_status(record, backend), "dashboard"
+        return collect_status(record, backend, backend.scheduler), "dashboard"
 
     def _follow_logs(self, record: RunRecord) -> None:
         key = (record.attempt, tuple((w.name, w.log_path) for w in record.workers))

@@ -36,7 +36,7 @@ from orchestrator.model.answers import (
     parsed,
 )
 from orchestrator.model.answers import parse_probe as parse_probe_answer
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import WorkerSlot
 from orchestrator.model.workers import job_dir_of_run
 
 if TYPE_CHECKING:
@@ -55,11 +55,11 @@ SESSION_START_TIMEOUT = 30.0
 BACKOFF_FIRST = 0.25  # seconds a failed watch waits before the next probe; doubles, per failure
 
 
-def machine_key(host: Host) -> MachineKey:
+def machine_key(host: WorkerSlot) -> MachineKey:
     return kind_of(host).machine_key(host)
 
 
-def session_key(host: Host) -> MachineKey:
+def session_key(host: WorkerSlot) -> MachineKey:
     """One agent session per machine and interpreter: the agent runs under the host's own
     `python:` (a wrapper that sets up the environment, a slow-starting venv), as a command per
     host did before sessions were shared."""
@@ -77,14 +77,14 @@ class Machines:
         self._failures: dict[MachineKey, int] = {}  # failed requests in a row, per session
 
     # --- connections ---------------------------------------------------------------------------
-    def agent(self, host: Host) -> HostAgent:
+    def agent(self, host: WorkerSlot) -> HostAgent:
         return HostAgent(
             self.runner(host),
             host.python,
             lambda verb, wait, fields: self._ask(host, verb, wait, fields),
         )
 
-    def runner(self, host: Host) -> Runner:
+    def runner(self, host: WorkerSlot) -> Runner:
         key = machine_key(host)
         with self._lock:
             if key not in self._runners:
@@ -121,8 +121,8 @@ class Machines:
         fan_out(runners, lambda key: runners[key].close())
 
     # --- workers on their machines ------------------------------------------------------------
-    def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
-        def resolve(group: list[Host]) -> dict[str, str]:
+    def workdirs(self, hosts: Sequence[WorkerSlot]) -> GroupResult[str, str]:
+        def resolve(group: list[WorkerSlot]) -> dict[str, str]:
             home = self.agent(group[0]).info().home
             return {host.name: _absolute(host.workdir, home) for host in group}
 
@@ -204,7 +204,7 @@ class Machines:
         failure in a row since its last answer."""
         return BACKOFF_FIRST * 2 ** min(self._failures.get(key, 1) - 1, 10)
 
-    def _probe_machine(self, host: Host, run_dirs: list[str]) -> dict[str, WorkerProbe]:
+    def _probe_machine(self, host: WorkerSlot, run_dirs: list[str]) -> dict[str, WorkerProbe]:
         answer = self._ask(host, protocol.PROBE, PROBE_TIMEOUT, {protocol.RUN_DIRS_KEY: run_dirs})
         key = session_key(host)
         try:
@@ -220,7 +220,9 @@ class Machines:
                 self._running.discard((key, run_dir))
         return probes
 
-    def _ask(self, host: Host, verb: str, wait: float, fields: dict[str, Any]) -> dict[str, Any]:
+    def _ask(
+        self, host: WorkerSlot, verb: str, wait: float, fields: dict[str, Any]
+    ) -> dict[str, Any]:
         """One request through the machine's open agent session, answered within `wait` (a
         session opened now: at least SESSION_START_TIMEOUT, its program has to start first).
         A session that fails is dropped and the host reported as not answering: retrying at
@@ -251,7 +253,7 @@ class Machines:
             raise HostError(host.name, f"the agent could not {verb}: {error}")
         return answer
 
-    def _drop_session(self, key: MachineKey, host: Host) -> None:
+    def _drop_session(self, key: MachineKey, host: WorkerSlot) -> None:
         with self._lock:
             busy = self._busy.setdefault(key, threading.Lock())
         with busy:
@@ -323,47 +325,49 @@ class Machines:
         return self.runner(worker.host).stream(_tail_argv(worker.log_path, lines, follow=True))
 
     # --- files on a host -----------------------------------------------------------------------
-    def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
+    def checkpoint(self, host: WorkerSlot, directory: str) -> CheckpointListing:
         return self.agent(host).checkpoint(directory)
 
     def adopt_checkpoint(
-        self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
+        self, host: WorkerSlot, directory: str, name: str, checkpoints: Sequence[str]
     ) -> None:
         self.agent(host).adopt_checkpoint(directory, name, list(checkpoints))
 
-    def set_aside(self, host: Host, directory: str, stamp: str) -> SetAside:
+    def set_aside(self, host: WorkerSlot, directory: str, stamp: str) -> SetAside:
         return self.agent(host).set_aside(directory, stamp)
 
-    def list_files(self, host: Host, directory: str) -> FileListing:
+    def list_files(self, host: WorkerSlot, directory: str) -> FileListing:
         return self.agent(host).files(directory)
 
-    def read_text(self, host: Host, path: str) -> str | None:
+    def read_text(self, host: WorkerSlot, path: str) -> str | None:
         result = self.runner(host).run(["cat", path], timeout=20)
         return result.stdout if result.ok else None
 
-    def download(self, host: Host, remote: str, local: str) -> None:
+    def download(self, host: WorkerSlot, remote: str, local: str) -> None:
         self.runner(host).get(remote, local)
 
-    def upload(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
+    def upload(self, host: WorkerSlot, files: Sequence[tuple[str, str]]) -> None:
         if not files:
             return
         self._make_dirs(host, files, [])
         self._put(host, files)
 
-    def _make_dirs(self, host: Host, files: Sequence[tuple[str, str]], private: list[str]) -> None:
+    def _make_dirs(
+        self, host: WorkerSlot, files: Sequence[tuple[str, str]], private: list[str]
+    ) -> None:
         directories = sorted({posixpath.dirname(remote) for _, remote in files})
         self.agent(host).make_dirs(directories, private)
 
-    def _put(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
+    def _put(self, host: WorkerSlot, files: Sequence[tuple[str, str]]) -> None:
         runner = self.runner(host)
         for local, remote in files:
             runner.put(local, remote)
 
-    def stream(self, host: Host, argv: Sequence[str]) -> Iterator[str]:
+    def stream(self, host: WorkerSlot, argv: Sequence[str]) -> Iterator[str]:
         return self.runner(host).stream(argv)
 
     # --- reaching hosts ------------------------------------------------------------------------
-    def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
+    def unreachable(self, hosts: Sequence[WorkerSlot]) -> dict[str, str]:
         answers = fan_out(hosts, lambda host: self.agent(host).info())
         return {
             host.name: error.message
@@ -371,7 +375,7 @@ class Machines:
             if isinstance(error, ConnectError)
         }
 
-    def preflight_session(self, host: Host) -> LineSession:
+    def preflight_session(self, host: WorkerSlot) -> LineSession:
         return self.agent(host).session(HOSTPROBE)
 
 

@@ -26,7 +26,7 @@ import paramiko
 from orchestrator.errors import ConnectError, HostError
 from orchestrator.machines.runner import CHUNK, CommandResult, LineReader, LineSession, Runner
 from orchestrator.machines.sshsettings import SshSettings, ssh_settings
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import WorkerSlot
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 COPY_CHUNK = 1 << 16
@@ -55,7 +55,7 @@ def fingerprint(key: paramiko.PKey) -> str:
 
 
 class SshRunner(Runner):
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: WorkerSlot) -> None:
         super().__init__(host.name)
         self.host = host
         self.settings: SshSettings = ssh_settings(host)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from orchestrator.model.inventory import Host, KindSettings
+from orchestrator.model.inventory import KindSettings, WorkerSlot
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class SshSettings(KindSettings):
         return self.ssh_host
 
 
-def ssh_settings(host: Host) -> SshSettings:
+def ssh_settings(host: WorkerSlot) -> SshSettings:
     """The host's SSH settings; the defaults for a host made without any (in code, not read
     from an inventory)."""
     return host.settings if isinstance(host.settings, SshSettings) else SshSettings()

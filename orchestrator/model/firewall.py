@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import WorkerSlot
 
 FORMATS = ("iptables", "nftables", "ufw", "firewalld")
 
 
 @dataclass(frozen=True)
 class HostRules:
-    host: Host
+    host: WorkerSlot
     sources: tuple[str, ...]  # addresses allowed to reach the TensorFlow port
     commands: tuple[str, ...]

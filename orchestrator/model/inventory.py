@@ -121,8 +121,9 @@ class Tracking:
 
 
 @dataclass(frozen=True)
-class Host:
-    """One worker: where it runs, how to reach it, and its TensorFlow gRPC port."""
+class WorkerSlot:
+    """One worker's place, one `hosts:` entry of the inventory: where the worker runs, how to
+    reach it, and its TensorFlow gRPC port. Not a machine: one machine may hold several slots."""
 
     name: str
     address: str
@@ -259,10 +260,10 @@ class SourceSettings(Protocol):
 class Inventory:
     path: str
     base_dir: str
-    hosts: tuple[Host, ...]
+    hosts: tuple[WorkerSlot, ...]
     job: Job
     # Hosts that replace a host found dead when the cluster is restarted (in order).
-    spares: tuple[Host, ...] = ()
+    spares: tuple[WorkerSlot, ...] = ()
     # With no spare left, a restart may go on without dead hosts down to this many workers
     # (TF_CONFIG rebuilt for the survivors). None: every host is needed.
     min_hosts: int | None = None

@@ -14,13 +14,13 @@ from typing import Any
 
 from orchestrator.model.inventory import (
     DEFAULT_CONNECTION,
-    Host,
     Inventory,
     Job,
     NotifyTarget,
     SourceSettings,
     SyncSpec,
     Tracking,
+    WorkerSlot,
 )
 from orchestrator.model.vocabulary import AttemptEnd, FailureKind, known
 
@@ -34,7 +34,7 @@ SourceSettingsReader = Callable[[Mapping[str, Any], SettingsReader], tuple[str |
 class WorkerRecord:
     name: str
     index: int
-    host: Host
+    host: WorkerSlot
     run_dir: str
     log_path: str
     checkpoint_dir: str
@@ -172,7 +172,7 @@ class RunRecord:
     launched: bool = True
     # Hosts left out of the cluster because they did not answer (min_hosts); tried again at
     # each restart and put back when they answer.
-    dropped: tuple[Host, ...] = ()
+    dropped: tuple[WorkerSlot, ...] = ()
     # Whether `down` asked the run to stop (its stop flag exists); read from the state directory
     # by RunStore.load, never written into the record.
     stop_requested: bool = field(default=False, compare=False)
@@ -207,7 +207,7 @@ class RunRecord:
         """`settings` turns a host's settings as JSON back into its connection kind's type,
         `sources` the inventory's host source and that source's settings into theirs."""
 
-        def host(fields: dict[str, Any]) -> Host:
+        def host(fields: dict[str, Any]) -> WorkerSlot:
             return _host(fields, settings)
 
         source, source_settings = sources(data["inventory"], settings)
@@ -237,19 +237,19 @@ def _job_id_of_old(worker: dict[str, Any], scheduled: bool) -> dict[str, Any]:
     return worker
 
 
-def _host(data: dict[str, Any], settings: SettingsReader) -> Host:
+def _host(data: dict[str, Any], settings: SettingsReader) -> WorkerSlot:
     # JSON turns tuples into lists; the frozen dataclasses want them back (and hashable).
     fields: dict[str, Any] = {
         k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "settings"
     }
     connection = fields.get("connection", DEFAULT_CONNECTION)
     raw = data.get("settings")  # None: a host made without settings, the kind's defaults
-    return Host(**fields, settings=None if raw is None else settings(connection, raw))
+    return WorkerSlot(**fields, settings=None if raw is None else settings(connection, raw))
 
 
 def _inventory(
     data: dict[str, Any],
-    host: Callable[[dict[str, Any]], Host],
+    host: Callable[[dict[str, Any]], WorkerSlot],
     source: str | None,
     source_settings: SourceSettings | None,
 ) -> Inventory:

@@ -24,7 +24,7 @@ from typing import Any
 
 from orchestrator.contract import EXPORT_DIR_NAME, TENSORBOARD_DIR_NAME, WORKER_LOG
 from orchestrator.hostside import protocol
-from orchestrator.model.inventory import Host, Job
+from orchestrator.model.inventory import Job, WorkerSlot
 from orchestrator.model.launch import WorkerLaunch
 
 SYNC_DIR = "code"  # under the job directory: the `sync:` directory's mirror
@@ -46,7 +46,7 @@ class WorkerSpec:
     values)."""
 
     index: int
-    host: Host
+    host: WorkerSlot
     run_dir: str
     launch: WorkerLaunch
     tf_config: dict[str, Any]

@@ -29,7 +29,7 @@ from orchestrator.model.answers import (
     WorkerProbe,
 )
 from orchestrator.model.findings import CHECK, Finding, PreflightOptions, PreflightReport
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import Inventory, WorkerSlot
 from orchestrator.model.leases import (
     Assignment,
     Clash,
@@ -145,7 +145,7 @@ class FakeBackend(Backend, Leases):
         return run_preflight(inventory, self, probe_timeout=options.probe_timeout,
                              min_free_bytes=options.min_free_bytes)  # fmt: skip
 
-    def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
+    def workdirs(self, hosts: Sequence[WorkerSlot]) -> GroupResult[str, str]:
         ok = {h.name: f"/home/fake/{h.name}" for h in hosts if h.name not in self.dead_hosts}
         failed = {n: ConnectError(n, why) for n, why in self.dead_hosts.items()
                   if any(h.name == n for h in hosts)}  # fmt: skip
@@ -160,7 +160,7 @@ class FakeBackend(Backend, Leases):
     def network_problems(self, inventory: Inventory) -> list[Finding]:
         return partition_findings(inventory, self.preflight)
 
-    def reads_in_place(self, host: Host) -> bool:
+    def reads_in_place(self, host: WorkerSlot) -> bool:
         return kind_of(host).shares_files_with_controller
 
     def probe(self, workers: Sequence[WorkerRecord]) -> GroupResult[str, WorkerProbe]:
@@ -201,33 +201,33 @@ class FakeBackend(Backend, Leases):
     def follow_log(self, worker: WorkerRecord, lines: int) -> Iterator[str]:
         yield from self.log_lines(worker, lines)
 
-    def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
+    def checkpoint(self, host: WorkerSlot, directory: str) -> CheckpointListing:
         return CheckpointListing(directory, None, {})
 
     def adopt_checkpoint(
-        self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
+        self, host: WorkerSlot, directory: str, name: str, checkpoints: Sequence[str]
     ) -> None:
         raise AssertionError("no checkpoint exists, so none is adopted")
 
-    def set_aside(self, host: Host, directory: str, stamp: str) -> SetAside:
+    def set_aside(self, host: WorkerSlot, directory: str, stamp: str) -> SetAside:
         return SetAside(directory, None)  # a fake host keeps no checkpoint to set aside
 
-    def list_files(self, host: Host, directory: str) -> FileListing:
+    def list_files(self, host: WorkerSlot, directory: str) -> FileListing:
         return FileListing(directory, {})
 
-    def read_text(self, host: Host, path: str) -> str | None:
+    def read_text(self, host: WorkerSlot, path: str) -> str | None:
         return None
 
-    def download(self, host: Host, remote: str, local: str) -> None:
+    def download(self, host: WorkerSlot, remote: str, local: str) -> None:
         raise AssertionError("nothing to download from a fake host")
 
-    def upload(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
+    def upload(self, host: WorkerSlot, files: Sequence[tuple[str, str]]) -> None:
         pass
 
-    def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
+    def unreachable(self, hosts: Sequence[WorkerSlot]) -> dict[str, str]:
         return {h.name: self.dead_hosts[h.name] for h in hosts if h.name in self.dead_hosts}
 
-    def preflight_session(self, host: Host) -> LineSession:  # run_preflight's ProbeSessions
+    def preflight_session(self, host: WorkerSlot) -> LineSession:  # run_preflight's ProbeSessions
         if host.name in self.dead_hosts:
             raise ConnectError(host.name, self.dead_hosts[host.name])
         scripted = self.answers.get(host.name)

@@ -21,7 +21,7 @@ from orchestrator.engine.observe.eta import MAX_ETA_SECONDS, eta_seconds
 from orchestrator.engine.observe.status import RunStatus, WorkerStatus, worker_status
 from orchestrator.engine.supervision.policy import conclude
 from orchestrator.model.answers import Progress, WorkerProbe
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.printable import strict_json
 from orchestrator.model.reading import (
     INTEGER_LIMIT,
@@ -101,7 +101,7 @@ def test_a_duration_that_is_not_a_number_shows_as_unknown(seconds: float) -> Non
     assert duration(seconds) == "-"
 
 
-HOST = Host("alpha", "localhost", 2222)
+HOST = WorkerSlot("alpha", "localhost", 2222)
 RECORD = WorkerRecord(name="alpha", index=0, host=HOST, run_dir="/r/alpha",
                       log_path="/r/alpha/worker.log", checkpoint_dir="/r/ckpt", pid=7)  # fmt: skip
 

@@ -104,7 +104,7 @@ def test_one_agent_process_serves_every_call_to_a_machine(tmp_path: Path) -> Non
     with HostBackend() as backend:
         record = start_run(inventory, store, backend)  # workdirs, checkpoint, two launches
         (session,) = agent_sessions()  # both hosts are this machine
-        status = collect_status(record, backend)
+        status = collect_status(record, backend, backend.scheduler)
         assert {w.state for w in status.workers} <= {WorkerState.STARTING, WorkerState.RUNNING}
         report = stop_run(record, backend, grace=5)
         assert set(report.outcome.values()) == {"stopped"}

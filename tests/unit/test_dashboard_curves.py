@@ -8,12 +8,12 @@ import math
 from orchestrator.dashboard.charts import Series
 from orchestrator.dashboard.curves import log10, smoothed
 from orchestrator.dashboard.model import PREFLIGHT_WINDOW, charts, run_preflight
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.records import RunRecord
 
 
 def a_record(created_at: float) -> RunRecord:
-    inventory = Inventory("inv.yaml", ".", (Host("a", "x", 1),), Job("j", script="t.py"))
+    inventory = Inventory("inv.yaml", ".", (WorkerSlot("a", "x", 1),), Job("j", script="t.py"))
     return RunRecord("r", inventory, created_at=created_at)
 
 

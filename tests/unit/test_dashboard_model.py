@@ -11,7 +11,7 @@ from orchestrator.dashboard.charts import Marker, Series, line_chart, nice_ticks
 from orchestrator.dashboard.server import may_go_without_token
 from orchestrator.dashboard.watch import attempt_dir
 from orchestrator.engine.observe.status import RunStatus, WorkerStatus
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.records import Restart, RunRecord
 from orchestrator.model.vocabulary import WorkerState
 from worker import progress
@@ -21,7 +21,7 @@ def record(**fields: object) -> RunRecord:
     inventory = Inventory(
         path="inv.yaml",
         base_dir=".",
-        hosts=(Host(name="a", address="localhost", port=1),),
+        hosts=(WorkerSlot(name="a", address="localhost", port=1),),
         job=Job(name="demo", script="train.py"),
     )
     return RunRecord(run_id="r1", inventory=inventory, created_at=0.0, **fields)  # type: ignore[arg-type]

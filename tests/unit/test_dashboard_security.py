@@ -27,7 +27,7 @@ from orchestrator.dashboard.charts import Series, line_chart
 from orchestrator.dashboard.watch import Hub, RunWatch, web_link
 from orchestrator.engine.store.runstore import RunStore
 from orchestrator.engine.workers.plan import RUN_ID_PATTERN, new_run_id
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.records import RunRecord
 
 PORT = 6100
@@ -40,7 +40,7 @@ def save_run(store: RunStore, run_id: str = RUN) -> None:
     inventory = Inventory(
         path="inv.yaml",
         base_dir=".",
-        hosts=(Host(name="a", address="localhost", port=1),),
+        hosts=(WorkerSlot(name="a", address="localhost", port=1),),
         job=Job(name="demo", script="train.py"),
     )
     store.save(RunRecord(run_id=run_id, inventory=inventory, created_at=time.time()))

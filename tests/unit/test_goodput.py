@@ -16,7 +16,7 @@ from orchestrator.dashboard import model
 from orchestrator.engine.observe import goodput
 from orchestrator.engine.observe.status import RunStatus, WorkerStatus
 from orchestrator.model.answers import StandbyInfo
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.records import Attempt, Restart, RunRecord, WorkerSpan
 from orchestrator.model.vocabulary import WorkerState
 
@@ -31,7 +31,10 @@ def record(
 ) -> RunRecord:
     job = Job(name="demo", script="train.py") if script else Job(name="demo", task="m:f", steps=1)
     inventory = Inventory(
-        path="inv.yaml", base_dir=".", hosts=(Host(name="a", address="localhost", port=1),), job=job
+        path="inv.yaml",
+        base_dir=".",
+        hosts=(WorkerSlot(name="a", address="localhost", port=1),),
+        job=job,
     )
     return RunRecord(
         run_id="r1",

@@ -31,7 +31,7 @@ from orchestrator.export import kubernetes, tfjob
 from orchestrator.machines.hostclient import host_program
 from orchestrator.machines.runner import LocalRunner
 from orchestrator.model.answers import CheckpointListing, FileListing
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import Inventory, WorkerSlot
 from orchestrator.model.records import RunRecord, WorkerRecord
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.values import NAME_PATTERN
@@ -386,20 +386,20 @@ class HostileHost(FakeBackend):
         self.file_listing = file_listing
         self.downloaded: list[str] = []
 
-    def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
+    def checkpoint(self, host: WorkerSlot, directory: str) -> CheckpointListing:
         return self.checkpoint_listing or CheckpointListing(directory, None, {})
 
-    def list_files(self, host: Host, directory: str) -> FileListing:
+    def list_files(self, host: WorkerSlot, directory: str) -> FileListing:
         return self.file_listing or FileListing(directory, {})
 
-    def download(self, host: Host, remote: str, local: str) -> None:
+    def download(self, host: WorkerSlot, remote: str, local: str) -> None:
         self.downloaded.append(local)
         if not Path(local).resolve().is_relative_to(self.sandbox):
             raise AssertionError(f"asked to write {local}, outside the test's directory")
         Path(local).write_text("from the host")
 
 
-HOST = Host(name="host1", address="10.0.0.1", port=20000)
+HOST = WorkerSlot(name="host1", address="10.0.0.1", port=20000)
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ from orchestrator.engine.workers.lifecycle import start_run
 from orchestrator.errors import InventoryError, JobFailed
 from orchestrator.machines.kinds import kind_of
 from orchestrator.model.findings import Status
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.vocabulary import FailureKind, WorkerState
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.fakes.planning import plan_workers
@@ -148,7 +148,7 @@ def test_a_worker_that_left_early_is_the_cause() -> None:
 
 
 def supervise(tmp_path: Path, backend: FakeBackend, **job: Any) -> Any:
-    hosts = tuple(Host(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
+    hosts = tuple(WorkerSlot(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
     inventory = Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts,
                           Job("demo", script="t.py", restart_backoff=0, **job))  # fmt: skip
     store = RunStore(tmp_path / "state")
@@ -184,10 +184,10 @@ def test_an_early_exit_is_reported_and_not_retried(tmp_path: Path) -> None:
 def test_status_lines_carry_the_hint(tmp_path: Path) -> None:
     tail = ["ModuleNotFoundError: No module named 'helpers'"]
     backend = FakeBackend(scripts={"a": {0: [exited(1, None, error=tail[0], tail=tail)]}})
-    hosts = (Host("a", "10.0.0.1", 20000),)
+    hosts = (WorkerSlot("a", "10.0.0.1", 20000),)
     inventory = Inventory(str(tmp_path / "i.yaml"), str(tmp_path), hosts, Job("d", script="t.py"))
     record = start_run(inventory, RunStore(tmp_path / "s"), backend)
-    status = collect_status(record, backend)
+    status = collect_status(record, backend, backend.scheduler)
     (worker,) = status.workers
     assert worker.state is WorkerState.FAILED and worker.failure_kind == "import error"
     assert worker.to_json()["hint"] and "job.files:" in worker.to_json()["hint"]

@@ -7,20 +7,31 @@ from typing import Any
 
 from orchestrator.engine.supervision.leasewatch import Missing, missing, pinned, reclaim
 from orchestrator.errors import LeaseClash
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.leases import Holder, Lease, LeaseListing, by_run
 
 RUN = "r1"
 ACTIVE = {"a", "b", "c"}  # the workers that have not ended
 
 
-def host(name: str, port: int, gpus: tuple[int, ...] | None) -> Host:
-    return Host(name, "localhost", port, port_range=(port, port + 9), gpus=len(gpus or ()) or None,
-                visible_gpus=(0, 1, 2, 3), leased_gpus=gpus)  # fmt: skip
+def host(name: str, port: int, gpus: tuple[int, ...] | None) -> WorkerSlot:
+    return WorkerSlot(
+        name,
+        "localhost",
+        port,
+        port_range=(port, port + 9),
+        gpus=len(gpus or ()) or None,
+        visible_gpus=(0, 1, 2, 3),
+        leased_gpus=gpus,
+    )
 
 
-INVENTORY = Inventory("inv.yaml", "/tmp", (host("a", 21000, (1,)), host("b", 21001, (2, 3)),
-                                           Host("c", "localhost", 21002)), Job("demo"))  # fmt: skip
+INVENTORY = Inventory(
+    "inv.yaml",
+    "/tmp",
+    (host("a", 21000, (1,)), host("b", 21001, (2, 3)), WorkerSlot("c", "localhost", 21002)),
+    Job("demo"),
+)
 
 
 def listing(*leases: tuple[str, str, tuple[int, ...], tuple[int, ...]], **failed: str) -> Any:
@@ -45,7 +56,7 @@ def test_what_no_keeper_of_the_run_holds_is_missing_and_an_unanswering_host_is_n
 
 
 def test_a_lost_lease_is_taken_again_pinned_one_worker_at_a_time_or_said_lost() -> None:
-    asked: list[tuple[Host, ...]] = []
+    asked: list[tuple[WorkerSlot, ...]] = []
 
     def take(inventory: Inventory, run_id: str) -> None:
         asked.append(inventory.hosts)

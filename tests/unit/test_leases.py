@@ -22,7 +22,7 @@ from orchestrator.engine.workers.plan import plan_workers
 from orchestrator.errors import InventoryError, JobFailed, LeaseClash
 from orchestrator.hostside import leasepolicy as policy
 from orchestrator.machines.hostclient import host_program
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.leases import Clash, Holder, clash_message, clock, parse_clashes
 from orchestrator.model.vocabulary import WorkerState
 from tests.fakes.backend import FakeBackend, exited, running
@@ -256,14 +256,15 @@ def test_port_auto_gpus_and_lease_dir_in_the_inventory(tmp_path: Path) -> None:
 
 
 def test_leased_gpus_are_exactly_the_workers_cuda_visible_devices(tmp_path: Path) -> None:
-    host = Host("a", "10.0.0.1", 20001, visible_gpus=(0, 1, 2, 3), gpus=2, leased_gpus=(2, 3))
+    host = WorkerSlot("a", "10.0.0.1", 20001, visible_gpus=(0, 1, 2, 3), gpus=2, leased_gpus=(2, 3))
     task = Job("demo", task="m:f", steps=10)
     inventory = Inventory("inv.yaml", str(tmp_path), (host,), task)
     (spec,) = plan_workers(inventory, RUN, {"a": "/w"}, reads_in_place=lambda h: False)
     assert spec.env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert "--visible-gpus" not in spec.argv  # TensorFlow sees only the leased ones
-    plain = Inventory("inv.yaml", str(tmp_path), (Host("a", "10.0.0.1", 1, visible_gpus=(1,)),),
-                      task)  # fmt: skip
+    plain = Inventory(
+        "inv.yaml", str(tmp_path), (WorkerSlot("a", "10.0.0.1", 1, visible_gpus=(1,)),), task
+    )
     (spec,) = plan_workers(plain, RUN, {"a": "/w"}, reads_in_place=lambda h: False)
     assert "CUDA_VISIBLE_DEVICES" not in spec.env and "--visible-gpus" in spec.argv
 
@@ -272,8 +273,8 @@ def test_leased_gpus_are_exactly_the_workers_cuda_visible_devices(tmp_path: Path
 
 
 def auto_inventory(tmp_path: Path, **job: Any) -> Inventory:
-    hosts = tuple(Host(n, f"10.0.0.{i}", 0, port_range=(20000, 20001), gpus=1,
-                       visible_gpus=(0, 1)) for i, n in enumerate("ab"))  # fmt: skip
+    hosts = tuple(WorkerSlot(n, f"10.0.0.{i}", 0, port_range=(20000, 20001), gpus=1,
+                             visible_gpus=(0, 1)) for i, n in enumerate("ab"))  # fmt: skip
     options = {"script": "train.py", "restart_backoff": 0, "max_restarts": 2, **job}
     return Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts, Job("demo", **options))
 

@@ -48,10 +48,10 @@ from orchestrator.errors import InventoryError, JobFailed, SecretMissing
 from orchestrator.model.inventory import (
     DEFAULT_NOTIFY_EVENTS,
     NOTIFY_EVENTS,
-    Host,
     Inventory,
     Job,
     NotifyTarget,
+    WorkerSlot,
 )
 from orchestrator.model.records import Restart, RunRecord
 from orchestrator.model.vocabulary import FailureKind, WorkerState
@@ -262,7 +262,7 @@ def received(tmp_path: Path) -> list[dict[str, Any]]:
 
 
 def fake_inventory(tmp_path: Path, *targets: NotifyTarget, **job: object) -> Inventory:
-    hosts = tuple(Host(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
+    hosts = tuple(WorkerSlot(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
     options = {"script": "train.py", "restart_backoff": 0, "max_restarts": 3, **job}
     return Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts,
                      Job("demo", **options), notify=targets)  # type: ignore[arg-type]  # fmt: skip

@@ -41,7 +41,7 @@ def test_status_the_stall_and_the_snapshot_name_the_slow_worker(tmp_path: Path) 
         scripts={"a": {0: [running(40, **slow)]}, "b": {0: [running(40, **even)]}}
     )
     record = start_run(inventory(tmp_path), RunStore(tmp_path / "state"), backend)
-    status = collect_status(record, backend)
+    status = collect_status(record, backend, backend.scheduler)
     expected = "a spends 60 % of each step outside its step calls: the other workers wait for it"
     assert status.pace == expected
     assert f"pace: {expected}" in problems(status)

@@ -29,7 +29,7 @@ from orchestrator.errors import InventoryError
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import ComputeProbe, Transfer
 from orchestrator.model.findings import Status
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import WorkerSlot
 from tests.fakes.backend import healthy, scripted_session
 from tests.unit.test_preflight_findings import cluster
 
@@ -166,7 +166,7 @@ class Machine:
     def boots(self, host: str) -> str:
         return self.boot_ids[host]
 
-    def preflight_session(self, host: Host) -> LineSession:
+    def preflight_session(self, host: WorkerSlot) -> LineSession:
         return scripted_session(host.name, lambda request: self.answer(host.name, request))
 
 

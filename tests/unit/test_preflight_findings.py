@@ -10,7 +10,7 @@ from orchestrator.backends.hosts.checks import run_preflight
 from orchestrator.backends.hosts.firewall import host_rules
 from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.findings import Status
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from tests.fakes.backend import FakeBackend
 
 GOOD_DIR = {"path": "/w", "writable": True, "checked": "/w", "free_bytes": 50 << 30}
@@ -30,7 +30,7 @@ def inspection(**over: Any) -> dict[str, Any]:
 
 
 def cluster(tmp_path: Path, **job: Any) -> Inventory:
-    hosts = tuple(Host(n, f"10.9.0.{i + 1}", 20000, settings=SshSettings(ssh_port=2222))
+    hosts = tuple(WorkerSlot(n, f"10.9.0.{i + 1}", 20000, settings=SshSettings(ssh_port=2222))
                   for i, n in enumerate(("a", "b", "c")))  # fmt: skip
     return Inventory(str(tmp_path / "i.yaml"), str(tmp_path), hosts,
                      Job("demo", task="pkg.mod:task", steps=5, **job))  # fmt: skip

@@ -26,7 +26,7 @@ from orchestrator.engine.supervision.supervise import Supervisor
 from orchestrator.engine.workers.lifecycle import start_run, stop_run
 from orchestrator.errors import JobFailed
 from orchestrator.model.answers import WorkerProbe
-from orchestrator.model.inventory import Host, Inventory, Job, NotifyTarget
+from orchestrator.model.inventory import Inventory, Job, NotifyTarget, WorkerSlot
 from orchestrator.model.records import Restart, WorkerRecord
 from orchestrator.model.vocabulary import WorkerState
 from tests.fakes.backend import FakeBackend, exited, running
@@ -34,11 +34,11 @@ from tests.fakes.backend import FakeBackend, exited, running
 S = WorkerState
 SERVING = {"exists": True, "pid": 100, "alive": True, "worker_pid": 101, "progress": None}
 STOPPED = {**exited(-15), "stop_requested": True}
-HOSTS = (Host("boss", "10.0.0.1", 1, role="chief"), Host("w0", "10.0.0.2", 1),
-         Host("w1", "10.0.0.3", 1), Host("p", "10.0.0.4", 1, role="ps"))  # fmt: skip
+HOSTS = (WorkerSlot("boss", "10.0.0.1", 1, role="chief"), WorkerSlot("w0", "10.0.0.2", 1),
+         WorkerSlot("w1", "10.0.0.3", 1), WorkerSlot("p", "10.0.0.4", 1, role="ps"))  # fmt: skip
 
 
-def probed(host: Host, index: int, state: dict[str, Any]) -> WorkerStatus:
+def probed(host: WorkerSlot, index: int, state: dict[str, Any]) -> WorkerStatus:
     """A worker's status as the supervisor reads it from its host's (scripted) probe."""
     record = WorkerRecord(host.name, index, host, f"/r/{host.name}", "/r/log", "/c")
     return worker_status(record, WorkerProbe.parse(state, now=2.0))
@@ -179,7 +179,7 @@ def test_down_stops_a_ps_chief_before_the_ps_it_saves_from(tmp_path: Path) -> No
     assert backend.stops == [["boss"], ["w0", "w1", "p"]] and backend.graces == [10.0, 10.0]
     plain = FakeBackend()
     inventory = Inventory(str(tmp_path / "inv.yaml"), str(tmp_path),
-                          (Host("a", "10.0.0.1", 1), Host("b", "10.0.0.2", 1)),
+                          (WorkerSlot("a", "10.0.0.1", 1), WorkerSlot("b", "10.0.0.2", 1)),
                           Job("demo", script="t.py"))  # fmt: skip
     stop_run(start_run(inventory, RunStore(tmp_path / "plain"), plain), plain, grace=10.0)
     assert plain.stops == [["a", "b"]]  # MultiWorkerMirrored: all at once

@@ -18,7 +18,7 @@ from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import LeaseClash
 from orchestrator.hostside import leasedir
 from orchestrator.hostside import leasepolicy as policy
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.leases import Clash, Holder, parse_clashes, queue_reason
 from tests.fakes.backend import FakeBackend
 from tests.unit.test_leases import acquire, ask, listing
@@ -214,7 +214,7 @@ def test_a_hostile_ticket_is_ignored_and_named(tmp_path: Path) -> None:
 
 
 def one_host(tmp_path: Path) -> Inventory:
-    host = Host("a", "10.0.0.1", 0, port_range=(20000, 20000), gpus=2, visible_gpus=(0, 1))
+    host = WorkerSlot("a", "10.0.0.1", 0, port_range=(20000, 20000), gpus=2, visible_gpus=(0, 1))
     return Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), (host,),
                      Job("demo", script="train.py", queue=True))  # fmt: skip
 

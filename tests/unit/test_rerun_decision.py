@@ -103,20 +103,22 @@ def test_the_chiefs_checkpoint_is_read_through_its_agent(tmp_path: Path) -> None
     write_checkpoints(checkpoints, 100, 200, 300)
     finished = local_inventory(tmp_path, {"task": TASK, "steps": 300})
     with open_backend(finished) as backend:
-        assert already_trained(finished, backend) == Trained("ckpt-300", 300, str(checkpoints), "a")
+        assert already_trained(finished, backend, backend) == Trained(
+            "ckpt-300", 300, str(checkpoints), "a"
+        )
         more = local_inventory(tmp_path, {"task": TASK, "steps": 500})
-        assert already_trained(more, backend) is None
+        assert already_trained(more, backend, backend) is None
         (tmp_path / "train.py").write_text("")
         script = local_inventory(tmp_path, {"script": "train.py", "steps": 300})
-        assert already_trained(script, backend) is None
+        assert already_trained(script, backend, backend) is None
         exporting = local_inventory(tmp_path, {"task": TASK, "steps": 300, "export": "keras"})
-        assert already_trained(exporting, backend) is None  # it starts, to export
+        assert already_trained(exporting, backend, backend) is None  # it starts, to export
         (tmp_path / "work" / "demo" / "export").mkdir()
         (tmp_path / "work" / "demo" / "export" / "model.keras").write_bytes(b"m")
-        assert already_trained(exporting, backend) is not None
+        assert already_trained(exporting, backend, backend) is not None
     (tmp_path / "work" / "demo" / "checkpoints").rename(tmp_path / "elsewhere")
     with open_backend(finished) as backend:
-        assert already_trained(finished, backend) is None  # no checkpoint: it trains
+        assert already_trained(finished, backend, backend) is None  # no checkpoint: it trains
 
 
 def test_fresh_moves_the_checkpoints_aside_once_per_directory_and_loses_nothing(
@@ -128,7 +130,9 @@ def test_fresh_moves_the_checkpoints_aside_once_per_directory_and_loses_nothing(
     inventory = local_inventory(tmp_path, {"task": TASK, "steps": 300}, spares=True)
     said: list[str] = []
     with open_backend(inventory) as backend:
-        moved = set_aside_checkpoints(inventory, backend, said.append, stamp="20261207-120000")
+        moved = set_aside_checkpoints(
+            inventory, backend, backend, said.append, stamp="20261207-120000"
+        )
         aside = tmp_path / "work" / "demo" / "checkpoints.set-aside-20261207-120000"
         assert [(m.directory, m.moved_to, m.count) for m in moved] == [
             (str(checkpoints), str(aside), 5)
@@ -143,7 +147,9 @@ def test_fresh_moves_the_checkpoints_aside_once_per_directory_and_loses_nothing(
 
         # The same second again: nothing left to move, and it says so.
         said.clear()
-        assert set_aside_checkpoints(inventory, backend, said.append, "20261207-120000") == []
+        assert (
+            set_aside_checkpoints(inventory, backend, backend, said.append, "20261207-120000") == []
+        )
         assert said == [f"--fresh: no checkpoint to set aside ({checkpoints} on a holds none); "
                         "training from step 0"]  # fmt: skip
 
@@ -152,14 +158,18 @@ def test_fresh_moves_the_checkpoints_aside_once_per_directory_and_loses_nothing(
         write_checkpoints(target, 300)
         checkpoints.rmdir()
         checkpoints.symlink_to(target)
-        (moved_again,) = set_aside_checkpoints(inventory, backend, said.append, "20261207-120000")
+        (moved_again,) = set_aside_checkpoints(
+            inventory, backend, backend, said.append, "20261207-120000"
+        )
     assert moved_again.moved_to == f"{target}.set-aside-20261207-120000"
     assert checkpoints.is_symlink() and checkpoints.resolve() == target
     assert list(target.iterdir()) == []
     assert (tmp_path / "disk" / "ckpts.set-aside-20261207-120000" / "checkpoint").is_file()
     write_checkpoints(target, 400)
     with open_backend(inventory) as backend:
-        (third,) = set_aside_checkpoints(inventory, backend, said.append, "20261207-120000")
+        (third,) = set_aside_checkpoints(
+            inventory, backend, backend, said.append, "20261207-120000"
+        )
     assert third.moved_to == f"{target}.set-aside-20261207-120000-2"
 
 

@@ -22,7 +22,7 @@ from orchestrator.engine.workers.tfconfig import tf_config
 from orchestrator.errors import InventoryError
 from orchestrator.export.tfjob import problems, tfjob
 from orchestrator.model.answers import BY_DOWN
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.vocabulary import WorkerState
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.fakes.planning import plan_workers
@@ -219,7 +219,9 @@ def test_run_state_and_who_counts() -> None:
     assert roles.run_state([("worker", S.SUCCEEDED), ("evaluator", S.FAILED)]) is S.SUCCEEDED
 
 
-def fake_run(tmp_path: Path, hosts: tuple[Host, ...], backend: FakeBackend, **job: Any) -> Any:
+def fake_run(
+    tmp_path: Path, hosts: tuple[WorkerSlot, ...], backend: FakeBackend, **job: Any
+) -> Any:
     inventory = Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts,
                           Job("demo", restart_backoff=0, **job))  # fmt: skip
     store = RunStore(tmp_path / "state")
@@ -233,8 +235,8 @@ STOPPED = {**exited(-15), "stop_requested": True}
 
 
 def test_the_chief_exit_stops_the_ps_and_workers_as_stopped(tmp_path: Path) -> None:
-    hosts = (Host("boss", "10.0.0.1", 1, role="chief"), Host("w", "10.0.0.2", 1),
-             Host("p", "10.0.0.3", 1, role="ps"))  # fmt: skip
+    hosts = (WorkerSlot("boss", "10.0.0.1", 1, role="chief"), WorkerSlot("w", "10.0.0.2", 1),
+             WorkerSlot("p", "10.0.0.3", 1, role="ps"))  # fmt: skip
     backend = FakeBackend(scripts={
         "boss": {0: [running(5), exited(0, 20)]},
         "w": {0: [SERVING, SERVING, STOPPED]},
@@ -253,9 +255,9 @@ def test_the_chief_exit_stops_the_ps_and_workers_as_stopped(tmp_path: Path) -> N
 
 
 def test_a_failed_evaluator_restarts_alone_and_the_training_goes_on(tmp_path: Path) -> None:
-    hosts = (Host("a", "127.0.0.1", 1, connection="local"),
-             Host("b", "127.0.0.1", 2, connection="local"),
-             Host("e", "127.0.0.1", 3, connection="local", role="evaluator"))  # fmt: skip
+    hosts = (WorkerSlot("a", "127.0.0.1", 1, connection="local"),
+             WorkerSlot("b", "127.0.0.1", 2, connection="local"),
+             WorkerSlot("e", "127.0.0.1", 3, connection="local", role="evaluator"))  # fmt: skip
     backend = FakeBackend(scripts={
         "a": {0: [running(3)], 1: [running(5), exited(0, 10)]},
         "b": {0: [running(3)], 1: [running(5), exited(0, 10)]},
@@ -277,8 +279,8 @@ def test_roles_are_shown_in_status_the_dashboard_and_the_root_cause(tmp_path: Pa
     from orchestrator.engine.supervision.policy import give_up_message
     from orchestrator.model.vocabulary import FailureKind
 
-    hosts = (Host("boss", "10.0.0.1", 1, role="chief"), Host("w", "10.0.0.2", 1),
-             Host("p", "10.0.0.3", 1, role="ps"))  # fmt: skip
+    hosts = (WorkerSlot("boss", "10.0.0.1", 1, role="chief"), WorkerSlot("w", "10.0.0.2", 1),
+             WorkerSlot("p", "10.0.0.3", 1, role="ps"))  # fmt: skip
     backend = FakeBackend(scripts={"boss": {0: [running(5), exited(0, 20)]},
                                    "w": {0: [SERVING, SERVING, STOPPED]},
                                    "p": {0: [SERVING, SERVING, STOPPED]}})  # fmt: skip
@@ -344,8 +346,8 @@ class StoppingBackend(FakeBackend):
 
 
 def test_the_evaluator_gets_stall_timeout_after_the_training_then_sigterm(tmp_path: Path) -> None:
-    hosts = (Host("a", "127.0.0.1", 1, connection="local"),
-             Host("e", "127.0.0.1", 3, connection="local", role="evaluator"))  # fmt: skip
+    hosts = (WorkerSlot("a", "127.0.0.1", 1, connection="local"),
+             WorkerSlot("e", "127.0.0.1", 3, connection="local", role="evaluator"))  # fmt: skip
     backend = StoppingBackend(scripts={
         "a": {0: [running(5), exited(0, 10)]},
         "e": {0: [running(5)]},  # evaluating for ever, until stopped
@@ -363,10 +365,10 @@ def test_the_evaluator_gets_stall_timeout_after_the_training_then_sigterm(tmp_pa
 def test_a_dead_evaluator_is_neither_replaced_by_a_spare_nor_counted(tmp_path: Path) -> None:
     from orchestrator.engine.supervision.replan import plan_cluster
 
-    hosts = (Host("a", "10.0.0.1", 1), Host("b", "10.0.0.2", 1),
-             Host("e", "10.0.0.9", 1, role="evaluator"))  # fmt: skip
+    hosts = (WorkerSlot("a", "10.0.0.1", 1), WorkerSlot("b", "10.0.0.2", 1),
+             WorkerSlot("e", "10.0.0.9", 1, role="evaluator"))  # fmt: skip
     inventory = Inventory("inv.yaml", "/", hosts, Job("demo", task="m:t", steps=5, batch_size=2),
-                          spares=(Host("s", "10.0.0.3", 1),))  # fmt: skip
+                          spares=(WorkerSlot("s", "10.0.0.3", 1),))  # fmt: skip
     plan = plan_cluster(inventory, [], {"e": "no route"})
     assert [h.name for h in plan.hosts] == ["a", "b"] and [h.name for h in plan.spares] == ["s"]
     assert [h.name for h in plan.dropped] == ["e"] and plan.problem is None

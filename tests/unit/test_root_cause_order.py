@@ -18,7 +18,7 @@ from orchestrator.dashboard import model
 from orchestrator.engine.observe.failures import Failure, classify_exit
 from orchestrator.engine.observe.status import RunStatus, WorkerStatus
 from orchestrator.engine.supervision.policy import CAUSE_WINDOW, awaits_cause, first_failure
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.records import RunRecord
 from orchestrator.model.vocabulary import FailureKind, WorkerState
 
@@ -134,7 +134,9 @@ def test_an_abort_whose_cause_never_shows_is_named_after_the_window() -> None:
 
 
 def test_the_dashboard_names_the_same_cause_as_the_supervisor() -> None:
-    inventory = Inventory("inv.yaml", ".", (Host("a", "localhost", 1),), Job("demo", "train.py"))
+    inventory = Inventory(
+        "inv.yaml", ".", (WorkerSlot("a", "localhost", 1),), Job("demo", "train.py")
+    )
     record = RunRecord(run_id="r1", inventory=inventory, created_at=0.0)
     status = status_after(("chief", "other", "worker-2"))
     assert model.root_cause(record, status) == (

@@ -19,7 +19,7 @@ from orchestrator.errors import HostError, HostErrors, InventoryError
 from orchestrator.fanout import fan_out, per_machine
 from orchestrator.machines.sshsettings import SshSettings
 from orchestrator.model.answers import WorkerProbe, parse_probe, parse_stop
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.records import Restart, RunRecord, WorkerRecord
 from tests.conftest import Cli
 
@@ -74,8 +74,8 @@ def test_typed_answers_read_wrong_types_as_absent() -> None:
 
 
 def test_run_records_round_trip_with_kind_settings_and_failure_kinds(tmp_path: Path) -> None:
-    host = Host("a", "10.0.0.1", 20000, settings=SshSettings(ssh_user="me", ssh_port=2222))
-    local = Host("b", "localhost", 20001, connection="local", python="/usr/bin/python3")
+    host = WorkerSlot("a", "10.0.0.1", 20000, settings=SshSettings(ssh_user="me", ssh_port=2222))
+    local = WorkerSlot("b", "localhost", 20001, connection="local", python="/usr/bin/python3")
     inventory = Inventory("i.yaml", "/x", (host, local), Job("demo", script="/x/t.py"))
     worker = WorkerRecord("a", 0, host, "/r/a", "/r/a/worker.log", "/c", pid=9)
     restart = Restart(2.0, 0, "a", "exit 1: boom", 4, "disk full")
@@ -129,7 +129,7 @@ def test_kind_keys_belong_to_their_kind(tmp_path: Path) -> None:
 
 
 def test_status_table_renders_every_column() -> None:
-    host = Host("a", "10.0.0.1", 20000)
+    host = WorkerSlot("a", "10.0.0.1", 20000)
     worker = WorkerRecord("a", 0, host, "/r", "/r/worker.log", "/c")
     probe = WorkerProbe.parse({"exists": True, "pid": 3, "alive": True, "worker_pid": 4,
                                "progress": {"step": 7, "target_steps": 10, "loss": 0.25}},

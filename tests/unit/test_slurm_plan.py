@@ -376,7 +376,7 @@ def test_a_login_node_that_refuses_is_named_by_every_view(tmp_path: Path) -> Non
                     for i, h in enumerate(inventory.hosts))  # fmt: skip
     record = RunRecord("r", inventory, 1.0, workers=workers, scheduler_jobs=("7",))
     with open_backend(inventory) as backend:
-        status = collect_status(record, backend)
+        status = collect_status(record, backend, backend.scheduler)
         assert [w.state for w in status.workers] == [WorkerState.UNKNOWN] * 2
         assert all("login node 127.0.0.1: connection refused" in (w.reason or "")
                    for w in status.workers)  # fmt: skip

@@ -19,12 +19,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from orchestrator.machines.ssh import SshRunner, fingerprint
 from orchestrator.machines.sshsettings import SshSettings
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import WorkerSlot
 
 
 def runner() -> SshRunner:
     return SshRunner(
-        Host(name="gpu-a", address="gpu-a.example", port=20000, settings=SshSettings(ssh_user="me"))
+        WorkerSlot(
+            name="gpu-a", address="gpu-a.example", port=20000, settings=SshSettings(ssh_user="me")
+        )
     )
 
 

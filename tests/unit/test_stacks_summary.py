@@ -14,7 +14,7 @@ from orchestrator.engine.observe.stacks import (
     summarise,
     worker_place,
 )
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.vocabulary import WorkerState
 from tests.fakes.backend import FakeBackend, exited, running
 from tests.unit.test_supervisor_with_fake_backend import supervise
@@ -139,7 +139,7 @@ def test_a_stall_keeps_every_workers_stacks_and_blames_the_one_the_others_wait_f
         stack_texts={"a": recorded("script-compiled-step.txt"),
                      "b": recorded("script-user-wait.txt")},
     )  # fmt: skip
-    hosts = (Host("a", "10.0.0.1", 20000), Host("b", "10.0.0.2", 20000))
+    hosts = (WorkerSlot("a", "10.0.0.1", 20000), WorkerSlot("b", "10.0.0.2", 20000))
     # A sub-second stall (an inventory asks for whole seconds) keeps the test fast.
     job = Job("demo", script="t.py", restart_backoff=0, stall_timeout=0.2)  # type: ignore[arg-type]
     inventory = Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts, job)
@@ -162,7 +162,7 @@ def test_a_stall_keeps_every_workers_stacks_and_blames_the_one_the_others_wait_f
 def test_a_stall_with_workers_that_cannot_answer_still_restarts(tmp_path: Path) -> None:
     backend = FakeBackend(scripts={"a": {0: [running(3)], 1: [exited(0, 5)]},
                                    "b": {0: [running(3)], 1: [exited(0, 5)]}})  # fmt: skip
-    hosts = (Host("a", "10.0.0.1", 20000), Host("b", "10.0.0.2", 20000))
+    hosts = (WorkerSlot("a", "10.0.0.1", 20000), WorkerSlot("b", "10.0.0.2", 20000))
     # A sub-second stall (an inventory asks for whole seconds) keeps the test fast.
     job = Job("demo", script="t.py", restart_backoff=0, stall_timeout=0.2)  # type: ignore[arg-type]
     inventory = Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts, job)
@@ -192,7 +192,7 @@ def test_the_dashboard_serves_the_kept_stacks_of_each_restart_as_escaped_text(
                      "b": "Thread 0x1 (most recent call first):\n  File \"<script>x.py\", line 1"
                           " in f\n"},
     )  # fmt: skip
-    hosts = (Host("a", "10.0.0.1", 20000), Host("b", "10.0.0.2", 20000))
+    hosts = (WorkerSlot("a", "10.0.0.1", 20000), WorkerSlot("b", "10.0.0.2", 20000))
     # A sub-second stall (an inventory asks for whole seconds) keeps the test fast.
     job = Job("demo", script="t.py", restart_backoff=0, stall_timeout=0.2)  # type: ignore[arg-type]
     store, _ = supervise(

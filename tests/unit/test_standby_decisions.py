@@ -27,7 +27,7 @@ from orchestrator.fanout import GroupResult
 from orchestrator.hostside import rundir, standbys
 from orchestrator.hostside import standbypolicy as policy
 from orchestrator.model.answers import StandbyInfo
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.records import WorkerRecord
 from orchestrator.model.vocabulary import WorkerState
 from orchestrator.model.workers import Started, WorkerSpec
@@ -117,7 +117,7 @@ def test_the_command_lines_a_standby_runs() -> None:
 
 
 def inventory(tmp_path: Path, **job: object) -> Inventory:
-    hosts = tuple(Host(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
+    hosts = tuple(WorkerSlot(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
     options = {"restart_backoff": 0, "max_restarts": 3, "warm_restarts": True, **job}
     return Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts,
                      Job("demo", script="train.py", **options))  # type: ignore[arg-type]  # fmt: skip

@@ -14,13 +14,13 @@ from orchestrator.cli.render import run_line, status_table
 from orchestrator.cli.statustable import COLUMN_PRIORITY, COLUMNS, fitted, run_progress
 from orchestrator.engine.observe.status import RunStatus, WorkerStatus, worker_status
 from orchestrator.model.answers import WorkerProbe
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import WorkerSlot
 from orchestrator.model.records import WorkerRecord
 from orchestrator.model.vocabulary import WorkerState
 
 
 def a_worker(index: int, step: int, loss: float, **extra: object) -> WorkerStatus:
-    host = Host(f"gpu-node-{index:02d}.example.internal", f"10.0.0.{index + 1}", 20000)
+    host = WorkerSlot(f"gpu-node-{index:02d}.example.internal", f"10.0.0.{index + 1}", 20000)
     record = WorkerRecord(f"worker-{index}", index, host, "/r", "/r/worker.log", "/c")
     progress = {"step": step, "target_steps": 3000, "loss": loss, "accuracy": 0.8125,
                 "val_loss": 0.4321, "val_accuracy": 0.875, "checkpoint_step": 2500,

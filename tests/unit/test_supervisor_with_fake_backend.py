@@ -32,14 +32,14 @@ from orchestrator.engine.workers.lifecycle import start_run
 from orchestrator.errors import JobFailed
 from orchestrator.fanout import GroupResult
 from orchestrator.model.findings import Finding, PreflightReport, Status
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from orchestrator.model.vocabulary import FailureKind, WorkerState
 from tests.fakes.backend import FakeBackend, Script, exited, running
 
 
 def inventory(tmp_path: Path, spares: int = 0, **job: Any) -> Inventory:
-    hosts = tuple(Host(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
-    extra = tuple(Host(f"spare{i}", f"10.0.1.{i + 1}", 20000) for i in range(spares))
+    hosts = tuple(WorkerSlot(name, f"10.0.0.{i + 1}", 20000) for i, name in enumerate("ab"))
+    extra = tuple(WorkerSlot(f"spare{i}", f"10.0.1.{i + 1}", 20000) for i in range(spares))
     options = {"script": "train.py", "restart_backoff": 0, "max_restarts": 3, **job}
     return Inventory(str(tmp_path / "inv.yaml"), str(tmp_path), hosts,
                      Job("demo", **options), extra)  # fmt: skip
@@ -159,7 +159,7 @@ def test_unreachable_host_shows_unknown_and_stalls_after_the_timeout(tmp_path: P
     store = RunStore(tmp_path / "state")
     record = start_run(inventory(tmp_path), store, backend)
     backend.dead_hosts["b"] = "timed out"
-    status = collect_status(record, backend)
+    status = collect_status(record, backend, backend.scheduler)
     assert [w.state for w in status.workers] == [WorkerState.RUNNING, WorkerState.UNKNOWN]
     assert status.state is WorkerState.UNKNOWN and "timed out" in (status.workers[1].reason or "")
     watch = StallWatch(timeout=30)
@@ -170,8 +170,8 @@ def test_unreachable_host_shows_unknown_and_stalls_after_the_timeout(tmp_path: P
     watch.reset()
     backend.scripts["a"] = {0: [running(5), running(6), running(7)]}
     for now in (0, 10, 20):
-        assert watch.check(collect_status(record, backend), now=now) is None
-    failure = watch.check(collect_status(record, backend), now=31)
+        assert watch.check(collect_status(record, backend, backend.scheduler), now=now) is None
+    failure = watch.check(collect_status(record, backend, backend.scheduler), now=31)
     assert failure is not None and (failure.worker, failure.kind) == ("b", FailureKind.UNREACHABLE)
 
 
@@ -210,7 +210,7 @@ def test_first_failure_is_the_earliest_exit_not_the_lowest_index(tmp_path: Path)
     })  # fmt: skip
     store = RunStore(tmp_path / "state")
     record = start_run(inventory(tmp_path), store, backend)
-    failure = first_failure(collect_status(record, backend))
+    failure = first_failure(collect_status(record, backend, backend.scheduler))
     assert failure is not None and (failure.worker, failure.kind) == ("b", FailureKind.KILLED)
 
 
@@ -240,7 +240,7 @@ def test_an_abort_waits_only_while_a_peer_may_still_fail_and_at_most_the_window(
     def status_with(b: dict[str, Any], name: str) -> RunStatus:
         backend = FakeBackend(scripts={"a": {0: [aborted]}, "b": {0: [b]}})
         record = start_run(inventory(tmp_path / name), RunStore(tmp_path / name), backend)
-        return collect_status(record, backend)
+        return collect_status(record, backend, backend.scheduler)
 
     b_running = status_with(running(3), "running")
     failure = first_failure(b_running)
@@ -378,7 +378,7 @@ def test_a_worker_waiting_in_the_schedulers_queue_does_not_stall(tmp_path: Path)
 
     backend = FakeBackend(scripts={})
     status = collect_status(start_run(inventory(tmp_path), RunStore(tmp_path / "s"), backend),
-                            backend)  # fmt: skip
+                            backend, backend.scheduler)  # fmt: skip
     queued = changed(status, workers=tuple(changed(w, queued=True, state=WorkerState.PENDING)
                                            for w in status.workers))  # fmt: skip
     watch = StallWatch(timeout=5)
@@ -446,7 +446,7 @@ def test_the_supervisor_checks_and_prepares_through_the_backend_interface_only(
                     *, force_setup: bool = False, spares: bool = False) -> None:  # fmt: skip
             self.prepared.append((tuple(sorted(workdirs)), spares))
 
-        def preflight_session(self, host: Host) -> Any:
+        def preflight_session(self, host: WorkerSlot) -> Any:
             raise AssertionError("the supervisor opened a host's probe session itself")
 
     backend = Interface(scripts={

@@ -9,15 +9,15 @@ import pytest
 
 from orchestrator.contract import SCRIPT_BOOT, booted
 from orchestrator.engine.workers.tfconfig import tf_config
-from orchestrator.model.inventory import Host, Inventory, Job
+from orchestrator.model.inventory import Inventory, Job, WorkerSlot
 from tests.fakes.planning import plan_workers
 
 
 def inventory(job: Job | None = None) -> Inventory:
     hosts = (
-        Host(name="a", address="10.0.0.1", port=20000),
-        Host(name="b", address="10.0.0.2", port=20000, workdir="/data"),
-        Host(name="c", address="fe80::1", port=20001),
+        WorkerSlot(name="a", address="10.0.0.1", port=20000),
+        WorkerSlot(name="b", address="10.0.0.2", port=20000, workdir="/data"),
+        WorkerSlot(name="c", address="fe80::1", port=20001),
     )
     job = job or Job(name="demo", task="pkg.mod:task", steps=100, env={"K": "v w"})
     return Inventory(path="inv.yaml", base_dir="/inv", hosts=hosts, job=job)

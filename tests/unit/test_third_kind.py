@@ -28,7 +28,7 @@ from orchestrator.engine.workers.lifecycle import start_run
 from orchestrator.machines import kinds
 from orchestrator.machines.kinds.base import Kind
 from orchestrator.machines.runner import CommandResult, LineSession, LocalRunner, Runner
-from orchestrator.model.inventory import Host, KindSettings
+from orchestrator.model.inventory import KindSettings, WorkerSlot
 from orchestrator.values import Checker, Key, checkers, string
 from tests.conftest import free_ports, wait_for
 
@@ -38,7 +38,7 @@ class SandboxSettings(KindSettings):
     sandbox_root: str = "/nonexistent"
 
 
-def sandbox_root(host: Host) -> str:
+def sandbox_root(host: WorkerSlot) -> str:
     assert isinstance(host.settings, SandboxSettings), host.settings
     return host.settings.sandbox_root
 
@@ -46,7 +46,7 @@ def sandbox_root(host: Host) -> str:
 class SandboxRunner(Runner):
     """Local processes whose HOME is the sandbox: `~` on that "machine" is its own directory."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: WorkerSlot) -> None:
         super().__init__(host.name)
         self.home = sandbox_root(host)
         self.local = LocalRunner(host.name)
@@ -87,10 +87,10 @@ class SandboxKind(Kind):
     controller_paths: ClassVar[tuple[str, ...]] = ("sandbox_root",)
     default_python: ClassVar[str] = sys.executable
 
-    def machine_key(self, host: Host) -> tuple[str, ...]:
+    def machine_key(self, host: WorkerSlot) -> tuple[str, ...]:
         return ("sandbox", sandbox_root(host))
 
-    def runner(self, host: Host) -> Runner:
+    def runner(self, host: WorkerSlot) -> Runner:
         return SandboxRunner(host)
 
 

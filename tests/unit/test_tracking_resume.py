@@ -79,7 +79,7 @@ class StateDir:
     def resumed(self, inventory: Inventory | None = None) -> Tracking | None:
         inventory = inventory or self.inventory
         with open_backend(inventory) as backend:
-            found = resumed_tracking(self.store, backend, inventory, self.said.append)
+            found = resumed_tracking(self.store, backend, backend, inventory, self.said.append)
         return found.tracking if found else None
 
 

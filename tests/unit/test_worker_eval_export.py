@@ -16,7 +16,7 @@ from rich.console import Console
 from orchestrator.cli.render import status_table
 from orchestrator.engine.observe.status import RunStatus, worker_status
 from orchestrator.model.answers import WorkerProbe
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import WorkerSlot
 from orchestrator.model.records import WorkerRecord
 from worker import cli
 from worker.export import _swap_in, keras_major
@@ -125,7 +125,7 @@ def test_keras_generation_comes_from_the_model_class():
 
 
 def test_status_shows_the_latest_evaluation():
-    host = Host(name="chief", address="localhost", port=1, connection="local")
+    host = WorkerSlot(name="chief", address="localhost", port=1, connection="local")
     record = WorkerRecord("chief", 0, host, "/w/j/runs/r/attempt-0/chief", "/log", "/w/j/ckpt")
     progress = {"step": 40, "target_steps": 40, "val_loss": 0.25, "val_accuracy": 0.875}
     probe = {"exists": True, "pid": 1, "alive": True, "progress": progress, "exit": None}

@@ -49,7 +49,7 @@ from orchestrator.contract import (
 from orchestrator.engine.workers.plan import plan_workers
 from orchestrator.errors import ExportRefused
 from orchestrator.machines import kinds
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import WorkerSlot
 from tests.unit import test_export_golden as golden
 
 PLACEMENT_ENV = frozenset({
@@ -140,7 +140,7 @@ def hosts(row: golden.Row) -> dict[str, Worker]:
     )
 
 
-def _reads_in_place(host: Host) -> bool:
+def _reads_in_place(host: WorkerSlot) -> bool:
     return kinds.kind_of(host).shares_files_with_controller
 
 

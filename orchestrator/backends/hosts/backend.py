@@ -34,7 +34,7 @@ from orchestrator.model.workers import Started
 if TYPE_CHECKING:
     from orchestrator.machines.hostclient import HostAgent
     from orchestrator.model.firewall import HostRules
-    from orchestrator.model.inventory import Host, Inventory, LoginDetails
+    from orchestrator.model.inventory import Inventory, LoginDetails, WorkerSlot
     from orchestrator.model.leases import LeaseListing
     from orchestrator.model.workers import WorkerSpec
 
@@ -109,13 +109,13 @@ class HostBackend(Machines, Backend, Standbys, Leases, Firewall):
     def leases(self, inventory: Inventory) -> LeaseListing:
         return leases.listing(inventory, self._lease_agent, machine_key)
 
-    def _lease_agent(self, host: Host) -> HostAgent:
+    def _lease_agent(self, host: WorkerSlot) -> HostAgent:
         return self.agent(host)
 
-    def reads_in_place(self, host: Host) -> bool:
+    def reads_in_place(self, host: WorkerSlot) -> bool:
         return kind_of(host).shares_files_with_controller
 
-    def login_details(self, host: Host) -> LoginDetails | None:
+    def login_details(self, host: WorkerSlot) -> LoginDetails | None:
         return kind_of(host).login_details(host)
 
     def network_problems(self, inventory: Inventory) -> list[Finding]:

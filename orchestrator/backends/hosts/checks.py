@@ -39,7 +39,7 @@ from orchestrator.model.findings import (
     PreflightReport,
     Status,
 )
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import Inventory, WorkerSlot
 from orchestrator.model.workers import checkpoint_dir, job_dir
 from orchestrator.paths import is_loopback
 
@@ -74,7 +74,7 @@ def software_findings(inventory: Inventory, reports: Mapping[str, Inspection]) -
     return findings + shared_software_findings(inventory.job, found, Where())
 
 
-def port_finding(host: Host, report: Inspection) -> Finding:
+def port_finding(host: WorkerSlot, report: Inspection) -> Finding:
     if report.listener_pid:
         return Finding(host.name, "port", Status.OK, f"port {host.port} is free")
     holder = report.holder
@@ -105,7 +105,7 @@ def port_finding(host: Host, report: Inspection) -> Finding:
 
 
 def directory_findings(
-    host: Host, report: Inspection, labels: list[str], min_free: int
+    host: WorkerSlot, report: Inspection, labels: list[str], min_free: int
 ) -> list[Finding]:
     findings = []
     for label, directory in zip(labels, report.directories, strict=True):
@@ -160,7 +160,7 @@ def no_proxy_covers(address: str, entries: str) -> bool:
     return False
 
 
-def proxy_finding(host: Host, env: Mapping[str, str], peers: Iterable[Host]) -> Finding:
+def proxy_finding(host: WorkerSlot, env: Mapping[str, str], peers: Iterable[WorkerSlot]) -> Finding:
     """gRPC honours grpc_proxy, https_proxy and http_proxy unless no_grpc_proxy/no_proxy exempt
     the target: a proxy between the workers breaks their gRPC traffic."""
     lowered = {k.lower(): v for k, v in env.items()}
@@ -189,7 +189,7 @@ PROBE_MEANING = {
 }
 
 
-def gloo_finding(host: Host, report: Inspection) -> Finding | None:
+def gloo_finding(host: WorkerSlot, report: Inspection) -> Finding | None:
     """software.gloo_finding of a host; None where it cannot matter (a host at a loopback
     address, whose peers share its machine) or the probe did not say."""
     if report.name_addresses is None or is_loopback(host.address):
@@ -197,7 +197,9 @@ def gloo_finding(host: Host, report: Inspection) -> Finding | None:
     return shared_gloo_finding(host.name, report.hostname, report.name_addresses, host.address)
 
 
-def reachability_finding(target: Host, probes: Mapping[str, PeerProbe], timeout: float) -> Finding:
+def reachability_finding(
+    target: WorkerSlot, probes: Mapping[str, PeerProbe], timeout: float
+) -> Finding:
     """`probes` maps each peer's name to how its connection to `target`'s port ended."""
     if not probes:
         return Finding(target.name, "reachable", Status.OK, "no peer to check from")
@@ -226,7 +228,7 @@ def reachability_finding(target: Host, probes: Mapping[str, PeerProbe], timeout:
     )
 
 
-def exposure_finding(host: Host, controller: str, reached: bool) -> Finding:
+def exposure_finding(host: WorkerSlot, controller: str, reached: bool) -> Finding:
     """Whether this machine, which is not in the cluster, could connect to the host's TensorFlow
     port: then so can anyone on its network, and the port takes no authentication."""
     if not reached:
@@ -256,7 +258,9 @@ def outsiders(inventory: Inventory, route_source: Callable[[str], str | None]) -
     return found
 
 
-def shared_directory_finding(host: Host, visible: bool | None, directory: str) -> Finding | None:
+def shared_directory_finding(
+    host: WorkerSlot, visible: bool | None, directory: str
+) -> Finding | None:
     if visible is None:
         return None
     if visible:
@@ -289,7 +293,7 @@ def partition_findings(
 class ProbeSessions(Protocol):
     """Where the rounds get one hostprobe session per host (Machines, or a test's fake)."""
 
-    def preflight_session(self, host: Host) -> LineSession: ...
+    def preflight_session(self, host: WorkerSlot) -> LineSession: ...
 
 
 def run_preflight(
@@ -312,7 +316,7 @@ def run_preflight(
     token = _shared_token(inventory)
     sessions: dict[str, LineSession] = {}
 
-    def inspect(host: Host) -> Inspection:
+    def inspect(host: WorkerSlot) -> Inspection:
         session = sessions[host.name] = machines.preflight_session(host)
         answer = request(
             session,
@@ -352,11 +356,13 @@ def run_preflight(
     return PreflightReport(tuple(sorted(findings, key=_order(inventory))))
 
 
-def _round(hosts: Mapping[str, Host], action: Callable[[Host], Any]) -> GroupResult[str, Any]:
+def _round(
+    hosts: Mapping[str, WorkerSlot], action: Callable[[WorkerSlot], Any]
+) -> GroupResult[str, Any]:
     return fan_out(hosts, lambda name: action(hosts[name]))
 
 
-def _directories(inventory: Inventory, host: Host) -> list[str]:
+def _directories(inventory: Inventory, host: WorkerSlot) -> list[str]:
     directory = job_dir(inventory.job, host.workdir)
     return [directory, checkpoint_dir(inventory.job, directory)]
 
@@ -380,7 +386,7 @@ def _connect_round(
     listening = [h for h in inventory.hosts if h.name in reports and reports[h.name].listener_pid]
     probers = {h.name: h for h in inventory.hosts if h.name in reports}
 
-    def connect(host: Host) -> Connections:
+    def connect(host: WorkerSlot) -> Connections:
         peers = [
             {protocol.NAME_KEY: p.name, protocol.ADDRESS_KEY: p.address, protocol.PORT_KEY: p.port}
             for p in listening
@@ -454,7 +460,7 @@ def _host_findings(
     return findings
 
 
-def _failure_finding(host: Host, error: HostError) -> Finding:
+def _failure_finding(host: WorkerSlot, error: HostError) -> Finding:
     # A host that could not be reached fails its kind's login check; a reached host whose
     # program failed fails Python's.
     login = kind_of(host).login_check or "connect"

@@ -32,7 +32,7 @@ from orchestrator.model.leases import (
 
 if TYPE_CHECKING:
     from orchestrator.machines.hostclient import HostAgent
-    from orchestrator.model.inventory import Host, Inventory
+    from orchestrator.model.inventory import Inventory, WorkerSlot
 
 GroupKey = tuple[tuple[str, ...], str]  # (machine key, lease_dir)
 CLASH_HINT = (
@@ -43,17 +43,17 @@ CLASH_HINT = (
 
 
 def lease_groups(
-    hosts: Sequence[Host], machine_key: Callable[[Host], tuple[str, ...]]
-) -> dict[GroupKey, list[Host]]:
+    hosts: Sequence[WorkerSlot], machine_key: Callable[[WorkerSlot], tuple[str, ...]]
+) -> dict[GroupKey, list[WorkerSlot]]:
     """The leasing hosts by machine and lease directory: one request (and keeper) each."""
-    groups: dict[GroupKey, list[Host]] = {}
+    groups: dict[GroupKey, list[WorkerSlot]] = {}
     for host in hosts:
         if host.leases:
             groups.setdefault((machine_key(host), host.lease_dir), []).append(host)
     return groups
 
 
-def worker_request(host: Host) -> dict[str, Any]:
+def worker_request(host: WorkerSlot) -> dict[str, Any]:
     """What the lease program needs for one worker: its port (fixed, or a range and the port
     the run has now), its GPU count, pool and the ones it has now."""
     auto = host.port_range is not None
@@ -70,7 +70,7 @@ def worker_request(host: Host) -> dict[str, Any]:
 
 
 def lease_request(
-    hosts: Sequence[Host], run_id: str, job: str, *, controller: str, dry_run: bool = False,
+    hosts: Sequence[WorkerSlot], run_id: str, job: str, *, controller: str, dry_run: bool = False,
     idle: float = KEEPER_IDLE_SECONDS,
 ) -> dict[str, Any]:  # fmt: skip
     return {
@@ -87,7 +87,7 @@ def lease_request(
 def resolved(inventory: Inventory, assigned: dict[str, Assignment]) -> Inventory:
     """The inventory with each leased worker's port and GPUs."""
 
-    def leased(host: Host) -> Host:
+    def leased(host: WorkerSlot) -> WorkerSlot:
         got = assigned.get(host.name)
         if got is None:
             return host
@@ -99,8 +99,8 @@ def resolved(inventory: Inventory, assigned: dict[str, Assignment]) -> Inventory
 def take(
     inventory: Inventory,
     run_id: str,
-    agent: Callable[[Host], HostAgent],
-    machine_key: Callable[[Host], tuple[str, ...]],
+    agent: Callable[[WorkerSlot], HostAgent],
+    machine_key: Callable[[WorkerSlot], tuple[str, ...]],
     *,
     dry_run: bool = False,
     ticket: Mapping[str, Any] | None = None,
@@ -147,8 +147,8 @@ def _release(agent: HostAgent, lease_dir: str, run_id: str) -> None:
 def release(
     inventory: Inventory,
     run_id: str,
-    agent: Callable[[Host], HostAgent],
-    machine_key: Callable[[Host], tuple[str, ...]],
+    agent: Callable[[WorkerSlot], HostAgent],
+    machine_key: Callable[[WorkerSlot], tuple[str, ...]],
 ) -> None:
     """Stop the run's keepers on every leasing host (and spare): a host not answering keeps
     its leases until its keeper sees no worker of the run for a while."""
@@ -159,8 +159,8 @@ def release(
 def withdraw(
     inventory: Inventory,
     run_id: str,
-    agent: Callable[[Host], HostAgent],
-    machine_key: Callable[[Host], tuple[str, ...]],
+    agent: Callable[[WorkerSlot], HostAgent],
+    machine_key: Callable[[WorkerSlot], tuple[str, ...]],
 ) -> None:
     """Remove the run's tickets on every leasing host (it started, or gave up waiting)."""
     groups = lease_groups(inventory.hosts, machine_key)
@@ -174,11 +174,11 @@ def withdraw(
 
 def listing(
     inventory: Inventory,
-    agent: Callable[[Host], HostAgent],
-    machine_key: Callable[[Host], tuple[str, ...]],
+    agent: Callable[[WorkerSlot], HostAgent],
+    machine_key: Callable[[WorkerSlot], tuple[str, ...]],
 ) -> LeaseListing:
     """Every lease in the lease directories of the inventory's hosts, by run."""
-    groups: dict[GroupKey, list[Host]] = {}
+    groups: dict[GroupKey, list[WorkerSlot]] = {}
     for host in (*inventory.hosts, *inventory.spares):
         groups.setdefault((machine_key(host), host.lease_dir), []).append(host)
 

@@ -29,7 +29,7 @@ from orchestrator.machines.kinds import kind_of
 from orchestrator.machines.runner import LineSession
 from orchestrator.model.answers import ComputeProbe, Inspection, Transfer, parsed
 from orchestrator.model.findings import Finding, Status
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import Inventory, WorkerSlot
 
 COMPUTE_RATIO = 0.7  # a host below this much of the others' median compute is named
 LINK_RATIO = 0.5  # a link below this much of the other links' median throughput is named
@@ -263,7 +263,7 @@ def link_findings(
 class PerfPlan:
     """Which hosts are measured, on which machine each is, and whether the job uses GPUs."""
 
-    hosts: dict[str, Host]
+    hosts: dict[str, WorkerSlot]
     machine_of: dict[str, str]
     gpu: bool
 

@@ -14,7 +14,7 @@ from orchestrator.backends.hosts.setup import run_setup
 from orchestrator.backends.hosts.sync import sync_hosts
 from orchestrator.errors import HostError, HostErrors
 from orchestrator.machines.pool import Machines
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import Inventory, WorkerSlot
 from orchestrator.model.workers import job_dir
 
 Say = Callable[[str], None]
@@ -59,7 +59,7 @@ def prepare_hosts(
 
 def _setup(
     inventory: Inventory,
-    hosts: Sequence[Host],
+    hosts: Sequence[WorkerSlot],
     job_dirs: dict[str, str],
     machines: Machines,
     say: Say,

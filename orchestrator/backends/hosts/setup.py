@@ -24,7 +24,7 @@ from orchestrator.machines.kinds import kind_of
 
 if TYPE_CHECKING:
     from orchestrator.machines.pool import Machines
-    from orchestrator.model.inventory import Host
+    from orchestrator.model.inventory import WorkerSlot
 
 MARKER = ".orchestrate-setup"
 TAIL_LINES = 10
@@ -80,7 +80,7 @@ def _quote(text: str) -> str:
 
 def run_setup(
     commands: Sequence[str],
-    hosts: Sequence[Host],
+    hosts: Sequence[WorkerSlot],
     job_dirs: dict[str, str],
     machines: Machines,
     on_line: LineSink,
@@ -89,7 +89,7 @@ def run_setup(
 ) -> GroupResult[str, SetupOutcome]:
     """Run the setup on every machine that lacks this hash (all with `force`), in parallel.
     Hosts sharing a machine and a job directory run it once. A failure is a result, by host."""
-    firsts: dict[tuple[Any, ...], Host] = {}
+    firsts: dict[tuple[Any, ...], WorkerSlot] = {}
     for host in hosts:
         firsts.setdefault((*kind_of(host).machine_key(host), job_dirs[host.name]), host)
     by_name = {host.name: host for host in firsts.values()}
@@ -108,7 +108,11 @@ def run_setup(
 
 
 def _run_one(
-    commands: Sequence[str], host: Host, job_directory: str, machines: Machines, on_line: LineSink
+    commands: Sequence[str],
+    host: WorkerSlot,
+    job_directory: str,
+    machines: Machines,
+    on_line: LineSink,
 ) -> SetupOutcome:
     sentinel = f"@@orchestrate-setup-{secrets.token_hex(8)}"
     tail: list[str] = []

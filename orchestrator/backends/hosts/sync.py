@@ -27,7 +27,7 @@ from orchestrator.model.inventory import SyncSpec
 from orchestrator.model.workers import sync_dir
 
 if TYPE_CHECKING:
-    from orchestrator.model.inventory import Host
+    from orchestrator.model.inventory import WorkerSlot
 
 SYNC_TIMEOUT = 1800.0
 
@@ -93,10 +93,10 @@ def parse_stats(output: str, seconds: float = 0.0) -> SyncStats:
     return SyncStats(**values, seconds=seconds)
 
 
-def sync_hosts(spec: SyncSpec, hosts: Sequence[Host], job_dirs: dict[str, str]) -> SyncReport:
+def sync_hosts(spec: SyncSpec, hosts: Sequence[WorkerSlot], job_dirs: dict[str, str]) -> SyncReport:
     """Mirror the directory to every host that needs a copy, in parallel (one per machine and
     job directory); each host's failure is its own."""
-    targets: dict[tuple[str, str], Host] = {}
+    targets: dict[tuple[str, str], WorkerSlot] = {}
     for host in hosts:
         transport = kind_of(host).sync_transport(host)
         if transport is not None and not kind_of(host).shares_files_with_controller:
@@ -112,7 +112,7 @@ def sync_hosts(spec: SyncSpec, hosts: Sequence[Host], job_dirs: dict[str, str]) 
     return SyncReport(fan_out(by_name, lambda name: _sync_one(spec, by_name[name], job_dirs)))
 
 
-def _sync_one(spec: SyncSpec, host: Host, job_dirs: dict[str, str]) -> SyncStats:
+def _sync_one(spec: SyncSpec, host: WorkerSlot, job_dirs: dict[str, str]) -> SyncStats:
     transport = kind_of(host).sync_transport(host)
     assert transport is not None
     argv = rsync_argv(spec, transport.shell, transport.target, sync_dir(job_dirs[host.name]))

@@ -42,7 +42,7 @@ from orchestrator.model.answers import (
     WorkerProbe,
 )
 from orchestrator.model.findings import CHECK, Finding, PreflightOptions, PreflightReport, Status
-from orchestrator.model.inventory import DEFAULT_CONNECTION, Host
+from orchestrator.model.inventory import DEFAULT_CONNECTION, WorkerSlot
 from orchestrator.model.records import SchedulerState
 from orchestrator.model.slurm import SlurmSpec
 from orchestrator.model.workers import Started
@@ -61,14 +61,14 @@ def attempt_dir(run_dir: str) -> str:
     return posixpath.dirname(run_dir)
 
 
-def login_host(spec: SlurmSpec) -> Host | None:
+def login_host(spec: SlurmSpec) -> WorkerSlot | None:
     """The login node of `slurm.login:` as a host of the SSH kind (None: this machine)."""
     login = spec.login
     if login is None:
         return None
-    return Host(name=login.name, address=login.address, port=spec.port,
-                connection=DEFAULT_CONNECTION, python=login.python, workdir=spec.workdir,
-                settings=login.settings)  # fmt: skip
+    return WorkerSlot(name=login.name, address=login.address, port=spec.port,
+                      connection=DEFAULT_CONNECTION, python=login.python, workdir=spec.workdir,
+                      settings=login.settings)  # fmt: skip
 
 
 class SlurmBackend(Backend, Scheduler):
@@ -103,7 +103,7 @@ class SlurmBackend(Backend, Scheduler):
         if self.login is None:
             self.slurm.runner.close()
 
-    def _at(self, host: Host) -> Host:
+    def _at(self, host: WorkerSlot) -> WorkerSlot:
         """Where a task's files are read: the login node (a task's host stands for it)."""
         return self.login or host
 
@@ -111,7 +111,7 @@ class SlurmBackend(Backend, Scheduler):
         return replace(worker, host=self.login) if self.login else worker
 
     # --- an attempt's workers ------------------------------------------------------------------
-    def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
+    def workdirs(self, hosts: Sequence[WorkerSlot]) -> GroupResult[str, str]:
         if self.login is None:
             return self.files.workdirs(hosts)
         found = self.files.workdirs([self.login])
@@ -144,7 +144,7 @@ class SlurmBackend(Backend, Scheduler):
         self._write(chief, posixpath.join(directory, JOB_ID_FILE), job_id + "\n")
         return GroupResult(ok={spec.name: Started(job_id=job_id) for spec in specs})
 
-    def _write(self, host: Host, path: str, text: str) -> None:
+    def _write(self, host: WorkerSlot, path: str, text: str) -> None:
         with tempfile.NamedTemporaryFile("w", suffix=".tmp", delete=False) as handle:
             handle.write(text)
         try:
@@ -265,37 +265,37 @@ class SlurmBackend(Backend, Scheduler):
                        nodes=state.nodes)  # fmt: skip
 
     # --- files on the shared filesystem --------------------------------------------------------
-    def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
+    def checkpoint(self, host: WorkerSlot, directory: str) -> CheckpointListing:
         return self.files.checkpoint(self._at(host), directory)
 
     def adopt_checkpoint(
-        self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
+        self, host: WorkerSlot, directory: str, name: str, checkpoints: Sequence[str]
     ) -> None:
         self.files.adopt_checkpoint(self._at(host), directory, name, checkpoints)
 
-    def set_aside(self, host: Host, directory: str, stamp: str) -> SetAside:
+    def set_aside(self, host: WorkerSlot, directory: str, stamp: str) -> SetAside:
         return self.files.set_aside(self._at(host), directory, stamp)
 
-    def list_files(self, host: Host, directory: str) -> FileListing:
+    def list_files(self, host: WorkerSlot, directory: str) -> FileListing:
         return self.files.list_files(self._at(host), directory)
 
-    def read_text(self, host: Host, path: str) -> str | None:
+    def read_text(self, host: WorkerSlot, path: str) -> str | None:
         return self.files.read_text(self._at(host), path)
 
-    def download(self, host: Host, remote: str, local: str) -> None:
+    def download(self, host: WorkerSlot, remote: str, local: str) -> None:
         self.files.download(self._at(host), remote, local)
 
-    def upload(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
+    def upload(self, host: WorkerSlot, files: Sequence[tuple[str, str]]) -> None:
         self.files.upload(self._at(host), files)
 
     # --- reaching hosts ------------------------------------------------------------------------
-    def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
+    def unreachable(self, hosts: Sequence[WorkerSlot]) -> dict[str, str]:
         return {}  # Slurm places every attempt on nodes that answer; there is no host to lose
 
-    def reads_in_place(self, host: Host) -> bool:
+    def reads_in_place(self, host: WorkerSlot) -> bool:
         return self.login is None  # the files are on this machine when it is the login node
 
-    def login_details(self, host: Host) -> LoginDetails | None:
+    def login_details(self, host: WorkerSlot) -> LoginDetails | None:
         return kind_of(host).login_details(host)  # a task's host stands for the login node
 
     def preflight(self, inventory: Inventory, options: PreflightOptions = CHECK) -> PreflightReport:

@@ -40,7 +40,7 @@ from orchestrator.model.workers import checkpoint_dir, job_dir
 
 if TYPE_CHECKING:
     from orchestrator.machines.pool import Machines
-    from orchestrator.model.inventory import Host, Inventory
+    from orchestrator.model.inventory import Inventory, WorkerSlot
 
 # Run by every task of the preflight step: versions, then the shared-directory answers.
 # Run isolated (python -I) like every host program, with hostside/workerpath.py carried in front
@@ -75,7 +75,7 @@ print(json.dumps({"node": node, "python": sys.version.split()[0],
 
 def slurm_preflight(
     inventory: Inventory, slurm: Slurm, files: Machines, timeout: float,
-    login: Host | None = None,
+    login: WorkerSlot | None = None,
 ) -> PreflightReport:  # fmt: skip
     """`login`: the login node when it is not this machine (slurm.login)."""
     spec = inventory.source_settings
@@ -125,7 +125,9 @@ def slurm_preflight(
     return PreflightReport(tuple(findings))
 
 
-def _partition(slurm: Slurm, partition: str | None, nodes: int, login: Host | None) -> Finding:
+def _partition(
+    slurm: Slurm, partition: str | None, nodes: int, login: WorkerSlot | None
+) -> Finding:
     argv = ["sinfo", "-h", "-N", "-o", "%N %t", *(["-p", partition] if partition else [])]
     try:
         result = slurm.run(argv, timeout=30)

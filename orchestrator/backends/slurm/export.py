@@ -11,7 +11,7 @@ from orchestrator.backends.slurm.script import batch_script
 from orchestrator.config.sources.slurm import slurm_workers
 from orchestrator.hostside.slurm_launcher import JOB_ID_PLACEHOLDER, SUBMIT_DIR_PLACEHOLDER
 from orchestrator.machines import kinds
-from orchestrator.model.inventory import ROLE_WORKER, Host, Inventory
+from orchestrator.model.inventory import ROLE_WORKER, Inventory, WorkerSlot
 from orchestrator.model.slurm import SlurmSpec
 
 
@@ -51,6 +51,6 @@ def as_tasks(inventory: Inventory, spec: SlurmSpec) -> Inventory:
     return replace(inventory, hosts=tuple(tasks))
 
 
-def _from_the_nodes(host: Host) -> bool:
+def _from_the_nodes(host: WorkerSlot) -> bool:
     """The tasks read their files where the script was submitted (a task's host is local)."""
     return kinds.kind_of(host).shares_files_with_controller

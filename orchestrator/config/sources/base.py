@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from orchestrator.config.report import Report
-    from orchestrator.model.inventory import Host, Job, SourceSettings
+    from orchestrator.model.inventory import Job, SourceSettings, WorkerSlot
     from orchestrator.model.records import SettingsReader
     from orchestrator.values import Key
     from orchestrator.yamlsource import LineMap
 
-Placed = tuple[str, int | None, "Host"]  # where in the file ("hosts[1]"), its line, the host
+Placed = tuple[str, int | None, "WorkerSlot"]  # where in the file ("hosts[1]"), its line, the host
 # (the document, `defaults:`, the report, the inventory's directory) -> the workers in
 # TF_CONFIG order, and the source's own settings when it places them itself (else None).
 SourceParser = Callable[["LineMap", "LineMap", "Report", Path], tuple[list["Placed"], Any]]

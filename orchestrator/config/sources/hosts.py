@@ -10,7 +10,7 @@ from orchestrator.config.report import Report, line_of
 from orchestrator.config.sources.base import HostSource, Placed
 from orchestrator.contract import device_setting_problems
 from orchestrator.machines import kinds
-from orchestrator.model.inventory import DEFAULT_CONNECTION, DEFAULT_WORKDIR, ROLES, Host
+from orchestrator.model.inventory import DEFAULT_CONNECTION, DEFAULT_WORKDIR, ROLES, WorkerSlot
 from orchestrator.model.leases import DEFAULT_PORT_RANGE
 from orchestrator.paths import controller_path
 from orchestrator.values import (
@@ -144,7 +144,7 @@ def parse_hosts(
 
 def parse_host(
     entry: LineMap, defaults: LineMap, report: Report, where: str, base: Path
-) -> Host | None:
+) -> WorkerSlot | None:
     values: dict[str, Any] = {}
     ok = True
     for key, check in host_keys().items():
@@ -199,7 +199,7 @@ def parse_host(
             values[key] = str(controller_path(values[key], base))
     settings = kind.settings(values)
     common = {key: value for key, value in values.items() if key in HOST_KEYS}
-    return Host(**common, settings=settings)
+    return WorkerSlot(**common, settings=settings)
 
 
 def hosts_source(

@@ -41,8 +41,8 @@ from orchestrator.model.inventory import (
     ROLE_EVALUATOR,
     ROLE_PS,
     ROLE_WORKER,
-    Host,
     Job,
+    WorkerSlot,
 )
 from orchestrator.model.slurm import (
     DEFAULT_PORT,
@@ -273,15 +273,15 @@ def slurm_workers(spec: SlurmSpec, base: Path) -> list[Placed]:
     for index in range(spec.nodes):
         name = spec.worker_name(index)
         if spec.login is None:
-            host = Host(name=name, address=name, port=spec.port, connection=_LOCAL.name,
-                        python=spec.python, workdir=spec.workdir,
-                        role=spec.role_of(index))  # fmt: skip
+            host = WorkerSlot(name=name, address=name, port=spec.port, connection=_LOCAL.name,
+                              python=spec.python, workdir=spec.workdir,
+                              role=spec.role_of(index))  # fmt: skip
         else:  # whatever reaches the task's "host" reaches the login node
             login = spec.login
             settings = replace(login.settings, ssh_host=login.settings.target or login.address)
-            host = Host(name=name, address=name, port=spec.port, connection=_SSH.name,
-                        python=spec.python, workdir=spec.workdir, settings=settings,
-                        role=spec.role_of(index))  # fmt: skip
+            host = WorkerSlot(name=name, address=name, port=spec.port, connection=_SSH.name,
+                              python=spec.python, workdir=spec.workdir, settings=settings,
+                              role=spec.role_of(index))  # fmt: skip
         placed.append((f"slurm.{name}", None, host))  # config/roles.py finds roles: lines
     return placed
 

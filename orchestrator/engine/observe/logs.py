@@ -26,27 +26,27 @@ def select_workers(record: RunRecord, names: Sequence[str]) -> list[WorkerRecord
     return [known[n] for n in names]
 
 
-def last_lines(workers: Sequence[WorkerRecord], backend: Logs, lines: int) -> list[tuple[str, str]]:
+def last_lines(workers: Sequence[WorkerRecord], logs: Logs, lines: int) -> list[tuple[str, str]]:
     by_name = {w.name: w for w in workers}
-    logs = fan_out(by_name, lambda n: backend.log_lines(by_name[n], lines)).raise_if_failed(
+    tails = fan_out(by_name, lambda n: logs.log_lines(by_name[n], lines)).raise_if_failed(
         "reading the logs"
     )
-    return [(worker.name, line) for worker in workers for line in logs[worker.name]]
+    return [(worker.name, line) for worker in workers for line in tails[worker.name]]
 
 
-def follow(workers: Sequence[WorkerRecord], backend: Logs, lines: int) -> Iterator[tuple[str, str]]:
+def follow(workers: Sequence[WorkerRecord], logs: Logs, lines: int) -> Iterator[tuple[str, str]]:
     """Interleave every worker's new lines as they arrive, until the caller stops iterating."""
-    lines_queue = _followed(workers, backend, lines)
+    lines_queue = _followed(workers, logs, lines)
     while True:
         yield lines_queue.get()
 
 
 def follow_timed(
-    workers: Sequence[WorkerRecord], backend: Logs, lines: int, tick: float
+    workers: Sequence[WorkerRecord], logs: Logs, lines: int, tick: float
 ) -> Iterator[tuple[float, str, str] | None]:
     """follow's lines with the time each arrived (time.monotonic), and None after every `tick`
     seconds without a line (for `tail --group` to release what it holds back)."""
-    lines_queue = _followed(workers, backend, lines)
+    lines_queue = _followed(workers, logs, lines)
     while True:
         try:
             name, line = lines_queue.get(timeout=tick)
@@ -57,13 +57,13 @@ def follow_timed(
 
 
 def _followed(
-    workers: Sequence[WorkerRecord], backend: Logs, lines: int
+    workers: Sequence[WorkerRecord], logs: Logs, lines: int
 ) -> queue.Queue[tuple[str, str]]:
     lines_queue: queue.Queue[tuple[str, str]] = queue.Queue()
 
     def pump(worker: WorkerRecord) -> None:
         try:
-            for line in backend.follow_log(worker, lines):
+            for line in logs.follow_log(worker, lines):
                 lines_queue.put((worker.name, line))
         except HostError as error:
             lines_queue.put((worker.name, f"[orchestrate] stopped following: {error.message}"))

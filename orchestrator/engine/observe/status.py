@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestrator.backends.base import Backend
+from orchestrator.backends.capabilities import Lifecycle, Scheduler
 from orchestrator.contract import (
     CHECKPOINT_AT,
     CHECKPOINT_SECONDS,
@@ -332,8 +332,12 @@ def in_place_restarts(name: str, probe: WorkerProbe | None, attempt: int) -> tup
     return tuple(found)
 
 
-def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
-    probes = backend.probe(record.workers)
+def collect_status(
+    record: RunRecord, lifecycle: Lifecycle, scheduler: Scheduler | None
+) -> RunStatus:
+    """The run now: each worker's probe (`lifecycle`), read; and the view of the scheduler that
+    places the workers (None: no scheduler does; Backend.scheduler)."""
+    probes = lifecycle.probe(record.workers)
     unreachable = {name: error.message for name, error in probes.failed.items()}
     statuses = [
         replace(
@@ -366,7 +370,7 @@ def collect_status(record: RunRecord, backend: Backend) -> RunStatus:
         alone=alone_lines(record.alone, record.inventory.job.max_worker_restarts),
         outcome=record.outcome,
         leases_lost=record.leases_lost,
-        scheduler=backend.scheduler.scheduler_state(record) if backend.scheduler else None,
+        scheduler=scheduler.scheduler_state(record) if scheduler else None,
         state=run_state((s.role, s.state) for s in statuses),
         workers=tuple(statuses),
         started_at=record.created_at,

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from orchestrator.backends.base import Backend, Leased
+from orchestrator.backends.capabilities import Leased, Leases
 from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.engine.store.runstore import RunStore, atomic_write
 from orchestrator.errors import LeaseClash, OrchestrateError
@@ -121,7 +121,7 @@ def _withdrawn_on_sigterm() -> Iterator[None]:
 def wait_for_leases(
     inventory: Inventory,
     run_id: str,
-    backend: Backend,
+    leasing: Leases | None,
     store: RunStore,
     on_wait: Callable[[str, float], None],
     *,
@@ -137,9 +137,9 @@ def wait_for_leases(
         with _withdrawn_on_sigterm():
             while True:
                 try:
-                    if backend.leasing is None:  # nothing to wait for
+                    if leasing is None:  # nothing to wait for (Backend.leasing)
                         return Leased(inventory)
-                    return backend.leasing.take_leases(inventory, run_id, ticket=ticket)
+                    return leasing.take_leases(inventory, run_id, ticket=ticket)
                 except LeaseClash as clash:
                     reason = queue_reason(clash.clashes)
                 entry = Pending(run_id, inventory.job.name, arrival, reason, ticket[policy.PID_KEY],
@@ -149,7 +149,7 @@ def wait_for_leases(
                 time.sleep(poll)
     finally:
         with suppress(OrchestrateError):
-            if backend.leasing is not None:
-                backend.leasing.withdraw_tickets(inventory, run_id)
+            if leasing is not None:
+                leasing.withdraw_tickets(inventory, run_id)
         with suppress(OSError):
             path.unlink()

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from orchestrator.backends.base import Backend
+from orchestrator.backends.capabilities import Files, Lifecycle
 from orchestrator.contract import EXPORT_WRITES
 from orchestrator.engine.store.checkpoints import checked_listing, checkpoint_step
 from orchestrator.errors import HostError, HostErrors
@@ -60,7 +60,7 @@ def exported(job: Job, names: Iterable[str]) -> bool:
     return any(name.split("/", 1)[0] in wanted for name in names)
 
 
-def already_trained(inventory: Inventory, backend: Backend) -> Trained | None:
+def already_trained(inventory: Inventory, lifecycle: Lifecycle, files: Files) -> Trained | None:
     """The chief's checkpoint when it reaches job.steps and the export is there (nothing for a
     start to do); None otherwise, and when the chief's host cannot be read: the start reaches
     the hosts next and says what is wrong there. Two or three answers of the chief's agent."""
@@ -69,15 +69,15 @@ def already_trained(inventory: Inventory, backend: Backend) -> Trained | None:
         return None
     chief = inventory.hosts[0]  # config/roles puts the chief first
     try:
-        workdir = backend.workdirs([chief]).raise_if_failed("reaching the chief")[chief.name]
+        workdir = lifecycle.workdirs([chief]).raise_if_failed("reaching the chief")[chief.name]
         directory = job_dir(job, workdir)
-        listing = checked_listing(chief, backend.checkpoint(chief, checkpoint_dir(job, directory)))
+        listing = checked_listing(chief, files.checkpoint(chief, checkpoint_dir(job, directory)))
         if not reached(job, listing.latest) or listing.latest is None:
             return None
-        files = backend.list_files(chief, export_dir(directory)).files if job.export else {}
+        names = files.list_files(chief, export_dir(directory)).files if job.export else {}
     except (HostError, HostErrors):
         return None
-    if not exported(job, files):
+    if not exported(job, names):
         return None
     return Trained(listing.latest, job.steps, listing.directory, chief.name)
 
@@ -88,7 +88,11 @@ def fresh_stamp(now: datetime | None = None) -> str:
 
 
 def set_aside_checkpoints(
-    inventory: Inventory, backend: Backend, say: Callable[[str], None], stamp: str | None = None
+    inventory: Inventory,
+    lifecycle: Lifecycle,
+    files: Files,
+    say: Callable[[str], None],
+    stamp: str | None = None,
 ) -> list[SetAside]:
     """`up --fresh`: the checkpoint directory of every worker slot (the chief's, and the copies
     a resume spread to the others) and of every spare, emptied into a sibling
@@ -99,9 +103,9 @@ def set_aside_checkpoints(
     host that is down, is only said."""
     job = inventory.job
     stamp = stamp or fresh_stamp()
-    workdirs = dict(backend.workdirs(inventory.hosts).raise_if_failed(
+    workdirs = dict(lifecycle.workdirs(inventory.hosts).raise_if_failed(
         "reaching the hosts to set their checkpoints aside (--fresh)"))  # fmt: skip
-    spares = backend.workdirs(inventory.spares)
+    spares = lifecycle.workdirs(inventory.spares)
     for name, error in spares.failed.items():
         say(f"--fresh: spare {name} not reached ({error.message}): a checkpoint directory it "
             "may hold is not set aside")  # fmt: skip
@@ -110,7 +114,7 @@ def set_aside_checkpoints(
     moved = []
     for host in hosts:
         directory = checkpoint_dir(job, job_dir(job, workdirs[host.name]))
-        result = backend.set_aside(host, directory, stamp)
+        result = files.set_aside(host, directory, stamp)
         if result.moved_to is not None:
             say(f"--fresh: set aside {result.count} file(s) of {result.directory} on "
                 f"{host.name}: moved to {result.moved_to}")  # fmt: skip
@@ -123,7 +127,7 @@ def set_aside_checkpoints(
     # The chief's TensorBoard events too: the new run's curves would start again at step 0 over
     # the old ones in the same directory.
     events_dir = tensorboard_dir(checkpoint_dir(job, job_dir(job, workdirs[chief.name])))
-    events = backend.set_aside(chief, events_dir, stamp)
+    events = files.set_aside(chief, events_dir, stamp)
     if events.moved_to is not None:
         say(f"--fresh: set aside the TensorBoard events of {events.directory} on {chief.name}: "
             f"moved to {events.moved_to}")  # fmt: skip

@@ -20,8 +20,8 @@ The order, and why:
    checks passed); then the start: the run recorded and its workers launched.
 Leases and standbys are let go if a step fails before the run is recorded as started.
 
-The restarts follow in engine/supervision/supervise.py (the Supervisor) and
-engine/workers/lifecycle.py.
+A restart is the same kind of ordered sequence, Supervisor._restart in
+engine/supervision/supervise.py, over engine/workers/lifecycle.py's launch.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def start_first_attempt(
     what the job's checkpoint reached when there is nothing to train (nothing started)."""
     with exclusive_start(store, hooks.say):
         refuse_if_active(store, backend, hooks.say)
-        trained = None if options.fresh else already_trained(inventory, backend)
+        trained = None if options.fresh else already_trained(inventory, backend, backend)
         if trained is not None:
             return trained
         prepared = hooks.prepare(inventory, backend, options.force_setup)
@@ -92,10 +92,10 @@ def start_first_attempt(
         with ExitStack() as held:
             # Its turn first (then held_leases keeps what its keepers hold); goodput's queue.
             queued = hooks.wait_in_queue(inventory, run_id, backend) if options.queue else 0.0
-            leased = held.enter_context(held_leases(inventory, run_id, backend, hooks.say))
+            leased = held.enter_context(held_leases(inventory, run_id, backend.leasing, hooks.say))
             # One tracking run per run (job.tracking), before the standbys take its identity;
             # the earlier run's, when this one resumes its checkpoint.
-            resumed = resumed_tracking(store, backend, leased, hooks.say)
+            resumed = resumed_tracking(store, backend, backend, leased, hooks.say)
             leased = held.enter_context(held_tracking(leased, run_id, hooks.say, resumed))
             measured = not options.skip_checks and leased.perf_check
             if measured:  # the standbys' TensorFlow import would slow the compute probes
@@ -105,7 +105,7 @@ def start_first_attempt(
                 hooks.check(leased, backend, False)
             hooks.announce(leased)
             if options.fresh:
-                set_aside_checkpoints(leased, backend, hooks.step)
+                set_aside_checkpoints(leased, backend, backend, hooks.step)
             return start_run(
                 leased,
                 store,

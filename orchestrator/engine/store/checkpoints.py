@@ -25,7 +25,7 @@ from orchestrator.engine.store.runstore import atomic_write, current_umask
 from orchestrator.errors import HostError
 from orchestrator.fanout import fan_out
 from orchestrator.model.answers import CheckpointListing
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import WorkerSlot
 from orchestrator.model.workers import WorkerSpec
 from orchestrator.paths import plain_name
 
@@ -61,16 +61,16 @@ class Mirror:
         files = {p.name: p.stat().st_size for p in directory.iterdir()}
         return CheckpointListing(str(directory), name, files, (name,))
 
-    def update(self, host: Host, checkpoint_dir: str, backend: Files) -> str | None:
+    def update(self, host: WorkerSlot, checkpoint_dir: str, files: Files) -> str | None:
         """Copy the host's latest checkpoint here unless it is already here; its name."""
-        found = checked_listing(host, backend.checkpoint(host, checkpoint_dir))
+        found = checked_listing(host, files.checkpoint(host, checkpoint_dir))
         current = self.latest()
         if not found.latest or (current and current.latest == found.latest):
             return None
         staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=self._ready()))
         prefix = found.latest + "."
         latest_only = {n for n in found.files if n.startswith(prefix) or n in CHECKPOINT_COMPANIONS}
-        _download(host, found, latest_only, backend, staging)
+        _download(host, found, latest_only, files, staging)
         os.replace(staging, self.root / found.latest)
         _write_atomic(self.root / "latest", found.latest)  # last: never names a partial copy
         for old in self.root.iterdir():
@@ -88,11 +88,11 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def spread_latest_checkpoint(
-    specs: list[WorkerSpec], backend: Files, mirror: Mirror | None = None
+    specs: list[WorkerSpec], files: Files, mirror: Mirror | None = None
 ) -> CheckpointSpread:
     """Make the newest checkpoint (the chief's, or the mirror's if newer) present everywhere."""
     chief = specs[0]
-    found = checked_listing(chief.host, backend.checkpoint(chief.host, chief.checkpoint_dir))
+    found = checked_listing(chief.host, files.checkpoint(chief.host, chief.checkpoint_dir))
     mirrored = mirror.latest() if mirror else None
     use_mirror = bool(mirrored) and checkpoint_step(mirrored.latest if mirrored else None) > (
         checkpoint_step(found.latest)
@@ -104,7 +104,7 @@ def spread_latest_checkpoint(
     listings = fan_out(
         targets,
         lambda n: checked_listing(
-            targets[n].host, backend.checkpoint(targets[n].host, targets[n].checkpoint_dir)
+            targets[n].host, files.checkpoint(targets[n].host, targets[n].checkpoint_dir)
         ),
     ).raise_if_failed("reading the checkpoint directories")
     # Every checkpoint the chief keeps, not only the latest: a worker that cannot load the
@@ -117,9 +117,9 @@ def spread_latest_checkpoint(
             staging = Path(wanted.directory) if use_mirror else Path(scratch)
             if not use_mirror:
                 wanted_files = set().union(*(missing[n] for n in needy))
-                _download(chief.host, found, wanted_files, backend, staging)
+                _download(chief.host, found, wanted_files, files, staging)
             fan_out(
-                needy, lambda n: _install(needy[n], wanted, missing[n], backend, staging)
+                needy, lambda n: _install(needy[n], wanted, missing[n], files, staging)
             ).raise_if_failed("copying the latest checkpoint")
     return CheckpointSpread(
         wanted.latest,
@@ -129,7 +129,7 @@ def spread_latest_checkpoint(
     )
 
 
-def checked_listing(host: Host, listing: CheckpointListing) -> CheckpointListing:
+def checked_listing(host: WorkerSlot, listing: CheckpointListing) -> CheckpointListing:
     """A host's checkpoint listing whose every name is one plain name (`ckpt-100`,
     `ckpt-100.index`): they become paths here (the mirror, a staging directory) and in the
     other hosts' checkpoint directories. A name with '/' or '..' is the host's error."""
@@ -152,16 +152,16 @@ def _missing(listing: CheckpointListing, wanted: CheckpointListing) -> set[str]:
 
 
 def _download(
-    host: Host, found: CheckpointListing, names: set[str] | None, backend: Files, staging: Path
+    host: WorkerSlot, found: CheckpointListing, names: set[str] | None, files: Files, staging: Path
 ) -> None:
     for name in sorted(found.files if names is None else names):
-        backend.download(host, posixpath.join(found.directory, name), str(staging / name))
+        files.download(host, posixpath.join(found.directory, name), str(staging / name))
 
 
 def _install(
-    spec: WorkerSpec, found: CheckpointListing, names: set[str], backend: Files, staging: Path
+    spec: WorkerSpec, found: CheckpointListing, names: set[str], files: Files, staging: Path
 ) -> None:
     assert found.latest is not None
-    files = [(str(staging / n), posixpath.join(spec.checkpoint_dir, n)) for n in sorted(names)]
-    backend.upload(spec.host, files)
-    backend.adopt_checkpoint(spec.host, spec.checkpoint_dir, found.latest, found.checkpoints)
+    pairs = [(str(staging / n), posixpath.join(spec.checkpoint_dir, n)) for n in sorted(names)]
+    files.upload(spec.host, pairs)
+    files.adopt_checkpoint(spec.host, spec.checkpoint_dir, found.latest, found.checkpoints)

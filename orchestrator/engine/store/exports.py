@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.backends.base import Backend
+from orchestrator.backends.capabilities import Files, Reach
 from orchestrator.errors import HostError, RunStateError
 from orchestrator.model.records import RunRecord, WorkerRecord
 from orchestrator.model.workers import export_dir, job_dir_of_run
@@ -41,8 +41,8 @@ def no_export(chief: WorkerRecord, source: str) -> RunStateError:
     )
 
 
-def export_is_remote(record: RunRecord, backend: Backend) -> bool:
-    return not backend.reads_in_place(record.workers[0].host)
+def export_is_remote(record: RunRecord, reach: Reach) -> bool:
+    return not reach.reads_in_place(record.workers[0].host)
 
 
 def local_export(record: RunRecord) -> Path:
@@ -54,19 +54,19 @@ def local_export(record: RunRecord) -> Path:
     return source
 
 
-def pull_export(record: RunRecord, backend: Backend, target: Path) -> PulledExport:
+def pull_export(record: RunRecord, files: Files, target: Path) -> PulledExport:
     """Copy the chief's export directory to `target` (replacing what was there)."""
     chief = record.workers[0]
     source = chief_export_dir(chief)
-    listing = backend.list_files(chief.host, source)
-    files = listing.files
-    if not files:
+    listing = files.list_files(chief.host, source)
+    found = listing.files
+    if not found:
         raise no_export(chief, source)
     target = target.resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
     try:
-        for relative in sorted(files):
+        for relative in sorted(found):
             local = inside(staging, relative)
             if local is None:  # a host that answered `../../.bashrc` or `/etc/x` as a name
                 raise HostError(
@@ -77,14 +77,14 @@ def pull_export(record: RunRecord, backend: Backend, target: Path) -> PulledExpo
                     "name with '..'), or at whether the host runs orchestrate's own agent",
                 )
             local.parent.mkdir(parents=True, exist_ok=True)
-            backend.download(chief.host, posixpath.join(listing.root, relative), str(local))
+            files.download(chief.host, posixpath.join(listing.root, relative), str(local))
         os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide the model from other users
         _swap_in(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    size = sum(entry[0] for entry in files.values())
-    return PulledExport(source=source, target=target, files=len(files), size_bytes=size)
+    size = sum(entry[0] for entry in found.values())
+    return PulledExport(source=source, target=target, files=len(found), size_bytes=size)
 
 
 def _swap_in(staging: Path, target: Path) -> None:

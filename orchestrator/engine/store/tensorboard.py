@@ -10,7 +10,7 @@ from __future__ import annotations
 import posixpath
 from pathlib import Path
 
-from orchestrator.backends.base import Backend
+from orchestrator.backends.capabilities import Files, Reach
 from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import HostError
 from orchestrator.model.records import RunRecord, WorkerRecord
@@ -22,22 +22,22 @@ def chief_event_dir(chief: WorkerRecord) -> str:
     return tensorboard_dir(chief.checkpoint_dir)
 
 
-def events_are_remote(record: RunRecord, backend: Backend) -> bool:
-    return not backend.reads_in_place(record.workers[0].host)
+def events_are_remote(record: RunRecord, reach: Reach) -> bool:
+    return not reach.reads_in_place(record.workers[0].host)
 
 
-def local_event_dir(record: RunRecord, store: RunStore, backend: Backend) -> Path:
-    if not events_are_remote(record, backend):
+def local_event_dir(record: RunRecord, store: RunStore, reach: Reach) -> Path:
+    if not events_are_remote(record, reach):
         return Path(chief_event_dir(record.workers[0]))
     return store.event_dir(record.job_name)
 
 
-def pull_events(record: RunRecord, backend: Backend, target: Path) -> int:
+def pull_events(record: RunRecord, reach: Reach, files: Files, target: Path) -> int:
     """Copy the remote chief's new or changed event files into `target`; how many were copied."""
-    if not events_are_remote(record, backend):
+    if not events_are_remote(record, reach):
         return 0
     chief = record.workers[0]
-    listing = backend.list_files(chief.host, chief_event_dir(chief))
+    listing = files.list_files(chief.host, chief_event_dir(chief))
     copied = 0
     for relative, (size, _mtime) in sorted(listing.files.items()):
         local = inside(target, relative)
@@ -47,6 +47,6 @@ def pull_events(record: RunRecord, backend: Backend, target: Path) -> int:
         if local.exists() and local.stat().st_size == size:
             continue
         local.parent.mkdir(parents=True, exist_ok=True)
-        backend.download(chief.host, posixpath.join(listing.root, relative), str(local))
+        files.download(chief.host, posixpath.join(listing.root, relative), str(local))
         copied += 1
     return copied

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.base import Backend
+from orchestrator.backends.capabilities import Lifecycle, Scheduler
 from orchestrator.boundedread import RECORD_CAP, read_text
 from orchestrator.engine.observe.status import RunStatus, collect_status
 from orchestrator.engine.store.runstore import RunStore, StopRequest
@@ -110,12 +111,12 @@ def _read_answer(path: Path, request: StopRequest) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("request") == request.id else None
 
 
-def watch(store: RunStore, backend: Backend, run_id: str,
+def watch(store: RunStore, lifecycle: Lifecycle, scheduler: Scheduler | None, run_id: str, *,
           show: Callable[[RunStatus], None], interval: float) -> RunStatus:  # fmt: skip
     """Follow a run another process supervises, until it has ended and that process let go."""
     lock = SupervisorLock(store.lock_path(run_id))
     while True:
-        final = collect_status(store.load(run_id), backend)
+        final = collect_status(store.load(run_id), lifecycle, scheduler)
         show(final)
         if final.state.finished and not lock.held_elsewhere():
             return final

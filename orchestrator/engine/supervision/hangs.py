@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from orchestrator.backends.base import Backend, Lifecycle
+from orchestrator.backends.base import Lifecycle
 from orchestrator.engine.observe.failures import Failure
 from orchestrator.engine.observe.stacks import Summary, last_dump, summarise
 from orchestrator.engine.store.runstore import RunStore
@@ -32,13 +32,13 @@ class Stacks:
 
 
 def collect(
-    backend: Lifecycle, workers: Sequence[WorkerRecord], wait: float, native: bool = False
+    lifecycle: Lifecycle, workers: Sequence[WorkerRecord], wait: float, native: bool = False
 ) -> Stacks:
     texts: dict[str, str] = {}
     silent: dict[str, str] = {}
     natives: dict[str, str] = {}
     try:
-        answers = backend.stacks(workers, wait, native)
+        answers = lifecycle.stacks(workers, wait, native)
     except OrchestrateError as error:
         return Stacks({}, {w.name: error.message for w in workers}, {})
     for worker in workers:
@@ -69,11 +69,11 @@ def keep(store: RunStore, record: RunRecord, stacks: Stacks) -> list[Path]:
 
 
 def at_stall(
-    store: RunStore, record: RunRecord, backend: Backend, failure: Failure
+    store: RunStore, record: RunRecord, lifecycle: Lifecycle, failure: Failure
 ) -> tuple[Failure, Path | None]:
     """A stalled attempt's stacks, kept, and the failure restated with them: which worker the
     others wait for becomes the failed worker (the watch names the first one it saw stall)."""
-    stacks = collect(backend, record.workers, STALL_STACKS_WAIT)
+    stacks = collect(lifecycle, record.workers, STALL_STACKS_WAIT)
     try:
         paths = keep(store, record, stacks)
     except OSError:

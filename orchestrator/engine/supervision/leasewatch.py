@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
-from orchestrator.backends.base import Backend
+from orchestrator.backends.capabilities import Leases
 from orchestrator.errors import OrchestrateError
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import Inventory, WorkerSlot
 from orchestrator.model.leases import LeaseListing
 
 LEASE_CHECK_SECONDS = 2.0  # at most this long between two looks (the poll's, if longer)
@@ -69,7 +69,7 @@ def missing(
     return tuple(found)
 
 
-def pinned(host: Host) -> Host:
+def pinned(host: WorkerSlot) -> WorkerSlot:
     """The worker as a lease request that takes exactly what it uses: its port fixed, its
     GPUs the only pool."""
     gpus = host.leased_gpus
@@ -88,8 +88,8 @@ class LeaseWatch:
     """Look at the run's leases at most every `every` seconds; take back what a dead keeper
     let go; say what could not be."""
 
-    def __init__(self, backend: Backend, every: float = LEASE_CHECK_SECONDS) -> None:
-        self.backend = backend
+    def __init__(self, leasing: Leases | None, every: float = LEASE_CHECK_SECONDS) -> None:
+        self.leasing = leasing  # Backend.leasing: None where nothing is leased
         self.every = every
         self._looked: float | None = None
 
@@ -98,7 +98,7 @@ class LeaseWatch:
     ) -> LeaseCheck | None:
         """None when it is not time to look, or the backend leases nothing. `active`: the
         workers that have not ended."""
-        leasing = self.backend.leasing
+        leasing = self.leasing
         if leasing is None or not any(h.leases and h.name in active for h in inventory.hosts):
             return None
         if self._looked is not None and now - self._looked < self.every:

@@ -138,7 +138,7 @@ def stop_interrupted_launch(
     """Stop what a dead launcher had started (the rest would wait forever for the missing
     peers) and mark the attempt as over, so it neither wedges the state directory nor orphans
     a worker. Returns the record as saved."""
-    status = collect_status(record, backend)
+    status = collect_status(record, backend, backend.scheduler)
     started = [w.name for w in status.workers if w.state is not WorkerState.PENDING]
     say(
         f"run {record.run_id}: the launch of attempt {record.attempt} was interrupted "
@@ -177,10 +177,10 @@ def refuse_if_active(
     # The earlier run may live elsewhere (hosts, or a Slurm cluster): ask its own backend,
     # or this one when it serves both (its sessions then serve the launch too).
     if serves(backend, previous.inventory):
-        status = collect_status(previous, backend)
+        status = collect_status(previous, backend, backend.scheduler)
     else:
         with open_backend(previous.inventory) as own:
-            status = collect_status(previous, own)
+            status = collect_status(previous, own, own.scheduler)
     if status.state in ACTIVE or supervised:
         state = status.state.value if status.state in ACTIVE else "being restarted"
         raise RunStateError(

@@ -7,28 +7,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from orchestrator.model.inventory import ROLE_EVALUATOR, Host, Inventory
+from orchestrator.model.inventory import ROLE_EVALUATOR, Inventory, WorkerSlot
 
 
 @dataclass(frozen=True)
 class ClusterPlan:
-    hosts: tuple[Host, ...]
-    spares: tuple[Host, ...]
-    dropped: tuple[Host, ...]
+    hosts: tuple[WorkerSlot, ...]
+    spares: tuple[WorkerSlot, ...]
+    dropped: tuple[WorkerSlot, ...]
     changes: tuple[str, ...] = ()  # what changed, for the log
     problem: str | None = None  # why no cluster can be formed
     hint: str | None = None
 
 
-def plan_cluster(inventory: Inventory, dropped: list[Host], dead: Mapping[str, str]) -> ClusterPlan:
+def plan_cluster(
+    inventory: Inventory, dropped: list[WorkerSlot], dead: Mapping[str, str]
+) -> ClusterPlan:
     """The workers of the next attempt: spares first, then min_hosts. Pure.
 
     The global batch size is kept when hosts are dropped (each survivor takes a larger share),
     so the optimizer sees the same batch per step and the learning-rate schedule still fits."""
     spares = [s for s in inventory.spares if s.name not in dead]
-    hosts: list[Host] = []
+    hosts: list[WorkerSlot] = []
     changes: list[str] = []
-    still_dropped: list[Host] = []
+    still_dropped: list[WorkerSlot] = []
     for host in inventory.hosts:
         if host.name not in dead:
             hosts.append(host)

@@ -96,7 +96,7 @@ class Sidecar:
             self.say(f"the evaluator {worker.name} failed ({worker.reason}); starting it again "
                      f"alone ({self.restarted}/{rolepolicy.EVALUATOR_RESTARTS})")  # fmt: skip
             try:
-                return start_alone(record, self.backend, index, self.restarted)
+                return start_alone(record, self.backend, self.backend, index, self.restarted)
             except OrchestrateError as error:
                 self.say(f"could not start the evaluator again: {error.message}")
                 return record
@@ -112,7 +112,7 @@ class Sidecar:
                           failure.kind)  # fmt: skip
         record, number = self._record_alone(record, restart)
         try:
-            return start_alone(record, self.backend, index, number)
+            return start_alone(record, self.backend, self.backend, index, number)
         except OrchestrateError as error:
             self.say(f"could not start {worker.name} again: {error.message}")
             return record

@@ -6,7 +6,8 @@ A worker has failed when it exited non-zero, vanished, its host stopped answerin
 first step within the job's start_timeout, or its step has not moved for its stall_timeout since.
 Then every remaining worker is stopped, the chief's
 latest checkpoint is made present on every host, and the cluster starts again with identical
-TF_CONFIG, up to max_restarts times, with a doubling backoff. What counts as a failure and
+TF_CONFIG, up to max_restarts times, with a doubling backoff: Supervisor._restart says the order
+and why. What counts as a failure and
 whether it is worth a restart is policy.py's; re-planning around dead hosts is replan.py's; the
 locks are locks.py's and `down`/`attach` talk to this loop as control.py says.
 """
@@ -101,7 +102,9 @@ class Supervisor:
         self.events = RunEvents(store, record, say)  # notify: targets, told in the background
         # what the hosts' roles ask of the loop
         self.sidecar = Sidecar(backend, say, self.events.restarted_alone)
-        self.leasewatch = LeaseWatch(backend, max(interval, 2.0))  # a dead keeper: re-leased
+        self.leasewatch = LeaseWatch(
+            backend.leasing, max(interval, 2.0)
+        )  # a dead keeper: re-leased
 
     def run(self) -> RunStatus:
         """Supervise until the run succeeds, is stopped, or fails for good (JobFailed). Once it
@@ -113,15 +116,17 @@ class Supervisor:
             ended = True
             # First: a queued neighbour waits for the leases, not for the standbys or the
             # notifications below (they hold none).
-            release_leases(self.record.inventory, self.record.run_id, self.backend)
+            release_leases(self.record.inventory, self.record.run_id, self.backend.leasing)
         except JobFailed as error:
             ended = True
-            release_leases(self.record.inventory, self.record.run_id, self.backend)
-            self.events.failed(error)  # unless _recover told it already
+            release_leases(self.record.inventory, self.record.run_id, self.backend.leasing)
+            self.events.failed(error)  # unless _restart told it already
             raise
         finally:
             with suppress(OrchestrateError):  # a host not answering: its standbys linger out
-                end_standbys(self.record, self.backend, self.linger if ended else 0)
+                end_standbys(
+                    self.record, self.backend.keeper, self.backend, self.linger if ended else 0
+                )
             self.events.close()  # a bounded wait for the notifications still queued
         return status
 
@@ -129,7 +134,7 @@ class Supervisor:
         while True:
             if not self.store.exists(self.record.run_id):
                 raise RunStateError(f"the record of run {self.record.run_id} was removed")
-            status = collect_status(self.record, self.backend)
+            status = collect_status(self.record, self.backend, self.backend.scheduler)
             self._status = status  # goodput: the attempt's spans as it ends (_close_attempt)
             self.events.seen(status)
             self.show(status)
@@ -139,7 +144,7 @@ class Supervisor:
                 preempted = preemption(status) if self.backend.resubmits_preempted else None
                 if preempted is not None:
                     self._close_attempt(AttemptEnd.PREEMPTED)
-                    self._recover(preempted)
+                    self._restart(preempted)
                     continue
             if status.state in (WorkerState.SUCCEEDED, WorkerState.STOPPED):
                 ended = (
@@ -180,7 +185,7 @@ class Supervisor:
                 failure = early_exit(failure, done)
                 # At the verdict, before the stop.
                 self._close_attempt(AttemptEnd.of_failure(failure.kind))
-                self._recover(failure)
+                self._restart(failure)
             else:
                 self._check_leases(status)
                 self._start_standbys(status)
@@ -250,7 +255,7 @@ class Supervisor:
         slow the attempt's own start), a standby per slot, for the next attempt while a
         restart is left, and for the job's next run when the run's end leaves them lingering."""
         job = self.record.inventory.job
-        spent = len(failed_restarts(self.record.restarts))  # as _recover counts them
+        spent = len(failed_restarts(self.record.restarts))  # as _restart counts them
         if (
             not job.warm
             or self._standbys_for == self.record.attempt
@@ -260,9 +265,9 @@ class Supervisor:
         ):  # fmt: skip
             return
         self._standbys_for = self.record.attempt
-        linger = backoff(job, spent) + STANDBY_SLACK  # past the backoff _recover will wait
+        linger = backoff(job, spent) + STANDBY_SLACK  # past the backoff _restart will wait
         try:
-            answers = start_standbys(self.record, self.backend, linger)
+            answers = start_standbys(self.record, self.backend.keeper, self.backend, linger)
         except OrchestrateError as error:  # a secret gone from the environment: cold restarts
             self.say(f"no standbys for a warm restart: {error.message}")
             return
@@ -284,32 +289,79 @@ class Supervisor:
         raise JobFailed(give_up_message(failure, tail, why, len(self.record.restarts), role),
                         hint="'orchestrate tail' shows every worker's log")  # fmt: skip
 
-    def _recover(self, failure: Failure) -> None:
-        job = self.record.inventory.job
-        restarts = self.record.restarts
+    def _restart(self, failure: Failure) -> None:
+        """A failed attempt's restart, as one ordered sequence (attempt 0's start is
+        engine/start/start.py's). The order, and why:
+        1. at a stall, every worker's stacks, kept, before anything is stopped: which worker the
+           others wait for becomes the failed one (hangs.at_stall); then the Restart recorded,
+           timed when the failure was seen;
+        2. the survivors stopped, and the failed worker's log tail read: one that exited wrote
+           its whole log, and its survivors block in a collective without it, so they are
+           stopped first and its tail read after; a stalled one still writes, so before. The
+           standbys and the leases stay: the next attempt takes them;
+        3. the verdict: a worker's or the run's restarts spent, or a failure no restart mends,
+           ends the run here (told, saved, JobFailed naming the root cause, policy.py);
+        4. the backoff, doubling with each restart spent (none after a preemption, which spends
+           none); `down` meanwhile ends the restart;
+        5. the next attempt numbered and the restart counted, then relaunched: dead hosts
+           replaced by spares or dropped, hosts back again taken back (replan.py); a partition
+           waited out, no restart spent; the launch (lifecycle.launch_attempt) takes the leases
+           again where a keeper died, makes the machines ready (sync, setup), spreads the
+           chief's latest checkpoint to every host (or this machine's mirror of it) and starts
+           each slot's worker, handed to the slot's standby where one waits (started once the
+           last attempt stepped: _start_standbys);
+        6. the watches reset for the new attempt.
+        """
+        failure, restart = self._seen(failure)
+        tail = self._stop_survivors(failure)
+        self._verdict(failure, restart, tail)
+        if not self._backoff(failure, restart):
+            return  # `down` asked during the backoff
+        self.record = replace(self.record, attempt=self.record.attempt + 1,
+                              restarts=(*self.record.restarts, restart))  # fmt: skip
+        if self._relaunch(failure, restart):
+            self.watch.reset()
+            self.sidecar.reset()
+
+    def _seen(self, failure: Failure) -> tuple[Failure, Restart]:
+        """Step 1: a stall's stacks (where every worker is, before they are stopped), and the
+        Restart that the record will keep."""
         detected = time.time()
-        if failure.kind is FailureKind.STALLED:  # where every worker is, before they are stopped
+        if failure.kind is FailureKind.STALLED:
             failure, kept = at_stall(self.store, self.record, self.backend, failure)
             if kept is not None:
                 self.say(f"stacks of every worker at the stall: {kept}")
         restart = Restart(detected, self.record.attempt, failure.worker, failure.reason,
                           failure.step, failure.kind)  # fmt: skip
-        # A worker that exited wrote its whole log: its survivors are stopped first (they block
-        # in a collective without it), its tail read after. A stalled one still writes: before.
+        return failure, restart
+
+    def _stop_survivors(self, failure: Failure) -> tuple[str, ...]:
+        """Step 2: the survivors stopped (standbys and leases kept); the failed worker's log
+        tail, read after the stop for a worker that exited, before it for a stalled one."""
         stalled = failure.kind is FailureKind.STALLED
         tail = self._log_tail(failure.worker) if stalled else ()
-        stop_run(self.record, self.backend, grace=survivors_grace(failure, job), standbys=False,
+        grace = survivors_grace(failure, self.record.inventory.job)
+        stop_run(self.record, self.backend, grace=grace, standbys=False,
                  by=f"after {failure.worker} ended the attempt")  # fmt: skip
-        tail = tail if stalled else self._log_tail(failure.worker)
+        return tail if stalled else self._log_tail(failure.worker)
+
+    def _verdict(self, failure: Failure, restart: Restart, tail: tuple[str, ...]) -> None:
+        """Step 3: the failure told; the run given up (JobFailed) when no restart is left for
+        it or none would mend it."""
+        job = self.record.inventory.job
         role = next((w.host.role for w in self.record.workers if w.name == failure.worker),
                     "worker")  # fmt: skip
         why = worker_budget_spent(failure, role, self.record.alone, job) or give_up_reason(
-            failure, restarts, job
+            failure, self.record.restarts, job
         )
         self.events.failure(failure, restart, why, explain(failure.kind, tail))
         if why:
             self._give_up(failure, restart, why, tail, role)
-        spent = len(failed_restarts(restarts))
+
+    def _backoff(self, failure: Failure, restart: Restart) -> bool:
+        """Step 4: said and waited; False when `down` asked meanwhile (no restart then)."""
+        job = self.record.inventory.job
+        spent = len(failed_restarts(self.record.restarts))
         if failure.kind is FailureKind.PREEMPTED:
             wait = 0.0
             self.say(f"{restart.describe()}; resubmitting from the checkpoint (a preemption "
@@ -321,23 +373,24 @@ class Supervisor:
                 f"({spent + 1}/{job.max_restarts}) in {wait:g} s"
             )
         time.sleep(wait)
-        if self.store.stop_flag(self.record.run_id).exists():
-            return
-        self.record = replace(self.record, attempt=self.record.attempt + 1,
-                              restarts=(*restarts, restart))  # fmt: skip
+        return not self.store.stop_flag(self.record.run_id).exists()
+
+    def _relaunch(self, failure: Failure, restart: Restart) -> bool:
+        """Step 5: re-planned around dead hosts, a partition waited out, then launched; False
+        when `down` asked meanwhile (nothing launched). A restart that cannot be made ends the
+        run (JobFailed)."""
         try:
             self._replace_dead_hosts()
             self._wait_until_reachable(failure)
             if self.store.stop_flag(self.record.run_id).exists():
-                return
+                return False
             self.record = launch_attempt(self.record, self.store, self.backend, self.say)
         except (HostErrors, OrchestrateError) as error:
             raise JobFailed(
                 f"the restart after {restart.describe()} failed: {error.message}",
                 hint=error.hint,
             ) from error
-        self.watch.reset()
-        self.sidecar.reset()
+        return True
 
     @property
     def last_status(self) -> RunStatus | None:

@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from orchestrator.backends.base import Backend
+from orchestrator.backends.capabilities import Files, Lifecycle
 from orchestrator.engine.store.checkpoints import checkpoint_step
 from orchestrator.engine.store.runstore import RunStore
 from orchestrator.errors import OrchestrateError
-from orchestrator.model.inventory import Host, Inventory, Tracking
+from orchestrator.model.inventory import Inventory, Tracking, WorkerSlot
 from orchestrator.model.records import RunRecord
 from orchestrator.model.vocabulary import AttemptEnd
 from orchestrator.model.workers import checkpoint_dir, job_dir
@@ -70,7 +70,7 @@ def succeeded(record: RunRecord) -> bool:
     return bool(record.attempts) and record.attempts[-1].end == AttemptEnd.FINISHED
 
 
-def same_machine(one: Host, other: Host) -> bool:
+def same_machine(one: WorkerSlot, other: WorkerSlot) -> bool:
     return (one.address, one.connection, one.settings) == (
         other.address, other.connection, other.settings)  # fmt: skip
 
@@ -92,7 +92,11 @@ def _newest_first(store: RunStore) -> Iterator[RunRecord]:
 
 
 def resumed_tracking(
-    store: RunStore, backend: Backend, inventory: Inventory, say: Callable[[str], None]
+    store: RunStore,
+    lifecycle: Lifecycle,
+    files: Files,
+    inventory: Inventory,
+    say: Callable[[str], None],
 ) -> Resumed | None:
     """The tracking identity this `up` resumes (the module's rules), or None: a new one."""
     wanted = inventory.job.tracking
@@ -106,11 +110,11 @@ def resumed_tracking(
         return None
     chief, wrote = inventory.hosts[0], earlier.workers[0]
     try:
-        workdir = backend.workdirs([chief]).raise_if_failed("reaching the chief")[chief.name]
+        workdir = lifecycle.workdirs([chief]).raise_if_failed("reaching the chief")[chief.name]
         directory = checkpoint_dir(inventory.job, job_dir(inventory.job, workdir))
         if not same_machine(chief, wrote.host) or directory != wrote.checkpoint_dir:
             return None
-        latest = backend.checkpoint(chief, directory).latest
+        latest = files.checkpoint(chief, directory).latest
     except OrchestrateError as error:  # the start says what is wrong with the chief
         say(f"tracking: not resuming run {earlier.run_id}'s tracking run: {error.message}")
         return None

@@ -60,10 +60,10 @@ from orchestrator.engine.workers.tfconfig import task_of
 from orchestrator.model.inventory import (
     ROLE_EVALUATOR,
     ROLE_WORKER,
-    Host,
     Inventory,
     Job,
     Tracking,
+    WorkerSlot,
 )
 from orchestrator.model.launch import Placement, WorkerLaunch
 from orchestrator.model.workers import export_dir
@@ -111,7 +111,7 @@ def restarts_alone(job: Job, role: str) -> int:
     return 0
 
 
-def worker_env(job: Job, host: Host, place: Placement) -> dict[str, str]:
+def worker_env(job: Job, host: WorkerSlot, place: Placement) -> dict[str, str]:
     """The job's variables, then orchestrate's: the place's run variables, the checkpoint
     directory, the place's own, the Keras, a script's target steps, the host's GPUs."""
     env = {
@@ -176,7 +176,7 @@ def eval_export_flags(job: Job, job_directory: str) -> tuple[str, ...]:
     return tuple(flags)
 
 
-def device_flags(job: Job, host: Host) -> tuple[str, ...]:
+def device_flags(job: Job, host: WorkerSlot) -> tuple[str, ...]:
     """The built-in loop's flags for the host's GPU settings, strategy and profiling window."""
     flags: list[str] = []
     if host.gpu_memory_growth:
@@ -194,7 +194,7 @@ def device_flags(job: Job, host: Host) -> tuple[str, ...]:
     return tuple(flags)
 
 
-def worker_argv(job: Job, host: Host, place: Placement) -> tuple[str, ...]:
+def worker_argv(job: Job, host: WorkerSlot, place: Placement) -> tuple[str, ...]:
     """A script with its args (booted where the place has a run directory for its stacks), the
     evaluator's watch, or the built-in loop with the job's and the host's flags."""
     if job.script is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.backends.base import Backend
+from orchestrator.backends.capabilities import Leases, Lifecycle, Reach, Standbys
 from orchestrator.engine.observe.rolepolicy import stop_order
 from orchestrator.engine.store.checkpoints import Mirror, spread_latest_checkpoint
 from orchestrator.engine.store.runstore import RunStore
@@ -63,7 +64,9 @@ def launch_attempt(
     secrets = secret_values(record.inventory.job.secret_env, environ, doing="starting the workers")
     # The run's leases (port: auto, gpus: N): kept while its keeper lives, taken again if it
     # died (the same port and GPUs when free); a clash raises LeaseClash naming the holder.
-    record = replace(record, inventory=take_leases(record.inventory, record.run_id, backend, say))
+    record = replace(
+        record, inventory=take_leases(record.inventory, record.run_id, backend.leasing, say)
+    )
     inventory = record.inventory
     workdirs = backend.workdirs(inventory.hosts).raise_if_failed("reaching the hosts")
     if not prepared:
@@ -97,16 +100,18 @@ def launch_attempt(
     return record
 
 
-def start_alone(record: RunRecord, backend: Backend, index: int, alone: int) -> RunRecord:
+def start_alone(
+    record: RunRecord, lifecycle: Lifecycle, reach: Reach, index: int, alone: int
+) -> RunRecord:
     """Start the worker at `index` again by itself (the evaluator, whose failure is not the
     training's; a ParameterServerStrategy worker, whose chief goes on), with the same TF_CONFIG
     and port, in a run directory of its own; the record with its new place."""
     secrets = secret_values(record.inventory.job.secret_env, os.environ, doing="starting it")
-    workdirs = backend.workdirs(record.inventory.hosts).raise_if_failed("reaching the hosts")
+    workdirs = lifecycle.workdirs(record.inventory.hosts).raise_if_failed("reaching the hosts")
     specs = plan_workers(record.inventory, record.run_id, dict(workdirs), record.attempt, secrets,
-                         reads_in_place=backend.reads_in_place, alone=alone)  # fmt: skip
+                         reads_in_place=reach.reads_in_place, alone=alone)  # fmt: skip
     spec = specs[index]
-    started = backend.start([spec]).raise_if_failed(f"starting {spec.name}")
+    started = lifecycle.start([spec]).raise_if_failed(f"starting {spec.name}")
     workers = list(record.workers)
     workers[index] = _started(_record(spec), started)
     return replace(record, workers=tuple(workers))
@@ -135,14 +140,14 @@ def _record(spec: WorkerSpec) -> WorkerRecord:
 
 
 def take_leases(
-    inventory: Inventory, run_id: str, backend: Backend, say: Callable[[str], None],
+    inventory: Inventory, run_id: str, leasing: Leases | None, say: Callable[[str], None],
     *, dry_run: bool = False,
 ) -> Inventory:  # fmt: skip
     """The inventory with the run's leased ports and GPUs; the lease records that were
     ignored (another user's, malformed or hostile) are named."""
-    if backend.leasing is None:  # nothing to lease: the inventory as written
+    if leasing is None:  # nothing to lease (Backend.leasing): the inventory as written
         return inventory
-    leased = backend.leasing.take_leases(inventory, run_id, dry_run=dry_run)
+    leased = leasing.take_leases(inventory, run_id, dry_run=dry_run)
     for ignored in leased.ignored:
         say(f"warning: {ignored.describe()}")
     return leased.inventory
@@ -150,24 +155,24 @@ def take_leases(
 
 @contextmanager
 def held_leases(
-    inventory: Inventory, run_id: str, backend: Backend, say: Callable[[str], None]
+    inventory: Inventory, run_id: str, leasing: Leases | None, say: Callable[[str], None]
 ) -> Iterator[Inventory]:
     """`up`: the run's leases from before its checks (its ports are what they check) through
     its launch; let go again if `up` fails before the run is recorded as started."""
-    leased = take_leases(inventory, run_id, backend, say)
+    leased = take_leases(inventory, run_id, leasing, say)
     try:
         yield leased
     except BaseException:
-        release_leases(leased, run_id, backend)
+        release_leases(leased, run_id, leasing)
         raise
 
 
-def release_leases(inventory: Inventory, run_id: str, backend: Backend) -> None:
+def release_leases(inventory: Inventory, run_id: str, leasing: Leases | None) -> None:
     """The run ended: its ports and GPUs are free for other jobs. A host that does not answer
     frees them itself once no worker of the run is left there."""
-    if backend.leasing is not None:
+    if leasing is not None:
         with suppress(OrchestrateError):
-            backend.leasing.release_leases(inventory, run_id)
+            leasing.release_leases(inventory, run_id)
 
 
 @dataclass(frozen=True)
@@ -202,8 +207,8 @@ def first_standbys(
         yield
         return
     workdirs = backend.workdirs(inventory.hosts).raise_if_failed("reaching the hosts")
-    specs, _ = _slot_standbys(inventory, run_id, dict(workdirs), 0, backend=backend,
-                              linger=linger, environ=os.environ)  # fmt: skip
+    specs, _ = _slot_standbys(inventory, run_id, dict(workdirs), 0, keeper=keeper,
+                              reach=backend, linger=linger, environ=os.environ)  # fmt: skip
     try:  # a slot without a standby starts cold
         yield
     except BaseException:
@@ -214,18 +219,20 @@ def first_standbys(
 
 def start_standbys(
     record: RunRecord,
-    backend: Backend,
+    keeper: Standbys | None,
+    reach: Reach,
     linger: float,
     environ: Mapping[str, str] = os.environ,
 ) -> dict[str, str]:
     """A standby for each worker slot of the record's current attempt, with the environment the
     next attempt's worker would get (job.secret_env's values read now, as a launch does); what
     happened per worker, failures included (a slot without a standby just starts cold)."""
-    if backend.keeper is None:
+    if keeper is None:  # Backend.keeper: this backend keeps none
         return {}  # every attempt starts cold
     workdirs = {w.name: posixpath.dirname(job_dir_of_run(w.run_dir)) for w in record.workers}
     _, answers = _slot_standbys(record.inventory, record.run_id, workdirs, record.attempt,
-                                backend=backend, linger=linger, environ=environ)  # fmt: skip
+                                keeper=keeper, reach=reach, linger=linger,
+                                environ=environ)  # fmt: skip
     return {**answers.ok, **{name: f"error: {e.message}" for name, e in answers.failed.items()}}
 
 
@@ -235,7 +242,8 @@ def _slot_standbys(
     workdirs: Mapping[str, str],
     attempt: int,
     *,
-    backend: Backend,
+    keeper: Standbys,
+    reach: Reach,
     linger: float,
     environ: Mapping[str, str],
 ) -> tuple[list[WorkerSpec], GroupResult[str, str]]:
@@ -243,14 +251,14 @@ def _slot_standbys(
     backend that keeps them)."""
     secrets = secret_values(inventory.job.secret_env, environ, doing="starting the standbys")
     specs = plan_workers(inventory, run_id, dict(workdirs), attempt, secrets,
-                         reads_in_place=backend.reads_in_place)  # fmt: skip
-    keeper = backend.keeper
-    return specs, keeper.start_standbys(specs, linger) if keeper else GroupResult()
+                         reads_in_place=reach.reads_in_place)  # fmt: skip
+    return specs, keeper.start_standbys(specs, linger)
 
 
 def end_standbys(
     record: RunRecord,
-    backend: Backend,
+    keeper: Standbys | None,
+    reach: Reach,
     linger: float,
     environ: Mapping[str, str] = os.environ,
 ) -> GroupResult[str, str]:
@@ -259,12 +267,11 @@ def end_standbys(
     (a run too short for the supervisor to start them) gets one now, importing while the user
     reads the result. A run `down` stopped discarded them already: that holds (the agent
     keeps a discarded run's marker and starts none for it)."""
-    keeper = backend.keeper
     if keeper is None:
         return GroupResult()  # none were kept
     if linger > 0 and record.inventory.job.warm:
         with suppress(OrchestrateError):  # a secret gone from the environment: the ones there
-            start_standbys(record, backend, STANDBY_START_LINGER, environ)
+            start_standbys(record, keeper, reach, STANDBY_START_LINGER, environ)
         return keeper.linger_standbys(record.workers, linger)
     return keeper.discard_standbys(record.workers)
 
@@ -288,7 +295,7 @@ def stop_run(
     if standbys:
         if backend.keeper is not None:  # a host not answering: its standby lingers out
             backend.keeper.discard_standbys(record.workers)
-        release_leases(record.inventory, record.run_id, backend)
+        release_leases(record.inventory, record.run_id, backend.leasing)
     outcome: dict[str, str] = {}
     leftovers: dict[str, list[int]] = {}
     for worker in record.workers:

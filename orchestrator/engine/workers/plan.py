@@ -24,7 +24,7 @@ from orchestrator.contract import (
 )
 from orchestrator.engine.workers.launch import worker_launch
 from orchestrator.engine.workers.tfconfig import tf_config
-from orchestrator.model.inventory import ROLE_EVALUATOR, ROLE_WORKER, Host, Inventory, Job
+from orchestrator.model.inventory import ROLE_EVALUATOR, ROLE_WORKER, Inventory, Job, WorkerSlot
 from orchestrator.model.launch import Placement
 from orchestrator.model.workers import WorkerSpec, checkpoint_dir, job_dir, sync_dir
 
@@ -60,7 +60,13 @@ def uploads(
 
 
 def host_placement(
-    inventory: Inventory, host: Host, directory: str, run_id: str, run_dir: str, *, in_place: bool
+    inventory: Inventory,
+    host: WorkerSlot,
+    directory: str,
+    run_id: str,
+    run_dir: str,
+    *,
+    in_place: bool,
 ) -> Placement:
     """Where a worker runs on a host (or a Slurm task): its run directory's variables, its job
     `directory`, and its script uploaded into the run directory, synced, or (`in_place`: the
@@ -95,7 +101,7 @@ def plan_workers(
     attempt: int = 0,
     secrets: Mapping[str, str] | None = None,
     *,
-    reads_in_place: Callable[[Host], bool],
+    reads_in_place: Callable[[WorkerSlot], bool],
     alone: int = 0,
 ) -> list[WorkerSpec]:
     """One spec per host entry; `workdirs` maps host name to its absolute workdir on that host.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator import contract
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import Inventory, WorkerSlot
 
 
 def cluster_spec(inventory: Inventory) -> dict[str, list[str]]:
@@ -18,7 +18,7 @@ def cluster_spec(inventory: Inventory) -> dict[str, list[str]]:
     return contract.cluster_spec([host.endpoint for host in hosts], [host.role for host in hosts])
 
 
-def task_of(hosts: tuple[Host, ...], index: int) -> dict[str, Any]:
+def task_of(hosts: tuple[WorkerSlot, ...], index: int) -> dict[str, Any]:
     """The task of the host at `index`: its role and its index among the hosts of that role."""
     return contract.task_of([host.role for host in hosts], index)
 

@@ -10,7 +10,7 @@ from orchestrator.machines.kinds.local import LocalKind
 from orchestrator.machines.kinds.ssh import SshKind
 
 if TYPE_CHECKING:
-    from orchestrator.model.inventory import Host
+    from orchestrator.model.inventory import WorkerSlot
 
 _KINDS: dict[str, Kind] = {}
 
@@ -37,7 +37,7 @@ def get(name: str) -> Kind:
         ) from None
 
 
-def kind_of(host: Host) -> Kind:
+def kind_of(host: WorkerSlot) -> Kind:
     return get(host.connection)
 
 

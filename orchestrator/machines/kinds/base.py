@@ -19,7 +19,7 @@ from orchestrator.values import Checker, Key
 
 if TYPE_CHECKING:
     from orchestrator.machines.runner import Runner
-    from orchestrator.model.inventory import Host
+    from orchestrator.model.inventory import WorkerSlot
 
 ReportProblem = Callable[[str, str], None]  # (key, message)
 
@@ -65,22 +65,22 @@ class Kind(ABC):
         )  # fmt: skip
 
     @abstractmethod
-    def machine_key(self, host: Host) -> tuple[str, ...]:
+    def machine_key(self, host: WorkerSlot) -> tuple[str, ...]:
         """Hosts with the same key are one machine and share one connection."""
 
     @abstractmethod
-    def runner(self, host: Host) -> Runner:
+    def runner(self, host: WorkerSlot) -> Runner:
         """A new connection to the host's machine."""
 
-    def login_port(self, host: Host) -> int | None:
+    def login_port(self, host: WorkerSlot) -> int | None:
         """The port the controller logs in through, for the firewall rules; None if none."""
         return None
 
-    def login_details(self, host: Host) -> LoginDetails | None:
+    def login_details(self, host: WorkerSlot) -> LoginDetails | None:
         """How the machine is reached, as resolved (user, port, key, jump host), for
         `orchestrate hosts`; None for a kind that does not log in."""
         return None
 
-    def sync_transport(self, host: Host) -> SyncTransport | None:
+    def sync_transport(self, host: WorkerSlot) -> SyncTransport | None:
         """How `sync:` mirrors a directory to the machine; None when it cannot (or need not)."""
         return None

@@ -11,7 +11,7 @@ from orchestrator.paths import controller_path, is_loopback
 
 if TYPE_CHECKING:
     from orchestrator.machines.runner import Runner
-    from orchestrator.model.inventory import Host
+    from orchestrator.model.inventory import WorkerSlot
 
 
 class LocalKind(Kind):
@@ -29,10 +29,10 @@ class LocalKind(Kind):
         values.setdefault("python", sys.executable)
         values["workdir"] = str(controller_path(values["workdir"], base))
 
-    def machine_key(self, host: Host) -> tuple[str, ...]:
+    def machine_key(self, host: WorkerSlot) -> tuple[str, ...]:
         return ("local",)
 
-    def runner(self, host: Host) -> Runner:
+    def runner(self, host: WorkerSlot) -> Runner:
         from orchestrator.machines.runner import LocalRunner
 
         return LocalRunner("localhost")

@@ -24,7 +24,7 @@ from orchestrator.values import PORT, Checker, Key, checkers, choice, integer, s
 
 if TYPE_CHECKING:
     from orchestrator.machines.runner import Runner
-    from orchestrator.model.inventory import Host
+    from orchestrator.model.inventory import WorkerSlot
 
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
 
@@ -94,27 +94,27 @@ class SshKind(Kind):
         known = (*self.keys, "ssh_host")
         return SshSettings(**{key: values[key] for key in known if key in values})
 
-    def machine_key(self, host: Host) -> tuple[str, ...]:
+    def machine_key(self, host: WorkerSlot) -> tuple[str, ...]:
         ssh = ssh_settings(host)
         return ("ssh", host.address, str(ssh.ssh_port or ""), ssh.ssh_user or "")
 
-    def runner(self, host: Host) -> Runner:
+    def runner(self, host: WorkerSlot) -> Runner:
         from orchestrator.machines.ssh import (
             SshRunner,  # Fabric/paramiko load only when a host needs them
         )
 
         return SshRunner(host)
 
-    def login_port(self, host: Host) -> int | None:
+    def login_port(self, host: WorkerSlot) -> int | None:
         return ssh_settings(host).ssh_port or _config_port(host) or 22
 
-    def login_details(self, host: Host) -> LoginDetails | None:
+    def login_details(self, host: WorkerSlot) -> LoginDetails | None:
         try:
             return resolved(host)
         except ValueError:  # an unreadable ssh config: the inventory check reported it
             return None
 
-    def sync_transport(self, host: Host) -> SyncTransport:
+    def sync_transport(self, host: WorkerSlot) -> SyncTransport:
         return SyncTransport(
             shell=openssh_argv(host), target=ssh_settings(host).target or host.address
         )
@@ -141,7 +141,7 @@ def ssh_config_entry(path: str, name: str) -> dict[str, Any]:
     return dict(_parsed_config(path, Path(path).stat().st_mtime).lookup(name))
 
 
-def resolved(host: Host) -> LoginDetails:
+def resolved(host: WorkerSlot) -> LoginDetails:
     """The SSH user, port, key and jump host that really apply, for `orchestrate hosts`."""
     settings = ssh_settings(host)
     path = config_path(settings)
@@ -158,7 +158,7 @@ def resolved(host: Host) -> LoginDetails:
     )
 
 
-def _config_port(host: Host) -> int | None:
+def _config_port(host: WorkerSlot) -> int | None:
     settings = ssh_settings(host)
     path = config_path(settings)
     if path is None:
@@ -170,7 +170,7 @@ def _config_port(host: Host) -> int | None:
     return int(port) if port else None
 
 
-def openssh_argv(host: Host) -> list[str]:
+def openssh_argv(host: WorkerSlot) -> list[str]:
     """An OpenSSH `ssh` command line (without the destination) with this host's settings, so a
     tool that runs over OpenSSH (rsync's `-e`) checks host keys exactly as the runner does.
 

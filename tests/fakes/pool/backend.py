@@ -31,7 +31,7 @@ from orchestrator.model.answers import (
     WorkerProbe,
 )
 from orchestrator.model.findings import CHECK, Finding, PreflightOptions, PreflightReport, Status
-from orchestrator.model.inventory import Host, Inventory
+from orchestrator.model.inventory import Inventory, WorkerSlot
 from orchestrator.model.records import WorkerRecord
 from orchestrator.model.workers import Started, WorkerSpec
 from tests.fakes.pool.source import PoolSpec
@@ -64,7 +64,7 @@ class PoolBackend(Backend):
             child.wait(timeout=30)  # a foreground `up` returns after its workers ended
 
     # --- Lifecycle ---------------------------------------------------------------------------
-    def workdirs(self, hosts: Sequence[Host]) -> GroupResult[str, str]:
+    def workdirs(self, hosts: Sequence[WorkerSlot]) -> GroupResult[str, str]:
         return GroupResult({host.name: self.spec.root for host in hosts})
 
     def start(self, specs: Sequence[WorkerSpec]) -> GroupResult[str, Started]:
@@ -127,30 +127,30 @@ class PoolBackend(Backend):
         yield from self.log_lines(worker, lines)
 
     # --- Files: the pool's root is this machine's -----------------------------------------------
-    def checkpoint(self, host: Host, directory: str) -> CheckpointListing:
+    def checkpoint(self, host: WorkerSlot, directory: str) -> CheckpointListing:
         return CheckpointListing(directory, None, {})  # the scripts here keep none
 
     def adopt_checkpoint(
-        self, host: Host, directory: str, name: str, checkpoints: Sequence[str]
+        self, host: WorkerSlot, directory: str, name: str, checkpoints: Sequence[str]
     ) -> None:
         raise AssertionError("the pool's checkpoints are shared: none is ever adopted")
 
-    def set_aside(self, host: Host, directory: str, stamp: str) -> SetAside:
+    def set_aside(self, host: WorkerSlot, directory: str, stamp: str) -> SetAside:
         return SetAside(directory, None)  # the scripts here keep no checkpoint to set aside
 
-    def list_files(self, host: Host, directory: str) -> FileListing:
+    def list_files(self, host: WorkerSlot, directory: str) -> FileListing:
         root = Path(directory)
         return FileListing(directory, {str(p.relative_to(root)): (p.stat().st_size,
                                                                   p.stat().st_mtime)
                                        for p in root.rglob("*") if p.is_file()})  # fmt: skip
 
-    def read_text(self, host: Host, path: str) -> str | None:
+    def read_text(self, host: WorkerSlot, path: str) -> str | None:
         return Path(path).read_text() if Path(path).exists() else None
 
-    def download(self, host: Host, remote: str, local: str) -> None:
+    def download(self, host: WorkerSlot, remote: str, local: str) -> None:
         shutil.copyfile(remote, local)
 
-    def upload(self, host: Host, files: Sequence[tuple[str, str]]) -> None:
+    def upload(self, host: WorkerSlot, files: Sequence[tuple[str, str]]) -> None:
         for here, there in files:
             Path(there).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(here, there)
@@ -165,10 +165,10 @@ class PoolBackend(Backend):
             for host in inventory.hosts
         ))  # fmt: skip
 
-    def unreachable(self, hosts: Sequence[Host]) -> dict[str, str]:
+    def unreachable(self, hosts: Sequence[WorkerSlot]) -> dict[str, str]:
         return {}
 
-    def reads_in_place(self, host: Host) -> bool:
+    def reads_in_place(self, host: WorkerSlot) -> bool:
         return True
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator.config.report import Report, line_of
 from orchestrator.config.sources.base import HostSource, Placed, RoleRule
-from orchestrator.model.inventory import Host
+from orchestrator.model.inventory import WorkerSlot
 from orchestrator.model.records import SettingsReader
 from orchestrator.paths import controller_path
 from orchestrator.values import POSITIVE, Key, checkers, integer, string
@@ -58,7 +58,7 @@ def pool_source(
         return [], None
     spec = PoolSpec(values["slots"], values["base_port"],
                     str(controller_path(values["root"], base)))  # fmt: skip
-    hosts = [Host(f"slot{i}", "127.0.0.1", spec.base_port + i, connection="local")
+    hosts = [WorkerSlot(f"slot{i}", "127.0.0.1", spec.base_port + i, connection="local")
              for i in range(spec.slots)]  # fmt: skip
     return [(f"pool.{host.name}", None, host) for host in hosts], spec
 
