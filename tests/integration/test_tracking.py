@@ -201,17 +201,19 @@ def test_an_up_that_resumes_a_saved_run_resumes_its_tracking_run(
 ) -> None:
     """`up`, `down --save` mid-run, `up` again (more steps, other ports) from the saved
     checkpoint: one MLflow run, KILLED by the `down`, RUNNING again during the second `up`,
-    FINISHED at its end, with the loss of both ups and no step twice; one W&B run id. Then
-    `status` and the real dashboard (its page document and /status) link to that run."""
+    FINISHED at its end, with the loss of both ups and no step twice; one W&B run id, which the
+    controller wrote into at the first `up` (offline: the settings), at the `down` (stopped) and
+    at the second `up`'s end (succeeded). Then `status` and the real dashboard (its page document
+    and /status) link to that run."""
     experiment = f"resume-{cli.cwd.name}"
     tracking = {"mlflow": mlflow_server, "experiment": experiment, "wandb": {"project": "p"}}
     local_tf_inventory(cli, steps=100_000, checkpoint_every=1000, log_every=10,
                        tracking=tracking)  # fmt: skip
-    cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
+    cli("up", "--detach", "--skip-checks", "inv.yaml", check=True, env=OFFLINE)
     first = cli.record()
     reaper.append(first["run_id"])
     cli.status_when(lambda s: all((w["step"] or 0) >= 45 for w in s["workers"]), 180)
-    down = cli("down", "--save", check=True, timeout=120)
+    down = cli("down", "--save", check=True, timeout=120, env=OFFLINE)
     saved = int(down.stderr.split("saved a checkpoint at step ")[1].split()[0])
     wait_for(lambda: not detached_supervisors(first["run_id"]), 60, "the supervisor's end")
     client = MlflowClient(mlflow_server)
@@ -220,7 +222,7 @@ def test_an_up_that_resumes_a_saved_run_resumes_its_tracking_run(
 
     target = (saved // 10 + 4) * 10
     local_tf_inventory(cli, steps=target, checkpoint_every=1000, log_every=10, tracking=tracking)
-    up = cli.popen("up", "--skip-checks", "inv.yaml")
+    up = cli.popen("up", "--skip-checks", "inv.yaml", env=OFFLINE)
     try:
         cli.status_when(lambda s: s["run_id"] != first["run_id"] and s["state"] == "running", 180)
         assert client.get_run(run_id).info.status == "RUNNING"
@@ -239,6 +241,11 @@ def test_an_up_that_resumes_a_saved_run_resumes_its_tracking_run(
     identities = [r["inventory"]["job"]["tracking"] for r in (first, second)]
     assert identities[0]["mlflow_run_id"] == identities[1]["mlflow_run_id"] == run_id
     assert identities[0]["wandb_run_id"] == identities[1]["wandb_run_id"] is not None
+    made, stopped, ended = controllers_runs(cli, identities[0]["wandb_run_id"])
+    assert made.config["orchestrate.run_id"] == first["run_id"] and made.exit_code == 0
+    assert (stopped.summary["orchestrate.verdict"], stopped.exit_code) == ("stopped", 130)
+    assert (ended.summary["orchestrate.verdict"], ended.exit_code) == ("succeeded", 0)
+    assert ended.summary["orchestrate.run_id"] == second["run_id"]
     # Both ups' loss, each step once: the first's up to the save, the second's past it.
     history = client.get_metric_history(run_id, "loss")
     steps = sorted(m.step for m in history)
@@ -718,3 +725,29 @@ def test_a_wandb_the_controller_cannot_use_is_a_warning_and_the_run_trains(
     assert "No API key configured" in said
     assert f"tracking: W&B run {run_id}: " in said  # the end's write, said once
     assert "Traceback" not in said
+
+
+def test_a_wandb_run_whose_up_does_not_start_ends_not_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up`'s hold on the tracking run (held_tracking) with W&B offline: the run made with the
+    job's settings; a start that then fails (a check) ends it failed, verdict `not started`."""
+    from orchestrator.engine.trackers.tracking import held_tracking
+    from orchestrator.model.inventory import Inventory, Job, Tracking
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    job = Job(name="demo", script="train.py", tracking=Tracking(wandb_project="p"))
+    inventory = Inventory(path="inv.yaml", base_dir=".", hosts=(), job=job)
+    said: list[str] = []
+    with pytest.raises(RuntimeError), held_tracking(
+        inventory, "r1", said.append, None, tmp_path
+    ) as opened:  # fmt: skip
+        assert opened.job.tracking is not None
+        run_id = opened.job.tracking.wandb_run_id
+        raise RuntimeError("a check failed")
+    assert said == [f"tracking: W&B run {run_id} in p"]
+    found = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
+    made, ended = (offline_run(path) for path in found)
+    assert made.config["job.script"] == "train.py" and made.exit_code == 0
+    assert (ended.summary["orchestrate.verdict"], ended.exit_code) == ("not started", 1)
