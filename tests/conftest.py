@@ -79,11 +79,11 @@ class Cli:
             )
         return result
 
-    def popen(self, *args: str) -> subprocess.Popen[str]:
+    def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, "-m", "orchestrator", *args],
-            cwd=self.cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
+            cwd=self.cwd, env={**clean_env(), **(env or {})}, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
 
     def status(self) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 backend, on loopback in the test's directory), real local workers, the real CLI.
 
 The tests that use the server are marked `tf`: they share one server (module-scoped, about
-30 s to start on a busy machine), so they run in one lane, the TensorFlow one."""
+30 s to start on a busy machine), so they run in one lane, the TensorFlow one. The W&B tests
+run W&B offline (WANDB_MODE=offline, no server): what the controller and the workers wrote is
+read back from W&B's own run files (tests/wandbfiles.py)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from tests.integration.test_dashboard_browser import browser  # noqa: F401 - the
 from tests.integration.test_dashboard_http import serve
 from tests.mlflowserver import server_python
 from tests.scripts import STEPPER
+from tests.wandbfiles import OfflineRun, offline_run
 
 # A missing MLflow client or W&B is a failure, never a skip: the dev extra installs both (the
 # server is tests/mlflowserver.py's), and a skip would hide job.tracking untested.
@@ -198,17 +201,19 @@ def test_an_up_that_resumes_a_saved_run_resumes_its_tracking_run(
 ) -> None:
     """`up`, `down --save` mid-run, `up` again (more steps, other ports) from the saved
     checkpoint: one MLflow run, KILLED by the `down`, RUNNING again during the second `up`,
-    FINISHED at its end, with the loss of both ups and no step twice; one W&B run id. Then
-    `status` and the real dashboard (its page document and /status) link to that run."""
+    FINISHED at its end, with the loss of both ups and no step twice; one W&B run id, which the
+    controller wrote into at the first `up` (offline: the settings), at the `down` (stopped) and
+    at the second `up`'s end (succeeded). Then `status` and the real dashboard (its page document
+    and /status) link to that run."""
     experiment = f"resume-{cli.cwd.name}"
     tracking = {"mlflow": mlflow_server, "experiment": experiment, "wandb": {"project": "p"}}
     local_tf_inventory(cli, steps=100_000, checkpoint_every=1000, log_every=10,
                        tracking=tracking)  # fmt: skip
-    cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
+    cli("up", "--detach", "--skip-checks", "inv.yaml", check=True, env=OFFLINE)
     first = cli.record()
     reaper.append(first["run_id"])
     cli.status_when(lambda s: all((w["step"] or 0) >= 45 for w in s["workers"]), 180)
-    down = cli("down", "--save", check=True, timeout=120)
+    down = cli("down", "--save", check=True, timeout=120, env=OFFLINE)
     saved = int(down.stderr.split("saved a checkpoint at step ")[1].split()[0])
     wait_for(lambda: not detached_supervisors(first["run_id"]), 60, "the supervisor's end")
     client = MlflowClient(mlflow_server)
@@ -217,7 +222,7 @@ def test_an_up_that_resumes_a_saved_run_resumes_its_tracking_run(
 
     target = (saved // 10 + 4) * 10
     local_tf_inventory(cli, steps=target, checkpoint_every=1000, log_every=10, tracking=tracking)
-    up = cli.popen("up", "--skip-checks", "inv.yaml")
+    up = cli.popen("up", "--skip-checks", "inv.yaml", env=OFFLINE)
     try:
         cli.status_when(lambda s: s["run_id"] != first["run_id"] and s["state"] == "running", 180)
         assert client.get_run(run_id).info.status == "RUNNING"
@@ -236,6 +241,11 @@ def test_an_up_that_resumes_a_saved_run_resumes_its_tracking_run(
     identities = [r["inventory"]["job"]["tracking"] for r in (first, second)]
     assert identities[0]["mlflow_run_id"] == identities[1]["mlflow_run_id"] == run_id
     assert identities[0]["wandb_run_id"] == identities[1]["wandb_run_id"] is not None
+    made, stopped, ended = controllers_runs(cli, identities[0]["wandb_run_id"])
+    assert made.config["orchestrate.run_id"] == first["run_id"] and made.exit_code == 0
+    assert (stopped.summary["orchestrate.verdict"], stopped.exit_code) == ("stopped", 130)
+    assert (ended.summary["orchestrate.verdict"], ended.exit_code) == ("succeeded", 0)
+    assert ended.summary["orchestrate.run_id"] == second["run_id"]
     # Both ups' loss, each step once: the first's up to the save, the second's past it.
     history = client.get_metric_history(run_id, "loss")
     steps = sorted(m.step for m in history)
@@ -544,26 +554,52 @@ def test_an_unreachable_tracker_is_a_warning_and_the_run_trains(
     assert cli.record()["inventory"]["job"]["tracking"]["mlflow_run_id"] is None
 
 
+# A worker's own W&B: wandb.init() (orchestrate's WANDB_RUN_ID, WANDB_RESUME, WANDB_PROJECT)
+# and one value; then STEPS steps of DELAY s, reported with worker.report() (so the goodput
+# is measured) and a "checkpoint" every 5 steps, which the next attempt resumes from.
 WANDB_SCRIPT = textwrap.dedent("""\
-    import os, sys
+    import os, time
     import wandb
+    from worker import report
 
     attempt = int(os.environ["ORCHESTRATE_RUN_DIR"].split("attempt-")[1].split("/")[0])
     worker = os.environ["ORCHESTRATE_WORKER"]
     # A directory per worker and attempt: W&B names an offline run by the second it began.
     os.environ["WANDB_DIR"] = os.path.join(os.environ["WANDB_DIR"], f"{worker}-{attempt}")
     os.makedirs(os.environ["WANDB_DIR"])
-    run = wandb.init()  # WANDB_RUN_ID, WANDB_RESUME=allow, WANDB_PROJECT: orchestrate's
+    run = wandb.init()
     run.log({f"attempt_{worker}": attempt})
     run.finish()
-    if worker == "beta" and attempt == 0:
-        sys.exit(1)  # one restart: the next attempt's wandb.init() joins the same run
+    checkpoint = os.path.join(os.environ["ORCHESTRATE_CHECKPOINT_DIR"], worker)
+    os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
+    start = int(open(checkpoint).read()) if os.path.exists(checkpoint) else 0
+    steps = int(os.environ["STEPS"])
+    report(step=start, start_step=start, target_steps=steps)
+    for step in range(start + 1, steps + 1):
+        time.sleep(float(os.environ["DELAY"]))
+        if worker == os.environ.get("FAIL_WORKER") and step == 7:
+            raise SystemExit(3)
+        if step % 5 == 0:
+            with open(checkpoint, "w") as f:
+                f.write(str(step))
+        report(step=step, checkpoint_step=step - step % 5)
     """)
+# W&B offline: the controller's writes go to the state directory (.orchestrate/wandb/).
+OFFLINE = {"WANDB_MODE": "offline"}
 
 
-def test_wandb_offline_keeps_one_run_id_across_attempts(cli: Cli, reaper: list[str]) -> None:
-    """W&B in offline mode: both workers of both attempts wrote their runs under the one id
-    orchestrate picked, as W&B's own run files say (offline-run-TIME-ID/run-ID.wandb)."""
+def wandb_job(runs: Path, steps: int, **extra: Any) -> dict[str, Any]:
+    """A job of WANDB_SCRIPT, offline, its workers' W&B runs under `runs`."""
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(runs), "WANDB_SILENT": "true",
+           "STEPS": steps, "DELAY": 0.1, **extra.pop("env", {})}  # fmt: skip
+    return {"name": "demo", "script": "train.py", "restart_backoff": 0, "warm_restarts": False,
+            "env": env, "tracking": {"wandb": {"project": "vision", "entity": "lab"}},
+            **extra}  # fmt: skip
+
+
+def wandb_cli(cli: Cli, steps: int, **extra: Any) -> Path:
+    """train.py and inv.yaml (two local workers, alpha and beta) in cli's directory; where the
+    workers' W&B runs go."""
     if importlib.util.find_spec("wandb") is None:
         pytest.fail(f"this test runs wandb.init(): {DEV_EXTRA}", pytrace=False)
     (cli.cwd / "train.py").write_text(WANDB_SCRIPT)
@@ -572,17 +608,146 @@ def test_wandb_offline_keeps_one_run_id_across_attempts(cli: Cli, reaper: list[s
     ports = free_ports(2)
     local_inventory(cli, [f"name: alpha, address: localhost, port: {ports[0]}",
                           f"name: beta, address: localhost, port: {ports[1]}"],
-                    {"name": "demo", "script": "train.py", "restart_backoff": 0,
-                     "env": {"WANDB_MODE": "offline", "WANDB_DIR": str(runs),
-                             "WANDB_SILENT": "true"},
-                     "tracking": {"wandb": {"project": "vision", "entity": "lab"}}})  # fmt: skip
-    done = cli("up", "--skip-checks", "inv.yaml", timeout=240)
-    reaper.append(cli.record()["run_id"])
-    assert done.returncode == 0, done.stderr
-    run_id = cli.record()["inventory"]["job"]["tracking"]["wandb_run_id"]
+                    wandb_job(runs, steps, **extra))  # fmt: skip
+    return runs
+
+
+def controllers_runs(cli: Cli, run_id: str) -> list[OfflineRun]:
+    """The controller's offline W&B sessions of run `run_id`, in the order they began."""
+    found = sorted((cli.cwd / ".orchestrate" / "wandb").glob(f"offline-run-*-{run_id}"))
+    return [offline_run(path) for path in found]
+
+
+def test_wandb_run_has_the_settings_restarts_goodput_and_verdict(
+    cli: Cli, reaper: list[str]
+) -> None:
+    """W&B in offline mode, `beta` SIGKILLed after its first checkpoint: both workers of both
+    attempts wrote under the one id orchestrate picked, and the controller wrote into that
+    run, as W&B's own run files say: at `up` the job's settings as its config, at the end the
+    restart (cause, worker, step), the goodput and the verdict, and exit code 0 (finished)."""
+    runs = wandb_cli(cli, steps=60)
+    up = cli.popen("up", "--skip-checks", "inv.yaml", env=OFFLINE)
+    job_root = cli.cwd / "work" / "demo"
+    try:
+        beta = wait_for(lambda: (d := first_run_dir(job_root, "beta")) and progress_in(d).get(
+            "checkpoint_step") and d, 120, "beta's first checkpoint", interval=0.05)  # fmt: skip
+        os.kill(int((beta / "worker.pid").read_text()), signal.SIGKILL)
+        out, err = up.communicate(timeout=240)
+    finally:
+        up.kill()
+    record = cli.record()
+    reaper.append(record["run_id"])
+    assert up.returncode == 0, err
+    run_id = record["inventory"]["job"]["tracking"]["wandb_run_id"]
     assert run_id and len(run_id) == 8
-    found = sorted(runs.glob("*/wandb/offline-run-*"))
-    assert [path.parents[1].name for path in found] == ["alpha-0", "alpha-1", "beta-0", "beta-1"]
-    assert {path.name.rsplit("-", 1)[1] for path in found} == {run_id}
-    assert all((path / f"run-{run_id}.wandb").is_file() for path in found)
+    assert f"tracking: W&B run {run_id} in lab/vision" in out + err
+    assert "wandb:" not in out + err  # W&B's own console output stays in its writer
+    workers = sorted(runs.glob("*/wandb/offline-run-*"))
+    assert [path.parents[1].name for path in workers] == ["alpha-0", "alpha-1", "beta-0", "beta-1"]
+    assert {offline_run(path).run_id for path in workers} == {run_id}
+    start, end = controllers_runs(cli, run_id)
+    assert (start.run_id, start.project, start.entity) == (run_id, "vision", "lab")
+    assert start.name == f"demo-{record['run_id']}" and start.exit_code == 0
+    assert start.config["job.script"] == str(cli.cwd / "train.py") and start.config["workers"] == 2
+    assert start.config["orchestrate.run_id"] == record["run_id"]
+    assert not any(key.startswith(("job.env", "job.tracking")) for key in start.config)
+    (restart,) = record["restarts"]
+    assert end.run_id == run_id and end.exit_code == 0
+    summary = end.summary
+    assert summary["orchestrate.verdict"] == "succeeded"
+    assert summary["orchestrate.restart_count"] == 1
+    assert summary["orchestrate.restart.1"] == f"beta at step {restart['step']}: killed by SIGKILL"
+    assert summary["orchestrate.restart.1.worker"] == "beta"
+    assert summary["orchestrate.restart.1.step"] == restart["step"] >= 5
+    assert summary["orchestrate.restart.1.kind"] == restart["kind"]
+    assert 0 < summary["orchestrate.goodput"] < 1
+    assert summary["orchestrate.goodput.total_seconds"] > 0
+    assert summary["orchestrate.goodput.productive_seconds"] > 0
     assert f"W&B run {run_id} in lab/vision" in cli("status").stdout
+
+
+def test_wandb_run_of_a_run_stopped_by_down_ends_failed_saying_stopped(
+    cli: Cli, reaper: list[str]
+) -> None:
+    """A detached run stopped by `down`: `down` writes the end into the W&B run, after the
+    workers stopped: verdict `stopped`, the goodput, exit code 130 (W&B can end a run only
+    finished or failed, and this one did not finish)."""
+    wandb_cli(cli, steps=100_000)
+    cli("up", "--detach", "--skip-checks", "inv.yaml", check=True, env=OFFLINE)
+    record = cli.record()
+    reaper.append(record["run_id"])
+    cli.status_when(lambda s: s["state"] == "running", timeout=120)
+    down = cli("down", check=True, env=OFFLINE)
+    run_id = record["inventory"]["job"]["tracking"]["wandb_run_id"]
+    start, end = controllers_runs(cli, run_id)
+    assert start.exit_code == 0 and start.config["job.max_restarts"] == 3
+    assert end.summary["orchestrate.verdict"] == "stopped"
+    assert end.summary["orchestrate.root_cause"] == "stopped by 'orchestrate down'"
+    assert end.summary["orchestrate.goodput.total_seconds"] > 0
+    assert end.exit_code == 130
+    assert "wandb:" not in down.stdout + down.stderr
+
+
+def test_wandb_run_of_a_failed_run_ends_failed_with_the_cause(cli: Cli, reaper: list[str]) -> None:
+    wandb_cli(cli, steps=40, permanent_exit_codes=[3],
+              env={"FAIL_WORKER": "beta"})  # fmt: skip
+    done = cli("up", "--skip-checks", "inv.yaml", timeout=180, env=OFFLINE)
+    record = cli.record()
+    reaper.append(record["run_id"])
+    assert done.returncode == 1, done.stderr
+    _, end = controllers_runs(cli, record["inventory"]["job"]["tracking"]["wandb_run_id"])
+    assert end.exit_code == 1 and end.summary["orchestrate.verdict"] == "failed"
+    assert "exit code 3 is marked permanent" in end.summary["orchestrate.root_cause"]
+
+
+def test_a_wandb_the_controller_cannot_use_is_a_warning_and_the_run_trains(
+    cli: Cli, reaper: list[str]
+) -> None:
+    """No W&B login on this machine (no WANDB_API_KEY, no ~/.netrc): `up` says the settings
+    were not written and trains; the end's write fails too, said in its output, and the run
+    still succeeds, its workers given the run's id."""
+    (cli.cwd / "train.py").write_text(STEPPER.read_text())
+    ports = free_ports(2)
+    local_inventory(cli, [f"name: alpha, address: localhost, port: {ports[0]}",
+                          f"name: beta, address: localhost, port: {ports[1]}"],
+                    {"name": "demo", "script": "train.py", "warm_restarts": False,
+                     "env": {"STEPS": 5, "DELAY": 0.01},
+                     "tracking": {"wandb": {"project": "vision"}}})  # fmt: skip
+    nowhere = {"HOME": str(cli.cwd), "WANDB_API_KEY": "", "WANDB_MODE": "online",
+               "WANDB_BASE_URL": f"http://127.0.0.1:{free_ports(1)[0]}"}  # fmt: skip
+    done = cli("up", "--skip-checks", "inv.yaml", timeout=240, env=nowhere)
+    record = cli.record()
+    reaper.append(record["run_id"])
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    run_id = record["inventory"]["job"]["tracking"]["wandb_run_id"]
+    assert f"warning: tracking: W&B run {run_id} in vision: the job's settings were not " in said
+    assert "No API key configured" in said
+    assert f"tracking: W&B run {run_id}: " in said  # the end's write, said once
+    assert "Traceback" not in said
+
+
+def test_a_wandb_run_whose_up_does_not_start_ends_not_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up`'s hold on the tracking run (held_tracking) with W&B offline: the run made with the
+    job's settings; a start that then fails (a check) ends it failed, verdict `not started`."""
+    from orchestrator.engine.trackers.tracking import held_tracking
+    from orchestrator.model.inventory import Inventory, Job, Tracking
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    job = Job(name="demo", script="train.py", tracking=Tracking(wandb_project="p"))
+    inventory = Inventory(path="inv.yaml", base_dir=".", hosts=(), job=job)
+    said: list[str] = []
+    with pytest.raises(RuntimeError), held_tracking(
+        inventory, "r1", said.append, None, tmp_path
+    ) as opened:  # fmt: skip
+        assert opened.job.tracking is not None
+        run_id = opened.job.tracking.wandb_run_id
+        raise RuntimeError("a check failed")
+    assert said == [f"tracking: W&B run {run_id} in p"]
+    found = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
+    made, ended = (offline_run(path) for path in found)
+    assert made.config["job.script"] == "train.py" and made.exit_code == 0
+    assert (ended.summary["orchestrate.verdict"], ended.exit_code) == ("not started", 1)

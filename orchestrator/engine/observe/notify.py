@@ -43,7 +43,7 @@ from orchestrator.engine.observe.goodput import run_account
 from orchestrator.engine.observe.snapshot import read_snapshot
 from orchestrator.engine.observe.status import RunStatus
 from orchestrator.engine.store.runstore import RunStore
-from orchestrator.engine.trackers.tracking import Tracker
+from orchestrator.engine.trackers.tracking import RunTrackers
 from orchestrator.errors import JobFailed, OrchestrateError, SecretMissing
 from orchestrator.model.inventory import NotifyTarget
 from orchestrator.model.printable import printable
@@ -358,7 +358,9 @@ class RunEvents:
             else None
         )
         self.status: RunStatus | None = None
-        self.tracker = Tracker.of(record.inventory.job.tracking, lambda m: say(f"tracking: {m}"))
+        tracking = record.inventory.job.tracking
+        self.tracker = RunTrackers.of(tracking, lambda m: say(f"tracking: {m}"), store.root,
+                                      self._ending)  # fmt: skip
 
     def seen(self, status: RunStatus) -> None:
         """A poll's status: the run's first one is its `started`."""
@@ -459,20 +461,20 @@ class RunEvents:
             name, job=self.record.job_name, run_id=self.record.run_id, status=self.status,
             at=time.time(), event_id=uuid.uuid4().hex, root_cause=cause, hint=hint,
             restarts=restarts,
-            dashboard=dashboard, goodput=self._goodput() if ended else None,
+            dashboard=dashboard, goodput=self._ending()[1] if ended else None,
         )  # fmt: skip
         if self.notifier is not None:
             self.notifier.emit(event)
         if self.tracker is not None:
             self.tracker.event(key, event, restart)
 
-    def _goodput(self) -> dict[str, Any]:
-        """The run's account at its end, from its record as the supervisor last saved it."""
+    def _ending(self) -> tuple[RunRecord, dict[str, Any]]:
+        """The run's record as the supervisor last saved it, and its account at its end."""
         try:
             record = self.store.load(self.record.run_id)
         except OrchestrateError:
             record = self.record
-        return run_account(record, self.status, time.time()).to_json()
+        return record, run_account(record, self.status, time.time()).to_json()
 
     def _claimed(self, key: str) -> bool:
         try:

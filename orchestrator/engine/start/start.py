@@ -96,7 +96,9 @@ def start_first_attempt(
             # One tracking run per run (job.tracking), before the standbys take its identity;
             # the earlier run's, when this one resumes its checkpoint.
             resumed = resumed_tracking(store, backend, backend, leased, hooks.say)
-            leased = held.enter_context(held_tracking(leased, run_id, hooks.say, resumed))
+            leased = held.enter_context(
+                held_tracking(leased, run_id, hooks.say, resumed, store.root)
+            )
             measured = not options.skip_checks and leased.perf_check
             if measured:  # the standbys' TensorFlow import would slow the compute probes
                 hooks.check(leased, backend, True)

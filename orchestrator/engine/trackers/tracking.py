@@ -7,11 +7,14 @@ record keeps, so every attempt's workers (engine/workers/launch.py's `tracking_e
 supervisor of the run join that one run. The supervisor's events (engine/observe/notify.py's
 `RunEvents`, the one place a run's events are made) reach a `Tracker`, which logs the restarts
 and, at the end, the goodput and the verdict, and ends the MLflow run FINISHED, FAILED or
-KILLED. The controller logs nothing to W&B itself: the workers' `wandb.init()` makes that run.
+KILLED. Into the W&B run (engine/trackers/wandbrun.py) the controller writes the job's
+settings at `up`, before the workers' `wandb.init()` join it, and at the end, once the workers
+ended, the restarts, the goodput and the verdict (`RunTrackers` hands it the run's end).
 
 MLflow is reached through its client library (mlflow-skinny's MlflowClient), imported only
-when a job names an MLflow server. A tracker that cannot be reached is a warning (`check`,
-`up`, the supervisor's log), never a failed training.
+when a job names an MLflow server; W&B through its own (wandb), in a child process, only when a
+job names a W&B project. A tracker that cannot be reached is a warning (`check`, `up`, the
+supervisor's log), never a failed training.
 """
 
 from __future__ import annotations
@@ -25,14 +28,22 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, replace
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
-from orchestrator import __version__
+from orchestrator.engine.trackers import wandbrun
+from orchestrator.engine.trackers.base import (
+    ENDS,
+    PARAM_LIMIT,
+    TrackingError,
+    goodput_values,
+    job_params,
+)
 from orchestrator.engine.trackers.trackresume import Resumed
 from orchestrator.model.findings import Finding, Status
-from orchestrator.model.inventory import Inventory, Job, Tracking
+from orchestrator.model.inventory import Inventory, Tracking
 from orchestrator.model.printable import printable
-from orchestrator.model.records import Restart
+from orchestrator.model.records import Restart, RunRecord
 
 # The controller's calls to MLflow give up soon (MLflow's own default retries for about two
 # minutes): a tracker down must not hold up `up` or the supervisor; and the controller says the
@@ -40,18 +51,11 @@ from orchestrator.model.records import Restart
 CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
                    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}  # fmt: skip
 CLOSE_LIMIT = 30.0  # the most seconds the end of supervision waits for the tracker's writes
-PARAM_LIMIT = 500  # characters of a param's value (MLflow's oldest servers' limit)
 TAG_LIMIT = 5000  # characters of a tag's value (MLflow's oldest servers' limit)
 # How a run's events end the MLflow run (engine/observe/events.py's names).
 END_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "stopped": "KILLED",
               "preempted": "KILLED"}  # fmt: skip
-# Job settings not logged as params: the environment may hold values (the secrets are names
-# only, but job.env is the user's), tracking is where they go.
-UNLOGGED = ("env", "secret_env", "tracking")
-
-
-class TrackingError(Exception):
-    """A tracker could not be reached or refused a call; the message says why."""
+__all__ = ["TrackingError", "job_params"]  # base.py's, where tests and callers find them
 
 
 def mlflow_client(uri: str) -> Any:
@@ -115,34 +119,37 @@ def tracking_json(tracking: Tracking | None) -> dict[str, Any] | None:
     return {**asdict(tracking), "mlflow_link": run_link(tracking)}
 
 
-def job_params(job: Job, run_id: str, workers: int) -> dict[str, str]:
-    """The job's settings as MLflow params (values as text, cut to PARAM_LIMIT)."""
-    params = {"orchestrate.run_id": run_id, "orchestrate.version": __version__,
-              "workers": str(workers)}  # fmt: skip
-    for key, value in asdict(job).items():
-        if key in UNLOGGED or value is None or value in ((), []):
-            continue
-        text = " ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
-        params[f"job.{key}"] = text[:PARAM_LIMIT]
-    return params
+class Opened(NamedTuple):
+    """The run's identity in its trackers as `up` opened them (open_tracking)."""
+
+    inventory: Inventory  # with the identity in job.tracking
+    before: str | None  # a resumed MLflow run's status before this `up` set it RUNNING
+    wandb_written: bool  # whether this `up` wrote the W&B run's settings (a new W&B run)
 
 
 def open_tracking(
-    inventory: Inventory, run_id: str, say: Callable[[str], None], resumed: Resumed | None = None
-) -> tuple[Inventory, str | None]:
-    """The inventory with the run's identity in its trackers (job.tracking): a W&B run id, and
-    an MLflow run made now with the job's settings as params; or, for an `up` that resumes an
-    earlier run's checkpoint (`resumed`, engine/trackers/trackresume.py), that run's identity, its
-    MLflow run RUNNING again (its status before is returned beside). A tracker that cannot be
-    reached is said and left out; the run trains without it."""
+    inventory: Inventory,
+    run_id: str,
+    say: Callable[[str], None],
+    resumed: Resumed | None = None,
+    state_dir: Path = Path("."),
+) -> Opened:
+    """The inventory with the run's identity in its trackers (job.tracking): a W&B run id, the
+    W&B run made now with the job's settings as its config, and an MLflow run made now with
+    them as params; or, for an `up` that resumes an earlier run's checkpoint (`resumed`,
+    engine/trackers/trackresume.py), that run's identity, its MLflow run RUNNING again (its
+    status before is returned beside). A tracker that cannot be reached is said and left out;
+    the run trains without it. `state_dir`: where W&B's files go without WANDB_DIR."""
     tracking = inventory.job.tracking
     if tracking is None:
-        return inventory, None
+        return Opened(inventory, None, False)
     before = None
     if resumed is not None:
         tracking, before = _resume(resumed, run_id, say)
+    written = False
     if tracking.wandb_project is not None and tracking.wandb_run_id is None:
         tracking = replace(tracking, wandb_run_id=wandb_run_id())
+        written = _wandb_start(tracking, inventory, run_id, say, state_dir)
     if tracking.mlflow is not None and tracking.mlflow_run_id is None:
         try:
             tracking = _mlflow_run(tracking, inventory, run_id)
@@ -150,7 +157,24 @@ def open_tracking(
         except TrackingError as exc:
             say(f"warning: tracking: no MLflow run for this run: {printable(str(exc))}; the "
                 "workers get the experiment's name only, and training goes on")  # fmt: skip
-    return replace(inventory, job=replace(inventory.job, tracking=tracking)), before
+    return Opened(replace(inventory, job=replace(inventory.job, tracking=tracking)), before,
+                  written)  # fmt: skip
+
+
+def _wandb_start(
+    tracking: Tracking, inventory: Inventory, run_id: str, say: Callable[[str], None],
+    state_dir: Path,
+) -> bool:  # fmt: skip
+    """The new W&B run with the job's settings (engine/trackers/wandbrun.py); whether written."""
+    try:
+        wandbrun.write(wandbrun.start_plan(tracking, inventory, run_id), state_dir)
+    except TrackingError as exc:
+        say(f"warning: tracking: W&B run {tracking.wandb_run_id} in {wandbrun.where(tracking)}: "
+            f"the job's settings were not written: {printable(str(exc))}; the workers' "
+            "wandb.init() still joins it, and training goes on")  # fmt: skip
+        return False
+    say(f"tracking: W&B run {tracking.wandb_run_id} in {wandbrun.where(tracking)}")
+    return True
 
 
 def _resume(
@@ -199,28 +223,38 @@ def _reopen(uri: str, mlflow_id: str, run_id: str) -> str:
 
 @contextmanager
 def held_tracking(
-    inventory: Inventory, run_id: str, say: Callable[[str], None], resumed: Resumed | None = None
+    inventory: Inventory,
+    run_id: str,
+    say: Callable[[str], None],
+    resumed: Resumed | None = None,
+    state_dir: Path = Path("."),
 ) -> Iterator[Inventory]:
     """`up`: the run's identity in its trackers (open_tracking) from before its standbys (their
     environment is the workers') through its launch. When the run then does not start (a failed
     check), an MLflow run made for it is ended KILLED, tagged so, and a resumed one ends as it
-    was (FAILED, KILLED: its verdict stays the earlier run's)."""
-    opened, before = open_tracking(inventory, run_id, say, resumed)
+    was (FAILED, KILLED: its verdict stays the earlier run's); a W&B run made for it ends failed,
+    its verdict `not started` (a resumed one keeps the earlier run's end)."""
+    opened = open_tracking(inventory, run_id, say, resumed, state_dir)
     try:
-        yield opened
+        yield opened.inventory
     except BaseException:
-        tracking = opened.job.tracking
+        tracking = opened.inventory.job.tracking
         if tracking is not None and tracking.mlflow and tracking.mlflow_run_id:
             with suppress(TrackingError):
-                client = mlflow_client(tracking.mlflow)
-                run = tracking.mlflow_run_id
-                if before is None:
-                    _call("ending the run", lambda: client.set_tag(run, "orchestrate.verdict",
-                                                                   "not started"))  # fmt: skip
-                status = before or "KILLED"
-                if status in END_STATUS.values():  # one found RUNNING is left so
-                    _call("ending the run", lambda: client.set_terminated(run, status=status))
+                _not_started(tracking.mlflow, tracking.mlflow_run_id, opened.before)
+        if tracking is not None and opened.wandb_written:
+            with suppress(TrackingError):
+                wandbrun.write(wandbrun.not_started_plan(tracking, run_id), state_dir)
         raise
+
+
+def _not_started(uri: str, run: str, before: str | None) -> None:
+    client = mlflow_client(uri)
+    if before is None:
+        _call("ending the run", lambda: client.set_tag(run, "orchestrate.verdict", "not started"))
+    status = before or "KILLED"
+    if status in END_STATUS.values():  # one found RUNNING is left so
+        _call("ending the run", lambda: client.set_terminated(run, status=status))
 
 
 def _mlflow_run(tracking: Tracking, inventory: Inventory, run_id: str) -> Tracking:
@@ -321,13 +355,9 @@ class Tracker:
         self.jobs.put(log)
 
     def _end(self, name: str, event: Mapping[str, Any]) -> None:
-        goodput = event.get("goodput") or {}
         step = event.get("step") or 0
         now = int(time.time() * 1000)
-        values = {"orchestrate.goodput": goodput.get("goodput"),
-                  "orchestrate.goodput.total_seconds": goodput.get("total_seconds"),
-                  **{f"orchestrate.goodput.{part}_seconds": seconds
-                     for part, seconds in (goodput.get("seconds") or {}).items()}}  # fmt: skip
+        values = goodput_values(event.get("goodput") or {})
         restarts = self.before + (event.get("restarts") or 0)
         tags = {"orchestrate.verdict": name, "orchestrate.restart_count": str(restarts)}
         if event.get("root_cause"):
@@ -336,8 +366,7 @@ class Tracker:
         def log(client: Any) -> None:
             from mlflow.entities import Metric, RunTag
 
-            metrics = [Metric(k, float(v), now, step) for k, v in values.items()
-                       if isinstance(v, int | float)]  # fmt: skip
+            metrics = [Metric(k, v, now, step) for k, v in values.items()]
             client.log_batch(self.run_id, metrics=metrics,
                              tags=[RunTag(k, v) for k, v in tags.items()])  # fmt: skip
             client.set_terminated(self.run_id, status=END_STATUS[name])
@@ -363,3 +392,49 @@ class Tracker:
                     self.said = True
                     self.say(f"tracking: {printable(str(exc))} (the run goes on; what was not "
                              "written is lost)")  # fmt: skip
+
+
+class RunTrackers:
+    """The run's events (engine/observe/notify.py's RunEvents) for each of its trackers: every
+    event to the MLflow run's `Tracker`; the end to the W&B run's, with the run's record as last
+    saved (its restarts) and, for each tracker, its goodput (the events of a stop and of a
+    preemption carry none: `ending` gives it)."""
+
+    def __init__(
+        self,
+        mlflow: Tracker | None,
+        wandb: wandbrun.WandbTracker | None,
+        ending: Callable[[], tuple[RunRecord, Mapping[str, Any]]],
+    ) -> None:
+        self.mlflow = mlflow
+        self.wandb = wandb
+        self.ending = ending
+
+    @classmethod
+    def of(
+        cls,
+        tracking: Tracking | None,
+        say: Callable[[str], None],
+        state_dir: Path,
+        ending: Callable[[], tuple[RunRecord, Mapping[str, Any]]],
+    ) -> RunTrackers | None:
+        """The trackers of a run that has a tracking run; None otherwise."""
+        mlflow = Tracker.of(tracking, say)
+        wandb = wandbrun.WandbTracker.of(tracking, state_dir, say)
+        return cls(mlflow, wandb, ending) if mlflow or wandb else None
+
+    def event(self, key: str, event: Mapping[str, Any], restart: Restart | None) -> None:
+        name = event["event"]
+        if restart is None and name in ENDS:
+            record, account = self.ending()
+            event = {**event, "goodput": event.get("goodput") or account}
+            if self.wandb is not None:
+                self.wandb.end(name, event, record)
+        if self.mlflow is not None:
+            self.mlflow.event(key, event, restart)
+
+    def close(self) -> None:
+        """Wait (bounded) for the writes still under way (each tracker's run on their own)."""
+        for tracker in (self.mlflow, self.wandb):
+            if tracker is not None:
+                tracker.close()
