@@ -14,13 +14,13 @@ import pytest
 from orchestrator.engine.trackers import wandbrun, wandbwrite
 from orchestrator.engine.trackers.base import TrackingError, job_config, job_params
 from orchestrator.engine.trackers.tracking import RunTrackers
-from orchestrator.model.inventory import Host, Inventory, Job, Tracking
+from orchestrator.model.inventory import Inventory, Job, Tracking, WorkerSlot
 from orchestrator.model.records import Restart, RunRecord
 
 TRACKING = Tracking(wandb_project="vision", wandb_entity="lab", wandb_run_id="ab12cd34")
 JOB = Job(name="demo", task="m:f", steps=400, env={"TOKENISH": "v"}, secret_env=("S",),
           permanent_exit_codes=(2, 3), tracking=TRACKING)  # fmt: skip
-HOSTS = (Host("alpha", "localhost", 1), Host("beta", "localhost", 2))
+HOSTS = (WorkerSlot("alpha", "localhost", 1), WorkerSlot("beta", "localhost", 2))
 INVENTORY = Inventory(path="inv.yaml", base_dir=".", job=JOB, hosts=HOSTS)
 GOODPUT = {"goodput": 0.8, "total_seconds": 100.0,
            "seconds": {"productive": 80.0, "restart": 15.0, "lost": 5.0}}  # fmt: skip
