@@ -31,6 +31,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from orchestrator import contract
 from orchestrator.engine.trackers import wandbrun
 from orchestrator.engine.trackers.base import (
     ENDS,
@@ -66,8 +67,8 @@ def mlflow_client(uri: str) -> Any:
         from mlflow.tracking import MlflowClient
     except ImportError as exc:
         raise TrackingError(
-            f"job.tracking.mlflow needs MLflow's client on this machine ({exc}); install "
-            "orchestrate[mlflow]"
+            f"job.tracking.mlflow needs MLflow's client on this machine ({exc}): "
+            f"{contract.install_hint('mlflow')}"
         ) from exc
     return MlflowClient(tracking_uri=uri)
 

@@ -6,7 +6,8 @@ A process of its own because W&B's client is made for the training process: wand
 installs exit hooks, starts a service process (wandb-core) and may wait on the network at
 finish() for as long as an upload takes. The controller's supervisor lives for days and must
 end on time; a child that hangs is killed with its whole process group, and W&B's console
-output stays in the child's pipes. Only the standard library and wandb are imported here.
+output stays in the child's pipes. Only the standard library, wandb and contract.py (itself
+standard library only) are imported here.
 
 The plan (`Plan`, as JSON) says which run and what to write; the run is resumed when it exists
 (resume="allow"), made otherwise. A failure is one line on stdout (`error: ...`) and exit
@@ -20,6 +21,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
+
+from orchestrator.contract import install_hint
 
 INIT_TIMEOUT = 20.0  # seconds wandb.init() waits for W&B's server (its default: 90)
 FINISH_TIMEOUT = 20.0  # seconds finish() waits for the upload (its default: as long as it takes)
@@ -68,8 +71,8 @@ def main() -> int:
         try:
             import wandb
         except ImportError as exc:
-            raise RuntimeError(f"job.tracking.wandb needs W&B's client on this machine ({exc}); "
-                               "install orchestrate[wandb]") from exc  # fmt: skip
+            raise RuntimeError(f"job.tracking.wandb needs W&B's client on this machine ({exc}): "
+                               f"{install_hint('wandb')}") from exc  # fmt: skip
         write(plan, wandb)
         wandb.teardown()
     except Exception as exc:  # whatever W&B raised: said to the controller in one line
