@@ -379,7 +379,7 @@ class Tracker:
         self.jobs.put(None)
         self.thread.join(limit)
         if self.thread.is_alive():
-            self.say(f"tracking: writes to {self.uri} still pending when orchestrate stopped "
+            self.say(f"writes to {self.uri} still pending when orchestrate stopped "
                      "waiting")  # fmt: skip
 
     def _loop(self) -> None:
@@ -391,7 +391,7 @@ class Tracker:
             except TrackingError as exc:
                 if not self.said:
                     self.said = True
-                    self.say(f"tracking: {printable(str(exc))} (the run goes on; what was not "
+                    self.say(f"{printable(str(exc))} (the run goes on; what was not "
                              "written is lost)")  # fmt: skip
 
 
