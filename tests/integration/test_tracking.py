@@ -751,3 +751,19 @@ def test_a_wandb_run_whose_up_does_not_start_ends_not_started(
     made, ended = (offline_run(path) for path in found)
     assert made.config["job.script"] == "train.py" and made.exit_code == 0
     assert (ended.summary["orchestrate.verdict"], ended.exit_code) == ("not started", 1)
+
+
+def test_a_wandb_write_that_fails_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real writer child and the real wandb (the suite's venv has it; the unprivileged unit
+    run's has not): what W&B refused is one TrackingError line."""
+    from orchestrator.engine.trackers import wandbrun
+    from orchestrator.engine.trackers.base import TrackingError
+    from orchestrator.model.inventory import Inventory, Job, Tracking, WorkerSlot
+
+    tracking = Tracking(wandb_project="vision", wandb_run_id="ab12cd34")
+    job = Job(name="demo", task="m:f", steps=4, tracking=tracking)
+    inventory = Inventory(path="inv.yaml", base_dir=".", job=job,
+                          hosts=(WorkerSlot("alpha", "localhost", 1),))  # fmt: skip
+    monkeypatch.setenv("WANDB_MODE", "sideways")
+    with pytest.raises(TrackingError, match="sideways"):
+        wandbrun.write(wandbrun.start_plan(tracking, inventory, "r1"), tmp_path)
