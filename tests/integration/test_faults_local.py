@@ -62,12 +62,17 @@ def test_exit_0_before_the_target_step_is_a_failure(cli: Cli, reaper: list[str])
     assert "at step 5: exited 0 at step 5 of 40: it stopped before its target step" in (
         result.stdout
     )
+    # The worker that left at step 5 resumed the restart from its own checkpoint, step 5 (its
+    # peer from wherever the supervisor stopped it: under load, 0 when it had not stepped yet).
+    first = re.search(r"(\w+) at step 5: exited 0 at step 5 of 40", result.stdout)
+    assert first, result.stdout
+    restart = cli.cwd / "work" / "demo" / "runs" / cli.record()["run_id"] / "attempt-1"
+    log = (restart / first.group(1) / "worker.log").read_text()
+    assert "start 5 of a 2-worker cluster" in log, log
     # The root cause names the last attempt's first exit, 5 steps after where that worker
-    # resumed: step 5 for one that left at 5; less for one the supervisor stopped under load
-    # before its own exit, down to 0 for one stopped before its first step.
+    # resumed: step 10 for one that resumed at 5; less for one that resumed lower.
     starts = [int(n) for n in re.findall(r"start (\d+) of a 2-worker cluster", result.stderr)]
-    last_attempt = starts[-2:]  # its two workers' starts
-    assert max(last_attempt) > 0, starts  # the restart resumed from a checkpoint
+    last_attempt = starts[-2:]  # the excerpt's start line: the first worker to fail
     cause = result.stderr.split("the worker that failed first:")[-1]
     named = [n for n in last_attempt if f"exited 0 at step {n + 5} of 40" in cause]
     assert named, (starts, result.stderr)

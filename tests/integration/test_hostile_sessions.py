@@ -61,7 +61,17 @@ for line in child.stdout:
 sys.exit(child.wait())
 """
 
-SCRIPT = stepping_script(60)
+# After its last step the script stays until the host has been probed a fourth time (60 s at
+# most): the third, hostile, answer then comes while the run is live. On a loaded machine the
+# third probe was once the one after both workers' exits, which the run's end read without a
+# word, and the test saw no hostile answer although one was sent.
+SCRIPT = stepping_script(60) + textwrap.dedent("""\
+    deadline = time.time() + 60
+    while time.time() < deadline and not (
+        os.path.exists(PROBES_FILE) and len(open(PROBES_FILE).read()) >= 4
+    ):
+        time.sleep(0.1)
+    """)
 
 # What `up` says of the host meanwhile. One answer too many is read by the next request (a
 # watch, which says nothing when it fails): its session is dropped, the next probe opens another.
@@ -79,7 +89,7 @@ def _middle(cli: Cli, mode: str) -> str:
         )
     )
     python.chmod(0o755)
-    (cli.cwd / "train.py").write_text(SCRIPT)
+    (cli.cwd / "train.py").write_text(SCRIPT.replace("PROBES_FILE", repr(str(cli.cwd / "probes"))))
     return str(python)
 
 
