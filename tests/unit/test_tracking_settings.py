@@ -16,7 +16,8 @@ import pytest
 
 from orchestrator.backends.registry import host_settings, load_inventory, source_settings_of
 from orchestrator.dashboard.watch import mlflow_link
-from orchestrator.engine.trackers.tracking import job_params, run_link, tracking_lines
+from orchestrator.engine.trackers.base import job_params
+from orchestrator.engine.trackers.tracking import run_link, tracking_lines
 from orchestrator.engine.workers.launch import tracking_env
 from orchestrator.engine.workers.plan import plan_workers
 from orchestrator.errors import InventoryError

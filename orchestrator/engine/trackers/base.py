@@ -19,6 +19,8 @@ PARAM_LIMIT = 500  # characters of a param's value (MLflow's oldest servers' lim
 UNLOGGED = ("env", "secret_env", "tracking")
 # A run's events that end it (engine/observe/events.py's names).
 ENDS = ("succeeded", "failed", "stopped", "preempted")
+# The verdict a tracker's run gets when its `up` failed before the workers started (a check).
+NOT_STARTED = "not started"
 
 
 class TrackingError(Exception):

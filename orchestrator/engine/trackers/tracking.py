@@ -35,6 +35,7 @@ from orchestrator import contract
 from orchestrator.engine.trackers import wandbrun
 from orchestrator.engine.trackers.base import (
     ENDS,
+    NOT_STARTED,
     PARAM_LIMIT,
     TrackingError,
     goodput_values,
@@ -56,7 +57,6 @@ TAG_LIMIT = 5000  # characters of a tag's value (MLflow's oldest servers' limit)
 # How a run's events end the MLflow run (engine/observe/events.py's names).
 END_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "stopped": "KILLED",
               "preempted": "KILLED"}  # fmt: skip
-__all__ = ["TrackingError", "job_params"]  # base.py's, where tests and callers find them
 
 
 def mlflow_client(uri: str) -> Any:
@@ -252,7 +252,7 @@ def held_tracking(
 def _not_started(uri: str, run: str, before: str | None) -> None:
     client = mlflow_client(uri)
     if before is None:
-        _call("ending the run", lambda: client.set_tag(run, "orchestrate.verdict", "not started"))
+        _call("ending the run", lambda: client.set_tag(run, "orchestrate.verdict", NOT_STARTED))
     status = before or "KILLED"
     if status in END_STATUS.values():  # one found RUNNING is left so
         _call("ending the run", lambda: client.set_terminated(run, status=status))

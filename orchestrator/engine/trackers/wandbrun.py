@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.engine.trackers.base import (
+    NOT_STARTED,
     PARAM_LIMIT,
     TrackingError,
     goodput_values,
@@ -51,7 +52,6 @@ WRITER = "orchestrator.engine.trackers.wandbwrite"
 # or preempted did not finish: it ends failed, with the code a stopped process has (130, as
 # after Ctrl-C; 75, EX_TEMPFAIL, the code of a preempted worker), and its verdict in the summary.
 EXIT_CODES = {"succeeded": 0, "failed": 1, "stopped": 130, "preempted": 75}
-NOT_STARTED = "not started"  # the verdict of a run whose `up` failed before its workers started
 # W&B's variables that would name another run than the plan's (a user's shell may set them).
 RUN_VARIABLES = ("WANDB_RUN_ID", "WANDB_RESUME", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_NAME")
 
