@@ -288,30 +288,43 @@ def _unused_uid() -> int:
     raise AssertionError("no free uid in 64100..64899")
 
 
+def _copy_etc(destination: Path) -> None:
+    # useradd and userdel leave and remove lock and backup files in /etc: a copy taken at that
+    # moment fails on a file that vanished under it, and the next one finds /etc settled.
+    for _ in range(5):
+        if subprocess.run(["cp", "-a", "/etc", str(destination)], check=False).returncode == 0:
+            return
+        shutil.rmtree(destination, ignore_errors=True)
+        time.sleep(0.2)
+    raise AssertionError("could not copy /etc: it kept changing under the copy")
+
+
 def with_test_user(setup: Setup, user: str, password_field: str) -> tuple[list[str], Path, int]:
     """An argv running the entry point in a private mount namespace where `user` exists.
 
-    Copies of /etc/passwd, /etc/shadow and /etc/group with the user added are bind-mounted
-    over the real files inside that namespace only: the machine's accounts stay untouched.
+    A copy of /etc with the user added to passwd, shadow and group is bind-mounted over /etc
+    inside that namespace only: the machine's accounts stay untouched. The whole directory, not
+    the three files: a file's bind mount leaves the namespace when the host replaces that file,
+    as useradd and userdel do by renaming, and the namespace sees the host's passwd again (a
+    test beside this one adding its own user made `id -un` fail here).
     """
     uid = _unused_uid()
     home = setup.base / "home"
     home.mkdir()
     files = setup.base / "accounts"
     files.mkdir(mode=0o700)  # the shadow copy holds the machine's password hashes
+    etc = files / "etc"
+    _copy_etc(etc)
     entries = {
         "passwd": f"{user}:x:{uid}:{uid}:orchestrate test:{home}:/bin/sh\n",
         "shadow": f"{user}:{password_field}:19000:0:99999:7:::\n",
         "group": f"{user}:x:{uid}:\n",
     }
     for name, entry in entries.items():
-        original = Path("/etc") / name
-        copy = files / name
-        copy.write_text(original.read_text() + entry)
-        copy.chmod(stat.S_IMODE(original.stat().st_mode))
-    mounts = " && ".join(f"mount --bind {files / name} /etc/{name}" for name in entries)
+        with (etc / name).open("a") as copy:
+            copy.write(entry)
     argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            f'{mounts} && exec sh "$0"', str(ENTRYPOINT)]  # fmt: skip
+            f'mount --bind {etc} /etc && exec sh "$0"', str(ENTRYPOINT)]  # fmt: skip
     return argv, home, uid
 
 
