@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests.conftest import REPO, Cli, clean_env, local_tf_inventory, val_scalars
 from worker.examples import shapes
@@ -47,6 +46,10 @@ def final_evaluation(cli: Cli, steps: int) -> tuple[float, float]:
 
 
 def test_evaluate_export_and_restore(cli: Cli, reaper: list[str]) -> None:
+    # Here, not at the top: each pytest process that collects this module (every lane, the
+    # quiet run) would pay TensorFlow's import, about 3 s of CPU, for a test it may not run.
+    import tensorflow as tf
+
     job = cli.cwd / "work" / "shapes"
     checkpoints = job / "checkpoints"
     images, _ = shapes.make_images(32, seed=7)  # neither training nor eval data

@@ -21,7 +21,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -48,10 +48,18 @@ from tests.wandbfiles import OfflineRun, offline_run
 # A missing MLflow client or W&B is a failure, never a skip: the dev extra installs both (the
 # server is tests/mlflowserver.py's), and a skip would hide job.tracking untested.
 DEV_EXTRA = "the dev extra installs it: pip install -e '.[dev]'"
-try:
+if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
-except ImportError as missing:
-    raise ImportError(f"these tests need MLflow's client ({missing}); {DEV_EXTRA}") from missing
+
+
+def mlflow_client(uri: str) -> MlflowClient:
+    # Imported here, not at the top: MLflow's import (about 1 s of CPU) would be paid by every
+    # pytest process that collects this module, in each lane, for tests it may not run.
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError as missing:
+        raise ImportError(f"these tests need MLflow's client ({missing}); {DEV_EXTRA}") from missing
+    return MlflowClient(uri)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +151,7 @@ def test_a_killed_worker_leaves_one_finished_mlflow_run_with_both_attempts(
                        tracking={"mlflow": mlflow_server, "experiment": experiment})  # fmt: skip
     up = cli.popen("up", "--skip-checks", "inv.yaml")
     job_root = cli.cwd / "work" / "shapes"
-    client = MlflowClient(mlflow_server)
+    client = mlflow_client(mlflow_server)
     try:
         first = wait_for(lambda: progress_in(first_run_dir(job_root, "chief")).get(
             "checkpoint_step"), 180, "the first checkpoint", interval=0.05)  # fmt: skip
@@ -216,7 +224,7 @@ def test_an_up_that_resumes_a_saved_run_resumes_its_tracking_run(
     down = cli("down", "--save", check=True, timeout=120, env=OFFLINE)
     saved = int(down.stderr.split("saved a checkpoint at step ")[1].split()[0])
     wait_for(lambda: not detached_supervisors(first["run_id"]), 60, "the supervisor's end")
-    client = MlflowClient(mlflow_server)
+    client = mlflow_client(mlflow_server)
     run_id = the_one_run(client, experiment).info.run_id
     assert client.get_run(run_id).info.status == "KILLED"
 
@@ -297,7 +305,7 @@ def test_the_dashboard_page_links_to_the_mlflow_run(
     cli("up", "--skip-checks", "inv.yaml", check=True, timeout=120)
     tracked = cli.record()["run_id"]
     reaper.append(tracked)
-    run = the_one_run(MlflowClient(mlflow_server), experiment).info
+    run = the_one_run(mlflow_client(mlflow_server), experiment).info
     page = f"{mlflow_server}/#/experiments/{run.experiment_id}/runs/{run.run_id}"
     local_inventory(cli, hosts, job)
     cli("up", "--skip-checks", "inv.yaml", check=True, timeout=120)
@@ -363,7 +371,7 @@ def test_a_scripts_own_start_run_joins_the_run_from_every_attempt(
     done = cli("up", "--skip-checks", "inv.yaml", timeout=240)
     reaper.append(cli.record()["run_id"])
     assert done.returncode == 0, done.stderr
-    client = MlflowClient(mlflow_server)
+    client = mlflow_client(mlflow_server)
     run = the_one_run(client, experiment)
     assert run.info.status == "FINISHED"
     for worker, attempts in (("alpha", [0, 1]), ("beta", [0, 1])):
@@ -388,7 +396,7 @@ def test_a_model_fit_script_with_keras_progress_logs_into_the_run(
     done = cli("up", "--skip-checks", "inv.yaml", timeout=300)
     reaper.append(cli.record()["run_id"])
     assert done.returncode == 0, done.stderr
-    client = MlflowClient(mlflow_server)
+    client = mlflow_client(mlflow_server)
     run = the_one_run(client, experiment)
     assert run.info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
@@ -411,7 +419,7 @@ def test_down_ends_the_mlflow_run_killed(cli: Cli, reaper: list[str], mlflow_ser
     cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
     reaper.append(cli.record()["run_id"])
     cli.status_when(lambda s: s["state"] == "running", timeout=60)
-    client = MlflowClient(mlflow_server)
+    client = mlflow_client(mlflow_server)
     assert the_one_run(client, experiment).info.status == "RUNNING"
     cli("down", check=True)  # it waits for its writes to the tracker before it exits
     run = the_one_run(client, experiment)
@@ -435,7 +443,7 @@ def test_a_failed_run_ends_its_mlflow_run_failed_with_the_cause(
     done = cli("up", "--skip-checks", "inv.yaml", timeout=120)
     reaper.append(cli.record()["run_id"])
     assert done.returncode == 1, done.stderr
-    run = the_one_run(MlflowClient(mlflow_server), experiment)
+    run = the_one_run(mlflow_client(mlflow_server), experiment)
     assert run.info.status == "FAILED"
     assert run.data.tags["orchestrate.verdict"] == "failed"
     assert "exit code 3 is marked permanent" in run.data.tags["orchestrate.root_cause"]
@@ -448,7 +456,7 @@ def test_metrics_resumed_from_an_earlier_step_are_not_logged_twice(mlflow_server
     resumes at step 20 of a run that logged up to 40 logs only 50 and 60."""
     from worker.tracking import MetricLog
 
-    client = MlflowClient(mlflow_server)
+    client = mlflow_client(mlflow_server)
     experiment = client.create_experiment(f"dedupe-{time.time_ns()}")
     run_id = client.create_run(experiment).info.run_id
     for attempt, steps in ((0, range(10, 41, 10)), (1, range(30, 61, 10))):
@@ -472,7 +480,7 @@ def test_a_resumed_runs_restarts_number_on_after_the_earlier_ones(mlflow_server:
     from orchestrator.model.inventory import Tracking
     from orchestrator.model.records import Restart
 
-    client = MlflowClient(mlflow_server)
+    client = mlflow_client(mlflow_server)
     experiment = client.create_experiment(f"numbering-{time.time_ns()}")
     run_id = client.create_run(experiment).info.run_id
     client.set_tag(run_id, "orchestrate.restart.2", "other at step 57: killed by SIGKILL")
@@ -509,7 +517,7 @@ def test_a_resumed_run_whose_up_does_not_start_ends_as_it_was(mlflow_server: str
     from orchestrator.engine.trackers.trackresume import Resumed
     from orchestrator.model.inventory import Inventory, Job, Tracking
 
-    client = MlflowClient(mlflow_server)
+    client = mlflow_client(mlflow_server)
     experiment = client.create_experiment(f"held-{time.time_ns()}")
     run_id = client.create_run(experiment, tags={"orchestrate.run_id": "r1"}).info.run_id
     client.set_tag(run_id, "orchestrate.verdict", "failed")
