@@ -7,6 +7,8 @@
 #   - as root, the Debian packages install beside pip; then, for the whole suite, the container
 #     tests' image builds in the background (docker/cluster.sh build) from the wheels pip
 #     already fetched, beside the checks and the lanes;
+#   - one `pytest --collect-only` right after pip, beside the wheels' download and the apt wait,
+#     caches the rewritten test modules for the lanes' pytest processes;
 #   - the checks (ruff, mypy, lint-imports, the manual) run beside pytest, their output shown
 #     when they end;
 #   - as root, the unprivileged unit run runs beside pytest too;
