@@ -5,7 +5,9 @@ process feeding its own NumPy shard (auto_shard_dataset=False: auto-sharding nee
 tf.data.Dataset), BackupAndRestore every SAVE_EVERY steps. No TensorFlow in the script.
 
 Reports its step and each backup's step to orchestrate (worker.report) and, at the end, the
-digest of its weights; STEP_DELAY seconds after each step leave a test time to act."""
+digest of its weights; STEP_DELAY seconds after each step leave a test time to act, and
+HOLD_UNTIL (a file) holds it from step HOLD_FROM_STEP on until that file exists: a test that
+acts mid-run then acts before the run can end, however slow its machine."""
 
 import os
 import sys
@@ -23,6 +25,8 @@ EPOCHS = int(os.environ.get("EPOCHS", "4"))
 BATCH = 16  # each process's own
 SAVE_EVERY = int(os.environ.get("SAVE_EVERY", "4"))
 STEP_DELAY = float(os.environ.get("STEP_DELAY", "0"))
+HOLD_FROM_STEP = int(os.environ.get("HOLD_FROM_STEP", "0"))
+HOLD_UNTIL = os.environ.get("HOLD_UNTIL")
 
 keras.distribution.initialize()
 keras.distribution.set_distribution(
@@ -57,6 +61,8 @@ class Progress(keras.callbacks.Callback):
             fields["checkpoint_step"] = step
         report(**fields, loss=float(logs["loss"]))
         time.sleep(STEP_DELAY)
+        while HOLD_UNTIL and step >= HOLD_FROM_STEP and not os.path.exists(HOLD_UNTIL):
+            time.sleep(0.1)
 
 
 # Each host keeps its own backup (no shared file system needed): every process saves at the
