@@ -63,14 +63,19 @@ def finals(cli: Cli, attempt: int) -> dict[str, dict[str, object]]:
 def test_keras3_fit_on_jax_survives_a_killed_worker_and_resumes(
     cli: Cli, reaper: list[str]
 ) -> None:
-    inventory = jax_inventory(cli, max_restarts=2, restart_backoff=0, env={"STEP_DELAY": "0.3"})
+    # A backup inside the second epoch: BackupAndRestore keeps the epoch, so the restart
+    # resumes at epoch 2, which its log shows. Both workers hold after it until the kill: the
+    # next backup, at the second epoch's end, comes 1.2 s later, less than a busy machine may
+    # take to see the first one.
+    backed_up = STEPS_PER_EPOCH + SAVE_EVERY
+    release = cli.cwd / "release-after-the-kill"
+    hold = {"HOLD_FROM_STEP": str(backed_up), "HOLD_UNTIL": str(release)}
+    inventory = jax_inventory(cli, max_restarts=2, restart_backoff=0,
+                              env={"STEP_DELAY": "0.3", **hold})  # fmt: skip
     up = cli.popen("up", str(inventory), "--skip-checks")
     root = cli.cwd / "work" / JOB
     try:
         reaper.append(wait_for(lambda: _current(cli), timeout=60, what="the run's id"))
-        # A backup inside the second epoch: BackupAndRestore keeps the epoch, so the restart
-        # resumes at epoch 2, which its log shows.
-        backed_up = STEPS_PER_EPOCH + SAVE_EVERY
 
         def both_backed_up() -> bool:
             return all((progress_in(first_run_dir(root, name)).get("checkpoint_step") or 0)
@@ -81,6 +86,7 @@ def test_keras3_fit_on_jax_survives_a_killed_worker_and_resumes(
         assert victim is not None and survivor is not None
         left = psutil.Process(int((survivor / "worker.pid").read_text()))
         os.kill(int((victim / "worker.pid").read_text()), signal.SIGKILL)
+        release.touch()
         _, err = up.communicate(timeout=300)
     finally:
         if up.poll() is None:
