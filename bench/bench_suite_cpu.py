@@ -34,12 +34,16 @@ TICK = os.sysconf("SC_CLK_TCK")
 SUBCOMMAND = re.compile(
     r"(?:-m orchestrator|bin/orchestrate)\s+(?:--state-dir\s+\S+\s+)?(?:-\S+\s+)*([a-z][a-z-]*)"
 )
-# Checked in order: the first that the command line contains names its kind.
-KINDS = (
+# Checked in order: the first that the command line contains names its kind. These come before
+# the `orchestrate` subcommands (a worker's or a host program's command line may hold the word).
+PROGRAM_KINDS = (
     (" -m worker", "TensorFlow or JAX worker (python -m worker)"),
     ("# orchestrate boot", "a job's script, started through the stack-dump boot"),
     ("worker.evaluate", "worker.evaluate"),
     ("# orchestrate:", "host-side program (agent, probe, minder)"),
+)
+# Then these, after the subcommands.
+TOOL_KINDS = (
     ("tensorboard", "TensorBoard"),
     ("exec(eval(sys.stdin", "pytest lane process (xdist)"),
     ("pytest", "pytest"),
@@ -58,7 +62,7 @@ KINDS = (
 
 
 def kind_of(command: str) -> str:
-    for marker, kind in KINDS[:4]:
+    for marker, kind in PROGRAM_KINDS:
         if marker in command:
             return kind
     subcommand = SUBCOMMAND.search(command)
@@ -66,7 +70,7 @@ def kind_of(command: str) -> str:
         return f"orchestrate {subcommand.group(1)}"
     if re.search(r"/attempt-\d+/|/standby/", command):
         return "host-side program (agent, probe, minder)"
-    for marker, kind in KINDS[4:]:
+    for marker, kind in TOOL_KINDS:
         if marker in command:
             return kind
     return "other"
@@ -114,8 +118,9 @@ def report(path: Path, rows: int) -> None:
     data = json.loads(path.read_text())
     by_kind: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for cpu, command in data["processes"].values():
-        by_kind[kind_of(command)][0] += cpu
-        by_kind[kind_of(command)][1] += 1
+        tally = by_kind[kind_of(command)]
+        tally[0] += cpu
+        tally[1] += 1
     total = data["total_cpu_s"]
     sampled = sum(cpu for cpu, _ in by_kind.values())
     print(f"CPU in all {total:.0f} s (the cgroup's); the samples saw {sampled:.0f} s")
