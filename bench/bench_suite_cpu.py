@@ -5,7 +5,8 @@ unless something moves it out: Docker's containers go to Docker's own cgroups), 
 the cgroup's processes from /proc every 0.1 s, and prints, at the end, the CPU seconds of each
 kind of process (TensorFlow workers, each `orchestrate` subcommand, the host-side programs,
 pytest, pip, ...), with the cgroup's own total beside what the samples saw (a process that lives
-less than 0.1 s is missed, or counted short). Root only (it makes a cgroup), cgroup v1's cpuacct
+less than 0.1 s is missed, or counted short), then the cores the whole cgroup used, minute by
+minute (where the machine was not kept busy). Root only (it makes a cgroup), cgroup v1's cpuacct
 controller (as on the development machines):
 
     .venv/bin/python -m bench.bench_suite_cpu --json /tmp/ci-cpu.json -- bash .ci/run
@@ -25,11 +26,13 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 INTERVAL_S = 0.1
+TIMELINE_BIN_S = 60
 TICK = os.sysconf("SC_CLK_TCK")
 SUBCOMMAND = re.compile(
     r"(?:-m orchestrator|bin/orchestrate)\s+(?:--state-dir\s+\S+\s+)?(?:-\S+\s+)*([a-z][a-z-]*)"
@@ -76,9 +79,15 @@ def kind_of(command: str) -> str:
     return "other"
 
 
-def sample(cgroup: Path, seen: dict[str, list[Any]], stop: threading.Event) -> None:
-    """Every INTERVAL_S: each process of `cgroup`, its CPU so far and its command line."""
+def sample(
+    cgroup: Path, seen: dict[str, list[Any]], usage: list[float], stop: threading.Event
+) -> None:
+    """Every INTERVAL_S: each process of `cgroup`, its CPU so far and its command line; every
+    second, the cgroup's CPU so far (`usage`, one value a second)."""
+    began = time.monotonic()
     while not stop.wait(INTERVAL_S):
+        if time.monotonic() - began >= len(usage):
+            usage.append(int((cgroup / "cpuacct.usage").read_text()) / 1e9)
         for pid in set((cgroup / "cgroup.procs").read_text().split()):
             try:
                 stat = Path(f"/proc/{pid}/stat").read_text()
@@ -99,8 +108,9 @@ def run(command: list[str], out: Path) -> int:
     cgroup = CPUACCT / f"bench-suite-cpu-{os.getpid()}"
     cgroup.mkdir()
     seen: dict[str, list[Any]] = {}
+    usage: list[float] = []
     stop = threading.Event()
-    sampler = threading.Thread(target=sample, args=(cgroup, seen, stop), daemon=True)
+    sampler = threading.Thread(target=sample, args=(cgroup, seen, usage, stop), daemon=True)
     sampler.start()
     # The shell joins the cgroup, then becomes the command: everything it starts is counted.
     joined = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *command]
@@ -108,7 +118,7 @@ def run(command: list[str], out: Path) -> int:
     stop.set()
     sampler.join()
     total = int((cgroup / "cpuacct.usage").read_text()) / 1e9
-    out.write_text(json.dumps({"total_cpu_s": total, "processes": seen}))
+    out.write_text(json.dumps({"total_cpu_s": total, "processes": seen, "usage_each_s": usage}))
     with contextlib.suppress(OSError):  # something it started still runs: the cgroup stays
         cgroup.rmdir()
     return status
@@ -128,6 +138,17 @@ def report(path: Path, rows: int) -> None:
     ranked = sorted(by_kind.items(), key=lambda item: -item[1][0])
     for kind, (cpu, count) in ranked[:rows]:
         print(f"{cpu:8.0f} {cpu / total:6.1%} {count:9.0f} {cpu / count:8.2f}  {kind}")
+    timeline(data.get("usage_each_s", []))
+
+
+def timeline(usage: list[float]) -> None:
+    """Cores in use, on average, in each TIMELINE_BIN_S of the run (a bar of 20 per core)."""
+    if len(usage) <= TIMELINE_BIN_S:
+        return
+    print(f"cores in use, each {TIMELINE_BIN_S} s from the start")
+    for start in range(0, len(usage) - TIMELINE_BIN_S, TIMELINE_BIN_S):
+        cores = (usage[start + TIMELINE_BIN_S] - usage[start]) / TIMELINE_BIN_S
+        print(f"{start:6d} s {cores:5.2f} {'#' * round(cores * 20)}")
 
 
 def main() -> None:

@@ -25,9 +25,11 @@ started=$(date +%s.%N)
 
 logs="$(mktemp -d)"
 trap 'rm -rf "$logs"' EXIT
-# Every phase's wall time goes here (the tests add their clusters' builds and their lanes:
-# tests/phase_log.py); scripts/phase_table.py prints the table at the end.
-export ORCHESTRATE_PHASE_LOG="$logs/phases.jsonl"
+# Every phase's wall time goes here (the tests add their clusters' builds and each test, with
+# its lane: tests/phase_log.py); scripts/phase_table.py prints the table at the end. Set it
+# yourself to keep the log (it is emptied first), e.g. to see which test ran when in which lane.
+export ORCHESTRATE_PHASE_LOG="${ORCHESTRATE_PHASE_LOG:-$logs/phases.jsonl}"
+: >"$ORCHESTRATE_PHASE_LOG"
 
 # phase KIND NAME COMMAND...: run COMMAND, record its wall time under NAME, keep its status.
 phase() {
@@ -54,16 +56,25 @@ if [ "$(id -u)" = 0 ]; then
     # A Debian python3 needs its python3-venv package (one of those) before it makes a venv.
     if ! python3 -c 'import ensurepip' 2>/dev/null; then wait "$apt_pid" || true; fi
 fi
+# --no-compile: pip's byte-compiling of every module it installs (TensorFlow's thousands among
+# them) held up everything after it, about 12 s of CPU; a module is compiled when it is first
+# imported instead (see the warm-up below), and most never are.
 install_venv() {
     python3 -m venv .venv
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e '.[worker,legacy-keras,dev,docs]'
+    .venv/bin/python -m pip install -q --no-compile -e '.[worker,legacy-keras,dev,docs]'
 }
 phase setup "pip install of the project and its extras (.venv)" install_venv
 # Byte code is cached (an environment may say not to, PYTHONDONTWRITEBYTECODE): otherwise every
 # `orchestrate` the tests run compiles the controller again (about 0.08 s of CPU each, hundreds
 # of them) and every pytest process rewrites and compiles each test module (about 8 s each).
 unset PYTHONDONTWRITEBYTECODE
+# What a worker imports (TensorFlow, both Kerases, TensorBoard's summaries), compiled once here in
+# the background, so that the lanes' first workers, starting together, do not each compile it.
+phase setup "a worker's imports, compiled once, in the background" \
+    .venv/bin/python -c 'import tensorflow as tf, tf_keras, worker.loop, worker.mirrored, worker.summaries, worker.evaluate; tf.keras' \
+    >"$logs/warm-up.log" 2>&1 &
+warm_up_pid=$!
 # One collection first, beside what follows until the lanes start, so that the lanes' pytest
 # processes find the test modules rewritten and compiled instead of each doing it at once.
 phase setup "pytest --collect-only, caching the rewritten test modules, in the background" \
@@ -158,6 +169,7 @@ for argument in "$@"; do
 done
 
 wait "$collect_pid" || { echo "--- pytest --collect-only failed:"; tail -n 30 "$logs/collect.log"; }
+wait "$warm_up_pid" || { echo "--- a worker's imports failed:"; tail -n 30 "$logs/warm-up.log"; }
 status=0
 # pytest exits 5 when it collects nothing: that fails the run (status stays non-zero).
 phase pytest "pytest, the lanes side by side" \

@@ -45,7 +45,9 @@ as_user "$PYTHON" -m venv "$work/.venv"
 # Extras the unit tests import: ansible (the Ansible host-source tests read inventories with the
 # real ansible-core) and dashboard (its unit tests import the server module, uvicorn).
 # pytest and httpx (pinned as in pyproject.toml): bench_dashboard, which test_bench_imports imports.
-as_user "$work/.venv/bin/pip" install -q --disable-pip-version-check -e "${work}[ansible,dashboard]" pytest==9.1.1 numpy httpx==0.28.1
+# --no-compile: the tests import a small part of ansible-core's thousands of modules; byte-compiling
+# them all took CPU from the lanes beside this run.
+as_user "$work/.venv/bin/pip" install -q --disable-pip-version-check --no-compile -e "${work}[ansible,dashboard]" pytest==9.1.1 numpy httpx==0.28.1
 cd "$work"
 # Tests that start TensorFlow (marked tf) need the worker extra, and those marked root chown
 # files to another account (they ran as root just before); everything else runs here.

@@ -514,4 +514,5 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     finally:
         lane = "quiet" if item.get_closest_marker("quiet") else lane_of(item) or "-"
-        phase_log.record("test", lane, start, time.time())
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        phase_log.record("test", lane, start, time.time(), test=item.nodeid, worker=worker)

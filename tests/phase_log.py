@@ -13,12 +13,13 @@ from collections.abc import Iterator
 PHASE_LOG_VARIABLE = "ORCHESTRATE_PHASE_LOG"
 
 
-def record(kind: str, name: str, start: float, end: float) -> None:
-    """Append one phase (wall-clock seconds since the epoch), e.g. ("cluster", "slurm", ...)."""
+def record(kind: str, name: str, start: float, end: float, **detail: str) -> None:
+    """Append one phase (wall-clock seconds since the epoch), e.g. ("cluster", "slurm", ...);
+    `detail` adds fields the table does not read (a test's node id and xdist worker)."""
     path = os.environ.get(PHASE_LOG_VARIABLE)
     if not path:
         return
-    line = json.dumps({"kind": kind, "name": name, "start": start, "end": end}) + "\n"
+    line = json.dumps({"kind": kind, "name": name, "start": start, "end": end, **detail}) + "\n"
     # One write of a short line with O_APPEND: the xdist workers' lines never interleave.
     with contextlib.suppress(OSError):
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
