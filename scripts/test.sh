@@ -4,14 +4,15 @@
 # and runs the unit tests that need no root as an unprivileged user (once: not again as root).
 #
 # What overlaps, on CI's two cores (docs/development.md has the time table):
-#   - as root, the Debian packages install beside pip; then, for the whole suite, the container
+#   - the jax-only venv installs beside pip's install of .venv, and so do, as root, the Debian
+#     packages, then the unprivileged unit run; after pip, for the whole suite, the container
 #     tests' image builds in the background (docker/cluster.sh build) from the wheels pip
 #     already fetched, beside the checks and the lanes;
-#   - one `pytest --collect-only` right after pip, beside the wheels' download and the apt wait,
+#   - one `pytest --collect-only` right after pip, beside a worker's imports being compiled once,
 #     caches the rewritten test modules for the lanes' pytest processes;
 #   - the checks (ruff, mypy, lint-imports, the manual) run beside pytest, their output shown
 #     when they end;
-#   - as root, the unprivileged unit run runs beside pytest too;
+#   - as root, the unprivileged unit run goes on beside pytest too;
 #   - pytest itself runs its lanes side by side (pytest-xdist, --dist loadgroup): the Slurm and
 #     Docker clusters' tests, the namespace cluster's, the local TensorFlow runs in two lanes,
 #     and the plain tests wherever a worker is free (tests/conftest.py LANES);
@@ -25,6 +26,10 @@ started=$(date +%s.%N)
 
 logs="$(mktemp -d)"
 trap 'rm -rf "$logs"' EXIT
+# Byte code is cached (an environment may say not to, PYTHONDONTWRITEBYTECODE): otherwise every
+# `orchestrate` the tests run compiles the controller again (about 0.08 s of CPU each, hundreds
+# of them) and every pytest process rewrites and compiles each test module (about 8 s each).
+unset PYTHONDONTWRITEBYTECODE
 # Every phase's wall time goes here (the tests add their clusters' builds and each test, with
 # its lane: tests/phase_log.py); scripts/phase_table.py prints the table at the end. Set it
 # yourself to keep the log (it is emptied first), e.g. to see which test ran when in which lane.
@@ -64,11 +69,49 @@ install_venv() {
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q --no-compile -e '.[worker,legacy-keras,dev,docs]'
 }
-phase setup "pip install of the project and its extras (.venv)" install_venv
-# Byte code is cached (an environment may say not to, PYTHONDONTWRITEBYTECODE): otherwise every
-# `orchestrate` the tests run compiles the controller again (about 0.08 s of CPU each, hundreds
-# of them) and every pytest process rewrites and compiles each test module (about 8 s each).
-unset PYTHONDONTWRITEBYTECODE
+# The install of .venv is the one step everything after it waits for, and pip keeps one core
+# busy: what needs neither it nor the Debian packages (the jax-only venv below) runs beside it
+# from the start, and the unprivileged unit run (its own venv) as soon as apt has finished.
+phase setup "pip install of the project and its extras (.venv)" install_venv &
+venv_pid=$!
+# What a user of `job.keras: jax` installs, alone: `pip install '.[jax]'` (JAX, Keras 3, no
+# TensorFlow), into .venv-jax, in the background. Every test that runs JAX runs its workers from
+# it (tests/jaxonly.py waits for it): .venv has no JAX, which TensorFlow would import in each of
+# the suite's TensorFlow processes (docs/development.md).
+install_jax_only() {
+    # From a copy of the checkout: a build in place writes build/ and *.egg-info beside the
+    # code the lanes and the checks are reading.
+    local source
+    source="$(mktemp -d)"
+    tar -c --exclude='./.venv*' --exclude=./.git --exclude=./docker/wheels . | tar -x -C "$source"
+    python3 -m venv .venv-jax
+    .venv-jax/bin/python -m pip install -q --no-compile "${source}[jax]"
+    rm -rf "$source"
+    touch .venv-jax/installed
+}
+rm -f .venv-jax/installed
+phase setup "a jax-only install (.venv-jax: pip install '.[jax]'), in the background" \
+    install_jax_only >"$logs/jax-only.log" 2>&1 &
+jax_only_pid=$!
+if [ -n "$apt_pid" ]; then
+    apt_status=0
+    wait "$apt_pid" || apt_status=$?
+    cat "$logs/apt.log"
+    if [ "$apt_status" -ne 0 ]; then exit "$apt_status"; fi
+fi
+lanes="not quiet"
+unprivileged_pid=
+if [ "$(id -u)" = 0 ]; then
+    # The unit tests that need neither root nor TensorFlow run as an unprivileged user, and only
+    # there; this pytest runs the rest (integration, and the unit tests marked tf or root).
+    lanes="not quiet and (not unit or tf or root)"
+    phase check "unit tests as an unprivileged user (own venv)" \
+        bash scripts/unit-tests-unprivileged.sh >"$logs/unprivileged.log" 2>&1 &
+    unprivileged_pid=$!
+fi
+venv_status=0
+wait "$venv_pid" || venv_status=$?
+if [ "$venv_status" -ne 0 ]; then exit "$venv_status"; fi
 # What a worker imports (TensorFlow, both Kerases, TensorBoard's summaries), compiled once here in
 # the background, so that the lanes' first workers, starting together, do not each compile it.
 phase setup "a worker's imports, compiled once, in the background" \
@@ -92,25 +135,6 @@ install_tracking_server() {
     touch .venv-mlflow/installed
 }
 rm -f .venv-mlflow/installed
-# What a user of `job.keras: jax` installs, alone: `pip install '.[jax]'` (JAX, Keras 3, no
-# TensorFlow), into .venv-jax, in the background. Every test that runs JAX runs its workers from
-# it (tests/jaxonly.py waits for it): .venv has no JAX, which TensorFlow would import in each of
-# the suite's TensorFlow processes (docs/development.md).
-install_jax_only() {
-    # From a copy of the checkout: a build in place writes build/ and *.egg-info beside the
-    # code the lanes and the checks are reading.
-    local source
-    source="$(mktemp -d)"
-    tar -c --exclude='./.venv*' --exclude=./.git --exclude=./docker/wheels . | tar -x -C "$source"
-    python3 -m venv .venv-jax
-    .venv-jax/bin/python -m pip install -q --no-compile "${source}[jax]"
-    rm -rf "$source"
-    touch .venv-jax/installed
-}
-rm -f .venv-jax/installed
-phase setup "a jax-only install (.venv-jax: pip install '.[jax]'), in the background" \
-    install_jax_only >"$logs/jax-only.log" 2>&1 &
-jax_only_pid=$!
 phase setup "the MLflow tracking server's venv (.venv-mlflow), in the background" \
     install_tracking_server >"$logs/tracking-server.log" 2>&1 &
 tracking_server_pid=$!
@@ -120,19 +144,14 @@ image_wheels() {
     .venv/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['worker']))" >"$logs/image-requirements.txt"
     .venv/bin/python -m pip download -q -d docker/wheels -r "$logs/image-requirements.txt"
 }
-if [ "$build_ahead" -eq 1 ]; then
+build_image() {
     phase setup "wheels for the worker image (pip download, from pip's cache)" image_wheels
-fi
-if [ -n "$apt_pid" ]; then
-    apt_status=0
-    wait "$apt_pid" || apt_status=$?
-    cat "$logs/apt.log"
-    if [ "$apt_status" -ne 0 ]; then exit "$apt_status"; fi
-fi
+    PYTHON=.venv/bin/python phase image "dockerd, stand-in base and worker image, in all" \
+        sh docker/cluster.sh build --stand-in-base
+}
 image_pid=
 if [ "$build_ahead" -eq 1 ]; then
-    PYTHON=.venv/bin/python phase image "dockerd, stand-in base and worker image, in all" \
-        sh docker/cluster.sh build --stand-in-base >"$logs/image.log" 2>&1 &
+    build_image >"$logs/image.log" 2>&1 &
     image_pid=$!
 fi
 
@@ -152,16 +171,6 @@ phase check "checks: ruff, ruff format, mypy, lint-imports, mkdocs --strict" \
     checks >"$logs/checks.log" 2>&1 &
 checks_pid=$!
 
-lanes="not quiet"
-unprivileged_pid=
-if [ "$(id -u)" = 0 ]; then
-    # The unit tests that need neither root nor TensorFlow run as an unprivileged user, and only
-    # there; this pytest runs the rest (integration, and the unit tests marked tf or root).
-    lanes="not quiet and (not unit or tf or root)"
-    phase check "unit tests as an unprivileged user (own venv)" \
-        bash scripts/unit-tests-unprivileged.sh >"$logs/unprivileged.log" 2>&1 &
-    unprivileged_pid=$!
-fi
 # A -m of your own selects the tests instead: one run, in the lanes, the quiet ones among them.
 own_selection=0
 for argument in "$@"; do

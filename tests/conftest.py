@@ -458,7 +458,7 @@ LANES = {"slurm": "clusters", "docker": "clusters", "netns": "netns", "tf": "tf"
 SECOND_TF_LANE = frozenset({
     "test_stacks", "test_faults_checkpoints", "test_supervision", "test_evaluator_watch",
     "test_linger", "test_worker_training", "test_worker_tensorboard_devices", "test_quick_start",
-    "test_warm_restarts",
+    "test_warm_restarts", "test_tracking",
 })  # fmt: skip
 
 
