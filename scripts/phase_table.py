@@ -4,14 +4,16 @@
 
 Each line of LOG is {"kind", "name", "start", "end"} (seconds since the epoch): the script's own
 phases (apt packages, pip, the images, the checks, pytest, the quiet tests), the clusters' builds
-(tests/phase_log.py) and one line per test with its lane. START is the run's start. Per lane the
-table gives its wall time (first test's start to last test's end) and its tests' summed time, so
-a lane that waited shows as the difference. Standard library only: it runs even when the venv
-could not be made."""
+(tests/phase_log.py) and one line per test with its lane, node id and, where tests/lanecpu.py
+counted it, its CPU seconds. START is the run's start. Per lane the table gives its wall time
+(first test's start to last test's end) and its tests' summed time, so a lane that waited shows
+as the difference, and their CPU; then the tests that took the most CPU. Standard library only:
+it runs even when the venv could not be made."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -27,7 +29,8 @@ def read(path: Path) -> list[dict[str, Any]]:
             entry = json.loads(line)
             phases.append(
                 {"kind": str(entry["kind"]), "name": str(entry["name"]),
-                 "start": float(entry["start"]), "end": float(entry["end"])}
+                 "start": float(entry["start"]), "end": float(entry["end"]),
+                 "test": str(entry.get("test", "")), "cpu": float(entry.get("cpu", "nan"))}
             )  # fmt: skip
         except (ValueError, KeyError, TypeError):
             continue  # a line cut short by a killed process
@@ -43,6 +46,9 @@ def lanes(tests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         busy = sum(e["end"] - e["start"] for e in entries)
         label = f"lane {lane}" if lane != "-" else "tests of no lane (any free worker)"
         name = f"{label}: {len(entries)} tests, {busy:.0f} s in tests"
+        counted = [e["cpu"] for e in entries if not math.isnan(e["cpu"])]
+        if counted:
+            name += f", {sum(counted):.0f} s of CPU"
         start, end = min(e["start"] for e in entries), max(e["end"] for e in entries)
         rows.append({"kind": "lane", "name": name, "start": start, "end": end})
     return rows
@@ -60,6 +66,19 @@ def table(phases: list[dict[str, Any]], start: float) -> str:
     return "\n".join(lines)
 
 
+def costliest(tests: list[dict[str, Any]], count: int = 15) -> str:
+    """The tests that took the most CPU (where tests/lanecpu.py counted it), or ""."""
+    counted = sorted((t for t in tests if not math.isnan(t["cpu"])), key=lambda t: -t["cpu"])
+    if not counted:
+        return ""
+    lines = [f"--- the {min(count, len(counted))} tests that took the most CPU, of {len(counted)}"]
+    lines.append(f"{'CPU (s)':>7}  {'wall':>5}  {'lane':<8}  test")
+    for test in counted[:count]:
+        wall = test["end"] - test["start"]
+        lines.append(f"{test['cpu']:7.0f}  {wall:5.0f}  {test['name']:<8}  {test['test']}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
@@ -69,7 +88,11 @@ def main(argv: list[str]) -> int:
         print(f"phase_table: no phase log at {path}", file=sys.stderr)
         return 1
     print("--- where the time went (seconds from the start of scripts/test.sh)")
-    print(table(read(path), float(argv[2])))
+    phases = read(path)
+    print(table(phases, float(argv[2])))
+    most = costliest([p for p in phases if p["kind"] == "test"])
+    if most:
+        print(most)
     return 0
 
 

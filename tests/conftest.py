@@ -24,6 +24,7 @@ import pytest
 
 from tests import phase_log
 from tests.cluster.pytest_support import SharedCluster
+from tests.lanecpu import LaneCpu
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -147,8 +148,9 @@ def worker_env(run_dir: Path, tf_config: str | None = None, **extra: str) -> dic
 # Ports for the tests' own workers and servers: below the kernel's ephemeral range (32768 and up
 # here), where no outgoing connection of a test beside this one can take a port between its
 # check and the worker's bind (a TensorFlow worker then fails "Could not start gRPC server"),
-# and in a band of their own per xdist worker, so two lanes never hand out the same one.
-PORT_BASE, PORT_BAND, PORT_BANDS = 22000, 2000, 5
+# and in a band of their own per xdist worker (scripts/test.sh runs five), so two lanes never
+# hand out the same one; the last band is a pytest's outside xdist (the unprivileged unit run).
+PORT_BASE, PORT_BAND, PORT_BANDS = 22000, 1600, 6
 
 
 @functools.cache  # one cycle per process: a port is handed out again only after the band
@@ -312,15 +314,21 @@ def run_processes(run_id: str) -> list[psutil.Process]:
 def wait_for(
     predicate: Callable[[], Any], timeout: float, what: str = "condition", interval: float = 0.2
 ) -> Any:
-    """Poll until `predicate` returns something truthy, and return it."""
+    """Poll until `predicate` returns something truthy, and return it.
+
+    A slow predicate is not run back to back: the pause after it is at least as long as it
+    took. An `orchestrate status` poll takes about 0.3 s of CPU and, on the busy machine of the
+    lanes, a second or more of wall time; run back to back, one waiting test kept most of a
+    core busy asking."""
     import time
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        asked = time.monotonic()
         value = predicate()
         if value:
             return value
-        time.sleep(interval)
+        time.sleep(max(interval, time.monotonic() - asked))
     raise AssertionError(f"{what} not met within {timeout} s")
 
 
@@ -506,13 +514,33 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             )
 
 
+LANE_CPU = LaneCpu()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """While scripts/test.sh keeps a phase log, each pytest process that runs tests (not
+    xdist's controller) counts its tests' CPU in a cgroup of its own (tests/lanecpu.py)."""
+    controller = session.config.getoption("numprocesses", None) and not os.environ.get(
+        "PYTEST_XDIST_WORKER"
+    )
+    if os.environ.get(phase_log.PHASE_LOG_VARIABLE) and not controller:
+        LANE_CPU.join(os.environ.get("PYTEST_XDIST_WORKER", "main"))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    LANE_CPU.leave()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
-    """Each test's time in its lane, for the phase table at the end of scripts/test.sh."""
-    start = time.time()
+    """Each test's time in its lane, and its CPU where counted, for the phase table at the end
+    of scripts/test.sh."""
+    start, cpu_before = time.time(), LANE_CPU.used()
     try:
         return (yield)
     finally:
         lane = "quiet" if item.get_closest_marker("quiet") else lane_of(item) or "-"
         worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-        phase_log.record("test", lane, start, time.time(), test=item.nodeid, worker=worker)
+        cpu_after = LANE_CPU.used()
+        cpu = {} if cpu_before is None or cpu_after is None else {"cpu": cpu_after - cpu_before}
+        phase_log.record("test", lane, start, time.time(), test=item.nodeid, worker=worker, **cpu)

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 PHASE_LOG_VARIABLE = "ORCHESTRATE_PHASE_LOG"
 
 
-def record(kind: str, name: str, start: float, end: float, **detail: str) -> None:
+def record(kind: str, name: str, start: float, end: float, **detail: str | float) -> None:
     """Append one phase (wall-clock seconds since the epoch), e.g. ("cluster", "slurm", ...);
-    `detail` adds fields the table does not read (a test's node id and xdist worker)."""
+    `detail` adds fields: a test's node id, its xdist worker and its CPU seconds."""
     path = os.environ.get(PHASE_LOG_VARIABLE)
     if not path:
         return

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests import phase_log
+from tests.lanecpu import CPUACCT, LaneCpu
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,3 +61,58 @@ def test_without_the_variable_nothing_is_written(
     with phase_log.phase("cluster", "nothing"):
         pass
     assert list(tmp_path.iterdir()) == []
+
+
+def test_each_tests_cpu_is_summed_per_lane_and_the_costliest_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "phases.jsonl"
+    monkeypatch.setenv(phase_log.PHASE_LOG_VARIABLE, str(log))
+    start = 1_000_000.0
+    phase_log.record("test", "tf", start, start + 50, test="a.py::cheap", cpu=3.0)
+    phase_log.record("test", "tf", start + 50, start + 90, test="a.py::dear", cpu=70.4)
+    phase_log.record("test", "netns", start, start + 30, test="b.py::middle", cpu=20.0)
+
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "phase_table.py"), str(log), str(start)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+
+    assert "lane tf: 2 tests, 90 s in tests, 73 s of CPU" in result.stdout
+    most = result.stdout.split("--- the 3 tests that took the most CPU, of 3\n")[1].splitlines()
+    assert [line.split()[-1] for line in most[1:]] == ["a.py::dear", "b.py::middle", "a.py::cheap"]
+    assert most[1].split()[:3] == ["70", "40", "tf"]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CPUACCT.is_dir(), reason="no cgroup v1 cpuacct hierarchy on this machine")
+def test_a_tests_cpu_counts_a_process_that_detached(tmp_path: Path) -> None:
+    lane = LaneCpu()
+    lane.join("unit-test")
+    group = lane.cgroup
+    assert group is not None and group.is_dir()
+    done = tmp_path / "done"
+    # A grandchild in a session of its own, as a minder or a detached supervisor is: it spends
+    # half a second of CPU after its parent has exited.
+    burn = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    began = time.process_time()\n"
+        "    while time.process_time() - began < 0.5: pass\n"
+        "    open(sys.argv[1], 'w').close()\n"
+        "    os._exit(0)\n"
+    )
+    try:
+        before = lane.used()
+        subprocess.run([sys.executable, "-c", burn, str(done)], check=True)
+        deadline = time.monotonic() + 30
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        used = lane.used()
+        assert before is not None and used is not None
+        assert used - before >= 0.5
+    finally:
+        lane.leave()
+    assert not group.exists()
+    assert lane.used() is None
