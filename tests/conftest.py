@@ -256,6 +256,12 @@ def suspend_workers(run_dirs: list[Path | None]) -> list[psutil.Process]:
     return workers
 
 
+# The job keys of the paced shapes task (tests/tasks/paced.py): for a run that must still be
+# training when the test acts, without training flat out while the test reads it.
+PACED = {"task": "tests.tasks.paced:task",
+         "env": {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO)}}  # fmt: skip
+
+
 def local_tf_inventory(cli: Cli, **job: Any) -> Path:
     """Two local workers, chief and other, training the bundled example; `job` overrides keys."""
     ports = free_ports(2)
@@ -316,10 +322,11 @@ def wait_for(
 ) -> Any:
     """Poll until `predicate` returns something truthy, and return it.
 
-    A slow predicate is not run back to back: the pause after it is at least as long as it
-    took. An `orchestrate status` poll takes about 0.3 s of CPU and, on the busy machine of the
-    lanes, a second or more of wall time; run back to back, one waiting test kept most of a
-    core busy asking."""
+    A slow predicate is not run back to back: the pause after it is as long as it took, up to
+    a second. An `orchestrate status` poll takes about 0.3 s of CPU and, on the busy machine of
+    the lanes, a second or more of wall time; run back to back, one waiting test kept most of a
+    core busy asking. (To act at a point of a fast run, read the run's own files instead:
+    `progress_in`.)"""
     import time
 
     deadline = time.monotonic() + timeout
@@ -328,7 +335,7 @@ def wait_for(
         value = predicate()
         if value:
             return value
-        time.sleep(max(interval, time.monotonic() - asked))
+        time.sleep(max(interval, min(time.monotonic() - asked, 1.0)))
     raise AssertionError(f"{what} not met within {timeout} s")
 
 

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import (
+    PACED,
     Cli,
     free_ports,
     local_tf_inventory,
@@ -84,7 +85,8 @@ def test_a_users_worker_py_cannot_replace_orchestrates_and_their_modules_import(
 
 
 def test_status_while_training_and_down_in_the_middle(cli: Cli, reaper: list[str]) -> None:
-    local_tf_inventory(cli, steps=100_000, warm_restarts=True)  # the first standbys: below
+    # Paced (PACED): it trains on while the test reads it through the CLI; standbys: below.
+    local_tf_inventory(cli, steps=100_000, warm_restarts=True, **PACED)
     cli("up", "--detach", "inv.yaml", check=True)
     run_id = cli.record()["run_id"]
     reaper.append(run_id)

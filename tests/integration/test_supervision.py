@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import (
+    PACED,
     Cli,
     clean_env,
     detached_supervisors,
@@ -395,7 +396,7 @@ def test_sigterm_to_one_worker_saves_the_cluster_and_up_resumes_there(
     assert len(saved) == 1 and saved.pop() >= 30  # every worker saved at the same step
     assert {w["exit_code"] for w in final["workers"]} == {75}
     step = final["workers"][0]["checkpoint_step"]
-    local_tf_inventory(cli, steps=step + 20, checkpoint_every=1000)
+    local_tf_inventory(cli, steps=step + 20, checkpoint_every=1000, **PACED)
     cli("up", "--skip-checks", "inv.yaml", check=True, timeout=300)
     assert restored_steps(cli) == [step, step]
 
@@ -404,7 +405,7 @@ def test_sigterm_to_one_worker_saves_the_cluster_and_up_resumes_there(
 def test_down_save_reports_the_saved_step_and_the_next_up_resumes(
     cli: Cli, reaper: list[str]
 ) -> None:
-    local_tf_inventory(cli, steps=100_000, checkpoint_every=1000)
+    local_tf_inventory(cli, steps=100_000, checkpoint_every=1000, **PACED)
     cli("up", "--detach", "--skip-checks", "inv.yaml", check=True)
     reaper.append(cli.record()["run_id"])
     cli.status_when(lambda s: all((w["step"] or 0) >= 30 for w in s["workers"]), 120)
@@ -419,6 +420,6 @@ def test_down_save_reports_the_saved_step_and_the_next_up_resumes(
     wait_for(lambda: not detached_supervisors(run_id), timeout=60, what="the supervisor's end")
     goodput = cli.status()["goodput"]
     assert goodput["seconds"]["lost"] == 0 and goodput["seconds"]["restart"] == 0, goodput
-    local_tf_inventory(cli, steps=step + 20, checkpoint_every=1000)
+    local_tf_inventory(cli, steps=step + 20, checkpoint_every=1000, **PACED)
     cli("up", "--skip-checks", "inv.yaml", check=True, timeout=300)
     assert restored_steps(cli) == [step, step]

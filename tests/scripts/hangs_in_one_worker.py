@@ -1,10 +1,12 @@
 """A MultiWorkerMirroredStrategy script whose second worker blocks forever in one function
 (stuck_here) at step 3 of its first attempt; its peer then waits in the compiled step. Later
-attempts run to STEPS (many: `orchestrate stacks` looks at a live one). Progress through
+attempts run to STEPS (many: `orchestrate stacks` looks at a live one), paced: flat out, that
+live run took both cores from the other tests while the test looked at it. Progress through
 worker.report, as a user's script would."""
 
 import os
 import threading
+import time
 
 import tensorflow as tf
 
@@ -38,6 +40,8 @@ def main():
             stuck_here()
         step()
         report(step=number, target_steps=STEPS)
+        if not first_attempt:
+            time.sleep(0.05)
 
 
 if __name__ == "__main__":
