@@ -79,6 +79,17 @@ def kind_of(command: str) -> str:
     return "other"
 
 
+def processes_in(cgroup: Path) -> set[str]:
+    """The processes of `cgroup` and of the cgroups below it (the test suite makes one per
+    pytest process: tests/lanecpu.py), which its own cgroup.procs does not list."""
+    found: set[str] = set()
+    for directory, _, files in os.walk(cgroup):
+        if "cgroup.procs" in files:
+            with contextlib.suppress(OSError):  # a child cgroup removed meanwhile
+                found.update((Path(directory) / "cgroup.procs").read_text().split())
+    return found
+
+
 def sample(
     cgroup: Path, seen: dict[str, list[Any]], usage: list[float], stop: threading.Event
 ) -> None:
@@ -88,7 +99,7 @@ def sample(
     while not stop.wait(INTERVAL_S):
         if time.monotonic() - began >= len(usage):
             usage.append(int((cgroup / "cpuacct.usage").read_text()) / 1e9)
-        for pid in set((cgroup / "cgroup.procs").read_text().split()):
+        for pid in processes_in(cgroup):
             try:
                 stat = Path(f"/proc/{pid}/stat").read_text()
                 fields = stat[stat.rindex(")") + 2 :].split()

@@ -15,8 +15,7 @@
 #   - as root, the unprivileged unit run goes on beside pytest too;
 #   - pytest itself runs its lanes side by side (pytest-xdist, --dist loadgroup): the Slurm and
 #     Docker clusters' tests, the namespace cluster's, the local TensorFlow runs in two lanes,
-#     and the plain tests in a fifth worker, then wherever a worker is free (tests/conftest.py
-#     LANES): mostly waits, they fill the cores the lanes leave, not the end of the run;
+#     and the plain tests wherever a worker is free (tests/conftest.py LANES);
 #   - then the tests that measure the machine (marker quiet) run alone.
 # Extra arguments go to pytest (`bash scripts/test.sh -k inventory`); `-n 0` runs it serially.
 # At the end a table says where the time went: each phase, each cluster's build, each lane
@@ -183,7 +182,7 @@ wait "$warm_up_pid" || { echo "--- a worker's imports failed:"; tail -n 30 "$log
 status=0
 # pytest exits 5 when it collects nothing: that fails the run (status stays non-zero).
 phase pytest "pytest, the lanes side by side" \
-    .venv/bin/python -m pytest -n 5 --dist loadgroup --durations=0 --durations-min=1 \
+    .venv/bin/python -m pytest -n 4 --dist loadgroup --durations=0 --durations-min=1 \
     -m "$lanes" "$@" || status=$?
 
 echo "--- checks: ruff, ruff format, mypy, lint-imports, mkdocs --strict"
