@@ -13,14 +13,26 @@ from tests import phase_log
 from tests.lanecpu import CPUACCT, LaneCpu
 
 REPO = Path(__file__).resolve().parents[2]
+START = 1_000_000.0
 
 
-def test_lanes_are_summed_and_a_cut_line_is_left_out(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    log = tmp_path / "phases.jsonl"
-    monkeypatch.setenv(phase_log.PHASE_LOG_VARIABLE, str(log))
-    start = 1_000_000.0
+@pytest.fixture
+def log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The phase log that phase_log.record writes to in this test."""
+    path = tmp_path / "phases.jsonl"
+    monkeypatch.setenv(phase_log.PHASE_LOG_VARIABLE, str(path))
+    return path
+
+
+def table_of(log: Path) -> str:
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "phase_table.py"), str(log), str(START)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+
+
+def test_lanes_are_summed_and_a_cut_line_is_left_out(log: Path) -> None:
+    start = START
     phase_log.record("setup", "apt packages", start, start + 50)
     phase_log.record("test", "tf", start + 100, start + 400)
     phase_log.record("test", "tf", start + 400, start + 460)
@@ -29,12 +41,7 @@ def test_lanes_are_summed_and_a_cut_line_is_left_out(
     with log.open("a") as file:
         file.write('{"kind": "test", "na')  # a writer killed mid-line
 
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "phase_table.py"), str(log), str(start)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-
-    lines = result.stdout.splitlines()[2:]
+    lines = table_of(log).splitlines()[2:]
     rows = {line.split("  ")[0].strip(): line.split()[-3:] for line in lines}
     assert rows["apt packages"] == ["0", "50", "50"]
     assert rows["lane tf: 2 tests, 360 s in tests"] == ["100", "460", "360"]
@@ -63,23 +70,14 @@ def test_without_the_variable_nothing_is_written(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_each_tests_cpu_is_summed_per_lane_and_the_costliest_are_named(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    log = tmp_path / "phases.jsonl"
-    monkeypatch.setenv(phase_log.PHASE_LOG_VARIABLE, str(log))
-    start = 1_000_000.0
-    phase_log.record("test", "tf", start, start + 50, test="a.py::cheap", cpu=3.0)
-    phase_log.record("test", "tf", start + 50, start + 90, test="a.py::dear", cpu=70.4)
-    phase_log.record("test", "netns", start, start + 30, test="b.py::middle", cpu=20.0)
+def test_each_tests_cpu_is_summed_per_lane_and_the_costliest_are_named(log: Path) -> None:
+    phase_log.record("test", "tf", START, START + 50, test="a.py::cheap", cpu=3.0)
+    phase_log.record("test", "tf", START + 50, START + 90, test="a.py::dear", cpu=70.4)
+    phase_log.record("test", "netns", START, START + 30, test="b.py::middle", cpu=20.0)
 
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "phase_table.py"), str(log), str(start)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-
-    assert "lane tf: 2 tests, 90 s in tests, 73 s of CPU" in result.stdout
-    most = result.stdout.split("--- the 3 tests that took the most CPU, of 3\n")[1].splitlines()
+    shown = table_of(log)
+    assert "lane tf: 2 tests, 90 s in tests, 73 s of CPU" in shown
+    most = shown.split("--- the 3 tests that took the most CPU, of 3\n")[1].splitlines()
     assert [line.split()[-1] for line in most[1:]] == ["a.py::dear", "b.py::middle", "a.py::cheap"]
     assert most[1].split()[:3] == ["70", "40", "tf"]
 
