@@ -148,8 +148,9 @@ def worker_env(run_dir: Path, tf_config: str | None = None, **extra: str) -> dic
 # Ports for the tests' own workers and servers: below the kernel's ephemeral range (32768 and up
 # here), where no outgoing connection of a test beside this one can take a port between its
 # check and the worker's bind (a TensorFlow worker then fails "Could not start gRPC server"),
-# and in a band of their own per xdist worker (scripts/test.sh runs five), so two lanes never
-# hand out the same one; the last band is a pytest's outside xdist (the unprivileged unit run).
+# and in a band of their own per xdist worker (scripts/test.sh runs four; room for five), so two
+# lanes never hand out the same one; the last band is a pytest's outside xdist (the unprivileged
+# unit run).
 PORT_BASE, PORT_BAND, PORT_BANDS = 22000, 1600, 6
 
 
